@@ -1,0 +1,102 @@
+"""Logits processing (temperature, top-k, top-p) and sampling with explicit keys.
+
+The processed distribution is *the* target distribution of the losslessness contract: the
+autoregressive reference samples from it, and every speculative verifier uses the same
+processed distribution as ``p`` in the acceptance test, so sampling output is
+distribution-identical to the reference for any temperature / top-k / top-p setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How next-token distributions are formed from logits.
+
+    Attributes:
+      temperature: 0 means greedy (argmax); > 0 divides logits before the softmax.
+      top_k: keep the k most likely tokens (0 = off).
+      top_p: nucleus sampling, keep the smallest set of most likely tokens whose probability
+        mass reaches ``top_p`` (1.0 = off). Must lie in (0, 1].
+
+    Raises:
+      ValueError: temperature < 0, top_k < 0, or top_p outside (0, 1].
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if int(self.top_k) < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """Apply temperature, top-k and top-p; return log-probabilities.
+
+    Args:
+      logits: float ``(..., V)``.
+      cfg: sampling configuration; must not be greedy.
+
+    Returns:
+      float32 ``(..., V)`` normalised log-probabilities, ``-inf`` on removed tokens.
+      Top-k ties at the k-th value are all kept; top-p keeps every token whose probability
+      is at least that of the last token needed to reach mass ``top_p`` (always >= 1 token).
+    """
+    if cfg.greedy:
+        raise ValueError("process_logits is for temperature > 0; use argmax for greedy decoding")
+    x = logits.astype(jnp.float32) / cfg.temperature
+    V = x.shape[-1]
+    if 0 < cfg.top_k < V:
+        kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
+        x = jnp.where(x >= kth, x, NEG_INF)
+    if cfg.top_p < 1.0:
+        probs = jax.nn.softmax(x, axis=-1)
+        sorted_p = jnp.sort(probs, axis=-1)[..., ::-1]
+        cum = jnp.cumsum(sorted_p, axis=-1)
+        # number of tokens needed to reach mass top_p (at least 1)
+        n_keep = jnp.sum(cum - sorted_p < cfg.top_p, axis=-1, keepdims=True)
+        thresh = jnp.take_along_axis(sorted_p, jnp.maximum(n_keep - 1, 0), axis=-1)
+        x = jnp.where(probs >= thresh, x, NEG_INF)
+    return jax.nn.log_softmax(x, axis=-1)
+
+
+def target_probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """Processed next-token probabilities ``(..., V)`` (float32) for temperature > 0."""
+    return jnp.exp(process_logits(logits, cfg))
+
+
+def sample_from_logits(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """Draw one token per row.
+
+    Args:
+      key: PRNG key.
+      logits: float ``(..., V)``.
+    Returns:
+      int32 ``(...)``: argmax when ``cfg.greedy`` else a sample from the processed
+      distribution.
+    """
+    if cfg.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, process_logits(logits, cfg), axis=-1).astype(jnp.int32)
+
+
+def sample_from_probs(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """Draw one token per row from (possibly unnormalised, non-negative) ``probs (..., V)``."""
+    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

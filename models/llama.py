@@ -1,0 +1,226 @@
+"""Causal Llama / Qwen2 decoder as a pure-functional Flax linen module.
+
+One module covers both families: grouped-query attention, RMSNorm, rotary position
+embeddings (HF "rotate-half" layout, base ``rope_theta``), SwiGLU MLP, optional q/k/v bias
+(Qwen2), tied or untied LM head.
+
+Every call takes explicit ``positions`` and an explicit boolean attention ``mask``, so the
+same forward serves plain causal passes, KV-cached incremental steps, and draft-verification
+passes with arbitrary (tree / permuted) masks. Layer weights are stacked along a leading
+axis and the layers run in one ``lax.scan`` (compiles once per layer shape instead of
+unrolling 30 layers).
+
+Parameter tree (``variables["params"]``)::
+
+    embed        (V, D)
+    layers/      attn_norm (L, D), wq (L, D, H*Dh), wk (L, D, K*Dh), wv (L, D, K*Dh),
+                 [bq (L, H*Dh), bk (L, K*Dh), bv (L, K*Dh)], wo (L, H*Dh, D),
+                 mlp_norm (L, D), w_gate (L, D, F), w_up (L, D, F), w_down (L, F, D)
+    final_norm   (D,)
+    lm_head      (D, V)   only when ``tie_embeddings`` is False
+
+All matrices are stored input-major (``x @ w``), i.e. transposed relative to
+``torch.nn.Linear.weight``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Key/value cache for all layers.
+
+    Attributes:
+      k, v: float arrays ``(num_layers, B, S, num_kv_heads, head_dim)``; slot ``s`` of row
+        ``b`` holds the key/value of the token written there. Slots are addressed by the
+        caller (``cache_index``) and read through the attention ``mask``: stale slots (e.g.
+        after rejected draft tokens) are harmless as long as the mask hides them, so
+        rolling back is just resetting the caller's length pointer (see :func:`rollback`).
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def size(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> KVCache:
+    """Zero cache of ``size`` slots per row. Shapes ``(L, batch, size, K, Dh)``."""
+    shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def rollback(lengths: jax.Array, new_lengths: jax.Array) -> jax.Array:
+    """Roll a cache back to ``new_lengths`` valid slots per row.
+
+    The cache arrays themselves need no change: entries at or beyond ``new_lengths`` are
+    excluded by the next call's attention mask and overwritten by the next write. This
+    returns the new per-row length pointer (``int32 (B,)``) and checks it never grows.
+    """
+    return jnp.minimum(lengths, new_lengths).astype(jnp.int32)
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32: ``x / sqrt(mean(x^2) + eps) * w``."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float):
+    """cos/sin tables ``(B, T, head_dim)`` for integer ``positions`` ``(B, T)``."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq  # (B, T, Dh/2)
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x`` ``(B, T, heads, Dh)`` with the HF rotate-half convention."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
+
+
+def _write_cache(cache_arr: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+    """Write ``new`` ``(B, T, K, Dh)`` into ``cache_arr`` ``(B, S, K, Dh)`` at row offsets ``index`` ``(B,)``."""
+
+    def one(c, n, i):
+        return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (i, 0, 0))
+
+    return jax.vmap(one)(cache_arr, new, index)
+
+
+class _Layers(nn.Module):
+    """Stacked decoder-block parameters; the computation lives in :class:`CausalLM`."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self):
+        c = self.config
+        L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
+        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        dense = nn.initializers.normal(0.02)
+        p = {
+            "attn_norm": self.param("attn_norm", nn.initializers.ones, (L, D)),
+            "wq": self.param("wq", dense, (L, D, qd)),
+            "wk": self.param("wk", dense, (L, D, kd)),
+            "wv": self.param("wv", dense, (L, D, kd)),
+            "wo": self.param("wo", dense, (L, qd, D)),
+            "mlp_norm": self.param("mlp_norm", nn.initializers.ones, (L, D)),
+            "w_gate": self.param("w_gate", dense, (L, D, F)),
+            "w_up": self.param("w_up", dense, (L, D, F)),
+            "w_down": self.param("w_down", dense, (L, F, D)),
+        }
+        if c.qkv_bias:
+            p["bq"] = self.param("bq", nn.initializers.zeros, (L, qd))
+            p["bk"] = self.param("bk", nn.initializers.zeros, (L, kd))
+            p["bv"] = self.param("bv", nn.initializers.zeros, (L, kd))
+        return p
+
+
+class CausalLM(nn.Module):
+    """Llama / Qwen2 decoder-only LM.
+
+    Call signature (via ``model.apply({"params": params}, ...)``)::
+
+        logits, cache = model.apply(variables, tokens, positions, mask,
+                                    cache=None, cache_index=None)
+
+    Args:
+      tokens: ``int32 (B, T)`` token ids.
+      positions: ``int32 (B, T)`` absolute positions used for RoPE.
+      mask: ``bool (B, T, S)``: query ``t`` may attend key slot ``s``. Without a cache
+        ``S == T`` (keys are the ``T`` input tokens); with a cache ``S`` is the cache size
+        and the new keys are first written at slots ``cache_index[b] + t``.
+        Every query row must allow at least one key.
+      cache: optional :class:`KVCache`.
+      cache_index: ``int32 (B,)`` write offset per row (required with ``cache``).
+      return_hidden: if True return the final hidden states ``(B, T, D)`` instead of logits.
+
+    Returns:
+      ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, positions, mask, cache: Optional[KVCache] = None,
+                 cache_index=None, return_hidden: bool = False):
+        c = self.config
+        embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size))
+        layers = _Layers(c, name="layers")()
+        final_norm = self.param("final_norm", nn.initializers.ones, (c.hidden_size,))
+        lm_head = None
+        if not c.tie_embeddings:
+            lm_head = self.param("lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size))
+
+        B, T = tokens.shape
+        H, K, Dh = c.num_heads, c.num_kv_heads, c.head_dim
+        G = H // K
+        x = jnp.take(embed, tokens, axis=0)
+        cos, sin = rope_tables(positions, Dh, c.rope_theta)
+        bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :, :]  # (B,1,1,T,S)
+        scale = Dh ** -0.5
+
+        def block(h, xs):
+            lp, kc, vc = xs
+            a = rms_norm(h, lp["attn_norm"], c.rms_norm_eps)
+            q = a @ lp["wq"]
+            k = a @ lp["wk"]
+            v = a @ lp["wv"]
+            if c.qkv_bias:
+                q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+            q = apply_rope(q.reshape(B, T, H, Dh), cos, sin)
+            k = apply_rope(k.reshape(B, T, K, Dh), cos, sin)
+            v = v.reshape(B, T, K, Dh)
+            if kc is not None:
+                kc = _write_cache(kc, k, cache_index)
+                vc = _write_cache(vc, v, cache_index)
+                keys, vals = kc, vc
+            else:
+                keys, vals = k, v
+            qg = q.reshape(B, T, K, G, Dh)
+            s = jnp.einsum("btkgd,bskd->bkgts", qg, keys) * scale + bias
+            w = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(vals.dtype)
+            o = jnp.einsum("bkgts,bskd->btkgd", w, vals).reshape(B, T, H * Dh)
+            h = h + o @ lp["wo"]
+            m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
+            h = h + (jax.nn.silu(m @ lp["w_gate"]) * (m @ lp["w_up"])) @ lp["w_down"]
+            return h, (kc, vc)
+
+        if cache is not None:
+            if cache_index is None:
+                raise ValueError("cache_index (B,) is required when a cache is given")
+            x, (ks, vs) = jax.lax.scan(block, x, (layers, cache.k, cache.v))
+            new_cache = KVCache(k=ks, v=vs)
+        else:
+            x, _ = jax.lax.scan(lambda h, lp: (block(h, (lp, None, None))[0], None), x, layers)
+            new_cache = None
+        x = rms_norm(x, final_norm, c.rms_norm_eps)
+        if return_hidden:
+            return x, new_cache
+        head = embed.T if lm_head is None else lm_head
+        logits = (x @ head).astype(jnp.float32)
+        return logits, new_cache
+
+
+def init_params(config: ModelConfig, seed: int = 0):
+    """Random parameters (the ``params`` collection) for a tiny test model."""
+    model = CausalLM(config)
+    tok = jnp.zeros((1, 2), jnp.int32)
+    pos = jnp.arange(2, dtype=jnp.int32)[None]
+    mask = jnp.tril(jnp.ones((2, 2), bool))[None]
+    return model.init(jax.random.PRNGKey(seed), tok, pos, mask)["params"]
