@@ -93,13 +93,18 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
 
 
-def _write_cache(cache_arr: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-    """Write ``new`` ``(B, T, K, Dh)`` into ``cache_arr`` ``(B, S, K, Dh)`` at row offsets ``index`` ``(B,)``."""
-
-    def one(c, n, i):
-        return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (i, 0, 0))
-
-    return jax.vmap(one)(cache_arr, new, index)
+def _write_cache(cache_arr: jax.Array, new: jax.Array, layer: jax.Array,
+                 index: jax.Array) -> jax.Array:
+    """Write ``new`` ``(B, T, K, Dh)`` into layer ``layer`` of ``cache_arr`` ``(L, B, S, K, Dh)``
+    at per-row slot offsets ``index`` ``(B,)``. In-place inside jit (no cache copy)."""
+    B = new.shape[0]
+    if B == 1:  # one contiguous update, the common decoding case
+        return jax.lax.dynamic_update_slice(
+            cache_arr, new[None].astype(cache_arr.dtype), (layer, 0, index[0], 0, 0))
+    T = new.shape[1]
+    rows = jnp.arange(B)[:, None]
+    slots = index[:, None] + jnp.arange(T)[None, :]
+    return cache_arr.at[layer, rows, slots].set(new.astype(cache_arr.dtype))
 
 
 class _Layers(nn.Module):
@@ -175,8 +180,8 @@ class CausalLM(nn.Module):
         bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :, :]  # (B,1,1,T,S)
         scale = Dh ** -0.5
 
-        def block(h, xs):
-            lp, kc, vc = xs
+        def block(carry, lp):
+            h, kc_all, vc_all, li = carry
             a = rms_norm(h, lp["attn_norm"], c.rms_norm_eps)
             q = a @ lp["wq"]
             k = a @ lp["wk"]
@@ -186,10 +191,11 @@ class CausalLM(nn.Module):
             q = apply_rope(q.reshape(B, T, H, Dh), cos, sin)
             k = apply_rope(k.reshape(B, T, K, Dh), cos, sin)
             v = v.reshape(B, T, K, Dh)
-            if kc is not None:
-                kc = _write_cache(kc, k, cache_index)
-                vc = _write_cache(vc, v, cache_index)
-                keys, vals = kc, vc
+            if kc_all is not None:
+                kc_all = _write_cache(kc_all, k, li, cache_index)
+                vc_all = _write_cache(vc_all, v, li, cache_index)
+                keys = jax.lax.dynamic_index_in_dim(kc_all, li, 0, keepdims=False)
+                vals = jax.lax.dynamic_index_in_dim(vc_all, li, 0, keepdims=False)
             else:
                 keys, vals = k, v
             qg = q.reshape(B, T, K, G, Dh)
@@ -199,15 +205,17 @@ class CausalLM(nn.Module):
             h = h + o @ lp["wo"]
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
             h = h + (jax.nn.silu(m @ lp["w_gate"]) * (m @ lp["w_up"])) @ lp["w_down"]
-            return h, (kc, vc)
+            return (h, kc_all, vc_all, li + 1), None
 
+        li0 = jnp.array(0, jnp.int32)
         if cache is not None:
             if cache_index is None:
                 raise ValueError("cache_index (B,) is required when a cache is given")
-            x, (ks, vs) = jax.lax.scan(block, x, (layers, cache.k, cache.v))
+            cache_index = jnp.asarray(cache_index, jnp.int32)
+            (x, ks, vs, _), _ = jax.lax.scan(block, (x, cache.k, cache.v, li0), layers)
             new_cache = KVCache(k=ks, v=vs)
         else:
-            x, _ = jax.lax.scan(lambda h, lp: (block(h, (lp, None, None))[0], None), x, layers)
+            (x, _, _, _), _ = jax.lax.scan(block, (x, None, None, li0), layers)
             new_cache = None
         x = rms_norm(x, final_norm, c.rms_norm_eps)
         if return_hidden:

@@ -1,0 +1,35 @@
+# make demo  - set up .venv, fetch the default weights, run n-gram vs AR speculative decoding
+# make test  - set up .venv, fetch the default weights, run the test suite
+# make bench - run the benchmark suites (writes results/*.json and *.md)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+MODEL  ?= smollm2-135m-instruct
+PYTEST_ARGS ?=
+
+.PHONY: setup weights demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+weights: setup
+	$(BIN)/python -m scripts.fetch --model $(MODEL)
+
+demo: weights
+	$(BIN)/python -m scripts.generate --model $(MODEL) --method ngram --compare \
+		--limit 1 --max-new-tokens 128 --draft-length 8
+
+test: weights
+	JAXSPEC_SMOLLM2_GGUF="$$($(BIN)/python -m scripts.fetch --model smollm2-135m-instruct --print-path)" \
+		$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: weights
+	$(BIN)/python -m scripts.benchmark --suite ar --out results/ar.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,100 @@
+"""The benchmark machinery (``jaxspec.bench``, ``scripts.benchmark``) on a tiny random model:
+result schema, greedy identity of jaxspec/ngram and transformers/ar with jaxspec/ar, the
+markdown report, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxspec.bench import (SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
+                           cut_output, load_transformers_model, n_params, parse_systems,
+                           run_ar_suite, write_results)
+from models.llama import CausalLM
+from models.loading import load_hf_dir
+from models.tokenizer import load_tokenizer
+
+ROW_KEYS = {"system", "method", "model", "prompts", "new_tokens", "median_tokens_per_s",
+            "mean_tokens_per_s", "nfe_per_token", "mat", "acceptance_rate", "speedup_vs_baseline",
+            "identical_to_reference", "compile_s", "distinct_token_share", "repeated_ngram_rate",
+            "longest_run"}
+TEXTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+         "for i in range(10):\n    print(i * 2)\nfor i in range(10):\n"]
+
+
+def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
+    pytest.importorskip("torch")
+    config, params = load_hf_dir(tiny_llama.path)
+    model, tok = CausalLM(config), load_tokenizer(tiny_llama.path)
+    prompts = [BenchPrompt(f"tiny/{i}", tok.encode(t)) for i, t in enumerate(TEXTS)]
+    eos = tuple(tok.eos_token_ids)
+    common = dict(max_new_tokens=20, eos_ids=eos, pad_id=tok.pad_token_id or 0, draft_length=4)
+    hf = load_transformers_model(tiny_llama.path, threads=1)
+    systems = [JaxspecSystem("ar", model, params, **common),
+               JaxspecSystem("ngram", model, params, **common),
+               TransformersSystem("ar", hf, **common),
+               TransformersSystem("prompt-lookup", hf, **common)]
+    res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
+                       config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
+                       decode=tok.decode)
+    js, md = write_results(res, tmp_path / "ar.json")
+    doc = json.loads(js.read_text())
+
+    assert {"suite", "date", "machine", "config", "rows", "per_prompt",
+            "bandwidth_bound_tokens_per_s"} <= set(doc)
+    assert doc["suite"] == "ar" and doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
+    assert doc["bandwidth_bound_tokens_per_s"] > 0
+    rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
+    assert list(rows) == list(SYSTEMS)
+    for name, r in rows.items():
+        assert ROW_KEYS <= set(r), name
+        assert r["prompts"] == 2 and r["model"] == "tiny-llama"
+        assert 0 < r["new_tokens"] <= 40 and r["median_tokens_per_s"] > 0
+        assert r["speedup_vs_baseline"] > 0
+        assert (r["compile_s"] >= 0) if r["system"] == "jaxspec" else (r["compile_s"] is None)
+    base = rows["jaxspec/ar"]
+    assert base["nfe_per_token"] == 1.0 and base["speedup_vs_baseline"] == 1.0
+    assert base["acceptance_rate"] is None and base["compile_s"] > 0
+    assert rows["transformers/ar"]["nfe_per_token"] == 1.0
+    # lossless: greedy speculative decoding and transformers' greedy match our AR tokens
+    assert rows["jaxspec/ngram"]["identical_to_reference"]
+    assert rows["transformers/ar"]["identical_to_reference"]
+    assert rows["transformers/prompt-lookup"]["identical_to_reference"]
+    # the repeated prompts give the drafters matches: fewer forwards than tokens
+    assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
+    assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
+    assert rows["transformers/prompt-lookup"]["nfe_per_token"] <= 1.0
+
+    assert [p["task_id"] for p in doc["per_prompt"]] == ["tiny/0", "tiny/1"]
+    for p in doc["per_prompt"]:
+        assert set(p["systems"]) == set(SYSTEMS) and isinstance(p["reference_output"], str)
+        assert all(s["target_nfe"] >= 1 and s["tokens_per_s"] > 0 for s in p["systems"].values())
+    text = md.read_text()
+    assert "| system |" in text and "jaxspec | ngram" in text and "ceiling" in text
+
+
+def test_helpers():
+    assert cut_output([5, 6, 2, 7], [2], 10) == [5, 6, 2]
+    assert cut_output([5, 6, 7, 8], [2], 3) == [5, 6, 7]
+    assert parse_systems(None) == list(SYSTEMS)
+    assert parse_systems(["transformers/ar,jaxspec/ngram"]) == ["jaxspec/ar", "jaxspec/ngram",
+                                                                "transformers/ar"]
+    with pytest.raises(BenchError, match="unknown system"):
+        parse_systems(["jaxspec/magic"])
+    with pytest.raises(BenchError, match="baseline"):
+        run_ar_suite([], [BenchPrompt("x", [1])], model_name="m", progress=False)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--suite", "nope"], "unknown suite"),
+    (["--suite", "ar", "--systems", "jaxspec/magic"], "unknown system"),
+    (["--suite", "ar", "--model", "no-such-model"], "unknown model"),
+    (["--suite", "ar", "--limit", "0"], "--limit"),
+])
+def test_cli_errors(argv, msg, capsys):
+    from scripts.benchmark import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and msg in err
