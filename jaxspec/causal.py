@@ -97,23 +97,23 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
         target_nfe=jnp.ones((B,), jnp.int32), steps=jnp.zeros((B,), jnp.int32),
         hist=jnp.zeros((B, k + 2), jnp.int32), it=jnp.array(0, jnp.int32), key=key)
 
-    def body(st: _State) -> _State:
-        kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
+    def verify_step(st: _State, draft, q, kv) -> _State:
+        """One target pass over [last token, drafts] and the acceptance rule.
+
+        ``draft`` is ``(B, kk)`` with ``kk`` in ``{0, k}`` (static); ``kk = 0`` is a plain
+        autoregressive step (used when no row has a draft worth verifying)."""
+        kk = draft.shape[1]
         L = st.length
         last = jnp.take_along_axis(st.buffer, (L - 1)[:, None], axis=1)  # (B, 1)
-        if k > 0:
-            draft, q = drafter(kd, st.buffer, L, pad, not sampling.greedy)
-            feed = jnp.concatenate([last, draft], axis=1)                  # (B, k+1)
-        else:
-            draft, q, feed = jnp.zeros((B, 0), jnp.int32), None, last
-        q_slots = (L - 1)[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+        feed = jnp.concatenate([last, draft], axis=1)                      # (B, kk+1)
+        q_slots = (L - 1)[:, None] + jnp.arange(kk + 1, dtype=jnp.int32)[None]
         logits, cache = apply(feed, q_slots - pad[:, None], _causal_mask(q_slots, pad, S),
                               st.cache, L - 1)
         if sampling.greedy:
             n, nxt = verify_greedy(logits, draft)
         else:
             n, nxt = verify_sample(kv, target_probs(logits, sampling), draft, q)
-        j = jnp.arange(k + 1)[None]
+        j = jnp.arange(kk + 1)[None]
         padded_draft = jnp.concatenate([draft, jnp.zeros((B, 1), jnp.int32)], axis=1)
         new = jnp.where(j < n[:, None], padded_draft, jnp.where(j == n[:, None], nxt[:, None], 0))
         produced = n + 1
@@ -128,6 +128,19 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
             target_nfe=st.target_nfe + act, steps=st.steps + act,
             hist=st.hist + act[:, None] * jax.nn.one_hot(produced, k + 2, dtype=jnp.int32),
             it=st.it + 1, key=st.key)
+
+    no_draft = jnp.zeros((B, 0), jnp.int32)
+
+    def body(st: _State) -> _State:
+        kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
+        if k == 0:
+            return verify_step(st, no_draft, None, kv)
+        draft, q, has_draft = drafter(kd, st.buffer, st.length, pad, not sampling.greedy)
+        # Skip the (k+1)-token verification when no active row has a draft: an AR step
+        # costs less and verifying nothing is trivially lossless.
+        return jax.lax.cond(jnp.any(has_draft & ~st.done),
+                            lambda s: verify_step(s, draft, q, kv),
+                            lambda s: verify_step(s, no_draft, None, kv), st)
 
     st = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return st.buffer[:, P:P + max_new], st.n_new, st.target_nfe, st.steps, st.hist
@@ -180,8 +193,9 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
       sampling: temperature / top-k / top-p; temperature 0 = greedy.
       drafter: ``None`` for the autoregressive baseline, or a drafter such as
         :class:`jaxspec.ngram.NgramDrafter` (callable
-        ``(key, buffer, length, pad, sample) -> (draft (B,k), q (B,k,V) | None)`` with a
-        ``draft_length`` attribute).
+        ``(key, buffer, length, pad, sample) -> (draft (B,k), q (B,k,V) | None,
+        has_draft bool (B,))`` with ``draft_length`` and ``vocab_size`` attributes). When no
+        active row has a draft the step falls back to a single-token AR pass.
       seed: PRNG seed; the same seed reproduces a run exactly.
       eos_ids: tokens that end a row.
       pad_id: filler for left padding (never attended).

@@ -37,6 +37,9 @@ class NgramDrafter:
       max_ngram: longest suffix tried (>= min_ngram).
       min_ngram: shortest suffix tried (>= 1); below it the bigram fallback is used.
       vocab_size: V, needed for the bigram counts and ``q``.
+      bigram_fallback: draft from the Eq. 23 bigram model when no suffix matches. If False,
+        rows without a match report ``has_draft = False`` and the decoder may run a cheaper
+        single-token step instead of verifying low-quality drafts.
 
     Raises:
       ValueError: draft_length < 1 or an invalid n-gram range.
@@ -46,6 +49,7 @@ class NgramDrafter:
     vocab_size: int
     max_ngram: int = 3
     min_ngram: int = 2
+    bigram_fallback: bool = True
 
     def __post_init__(self):
         if int(self.draft_length) < 1:
@@ -68,13 +72,15 @@ class NgramDrafter:
           sample: static; True under temperature > 0 (bigram fallback samples from Eq. 23).
 
         Returns:
-          ``(draft int32 (B, k), q float32 (B, k, V) or None)``; ``q`` is None when
-          ``sample`` is False (greedy verification needs no densities).
+          ``(draft int32 (B, k), q float32 (B, k, V) or None, has_draft bool (B,))``; ``q``
+          is None when ``sample`` is False (greedy verification needs no densities);
+          ``has_draft`` is False where the row has neither a suffix match nor (with
+          ``bigram_fallback``) an observed bigram successor of its last token.
         """
         keys = jax.random.split(key, buffer.shape[0])
-        draft, q = jax.vmap(lambda kk, b, l, p: self._one(kk, b, l, p, sample))(
+        draft, q, has = jax.vmap(lambda kk, b, l, p: self._one(kk, b, l, p, sample))(
             keys, buffer, length, pad)
-        return draft, (q if sample else None)
+        return draft, (q if sample else None), has
 
     # -- one row ---------------------------------------------------------------------------
     def _suffix_match(self, buf, L, pad):
@@ -108,6 +114,7 @@ class NgramDrafter:
         keys = jax.random.split(key, k)
         drafts, qs = [], []
         cond = buf[L - 1]
+        has_draft = found
         for t in range(k):
             # suffix-match copy (periodic continuation into the drafts themselves)
             pos = src + t
@@ -117,6 +124,8 @@ class NgramDrafter:
             # bigram fallback (Eq. 23)
             counts = self._bigram_counts(buf, L, pad, cond)
             tot = jnp.sum(counts)
+            if t == 0 and self.bigram_fallback:
+                has_draft = has_draft | (tot > 0)
             if sample:
                 c = jnp.where(tot > 0, counts / jnp.maximum(tot, 1.0), jax.nn.one_hot(cond, V))
                 big_tok = jax.random.categorical(keys[t], jnp.log(c)).astype(jnp.int32)
@@ -128,4 +137,4 @@ class NgramDrafter:
             drafts.append(tok)
             cond = tok
         q = jnp.stack(qs) if sample else jnp.zeros((k, 1), jnp.float32)
-        return jnp.stack(drafts), q
+        return jnp.stack(drafts), q, has_draft

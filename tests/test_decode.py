@@ -66,14 +66,14 @@ def test_ar_matches_uncached_reference(arch):
     assert res.stats.target_nfe.tolist() == [24, 24, 24]
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("k,fallback", [(1, True), (3, True), (6, True), (4, False)])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_ngram_greedy_identical_to_ar(arch, k):
+def test_ngram_greedy_identical_to_ar(arch, k, fallback):
     model, params = tiny_model(64, arch=arch, seed=1)
     prompts = _prompts(64, seed=2)
     ar = generate(model, params, prompts, max_new_tokens=40, bucket=16)
     sd = generate(model, params, prompts, max_new_tokens=40, bucket=16,
-                  drafter=NgramDrafter(k, 64, max_ngram=3))
+                  drafter=NgramDrafter(k, 64, max_ngram=3, bigram_fallback=fallback))
     assert sd.tokens == ar.tokens
     # the drafter must actually have helped somewhere, otherwise the test checks nothing
     assert sd.stats.accept_hist[:, 2:].sum() > 0
@@ -146,7 +146,8 @@ def test_sampling_distribution_exact(cfg, k):
     exact = _exact_joint(model, params, prompt, n_new, cfg)
     assert abs(sum(exact.values()) - 1) < 1e-4
     results = {}
-    for name, drafter in (("ar", None), ("ngram", NgramDrafter(k, V, max_ngram=2, min_ngram=1))):
+    for name, drafter in (("ar", None), ("ngram", NgramDrafter(k, V, max_ngram=2, min_ngram=1)),
+                          ("ngram-nofb", NgramDrafter(k, V, max_ngram=3, min_ngram=1, bigram_fallback=False))):
         res = generate(model, params, [prompt] * N, max_new_tokens=n_new, sampling=cfg,
                        drafter=drafter, seed=11, bucket=8)
         tv, pval = _tv_and_chi2(res.tokens, exact)
@@ -159,7 +160,8 @@ def test_sampling_distribution_exact(cfg, k):
     for name, (tv, pval, acc) in results.items():
         assert pval > 1e-3, (name, tv, pval, tv_floor)
         assert tv < 2.5 * tv_floor + 0.01, (name, tv, tv_floor)
-    assert 0.02 < results["ngram"][2] < 0.95  # drafts were really accepted and rejected
+    for name in ("ngram", "ngram-nofb"):
+        assert 0.02 < results[name][2] < 0.95, results  # drafts were accepted and rejected
 
 
 def test_seed_reproducible():

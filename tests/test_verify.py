@@ -105,7 +105,7 @@ def _ref_ngram(ctx, k, max_n, min_n):
                 ext = list(ctx)
                 for t in range(k):
                     ext.append(ext[j + n + t])
-                return ext[L:]
+                return ext[L:], True
     out, cond = [], ctx[-1]
     for _ in range(k):
         succ = [ctx[i + 1] for i in range(L - 1) if ctx[i] == cond]
@@ -113,7 +113,7 @@ def _ref_ngram(ctx, k, max_n, min_n):
             c = np.bincount(succ)
             cond = int(np.argmax(c))
         out.append(cond)
-    return out
+    return out, False
 
 
 @pytest.mark.parametrize("max_n,min_n", [(3, 2), (4, 1), (2, 2)])
@@ -129,11 +129,19 @@ def test_ngram_drafter_matches_python_reference(max_n, min_n):
         buf = np.full(S, 7)
         buf[pad:L] = ctx
         bufs.append(buf); lens.append(L); pads.append(pad); ctxs.append(ctx)
-    draft, q = drafter(jax.random.PRNGKey(0), jnp.asarray(np.stack(bufs), jnp.int32),
+    draft, q, _ = drafter(jax.random.PRNGKey(0), jnp.asarray(np.stack(bufs), jnp.int32),
                        jnp.asarray(lens, jnp.int32), jnp.asarray(pads, jnp.int32), False)
     assert q is None
     for b, ctx in enumerate(ctxs):
-        assert np.asarray(draft[b]).tolist() == _ref_ngram(ctx, k, max_n, min_n), ctx
+        ref, found = _ref_ngram(ctx, k, max_n, min_n)
+        assert np.asarray(draft[b]).tolist() == ref, ctx
+    # without the bigram fallback, has_draft is exactly "a suffix matched"
+    nofb = NgramDrafter(k, V, max_ngram=max_n, min_ngram=min_n, bigram_fallback=False)
+    d2, _, has = nofb(jax.random.PRNGKey(0), jnp.asarray(np.stack(bufs), jnp.int32),
+                      jnp.asarray(lens, jnp.int32), jnp.asarray(pads, jnp.int32), False)
+    found = [_ref_ngram(c, k, max_n, min_n)[1] for c in ctxs]
+    assert np.asarray(has).tolist() == found
+    assert 0 < sum(found) < len(found)
 
 
 def test_ngram_bigram_sampling_q_is_eq23():
@@ -144,7 +152,7 @@ def test_ngram_bigram_sampling_q_is_eq23():
     N = 4000
     buf = jnp.asarray([ctx + [5] * 4] * N, jnp.int32)
     L = jnp.full((N,), len(ctx), jnp.int32)
-    draft, q = drafter(jax.random.PRNGKey(3), buf, L, jnp.zeros((N,), jnp.int32), True)
+    draft, q, _ = drafter(jax.random.PRNGKey(3), buf, L, jnp.zeros((N,), jnp.int32), True)
     # c(.|0): successors of 0 are 1, 2, 1 -> (0, 2/3, 1/3, 0, 0, 0)
     np.testing.assert_allclose(np.asarray(q[0, 0]), [0, 2 / 3, 1 / 3, 0, 0, 0], atol=1e-6)
     counts = np.bincount(np.asarray(draft[:, 0]), minlength=V)
