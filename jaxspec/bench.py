@@ -4,7 +4,10 @@ The ``ar`` suite compares greedy batch-1 decoding of one causal model by several
 
 * ``jaxspec/ar``: our jitted autoregressive decoder (:func:`jaxspec.causal.generate`), the
   suite's **baseline** and the **reference** every other system's tokens are compared with;
-* ``jaxspec/ngram``: our speculative decoder with :class:`jaxspec.ngram.NgramDrafter`;
+* ``jaxspec/ngram``: our speculative decoder with :class:`jaxspec.ngram.NgramDrafter`
+  (prompt-lookup suffix matching; steps without a match run as plain AR steps);
+* ``jaxspec/ngram-bigram``: the same drafter with the ASSD Eq. 23 bigram fallback, so every
+  step verifies k drafts;
 * ``transformers/ar``: ``model.generate(do_sample=False)`` of a PyTorch model loaded from the
   same weight file;
 * ``transformers/prompt-lookup``: the same with ``prompt_lookup_num_tokens=K``.
@@ -38,7 +41,8 @@ import numpy as np
 from jaxspec.metrics import mean_degeneracy
 
 SUITES = ("ar",)
-SYSTEMS = ("jaxspec/ar", "jaxspec/ngram", "transformers/ar", "transformers/prompt-lookup")
+SYSTEMS = ("jaxspec/ar", "jaxspec/ngram", "jaxspec/ngram-bigram", "transformers/ar",
+           "transformers/prompt-lookup")
 BASELINE = "jaxspec/ar"
 
 
@@ -116,12 +120,13 @@ class JaxspecSystem:
                  max_ngram: int = 3, min_ngram: int = 2):
         from jaxspec.ngram import NgramDrafter
 
-        if method not in ("ar", "ngram"):
+        if method not in ("ar", "ngram", "ngram-bigram"):
             raise BenchError(f"unknown jaxspec method {method!r}")
         self.system, self.method = "jaxspec", method
         self.model, self.params = model, params
         self.drafter = None if method == "ar" else NgramDrafter(
-            draft_length, model.config.vocab_size, max_ngram=max_ngram, min_ngram=min_ngram)
+            draft_length, model.config.vocab_size, max_ngram=max_ngram, min_ngram=min_ngram,
+            bigram_fallback=(method == "ngram-bigram"))
         self.kw = dict(max_new_tokens=int(max_new_tokens), eos_ids=tuple(int(e) for e in eos_ids),
                        pad_id=int(pad_id))
 
@@ -136,11 +141,9 @@ class JaxspecSystem:
         res = generate(self.model, self.params, [list(ids)], drafter=self.drafter, **self.kw)
         wall = time.perf_counter() - t0 - res.compile_s
         s = res.stats
-        k = s.draft_length
-        hist = np.asarray(s.accept_hist).sum(0)
-        accepted = int((hist * np.maximum(np.arange(hist.shape[0]) - 1, 0)).sum())
         return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
-                         proposed=int(hist.sum()) * k, accepted=accepted, compile_s=res.compile_s)
+                         proposed=int(s.drafts_proposed.sum()), accepted=s.accepted_drafts,
+                         compile_s=res.compile_s)
 
 
 class TransformersSystem:

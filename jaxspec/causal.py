@@ -51,6 +51,7 @@ class _State:
     target_nfe: jax.Array  # int32 (B,)
     steps: jax.Array       # int32 (B,)
     hist: jax.Array        # int32 (B, k+2)
+    proposed: jax.Array    # int32 (B,) draft tokens sent to verification
     it: jax.Array          # int32 () loop iteration
     key: jax.Array
 
@@ -95,7 +96,8 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
         buffer=buffer, length=jnp.full((B,), P + 1, jnp.int32), cache=cache,
         done=_is_eos(first, eos_ids) | (max_new <= 1), n_new=jnp.ones((B,), jnp.int32),
         target_nfe=jnp.ones((B,), jnp.int32), steps=jnp.zeros((B,), jnp.int32),
-        hist=jnp.zeros((B, k + 2), jnp.int32), it=jnp.array(0, jnp.int32), key=key)
+        hist=jnp.zeros((B, k + 2), jnp.int32), proposed=jnp.zeros((B,), jnp.int32),
+        it=jnp.array(0, jnp.int32), key=key)
 
     def verify_step(st: _State, draft, q, kv) -> _State:
         """One target pass over [last token, drafts] and the acceptance rule.
@@ -127,7 +129,7 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
             done=st.done | hit_eos | (n_new >= max_new), n_new=n_new,
             target_nfe=st.target_nfe + act, steps=st.steps + act,
             hist=st.hist + act[:, None] * jax.nn.one_hot(produced, k + 2, dtype=jnp.int32),
-            it=st.it + 1, key=st.key)
+            proposed=st.proposed + act * kk, it=st.it + 1, key=st.key)
 
     no_draft = jnp.zeros((B, 0), jnp.int32)
 
@@ -143,7 +145,7 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
                             lambda s: verify_step(s, no_draft, None, kv), st)
 
     st = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-    return st.buffer[:, P:P + max_new], st.n_new, st.target_nfe, st.steps, st.hist
+    return st.buffer[:, P:P + max_new], st.n_new, st.target_nfe, st.steps, st.hist, st.proposed
 
 
 _decode_jit = jax.jit(_decode, static_argnames=("model", "max_new", "sampling", "drafter", "eos_ids"))
@@ -249,7 +251,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     t0 = time.perf_counter()
     out = jax.block_until_ready(exe(*args))
     run_s = time.perf_counter() - t0
-    toks, n_new, nfe, steps, hist = (np.asarray(x) for x in out)
+    toks, n_new, nfe, steps, hist, proposed = (np.asarray(x) for x in out)
     eos = set(statics["eos_ids"])
     rows = []
     for b in range(len(prompts)):
@@ -263,5 +265,6 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     stats = DecodeStats(
         method="ar" if drafter is None else getattr(drafter, "name", type(drafter).__name__),
         reference="ar", target_nfe=nfe, draft_nfe=np.zeros_like(nfe), steps=steps,
-        accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=k)
+        accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=k,
+        drafts_proposed=proposed)
     return GenerationResult(tokens=rows, stats=stats, compile_s=compile_s, run_s=run_s)

@@ -22,6 +22,8 @@ class DecodeStats:
         that produced ``j`` tokens (``j-1`` accepted drafts + 1 target token).
       new_tokens: int ``(B,)`` tokens generated (up to and including EOS, capped at the budget).
       draft_length: k (0 for autoregressive decoding).
+      drafts_proposed: int ``(B,)`` draft tokens sent to verification (``k`` per verifying
+        step; steps that found nothing to draft run as plain AR steps and propose 0).
       extra: free-form method-specific figures.
     """
 
@@ -33,6 +35,7 @@ class DecodeStats:
     accept_hist: np.ndarray
     new_tokens: np.ndarray
     draft_length: int
+    drafts_proposed: np.ndarray | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -47,14 +50,19 @@ class DecodeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted drafts / proposed drafts (NaN when no drafts were proposed)."""
-        k = self.draft_length
-        if k == 0:
+        """Accepted drafts / drafts sent to verification (NaN when none were)."""
+        proposed = (self.accept_hist.sum() * self.draft_length if self.drafts_proposed is None
+                    else self.drafts_proposed.sum())
+        if proposed == 0:
             return float("nan")
+        return float(self.accepted_drafts / proposed)
+
+    @property
+    def accepted_drafts(self) -> int:
+        """Total draft tokens accepted (from the histogram: a step producing j tokens
+        accepted j - 1 drafts)."""
         produced = np.arange(self.accept_hist.shape[1])
-        accepted = (self.accept_hist * np.maximum(produced - 1, 0)).sum()
-        proposed = self.accept_hist.sum() * k
-        return float(accepted / max(proposed, 1))
+        return int((self.accept_hist * np.maximum(produced - 1, 0)).sum())
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -66,6 +74,8 @@ class DecodeStats:
             "mat": round(self.mat, 4),
             "nfe_per_token": round(self.nfe_per_token, 4),
             "acceptance_rate": (None if self.draft_length == 0 else round(self.acceptance_rate, 4)),
+            "drafts_proposed": (None if self.drafts_proposed is None
+                                else int(self.drafts_proposed.sum())),
             "accept_hist": self.accept_hist.sum(0).tolist(),
             **self.extra,
         }

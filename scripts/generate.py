@@ -2,7 +2,8 @@
 
     python -m scripts.generate --model smollm2-135m-instruct --method ngram \
         [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] \
-        [--seed S] [--draft-length K] [--chat] [--weights PATH] [--compare]
+        [--seed S] [--draft-length K] [--fallback none|bigram] [--chat] [--weights PATH]
+        [--compare]
 
 With no ``--prompt`` the first ``--limit`` HumanEval prompts are used. Prints each output
 and one stats line (NFE, MAT, acceptance, tokens/s, compile time, degeneracy figures).
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-length", type=int, default=8, help="k, draft tokens per step")
     ap.add_argument("--max-ngram", type=int, default=3, help="longest suffix the n-gram drafter matches")
     ap.add_argument("--min-ngram", type=int, default=2, help="shortest suffix before the bigram fallback")
+    ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
+                    help="when no suffix matches: 'none' runs a plain AR step, 'bigram' drafts "
+                         "from the ASSD Eq. 23 context bigram model")
     ap.add_argument("--compare", action="store_true", help="also run AR and check identity / speedup")
     ap.add_argument("--quiet", action="store_true", help="print only the stats lines")
     return ap
@@ -82,7 +86,8 @@ def main(argv=None) -> int:
         drafter = None
         if args.method == "ngram":
             drafter = NgramDrafter(args.draft_length, model.config.vocab_size,
-                                   max_ngram=args.max_ngram, min_ngram=args.min_ngram)
+                                   max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+                                   bigram_fallback=(args.fallback == "bigram"))
         kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
                   eos_ids=eos, pad_id=tok.pad_token_id or 0)
         res = generate(model, params, prompts, drafter=drafter, **kw)

@@ -33,6 +33,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
     hf = load_transformers_model(tiny_llama.path, threads=1)
     systems = [JaxspecSystem("ar", model, params, **common),
                JaxspecSystem("ngram", model, params, **common),
+               JaxspecSystem("ngram-bigram", model, params, **common),
                TransformersSystem("ar", hf, **common),
                TransformersSystem("prompt-lookup", hf, **common)]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
