@@ -502,8 +502,9 @@ def markdown_report(result: dict) -> str:
         f"`{BASELINE}` of this same run.",
         "- `NFE/token` counts target-model forward passes (the prompt pass included) per "
         "generated token, hardware-independent; `MAT` is its inverse, tokens per forward. "
-        "`acceptance` is accepted / proposed draft tokens (transformers' prompt lookup proposes "
-        "only when it finds a match, jaxspec's drafter always proposes K).",
+        "`acceptance` is accepted / verified draft tokens: `jaxspec/ngram` and transformers' "
+        "prompt lookup verify K drafts only when a suffix matches (otherwise they run a plain "
+        "AR step); `jaxspec/ngram-bigram` always verifies K drafts (bigram fallback).",
         f"- `identical` says whether every prompt's output equals `{BASELINE}`'s token for token "
         "(greedy speculative decoding is lossless; a different implementation in float32 can "
         "still flip a near-tie).",

