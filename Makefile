@@ -21,7 +21,7 @@ weights: setup
 	$(BIN)/python -m scripts.fetch --model $(MODEL)
 
 demo: weights
-	$(BIN)/python -m scripts.generate --model $(MODEL) --method ngram --compare \
+	$(BIN)/python -m scripts.generate --model $(MODEL) --method ngram --compare --chat \
 		--limit 1 --max-new-tokens 128 --draft-length 8
 
 test: weights

@@ -515,13 +515,46 @@ def markdown_report(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def plot_per_prompt(result: dict, out: Path) -> Path:
+    """Plot per-prompt throughput of every system (dots) with each system's median (line)
+    and the memory-bandwidth ceiling; write it as PNG to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prompts = result["per_prompt"]
+    names = [f"{r['system']}/{r['method']}" for r in result["rows"]]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(prompts) + 2), 4.2))
+    x = np.arange(len(prompts))
+    for i, name in enumerate(names):
+        y = [p["systems"][name]["tokens_per_s"] for p in prompts]
+        line = ax.plot(x + (i - len(names) / 2) * 0.08, y, "o", ms=4, label=name)[0]
+        ax.axhline(float(np.median(y)), color=line.get_color(), lw=1, alpha=0.6)
+    bound = result.get("bandwidth_bound_tokens_per_s")
+    if bound:
+        ax.axhline(bound, color="k", ls="--", lw=1, label="f32 bandwidth ceiling (1 forward/token)")
+    ax.set_xticks(x, [p["task_id"].split("/")[-1] for p in prompts])
+    ax.set_xlabel(f"prompt ({prompts[0]['task_id'].split('/')[0]} index)" if prompts else "prompt")
+    ax.set_ylabel("tokens / s (wall clock)")
+    ax.set_title(f"suite {result['suite']}: {result['rows'][0]['model']}, greedy, batch 1 "
+                 "(lines: medians)")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
-    """Write ``result`` as JSON to ``out`` and the markdown report next to it (``.md``)."""
+    """Write ``result`` as JSON to ``out``, the markdown report next to it (``.md``) and the
+    per-prompt throughput plot (``.png``, linked from the report)."""
     import json
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    png = plot_per_prompt(result, out.with_suffix(".png"))
     md = out.with_suffix(".md")
-    md.write_text(markdown_report(result))
+    md.write_text(markdown_report(result) + f"\n![per-prompt throughput]({png.name})\n")
     return out, md

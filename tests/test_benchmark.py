@@ -41,6 +41,8 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
                        decode=tok.decode)
     js, md = write_results(res, tmp_path / "ar.json")
     doc = json.loads(js.read_text())
+    png = tmp_path / "ar.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "ar.png" in md.read_text()
 
     assert {"suite", "date", "machine", "config", "rows", "per_prompt",
             "bandwidth_bound_tokens_per_s"} <= set(doc)
