@@ -178,6 +178,11 @@ class _SafetensorsSource:
                 ) from None
         return self._handles[key]
 
+    @property
+    def names(self) -> frozenset[str]:
+        """Names of all tensors this source can return."""
+        return frozenset(self._name_to_file)
+
     def get(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a float32 numpy array (BF16 is read through JAX: numpy has
         no bfloat16, so ``safe_open(framework="numpy")`` rejects it)."""
@@ -261,22 +266,30 @@ def load_hf_dir(path) -> tuple[ModelConfig, dict]:
     if not d.is_dir():
         raise WeightFileError(f"{d}: checkpoint directory does not exist")
     config = _hf_config(d / "config.json")
+    src, where = _dir_source(d)
+    return config, _load_safetensors(config, src, where)
+
+
+def _dir_source(d: Path) -> tuple["_SafetensorsSource", str]:
+    """Tensor source of checkpoint directory ``d``: the sharded index when present, else
+    the single ``model.safetensors``. Returns ``(source, where)`` (``where`` names the file
+    used in error messages).
+
+    Raises:
+      WeightFileError: neither file exists or the index has no ``weight_map``.
+    """
     index = d / SAFETENSORS_INDEX
     single = d / SAFETENSORS_SINGLE
     if index.is_file():
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise WeightFileError(f"{index}: has no 'weight_map' object")
-        src = _SafetensorsSource({k: d / v for k, v in weight_map.items()}, str(index))
-        where = str(index)
-    elif single.is_file():
-        src = _SafetensorsSource.from_files([single], str(single))
-        where = str(single)
-    else:
-        raise WeightFileError(
-            f"{d}: no {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX} in the checkpoint directory"
-        )
-    return config, _load_safetensors(config, src, where)
+        return _SafetensorsSource({k: d / v for k, v in weight_map.items()}, str(index)), str(index)
+    if single.is_file():
+        return _SafetensorsSource.from_files([single], str(single)), str(single)
+    raise WeightFileError(
+        f"{d}: no {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX} in the checkpoint directory"
+    )
 
 
 def _load_safetensors_file(path: Path) -> tuple[ModelConfig, dict]:
