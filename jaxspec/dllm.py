@@ -1,0 +1,518 @@
+"""Reference decoders for masked-diffusion LMs (LLaDA / Dream), jitted with static shapes.
+
+One ``lax.while_loop`` runs every variant. Each loop iteration is one *step*: one model
+forward over the whole padded sequence (prompt + generation slots, full bidirectional
+attention, no KV cache), then some still-masked positions of the row's *current block* are
+*transferred* (unmasked: their predicted token is written and kept for good).
+
+Sources (facts only; the code is our own):
+
+* **LLaDA stepwise decoding**, ML-GSAI/LLaDA ``generate.py``: ``generate`` (semi-
+  autoregressive blocks of ``block_length``; ``steps // num_blocks`` steps per block;
+  ``get_num_transfer_tokens``: per block ``mask_count // steps`` tokens per step, the
+  remainder spread +1 over the first steps; ``remasking="low_confidence"`` ranks masked
+  positions of the current block by the softmax probability of the predicted token,
+  ``"random"`` by uniform noise; ``add_gumbel_noise`` for temperature; classifier-free
+  guidance with the prompt replaced by mask tokens, ``logits = un + (cfg + 1)(cond - un)``).
+* **Dream unmasking rules**, Dream-org/Dream ``generation_utils.py`` (``sample_tokens`` and
+  ``DreamGenerationMixin._sample``): ``"maskgit_plus"`` confidence = probability of the
+  sampled token under ``softmax(logits / T)``; ``"topk_margin"`` = top-1 minus top-2 of that
+  distribution; ``"entropy"`` = ``sum p log(p + 1e-10)`` (negative entropy, higher = more
+  certain); ``"origin"`` = every masked position is revealed independently with probability
+  ``1 - s/t`` on the time grid ``linspace(1, eps, steps + 1)``, all remaining ones at the
+  last step. They run on LLaDA's loop (blocks) with LLaDA's transfer-count schedule, or with
+  Dream's own count rule (``schedule="dream"``): ``int(n_masked * (1 - s/t))`` tokens at
+  step ``i < steps - 1`` of a block (``n_masked`` = masked positions left in the block,
+  float32 product truncated), all the rest at the last step; with one block
+  (``block_length == gen_length``) that is Dream's ``_sample`` loop. Dream's ``alg_temp``
+  (sampling positions from ``softmax(confidence / alg_temp)``) is not implemented.
+* **Parallel decoding**: ``tokens_per_step = k`` transfers the ``k`` most confident masked
+  positions of the current block per step (fewer when fewer remain) and moves to the next
+  block when the current one is full. ``threshold`` is Fast-dLLM's rule (NVlabs/Fast-dLLM
+  ``llada/generate.py``, ``get_transfer_index`` with ``threshold``): transfer every masked
+  position of the current block whose confidence is ``>= threshold`` (Fast-dLLM drops the
+  ranked candidates with confidence ``< threshold``), and always at least the most
+  confident one.
+
+Conventions and deliberate choices (each documented because it is observable):
+
+* **Temperature.** ``x0 = argmax(logits / T + g)`` with ``g = -log(-log u)`` standard Gumbel
+  noise, ``u ~ U(0, 1)``. LLaDA computes ``argmax(exp(logits) / (-log u)^T)``; taking the
+  log gives ``argmax(logits - T log(-log u)) = argmax(T (logits / T + g))``, the same
+  arg-max for the same ``u``, i.e. a sample from ``softmax(logits / T)`` (Gumbel-max). We
+  compute in float32 (LLaDA in float64). ``T = 0`` is plain arg-max.
+* **Confidence for ``"low_confidence"``** is ``softmax(logits)[x0]`` (no temperature), as in
+  LLaDA; Dream's rules use ``softmax(logits / T)`` (``T = 0``: ``softmax(logits)``).
+* **Ties** in the ranking go to the lower position (a stable sort of ``-confidence``);
+  ``torch.topk`` leaves tie order unspecified.
+* **The mask token is never predicted**: its logit is set to ``-inf`` before sampling and
+  confidences (LLaDA could in principle write ``[MASK]`` and then re-predict that position,
+  which breaks the transfer-count bookkeeping; a trained model puts almost no mass there).
+* **EOS / EoT.** Like LLaDA, decoding always fills the whole ``gen_length`` (EOS tokens are
+  ordinary tokens during decoding; LLaDA-Instruct fills the tail with ``<|eot_id|>`` /
+  ``<|endoftext|>``). The returned token lists are cut after the first EOS in *position*
+  order (the EOS is kept); ``new_tokens`` counts the kept tokens, NFE counts all steps.
+* **Optional EOS suppression** (LLaDA ``generate.py`` options of the same names, from the
+  paper's Appendix B.4): ``logits_eos_inf`` sets the logits of every id in ``eos_ids`` to
+  ``-inf`` before sampling (EOS is never generated). ``confidence_eos_eot_inf`` ranks masked
+  positions whose prediction is in ``eos_ids`` after all others (their confidence becomes the
+  lowest finite float32), so EOS/EoT are placed last. LLaDA's literal code sets the EoT
+  logit (126348) to ``-inf`` after sampling, which gives predicted-EoT positions confidence 0
+  and renormalises the others, and leaves EOS (126081) untouched; we apply the documented
+  intent to every id in ``eos_ids`` and keep the other confidences unchanged. Pass both the
+  EOS and the EoT id in ``eos_ids``.
+* **NFE** counts model forwards over a sequence: one per step, two with classifier-free
+  guidance (the conditional and the unconditional pass, run as one batched call).
+* **Left padding.** Prompts are left-padded to a bucketed length ``P``; padding is excluded
+  from attention (:func:`models.diffusion.bidirectional_mask`) and RoPE position of slot
+  ``s`` is ``s - pad``. Generation slots are ``[P, P + gen_length)``. With CFG the
+  unconditional row replaces the prompt (not the padding) by mask tokens.
+* **Batches.** Rows advance independently (own block and step counters); the loop runs until
+  every row is done; a finished row is not counted in NFE afterwards.
+* **Randomness** comes from :func:`step_noise` (``jax.random`` keyed by seed and loop
+  iteration), so a seed reproduces a run exactly and tests can replay the same noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.stats import DecodeStats
+from models.diffusion import DiffusionLM, bidirectional_mask
+
+REMASKING = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy")
+ENTROPY_EPS = 1e-10  # Dream's epsilon inside log(p + eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionDecodeConfig:
+    """How to decode a masked-diffusion LM (frozen, hashable: a static jit argument).
+
+    Attributes:
+      gen_length: number of generated positions (all start masked).
+      block_length: semi-autoregressive block size; ``gen_length % block_length == 0``.
+        ``block_length == gen_length`` is a single block (no semi-AR).
+      steps: total steps for the stepwise schedule (``"stepwise"`` method); must be
+        divisible by ``num_blocks``. Ignored by fixed-k and threshold decoding.
+      remasking: which masked positions to transfer: one of :data:`REMASKING`
+        (``"low_confidence"``/``"random"``: LLaDA; the others: Dream's rule names).
+      temperature: 0 = arg-max; > 0 samples ``x0`` from ``softmax(logits / T)`` (Gumbel-max).
+      cfg_scale: classifier-free guidance scale (0 = off).
+      tokens_per_step: fixed-k parallel decoding (``None`` = off).
+      threshold: Fast-dLLM confidence-threshold parallel decoding (``None`` = off).
+      mask_id: override of the model's ``mask_token_id`` (``None`` = the model's).
+      eps: Dream's final time for ``"origin"`` (time grid ``linspace(1, eps, steps + 1)``).
+      logits_eos_inf: never generate an id of ``eos_ids`` (LLaDA option; module docstring).
+      confidence_eos_eot_inf: transfer predicted ``eos_ids`` last (LLaDA option; module
+        docstring).
+      schedule: stepwise transfer counts: ``"llada"`` (``get_num_transfer_tokens``) or
+        ``"dream"`` (``int(n_masked * (1 - s/t))``, the rest at the last step).
+
+    Raises:
+      ValueError: non-positive lengths/steps, ``gen_length % block_length != 0``, ``steps``
+        not divisible by the number of blocks (stepwise), unknown ``remasking``, negative
+        temperature or cfg scale, ``tokens_per_step < 1``, both ``tokens_per_step`` and
+        ``threshold`` set, a non-finite threshold, or ``"origin"`` with parallel decoding.
+    """
+
+    gen_length: int = 16
+    block_length: int = 16
+    steps: int = 16
+    remasking: str = "low_confidence"
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    tokens_per_step: Optional[int] = None
+    threshold: Optional[float] = None
+    mask_id: Optional[int] = None
+    eps: float = 1e-3
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    schedule: str = "llada"
+
+    def __post_init__(self):
+        if self.gen_length < 1 or self.block_length < 1:
+            raise ValueError(f"gen_length and block_length must be >= 1, got "
+                             f"{self.gen_length} and {self.block_length}")
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length {self.gen_length} is not a multiple of block_length "
+                             f"{self.block_length}")
+        if self.schedule not in ("llada", "dream"):
+            raise ValueError(f"unknown schedule {self.schedule!r}; expected 'llada' or 'dream'")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"unknown remasking {self.remasking!r}; expected one of "
+                             f"{', '.join(REMASKING)}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not self.cfg_scale >= 0.0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        if self.tokens_per_step is not None and self.threshold is not None:
+            raise ValueError("tokens_per_step and threshold are exclusive; set at most one")
+        if self.tokens_per_step is not None and self.tokens_per_step < 1:
+            raise ValueError(f"tokens_per_step must be >= 1, got {self.tokens_per_step}")
+        if self.threshold is not None and not np.isfinite(self.threshold):
+            raise ValueError(f"threshold must be finite, got {self.threshold}")
+        if self.method == "stepwise":
+            if self.steps < 1:
+                raise ValueError(f"steps must be >= 1, got {self.steps}")
+            if self.steps % self.num_blocks:
+                raise ValueError(f"steps {self.steps} is not divisible by the number of blocks "
+                                 f"{self.num_blocks} (gen_length / block_length)")
+        elif self.remasking == "origin":
+            raise ValueError("remasking 'origin' has its own random transfer count; it only "
+                             "works with stepwise decoding (no tokens_per_step / threshold)")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
+
+    @property
+    def method(self) -> str:
+        """``"stepwise"``, ``"fixed-k"`` or ``"threshold"`` (the stats' method name)."""
+        if self.tokens_per_step is not None:
+            return "fixed-k"
+        if self.threshold is not None:
+            return "threshold"
+        return "stepwise"
+
+
+def num_transfer_tokens(mask_count: int, steps: int) -> np.ndarray:
+    """LLaDA's per-step transfer counts for one block.
+
+    Source: ML-GSAI/LLaDA ``generate.py``, ``get_num_transfer_tokens``: ``mask_count // steps``
+    per step, the remainder ``mask_count % steps`` spread +1 over the first steps.
+
+    Returns: int32 ``(steps,)`` summing to ``mask_count``.
+    """
+    out = np.full((steps,), mask_count // steps, np.int32)
+    out[:mask_count % steps] += 1
+    return out
+
+
+def origin_probs(steps: int, eps: float) -> np.ndarray:
+    """Dream ``"origin"`` reveal probabilities per step: ``1 - s/t`` with ``t, s`` consecutive
+    points of ``linspace(1, eps, steps + 1)``, and 1 at the last step. float32 ``(steps,)``."""
+    t = np.linspace(1.0, eps, steps + 1)
+    p = 1.0 - t[1:] / t[:-1]
+    p[-1] = 1.0
+    return p.astype(np.float32)
+
+
+def step_noise(key: jax.Array, it, batch: int, block_length: int, vocab: int,
+               with_tokens: bool):
+    """The random numbers of loop iteration ``it`` (shared with test oracles).
+
+    Returns:
+      ``(u_tok, u_pos)``: ``u_tok`` float32 ``(batch, block_length, vocab)`` uniforms for the
+      Gumbel noise of the token samples (``None`` when ``with_tokens`` is False), ``u_pos``
+      float32 ``(batch, block_length)`` uniforms for ``"random"`` / ``"origin"`` remasking;
+      both index the row's current block.
+    """
+    kt, kp = jax.random.split(jax.random.fold_in(key, it))
+    u_pos = jax.random.uniform(kp, (batch, block_length), jnp.float32)
+    u_tok = (jax.random.uniform(kt, (batch, block_length, vocab), jnp.float32,
+                                minval=jnp.finfo(jnp.float32).tiny) if with_tokens else None)
+    return u_tok, u_pos
+
+
+def block_confidence(logits: jax.Array, x0: jax.Array, u_pos: jax.Array, remasking: str,
+                     temperature: float) -> jax.Array:
+    """Confidence of each block position under a remasking rule (higher = transfer first).
+
+    Args:
+      logits: float32 ``(B, L, V)`` (mask logit already ``-inf``).
+      x0: int32 ``(B, L)`` predicted tokens.
+      u_pos: float32 ``(B, L)`` uniforms (the ``"random"`` confidence).
+      remasking: a name in :data:`REMASKING` (``"origin"`` returns ``u_pos``, unused).
+      temperature: Dream's rules use ``softmax(logits / T)``; a Python ``0`` means no
+        scaling (a traced value is always divided by).
+
+    Returns: float32 ``(B, L)``.
+    """
+    if remasking in ("random", "origin"):
+        return u_pos
+    if remasking == "low_confidence":
+        p = jax.nn.softmax(logits, axis=-1)
+        return jnp.take_along_axis(p, x0[..., None], axis=-1)[..., 0]
+    greedy = isinstance(temperature, (int, float)) and temperature == 0
+    scaled = logits if greedy else logits / temperature
+    p = jax.nn.softmax(scaled, axis=-1)
+    if remasking == "maskgit_plus":
+        return jnp.take_along_axis(p, x0[..., None], axis=-1)[..., 0]
+    if remasking == "topk_margin":
+        top2 = jax.lax.top_k(p, 2)[0]
+        return top2[..., 0] - top2[..., 1]
+    if remasking == "entropy":
+        return jnp.sum(p * jnp.log(p + ENTROPY_EPS), axis=-1)
+    raise ValueError(f"unknown remasking {remasking!r}")
+
+
+def _rank(conf: jax.Array) -> jax.Array:
+    """int32 ``(B, L)``: 0 for the most confident position; ties go to the lower index."""
+    L = conf.shape[-1]
+    ci, cj = conf[:, :, None], conf[:, None, :]
+    idx = jnp.arange(L)
+    before = (cj > ci) | ((cj == ci) & (idx[None, None, :] < idx[None, :, None]))
+    return jnp.sum(before, axis=-1).astype(jnp.int32)
+
+
+@flax.struct.dataclass
+class _State:
+    tokens: jax.Array    # int32 (B, S) the sequence (prompt, then generation slots)
+    masked: jax.Array    # bool (B, G) generation position still masked
+    tstep: jax.Array     # int32 (B, G) step at which the position was transferred (-1: not yet)
+    block: jax.Array     # int32 (B,) current block
+    sib: jax.Array       # int32 (B,) step within the current block
+    steps: jax.Array     # int32 (B,) steps taken (forwards while active)
+    hist: jax.Array      # int32 (B, L+1) steps that transferred j tokens
+    it: jax.Array        # int32 () loop iteration
+
+
+def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax.Array,
+            p_origin: jax.Array, *, model: DiffusionLM, cfg: DiffusionDecodeConfig, mask_id: int,
+            eos_ids: tuple[int, ...] = ()):
+    """The jitted body. ``cfg`` is the *structural* config (:func:`_structural`); the
+    numeric knobs arrive traced in ``nums`` = float32 ``[temperature, cfg_scale + 1,
+    threshold, tokens_per_step]`` and ``p_origin`` float32 ``(steps_per_block,)`` (the
+    ``1 - s/t`` fractions of "origin" and the Dream schedule), so sweeping
+    them reuses one executable."""
+    temperature, cfg_w, threshold, k_fixed = nums[0], nums[1], nums[2], nums[3]
+    B, P = prompt.shape
+    G, L = cfg.gen_length, cfg.block_length
+    S, V = P + G, model.config.vocab_size
+    nb, spb = cfg.num_blocks, cfg.steps_per_block
+    method = cfg.method
+    slots = jnp.arange(S, dtype=jnp.int32)[None]
+    valid = slots >= pad[:, None]                                   # (B, S)
+    positions = jnp.maximum(slots - pad[:, None], 0)
+    attn = bidirectional_mask(valid)
+    is_prompt = valid & (slots < P)
+    sched = jnp.asarray(num_transfer_tokens(L, spb) if method == "stepwise" else np.zeros(1, np.int32))
+    use_cfg = cfg.cfg_scale > 0
+
+    def forward(tokens):
+        if use_cfg:
+            un = jnp.where(is_prompt, mask_id, tokens)
+            both = jnp.concatenate([tokens, un], 0)
+            logits, _ = model.apply(params, both, jnp.concatenate([positions, positions], 0),
+                                    jnp.concatenate([attn, attn], 0))
+            cond, unc = logits[:B], logits[B:]
+            return unc + cfg_w * (cond - unc)
+        return model.apply(params, tokens, positions, attn)[0]
+
+    def body(st: _State) -> _State:
+        active = st.block < nb                                       # (B,)
+        start = P + jnp.minimum(st.block, nb - 1) * L                # (B,)
+        logits = forward(st.tokens).astype(jnp.float32)
+        blk = jax.vmap(lambda lg, s: jax.lax.dynamic_slice_in_dim(lg, s, L, 0))(logits, start)
+        blk = blk.at[..., mask_id].set(-jnp.inf)                      # (B, L, V)
+        if cfg.logits_eos_inf:
+            blk = blk.at[..., list(eos_ids)].set(-jnp.inf)
+        u_tok, u_pos = step_noise(key, st.it, B, L, V, cfg.temperature > 0)
+        if cfg.temperature > 0:
+            gumbel = -jnp.log(-jnp.log(u_tok))
+            x0 = jnp.argmax(blk / temperature + gumbel, axis=-1).astype(jnp.int32)
+        else:
+            x0 = jnp.argmax(blk, axis=-1).astype(jnp.int32)
+        off = start - P
+        bmask = jax.vmap(lambda m, o: jax.lax.dynamic_slice_in_dim(m, o, L, 0))(st.masked, off)
+        conf = block_confidence(blk, x0, u_pos, cfg.remasking, temperature if cfg.temperature > 0 else 0.0)
+        if cfg.confidence_eos_eot_inf:
+            is_eos = jnp.isin(x0, jnp.asarray(eos_ids, jnp.int32))
+            conf = jnp.where(is_eos, jnp.finfo(jnp.float32).min, conf)
+        conf = jnp.where(bmask, conf, -jnp.inf)
+        rank = _rank(conf)
+        n_masked = jnp.sum(bmask, axis=-1)
+        sib = jnp.minimum(st.sib, spb - 1) if method == "stepwise" else st.sib
+        if cfg.remasking == "origin":
+            last = sib == spb - 1
+            transfer = bmask & ((u_pos < p_origin[sib][:, None]) | last[:, None])
+        elif method == "stepwise" and cfg.schedule == "dream":
+            k = jnp.floor(n_masked.astype(jnp.float32) * p_origin[sib]).astype(jnp.int32)
+            k = jnp.where(sib == spb - 1, n_masked, k)
+            transfer = bmask & (rank < k[:, None])
+        elif method == "stepwise":
+            transfer = bmask & (rank < sched[sib][:, None])
+        elif method == "fixed-k":
+            transfer = bmask & (rank < k_fixed)
+        else:
+            transfer = bmask & ((conf >= threshold) | (rank == 0))
+        transfer = transfer & active[:, None]
+        n_tr = jnp.sum(transfer, axis=-1).astype(jnp.int32)
+
+        def write(row, new, tr, s):
+            cur = jax.lax.dynamic_slice_in_dim(row, s, L, 0)
+            return jax.lax.dynamic_update_slice_in_dim(row, jnp.where(tr, new, cur), s, 0)
+
+        tokens = jax.vmap(write)(st.tokens, x0, transfer, start)
+        masked = jax.vmap(write)(st.masked, jnp.zeros_like(transfer), transfer, off)
+        tstep = jax.vmap(write)(st.tstep, jnp.broadcast_to(st.steps[:, None], (B, L)), transfer, off)
+        if method == "stepwise":
+            block_done = st.sib + 1 >= spb
+        else:
+            block_done = n_masked - n_tr == 0
+        act = active.astype(jnp.int32)
+        nxt_block = jnp.where(active & block_done, st.block + 1, st.block)
+        nxt_sib = jnp.where(active & block_done, 0, st.sib + act)
+        return _State(tokens=tokens, masked=masked, tstep=tstep, block=nxt_block, sib=nxt_sib,
+                      steps=st.steps + act,
+                      hist=st.hist + act[:, None] * jax.nn.one_hot(n_tr, L + 1, dtype=jnp.int32),
+                      it=st.it + 1)
+
+    tokens = jnp.concatenate([prompt, jnp.full((B, G), mask_id, jnp.int32)], axis=1)
+    st = _State(tokens=tokens, masked=jnp.ones((B, G), bool), tstep=jnp.full((B, G), -1, jnp.int32),
+                block=jnp.zeros((B,), jnp.int32), sib=jnp.zeros((B,), jnp.int32),
+                steps=jnp.zeros((B,), jnp.int32), hist=jnp.zeros((B, L + 1), jnp.int32),
+                it=jnp.array(0, jnp.int32))
+    st = jax.lax.while_loop(lambda s: jnp.any(s.block < nb), body, st)
+    return st.tokens[:, P:], st.tstep, st.steps, st.hist
+
+
+_decode_jit = jax.jit(_decode, static_argnames=("model", "cfg", "mask_id", "eos_ids"))
+_COMPILED: dict = {}
+
+
+def _structural(cfg: DiffusionDecodeConfig) -> DiffusionDecodeConfig:
+    """``cfg`` with its numeric knobs replaced by placeholders that keep only what changes
+    the compiled program (whether temperature / CFG are on, which method is used)."""
+    return dataclasses.replace(
+        cfg, temperature=1.0 if cfg.temperature > 0 else 0.0,
+        cfg_scale=1.0 if cfg.cfg_scale > 0 else 0.0,
+        threshold=None if cfg.threshold is None else 0.0,
+        tokens_per_step=None if cfg.tokens_per_step is None else 1, eps=1e-3, mask_id=None)
+
+
+def _numeric_args(cfg: DiffusionDecodeConfig):
+    nums = np.array([cfg.temperature if cfg.temperature > 0 else 1.0, cfg.cfg_scale + 1.0,
+                     cfg.threshold or 0.0, cfg.tokens_per_step or 0], np.float32)
+    p_origin = (origin_probs(cfg.steps_per_block, cfg.eps)
+                if cfg.method == "stepwise" and (cfg.remasking == "origin" or cfg.schedule == "dream")
+                else np.zeros(1, np.float32))
+    return jnp.asarray(nums), jnp.asarray(p_origin)
+
+
+@dataclasses.dataclass
+class DiffusionResult:
+    """Output of :func:`diffusion_generate`.
+
+    Attributes:
+      tokens: per row, the generated ids cut after the first EOS (kept).
+      full_tokens: int32 ``(B, gen_length)`` every generated position (no cut).
+      transfer_step: int32 ``(B, gen_length)``: the 0-based step (of that row) at which each
+        generation position was unmasked; the transfer order.
+      stats: :class:`jaxspec.stats.DecodeStats` (``target_nfe`` = forwards, ``steps``,
+        ``accept_hist[b, j]`` = steps of row ``b`` that transferred ``j`` tokens,
+        ``draft_length`` 0, reference ``"stepwise"``).
+      compile_s: seconds spent compiling (0 when a cached executable was reused).
+      run_s: wall-clock seconds of the decode itself.
+    """
+
+    tokens: list[list[int]]
+    full_tokens: np.ndarray
+    transfer_step: np.ndarray
+    stats: DecodeStats
+    compile_s: float
+    run_s: float
+
+
+def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]],
+                       cfg: DiffusionDecodeConfig, seed: int = 0, eos_ids: Sequence[int] = (),
+                       pad_id: int = 0, bucket: int = 16,
+                       max_context: Optional[int] = None) -> DiffusionResult:
+    """Decode a batch of prompts with a masked-diffusion LM (see the module docstring).
+
+    Args:
+      model: a :class:`models.diffusion.DiffusionLM` (``"llada"`` or ``"dream"`` head).
+      params: its ``CausalLM`` parameter tree.
+      prompts: ``B >= 1`` non-empty lists of token ids (left-padded to a multiple of
+        ``bucket``).
+      cfg: :class:`DiffusionDecodeConfig`.
+      seed: PRNG seed; the same seed reproduces a run exactly.
+      eos_ids: tokens after which the returned lists are cut (EOS kept).
+      pad_id: filler for left padding (never attended).
+      bucket: prompt-length bucket (one compile serves many prompt lengths).
+      max_context: context length (default ``config.base.max_position_embeddings``).
+
+    Returns:
+      :class:`DiffusionResult`.
+
+    Raises:
+      ValueError: no prompts or an empty prompt, token ids outside the vocabulary, mask id
+        outside the vocabulary, padded prompt + ``gen_length`` longer than the context, EOS
+        ids outside the vocabulary, or an EOS option without ``eos_ids``.
+    """
+    base = model.config.base
+    V = base.vocab_size
+    mask_id = model.config.mask_token_id if cfg.mask_id is None else int(cfg.mask_id)
+    if not 0 <= mask_id < V:
+        raise ValueError(f"mask id {mask_id} is outside the vocabulary [0, {V})")
+    if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and not eos_ids:
+        raise ValueError("logits_eos_inf / confidence_eos_eot_inf need eos_ids")
+    if any(not 0 <= int(e) < V for e in eos_ids):
+        raise ValueError(f"eos_ids must lie in [0, {V})")
+    if not prompts or min(len(p) for p in prompts) == 0:
+        raise ValueError("need at least one prompt, and every prompt needs at least one token")
+    for p in prompts:
+        if min(p) < 0 or max(p) >= V:
+            raise ValueError(f"prompt token ids must lie in [0, {V})")
+    lens = [len(p) for p in prompts]
+    P = max(bucket, -(-max(lens) // bucket) * bucket)
+    ctx = max_context or base.max_position_embeddings
+    if max(lens) + cfg.gen_length > ctx or P + cfg.gen_length > ctx:
+        raise ValueError(f"prompt ({max(lens)} tokens, padded to {P}) + gen_length "
+                         f"{cfg.gen_length} exceeds the context of {ctx} tokens")
+    buf = np.full((len(prompts), P), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        buf[i, P - len(p):] = p
+    pad = np.array([P - n for n in lens], np.int32)
+    args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+            *_numeric_args(cfg))
+    scfg = _structural(cfg)
+    uses_eos = cfg.logits_eos_inf or cfg.confidence_eos_eot_inf
+    statics = dict(model=model, cfg=scfg, mask_id=mask_id,
+                   eos_ids=tuple(sorted({int(e) for e in eos_ids})) if uses_eos else ())
+    sig = (buf.shape, jax.tree_util.tree_structure(params), model, scfg, mask_id,
+           statics["eos_ids"])
+    compile_s = 0.0
+    exe = _COMPILED.get(sig)
+    if exe is None:
+        t0 = time.perf_counter()
+        exe = _decode_jit.lower(*args, **statics).compile()
+        compile_s = time.perf_counter() - t0
+        _COMPILED[sig] = exe
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(exe(*args))
+    run_s = time.perf_counter() - t0
+    toks, tstep, steps, hist = (np.asarray(x) for x in out)
+    eos = {int(e) for e in eos_ids}
+    rows = []
+    for b in range(len(prompts)):
+        row = toks[b].tolist()
+        for i, t in enumerate(row):
+            if t in eos:
+                row = row[:i + 1]
+                break
+        rows.append(row)
+    nfe = steps * (2 if cfg.cfg_scale > 0 else 1)
+    stats = DecodeStats(
+        method=cfg.method, reference="stepwise", target_nfe=nfe, draft_nfe=np.zeros_like(nfe),
+        steps=steps, accept_hist=hist, new_tokens=np.array([len(r) for r in rows]),
+        draft_length=0, drafts_proposed=np.zeros_like(nfe),
+        extra={"remasking": cfg.remasking, "gen_length": cfg.gen_length,
+               "block_length": cfg.block_length})
+    return DiffusionResult(tokens=rows, full_tokens=toks, transfer_step=tstep, stats=stats,
+                           compile_s=compile_s, run_s=run_s)
+
+
+__all__ = ["DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate", "num_transfer_tokens",
+           "origin_probs", "step_noise", "block_confidence", "REMASKING"]

@@ -1,0 +1,289 @@
+"""Reference masked-diffusion decoders (:mod:`jaxspec.dllm`) against a plain numpy oracle.
+
+The oracle below is a separate, un-jitted, one-row-at-a-time implementation of the same
+algorithm (LLaDA ``generate.py`` loop structure, Dream's confidence rules, fixed-k and
+Fast-dLLM threshold transfer). It runs each prompt alone, unpadded, so agreement also checks
+left padding. It shares only the model forward and the random numbers
+(:func:`jaxspec.dllm.step_noise`, keyed by the row's step, which equals the loop iteration
+while a row is active).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens, step_noise
+from models.config import ModelConfig
+from models.diffusion import DiffusionConfig, DiffusionLM
+from models.llama import init_params
+
+VOCAB, MASK = 40, 39
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]]
+SEED = 3
+
+
+def _model(head: str, scale: float = 4.0, head_scale: float = 20.0):
+    """Random LLaDA (llama body) or Dream (qwen2 body, untied head as in Dream-7B) model.
+    The body is scaled by ``scale`` and the LM head by ``head_scale``: peaked predictions
+    (max probability about 0.2-0.95) whose confidences are well apart (gaps >= 1e-4, far
+    above the float jitter between padded and unpadded forwards), so rankings are stable."""
+    arch = "llama" if head == "llada" else "qwen2"
+    base = ModelConfig(arch=arch, vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                       qkv_bias=(arch == "qwen2"), tie_embeddings=False,
+                       max_position_embeddings=48, rope_theta=10000.0, rms_norm_eps=1e-6)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * (head_scale if "lm_head" in jax.tree_util.keystr(path) else scale)
+        if x.ndim >= 2 else x, init_params(base, 1))
+    return DiffusionLM(DiffusionConfig(base, head, MASK)), params
+
+
+MODELS = {"llada": _model("llada"), "dream": _model("dream")}
+_noise = jax.jit(step_noise, static_argnums=(2, 3, 4, 5))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(head: str):
+    model, params = MODELS[head]
+    return jax.jit(lambda toks: model.apply(params, toks, np.arange(toks.shape[1])[None])[0])
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
+    """Decode one prompt (row ``row`` of a batch of ``batch``) with plain numpy loops.
+
+    Returns ``(tokens (G,), transfer_step (G,), nfe)``."""
+    fwd = _forward(head)
+    key = jax.random.PRNGKey(seed)
+    G, L, T = c.gen_length, c.block_length, c.temperature
+    n = len(prompt)
+    x = np.array(list(prompt) + [MASK] * G, np.int64)
+    is_masked = np.zeros(n + G, bool)
+    is_masked[n:] = True
+    tstep = np.full(G, -1)
+    step = nfe = 0
+    num_blocks = G // L
+    for blk in range(num_blocks):
+        lo = n + blk * L
+        if c.method == "stepwise":
+            spb = c.steps // num_blocks
+            counts = [L // spb + (1 if i < L % spb else 0) for i in range(spb)]
+            t_grid = np.linspace(1.0, c.eps, spb + 1)
+        i = 0
+        while True:
+            if c.method == "stepwise" and i == spb:
+                break
+            if c.method != "stepwise" and not is_masked[lo:lo + L].any():
+                break
+            logits = np.asarray(fwd(x[None].astype(np.int32)))[0].astype(np.float32)
+            nfe += 1
+            if c.cfg_scale > 0:
+                un = x.copy()
+                un[:n] = MASK
+                unl = np.asarray(fwd(un[None].astype(np.int32)))[0].astype(np.float32)
+                nfe += 1
+                logits = unl + np.float32(c.cfg_scale + 1.0) * (logits - unl)
+            lg = logits[lo:lo + L].copy()
+            lg[:, MASK] = -np.inf
+            if c.logits_eos_inf:
+                lg[:, list(eos)] = -np.inf
+            u_tok, u_pos = _noise(key, step, batch, L, VOCAB, T > 0)
+            u_pos = np.asarray(u_pos)[row]
+            if T > 0:
+                g = -np.log(-np.log(np.asarray(u_tok)[row]))
+                x0 = np.argmax(lg / np.float32(T) + g, -1)
+            else:
+                x0 = np.argmax(lg, -1)
+            if c.remasking in ("random", "origin"):
+                conf = u_pos.copy()
+            elif c.remasking == "low_confidence":
+                conf = _softmax(lg)[np.arange(L), x0]
+            else:
+                p = _softmax(lg / np.float32(T) if T > 0 else lg)
+                if c.remasking == "maskgit_plus":
+                    conf = p[np.arange(L), x0]
+                elif c.remasking == "topk_margin":
+                    s = np.sort(p, -1)
+                    conf = s[:, -1] - s[:, -2]
+                else:
+                    conf = (p * np.log(p + np.float32(1e-10))).sum(-1)
+            m = is_masked[lo:lo + L]
+            if c.confidence_eos_eot_inf:
+                conf = np.where(np.isin(x0, eos), np.finfo(np.float32).min, conf)
+            conf = np.where(m, conf, -np.inf)
+            order = np.argsort(-conf, kind="stable")
+            chosen = []
+            if c.remasking == "origin":
+                p_t = 1.0 - t_grid[i + 1] / t_grid[i] if i < spb - 1 else 1.0
+                chosen = [j for j in range(L) if m[j] and u_pos[j] < np.float32(p_t)]
+            elif c.method == "stepwise" and c.schedule == "dream":
+                n_left = int(m.sum())
+                frac = np.float32(1.0 - t_grid[i + 1] / t_grid[i])
+                k = n_left if i == spb - 1 else int(np.float32(n_left) * frac)
+                chosen = list(order[:k])
+            elif c.method == "stepwise":
+                chosen = list(order[:counts[i]])
+            elif c.method == "fixed-k":
+                chosen = list(order[:min(c.tokens_per_step, m.sum())])
+            else:
+                chosen = [order[0]] + [j for j in order[1:m.sum()] if conf[j] >= c.threshold]
+            for j in chosen:
+                x[lo + j] = x0[j]
+                is_masked[lo + j] = False
+                tstep[blk * L + j] = step
+            step += 1
+            i += 1
+    return x[n:], tstep, nfe
+
+
+# ----------------------------------------------------------------------------- agreement
+
+CASES = [
+    ("llada", dict(gen_length=8, block_length=4, steps=8)),            # 1 token / step, greedy
+    ("llada", dict(gen_length=16, block_length=8, steps=8)),           # 2 tokens / step
+    ("llada", dict(gen_length=8, block_length=8, steps=3)),            # remainder: 3, 3, 2
+    ("llada", dict(gen_length=8, block_length=4, steps=4, remasking="random", temperature=1.0)),
+    ("llada", dict(gen_length=8, block_length=8, steps=4, remasking="maskgit_plus", temperature=0.7)),
+    ("llada", dict(gen_length=8, block_length=4, steps=4, remasking="topk_margin")),
+    ("llada", dict(gen_length=8, block_length=4, steps=6, remasking="origin", temperature=0.5)),
+    ("llada", dict(gen_length=8, block_length=4, tokens_per_step=3)),
+    ("llada", dict(gen_length=8, block_length=4, threshold=0.3)),
+    ("llada", dict(gen_length=8, block_length=4, threshold=0.6, remasking="topk_margin")),
+    ("llada", dict(gen_length=8, block_length=4, steps=4, cfg_scale=1.5, temperature=0.8)),
+    ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.5)),
+    ("dream", dict(gen_length=8, block_length=8, threshold=0.5, remasking="maskgit_plus")),
+    ("dream", dict(gen_length=8, block_length=8, steps=4, remasking="topk_margin", schedule="dream")),
+]
+
+
+@pytest.mark.parametrize("head,kw", CASES, ids=[f"{h}-{i}" for i, (h, _) in enumerate(CASES)])
+def test_matches_numpy_oracle(head, kw):
+    c = DiffusionDecodeConfig(**kw)
+    model, params = MODELS[head]
+    res = diffusion_generate(model, params, PROMPTS, c, seed=SEED)
+    assert res.full_tokens.shape == res.transfer_step.shape == (len(PROMPTS), c.gen_length)
+    for b, p in enumerate(PROMPTS):
+        toks, tstep, nfe = oracle(head, p, b, len(PROMPTS), c, SEED)
+        np.testing.assert_array_equal(res.full_tokens[b], toks)
+        np.testing.assert_array_equal(res.transfer_step[b], tstep)
+        assert res.stats.target_nfe[b] == nfe
+    assert (res.transfer_step >= 0).all() and (res.full_tokens != MASK).all()
+    # blocks are filled in order: every position of block k is transferred before block k+1
+    L = c.block_length
+    for b in range(len(PROMPTS)):
+        per_block = res.transfer_step[b].reshape(-1, L)
+        assert (per_block[:-1].max(1) < per_block[1:].min(1)).all()
+    st = res.stats
+    assert st.method == c.method and st.reference == "stepwise"
+    assert (st.accept_hist.sum(1) == st.steps).all()
+    assert ((st.accept_hist * np.arange(L + 1)).sum(1) == c.gen_length).all()
+    assert (st.target_nfe == st.steps * (2 if c.cfg_scale > 0 else 1)).all()
+    if c.method == "stepwise":
+        assert (st.steps == c.steps).all()
+
+
+def test_one_token_per_step_greedy_identical_across_methods():
+    """Greedy, one token per step: stepwise (steps = gen_length), fixed-k with k = 1 and an
+    unreachable threshold are the same decoder, bit for bit (tokens and transfer order)."""
+    model, params = MODELS["llada"]
+    runs = [diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, **kw))
+            for kw in (dict(steps=8), dict(tokens_per_step=1), dict(threshold=2.0))]
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r.full_tokens, runs[0].full_tokens)
+        np.testing.assert_array_equal(r.transfer_step, runs[0].transfer_step)
+        np.testing.assert_array_equal(r.stats.target_nfe, runs[0].stats.target_nfe)
+    assert sorted(runs[0].transfer_step[0].tolist()) == list(range(8))
+    # batch of one (no padding) gives the same row
+    solo = diffusion_generate(model, params, PROMPTS[1:], DiffusionDecodeConfig(8, 4, steps=8))
+    np.testing.assert_array_equal(solo.full_tokens[0], runs[0].full_tokens[1])
+
+
+def test_threshold_parallel_and_seed_reproducible():
+    model, params = MODELS["llada"]
+    r = diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, threshold=0.3))
+    assert r.stats.steps.max() < 8, "threshold decoding should transfer >1 token in some steps"
+    # numeric knobs are traced: another threshold / temperature reuses the executable
+    r2 = diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, threshold=0.9))
+    assert r2.compile_s == 0.0 and r2.stats.steps.sum() >= r.stats.steps.sum()
+    c2 = DiffusionDecodeConfig(8, 4, steps=4, temperature=1.0, remasking="random")
+    a = diffusion_generate(model, params, PROMPTS, c2, seed=7)
+    b = diffusion_generate(model, params, PROMPTS, c2, seed=7)
+    assert b.compile_s == 0.0
+    np.testing.assert_array_equal(a.full_tokens, b.full_tokens)
+
+
+def test_eos_cut_and_stats():
+    model, params = MODELS["llada"]
+    c = DiffusionDecodeConfig(8, 4, steps=8)
+    r = diffusion_generate(model, params, PROMPTS, c)
+    eos = int(r.full_tokens[0, 2])
+    cut = diffusion_generate(model, params, PROMPTS, c, eos_ids=(eos,))
+    first = int(np.argmax(r.full_tokens[0] == eos))
+    assert cut.tokens[0] == r.full_tokens[0, :first + 1].tolist()
+    assert cut.stats.new_tokens[0] == first + 1
+    assert (cut.stats.target_nfe == 8).all()
+
+
+def test_schedule():
+    np.testing.assert_array_equal(num_transfer_tokens(10, 4), [3, 3, 2, 2])
+    np.testing.assert_array_equal(num_transfer_tokens(4, 6), [1, 1, 1, 1, 0, 0])
+    assert num_transfer_tokens(32, 8).sum() == 32
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(gen_length=10, block_length=4), "multiple"),
+    (dict(gen_length=8, block_length=4, steps=5), "divisible"),
+    (dict(remasking="nope"), "remasking"),
+    (dict(tokens_per_step=2, threshold=0.5), "exclusive"),
+    (dict(tokens_per_step=0), "tokens_per_step"),
+    (dict(remasking="origin", threshold=0.5), "origin"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(schedule="cosine"), "schedule"),
+])
+def test_config_errors(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        DiffusionDecodeConfig(**kw)
+
+
+def test_input_errors():
+    model, params = MODELS["llada"]
+    with pytest.raises(ValueError, match="vocabulary"):
+        diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, 8, mask_id=VOCAB))
+    with pytest.raises(ValueError, match="context"):
+        diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(40, 8, 40))
+    with pytest.raises(ValueError, match="prompt"):
+        diffusion_generate(model, params, [[]], DiffusionDecodeConfig(8, 4, 8))
+    with pytest.raises(ValueError, match="token ids"):
+        diffusion_generate(model, params, [[VOCAB]], DiffusionDecodeConfig(8, 4, 8))
+
+
+@pytest.mark.parametrize("opt", ["logits_eos_inf", "confidence_eos_eot_inf"])
+def test_eos_options_match_oracle(opt):
+    """LLaDA's EOS/EoT options, with the two most frequent greedy tokens playing EOS/EoT."""
+    model, params = MODELS["llada"]
+    base = diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, steps=4))
+    vals, counts = np.unique(base.full_tokens, return_counts=True)
+    eos = tuple(int(v) for v in vals[np.argsort(-counts)[:2]])
+    c = DiffusionDecodeConfig(8, 4, steps=4, **{opt: True})
+    res = diffusion_generate(model, params, PROMPTS, c, seed=SEED, eos_ids=eos)
+    for b, p in enumerate(PROMPTS):
+        toks, tstep, _ = oracle("llada", p, b, len(PROMPTS), c, SEED, eos)
+        np.testing.assert_array_equal(res.full_tokens[b], toks)
+        np.testing.assert_array_equal(res.transfer_step[b], tstep)
+    if opt == "logits_eos_inf":
+        assert not np.isin(res.full_tokens, eos).any()
+    else:
+        assert not np.array_equal(res.transfer_step, base.transfer_step)
+    with pytest.raises(ValueError, match="eos_ids"):
+        diffusion_generate(model, params, PROMPTS, c)
