@@ -1,0 +1,196 @@
+"""The project's own checkpoint format, and export back to Hugging Face layouts.
+
+Native format: a directory with
+
+* ``jaxspec_config.json``: ``{"format": "jaxspec-v1", "model": {ModelConfig fields},
+  "diffusion": null | {"head": "llada" | "dream", "mask_token_id": int}}``;
+* ``params.safetensors``: the :mod:`models.llama` parameter tree, flattened with ``/``
+  (``embed``, ``layers/wq``, ...), float32, stacked layer weights as in the model.
+
+Export (:func:`export_hf`) writes the Hugging Face layout the loaders read (Llama / Qwen2
+``config.json`` + ``model.safetensors``; Dream = Qwen2 names with ``model_type`` ``"Dream"``;
+LLaDA = ``model.transformer.*`` names with a LLaDA ``config.json``), one shard per decoder
+layer plus one for the embeddings/head, so no more than one layer's tensors are held as
+extra numpy copies at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Union
+
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+from models.diffusion import DiffusionConfig
+from models.loading import _LAYER_MAP, _TOP_MAP, WeightFileError
+
+FORMAT = "jaxspec-v1"
+CONFIG_FILE = "jaxspec_config.json"
+PARAMS_FILE = "params.safetensors"
+
+AnyConfig = Union[ModelConfig, DiffusionConfig]
+
+
+def _base(config: AnyConfig) -> ModelConfig:
+    return config.base if isinstance(config, DiffusionConfig) else config
+
+
+def save_checkpoint(out_dir, config: AnyConfig, params: dict) -> Path:
+    """Write ``config`` and ``params`` in the native format to ``out_dir`` (created).
+
+    Returns the directory path. Raises ``ValueError`` if ``params`` is not the tree of
+    ``config`` (missing ``embed`` or ``layers``)."""
+    from safetensors.numpy import save_file
+
+    if "embed" not in params or "layers" not in params:
+        raise ValueError("params is not a models.llama parameter tree (needs 'embed' and 'layers')")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    flat = {}
+    for k, v in params.items():
+        if k == "layers":
+            flat.update({f"layers/{lk}": np.asarray(lv, np.float32) for lk, lv in v.items()})
+        else:
+            flat[k] = np.asarray(v, np.float32)
+    save_file(flat, str(out / PARAMS_FILE))
+    diff = None
+    if isinstance(config, DiffusionConfig):
+        diff = {"head": config.head, "mask_token_id": config.mask_token_id}
+    meta = {"format": FORMAT, "model": dataclasses.asdict(_base(config)), "diffusion": diff}
+    (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def is_native(path) -> bool:
+    """True if ``path`` is a directory in the native format."""
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def load_checkpoint(path) -> tuple[AnyConfig, dict]:
+    """Read a native checkpoint. Returns ``(ModelConfig or DiffusionConfig, params)``.
+
+    Raises:
+      WeightFileError: missing files, a different ``format`` tag, or an unreadable file.
+    """
+    from safetensors import safe_open
+
+    d = Path(path)
+    cfg_path, par_path = d / CONFIG_FILE, d / PARAMS_FILE
+    if not cfg_path.is_file() or not par_path.is_file():
+        raise WeightFileError(f"{d}: not a jaxspec checkpoint (needs {CONFIG_FILE} and {PARAMS_FILE})")
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise WeightFileError(f"{cfg_path}: invalid JSON ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise WeightFileError(f"{cfg_path}: format {meta.get('format')!r} is not {FORMAT!r}")
+    m = dict(meta["model"])
+    m["eos_token_ids"] = tuple(m.get("eos_token_ids") or ())
+    base = ModelConfig(**m)
+    config: AnyConfig = base
+    if meta.get("diffusion"):
+        config = DiffusionConfig(base=base, **meta["diffusion"])
+    params: dict = {"layers": {}}
+    try:
+        with safe_open(str(par_path), framework="numpy") as f:
+            for name in f.keys():
+                arr = jnp.asarray(f.get_tensor(name), jnp.float32)
+                if name.startswith("layers/"):
+                    params["layers"][name.split("/", 1)[1]] = arr
+                else:
+                    params[name] = arr
+    except Exception as e:  # safetensors raises several types for corrupt files
+        raise WeightFileError(f"{par_path}: cannot read ({type(e).__name__}: {e})") from None
+    return config, params
+
+
+def _hf_config_dict(config: AnyConfig) -> dict:
+    c = _base(config)
+    eos = list(c.eos_token_ids)
+    if isinstance(config, DiffusionConfig) and config.head == "llada":
+        return {
+            "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": c.hidden_size,
+            "n_heads": c.num_heads, "n_kv_heads": c.num_kv_heads, "n_layers": c.num_layers,
+            "mlp_hidden_size": c.intermediate_size, "vocab_size": c.vocab_size,
+            "embedding_size": c.vocab_size, "rope_theta": c.rope_theta,
+            "rms_norm_eps": c.rms_norm_eps, "include_qkv_bias": c.qkv_bias,
+            "include_bias": False, "weight_tying": c.tie_embeddings,
+            "max_sequence_length": c.max_position_embeddings,
+            "mask_token_id": config.mask_token_id, "eos_token_id": eos[0] if eos else None,
+            "pad_token_id": c.pad_token_id, "block_type": "llama", "activation_type": "silu",
+            "layer_norm_type": "rms", "rope": True, "alibi": False,
+        }
+    d = {
+        "model_type": c.arch, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim, "vocab_size": c.vocab_size, "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps, "tie_word_embeddings": c.tie_embeddings,
+        "attention_bias": c.qkv_bias, "max_position_embeddings": c.max_position_embeddings,
+        "bos_token_id": c.bos_token_id, "eos_token_id": eos if len(eos) != 1 else eos[0],
+        "pad_token_id": c.pad_token_id, "hidden_act": "silu",
+    }
+    if isinstance(config, DiffusionConfig):  # dream
+        d.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=config.mask_token_id)
+    else:
+        d["architectures"] = ["LlamaForCausalLM" if c.arch == "llama" else "Qwen2ForCausalLM"]
+    return d
+
+
+def export_hf(out_dir, config: AnyConfig, params: dict) -> Path:
+    """Write ``params`` in the Hugging Face layout that matches ``config`` (see module
+    docstring): ``config.json``, ``model.safetensors.index.json`` and one shard per layer.
+    The result loads back with :func:`models.loading.load_hf_dir` (Llama / Qwen2) or
+    :func:`models.diffusion_loading.load_diffusion_dir` (LLaDA / Dream)."""
+    from safetensors.numpy import save_file
+
+    from models.diffusion_loading import _LLADA_LAYER_MAP, _LLADA_TOP_MAP
+
+    c = _base(config)
+    llada = isinstance(config, DiffusionConfig) and config.head == "llada"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n_shards = c.num_layers + 1
+    weight_map: dict[str, str] = {}
+
+    def name_of(key: str, layer):
+        if llada:
+            if layer is None:
+                suffix, tr = _LLADA_TOP_MAP[key]
+                return f"model.transformer.{suffix}", tr
+            suffix, tr = _LLADA_LAYER_MAP[key]
+            return f"model.transformer.blocks.{layer}.{suffix}", tr
+        if layer is None:
+            name, _, tr = _TOP_MAP[key]
+            return name, tr
+        suffix, _, tr = _LAYER_MAP[key]
+        return f"model.layers.{layer}.{suffix}", tr
+
+    def write(shard: int, tensors: dict):
+        fname = f"model-{shard:05d}-of-{n_shards:05d}.safetensors"
+        save_file(tensors, str(out / fname))
+        weight_map.update({k: fname for k in tensors})
+
+    top = {}
+    for key, val in params.items():
+        if key == "layers":
+            continue
+        name, tr = name_of(key, None)
+        arr = np.asarray(val, np.float32)
+        top[name] = np.ascontiguousarray(arr.T) if tr else arr
+    write(1, top)
+    for i in range(c.num_layers):
+        shard = {}
+        for key, val in params["layers"].items():
+            name, tr = name_of(key, i)
+            arr = np.asarray(val[i], np.float32)
+            shard[name] = np.ascontiguousarray(arr.T) if tr else arr
+        write(i + 2, shard)
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"format": "pt"}, "weight_map": weight_map}, indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(_hf_config_dict(config), indent=2) + "\n")
+    return out
