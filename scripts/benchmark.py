@@ -70,6 +70,9 @@ def main(argv=None) -> int:
             if v < 1:
                 raise BenchError(f"{flag} must be >= 1, got {v}")
         preset = get_preset(args.model)
+        if preset.is_diffusion:
+            raise PresetError(f"model {args.model!r} is a masked-diffusion model; the benchmark "
+                              f"runs causal decoders only (use scripts.generate --method stepwise)")
         if args.weights is not None:
             path = Path(args.weights)
         elif preset.parts:

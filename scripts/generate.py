@@ -1,4 +1,5 @@
-"""Generate text with a causal LM, autoregressively or with lossless speculative decoding.
+"""Generate text with a causal LM (autoregressive or lossless speculative decoding) or a
+masked-diffusion LM (stepwise, fixed-k or threshold unmasking).
 
     python -m scripts.generate --model smollm2-135m-instruct --method ngram \
         [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] \
@@ -10,9 +11,25 @@ and one stats line (NFE, MAT, acceptance, tokens/s, compile time, degeneracy fig
 ``--compare`` also runs the AR reference on the same prompts and reports whether the
 outputs are identical (greedy) and the wall-clock speedup.
 
+Masked-diffusion presets (``dream-smollm2-135m``) use the diffusion decoder
+(:func:`jaxspec.dllm.diffusion_generate`):
+
+    python -m scripts.generate --model dream-smollm2-135m --method stepwise \
+        [--gen-length 64] [--block-length 8] [--steps N (default: gen length)] \
+        [--remasking low_confidence|random|origin|maskgit_plus|topk_margin|entropy] \
+        [--tokens-per-step K | --threshold T] [--temperature T] [--seed S] [--compare]
+
+``--tokens-per-step K`` selects fixed-k parallel decoding and ``--threshold T`` Fast-dLLM
+threshold decoding (``--method fixed-k`` / ``--method threshold`` name them explicitly and
+require the flag). ``--compare`` also runs the one-token-per-step stepwise reference
+(``steps = gen length``, same remasking rule, temperature and seed) and reports whether the
+outputs are identical; parallel decoding is not lossless, so a difference is reported, not
+an error. Without ``--method`` a causal model uses ``ngram`` and a diffusion model ``stepwise``.
+
 Exit code 2 with a one-line ``error:`` message on bad input (unknown model or method,
-prompt longer than the context, draft length < 1, temperature < 0, top-p outside (0, 1],
-corrupt or missing weight files).
+a diffusion method with a causal model or ar/ngram with a diffusion model, prompt longer than
+the context, draft length < 1, temperature < 0, top-p outside (0, 1], invalid diffusion
+lengths/steps/remasking, corrupt or missing weight files).
 """
 
 from __future__ import annotations
@@ -20,14 +37,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-METHODS = ("ar", "ngram")
+import numpy as np
+
+CAUSAL_METHODS = ("ar", "ngram")
+DIFFUSION_METHODS = ("stepwise", "fixed-k", "threshold")
+METHODS = CAUSAL_METHODS + DIFFUSION_METHODS
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scripts.generate", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="model preset name")
     ap.add_argument("--weights", default=None, help="GGUF file or HF directory (overrides the preset)")
-    ap.add_argument("--method", default="ngram", help=f"decoding method: {', '.join(METHODS)}")
+    ap.add_argument("--method", default=None,
+                    help=f"decoding method: {', '.join(METHODS)} (default: ngram for causal "
+                         f"models, stepwise for diffusion models)")
     ap.add_argument("--prompt", action="append", default=None,
                     help="prompt text (repeat for a batch); default: HumanEval prompts")
     ap.add_argument("--limit", type=int, default=1, help="number of HumanEval prompts when no --prompt")
@@ -44,7 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
                     help="when no suffix matches: 'none' runs a plain AR step, 'bigram' drafts "
                          "from the ASSD Eq. 23 context bigram model")
-    ap.add_argument("--compare", action="store_true", help="also run AR and check identity / speedup")
+    dg = ap.add_argument_group("masked-diffusion decoding (diffusion models only)")
+    dg.add_argument("--gen-length", type=int, default=64, help="generated positions")
+    dg.add_argument("--block-length", type=int, default=8, help="semi-autoregressive block size")
+    dg.add_argument("--steps", type=int, default=None, help="stepwise steps (default: gen length)")
+    dg.add_argument("--remasking", default="low_confidence",
+                    help="low_confidence, random, origin, maskgit_plus, topk_margin or entropy")
+    dg.add_argument("--tokens-per-step", type=int, default=None, help="fixed-k: K tokens per step")
+    dg.add_argument("--threshold", type=float, default=None,
+                    help="threshold: unmask every position with confidence >= T (at least one)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run the reference (AR, or one-token-per-step stepwise) and check "
+                         "identity / speedup")
     ap.add_argument("--quiet", action="store_true", help="print only the stats lines")
     return ap
 
@@ -58,29 +92,121 @@ def stats_line(label, res, degen) -> str:
             f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}")
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from jaxspec.causal import DecodeInputError, generate
+def diffusion_stats_line(label, res, degen) -> str:
+    s = res.stats
+    toks = int(s.new_tokens.sum())
+    return (f"[{label}] tokens={toks} gen={int(res.full_tokens.size)} NFE={int(s.target_nfe.sum())} "
+            f"tokens/NFE={res.full_tokens.size / max(int(s.target_nfe.sum()), 1):.2f} "
+            f"tokens/s={toks / max(res.run_s, 1e-9):.1f} run={res.run_s:.2f}s "
+            f"compile={res.compile_s:.1f}s "
+            f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}")
+
+
+def _check_method(args, preset) -> str:
+    """The method to run for ``preset`` (resolving the default); ValueError on a mismatch."""
+    method = args.method or ("stepwise" if preset.is_diffusion else "ngram")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    if preset.is_diffusion and method in CAUSAL_METHODS:
+        raise ValueError(f"method {method!r} needs a causal model, but {preset.name!r} is a "
+                         f"masked-diffusion model; use --method {', '.join(DIFFUSION_METHODS)}")
+    if not preset.is_diffusion and method in DIFFUSION_METHODS:
+        raise ValueError(f"method {method!r} needs a masked-diffusion model, but {preset.name!r} "
+                         f"is causal (e.g. --model dream-smollm2-135m)")
+    if method == "fixed-k" and args.tokens_per_step is None:
+        raise ValueError("method 'fixed-k' needs --tokens-per-step K")
+    if method == "threshold" and args.threshold is None:
+        raise ValueError("method 'threshold' needs --threshold T")
+    if method in CAUSAL_METHODS:
+        used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
+                               ("--threshold", args.threshold), ("--steps", args.steps)) if v is not None]
+        if used:
+            raise ValueError(f"{', '.join(used)} only apply to masked-diffusion methods")
+    return method
+
+
+def _texts(args, tok):
     from jaxspec.datasets import humaneval_problems, humaneval_prompt
+
+    if args.prompt:
+        return [tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
+                for p in args.prompt]
+    probs = humaneval_problems()[args.start:args.start + args.limit]
+    return [humaneval_prompt(p, tok, args.chat) for p in probs]
+
+
+def _print_outputs(args, texts, rows, tok) -> None:
+    if args.quiet:
+        return
+    for text, out in zip(texts, rows):
+        print("=" * 80)
+        print(text + "\033[1m" + tok.decode(out) + "\033[0m" if sys.stdout.isatty()
+              else text + tok.decode(out))
+    print("=" * 80)
+
+
+def main_diffusion(args, method, preset) -> int:
+    """``main`` for masked-diffusion presets (stepwise / fixed-k / threshold)."""
+    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
     from jaxspec.metrics import mean_degeneracy
-    from jaxspec.ngram import NgramDrafter
-    from jaxspec.sampling import SamplingConfig
     from models.loading import WeightFileError
     from models.presets import PresetError, load_model
 
     try:
-        if args.method not in METHODS:
-            raise ValueError(f"unknown method {args.method!r}; available: {', '.join(METHODS)}")
+        common = dict(gen_length=args.gen_length, block_length=args.block_length,
+                      remasking=args.remasking, temperature=args.temperature)
+        ref_cfg = DiffusionDecodeConfig(steps=args.gen_length, **common)
+        cfg = DiffusionDecodeConfig(steps=args.gen_length if args.steps is None else args.steps,
+                                    tokens_per_step=args.tokens_per_step,
+                                    threshold=args.threshold, **common)
+        model, params, tok, _ = load_model(args.model, args.weights)
+        texts = _texts(args, tok)
+        prompts = [tok.encode(t) for t in texts]
+        kw = dict(seed=args.seed, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)
+        res = diffusion_generate(model, params, prompts, cfg, **kw)
+        ref = diffusion_generate(model, params, prompts, ref_cfg, **kw) if args.compare else None
+    except (PresetError, WeightFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    _print_outputs(args, texts, res.tokens, tok)
+    print(diffusion_stats_line(cfg.method, res, mean_degeneracy(res.tokens)))
+    if ref is not None:
+        print(diffusion_stats_line("stepwise-1", ref, mean_degeneracy(ref.tokens)))
+        same = bool(np.array_equal(ref.full_tokens, res.full_tokens))
+        print(f"[compare] {cfg.method} (steps={cfg.steps if cfg.method == 'stepwise' else '-'}) vs "
+              f"one-token-per-step stepwise outputs: {'identical' if same else 'DIFFERENT'}; "
+              f"wall-clock speedup {ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
+              f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from models.presets import PresetError, get_preset
+
+    try:
+        preset = get_preset(args.model)
+        method = _check_method(args, preset)
+    except (PresetError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if preset.is_diffusion:
+        return main_diffusion(args, method, preset)
+    args.method = method
+    from jaxspec.causal import DecodeInputError, generate
+    from jaxspec.metrics import mean_degeneracy
+    from jaxspec.ngram import NgramDrafter
+    from jaxspec.sampling import SamplingConfig
+    from models.loading import WeightFileError
+    from models.presets import load_model
+
+    try:
         if args.draft_length < 1:
             raise ValueError(f"--draft-length must be >= 1, got {args.draft_length}")
         sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
         model, params, tok, preset = load_model(args.model, args.weights)
-        if args.prompt:
-            texts = [tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
-                     for p in args.prompt]
-        else:
-            probs = humaneval_problems()[args.start:args.start + args.limit]
-            texts = [humaneval_prompt(p, tok, args.chat) for p in probs]
+        texts = _texts(args, tok)
         prompts = [tok.encode(t) for t in texts]
         eos = tuple(tok.eos_token_ids)
         drafter = None
@@ -97,12 +223,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    if not args.quiet:
-        for text, out in zip(texts, res.tokens):
-            print("=" * 80)
-            print(text + "\033[1m" + tok.decode(out) + "\033[0m" if sys.stdout.isatty()
-                  else text + tok.decode(out))
-        print("=" * 80)
+    _print_outputs(args, texts, res.tokens, tok)
     print(stats_line(args.method, res, mean_degeneracy(res.tokens)))
     if ref is not None:
         print(stats_line("ar", ref, mean_degeneracy(ref.tokens)))
