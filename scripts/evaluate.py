@@ -1,0 +1,201 @@
+"""Measure issue 3's quality gate for a trained masked-diffusion delta.
+
+``python -m scripts.evaluate --gate dream-smollm2-135m [--prompts 20 --gen-length 64]
+[--out checkpoints/dream-smollm2-135m/gate.json]``
+
+Reads ``configs/train/<gate>.yaml`` (base preset, head, mask id, held-out modules) and
+``checkpoints/<gate>/delta.safetensors``, builds ``--prompts`` held-out stdlib snippets
+(:func:`jaxspec.quality.heldout_snippets`: 128-token prompt + true next ``--gen-length``
+tokens), and reports, next to the base model run autoregressively (greedy) on the same prompts:
+
+* masked-token top-1 accuracy at 15% and 50% masking (the AR column is the base model's
+  next-token accuracy at the same positions with the full unmasked left context);
+* for greedy stepwise completions (block ``--block``, steps = gen length, low_confidence,
+  temperature 0; EOS not cut, all ``--gen-length`` positions scored): distinct-token share,
+  repeated 4-gram rate, longest run, match to the true continuation, share of degenerate
+  completions (one token > 50% of a completion).
+
+Verdict: FAIL when any diffusion completion is degenerate, PASS otherwise (the figures are
+reported for comparison; the issue sets no numeric bar beyond non-degeneracy).
+Prints a table and writes JSON to ``--out``. Exit code 2 with one ``error:`` line on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m scripts.evaluate", description=__doc__.split("\n")[0])
+    ap.add_argument("--gate", required=True, help="trained model name (configs/train/<name>.yaml, "
+                    "checkpoints/<name>/delta.safetensors)")
+    ap.add_argument("--prompts", type=int, default=20, help="held-out snippets (default 20)")
+    ap.add_argument("--gen-prompts", type=int, default=None,
+                    help="how many of them get completions (default: all); masked accuracy "
+                         "always uses all --prompts")
+    ap.add_argument("--gen-length", type=int, default=64)
+    ap.add_argument("--prompt-length", type=int, default=128)
+    ap.add_argument("--block", type=int, default=8, help="block length (default 8)")
+    ap.add_argument("--batch", type=int, default=4, help="rows per forward / decode batch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--delta", default=None, help="override checkpoints/<gate>/delta.safetensors")
+    ap.add_argument("--out", default=None, help="JSON output path")
+    return ap
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
+    delta_path = Path(args.delta) if args.delta else ROOT / "checkpoints" / args.gate / "delta.safetensors"
+    if not cfg_path.is_file():
+        return _fail(f"unknown gate {args.gate!r}: {cfg_path} not found")
+    if not delta_path.is_file():
+        return _fail(f"delta not found: {delta_path}")
+    for name in ("prompts", "gen_length", "prompt_length", "block", "batch"):
+        if getattr(args, name) < 1:
+            return _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
+    if not 0 <= gen_prompts <= args.prompts:
+        return _fail(f"--gen-prompts must be in [0, --prompts], got {gen_prompts}")
+    if args.gen_length % args.block:
+        return _fail(f"--gen-length {args.gen_length} is not a multiple of --block {args.block}")
+
+    import jax
+    import numpy as np
+
+    from jaxspec import quality as Q
+    from jaxspec.causal import generate
+    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
+    from jaxspec.train import load_config, load_delta, merge_delta
+    from models.diffusion import DiffusionConfig, DiffusionLM
+    from models.presets import load_model
+
+    t_start = time.perf_counter()
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        cfg = load_config(cfg_path)
+        if cfg.model.init != "preset" or not cfg.model.preset:
+            return _fail(f"{cfg_path}: only preset-initialised models can be gated")
+        mask_id = int(cfg.model.mask_token_id)
+        causal, base, tok, _ = load_model(cfg.model.preset, log=lambda m: None)
+        delta, meta = load_delta(str(delta_path))
+        params = merge_delta(base, delta, alpha=float(meta["alpha"]), rank=int(meta["rank"]),
+                             mask_token_id=mask_id)
+        model = DiffusionLM(DiffusionConfig(base=causal.config, head=cfg.model.head,
+                                            mask_token_id=mask_id))
+        specials = [i for i in range(min(tok.vocab_size, 64))
+                    if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")]
+        snippets = Q.heldout_snippets(tok, cfg.data.holdout, args.prompts,
+                                      prompt_len=args.prompt_length, cont_len=args.gen_length,
+                                      drop_ids=set(specials) | {mask_id})
+    except (ValueError, OSError, KeyError) as e:
+        return _fail(str(e))
+    log(f"[evaluate] {len(snippets)} snippets from "
+        f"{len(set(s.source for s in snippets))} held-out files; loaded in "
+        f"{time.perf_counter() - t_start:.1f}s")
+
+    rows = [s.tokens for s in snippets]
+    masked = {}
+    for rate in (0.15, 0.5):
+        t0 = time.perf_counter()
+        d, masks = Q.masked_accuracy(model, params, rows, rate, seed=args.seed,
+                                     batch_size=args.batch, return_masks=True)
+        a = Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch)
+        masked[f"{rate:.2f}"] = {"diffusion": d, "ar_next_token_same_positions": a}
+        log(f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}, AR next-token "
+            f"{a['accuracy']:.4f} ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)")
+
+    dcfg = DiffusionDecodeConfig(gen_length=args.gen_length, block_length=args.block,
+                                 steps=args.gen_length, remasking="low_confidence",
+                                 temperature=0.0, mask_id=mask_id)
+    gen = snippets[:gen_prompts]
+    prompts = [s.prompt for s in gen]
+    targets = [s.target for s in gen]
+    diff_out, ar_out = [], []
+    diff_s = ar_s = 0.0
+    for s in range(0, len(prompts), args.batch):
+        t0 = time.perf_counter()
+        r = diffusion_generate(model, params, prompts[s:s + args.batch], dcfg, seed=args.seed)
+        diff_out += [[int(t) for t in row] for row in np.asarray(r.full_tokens)]
+        diff_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        g = generate(causal, base, prompts[s:s + args.batch], max_new_tokens=args.gen_length,
+                     seed=args.seed)
+        ar_out += [list(map(int, row)) for row in g.tokens]
+        ar_s += time.perf_counter() - t0
+        log(f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
+            f"(diffusion {diff_s:.0f}s, AR {ar_s:.0f}s so far)")
+
+    result = {
+        "gate": args.gate,
+        "delta": str(delta_path.relative_to(ROOT) if delta_path.is_relative_to(ROOT) else delta_path),
+        "base_preset": cfg.model.preset,
+        "head": cfg.model.head,
+        "mask_token_id": mask_id,
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "holdout": list(cfg.data.holdout),
+        "snippets": [{"source": s.source, "offset": s.offset} for s in snippets],
+        "prompt_length": args.prompt_length,
+        "gen_length": args.gen_length,
+        "seed": args.seed,
+        "masked_accuracy": masked,
+        "decode": {"diffusion": {"gen_length": dcfg.gen_length, "block_length": dcfg.block_length,
+                                 "steps": dcfg.steps, "remasking": dcfg.remasking,
+                                 "temperature": dcfg.temperature, "eos_cut": False},
+                   "ar": {"greedy": True, "max_new_tokens": args.gen_length, "eos_ids": []}},
+        "completion_prompts": len(gen),
+    }
+    if gen:
+        dfig = Q.completion_figures(diff_out, targets)
+        afig = Q.completion_figures(ar_out, targets)
+        result["completions"] = {"diffusion": dfig, "ar": afig,
+                                 "diffusion_s": round(diff_s, 1), "ar_s": round(ar_s, 1)}
+        result["samples"] = {"diffusion": diff_out, "ar": ar_out}
+        result["verdict"] = "FAIL" if dfig["degenerate_share"] > 0 else "PASS"
+    else:
+        result["verdict"] = "NOT MEASURED (no completions)"
+    result["rule"] = ("FAIL if any diffusion completion is degenerate (one token > 50% of its "
+                      "gen_length tokens); otherwise PASS")
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+
+    def f(x):
+        return f"{x:.4f}" if isinstance(x, float) else str(x)
+    lines = [f"| figure | {args.gate} | {cfg.model.preset} (AR) |", "|---|---|---|"]
+    for k, v in masked.items():
+        lines.append(f"| masked acc. {float(k):.0%} | {f(v['diffusion']['accuracy'])} | "
+                     f"{f(v['ar_next_token_same_positions']['accuracy'])} (next-token, same positions) |")
+    if gen:
+        for key, label in (("distinct_token_share", "distinct-token share"),
+                           ("repeated_ngram_rate", "repeated 4-gram rate"),
+                           ("continuation_match", "continuation match"),
+                           ("longest_run", "longest run (max)"),
+                           ("degenerate_share", "degenerate completions")):
+            lines.append(f"| {label} | {f(dfig[key])} | {f(afig[key])} |")
+    result["table_md"] = "\n".join(lines)
+    print(result["table_md"])
+    print(f"verdict: {result['verdict']} ({result['rule']}); wall {result['wall_s']}s")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        log(f"[evaluate] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
