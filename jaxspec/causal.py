@@ -23,7 +23,6 @@ after the first EOS.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Optional, Sequence
 
 import flax
@@ -33,6 +32,7 @@ import numpy as np
 
 from jaxspec.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.stats import DecodeStats
+from jaxspec.runtime import run_compiled
 from jaxspec.verify import verify_greedy, verify_sample
 from models.llama import init_cache
 
@@ -241,16 +241,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                    drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
     sig = (buf.shape, jax.tree_util.tree_structure(params),
            tuple(sorted((n, repr(v)) for n, v in statics.items() if n != "model")), model)
-    compile_s = 0.0
-    exe = _COMPILED.get(sig)
-    if exe is None:
-        t0 = time.perf_counter()
-        exe = _decode_jit.lower(*args, **statics).compile()
-        compile_s = time.perf_counter() - t0
-        _COMPILED[sig] = exe
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(exe(*args))
-    run_s = time.perf_counter() - t0
+    out, compile_s, run_s = run_compiled(_COMPILED, sig, _decode_jit, args, statics)
     toks, n_new, nfe, steps, hist, proposed = (np.asarray(x) for x in out)
     eos = set(statics["eos_ids"])
     rows = []

@@ -76,7 +76,6 @@ Conventions and deliberate choices (each documented because it is observable):
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Optional, Sequence
 
 import flax
@@ -85,6 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.stats import DecodeStats
+from jaxspec.runtime import run_compiled
 from models.diffusion import DiffusionLM, bidirectional_mask
 
 REMASKING = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy")
@@ -483,16 +483,7 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
                    eos_ids=tuple(sorted({int(e) for e in eos_ids})) if uses_eos else ())
     sig = (buf.shape, jax.tree_util.tree_structure(params), model, scfg, mask_id,
            statics["eos_ids"])
-    compile_s = 0.0
-    exe = _COMPILED.get(sig)
-    if exe is None:
-        t0 = time.perf_counter()
-        exe = _decode_jit.lower(*args, **statics).compile()
-        compile_s = time.perf_counter() - t0
-        _COMPILED[sig] = exe
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(exe(*args))
-    run_s = time.perf_counter() - t0
+    out, compile_s, run_s = run_compiled(_COMPILED, sig, _decode_jit, args, statics)
     toks, tstep, steps, hist = (np.asarray(x) for x in out)
     eos = {int(e) for e in eos_ids}
     rows = []
