@@ -174,11 +174,18 @@ def main_diffusion(args, method, preset) -> int:
     if ref is not None:
         print(diffusion_stats_line("stepwise-1", ref, mean_degeneracy(ref.tokens)))
         same = bool(np.array_equal(ref.full_tokens, res.full_tokens))
-        print(f"[compare] {cfg.method} (steps={cfg.steps if cfg.method == 'stepwise' else '-'}) vs "
-              f"one-token-per-step stepwise outputs: {'identical' if same else 'DIFFERENT'}; "
-              f"wall-clock speedup {ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
-              f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
+        steps = cfg.steps if cfg.method == "stepwise" else "-"
+        print(compare_line(f"{cfg.method} (steps={steps})", "one-token-per-step stepwise",
+                           res, ref, "identical" if same else "DIFFERENT"))
     return 0
+
+
+def compare_line(method: str, reference: str, res, ref, verdict: str) -> str:
+    """The ``[compare]`` line: output identity verdict, wall-clock speedup and NFE ratio of
+    ``res`` (the method) against ``ref`` (its reference decoder)."""
+    return (f"[compare] {method} vs {reference} outputs: {verdict}; wall-clock speedup "
+            f"{ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
+            f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
 
 
 def main(argv=None) -> int:
@@ -231,9 +238,7 @@ def main(argv=None) -> int:
         what = "identical" if same else "DIFFERENT"
         if not sampling.greedy:
             what += " (sampling: only the distribution is guaranteed equal)"
-        print(f"[compare] {args.method} vs ar outputs: {what}; wall-clock speedup "
-              f"{ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
-              f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
+        print(compare_line(args.method, "ar", res, ref, what))
         if sampling.greedy and not same:
             return 1
     return 0
