@@ -25,7 +25,13 @@ Sources (facts only; the code is our own):
   step ``i < steps - 1`` of a block (``n_masked`` = masked positions left in the block,
   float32 product truncated), all the rest at the last step; with one block
   (``block_length == gen_length``) that is Dream's ``_sample`` loop. Dream's ``alg_temp``
-  (sampling positions from ``softmax(confidence / alg_temp)``) is not implemented.
+  (``torch.multinomial(softmax(confidence / alg_temp), k)``: the ``k`` positions drawn
+  without replacement) is implemented as Gumbel-top-k, ``top_k(confidence / alg_temp + g)``,
+  which has the same distribution over ordered draws. ``top_k`` / ``top_p`` filter the
+  (temperature-scaled) logits before sampling and before Dream's confidences, as Dream's
+  ``sample_tokens`` does (we apply top-k, then top-p, the Hugging Face order; Dream applies
+  top-p first; they agree when only one is set). LLaDA's ``"low_confidence"`` keeps its
+  unfiltered ``softmax(logits)[x0]``.
 * **Parallel decoding**: ``tokens_per_step = k`` transfers the ``k`` most confident masked
   positions of the current block per step (fewer when fewer remain) and moves to the next
   block when the current one is full. ``threshold`` is Fast-dLLM's rule (NVlabs/Fast-dLLM
@@ -33,6 +39,29 @@ Sources (facts only; the code is our own):
   position of the current block whose confidence is ``>= threshold`` (Fast-dLLM drops the
   ranked candidates with confidence ``< threshold``), and always at least the most
   confident one.
+
+* **KV caches** (Fast-dLLM, Wu et al. 2025, Sec. 3.2; NVlabs/Fast-dLLM ``llada/generate.py``
+  ``generate_with_prefix_cache`` / ``generate_with_dual_cache``). Both run one full forward at
+  the first step of every block and keep its keys/values:
+
+  - ``cache="prefix"``: later steps of the block forward only ``x[block_start:]`` (the
+    block and the masked suffix), attending to the cached prefix ``[0, block_start)`` and to
+    themselves (fresh keys/values).
+  - ``cache="dual"``: later steps forward only the block ``x[block_start:block_end]``; the
+    prefix *and* the suffix come from the cache, and the block's fresh keys/values replace
+    its cached ones (``replace_position``).
+
+  The cached keys/values are those of the block's first step, so cached decoding is an
+  approximation of uncached decoding; each cache policy is its own reference. Static shapes:
+  the prefix cache's window ``S - block_start`` shrinks block by block, so it is rounded up
+  to at most 8 distinct widths (``lax.switch`` over them; the extra slots past the sequence
+  are hidden from attention, so the result is the unpadded computation). Dream's head needs
+  the raw logits of position ``block_start - 1`` for the block's first position; in cached
+  steps that row is the one computed by the block's full forward (the prefix's hidden states
+  are cached along with its keys/values). With a cache the rows of a batch move through the
+  blocks in lockstep: a row whose block is full waits (no NFE counted) until every row's
+  block is full, exactly as Fast-dLLM's batched loop; a row's tokens do not depend on this.
+  ``forward_tokens`` in the stats counts the query tokens each row pushed through the model.
 
 Conventions and deliberate choices (each documented because it is observable):
 
@@ -69,8 +98,8 @@ Conventions and deliberate choices (each documented because it is observable):
   unconditional row replaces the prompt (not the padding) by mask tokens.
 * **Batches.** Rows advance independently (own block and step counters); the loop runs until
   every row is done; a finished row is not counted in NFE afterwards.
-* **Randomness** comes from :func:`step_noise` (``jax.random`` keyed by seed and loop
-  iteration), so a seed reproduces a run exactly and tests can replay the same noise.
+* **Randomness** comes from :func:`row_noise` (``jax.random`` keyed by seed, batch row and
+  the row's step), so a seed reproduces a run exactly and tests can replay the same noise.
 """
 
 from __future__ import annotations
@@ -85,9 +114,13 @@ import numpy as np
 
 from jaxspec.stats import DecodeStats
 from jaxspec.runtime import run_compiled
+from jaxspec.sampling import filter_top_k_top_p
 from models.diffusion import DiffusionLM, bidirectional_mask
+from models.llama import KVCache, init_cache
 
 REMASKING = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy")
+CACHES = ("none", "prefix", "dual")
+MAX_PREFIX_WIDTHS = 8  # distinct window widths compiled for cache="prefix"
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log(p + eps)
 
 
@@ -114,12 +147,20 @@ class DiffusionDecodeConfig:
         docstring).
       schedule: stepwise transfer counts: ``"llada"`` (``get_num_transfer_tokens``) or
         ``"dream"`` (``int(n_masked * (1 - s/t))``, the rest at the last step).
+      cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM KV caches; module docstring).
+      top_k: keep the ``top_k`` most likely tokens before sampling (0 = off).
+      top_p: nucleus filter before sampling (1.0 = off), in ``(0, 1]``.
+      alg_temp: Dream's ``alg_temp``: > 0 draws the transferred positions from
+        ``softmax(confidence / alg_temp)`` instead of taking the most confident (stepwise and
+        fixed-k only; 0 = off).
 
     Raises:
       ValueError: non-positive lengths/steps, ``gen_length % block_length != 0``, ``steps``
         not divisible by the number of blocks (stepwise), unknown ``remasking``, negative
         temperature or cfg scale, ``tokens_per_step < 1``, both ``tokens_per_step`` and
-        ``threshold`` set, a non-finite threshold, or ``"origin"`` with parallel decoding.
+        ``threshold`` set, a non-finite threshold, ``"origin"`` with parallel decoding,
+        an unknown ``cache``, ``top_k < 0``, ``top_p`` outside ``(0, 1]``, a negative
+        ``alg_temp``, or ``alg_temp`` with ``threshold`` / ``"origin"`` / ``"random"``.
     """
 
     gen_length: int = 16
@@ -135,8 +176,25 @@ class DiffusionDecodeConfig:
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
     schedule: str = "llada"
+    cache: str = "none"
+    top_k: int = 0
+    top_p: float = 1.0
+    alg_temp: float = 0.0
 
     def __post_init__(self):
+        if self.cache not in CACHES:
+            raise ValueError(f"unknown cache {self.cache!r}; expected one of {', '.join(CACHES)}")
+        if int(self.top_k) < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if not self.alg_temp >= 0.0:
+            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp}")
+        if self.alg_temp > 0 and (self.threshold is not None
+                                  or self.remasking in ("origin", "random")):
+            raise ValueError("alg_temp samples positions by confidence; it works with stepwise "
+                             "or fixed-k decoding and a confidence rule (not threshold, "
+                             "'origin' or 'random')")
         if self.gen_length < 1 or self.block_length < 1:
             raise ValueError(f"gen_length and block_length must be >= 1, got "
                              f"{self.gen_length} and {self.block_length}")
@@ -208,21 +266,33 @@ def origin_probs(steps: int, eps: float) -> np.ndarray:
     return p.astype(np.float32)
 
 
-def step_noise(key: jax.Array, it, batch: int, block_length: int, vocab: int,
-               with_tokens: bool):
-    """The random numbers of loop iteration ``it`` (shared with test oracles).
+def row_noise(key: jax.Array, row, step, block_length: int, vocab: int, with_tokens: bool):
+    """The random numbers of one batch row at one of its steps (shared with test oracles).
+
+    Args:
+      key: the run's PRNG key (``PRNGKey(seed)``).
+      row: int, the batch row; step: int, the row's 0-based step.
 
     Returns:
-      ``(u_tok, u_pos)``: ``u_tok`` float32 ``(batch, block_length, vocab)`` uniforms for the
-      Gumbel noise of the token samples (``None`` when ``with_tokens`` is False), ``u_pos``
-      float32 ``(batch, block_length)`` uniforms for ``"random"`` / ``"origin"`` remasking;
-      both index the row's current block.
+      ``(u_tok, u_pos)``: ``u_tok`` float32 ``(block_length, vocab)`` uniforms in
+      ``[tiny, 1)`` for the Gumbel noise of the token samples (``None`` when ``with_tokens``
+      is False); ``u_pos`` float32 ``(block_length,)`` uniforms in ``[tiny, 1)`` for
+      ``"random"`` / ``"origin"`` remasking and ``alg_temp``; both index the current block.
     """
-    kt, kp = jax.random.split(jax.random.fold_in(key, it))
-    u_pos = jax.random.uniform(kp, (batch, block_length), jnp.float32)
-    u_tok = (jax.random.uniform(kt, (batch, block_length, vocab), jnp.float32,
-                                minval=jnp.finfo(jnp.float32).tiny) if with_tokens else None)
+    tiny = jnp.finfo(jnp.float32).tiny
+    kt, kp = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, row), step))
+    u_pos = jax.random.uniform(kp, (block_length,), jnp.float32, minval=tiny)
+    u_tok = (jax.random.uniform(kt, (block_length, vocab), jnp.float32, minval=tiny)
+             if with_tokens else None)
     return u_tok, u_pos
+
+
+def step_noise(key: jax.Array, steps: jax.Array, block_length: int, vocab: int,
+               with_tokens: bool):
+    """:func:`row_noise` for every row: ``steps`` int32 ``(B,)`` -> ``(u_tok (B, L, V) or
+    None, u_pos (B, L))``."""
+    rows = jnp.arange(steps.shape[0])
+    return jax.vmap(lambda r, s: row_noise(key, r, s, block_length, vocab, with_tokens))(rows, steps)
 
 
 def block_confidence(logits: jax.Array, x0: jax.Array, u_pos: jax.Array, remasking: str,
@@ -275,7 +345,25 @@ class _State:
     sib: jax.Array       # int32 (B,) step within the current block
     steps: jax.Array     # int32 (B,) steps taken (forwards while active)
     hist: jax.Array      # int32 (B, L+1) steps that transferred j tokens
-    it: jax.Array        # int32 () loop iteration
+    ftok: jax.Array      # int32 (B,) query tokens pushed through the model
+    wait: jax.Array      # bool (B,) cached modes: the row's block is full, others' are not
+    cache: Optional[KVCache]  # cached modes: keys/values of the block's first step
+    prev: Optional[jax.Array]  # float32 (B, V) Dream + cache: raw logits at block_start - 1
+
+
+def prefix_widths(prompt_len: int, cfg: "DiffusionDecodeConfig") -> tuple[tuple[int, ...], int]:
+    """Window widths of ``cache="prefix"`` and the cache size they need.
+
+    The exact window of block ``b`` is ``gen_length - b * block_length`` tokens; it is
+    rounded up to a multiple of ``chunk = block_length * ceil(num_blocks / 8)`` so that at
+    most :data:`MAX_PREFIX_WIDTHS` distinct widths are compiled.
+
+    Returns: ``(width per block, cache size)`` with cache size ``>= prompt_len + gen_length``.
+    """
+    G, L, nb = cfg.gen_length, cfg.block_length, cfg.num_blocks
+    chunk = L * -(-nb // MAX_PREFIX_WIDTHS)
+    widths = tuple(-(-(G - b * L) // chunk) * chunk for b in range(nb))
+    return widths, max(prompt_len + b * L + w for b, w in enumerate(widths))
 
 
 def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax.Array,
@@ -283,15 +371,18 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
             eos_ids: tuple[int, ...] = ()):
     """The jitted body. ``cfg`` is the *structural* config (:func:`_structural`); the
     numeric knobs arrive traced in ``nums`` = float32 ``[temperature, cfg_scale + 1,
-    threshold, tokens_per_step]`` and ``p_origin`` float32 ``(steps_per_block,)`` (the
-    ``1 - s/t`` fractions of "origin" and the Dream schedule), so sweeping
-    them reuses one executable."""
-    temperature, cfg_w, threshold, k_fixed = nums[0], nums[1], nums[2], nums[3]
+    threshold, tokens_per_step, alg_temp]`` and ``p_origin`` float32 ``(steps_per_block,)``
+    (the ``1 - s/t`` fractions of "origin" and the Dream schedule), so sweeping them reuses
+    one executable."""
+    temperature, cfg_w, threshold, k_fixed, alg_temp = (nums[i] for i in range(5))
     B, P = prompt.shape
     G, L = cfg.gen_length, cfg.block_length
     S, V = P + G, model.config.vocab_size
     nb, spb = cfg.num_blocks, cfg.steps_per_block
     method = cfg.method
+    cached = cfg.cache != "none"
+    shift = 1 if model.config.head == "dream" else 0
+    sampled = cfg.temperature > 0
     slots = jnp.arange(S, dtype=jnp.int32)[None]
     valid = slots >= pad[:, None]                                   # (B, S)
     positions = jnp.maximum(slots - pad[:, None], 0)
@@ -299,39 +390,104 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
     is_prompt = valid & (slots < P)
     sched = jnp.asarray(num_transfer_tokens(L, spb) if method == "stepwise" else np.zeros(1, np.int32))
     use_cfg = cfg.cfg_scale > 0
+    if cfg.cache == "prefix":
+        widths, S_c = prefix_widths(P, cfg)
+        branch_widths = tuple(sorted(set(widths)))
+        branch_of_block = jnp.asarray([branch_widths.index(w) for w in widths], jnp.int32)
+    else:
+        S_c = S
+    key_valid = jnp.pad(valid, ((0, 0), (0, S_c - S)))                # (B, S_c)
 
-    def forward(tokens):
+    def run(tokens, pos, mask, cache=None, idx=None, uncond=None):
+        """Raw (unshifted) logits float32 (B, T, V), with CFG mixing; and the cache."""
         if use_cfg:
-            un = jnp.where(is_prompt, mask_id, tokens)
-            both = jnp.concatenate([tokens, un], 0)
-            logits, _ = model.apply(params, both, jnp.concatenate([positions, positions], 0),
-                                    jnp.concatenate([attn, attn], 0))
+            two = lambda a, b_=None: jnp.concatenate([a, a if b_ is None else b_], 0)
+            tokens, pos, mask = two(tokens, uncond), two(pos), two(mask)
+            if idx is not None:
+                idx = two(idx)
+        logits, cache = model.apply(params, tokens, pos, mask, cache=cache, cache_index=idx,
+                                    shift=False)
+        logits = logits.astype(jnp.float32)
+        if use_cfg:
             cond, unc = logits[:B], logits[B:]
-            return unc + cfg_w * (cond - unc)
-        return model.apply(params, tokens, positions, attn)[0]
+            logits = unc + cfg_w * (cond - unc)
+        return logits, cache
+
+    def block_rows(raw, start):
+        """Rows of ``raw`` (B, T, V) scoring block positions ``start + [0, L)`` (per row)."""
+        return jax.vmap(lambda lg, s: jax.lax.dynamic_slice_in_dim(lg, s - shift, L, 0))(raw, start)
+
+    def full_forward(st: _State, start):
+        uncond = jnp.where(is_prompt, mask_id, st.tokens) if use_cfg else None
+        if not cached:
+            raw, _ = run(st.tokens, positions, attn, uncond=uncond)
+            return block_rows(raw, start), st.cache, st.prev, S
+        mask = jnp.pad(attn, ((0, 0), (0, 0), (0, S_c - S)))
+        raw, cache = run(st.tokens, positions, mask, st.cache, jnp.zeros((B,), jnp.int32), uncond)
+        prev = block_rows(raw, start)[:, 0] if shift else st.prev
+        return block_rows(raw, start), cache, prev, S
+
+    def window_forward(st: _State, start, W: int):
+        """Forward ``W`` tokens from slot ``start`` (the same for every row: lockstep)
+        against the cache; returns the block's rows as full_forward does."""
+        s0 = start[0]
+        toks = jnp.pad(st.tokens, ((0, 0), (0, S_c - S)), constant_values=mask_id)
+        toks = jax.lax.dynamic_slice_in_dim(toks, s0, W, 1)
+        pos = s0 + jnp.arange(W, dtype=jnp.int32)[None] - pad[:, None]
+        mask = jnp.broadcast_to(key_valid[:, None, :], (B, W, S_c))
+        raw, cache = run(toks, pos, mask, st.cache, jnp.full((B,), s0, jnp.int32),
+                         toks if use_cfg else None)
+        rows = raw[:, :L] if not shift else jnp.concatenate([st.prev[:, None], raw[:, :L - 1]], 1)
+        return rows, cache, st.prev, W
+
+    def forward(st: _State, start):
+        if not cached:
+            return full_forward(st, start)
+        if cfg.cache == "dual":
+            step = lambda s: window_forward(s, start, L)
+        else:
+            branches = [lambda s, W=W: window_forward(s, start, W) for W in branch_widths]
+            step = lambda s: jax.lax.switch(branch_of_block[jnp.minimum(s.block[0], nb - 1)],
+                                            branches, s)
+        def as32(f):
+            def g(s):
+                rows, cache, prev, n = f(s)
+                return rows, cache, prev, jnp.int32(n)
+            return g
+        return jax.lax.cond(jnp.all(st.sib == 0), as32(lambda s: full_forward(s, start)),
+                            as32(step), st)
 
     def body(st: _State) -> _State:
-        active = st.block < nb                                       # (B,)
+        active = (st.block < nb) & ~st.wait                           # (B,)
         start = P + jnp.minimum(st.block, nb - 1) * L                # (B,)
-        logits = forward(st.tokens).astype(jnp.float32)
-        blk = jax.vmap(lambda lg, s: jax.lax.dynamic_slice_in_dim(lg, s, L, 0))(logits, start)
+        blk, cache, prev, n_fwd = forward(st, start)
         blk = blk.at[..., mask_id].set(-jnp.inf)                      # (B, L, V)
         if cfg.logits_eos_inf:
             blk = blk.at[..., list(eos_ids)].set(-jnp.inf)
-        u_tok, u_pos = step_noise(key, st.it, B, L, V, cfg.temperature > 0)
-        if cfg.temperature > 0:
+        u_tok, u_pos = step_noise(key, st.steps, L, V, sampled)
+        filt = cfg.top_k > 0 or cfg.top_p < 1.0
+        scaled = blk / temperature if sampled else blk
+        if filt:
+            scaled = filter_top_k_top_p(scaled, cfg.top_k, cfg.top_p)
+        if sampled:
             gumbel = -jnp.log(-jnp.log(u_tok))
-            x0 = jnp.argmax(blk / temperature + gumbel, axis=-1).astype(jnp.int32)
+            x0 = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
         else:
-            x0 = jnp.argmax(blk, axis=-1).astype(jnp.int32)
+            x0 = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
         off = start - P
         bmask = jax.vmap(lambda m, o: jax.lax.dynamic_slice_in_dim(m, o, L, 0))(st.masked, off)
-        conf = block_confidence(blk, x0, u_pos, cfg.remasking, temperature if cfg.temperature > 0 else 0.0)
+        if cfg.remasking == "low_confidence" or not filt:
+            conf = block_confidence(blk, x0, u_pos, cfg.remasking, temperature if sampled else 0.0)
+        else:  # Dream's rules on the filtered (already temperature-scaled) distribution
+            conf = block_confidence(scaled, x0, u_pos, cfg.remasking, 0.0)
         if cfg.confidence_eos_eot_inf:
             is_eos = jnp.isin(x0, jnp.asarray(eos_ids, jnp.int32))
             conf = jnp.where(is_eos, jnp.finfo(jnp.float32).min, conf)
         conf = jnp.where(bmask, conf, -jnp.inf)
-        rank = _rank(conf)
+        if cfg.alg_temp > 0:   # Gumbel-top-k == multinomial without replacement (Dream)
+            rank = _rank(jnp.where(bmask, conf / alg_temp - jnp.log(-jnp.log(u_pos)), -jnp.inf))
+        else:
+            rank = _rank(conf)
         n_masked = jnp.sum(bmask, axis=-1)
         sib = jnp.minimum(st.sib, spb - 1) if method == "stepwise" else st.sib
         if cfg.remasking == "origin":
@@ -362,20 +518,31 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
         else:
             block_done = n_masked - n_tr == 0
         act = active.astype(jnp.int32)
-        nxt_block = jnp.where(active & block_done, st.block + 1, st.block)
-        nxt_sib = jnp.where(active & block_done, 0, st.sib + act)
+        if cached:   # lockstep: advance together once every row's block is full
+            done = st.wait | (active & block_done) | (st.block >= nb)
+            adv = jnp.all(done)
+            nxt_block = jnp.where(adv, st.block + 1, st.block)
+            nxt_sib = jnp.where(adv, 0, st.sib + act)
+            wait = done & ~adv
+        else:
+            nxt_block = jnp.where(active & block_done, st.block + 1, st.block)
+            nxt_sib = jnp.where(active & block_done, 0, st.sib + act)
+            wait = st.wait
         return _State(tokens=tokens, masked=masked, tstep=tstep, block=nxt_block, sib=nxt_sib,
                       steps=st.steps + act,
                       hist=st.hist + act[:, None] * jax.nn.one_hot(n_tr, L + 1, dtype=jnp.int32),
-                      it=st.it + 1)
+                      ftok=st.ftok + act * n_fwd, wait=wait, cache=cache, prev=prev)
 
     tokens = jnp.concatenate([prompt, jnp.full((B, G), mask_id, jnp.int32)], axis=1)
+    R = 2 * B if use_cfg else B
     st = _State(tokens=tokens, masked=jnp.ones((B, G), bool), tstep=jnp.full((B, G), -1, jnp.int32),
                 block=jnp.zeros((B,), jnp.int32), sib=jnp.zeros((B,), jnp.int32),
                 steps=jnp.zeros((B,), jnp.int32), hist=jnp.zeros((B, L + 1), jnp.int32),
-                it=jnp.array(0, jnp.int32))
+                ftok=jnp.zeros((B,), jnp.int32), wait=jnp.zeros((B,), bool),
+                cache=init_cache(model.config.base, R, S_c) if cached else None,
+                prev=jnp.zeros((B, V), jnp.float32) if cached and shift else None)
     st = jax.lax.while_loop(lambda s: jnp.any(s.block < nb), body, st)
-    return st.tokens[:, P:], st.tstep, st.steps, st.hist
+    return st.tokens[:, P:], st.tstep, st.steps, st.hist, st.ftok
 
 
 _decode_jit = jax.jit(_decode, static_argnames=("model", "cfg", "mask_id", "eos_ids"))
@@ -384,17 +551,19 @@ _COMPILED: dict = {}
 
 def _structural(cfg: DiffusionDecodeConfig) -> DiffusionDecodeConfig:
     """``cfg`` with its numeric knobs replaced by placeholders that keep only what changes
-    the compiled program (whether temperature / CFG are on, which method is used)."""
+    the compiled program (whether temperature / CFG / alg_temp are on, which method)."""
     return dataclasses.replace(
         cfg, temperature=1.0 if cfg.temperature > 0 else 0.0,
         cfg_scale=1.0 if cfg.cfg_scale > 0 else 0.0,
         threshold=None if cfg.threshold is None else 0.0,
-        tokens_per_step=None if cfg.tokens_per_step is None else 1, eps=1e-3, mask_id=None)
+        tokens_per_step=None if cfg.tokens_per_step is None else 1, eps=1e-3, mask_id=None,
+        alg_temp=1.0 if cfg.alg_temp > 0 else 0.0)
 
 
 def _numeric_args(cfg: DiffusionDecodeConfig):
     nums = np.array([cfg.temperature if cfg.temperature > 0 else 1.0, cfg.cfg_scale + 1.0,
-                     cfg.threshold or 0.0, cfg.tokens_per_step or 0], np.float32)
+                     cfg.threshold or 0.0, cfg.tokens_per_step or 0,
+                     cfg.alg_temp if cfg.alg_temp > 0 else 1.0], np.float32)
     p_origin = (origin_probs(cfg.steps_per_block, cfg.eps)
                 if cfg.method == "stepwise" and (cfg.remasking == "origin" or cfg.schedule == "dream")
                 else np.zeros(1, np.float32))
@@ -484,7 +653,7 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
     sig = (buf.shape, jax.tree_util.tree_structure(params), model, scfg, mask_id,
            statics["eos_ids"])
     out, compile_s, run_s = run_compiled(_COMPILED, sig, _decode_jit, args, statics)
-    toks, tstep, steps, hist = (np.asarray(x) for x in out)
+    toks, tstep, steps, hist, ftok = (np.asarray(x) for x in out)
     eos = {int(e) for e in eos_ids}
     rows = []
     for b in range(len(prompts)):
@@ -500,10 +669,12 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
         steps=steps, accept_hist=hist, new_tokens=np.array([len(r) for r in rows]),
         draft_length=0, drafts_proposed=np.zeros_like(nfe),
         extra={"remasking": cfg.remasking, "gen_length": cfg.gen_length,
-               "block_length": cfg.block_length})
+               "block_length": cfg.block_length, "cache": cfg.cache,
+               "forward_tokens": int(ftok.sum())})
     return DiffusionResult(tokens=rows, full_tokens=toks, transfer_step=tstep, stats=stats,
                            compile_s=compile_s, run_s=run_s)
 
 
 __all__ = ["DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate", "num_transfer_tokens",
-           "origin_probs", "step_noise", "block_confidence", "REMASKING"]
+           "origin_probs", "row_noise", "step_noise", "block_confidence", "prefix_widths",
+           "REMASKING", "CACHES"]

@@ -47,6 +47,33 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+def filter_top_k_top_p(x: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Set the logits outside the top-k / top-p (nucleus) set to ``-inf``.
+
+    Args:
+      x: float32 ``(..., V)`` logits (already divided by the temperature, if any).
+      top_k: keep the ``top_k`` largest (0 = off). Ties at the k-th value are all kept.
+      top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p`` under
+        ``softmax(x)``, and every token at least as likely as its last member (1.0 = off;
+        always >= 1 token).
+
+    Returns: float32 ``(..., V)``, same shape. ``top_k``/``top_p`` are Python numbers (static).
+    """
+    V = x.shape[-1]
+    if 0 < top_k < V:
+        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
+        x = jnp.where(x >= kth, x, NEG_INF)
+    if top_p < 1.0:
+        probs = jax.nn.softmax(x, axis=-1)
+        sorted_p = jnp.sort(probs, axis=-1)[..., ::-1]
+        cum = jnp.cumsum(sorted_p, axis=-1)
+        # number of tokens needed to reach mass top_p (at least 1)
+        n_keep = jnp.sum(cum - sorted_p < top_p, axis=-1, keepdims=True)
+        thresh = jnp.take_along_axis(sorted_p, jnp.maximum(n_keep - 1, 0), axis=-1)
+        x = jnp.where(probs >= thresh, x, NEG_INF)
+    return x
+
+
 def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """Apply temperature, top-k and top-p; return log-probabilities.
 
@@ -61,19 +88,7 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """
     if cfg.greedy:
         raise ValueError("process_logits is for temperature > 0; use argmax for greedy decoding")
-    x = logits.astype(jnp.float32) / cfg.temperature
-    V = x.shape[-1]
-    if 0 < cfg.top_k < V:
-        kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
-        x = jnp.where(x >= kth, x, NEG_INF)
-    if cfg.top_p < 1.0:
-        probs = jax.nn.softmax(x, axis=-1)
-        sorted_p = jnp.sort(probs, axis=-1)[..., ::-1]
-        cum = jnp.cumsum(sorted_p, axis=-1)
-        # number of tokens needed to reach mass top_p (at least 1)
-        n_keep = jnp.sum(cum - sorted_p < cfg.top_p, axis=-1, keepdims=True)
-        thresh = jnp.take_along_axis(sorted_p, jnp.maximum(n_keep - 1, 0), axis=-1)
-        x = jnp.where(probs >= thresh, x, NEG_INF)
+    x = filter_top_k_top_p(logits.astype(jnp.float32) / cfg.temperature, cfg.top_k, cfg.top_p)
     return jax.nn.log_softmax(x, axis=-1)
 
 

@@ -4,8 +4,10 @@ The oracle below is a separate, un-jitted, one-row-at-a-time implementation of t
 algorithm (LLaDA ``generate.py`` loop structure, Dream's confidence rules, fixed-k and
 Fast-dLLM threshold transfer). It runs each prompt alone, unpadded, so agreement also checks
 left padding. It shares only the model forward and the random numbers
-(:func:`jaxspec.dllm.step_noise`, keyed by the row's step, which equals the loop iteration
-while a row is active).
+(:func:`jaxspec.dllm.row_noise`, keyed by batch row and the row's step). For the Fast-dLLM
+caches it keeps its own exact, unpadded windows and (for Dream) the cached logit row, and it
+restarts every cached step from the block's first-step cache, using only the model's KV-cache
+forward (itself checked against transformers in test_parity).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens, step_noise
+from jaxspec.dllm import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
+                          prefix_widths, row_noise)
 from models.config import ModelConfig
 from models.diffusion import DiffusionConfig, DiffusionLM
-from models.llama import init_params
+from models.llama import init_cache, init_params
 
 VOCAB, MASK = 40, 39
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]]
@@ -43,13 +46,27 @@ def _model(head: str, scale: float = 4.0, head_scale: float = 20.0):
 
 
 MODELS = {"llada": _model("llada"), "dream": _model("dream")}
-_noise = jax.jit(step_noise, static_argnums=(2, 3, 4, 5))
+_noise = jax.jit(row_noise, static_argnums=(3, 4, 5))
 
 
 @functools.lru_cache(maxsize=None)
 def _forward(head: str):
     model, params = MODELS[head]
     return jax.jit(lambda toks: model.apply(params, toks, np.arange(toks.shape[1])[None])[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_cached(head: str):
+    """Raw (unshifted) logits of ``toks`` placed at slot ``start`` of ``cache`` (one row,
+    every cache slot visible), and the updated cache."""
+    model, params = MODELS[head]
+
+    def f(toks, cache, start):
+        T, S = toks.shape[1], cache.size
+        pos = start + np.arange(T)[None]
+        return model.apply(params, toks, pos, np.ones((1, T, S), bool), cache=cache,
+                           cache_index=np.full((1,), start, np.int32), shift=False)
+    return jax.jit(f, static_argnums=2)
 
 
 # ----------------------------------------------------------------------------- the oracle
@@ -63,8 +80,10 @@ def _softmax(x):
 def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
     """Decode one prompt (row ``row`` of a batch of ``batch``) with plain numpy loops.
 
-    Returns ``(tokens (G,), transfer_step (G,), nfe)``."""
-    fwd = _forward(head)
+    Returns ``(tokens (G,), transfer_step (G,), nfe, forward_tokens)``."""
+    fwd, fwdc = _forward(head), _forward_cached(head)
+    model, _ = MODELS[head]
+    cfg_base, shift = model.config.base, int(head == "dream")
     key = jax.random.PRNGKey(seed)
     G, L, T = c.gen_length, c.block_length, c.temperature
     n = len(prompt)
@@ -72,7 +91,7 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
     is_masked = np.zeros(n + G, bool)
     is_masked[n:] = True
     tstep = np.full(G, -1)
-    step = nfe = 0
+    step = nfe = ftok = 0
     num_blocks = G // L
     for blk in range(num_blocks):
         lo = n + blk * L
@@ -86,31 +105,60 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
                 break
             if c.method != "stepwise" and not is_masked[lo:lo + L].any():
                 break
-            logits = np.asarray(fwd(x[None].astype(np.int32)))[0].astype(np.float32)
-            nfe += 1
+            un = x.copy()
+            un[:n] = MASK
+            seqs = [x, un] if c.cfg_scale > 0 else [x]
+            if c.cache == "none":
+                outs = [np.asarray(fwd(q[None].astype(np.int32)))[0][lo:lo + L] for q in seqs]
+            elif i == 0:   # block's first step: full forward, keep the caches
+                outs, caches, prevs = [], [], []
+                for q in seqs:
+                    raw, cache = fwdc(q[None].astype(np.int32), init_cache(cfg_base, 1, n + G), 0)
+                    raw = np.asarray(raw)[0]
+                    caches.append(cache)
+                    prevs.append(raw[lo - 1])
+                    outs.append(raw[lo - shift:lo - shift + L])
+            else:          # window against the block's first-step cache
+                end = n + G if c.cache == "prefix" else lo + L
+                outs = []
+                for q, cache, prev in zip(seqs, caches, prevs):
+                    raw = np.asarray(fwdc(x[None, lo:end].astype(np.int32), cache, lo)[0])[0]
+                    outs.append(np.concatenate([prev[None], raw[:L - 1]]) if shift else raw[:L])
+            nfe += len(seqs)
+            ftok += (n + G if c.cache == "none" or i == 0 else
+                     (n + G - lo if c.cache == "prefix" else L))
+            logits = outs[0].astype(np.float32)
             if c.cfg_scale > 0:
-                un = x.copy()
-                un[:n] = MASK
-                unl = np.asarray(fwd(un[None].astype(np.int32)))[0].astype(np.float32)
-                nfe += 1
+                unl = outs[1].astype(np.float32)
                 logits = unl + np.float32(c.cfg_scale + 1.0) * (logits - unl)
-            lg = logits[lo:lo + L].copy()
+            lg = logits.copy()
             lg[:, MASK] = -np.inf
             if c.logits_eos_inf:
                 lg[:, list(eos)] = -np.inf
-            u_tok, u_pos = _noise(key, step, batch, L, VOCAB, T > 0)
-            u_pos = np.asarray(u_pos)[row]
+            u_tok, u_pos = _noise(key, row, step, L, VOCAB, T > 0)
+            u_pos = np.asarray(u_pos)
+            sc = lg / np.float32(T) if T > 0 else lg
+            if c.top_k:
+                sc = np.where(sc >= np.sort(sc, -1)[:, -c.top_k][:, None], sc, -np.inf)
+            if c.top_p < 1:
+                p_ = _softmax(sc)
+                keep = np.zeros_like(p_, bool)
+                for r_ in range(L):
+                    o_ = np.argsort(-p_[r_], kind="stable")
+                    need = int(np.searchsorted(np.cumsum(p_[r_][o_]), c.top_p) + 1)
+                    keep[r_] = p_[r_] >= p_[r_][o_[min(need, VOCAB) - 1]]
+                sc = np.where(keep, sc, -np.inf)
             if T > 0:
-                g = -np.log(-np.log(np.asarray(u_tok)[row]))
-                x0 = np.argmax(lg / np.float32(T) + g, -1)
+                g = -np.log(-np.log(np.asarray(u_tok)))
+                x0 = np.argmax(sc + g, -1)
             else:
-                x0 = np.argmax(lg, -1)
+                x0 = np.argmax(sc, -1)
             if c.remasking in ("random", "origin"):
                 conf = u_pos.copy()
             elif c.remasking == "low_confidence":
                 conf = _softmax(lg)[np.arange(L), x0]
             else:
-                p = _softmax(lg / np.float32(T) if T > 0 else lg)
+                p = _softmax(sc)
                 if c.remasking == "maskgit_plus":
                     conf = p[np.arange(L), x0]
                 elif c.remasking == "topk_margin":
@@ -122,7 +170,11 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
             if c.confidence_eos_eot_inf:
                 conf = np.where(np.isin(x0, eos), np.finfo(np.float32).min, conf)
             conf = np.where(m, conf, -np.inf)
-            order = np.argsort(-conf, kind="stable")
+            if c.alg_temp > 0:   # Dream's multinomial draw, as Gumbel-top-k
+                key_ = np.where(m, conf / np.float32(c.alg_temp) - np.log(-np.log(u_pos)), -np.inf)
+                order = np.argsort(-key_, kind="stable")
+            else:
+                order = np.argsort(-conf, kind="stable")
             chosen = []
             if c.remasking == "origin":
                 p_t = 1.0 - t_grid[i + 1] / t_grid[i] if i < spb - 1 else 1.0
@@ -144,7 +196,7 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
                 tstep[blk * L + j] = step
             step += 1
             i += 1
-    return x[n:], tstep, nfe
+    return x[n:], tstep, nfe, ftok
 
 
 # ----------------------------------------------------------------------------- agreement
@@ -164,6 +216,23 @@ CASES = [
     ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.5)),
     ("dream", dict(gen_length=8, block_length=8, threshold=0.5, remasking="maskgit_plus")),
     ("dream", dict(gen_length=8, block_length=8, steps=4, remasking="topk_margin", schedule="dream")),
+    # Dream's sampling knobs: top-k / top-p filtering, alg_temp position sampling
+    ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.7,
+                   top_k=5, top_p=0.9)),
+    ("dream", dict(gen_length=8, block_length=8, steps=4, remasking="maskgit_plus",
+                   temperature=0.5, alg_temp=0.5)),
+    ("llada", dict(gen_length=8, block_length=4, tokens_per_step=2, alg_temp=0.2)),
+    # Fast-dLLM prefix and dual caches (each is its own reference)
+    ("llada", dict(gen_length=16, block_length=4, steps=16, cache="prefix")),
+    ("llada", dict(gen_length=16, block_length=1, steps=16, cache="prefix")),  # 16 blocks: padded widths
+    ("llada", dict(gen_length=16, block_length=4, threshold=0.5, cache="dual")),
+    ("llada", dict(gen_length=16, block_length=4, tokens_per_step=2, cache="prefix",
+                   temperature=0.8)),
+    ("llada", dict(gen_length=8, block_length=4, steps=4, cfg_scale=1.5, temperature=0.8,
+                   cache="dual")),
+    ("dream", dict(gen_length=16, block_length=4, steps=16, cache="dual")),
+    ("dream", dict(gen_length=16, block_length=4, threshold=0.5, remasking="maskgit_plus",
+                   cache="prefix")),
 ]
 
 
@@ -173,11 +242,22 @@ def test_matches_numpy_oracle(head, kw):
     model, params = MODELS[head]
     res = diffusion_generate(model, params, PROMPTS, c, seed=SEED)
     assert res.full_tokens.shape == res.transfer_step.shape == (len(PROMPTS), c.gen_length)
+    ftok = 0
     for b, p in enumerate(PROMPTS):
-        toks, tstep, nfe = oracle(head, p, b, len(PROMPTS), c, SEED)
+        toks, tstep, nfe, ft = oracle(head, p, b, len(PROMPTS), c, SEED)
         np.testing.assert_array_equal(res.full_tokens[b], toks)
         np.testing.assert_array_equal(res.transfer_step[b], tstep)
         assert res.stats.target_nfe[b] == nfe
+        ftok += ft
+    # forward_tokens: every step pushes the padded sequence (P = 16 here), except cached
+    # steps after a block's first, which push the block alone (dual)
+    S = 16 + c.gen_length
+    if c.cache == "none":
+        assert res.stats.extra["forward_tokens"] == res.stats.steps.sum() * S
+    elif c.cache == "dual":
+        nb = c.num_blocks
+        assert res.stats.extra["forward_tokens"] == sum(
+            nb * S + (s - nb) * c.block_length for s in res.stats.steps)
     assert (res.transfer_step >= 0).all() and (res.full_tokens != MASK).all()
     # blocks are filled in order: every position of block k is transferred before block k+1
     L = c.block_length
@@ -278,7 +358,7 @@ def test_eos_options_match_oracle(opt):
     c = DiffusionDecodeConfig(8, 4, steps=4, **{opt: True})
     res = diffusion_generate(model, params, PROMPTS, c, seed=SEED, eos_ids=eos)
     for b, p in enumerate(PROMPTS):
-        toks, tstep, _ = oracle("llada", p, b, len(PROMPTS), c, SEED, eos)
+        toks, tstep, _, _ = oracle("llada", p, b, len(PROMPTS), c, SEED, eos)
         np.testing.assert_array_equal(res.full_tokens[b], toks)
         np.testing.assert_array_equal(res.transfer_step[b], tstep)
     if opt == "logits_eos_inf":
