@@ -398,34 +398,33 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
         S_c = S
     key_valid = jnp.pad(valid, ((0, 0), (0, S_c - S)))                # (B, S_c)
 
-    def run(tokens, pos, mask, cache=None, idx=None, uncond=None):
-        """Raw (unshifted) logits float32 (B, T, V), with CFG mixing; and the cache."""
+    def run(tokens, pos, mask, row0, cache=None, idx=None, uncond=None):
+        """Raw (unshifted) logits float32 (B, L, V) of rows ``row0 + [0, L)``, with CFG
+        mixing; and the cache."""
         if use_cfg:
             two = lambda a, b_=None: jnp.concatenate([a, a if b_ is None else b_], 0)
-            tokens, pos, mask = two(tokens, uncond), two(pos), two(mask)
+            tokens, pos, mask, row0 = two(tokens, uncond), two(pos), two(mask), two(row0)
             if idx is not None:
                 idx = two(idx)
         logits, cache = model.apply(params, tokens, pos, mask, cache=cache, cache_index=idx,
-                                    shift=False)
+                                    shift=False, rows=(row0, L))
         logits = logits.astype(jnp.float32)
         if use_cfg:
             cond, unc = logits[:B], logits[B:]
             logits = unc + cfg_w * (cond - unc)
         return logits, cache
 
-    def block_rows(raw, start):
-        """Rows of ``raw`` (B, T, V) scoring block positions ``start + [0, L)`` (per row)."""
-        return jax.vmap(lambda lg, s: jax.lax.dynamic_slice_in_dim(lg, s - shift, L, 0))(raw, start)
-
     def full_forward(st: _State, start):
+        """Every slot through the model; the block's rows (B, L, V) (Dream: raw rows
+        ``start - 1 + [0, L)``)."""
         uncond = jnp.where(is_prompt, mask_id, st.tokens) if use_cfg else None
         if not cached:
-            raw, _ = run(st.tokens, positions, attn, uncond=uncond)
-            return block_rows(raw, start), st.cache, st.prev, S
+            rows, _ = run(st.tokens, positions, attn, start - shift, uncond=uncond)
+            return rows, st.cache, st.prev, S
         mask = jnp.pad(attn, ((0, 0), (0, 0), (0, S_c - S)))
-        raw, cache = run(st.tokens, positions, mask, st.cache, jnp.zeros((B,), jnp.int32), uncond)
-        prev = block_rows(raw, start)[:, 0] if shift else st.prev
-        return block_rows(raw, start), cache, prev, S
+        rows, cache = run(st.tokens, positions, mask, start - shift, st.cache,
+                          jnp.zeros((B,), jnp.int32), uncond)
+        return rows, cache, (rows[:, 0] if shift else st.prev), S
 
     def window_forward(st: _State, start, W: int):
         """Forward ``W`` tokens from slot ``start`` (the same for every row: lockstep)
@@ -435,9 +434,9 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
         toks = jax.lax.dynamic_slice_in_dim(toks, s0, W, 1)
         pos = s0 + jnp.arange(W, dtype=jnp.int32)[None] - pad[:, None]
         mask = jnp.broadcast_to(key_valid[:, None, :], (B, W, S_c))
-        raw, cache = run(toks, pos, mask, st.cache, jnp.full((B,), s0, jnp.int32),
-                         toks if use_cfg else None)
-        rows = raw[:, :L] if not shift else jnp.concatenate([st.prev[:, None], raw[:, :L - 1]], 1)
+        raw, cache = run(toks, pos, mask, jnp.zeros((B,), jnp.int32), st.cache,
+                         jnp.full((B,), s0, jnp.int32), toks if use_cfg else None)
+        rows = raw if not shift else jnp.concatenate([st.prev[:, None], raw[:, :L - 1]], 1)
         return rows, cache, st.prev, W
 
     def forward(st: _State, start):

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from models.config import ModelConfig
-from models.llama import CausalLM, KVCache
+from models.llama import CausalLM, KVCache, lm_logits
 
 HEADS = ("llada", "dream")
 
@@ -115,7 +115,7 @@ class DiffusionLM:
         return CausalLM(self.config.base)
 
     def apply(self, params, tokens, positions, attn_mask=None, cache: Optional[KVCache] = None,
-              cache_index=None, shift: bool = True):
+              cache_index=None, shift: bool = True, rows=None):
         """One forward pass.
 
         Args:
@@ -131,9 +131,13 @@ class DiffusionLM:
           shift: only for head ``"dream"``: apply :func:`shift_logits` (default). The shift
             is within this call's ``T`` tokens, so in a cached call the first row is the
             chunk's own raw row; pass ``shift=False`` for raw next-token rows.
+          rows: optional ``(start, n)``: compute the LM head only for the ``n`` (static int)
+            *raw* rows ``start[b] + [0, n)`` of each row (``start`` int32 ``(B,)`` or scalar);
+            no shift is applied. Saves the head's cost on rows nobody reads.
 
         Returns:
-          ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None.
+          ``(logits float32 (B, T, V), cache)`` (``(B, n, V)`` with ``rows``); ``cache`` is
+          the updated cache or None.
           For ``"llada"`` row ``i`` scores the token at position ``i``; for ``"dream"`` (with
           ``shift``) likewise, after the shift.
 
@@ -152,6 +156,14 @@ class DiffusionLM:
         S = T if cache is None else cache.size
         if attn_mask.shape != (B, T, S):
             raise ValueError(f"attn_mask has shape {attn_mask.shape}, expected {(B, T, S)}")
+        if rows is not None:
+            start, n = rows
+            h, cache = self.body.apply(variables, tokens, positions, attn_mask, cache=cache,
+                                       cache_index=cache_index, return_hidden=True)
+            start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (B,))
+            h = jax.vmap(lambda a, s: jax.lax.dynamic_slice_in_dim(a, s, n, 0))(h, start)
+            p = variables["params"]
+            return lm_logits(h, p["embed"], p.get("lm_head")), cache
         logits, cache = self.body.apply(variables, tokens, positions, attn_mask,
                                         cache=cache, cache_index=cache_index)
         if self.config.head == "dream" and shift:

@@ -220,9 +220,14 @@ class CausalLM(nn.Module):
         x = rms_norm(x, final_norm, c.rms_norm_eps)
         if return_hidden:
             return x, new_cache
-        head = embed.T if lm_head is None else lm_head
-        logits = (x @ head).astype(jnp.float32)
-        return logits, new_cache
+        return lm_logits(x, embed, lm_head), new_cache
+
+
+def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> jax.Array:
+    """LM head: final hidden states ``(..., D)`` -> float32 logits ``(..., V)``, with the
+    embedding matrix ``(V, D)`` as the head when ``lm_head`` ``(D, V)`` is None (tied)."""
+    head = embed.T if lm_head is None else lm_head
+    return (x @ head).astype(jnp.float32)
 
 
 def init_params(config: ModelConfig, seed: int = 0):

@@ -17,12 +17,14 @@ Masked-diffusion presets (``dream-smollm2-135m``) use the diffusion decoder
     python -m scripts.generate --model dream-smollm2-135m --method stepwise \
         [--gen-length 64] [--block-length 8] [--steps N (default: gen length)] \
         [--remasking low_confidence|random|origin|maskgit_plus|topk_margin|entropy] \
-        [--tokens-per-step K | --threshold T] [--temperature T] [--seed S] [--compare]
+        [--tokens-per-step K | --threshold T] [--cache none|prefix|dual] \
+        [--temperature T] [--top-k K] [--top-p P] [--alg-temp A] [--seed S] [--compare]
 
 ``--tokens-per-step K`` selects fixed-k parallel decoding and ``--threshold T`` Fast-dLLM
 threshold decoding (``--method fixed-k`` / ``--method threshold`` name them explicitly and
-require the flag). ``--compare`` also runs the one-token-per-step stepwise reference
-(``steps = gen length``, same remasking rule, temperature and seed) and reports whether the
+require the flag). ``--cache`` selects a Fast-dLLM KV cache (approximate; each cache policy
+is its own reference). ``--compare`` also runs the one-token-per-step stepwise reference
+(``steps = gen length``, same remasking rule, temperature, cache policy and seed) and reports whether the
 outputs are identical; parallel decoding is not lossless, so a difference is reported, not
 an error. Without ``--method`` a causal model uses ``ngram`` and a diffusion model ``stepwise``.
 
@@ -76,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--tokens-per-step", type=int, default=None, help="fixed-k: K tokens per step")
     dg.add_argument("--threshold", type=float, default=None,
                     help="threshold: unmask every position with confidence >= T (at least one)")
+    dg.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
+                    help="Fast-dLLM KV cache (approximate; --compare uses the same policy)")
+    dg.add_argument("--alg-temp", type=float, default=0.0,
+                    help="Dream's alg_temp: sample the unmasked positions from "
+                         "softmax(confidence / alg_temp) (0 = most confident first)")
     ap.add_argument("--compare", action="store_true",
                     help="also run the reference (AR, or one-token-per-step stepwise) and check "
                          "identity / speedup")
@@ -119,7 +126,9 @@ def _check_method(args, preset) -> str:
         raise ValueError("method 'threshold' needs --threshold T")
     if method in CAUSAL_METHODS:
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
-                               ("--threshold", args.threshold), ("--steps", args.steps)) if v is not None]
+                               ("--threshold", args.threshold), ("--steps", args.steps),
+                               ("--cache", None if args.cache == "none" else args.cache),
+                               ("--alg-temp", args.alg_temp or None)) if v is not None]
         if used:
             raise ValueError(f"{', '.join(used)} only apply to masked-diffusion methods")
     return method
@@ -154,11 +163,12 @@ def main_diffusion(args, method, preset) -> int:
 
     try:
         common = dict(gen_length=args.gen_length, block_length=args.block_length,
-                      remasking=args.remasking, temperature=args.temperature)
+                      remasking=args.remasking, temperature=args.temperature,
+                      top_k=args.top_k, top_p=args.top_p, cache=args.cache)
         ref_cfg = DiffusionDecodeConfig(steps=args.gen_length, **common)
         cfg = DiffusionDecodeConfig(steps=args.gen_length if args.steps is None else args.steps,
                                     tokens_per_step=args.tokens_per_step,
-                                    threshold=args.threshold, **common)
+                                    threshold=args.threshold, alg_temp=args.alg_temp, **common)
         model, params, tok, _ = load_model(args.model, args.weights)
         texts = _texts(args, tok)
         prompts = [tok.encode(t) for t in texts]
@@ -175,7 +185,8 @@ def main_diffusion(args, method, preset) -> int:
         print(diffusion_stats_line("stepwise-1", ref, mean_degeneracy(ref.tokens)))
         same = bool(np.array_equal(ref.full_tokens, res.full_tokens))
         steps = cfg.steps if cfg.method == "stepwise" else "-"
-        print(compare_line(f"{cfg.method} (steps={steps})", "one-token-per-step stepwise",
+        print(compare_line(f"{cfg.method} (steps={steps}, cache={cfg.cache})",
+                           f"one-token-per-step stepwise (cache={cfg.cache})",
                            res, ref, "identical" if same else "DIFFERENT"))
     return 0
 
