@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxspec.metrics import mean_degeneracy
 
-SUITES = ("ar",)
+SUITES = ("ar", "dllm")
 SYSTEMS = ("jaxspec/ar", "jaxspec/ngram", "jaxspec/ngram-bigram", "transformers/ar",
            "transformers/prompt-lookup")
 BASELINE = "jaxspec/ar"
@@ -546,15 +546,18 @@ def plot_per_prompt(result: dict, out: Path) -> Path:
     return out
 
 
-def write_results(result: dict, out: Path) -> tuple[Path, Path]:
+def write_results(result: dict, out: Path, *, report: Callable[[dict], str] = None,
+                  plot: Callable[[dict, Path], Path] = None,
+                  caption: str = "per-prompt throughput") -> tuple[Path, Path]:
     """Write ``result`` as JSON to ``out``, the markdown report next to it (``.md``) and the
-    per-prompt throughput plot (``.png``, linked from the report)."""
+    chart (``.png``, linked from the report). ``report`` / ``plot`` default to this suite's
+    :func:`markdown_report` / :func:`plot_per_prompt`."""
     import json
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    png = plot_per_prompt(result, out.with_suffix(".png"))
+    png = (plot or plot_per_prompt)(result, out.with_suffix(".png"))
     md = out.with_suffix(".md")
-    md.write_text(markdown_report(result) + f"\n![per-prompt throughput]({png.name})\n")
+    md.write_text((report or markdown_report)(result) + f"\n![{caption}]({png.name})\n")
     return out, md

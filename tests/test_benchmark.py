@@ -101,3 +101,62 @@ def test_cli_errors(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and msg in err
+
+
+# ----------------------------------------------------------------------------- suite dllm
+
+def test_dllm_suite_on_tiny_model(tmp_path):
+    """Suite ``dllm`` on a random tiny LLaDA model: every (method, cache) row, stepwise as
+    each cache policy's reference, NFE bookkeeping, loop overhead, the report and chart."""
+    from jaxspec.bench_dllm import run_dllm_suite, write_results as write_dllm
+    from tests.test_dllm import MODELS, PROMPTS
+
+    model, params = MODELS["llada"]
+    prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
+    res = run_dllm_suite(model, params, prompts, model_name="tiny-llada", gen_length=8,
+                         block_length=4, methods=["fixed-2", "threshold-0.5"],
+                         caches=["none", "dual"], progress=False, overhead_reps=1)
+    js, md = write_dllm(res, tmp_path / "dllm.json")
+    doc = json.loads(js.read_text())
+    assert (tmp_path / "dllm.png").read_bytes()[:4] == b"\x89PNG" and "dllm.png" in md.read_text()
+    rows = {(r["method"], r["cache"]): r for r in doc["rows"]}
+    assert list(rows) == [(m, c) for c in ("none", "dual")
+                          for m in ("stepwise", "fixed-2", "threshold-0.5")]
+    for (m, c), r in rows.items():
+        assert r["prompts"] == 2 and r["tokens_per_s"] > 0 and r["compile_s"] >= 0
+        assert r["nfe"] == {"stepwise": 8, "fixed-2": 4}.get(m, r["nfe"])
+        assert 1 <= r["nfe"] <= 8 and r["tokens_per_nfe"] == round(8 / r["nfe"], 3)
+        if m == "stepwise":
+            assert r["identical_fraction"] == 1.0 and r["speedup_vs_stepwise"] == 1.0
+            assert r["loop_overhead"] is not None and r["loop_overhead"] > -0.9
+        else:
+            assert r["loop_overhead"] is None
+    # the dual cache pushes fewer query tokens through the model than no cache
+    assert rows[("stepwise", "dual")]["forward_tokens"] < rows[("stepwise", "none")]["forward_tokens"]
+    assert rows[("stepwise", "none")]["forward_tokens"] == 8 * (16 + 8)
+    assert set(doc["per_prompt"][0]["runs"]) == {f"{m}/{c}" for m, c in rows}
+    assert set(doc["per_prompt"][0]["forward_seconds"]["dual"]) == {"full", "window_4"}
+    assert "| stepwise | dual |" in md.read_text()
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--suite", "dllm", "--model", "smollm2-135m-instruct"], "causal"),
+    (["--suite", "dllm", "--limit", "0"], "--limit"),
+])
+def test_dllm_cli_errors(argv, msg, capsys):
+    from scripts.benchmark import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and msg in err
+
+
+def test_dllm_method_names():
+    from jaxspec.bench_dllm import method_config
+
+    c = method_config("fixed-3", gen_length=8, block_length=4, cache="prefix")
+    assert c.tokens_per_step == 3 and c.cache == "prefix" and c.steps == 8
+    assert method_config("threshold-0.8", gen_length=8, block_length=4, cache="none").threshold == 0.8
+    for bad in ("fixed-x", "magic"):
+        with pytest.raises(BenchError, match="method"):
+            method_config(bad, gen_length=8, block_length=4, cache="none")
