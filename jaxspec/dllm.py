@@ -328,12 +328,59 @@ def block_confidence(logits: jax.Array, x0: jax.Array, u_pos: jax.Array, remaski
 
 
 def _rank(conf: jax.Array) -> jax.Array:
-    """int32 ``(B, L)``: 0 for the most confident position; ties go to the lower index."""
+    """int32 ``(..., L)``: 0 for the most confident position; ties go to the lower index."""
     L = conf.shape[-1]
-    ci, cj = conf[:, :, None], conf[:, None, :]
+    ci, cj = conf[..., :, None], conf[..., None, :]
     idx = jnp.arange(L)
-    before = (cj > ci) | ((cj == ci) & (idx[None, None, :] < idx[None, :, None]))
+    before = (cj > ci) | ((cj == ci) & (idx[None, :] < idx[:, None]))
     return jnp.sum(before, axis=-1).astype(jnp.int32)
+
+
+def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_pos: jax.Array,
+                cfg: DiffusionDecodeConfig, mask_id: int, temperature, alg_temp=1.0,
+                eos_ids: tuple[int, ...] = ()):
+    """One step's predictions and transfer ranking on a block (the reference step rule).
+
+    Args:
+      blk: float32 ``(..., L, V)`` logits scoring the block's positions.
+      bmask: bool ``(..., L)``: the position is still masked.
+      u_tok: float32 ``(..., L, V)`` uniforms (Gumbel noise) or None when greedy;
+        u_pos: float32 ``(..., L)`` uniforms (:func:`row_noise`).
+      cfg: the (structural) decode config: temperature on/off, top-k/top-p, remasking, EOS
+        options, alg_temp on/off.
+      mask_id: never predicted (its logit is set to ``-inf``).
+      temperature, alg_temp: traced values (used when ``cfg`` turns them on).
+
+    Returns:
+      ``(x0 int32 (..., L), conf float32 (..., L), rank int32 (..., L))``: the predicted
+      tokens, their confidence (``-inf`` where not masked) and the transfer rank (0 = first;
+      unmasked positions rank after every masked one).
+    """
+    blk = blk.at[..., mask_id].set(-jnp.inf)
+    if cfg.logits_eos_inf:
+        blk = blk.at[..., list(eos_ids)].set(-jnp.inf)
+    sampled = cfg.temperature > 0
+    filt = cfg.top_k > 0 or cfg.top_p < 1.0
+    scaled = blk / temperature if sampled else blk
+    if filt:
+        scaled = filter_top_k_top_p(scaled, cfg.top_k, cfg.top_p)
+    if sampled:
+        x0 = jnp.argmax(scaled - jnp.log(-jnp.log(u_tok)), axis=-1).astype(jnp.int32)
+    else:
+        x0 = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    if cfg.remasking == "low_confidence" or not filt:
+        conf = block_confidence(blk, x0, u_pos, cfg.remasking, temperature if sampled else 0.0)
+    else:  # Dream's rules on the filtered (already temperature-scaled) distribution
+        conf = block_confidence(scaled, x0, u_pos, cfg.remasking, 0.0)
+    if cfg.confidence_eos_eot_inf:
+        conf = jnp.where(jnp.isin(x0, jnp.asarray(eos_ids, jnp.int32)),
+                         jnp.finfo(jnp.float32).min, conf)
+    conf = jnp.where(bmask, conf, -jnp.inf)
+    if cfg.alg_temp > 0:   # Gumbel-top-k == multinomial without replacement (Dream)
+        rank = _rank(jnp.where(bmask, conf / alg_temp - jnp.log(-jnp.log(u_pos)), -jnp.inf))
+    else:
+        rank = _rank(conf)
+    return x0, conf, rank
 
 
 @flax.struct.dataclass
@@ -460,33 +507,11 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
         active = (st.block < nb) & ~st.wait                           # (B,)
         start = P + jnp.minimum(st.block, nb - 1) * L                # (B,)
         blk, cache, prev, n_fwd = forward(st, start)
-        blk = blk.at[..., mask_id].set(-jnp.inf)                      # (B, L, V)
-        if cfg.logits_eos_inf:
-            blk = blk.at[..., list(eos_ids)].set(-jnp.inf)
         u_tok, u_pos = step_noise(key, st.steps, L, V, sampled)
-        filt = cfg.top_k > 0 or cfg.top_p < 1.0
-        scaled = blk / temperature if sampled else blk
-        if filt:
-            scaled = filter_top_k_top_p(scaled, cfg.top_k, cfg.top_p)
-        if sampled:
-            gumbel = -jnp.log(-jnp.log(u_tok))
-            x0 = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
-        else:
-            x0 = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
         off = start - P
         bmask = jax.vmap(lambda m, o: jax.lax.dynamic_slice_in_dim(m, o, L, 0))(st.masked, off)
-        if cfg.remasking == "low_confidence" or not filt:
-            conf = block_confidence(blk, x0, u_pos, cfg.remasking, temperature if sampled else 0.0)
-        else:  # Dream's rules on the filtered (already temperature-scaled) distribution
-            conf = block_confidence(scaled, x0, u_pos, cfg.remasking, 0.0)
-        if cfg.confidence_eos_eot_inf:
-            is_eos = jnp.isin(x0, jnp.asarray(eos_ids, jnp.int32))
-            conf = jnp.where(is_eos, jnp.finfo(jnp.float32).min, conf)
-        conf = jnp.where(bmask, conf, -jnp.inf)
-        if cfg.alg_temp > 0:   # Gumbel-top-k == multinomial without replacement (Dream)
-            rank = _rank(jnp.where(bmask, conf / alg_temp - jnp.log(-jnp.log(u_pos)), -jnp.inf))
-        else:
-            rank = _rank(conf)
+        x0, conf, rank = score_block(blk, bmask, u_tok, u_pos, cfg, mask_id, temperature,
+                                     alg_temp, eos_ids)
         n_masked = jnp.sum(bmask, axis=-1)
         sib = jnp.minimum(st.sib, spb - 1) if method == "stepwise" else st.sib
         if cfg.remasking == "origin":
@@ -675,5 +700,5 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
 
 
 __all__ = ["DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate", "num_transfer_tokens",
-           "origin_probs", "row_noise", "step_noise", "block_confidence", "prefix_widths",
+           "origin_probs", "row_noise", "step_noise", "block_confidence", "prefix_widths", "score_block",
            "REMASKING", "CACHES"]
