@@ -618,6 +618,57 @@ class DiffusionResult:
     run_s: float
 
 
+def prepare_batch(model: DiffusionLM, prompts: Sequence[Sequence[int]],
+                  cfg: DiffusionDecodeConfig, eos_ids: Sequence[int] = (), pad_id: int = 0,
+                  bucket: int = 16, max_context: Optional[int] = None):
+    """Check a decode request and left-pad the prompts (shared by every diffusion decoder).
+
+    Returns:
+      ``(buf int32 (B, P), pad int32 (B,), mask_id)``: prompts left-padded with ``pad_id``
+      to ``P`` (a multiple of ``bucket``), the padding count per row, the mask token id.
+
+    Raises:
+      ValueError: see :func:`diffusion_generate`.
+    """
+    base = model.config.base
+    V = base.vocab_size
+    mask_id = model.config.mask_token_id if cfg.mask_id is None else int(cfg.mask_id)
+    if not 0 <= mask_id < V:
+        raise ValueError(f"mask id {mask_id} is outside the vocabulary [0, {V})")
+    if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and not eos_ids:
+        raise ValueError("logits_eos_inf / confidence_eos_eot_inf need eos_ids")
+    if any(not 0 <= int(e) < V for e in eos_ids):
+        raise ValueError(f"eos_ids must lie in [0, {V})")
+    if not prompts or min(len(p) for p in prompts) == 0:
+        raise ValueError("need at least one prompt, and every prompt needs at least one token")
+    for p in prompts:
+        if min(p) < 0 or max(p) >= V:
+            raise ValueError(f"prompt token ids must lie in [0, {V})")
+    lens = [len(p) for p in prompts]
+    P = max(bucket, -(-max(lens) // bucket) * bucket)
+    ctx = max_context or base.max_position_embeddings
+    if max(lens) + cfg.gen_length > ctx or P + cfg.gen_length > ctx:
+        raise ValueError(f"prompt ({max(lens)} tokens, padded to {P}) + gen_length "
+                         f"{cfg.gen_length} exceeds the context of {ctx} tokens")
+    buf = np.full((len(prompts), P), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        buf[i, P - len(p):] = p
+    return buf, np.array([P - n for n in lens], np.int32), mask_id
+
+
+def cut_after_eos(tokens: np.ndarray, eos_ids: Sequence[int]) -> list[list[int]]:
+    """Rows of ``tokens`` ``(B, G)`` as lists, each cut after its first EOS (kept)."""
+    eos = {int(e) for e in eos_ids}
+    rows = []
+    for row in np.asarray(tokens).tolist():
+        for i, t in enumerate(row):
+            if t in eos:
+                row = row[:i + 1]
+                break
+        rows.append(row)
+    return rows
+
+
 def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]],
                        cfg: DiffusionDecodeConfig, seed: int = 0, eos_ids: Sequence[int] = (),
                        pad_id: int = 0, bucket: int = 16,
@@ -644,30 +695,7 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
         outside the vocabulary, padded prompt + ``gen_length`` longer than the context, EOS
         ids outside the vocabulary, or an EOS option without ``eos_ids``.
     """
-    base = model.config.base
-    V = base.vocab_size
-    mask_id = model.config.mask_token_id if cfg.mask_id is None else int(cfg.mask_id)
-    if not 0 <= mask_id < V:
-        raise ValueError(f"mask id {mask_id} is outside the vocabulary [0, {V})")
-    if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and not eos_ids:
-        raise ValueError("logits_eos_inf / confidence_eos_eot_inf need eos_ids")
-    if any(not 0 <= int(e) < V for e in eos_ids):
-        raise ValueError(f"eos_ids must lie in [0, {V})")
-    if not prompts or min(len(p) for p in prompts) == 0:
-        raise ValueError("need at least one prompt, and every prompt needs at least one token")
-    for p in prompts:
-        if min(p) < 0 or max(p) >= V:
-            raise ValueError(f"prompt token ids must lie in [0, {V})")
-    lens = [len(p) for p in prompts]
-    P = max(bucket, -(-max(lens) // bucket) * bucket)
-    ctx = max_context or base.max_position_embeddings
-    if max(lens) + cfg.gen_length > ctx or P + cfg.gen_length > ctx:
-        raise ValueError(f"prompt ({max(lens)} tokens, padded to {P}) + gen_length "
-                         f"{cfg.gen_length} exceeds the context of {ctx} tokens")
-    buf = np.full((len(prompts), P), pad_id, np.int32)
-    for i, p in enumerate(prompts):
-        buf[i, P - len(p):] = p
-    pad = np.array([P - n for n in lens], np.int32)
+    buf, pad, mask_id = prepare_batch(model, prompts, cfg, eos_ids, pad_id, bucket, max_context)
     args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
             *_numeric_args(cfg))
     scfg = _structural(cfg)
@@ -678,15 +706,7 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
            statics["eos_ids"])
     out, compile_s, run_s = run_compiled(_COMPILED, sig, _decode_jit, args, statics)
     toks, tstep, steps, hist, ftok = (np.asarray(x) for x in out)
-    eos = {int(e) for e in eos_ids}
-    rows = []
-    for b in range(len(prompts)):
-        row = toks[b].tolist()
-        for i, t in enumerate(row):
-            if t in eos:
-                row = row[:i + 1]
-                break
-        rows.append(row)
+    rows = cut_after_eos(toks, eos_ids)
     nfe = steps * (2 if cfg.cfg_scale > 0 else 1)
     stats = DecodeStats(
         method=cfg.method, reference="stepwise", target_nfe=nfe, draft_nfe=np.zeros_like(nfe),
