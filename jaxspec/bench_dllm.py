@@ -140,6 +140,36 @@ def stepwise_forward_seconds(costs: dict[str, float], prompt_len: int,
     return sum(costs["full"] + (spb - 1) * costs[f"window_{w}"] for w in widths)
 
 
+def run_interleaved(runs: dict, prompts: Sequence[BenchPrompt], gen_length: int,
+                    progress: bool, desc: str):
+    """Run every ``runs[key](ids) -> DiffusionResult`` on every prompt, prompt by prompt, the
+    order of the keys rotating from prompt to prompt. Returns ``(outs, compile_s)``: per key
+    the list of results (prompt order) and the summed compile seconds."""
+    keys = list(runs)
+    outs: dict = {k: [] for k in keys}
+    compile_s = {k: 0.0 for k in keys}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts) * len(keys), desc=desc, unit="run", leave=True)
+    try:
+        for i, p in enumerate(prompts):
+            gc.collect()
+            for k in _order(keys, i):
+                r = runs[k](p.ids)
+                compile_s[k] += r.compile_s
+                outs[k].append(r)
+                if bar is not None:
+                    bar.set_postfix_str(f"{p.task_id} {'/'.join(map(str, k))} "
+                                        f"{gen_length / max(r.run_s, 1e-9):.1f} tok/s")
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return outs, compile_s
+
+
 def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: str,
                    gen_length: int = 256, block_length: int = 32,
                    methods: Sequence[str] = DLLM_METHODS, caches: Sequence[str] = CACHES,
@@ -181,28 +211,11 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
                                   remasking=remasking)
             for c in caches for m in methods}
     keys = list(cfgs)
-    outs: dict[tuple, list] = {k: [] for k in keys}
-    compile_s = {k: 0.0 for k in keys}
     eos = tuple(int(e) for e in eos_ids)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompts) * len(keys), desc="dllm runs", unit="run", leave=True)
-    try:
-        for i, p in enumerate(prompts):
-            gc.collect()
-            for k in _order(keys, i):
-                r = diffusion_generate(model, params, [p.ids], cfgs[k], eos_ids=eos, pad_id=pad_id)
-                compile_s[k] += r.compile_s
-                outs[k].append(r)
-                if bar is not None:
-                    bar.set_postfix_str(f"{p.task_id} {k[0]}/{k[1]} "
-                                        f"{gen_length / max(r.run_s, 1e-9):.1f} tok/s")
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    outs, compile_s = run_interleaved(
+        {k: (lambda ids, c=cfgs[k]: diffusion_generate(model, params, [ids], c, eos_ids=eos,
+                                                        pad_id=pad_id)) for k in keys},
+        prompts, gen_length, progress, "dllm runs")
 
     overhead: dict[str, list] = {c: [] for c in caches}
     costs_per_prompt: list[dict] = [dict() for _ in prompts]
@@ -286,7 +299,7 @@ def markdown_report(result: dict) -> str:
         lines.append("| " + " | ".join("-" if r.get(k) is None else f.format(r[k])
                                        for k, _, f in _COLUMNS) + " |")
     r0 = result["rows"][0]
-    out = [f"# Benchmark suite `dllm`", "",
+    out = ["# Benchmark suite `dllm`", "",
            f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
            f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1), gen length "
            f"{r0['gen_length']}, block {r0['block_length']}, remasking `{r0['remasking']}`, "

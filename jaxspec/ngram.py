@@ -22,7 +22,6 @@ All shapes are static: the context is a fixed-size buffer with per-row valid ran
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import jax
 import jax.numpy as jnp

@@ -429,4 +429,78 @@ def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], c
                            compile_s=compile_s, run_s=run_s)
 
 
-__all__ = ["SSDConfig", "TREES", "ssd_generate", "tree_inclusion"]
+def stepwise_topk(model: DiffusionLM, params, prompt: Sequence[int], decode: DiffusionDecodeConfig,
+                  top_k: int = 5, batch: int = 8, pad_id: int = 0):
+    """Record a stepwise run for the acceptance-limit analysis (Sec. 5.1).
+
+    Runs :func:`jaxspec.dllm.diffusion_generate` (greedy, one token per step, no cache) on one
+    prompt, rebuilds the state before every step from the transfer order, and re-runs the
+    model on every state (``batch`` states per forward) to record the ``top_k`` tokens at
+    every generation position.
+
+    Returns:
+      ``(pos (G,), tok (G,), topk (G, G, top_k))``: the position and token transferred at step
+      ``s``, and the top-k tokens (mask token excluded) at every position in the state before
+      step ``s``.
+
+    Raises:
+      ValueError: ``decode`` is not greedy one-token-per-step stepwise without a cache.
+    """
+    if decode.temperature != 0 or decode.steps != decode.gen_length or decode.cache != "none" \
+            or decode.method != "stepwise":
+        raise ValueError("the acceptance-limit analysis records greedy one-token-per-step "
+                         "stepwise runs without a cache")
+    from jaxspec.dllm import diffusion_generate
+
+    G = decode.gen_length
+    res = diffusion_generate(model, params, [list(prompt)], decode, pad_id=pad_id)
+    order = np.argsort(res.transfer_step[0])
+    pos, tok = order.astype(np.int32), res.full_tokens[0][order]
+    mask_id = model.config.mask_token_id if decode.mask_id is None else decode.mask_id
+    n = len(prompt)
+    states = np.full((G, n + G), mask_id, np.int32)
+    states[:, :n] = prompt
+    for s in range(1, G):
+        states[s] = states[s - 1]
+        states[s, n + pos[s - 1]] = tok[s - 1]
+    posn = np.arange(n + G)[None]
+
+    @jax.jit
+    def top(x):
+        lg = model.apply(params, x, np.broadcast_to(posn, x.shape))[0][:, n:]
+        lg = lg.at[..., mask_id].set(-jnp.inf)
+        return jax.lax.top_k(lg, top_k)[1]
+
+    out = np.zeros((G, G, top_k), np.int32)
+    for a in range(0, G, batch):
+        chunk = states[a:a + batch]
+        if len(chunk) < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk), 0)])
+        out[a:a + batch] = np.asarray(top(jnp.asarray(chunk)))[:G - a]
+    return pos, tok, out
+
+
+def acceptance_limit(pos: np.ndarray, tok: np.ndarray, topk: np.ndarray, draft_length: int,
+                     k: int) -> float:
+    """Step reduction an ideal verifier could reach (Sec. 5.1, Table 2).
+
+    Rounds start at a stepwise step ``s`` with the draft of the state before it (its top-``k``
+    tokens per position). The round takes step ``s`` plus the following steps as long as each
+    transferred token is among the draft's top-``k`` at its position, at most ``draft_length``
+    of them (at most ``N + 1`` tokens per round, in any order); the next round starts after.
+
+    Returns: ``1 - rounds / steps`` (upper bound ``N / (N + 1)``).
+    """
+    G = len(pos)
+    s = rounds = 0
+    while s < G:
+        rounds += 1
+        m = 0
+        while m < draft_length and s + 1 + m < G and tok[s + 1 + m] in topk[s, pos[s + 1 + m], :k]:
+            m += 1
+        s += m + 1
+    return 1.0 - rounds / G
+
+
+__all__ = ["SSDConfig", "TREES", "ssd_generate", "tree_inclusion", "stepwise_topk",
+           "acceptance_limit"]

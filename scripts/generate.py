@@ -20,6 +20,9 @@ Masked-diffusion presets (``dream-smollm2-135m``) use the diffusion decoder
         [--tokens-per-step K | --threshold T] [--cache none|prefix|dual] \
         [--temperature T] [--top-k K] [--top-p P] [--alg-temp A] [--seed S] [--compare]
 
+``--method ssd [--draft-length N (default 3)] [--tree chain|mix-order]`` runs SSD
+(:mod:`jaxspec.ssd`), lossless against one-token-per-step stepwise decoding with the same cache
+policy (``--cache none|dual``); with ``--compare`` a greedy mismatch exits with code 1.
 ``--tokens-per-step K`` selects fixed-k parallel decoding and ``--threshold T`` Fast-dLLM
 threshold decoding (``--method fixed-k`` / ``--method threshold`` name them explicitly and
 require the flag). ``--cache`` selects a Fast-dLLM KV cache (approximate; each cache policy
@@ -37,12 +40,13 @@ lengths/steps/remasking, corrupt or missing weight files).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import numpy as np
 
 CAUSAL_METHODS = ("ar", "ngram")
-DIFFUSION_METHODS = ("stepwise", "fixed-k", "threshold")
+DIFFUSION_METHODS = ("stepwise", "fixed-k", "threshold", "ssd")
 METHODS = CAUSAL_METHODS + DIFFUSION_METHODS
 
 
@@ -63,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=int, default=0, help="0 = off")
     ap.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--draft-length", type=int, default=8, help="k, draft tokens per step")
+    ap.add_argument("--draft-length", type=int, default=None,
+                    help="k, draft tokens per step (default 8 for ngram, 3 for ssd)")
     ap.add_argument("--max-ngram", type=int, default=3, help="longest suffix the n-gram drafter matches")
     ap.add_argument("--min-ngram", type=int, default=2, help="shortest suffix before the bigram fallback")
     ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
@@ -80,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threshold: unmask every position with confidence >= T (at least one)")
     dg.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
                     help="Fast-dLLM KV cache (approximate; --compare uses the same policy)")
+    dg.add_argument("--tree", choices=("chain", "mix-order"), default="chain",
+                    help="ssd verification tree: greedy chain (N+1 nodes) or mix-order (2N)")
     dg.add_argument("--alg-temp", type=float, default=0.0,
                     help="Dream's alg_temp: sample the unmasked positions from "
                          "softmax(confidence / alg_temp) (0 = most confident first)")
@@ -124,6 +131,10 @@ def _check_method(args, preset) -> str:
         raise ValueError("method 'fixed-k' needs --tokens-per-step K")
     if method == "threshold" and args.threshold is None:
         raise ValueError("method 'threshold' needs --threshold T")
+    if method == "ssd" and (args.tokens_per_step is not None or args.threshold is not None
+                            or args.steps not in (None, args.gen_length)):
+        raise ValueError("ssd verifies one-token-per-step stepwise decoding: no "
+                         "--tokens-per-step / --threshold, and --steps must equal --gen-length")
     if method in CAUSAL_METHODS:
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),
@@ -169,25 +180,43 @@ def main_diffusion(args, method, preset) -> int:
         cfg = DiffusionDecodeConfig(steps=args.gen_length if args.steps is None else args.steps,
                                     tokens_per_step=args.tokens_per_step,
                                     threshold=args.threshold, alg_temp=args.alg_temp, **common)
+        ssd_cfg = None
+        if method == "ssd":
+            from jaxspec.ssd import SSDConfig, ssd_generate
+
+            ssd_cfg = SSDConfig(dataclasses.replace(cfg, steps=args.gen_length),
+                                3 if args.draft_length is None else args.draft_length, args.tree)
         model, params, tok, _ = load_model(args.model, args.weights)
         texts = _texts(args, tok)
         prompts = [tok.encode(t) for t in texts]
         kw = dict(seed=args.seed, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)
-        res = diffusion_generate(model, params, prompts, cfg, **kw)
+        if ssd_cfg is not None:
+            res = ssd_generate(model, params, prompts, ssd_cfg, **kw)
+            ref_cfg = ssd_cfg.decode
+        else:
+            res = diffusion_generate(model, params, prompts, cfg, **kw)
         ref = diffusion_generate(model, params, prompts, ref_cfg, **kw) if args.compare else None
     except (PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     _print_outputs(args, texts, res.tokens, tok)
-    print(diffusion_stats_line(cfg.method, res, mean_degeneracy(res.tokens)))
+    label = res.stats.method
+    print(diffusion_stats_line(label, res, mean_degeneracy(res.tokens)))
+    if ssd_cfg is not None:
+        s = res.stats
+        print(f"[ssd] draft_length={ssd_cfg.draft_length} tree={ssd_cfg.tree} "
+              f"nodes={ssd_cfg.num_nodes} step_reduction={s.extra['step_reduction']:.3f} "
+              f"acceptance={s.acceptance_rate:.3f} accept_hist={s.accept_hist.sum(0).tolist()}")
     if ref is not None:
         print(diffusion_stats_line("stepwise-1", ref, mean_degeneracy(ref.tokens)))
         same = bool(np.array_equal(ref.full_tokens, res.full_tokens))
         steps = cfg.steps if cfg.method == "stepwise" else "-"
-        print(compare_line(f"{cfg.method} (steps={steps}, cache={cfg.cache})",
-                           f"one-token-per-step stepwise (cache={cfg.cache})",
+        name = label if ssd_cfg is not None else f"{cfg.method} (steps={steps}, cache={cfg.cache})"
+        print(compare_line(name, f"one-token-per-step stepwise (cache={cfg.cache})",
                            res, ref, "identical" if same else "DIFFERENT"))
+        if ssd_cfg is not None and not same and args.temperature == 0:
+            return 1
     return 0
 
 
@@ -220,6 +249,7 @@ def main(argv=None) -> int:
     from models.presets import load_model
 
     try:
+        args.draft_length = 8 if args.draft_length is None else args.draft_length
         if args.draft_length < 1:
             raise ValueError(f"--draft-length must be >= 1, got {args.draft_length}")
         sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)

@@ -17,7 +17,7 @@ from scripts import generate as gen_cli
     (["--temperature", "-0.5"], "temperature must be >= 0"),
     (["--temperature", "1", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
     (["--temperature", "1", "--top-p", "0"], "top_p must lie in (0, 1]"),
-    (["--model", "gpt5"], "unknown model 'gpt5'; available: dream-smollm2-135m, hf-directory,"),
+    (["--model", "gpt5"], "unknown model 'gpt5'; available: dlm-tiny, dream-smollm2-135m, hf-directory,"),
     (["--model", "hf-directory"], "needs --weights PATH"),
 ])
 def test_generate_bad_input_exit_2(args, needle, capsys):

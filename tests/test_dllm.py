@@ -367,3 +367,15 @@ def test_eos_options_match_oracle(opt):
         assert not np.array_equal(res.transfer_step, base.transfer_step)
     with pytest.raises(ValueError, match="eos_ids"):
         diffusion_generate(model, params, PROMPTS, c)
+
+
+def test_prefix_widths():
+    """Prefix-cache windows: at most 8 distinct widths, each covering its block's exact
+    window ``gen_length - b * block_length``, and a cache big enough for all of them."""
+    for G, L, P in ((16, 1, 16), (256, 32, 160), (256, 8, 48), (12, 4, 16)):
+        c = DiffusionDecodeConfig(G, L, G, cache="prefix")
+        widths, size = prefix_widths(P, c)
+        assert len(widths) == G // L and len(set(widths)) <= 8
+        assert all(w >= G - b * L and w % L == 0 for b, w in enumerate(widths))
+        assert size == max(P + b * L + w for b, w in enumerate(widths)) and size >= P + G
+    assert prefix_widths(16, DiffusionDecodeConfig(12, 4, 12, cache="prefix"))[0] == (12, 8, 4)
