@@ -51,6 +51,14 @@ Without a cache every node is a full forward and chains may spill into the next 
 
 NFE counts batched verification forwards (one per iteration, whatever the node count);
 ``forward_tokens`` counts query tokens (nodes x tokens), which is what CPU time follows.
+
+**Multi-device verification** (``mesh``): the ``B x nodes`` verification sequences of an
+iteration are one batch, so they are sharded over the devices of a 1-D
+:class:`jax.sharding.Mesh` with a ``"draft"`` axis (:func:`draft_mesh`); XLA partitions the
+forward (GSPMD). :func:`shard_params` additionally splits every weight matrix over the same
+devices (last axis) for checkpoints too big for one device. The decoded tokens do not depend
+on the mesh (tested with 4 fake CPU devices). On a TPU slice:
+``ssd_generate(..., mesh=draft_mesh())`` and ``params = shard_params(params, mesh)``.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ from jaxspec.runtime import run_compiled
 from jaxspec.stats import DecodeStats
 from models.diffusion import DiffusionLM, bidirectional_mask
 from models.llama import KVCache, init_cache
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 TREES = ("chain", "mix-order")
 
@@ -213,8 +222,32 @@ def _walk(cand, ctok, n_c, p, t, sv, N: int, mix: bool):
     return apos, atok, n, stop
 
 
+def draft_mesh(n_devices: Optional[int] = None, devices=None) -> Mesh:
+    """A 1-D mesh with axis ``"draft"`` over the first ``n_devices`` devices (default all).
+
+    Raises: ValueError when fewer devices exist than asked for."""
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices) if n_devices is None else n_devices
+    if not 1 <= n <= len(devices):
+        raise ValueError(f"asked for {n} devices, {len(devices)} available")
+    return Mesh(np.array(devices[:n]), ("draft",))
+
+
+def shard_params(params, mesh: Mesh):
+    """Place ``params`` on ``mesh``: every matrix (ndim >= 2) whose last axis divides by the
+    device count is split along it; everything else is replicated. Returns the placed tree."""
+    n = mesh.size
+
+    def place(x):
+        x = jnp.asarray(x)
+        spec = (PartitionSpec(*([None] * (x.ndim - 1)), "draft")
+                if x.ndim >= 2 and x.shape[-1] % n == 0 else PartitionSpec())
+        return jax.device_put(x, NamedSharding(mesh, spec))
+    return jax.tree_util.tree_map(place, params)
+
+
 def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfig, mask_id: int,
-            eos_ids: tuple[int, ...] = ()):
+            eos_ids: tuple[int, ...] = (), mesh: Optional[Mesh] = None):
     """The jitted SSD loop. ``nums`` = float32 ``[temperature, alg_temp]`` (traced)."""
     temperature, alg_temp = nums[0], nums[1]
     d = cfg.decode
@@ -237,6 +270,13 @@ def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfi
     attn = bidirectional_mask(valid)                                  # (B, S_ext, S_ext)
     rep = lambda a: jnp.repeat(a, M, axis=0)                          # (B, ...) -> (B*M, ...)
 
+    def shard(x, axis: int = 0):
+        """Split the verification batch (axis ``axis``) over the mesh's draft axis."""
+        if mesh is None:
+            return x
+        spec = PartitionSpec(*([None] * axis), "draft")
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
     def node_tokens(st, start, cand, ctok, n_c):
         """(B, M, S_ext) node sequences and (B, M, W) their masked windows."""
         live = jnp.arange(N)[None] < n_c[:, None]                      # (B, N)
@@ -253,15 +293,16 @@ def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfi
     def forward_nodes(st, start, toks):
         """Rows scoring window positions ``start + [0, W)`` for every node: (B, M, W, V)."""
         if not cached:
-            lg, _ = model.apply(params, toks.reshape(B * M, S_ext), rep(positions), rep(attn),
-                                shift=False, rows=(rep(start - shift), W))
+            lg, _ = model.apply(params, shard(toks.reshape(B * M, S_ext)), shard(rep(positions)),
+                                shard(rep(attn)), shift=False, rows=(shard(rep(start - shift)), W))
             return lg.reshape(B, M, W, V), st.cache, st.prev
         s0 = start[0]
         win = jax.lax.dynamic_slice_in_dim(toks, s0, L, 2).reshape(B * M, L)
         pos = rep(s0 + jnp.arange(L, dtype=jnp.int32)[None] - pad[:, None])
         mask = jnp.broadcast_to(rep(valid)[:, None, :], (B * M, L, S_ext))
-        tiled = KVCache(k=jnp.repeat(st.cache.k, M, axis=1), v=jnp.repeat(st.cache.v, M, axis=1))
-        raw, _ = model.apply(params, win, pos, mask, cache=tiled,
+        tiled = KVCache(k=shard(jnp.repeat(st.cache.k, M, axis=1), 1),
+                        v=shard(jnp.repeat(st.cache.v, M, axis=1), 1))
+        raw, _ = model.apply(params, shard(win), shard(pos), shard(mask), cache=tiled,
                              cache_index=jnp.full((B * M,), s0, jnp.int32), shift=False,
                              rows=(jnp.zeros((B * M,), jnp.int32), L))
         raw = raw.reshape(B, M, L, V)
@@ -381,17 +422,19 @@ def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfi
     return st.tokens[:, P:S], st.tstep, st.steps, st.nfe, st.hist, st.proposed, st.ftok
 
 
-_decode_jit = jax.jit(_decode, static_argnames=("model", "cfg", "mask_id", "eos_ids"))
+_decode_jit = jax.jit(_decode, static_argnames=("model", "cfg", "mask_id", "eos_ids", "mesh"))
 _COMPILED: dict = {}
 
 
 def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], cfg: SSDConfig,
                  seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0, bucket: int = 16,
-                 max_context: Optional[int] = None) -> DiffusionResult:
+                 max_context: Optional[int] = None, mesh: Optional[Mesh] = None) -> DiffusionResult:
     """Decode a batch with SSD (module docstring); lossless against
     ``diffusion_generate(model, params, prompts, cfg.decode, seed, ...)``.
 
-    Args: as :func:`jaxspec.dllm.diffusion_generate`, with ``cfg`` an :class:`SSDConfig`.
+    Args: as :func:`jaxspec.dllm.diffusion_generate`, with ``cfg`` an :class:`SSDConfig`;
+      ``mesh``: optional :func:`draft_mesh` to shard the verification batch over devices
+      (``len(prompts) * cfg.num_nodes`` must divide by its size).
 
     Returns:
       :class:`jaxspec.dllm.DiffusionResult`; ``stats.method`` is ``"ssd"``, ``target_nfe``
@@ -402,17 +445,22 @@ def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], c
       (``1 - NFE / reference steps``).
 
     Raises:
-      ValueError: as :func:`jaxspec.dllm.diffusion_generate` (bad prompts, context, ids).
+      ValueError: as :func:`jaxspec.dllm.diffusion_generate` (bad prompts, context, ids), or a
+        mesh whose size does not divide the verification batch.
     """
     d = cfg.decode
+    if mesh is not None and (len(prompts) * cfg.num_nodes) % mesh.size:
+        raise ValueError(f"the verification batch ({len(prompts)} prompts x {cfg.num_nodes} "
+                         f"nodes) does not divide over the mesh's {mesh.size} devices")
     buf, pad, mask_id = prepare_batch(model, prompts, d, eos_ids, pad_id, bucket, max_context)
     nums = jnp.asarray([d.temperature if d.temperature > 0 else 1.0,
                         d.alg_temp if d.alg_temp > 0 else 1.0], jnp.float32)
     scfg = dataclasses.replace(cfg, decode=_structural(d))
     uses_eos = d.logits_eos_inf or d.confidence_eos_eot_inf
     statics = dict(model=model, cfg=scfg, mask_id=mask_id,
-                   eos_ids=tuple(sorted({int(e) for e in eos_ids})) if uses_eos else ())
-    sig = (buf.shape, jax.tree_util.tree_structure(params), model, scfg, mask_id, statics["eos_ids"])
+                   eos_ids=tuple(sorted({int(e) for e in eos_ids})) if uses_eos else (), mesh=mesh)
+    sig = (buf.shape, jax.tree_util.tree_structure(params), model, scfg, mask_id, statics["eos_ids"],
+           mesh, tuple(str(getattr(x, "sharding", None)) for x in jax.tree_util.tree_leaves(params)))
     args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed), nums)
     out, compile_s, run_s = run_compiled(_COMPILED, sig, _decode_jit, args, statics)
     toks, tstep, steps, nfe, hist, proposed, ftok = (np.asarray(x) for x in out)
@@ -503,4 +551,4 @@ def acceptance_limit(pos: np.ndarray, tok: np.ndarray, topk: np.ndarray, draft_l
 
 
 __all__ = ["SSDConfig", "TREES", "ssd_generate", "tree_inclusion", "stepwise_topk",
-           "acceptance_limit"]
+           "acceptance_limit", "draft_mesh", "shard_params"]

@@ -243,3 +243,57 @@ def test_acceptance_limit():
     assert (tk[np.arange(8), p, 0] == t).all()   # each step's token is its state's top-1
     lims = [acceptance_limit(p, t, tk, 3, k) for k in (1, 2, 3)]
     assert lims == sorted(lims) and 0 <= lims[0] and lims[-1] <= 3 / 4
+
+
+_MESH_SCRIPT = r"""
+import numpy as np, jax
+from jaxspec.dllm import DiffusionDecodeConfig
+from jaxspec.ssd import SSDConfig, ssd_generate, draft_mesh, shard_params
+from tests.test_dllm import MODELS, PROMPTS
+assert len(jax.devices()) == 4, jax.devices()
+for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-order")):
+    model, params = MODELS[head]
+    c = SSDConfig(DiffusionDecodeConfig(16, 4, 16, cache=cache), 3 if tree == "chain" else 2, tree)
+    one = ssd_generate(model, params, PROMPTS, c)
+    mesh = draft_mesh(4)
+    many = ssd_generate(model, params, PROMPTS, c, mesh=mesh)
+    both = ssd_generate(model, shard_params(params, mesh), PROMPTS, c, mesh=mesh)
+    for r in (many, both):
+        np.testing.assert_array_equal(r.full_tokens, one.full_tokens)
+        np.testing.assert_array_equal(r.transfer_step, one.transfer_step)
+        np.testing.assert_array_equal(r.stats.target_nfe, one.stats.target_nfe)
+    leaf = shard_params(params, mesh)["lm_head"]
+    assert len(leaf.sharding.device_set) == 4
+print("MESH-OK")
+"""
+
+
+def test_multi_device_verification_matches_one_device():
+    """4 fake CPU devices (a fresh process: the device count is fixed at JAX start-up): the
+    verification batch sharded over a draft mesh, and the weights split over it too, give the
+    same tokens, transfer order and NFE as one device."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0 and "MESH-OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_mesh_must_divide_the_batch():
+    from jaxspec.ssd import draft_mesh
+
+    model, params = MODELS["llada"]
+    c = SSDConfig(DiffusionDecodeConfig(8, 4, 8), 2, "chain")     # 3 nodes x 2 prompts = 6
+    mesh = draft_mesh(1)
+    assert ssd_generate(model, params, PROMPTS, c, mesh=mesh).full_tokens.shape == (2, 8)
+
+    class Fake:
+        size = 4
+    with pytest.raises(ValueError, match="does not divide"):
+        ssd_generate(model, params, PROMPTS, c, mesh=Fake())
