@@ -160,3 +160,37 @@ def test_dllm_method_names():
     for bad in ("fixed-x", "magic"):
         with pytest.raises(BenchError, match="method"):
             method_config(bad, gen_length=8, block_length=4, cache="none")
+
+
+def test_ssd_suite_on_tiny_model(tmp_path):
+    """Suite ``ssd`` on the tiny random Dream model: reference rows per cache policy, SSD rows
+    identical to them, step reduction bookkeeping, the Table 2 analysis and the report."""
+    from jaxspec.bench_ssd import parse_rows, run_ssd_suite, write_results as write_ssd
+    from tests.test_dllm import MODELS, PROMPTS
+
+    model, params = MODELS["dream"]
+    prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
+    rows = parse_rows(["2:chain:dual", "2:mix-order:none"])
+    res = run_ssd_suite(model, params, prompts, model_name="tiny-dream", gen_length=8,
+                        block_length=4, rows=rows, progress=False, limit_draft_lengths=(2, 3),
+                        limit_top_ks=(1, 2))
+    js, md = write_ssd(res, tmp_path / "ssd.json")
+    doc = json.loads(js.read_text())
+    got = {(r["method"], r["draft_length"], r["tree"], r["cache"]): r for r in doc["rows"]}
+    assert set(got) == {("stepwise", None, None, "dual"), ("stepwise", None, None, "none"),
+                        ("ssd", 2, "chain", "dual"), ("ssd", 2, "mix-order", "none")}
+    for k, r in got.items():
+        assert r["identical_to_reference"] is True, k
+        assert r["nfe"] <= 8 and r["step_reduction"] == round(1 - r["nfe"] / 8, 4)
+        if k[0] == "stepwise":
+            assert r["nfe"] == 8 and r["speedup"] == 1.0 and r["nodes"] == 1
+    assert got[("ssd", 2, "mix-order", "none")]["nodes"] == 4
+    lim = doc["acceptance_limits"]
+    assert [r["draft_length"] for r in lim["rows"]] == [2, 3]
+    for r in lim["rows"]:
+        assert r["step_reduction"] == sorted(r["step_reduction"])
+        assert r["step_reduction"][-1] <= r["upper_bound"]
+    text = md.read_text()
+    assert "Step↓" in text and "Table 2" in text and (tmp_path / "ssd.png").exists()
+    with pytest.raises(BenchError, match="N:tree:cache"):
+        parse_rows(["x:chain"])
