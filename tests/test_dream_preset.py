@@ -111,6 +111,10 @@ def test_cli_corrupt_delta_exit_2(preset_dir, capsys):
     (["--model", NAME, "--tokens-per-step", "2", "--threshold", "0.5"], "exclusive"),
     (["--model", NAME, "--remasking", "origin", "--threshold", "0.5"], "only works with stepwise"),
     (["--model", NAME, "--temperature", "-1"], "temperature must be >= 0"),
+    (["--model", NAME, "--method", "ssd", "--threshold", "0.9"], "ssd verifies one-token-per-step"),
+    (["--model", NAME, "--method", "ssd", "--draft-length", "9"], "draft_length must be an int in [1, block_length=8]"),
+    (["--model", NAME, "--method", "ssd", "--cache", "prefix"], "SSD supports cache 'none' or 'dual'"),
+    (["--method", "ngram", "--cache", "dual"], "--cache only apply"),
 ])
 def test_cli_diffusion_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2
@@ -149,3 +153,33 @@ def test_real_cli_stepwise(smollm2_gguf, capsys):
     line = [ln for ln in out.splitlines() if ln.startswith("[stepwise] ")]
     assert len(line) == 1 and "NFE=16" in line[0] and "tokens/s=" in line[0]
     assert "compile=" in line[0] and "distinct=" in line[0] and "rep4=" in line[0]
+
+
+@pytest.mark.real
+def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
+    """SSD on the real adapted model reproduces stepwise decoding (HumanEval/0, dual cache and
+    no cache, chain and mix-order)."""
+    for extra in (["--cache", "dual", "--tree", "chain"], ["--cache", "none", "--tree", "mix-order"]):
+        rc = gen_cli.main(["--model", NAME, "--weights", str(smollm2_gguf), "--method", "ssd",
+                           "--gen-length", "24", "--block-length", "8", "--draft-length", "3",
+                           "--compare", "--quiet", *extra])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert "outputs: identical" in out and "step_reduction=" in out
+
+
+@pytest.mark.real
+def test_dlm_tiny_preset_ssd(smollm2_gguf, monkeypatch, capsys):
+    """The random ``dlm-tiny`` preset (SmolLM2 tokenizer from the cache) decodes with SSD."""
+    monkeypatch.setenv("JAXSPEC_CACHE", str(smollm2_gguf.parent))
+    if smollm2_gguf.name != "SmolLM2-135M-Instruct.Q4_1.gguf":
+        pytest.skip("dlm-tiny reads the tokenizer from the cached smollm2 preset file")
+    rc = gen_cli.main(["--model", "dlm-tiny", "--method", "ssd", "--gen-length", "16",
+                       "--block-length", "8", "--compare", "--quiet", "--prompt", "def f(x):"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "outputs: identical" in out, out
+    model, _, tok, preset = load_model("dlm-tiny", log=lambda m: None)
+    assert preset.is_diffusion and model.config.head == "llada" and model.config.mask_token_id == 16
+    assert model.config.base.hidden_size == 128 and tok.vocab_size == 49152
+    with pytest.raises(Exception, match="takes no --weights"):
+        load_model("dlm-tiny", weights="x")
