@@ -123,6 +123,7 @@ def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: 
             "identical_to_reference": all(np.array_equal(a.full_tokens, r.full_tokens)
                                           for a, r in zip(ref, o)),
             "compile_s": _num(compile_s[key], 2),
+            "accept_hist": np.sum([s.accept_hist.sum(0) for s in st], axis=0).tolist(),
             **mean_degeneracy([r.tokens[0] for r in o]),
         })
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from jaxspec.bench import (SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
@@ -185,6 +186,9 @@ def test_ssd_suite_on_tiny_model(tmp_path):
         if k[0] == "stepwise":
             assert r["nfe"] == 8 and r["speedup"] == 1.0 and r["nodes"] == 1
     assert got[("ssd", 2, "mix-order", "none")]["nodes"] == 4
+    for k, r in got.items():   # accept_hist[j]: iterations that accepted j tokens
+        h = np.array(r["accept_hist"])
+        assert (h * np.arange(len(h))).sum() == 8 * 2 and h.sum() == r["nfe"] * 2, k
     lim = doc["acceptance_limits"]
     assert [r["draft_length"] for r in lim["rows"]] == [2, 3]
     for r in lim["rows"]:
