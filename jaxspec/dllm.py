@@ -481,10 +481,12 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
         toks = jax.lax.dynamic_slice_in_dim(toks, s0, W, 1)
         pos = s0 + jnp.arange(W, dtype=jnp.int32)[None] - pad[:, None]
         mask = jnp.broadcast_to(key_valid[:, None, :], (B, W, S_c))
-        raw, cache = run(toks, pos, mask, jnp.zeros((B,), jnp.int32), st.cache,
-                         jnp.full((B,), s0, jnp.int32), toks if use_cfg else None)
+        raw, _ = run(toks, pos, mask, jnp.zeros((B,), jnp.int32), st.cache,
+                     jnp.full((B,), s0, jnp.int32), toks if use_cfg else None)
         rows = raw if not shift else jnp.concatenate([st.prev[:, None], raw[:, :L - 1]], 1)
-        return rows, cache, st.prev, W
+        # the window's keys/values are rewritten by every window call before use, so the
+        # block-start cache is kept unchanged (no updated cache leaves the branch)
+        return rows, st.cache, st.prev, W
 
     def forward(st: _State, start):
         if not cached:
