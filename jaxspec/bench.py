@@ -460,13 +460,16 @@ _COLUMNS = [
 ]
 
 
-def markdown_table(result: dict) -> str:
-    """The rows of a result document as a GitHub markdown table."""
-    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
-             "|" + "|".join("---" for _ in _COLUMNS) + "|"]
+def markdown_table(result: dict, columns=None) -> str:
+    """The rows of a result document as a GitHub markdown table; ``columns`` is a list of
+    ``(key, header, format)`` (default: the ``ar`` suite's). ``None`` prints ``-``, booleans
+    ``yes`` / ``NO``."""
+    columns = _COLUMNS if columns is None else columns
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
     for r in result["rows"]:
         cells = []
-        for key, _, fmt in _COLUMNS:
+        for key, _, fmt in columns:
             v = r.get(key)
             cells.append("-" if v is None else (("yes" if v else "NO") if isinstance(v, bool)
                                                  else fmt.format(v)))

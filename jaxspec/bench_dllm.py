@@ -293,11 +293,6 @@ _COLUMNS = [
 def markdown_report(result: dict) -> str:
     """Markdown page of a ``dllm`` result: header, table and how to read it."""
     m, c = result["machine"], result["config"]
-    lines = ["| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
-             "|" + "|".join("---" for _ in _COLUMNS) + "|"]
-    for r in result["rows"]:
-        lines.append("| " + " | ".join("-" if r.get(k) is None else f.format(r[k])
-                                       for k, _, f in _COLUMNS) + " |")
     r0 = result["rows"][0]
     out = ["# Benchmark suite `dllm`", "",
            f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
@@ -306,7 +301,7 @@ def markdown_report(result: dict) -> str:
            "greedy.", ""]
     if c:
         out += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
-    out += lines + ["", "How to read this:", "",
+    out += [bench.markdown_table(result, _COLUMNS), "", "How to read this:", "",
                     "- `stepwise` transfers one token per step (steps = gen length); `fixed-K` "
                     "K per step; `threshold-T` every position with confidence >= T (at least "
                     "one). `cache`: Fast-dLLM prefix / dual KV cache (approximate: each cache "

@@ -163,14 +163,6 @@ _COLUMNS = [
 ]
 
 
-def _cell(v, fmt):
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    return fmt.format(v)
-
-
 def markdown_report(result: dict) -> str:
     """Markdown page of an ``ssd`` result: SSD Table 1 style rows and the Table 2 analysis."""
     m = result["machine"]
@@ -180,11 +172,7 @@ def markdown_report(result: dict) -> str:
              f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
              f"length {r0['gen_length']}, block {r0['block_length']}, remasking "
              f"`{r0['remasking']}`. Reference of every row: one-token-per-step stepwise decoding "
-             "with the same cache policy.", "",
-             "| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
-             "|" + "|".join("---" for _ in _COLUMNS) + "|"]
-    for r in result["rows"]:
-        lines.append("| " + " | ".join(_cell(r.get(k), f) for k, _, f in _COLUMNS) + " |")
+             "with the same cache policy.", "", bench.markdown_table(result, _COLUMNS)]
     lim = result.get("acceptance_limits")
     if lim:
         lines += ["", "Acceptance limits (SSD Sec. 5.1, Table 2): step reduction an ideal "

@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _write(result, out, write_results, markdown_report, log) -> int:
+    """Write a suite's JSON / markdown / chart, print the report; exit code 0."""
+    js, md = write_results(result, Path(out))
+    print(markdown_report(result))
+    log(f"[bench] wrote {js} and {md}")
+    return 0
+
+
 def _diffusion_setup(args, log, default_limit: int):
     """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
     from jaxspec.bench import BenchError, BenchPrompt
@@ -138,11 +146,7 @@ def main_ssd(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or "results/ssd.json")
-    js, md = write_results(result, out)
-    print(markdown_report(result))
-    log(f"[bench] wrote {js} and {md}")
-    return 0
+    return _write(result, args.out or "results/ssd.json", write_results, markdown_report, log)
 
 
 def main_dllm(args, log) -> int:
@@ -173,11 +177,7 @@ def main_dllm(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or "results/dllm.json")
-    js, md = write_results(result, out)
-    print(markdown_report(result))
-    log(f"[bench] wrote {js} and {md}")
-    return 0
+    return _write(result, args.out or "results/dllm.json", write_results, markdown_report, log)
 
 
 def main(argv=None) -> int:
@@ -255,11 +255,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    out = Path(args.out or f"results/{args.suite}.json")
-    js, md = write_results(result, out)
-    print(markdown_report(result))
-    log(f"[bench] wrote {js} and {md}")
-    return 0
+    return _write(result, args.out or f"results/{args.suite}.json", write_results,
+                  markdown_report, log)
 
 
 if __name__ == "__main__":
