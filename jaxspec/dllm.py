@@ -413,6 +413,50 @@ def prefix_widths(prompt_len: int, cfg: "DiffusionDecodeConfig") -> tuple[tuple[
     return widths, max(prompt_len + b * L + w for b, w in enumerate(widths))
 
 
+def transfer_schedule(cfg: DiffusionDecodeConfig) -> jax.Array:
+    """int32 ``(steps_per_block,)`` LLaDA transfer counts of a stepwise block (``(1,)`` zeros for
+    fixed-k / threshold): the ``sched`` argument of :func:`transfer_rule`."""
+    if cfg.method == "stepwise":
+        return jnp.asarray(num_transfer_tokens(cfg.block_length, cfg.steps_per_block))
+    return jnp.zeros((1,), jnp.int32)
+
+
+def transfer_rule(cfg: DiffusionDecodeConfig, bmask: jax.Array, conf: jax.Array, rank: jax.Array,
+                  u_pos: jax.Array, sib: jax.Array, sched: jax.Array, p_origin: jax.Array,
+                  k_fixed, threshold) -> jax.Array:
+    """Which masked block positions one reference step transfers (the unmasking rate ``S_t``).
+
+    Args:
+      cfg: the structural decode config (method, schedule, remasking).
+      bmask: bool ``(B, L)`` still masked; conf, rank: from :func:`score_block`;
+      u_pos: float32 ``(B, L)`` the step's position uniforms (``"origin"``).
+      sib: int32 ``(B,)`` the step's index within its block.
+      sched: :func:`transfer_schedule`; p_origin: float32 ``(steps_per_block,)`` the
+        ``1 - s/t`` fractions (``"origin"`` and the Dream schedule).
+      k_fixed, threshold: traced fixed-k count and Fast-dLLM threshold.
+
+    Returns: bool ``(B, L)``: stepwise = the ``sched[sib]`` (LLaDA) or ``int(n * (1 - s/t))``
+    (Dream) best-ranked positions, ``"origin"`` = independent reveals, fixed-k = the ``k``
+    best, threshold = every position with ``conf >= threshold`` plus the best one.
+    """
+    spb = cfg.steps_per_block
+    method = cfg.method
+    n_masked = jnp.sum(bmask, axis=-1)
+    sib = jnp.minimum(sib, spb - 1) if method == "stepwise" else sib
+    if cfg.remasking == "origin":
+        last = sib == spb - 1
+        return bmask & ((u_pos < p_origin[sib][:, None]) | last[:, None])
+    if method == "stepwise" and cfg.schedule == "dream":
+        k = jnp.floor(n_masked.astype(jnp.float32) * p_origin[sib]).astype(jnp.int32)
+        k = jnp.where(sib == spb - 1, n_masked, k)
+        return bmask & (rank < k[:, None])
+    if method == "stepwise":
+        return bmask & (rank < sched[sib][:, None])
+    if method == "fixed-k":
+        return bmask & (rank < k_fixed)
+    return bmask & ((conf >= threshold) | (rank == 0))
+
+
 def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax.Array,
             p_origin: jax.Array, *, model: DiffusionLM, cfg: DiffusionDecodeConfig, mask_id: int,
             eos_ids: tuple[int, ...] = ()):
@@ -435,7 +479,7 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
     positions = jnp.maximum(slots - pad[:, None], 0)
     attn = bidirectional_mask(valid)
     is_prompt = valid & (slots < P)
-    sched = jnp.asarray(num_transfer_tokens(L, spb) if method == "stepwise" else np.zeros(1, np.int32))
+    sched = transfer_schedule(cfg)
     use_cfg = cfg.cfg_scale > 0
     if cfg.cache == "prefix":
         widths, S_c = prefix_widths(P, cfg)
@@ -515,21 +559,8 @@ def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, nums: jax
         x0, conf, rank = score_block(blk, bmask, u_tok, u_pos, cfg, mask_id, temperature,
                                      alg_temp, eos_ids)
         n_masked = jnp.sum(bmask, axis=-1)
-        sib = jnp.minimum(st.sib, spb - 1) if method == "stepwise" else st.sib
-        if cfg.remasking == "origin":
-            last = sib == spb - 1
-            transfer = bmask & ((u_pos < p_origin[sib][:, None]) | last[:, None])
-        elif method == "stepwise" and cfg.schedule == "dream":
-            k = jnp.floor(n_masked.astype(jnp.float32) * p_origin[sib]).astype(jnp.int32)
-            k = jnp.where(sib == spb - 1, n_masked, k)
-            transfer = bmask & (rank < k[:, None])
-        elif method == "stepwise":
-            transfer = bmask & (rank < sched[sib][:, None])
-        elif method == "fixed-k":
-            transfer = bmask & (rank < k_fixed)
-        else:
-            transfer = bmask & ((conf >= threshold) | (rank == 0))
-        transfer = transfer & active[:, None]
+        transfer = transfer_rule(cfg, bmask, conf, rank, u_pos, st.sib, sched, p_origin, k_fixed,
+                                 threshold) & active[:, None]
         n_tr = jnp.sum(transfer, axis=-1).astype(jnp.int32)
 
         def write(row, new, tr, s):
@@ -722,5 +753,5 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
 
 
 __all__ = ["DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate", "num_transfer_tokens",
-           "origin_probs", "row_noise", "step_noise", "block_confidence", "prefix_widths", "score_block",
+           "origin_probs", "row_noise", "transfer_rule", "transfer_schedule", "step_noise", "block_confidence", "prefix_widths", "score_block",
            "REMASKING", "CACHES"]

@@ -246,6 +246,80 @@ def shard_params(params, mesh: Mesh):
     return jax.tree_util.tree_map(place, params)
 
 
+def node_forwards(model: DiffusionLM, params, pad: jax.Array, *, P: int, S: int, S_ext: int,
+                  M: int, L: int, W: int, cached: bool, mesh: Optional[Mesh] = None):
+    """The two verification forwards shared by SSD and Spiffy (one batched call each).
+
+    Every node (a candidate state of the sequence) is one batch row, so a node attends only to
+    itself: the block-diagonal attention of Spiffy's Fig. 2 / SSD's Eq. 5 with the node's
+    block at the block's own position ids. Without a cache every node is a full sequence
+    (the other blocks' hidden states are recomputed with the node's block, which is what
+    ``p(. | X'; node)`` means under bidirectional attention); with the dual cache every node
+    forwards only its block window against the block-start keys/values, tiled per node.
+
+    Args:
+      pad: int32 ``(B,)`` left padding; ``P`` padded prompt length, ``S = P + gen_length``,
+      ``S_ext >= S`` slots (the extra ones are never attended), ``M`` nodes per row, ``L``
+      block length, ``W`` scored window (rows ``start + [0, W)``), ``cached``: dual cache.
+      mesh: optional draft mesh; the ``B * M`` node rows are sharded over it.
+
+    Returns:
+      ``(forward_root, forward_nodes)``. ``forward_root(tokens (B, S_ext), cache, prev,
+      start (B,))`` forwards only the current state (with the cache: the block's full forward,
+      refilling the cache and Dream's ``prev`` row); ``forward_nodes(toks (B, M, S_ext), cache,
+      prev, start)`` forwards every node. Both return ``(rows float32 (B, M, W, V), cache,
+      prev)``: the (Dream: shifted) logits scoring each node's window.
+    """
+    B = pad.shape[0]
+    V = model.config.vocab_size
+    shift = 1 if model.config.head == "dream" else 0
+    slots = jnp.arange(S_ext, dtype=jnp.int32)[None]
+    valid = (slots >= pad[:, None]) & (slots < S)                     # (B, S_ext)
+    positions = jnp.maximum(slots - pad[:, None], 0)
+    attn = bidirectional_mask(valid)                                  # (B, S_ext, S_ext)
+    rep = lambda a: jnp.repeat(a, M, axis=0)                          # (B, ...) -> (B*M, ...)
+
+    def shard(x, axis: int = 0):
+        """Split the verification batch (axis ``axis``) over the mesh's draft axis."""
+        if mesh is None:
+            return x
+        spec = PartitionSpec(*([None] * axis), "draft")
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def forward_nodes(toks, cache, prev, start):
+        if not cached:
+            lg, _ = model.apply(params, shard(toks.reshape(B * M, S_ext)), shard(rep(positions)),
+                                shard(rep(attn)), shift=False, rows=(shard(rep(start - shift)), W))
+            return lg.reshape(B, M, W, V), cache, prev
+        s0 = start[0]
+        win = jax.lax.dynamic_slice_in_dim(toks, s0, L, 2).reshape(B * M, L)
+        pos = rep(s0 + jnp.arange(L, dtype=jnp.int32)[None] - pad[:, None])
+        mask = jnp.broadcast_to(rep(valid)[:, None, :], (B * M, L, S_ext))
+        tiled = KVCache(k=shard(jnp.repeat(cache.k, M, axis=1), 1),
+                        v=shard(jnp.repeat(cache.v, M, axis=1), 1))
+        raw, _ = model.apply(params, shard(win), shard(pos), shard(mask), cache=tiled,
+                             cache_index=jnp.full((B * M,), s0, jnp.int32), shift=False,
+                             rows=(jnp.zeros((B * M,), jnp.int32), L))
+        raw = raw.reshape(B, M, L, V)
+        if shift:
+            raw = jnp.concatenate([jnp.broadcast_to(prev[:, None, None], (B, M, 1, V)),
+                                   raw[:, :, :L - 1]], axis=2)
+        return raw, cache, prev
+
+    def forward_root(tokens, cache, prev, start):
+        if not cached:
+            lg, _ = model.apply(params, tokens, positions, attn, shift=False,
+                                rows=(start - shift, W))
+            return jnp.broadcast_to(lg[:, None], (B, M, W, V)), cache, prev
+        lg, cache = model.apply(params, tokens, positions, attn, cache=cache,
+                                cache_index=jnp.zeros((B,), jnp.int32), shift=False,
+                                rows=(start - shift, L))
+        prev = lg[:, 0] if shift else prev
+        return jnp.broadcast_to(lg[:, None], (B, M, L, V)), cache, prev
+
+    return forward_root, forward_nodes
+
+
 def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfig, mask_id: int,
             eos_ids: tuple[int, ...] = (), mesh: Optional[Mesh] = None):
     """The jitted SSD loop. ``nums`` = float32 ``[temperature, alg_temp]`` (traced)."""
@@ -265,17 +339,8 @@ def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfi
     inc = jnp.asarray(tree_inclusion(N, cfg.tree))                    # (M, N)
     depth = jnp.sum(inc, axis=1).astype(jnp.int32)                    # (M,)
     slots = jnp.arange(S_ext, dtype=jnp.int32)[None]
-    valid = (slots >= pad[:, None]) & (slots < S)                     # (B, S_ext)
-    positions = jnp.maximum(slots - pad[:, None], 0)
-    attn = bidirectional_mask(valid)                                  # (B, S_ext, S_ext)
-    rep = lambda a: jnp.repeat(a, M, axis=0)                          # (B, ...) -> (B*M, ...)
-
-    def shard(x, axis: int = 0):
-        """Split the verification batch (axis ``axis``) over the mesh's draft axis."""
-        if mesh is None:
-            return x
-        spec = PartitionSpec(*([None] * axis), "draft")
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    forward_root, forward_nodes = node_forwards(model, params, pad, P=P, S=S, S_ext=S_ext, M=M,
+                                                L=L, W=W, cached=cached, mesh=mesh)
 
     def node_tokens(st, start, cand, ctok, n_c):
         """(B, M, S_ext) node sequences and (B, M, W) their masked windows."""
@@ -289,39 +354,6 @@ def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfi
         mwin = jax.vmap(lambda m, o: jax.lax.dynamic_slice_in_dim(m, o, W, 0))(st.masked, off)
         fwin = jax.vmap(lambda f, s: jax.lax.dynamic_slice_in_dim(f, s, W, 1))(fill, start)
         return toks, mwin[:, None, :] & ~fwin
-
-    def forward_nodes(st, start, toks):
-        """Rows scoring window positions ``start + [0, W)`` for every node: (B, M, W, V)."""
-        if not cached:
-            lg, _ = model.apply(params, shard(toks.reshape(B * M, S_ext)), shard(rep(positions)),
-                                shard(rep(attn)), shift=False, rows=(shard(rep(start - shift)), W))
-            return lg.reshape(B, M, W, V), st.cache, st.prev
-        s0 = start[0]
-        win = jax.lax.dynamic_slice_in_dim(toks, s0, L, 2).reshape(B * M, L)
-        pos = rep(s0 + jnp.arange(L, dtype=jnp.int32)[None] - pad[:, None])
-        mask = jnp.broadcast_to(rep(valid)[:, None, :], (B * M, L, S_ext))
-        tiled = KVCache(k=shard(jnp.repeat(st.cache.k, M, axis=1), 1),
-                        v=shard(jnp.repeat(st.cache.v, M, axis=1), 1))
-        raw, _ = model.apply(params, shard(win), shard(pos), shard(mask), cache=tiled,
-                             cache_index=jnp.full((B * M,), s0, jnp.int32), shift=False,
-                             rows=(jnp.zeros((B * M,), jnp.int32), L))
-        raw = raw.reshape(B, M, L, V)
-        if shift:
-            prev = jnp.broadcast_to(st.prev[:, None, None], (B, M, 1, V))
-            raw = jnp.concatenate([prev, raw[:, :, :L - 1]], axis=2)
-        return raw, st.cache, st.prev
-
-    def forward_root(st, start, toks):
-        """Only ``n_0`` (a plain stepwise step); with the cache, the block's full forward."""
-        if not cached:
-            lg, _ = model.apply(params, st.tokens, positions, attn, shift=False,
-                                rows=(start - shift, W))
-            return jnp.broadcast_to(lg[:, None], (B, M, W, V)), st.cache, st.prev
-        lg, cache = model.apply(params, st.tokens, positions, attn, cache=st.cache,
-                                cache_index=jnp.zeros((B,), jnp.int32), shift=False,
-                                rows=(start - shift, L))
-        prev = lg[:, 0] if shift else st.prev
-        return jnp.broadcast_to(lg[:, None], (B, M, L, V)), cache, prev
 
     def body(st: _State) -> _State:
         if cached:
@@ -339,7 +371,9 @@ def _decode(params, prompt, pad, key, nums, *, model: DiffusionLM, cfg: SSDConfi
         root_only = st.fresh if cached else jnp.all(n_c == 0)
         n_c = jnp.where(root_only | ~active, 0, n_c)
         toks, nmask = node_tokens(st, start, cand, ctok, n_c)
-        rows, cache, prev = jax.lax.cond(root_only, forward_root, forward_nodes, st, start, toks)
+        rows, cache, prev = jax.lax.cond(
+            root_only, lambda: forward_root(st.tokens, st.cache, st.prev, start),
+            lambda: forward_nodes(toks, st.cache, st.prev, start))
 
         # every node's reference step (on its current block) and drafts (whole window)
         H = W // L
