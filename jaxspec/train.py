@@ -30,6 +30,12 @@ Only the delta and its optimiser state are checkpointed; the frozen base is relo
 its preset. :func:`merge_delta` builds the full inference tree; :func:`save_delta` /
 :func:`load_delta` store the delta as safetensors (all three live in :mod:`models.delta`).
 
+AS-ARM objective (``objective.kind: asarm``): the teacher-forced joint loss of ASSD (Eq. 7) on
+an XLNet (:mod:`models.xlnet`), with the lattice order, prompt-length sampler and masking-rate
+warmup of :mod:`jaxspec.asarm_train` (config section ``asarm``). The same loop, optimiser,
+checkpoints and metrics serve both objectives; an AS-ARM run also writes ``vocab.json`` and, at
+the stop, ``model.safetensors`` (float16, :func:`models.xlnet.save_xlnet`).
+
 Exact resume: the masking key of step ``s`` is ``fold_in(PRNGKey(seed), s)`` and its batch is
 ``PackedDataset.batch(s, ...)``, both pure functions of ``s``; checkpoints (orbax) hold the
 trainable tree, the optimiser state and the step count, so a resumed run reproduces the
@@ -53,6 +59,7 @@ import numpy as np
 import optax
 import yaml
 
+from jaxspec.asarm_train import AsarmSection
 from models.config import ModelConfig
 from models.diffusion import DiffusionConfig, DiffusionLM
 
@@ -111,8 +118,15 @@ class DataSection:
     holdout: tuple = ()
 
 
+OBJECTIVES = ("diffusion", "asarm")
+
+
 @dataclasses.dataclass
 class ObjectiveSection:
+    """``kind``: ``"diffusion"`` (LLaDA / Dream masked diffusion, ``eps``) or ``"asarm"`` (ASSD
+    Eq. 7 on an XLNet; settings in the ``asarm`` section)."""
+
+    kind: str = "diffusion"
     eps: float = 1e-3
 
 
@@ -141,6 +155,7 @@ class TrainSection:
     eval_batches: int = 4
     log_every: int = 10
     keep_checkpoints: int = 2
+    ckpt_every_s: Optional[float] = None  # also checkpoint when this many wall seconds passed
 
 
 @dataclasses.dataclass
@@ -152,13 +167,15 @@ class TrainConfig:
     optim: OptimSection = dataclasses.field(default_factory=OptimSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     lora: Optional[LoraSection] = None
+    asarm: Optional[AsarmSection] = None
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 _SECTIONS = {"model": ModelSection, "data": DataSection, "objective": ObjectiveSection,
-             "optim": OptimSection, "train": TrainSection, "lora": LoraSection}
+             "optim": OptimSection, "train": TrainSection, "lora": LoraSection,
+             "asarm": AsarmSection}
 
 
 def config_from_dict(d: dict) -> TrainConfig:
@@ -181,7 +198,15 @@ def config_from_dict(d: dict) -> TrainConfig:
         if bad:
             raise TrainConfigError(f"unknown key(s) {bad} in section {sec!r}; expected {sorted(names)}")
         kw[sec] = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in val.items()})
-    return TrainConfig(**kw)
+    cfg = TrainConfig(**kw)
+    if cfg.objective.kind not in OBJECTIVES:
+        raise TrainConfigError(f"unknown objective.kind {cfg.objective.kind!r}; expected one of {OBJECTIVES}")
+    if cfg.objective.kind == "asarm":
+        if cfg.asarm is None:
+            cfg.asarm = AsarmSection()
+        if cfg.lora is not None:
+            raise TrainConfigError("objective.kind = asarm does not support a lora section")
+    return cfg
 
 
 def load_config(path, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -427,7 +452,7 @@ def plot_metrics(metrics_path, png_path, title: str = "") -> None:
     if va:
         ax.plot(*zip(*va), "o-", label="held-out loss")
     ax.set_xlabel("step")
-    ax.set_ylabel("masked-diffusion loss (1/t weighted)")
+    ax.set_ylabel("training loss (objective: see config)")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
@@ -447,14 +472,21 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
     """
     cfg = config_from_dict({**json.loads(cfg_json)})
     seed, eps, accum = cfg.train.seed, cfg.objective.eps, cfg.optim.grad_accum
-    if cfg.lora is not None:
+    asarm = cfg.objective.kind == "asarm"
+    if asarm:
+        full = lambda tr, b: tr
+    elif cfg.lora is not None:
         rank, alpha, mid = cfg.lora.rank, cfg.lora.alpha, model.config.mask_token_id
         full = lambda tr, b: merge_delta(b, tr, alpha=alpha, rank=rank, mask_token_id=mid)
     else:
         full = lambda tr, b: tr
     tx, sched = make_optimizer(cfg)
 
-    def loss_fn(tr, b, tokens, key):
+    def loss_fn(tr, b, tokens, key, step):
+        if asarm:
+            from jaxspec.asarm_train import asarm_loss
+
+            return asarm_loss(model, tr, tokens, key, step, cfg.asarm)
         return diffusion_loss(model, full(tr, b), tokens, key, eps)
 
     def step_fn(tr, opt, b, batch, step):
@@ -463,7 +495,7 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
         def micro(carry, xs):
             gsum, lsum, asum = carry
             mb, i = xs
-            (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(tr, b, mb, jax.random.fold_in(key, i))
+            (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(tr, b, mb, jax.random.fold_in(key, i), step)
             return (jax.tree.map(jnp.add, gsum, g), lsum + loss, jax.tree.map(jnp.add, asum, aux)), None
 
         zeros = jax.tree.map(jnp.zeros_like, tr)
@@ -478,8 +510,11 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
                  "masked_acc": asum["n_correct"] / jnp.maximum(asum["n_masked"], 1.0)}
         return tr, opt, stats
 
+    # held-out loss at the end-of-warmup masking range for AS-ARMs (fixed keys per batch)
+    eval_step = cfg.asarm.mask_warmup_steps if asarm else 0
+
     def eval_fn(tr, b, tokens, i):
-        return loss_fn(tr, b, tokens, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i))
+        return loss_fn(tr, b, tokens, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i), eval_step)
 
     return jax.jit(step_fn, donate_argnums=(0, 1)), jax.jit(eval_fn), tx, sched
 
@@ -528,15 +563,32 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
     out.mkdir(parents=True, exist_ok=True)
 
     tok = None
-    if model_and_params is None:
-        model, params, tok = build_model(cfg, log)
+    asarm = cfg.objective.kind == "asarm"
+    vocab = None
+    if asarm:
+        if model_and_params is None or datasets is None:
+            from jaxspec.asarm_train import build_asarm
+
+            model, params, tok, vocab, built = build_asarm(cfg, log)
+            train_ds, val_ds = datasets if datasets is not None else built
+            if model_and_params is not None:
+                model, params = model_and_params
+        else:
+            model, params = model_and_params
+            train_ds, val_ds = datasets
+        if vocab is not None:
+            (out / "vocab.json").write_text(json.dumps({"ids": list(vocab.ids),
+                                                         "external_size": vocab.external_size}))
     else:
-        model, params = model_and_params
+        if model_and_params is None:
+            model, params, tok = build_model(cfg, log)
+        else:
+            model, params = model_and_params
+        if datasets is None:
+            train_ds, val_ds, _ = build_data(cfg, tok, model.config.mask_token_id, log)
+        else:
+            train_ds, val_ds = datasets
     dcfg = model.config
-    if datasets is None:
-        train_ds, val_ds, _ = build_data(cfg, tok, dcfg.mask_token_id, log)
-    else:
-        train_ds, val_ds = datasets
 
     seed = cfg.train.seed
     if cfg.lora is not None:
@@ -547,7 +599,7 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
         trainable = params
     trainable = jax.tree.map(jnp.copy, trainable)  # the step donates its input buffers
     key = cfg.to_dict()
-    for k in ("ckpt_every", "eval_every", "eval_batches", "log_every", "keep_checkpoints"):
+    for k in ("ckpt_every", "eval_every", "eval_batches", "log_every", "keep_checkpoints", "ckpt_every_s"):
         key["train"].pop(k)  # bookkeeping only: not part of the compiled computation
     jstep, eval_fn, tx, sched = _compiled_fns(model, json.dumps(key, sort_keys=True))
     opt_state = tx.init(trainable)
@@ -598,6 +650,7 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
     bar = tqdm(total=total, initial=start, disable=not progress, desc=cfg.name, dynamic_ncols=True)
     t_run = time.perf_counter()
     t_last, last_logged = time.perf_counter(), start
+    t_saved = time.perf_counter()
     step_times = []
     with mpath.open("a") as mf:
         for s in range(start, end):
@@ -624,8 +677,10 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
             if val_batches and (done % cfg.train.eval_every == 0 or done == total):
                 mf.write(json.dumps({"kind": "eval", "step": done, **evaluate(trainable)}) + "\n")
                 mf.flush()
-            if done % cfg.train.ckpt_every == 0 or done == end:
+            timed = cfg.train.ckpt_every_s is not None and time.perf_counter() - t_saved >= cfg.train.ckpt_every_s
+            if done % cfg.train.ckpt_every == 0 or done == end or timed:
                 save(done)
+                t_saved = time.perf_counter()
     bar.close()
     mngr.wait_until_finished()
     mngr.close()
@@ -638,6 +693,12 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
                 "mask_token_id": dcfg.mask_token_id, "head": dcfg.head, "step": result["step"],
                 "tokens_seen": result["step"] * tokens_per_step}
         result["delta_bytes"] = save_delta(out / "delta.safetensors", trainable, meta)
+    if asarm:
+        from models.xlnet import save_xlnet
+
+        meta = {"objective": "asarm", "name": cfg.name, "step": result["step"],
+                "tokens_seen": result["step"] * tokens_per_step, "tokenizer": cfg.model.tokenizer}
+        result["model_bytes"] = save_xlnet(out / "model.safetensors", dcfg, trainable, vocab, meta)
     return result
 
 

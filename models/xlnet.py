@@ -428,6 +428,84 @@ class CompactVocab:
         return self.to_external_table()[np.asarray(model_ids, np.int64)]
 
 
+# --------------------------------------------------------------------------- native checkpoint
+def _flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def save_xlnet(path, config: XLNetConfig, params: dict, vocab: Optional[CompactVocab] = None,
+               meta: Optional[dict] = None, dtype=np.float16) -> int:
+    """Write ``params`` as one safetensors file (leaves cast to ``dtype``, default float16).
+    The header metadata holds ``xlnet_config`` (JSON), the compact vocabulary (``vocab_ids``,
+    ``vocab_external_size``) when given, and ``meta`` (JSON). Returns the file size in bytes."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    tensors = {k: np.asarray(v, np.float32).astype(dtype) for k, v in _flat(params).items()}
+    md = {"format": "jaxspec-xlnet", "xlnet_config": json.dumps(config.to_dict()),
+          "meta": json.dumps(meta or {})}
+    if vocab is not None:
+        md["vocab_ids"] = json.dumps(list(int(i) for i in vocab.ids))
+        md["vocab_external_size"] = str(int(vocab.external_size))
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata=md)
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def load_xlnet(path) -> tuple[XLNetConfig, dict, Optional[CompactVocab], dict]:
+    """Read a file written by :func:`save_xlnet`.
+
+    Returns:
+      ``(config, params float32, vocab or None, meta dict)``.
+
+    Raises:
+      WeightFileError: missing or unreadable file, not a jaxspec XLNet file, or tensors that
+        do not match the stored config (one-line message).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise WeightFileError(f"{path}: XLNet weight file not found")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            md = f.metadata() or {}
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
+        raise WeightFileError(f"{path}: not a readable safetensors file ({type(e).__name__})") from None
+    if md.get("format") != "jaxspec-xlnet":
+        raise WeightFileError(f"{path}: not a jaxspec XLNet file (metadata format={md.get('format')!r})")
+    try:
+        config = XLNetConfig(**json.loads(md["xlnet_config"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise WeightFileError(f"{path}: bad xlnet_config metadata ({type(e).__name__})") from None
+    want = _flat(jax.eval_shape(lambda: init_params(config)))
+    params: dict = {"layers": {}}
+    for k, spec in want.items():
+        if k not in arrays:
+            raise WeightFileError(f"{path}: missing tensor {k}")
+        if tuple(arrays[k].shape) != tuple(spec.shape):
+            raise WeightFileError(f"{path}: tensor {k} has shape {tuple(arrays[k].shape)}, expected {tuple(spec.shape)}")
+        a = jnp.asarray(arrays[k], jnp.float32)
+        if k.startswith("layers."):
+            params["layers"][k[len("layers."):]] = a
+        else:
+            params[k] = a
+    vocab = None
+    if "vocab_ids" in md:
+        vocab = CompactVocab(ids=tuple(json.loads(md["vocab_ids"])), external_size=int(md["vocab_external_size"]))
+        if vocab.size != config.vocab_size:
+            raise WeightFileError(f"{path}: vocabulary map has {vocab.size} ids, the model {config.vocab_size}")
+    return config, params, vocab, json.loads(md.get("meta", "{}"))
+
+
 # --------------------------------------------------------------------------- HF loader
 _HF_LAYER = {  # ours -> (suffix after "transformer.layer.N.", transpose torch Linear weight)
     "q": ("rel_attn.q", False), "k": ("rel_attn.k", False), "v": ("rel_attn.v", False),
@@ -558,5 +636,6 @@ def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
 
 
 __all__ = ["XLNetConfig", "XLNetLM", "XLNetCache", "CompactVocab", "init_params", "init_cache",
+           "save_xlnet", "load_xlnet",
            "order_to_rank", "parallel_masks", "density_masks", "load_hf_xlnet",
            "xlnet_config_from_hf"]
