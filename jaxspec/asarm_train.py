@@ -237,6 +237,51 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
     return XLNetLM(xcfg), params, tok, vocab, (train_m, val_m)
 
 
+def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[int, int]:
+    """Write the weights of an AS-ARM run's checkpoint as ``model.safetensors`` (float16,
+    :func:`models.xlnet.save_xlnet`, with the compact vocabulary), e.g. while the run goes on.
+
+    Args:
+      run_dir: the run's ``--out`` directory (``config.json``, ``vocab.json``, ``checkpoints/``).
+      dest: output file (default ``run_dir/model-<step>.safetensors``).
+      step: checkpoint step (default the latest).
+
+    Returns:
+      ``(step, bytes written)``.
+
+    Raises:
+      jaxspec.train.TrainConfigError: no checkpoint, or not an AS-ARM run.
+    """
+    import json
+    from pathlib import Path
+
+    import orbax.checkpoint as ocp
+
+    from jaxspec.train import TrainConfigError, config_from_dict
+    from models.xlnet import save_xlnet
+
+    run = Path(run_dir).resolve()
+    cfg = config_from_dict(json.loads((run / "config.json").read_text()))
+    if cfg.objective.kind != "asarm":
+        raise TrainConfigError(f"{run} is not an AS-ARM run (objective.kind={cfg.objective.kind!r})")
+    vocab = None
+    if (run / "vocab.json").is_file():
+        v = json.loads((run / "vocab.json").read_text())
+        vocab = CompactVocab(ids=tuple(v["ids"]), external_size=int(v["external_size"]))
+    mngr = ocp.CheckpointManager(run / "checkpoints")
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+        raise TrainConfigError(f"{run / 'checkpoints'} holds no checkpoint")
+    restored = mngr.restore(step, args=ocp.args.StandardRestore())
+    mngr.close()
+    params = jax.tree.map(np.asarray, restored["trainable"])
+    dest = Path(dest) if dest is not None else run / f"model-{step}.safetensors"
+    seq = cfg.optim.grad_accum * cfg.data.batch_size * cfg.data.seq_len
+    meta = {"objective": "asarm", "name": cfg.name, "step": int(step), "tokens_seen": int(step) * seq,
+            "tokenizer": cfg.model.tokenizer}
+    return int(step), save_xlnet(dest, xlnet_config(cfg), params, vocab, meta)
+
+
 __all__ = ["AsarmSection", "mask_rate_range", "low_discrepancy_uniform", "prompt_lengths",
            "lattice_order", "joint_loss", "asarm_loss", "build_vocab", "projected_embeddings",
-           "xlnet_config", "build_asarm"]
+           "xlnet_config", "build_asarm", "export_checkpoint"]
