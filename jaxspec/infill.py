@@ -1,0 +1,376 @@
+"""Infilling templates, HumanEval single-line infilling tasks and a sandboxed pass@1 runner.
+
+**Template syntax.** Plain text in which every ``<mask:N>`` tag (``N`` a positive decimal
+integer) stands for ``N`` tokens the model must generate, inline::
+
+    "def add(a, b):\\n    <mask:8>\\n"          # 8 masked tokens between the two text pieces
+
+The literal text pieces are tokenized one by one (so a piece's tokens never merge with a
+masked span's) and concatenated with ``N`` mask slots per tag; the result is a token sequence
+plus a boolean mask, the input of :func:`jaxspec.assd.assd_generate`. Anything that looks like
+a tag but is not well formed (``<mask:>``, ``<mask:x>``, ``<mask:0>``) is an error, so a typo
+never silently becomes literal text.
+
+**HumanEval single-line infilling** (ASSD paper Appendix E.7, following Gong et al. 2024 /
+Bavarian et al. 2022): for every non-blank line of every canonical solution, the line is
+removed and must be infilled given the prompt and the rest of the solution. The line's
+indentation stays in the prefix (the paper inserts the ground-truth indentation for its
+baseline for the same reason) and the masked span has the oracle length: the number of tokens
+of the removed line's text (plus ``extra_masks``). A completion passes when the program (prompt
++ solution with the infilled line + the problem's tests + ``check(entry_point)``) exits with
+status 0.
+
+**Sandbox** (:func:`run_program`): model output is never executed in this process. Each program
+runs in a fresh ``python -I -S`` subprocess (isolated mode: no environment variables, no user
+site, no site-packages) in a temporary working directory, with a stripped environment, its own
+session (the whole process group is killed on timeout), resource limits (CPU seconds, address
+space, file size, open files, no core dumps) and no network: inside a new network namespace
+(``unshare -n``) where the system allows it, and always behind a guard executed before the
+program that makes socket creation, name resolution, process spawning and ``os.system`` raise.
+The guard is a seat belt for mistakes, not a security boundary against hostile code; the
+namespace and the limits are the real walls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Optional, Sequence, Union
+
+_TAG = re.compile(r"<mask:(\d+)>")
+_LOOSE = re.compile(r"<mask:[^>\n]{0,32}>?")
+
+
+class TemplateError(ValueError):
+    """A malformed infilling template (no masks, bad tag, past the context)."""
+
+
+@dataclasses.dataclass
+class InfillTemplate:
+    """A parsed template.
+
+    Attributes:
+      ids: int token ids (mask slots hold ``fill_id``).
+      masked: bool per token, True at the positions to generate.
+      pieces: the template as a list of literal ``str`` pieces and ``int`` mask counts.
+      spans: ``(start, stop)`` token ranges of the masked spans, in order.
+    """
+
+    ids: list
+    masked: list
+    pieces: list
+    spans: list
+
+    def render(self, ids: Sequence[int], decode: Callable[[list], str]) -> str:
+        """The text with every masked span replaced by ``decode`` of its tokens in ``ids``
+        (a full sequence as returned by the decoder); literal pieces are kept verbatim."""
+        out, s = [], 0
+        for p in self.pieces:
+            if isinstance(p, str):
+                out.append(p)
+            else:
+                a, b = self.spans[s]
+                out.append(decode([int(t) for t in ids[a:b]]))
+                s += 1
+        return "".join(out)
+
+
+def split_template(text: str) -> list:
+    """``text`` -> alternating literal pieces (``str``, empty ones dropped) and mask counts
+    (``int``).
+
+    Raises:
+      TemplateError: a malformed ``<mask:...>`` tag or ``N < 1`` (one line, with the offset).
+    """
+    pieces: list = []
+    pos = 0
+    for m in _LOOSE.finditer(text):
+        good = _TAG.fullmatch(m.group(0))
+        if not good:
+            raise TemplateError(f"malformed mask tag {m.group(0)!r} at character {m.start()}; "
+                                "expected <mask:N> with N a positive integer")
+        n = int(good.group(1))
+        if n < 1:
+            raise TemplateError(f"mask tag {m.group(0)!r} at character {m.start()} asks for "
+                                f"{n} tokens; N must be >= 1")
+        if m.start() > pos:
+            pieces.append(text[pos:m.start()])
+        pieces.append(n)
+        pos = m.end()
+    if pos < len(text):
+        pieces.append(text[pos:])
+    return pieces
+
+
+def build_template(pieces: Sequence[Union[str, int]], encode: Callable[[str], list],
+                   max_len: Optional[int] = None, fill_id: int = 0) -> InfillTemplate:
+    """Tokenize literal pieces one by one and insert the mask slots.
+
+    Args:
+      pieces: ``str`` literal text or ``int`` number of masked tokens.
+      encode: text -> token ids (e.g. ``tokenizer.encode``).
+      max_len: optional context limit in tokens.
+      fill_id: the id stored at masked slots (ignored by the decoder).
+
+    Raises:
+      TemplateError: no masked span, or a span (or the text) running past ``max_len``.
+    """
+    ids, masked, spans = [], [], []
+    for p in pieces:
+        if isinstance(p, str):
+            t = [int(x) for x in encode(p)]
+            ids += t
+            masked += [False] * len(t)
+        else:
+            spans.append((len(ids), len(ids) + int(p)))
+            ids += [int(fill_id)] * int(p)
+            masked += [True] * int(p)
+    if not spans:
+        raise TemplateError("template has no <mask:N> span: nothing to infill")
+    if max_len is not None and len(ids) > max_len:
+        for i, (a, b) in enumerate(spans):
+            if b > max_len:
+                raise TemplateError(f"mask span {i + 1} (tokens {a}..{b - 1}) runs past the "
+                                    f"context of {max_len} tokens")
+        raise TemplateError(f"template of {len(ids)} tokens runs past the context of "
+                            f"{max_len} tokens")
+    return InfillTemplate(ids=ids, masked=masked, pieces=list(pieces), spans=spans)
+
+
+def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
+                   fill_id: int = 0) -> InfillTemplate:
+    """Parse an infilling template (module docstring) with ``tokenizer`` (an object with
+    ``encode(str) -> list[int]``, or such a callable).
+
+    Returns:
+      :class:`InfillTemplate`: ``ids`` and ``masked`` of equal length.
+
+    Raises:
+      TemplateError (a ValueError): malformed tag, ``N < 1``, no masks, past ``max_len``.
+    """
+    encode = tokenizer if callable(tokenizer) and not hasattr(tokenizer, "encode") else tokenizer.encode
+    return build_template(split_template(text), encode, max_len, fill_id)
+
+
+# --------------------------------------------------------------------------- HumanEval
+@dataclasses.dataclass(frozen=True)
+class LineTask:
+    """One HumanEval single-line infilling task.
+
+    Attributes:
+      task_id: ``"HumanEval/<p>/L<i>"``; problem: the problem's ``task_id``; line: index ``i`` of
+      the removed line in the canonical solution; prefix: prompt + solution lines before it;
+      indent: the removed line's leading whitespace; target: the removed text (after
+      ``indent``); suffix: solution lines after it; test, entry_point: from the problem.
+    """
+
+    task_id: str
+    problem: str
+    line: int
+    prefix: str
+    indent: str
+    target: str
+    suffix: str
+    test: str
+    entry_point: str
+
+    def program(self, fill: str) -> str:
+        """The full program with ``fill`` as the removed line's text."""
+        return (self.prefix + self.indent + fill + "\n" + self.suffix + "\n\n" + self.test
+                + f"\n\ncheck({self.entry_point})\n")
+
+    def pieces(self, n_masks: int) -> list:
+        """Template pieces: prefix + indentation, ``n_masks`` masks, newline + suffix."""
+        return [self.prefix + self.indent, int(n_masks), "\n" + self.suffix]
+
+
+def single_line_tasks(problems: Optional[Sequence[dict]] = None,
+                      limit: Optional[int] = None) -> list:
+    """Single-line infilling tasks (module docstring), problem by problem, line by line.
+
+    Args:
+      problems: HumanEval problems (default: :func:`jaxspec.datasets.humaneval_problems`).
+      limit: keep the first ``limit`` tasks.
+    """
+    if problems is None:
+        from jaxspec.datasets import humaneval_problems
+
+        problems = humaneval_problems()
+    out = []
+    for p in problems:
+        lines = p["canonical_solution"].split("\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            body = line.lstrip()
+            indent = line[:len(line) - len(body)]
+            prefix = p["prompt"] + "".join(x + "\n" for x in lines[:i])
+            out.append(LineTask(task_id=f"{p['task_id']}/L{i}", problem=p["task_id"], line=i,
+                                prefix=prefix, indent=indent, target=body.rstrip(),
+                                suffix="\n".join(lines[i + 1:]), test=p["test"],
+                                entry_point=p["entry_point"]))
+            if limit is not None and len(out) >= limit:
+                return out
+    return out
+
+
+def line_template(task: LineTask, tokenizer, extra_masks: int = 0,
+                  max_len: Optional[int] = None) -> InfillTemplate:
+    """Template of ``task`` with the oracle span length ``len(encode(target)) + extra_masks``."""
+    encode = tokenizer.encode if hasattr(tokenizer, "encode") else tokenizer
+    n = max(1, len(encode(task.target)) + int(extra_masks))
+    return build_template(task.pieces(n), encode, max_len)
+
+
+def fill_text(template: InfillTemplate, ids: Sequence[int], decode: Callable[[list], str]) -> str:
+    """The decoded text of the first masked span (the infilled line), cut at its first newline
+    (a single-line task can only use one line)."""
+    a, b = template.spans[0]
+    return decode([int(t) for t in ids[a:b]]).split("\n")[0]
+
+
+# --------------------------------------------------------------------------- sandbox
+_GUARD = r'''
+def _jaxspec_sandbox_guard():
+    import builtins, os, socket
+    def _blocked(*a, **k):
+        raise PermissionError("blocked by the jaxspec sandbox")
+    class _NoSocket(socket.socket):
+        def __init__(self, *a, **k):
+            _blocked()
+    socket.socket = _NoSocket
+    for name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname",
+                 "gethostbyname_ex", "gethostbyaddr", "socketpair", "fromfd"):
+        if hasattr(socket, name):
+            setattr(socket, name, _blocked)
+    for name in ("system", "popen", "fork", "forkpty", "execv", "execve", "execvp", "execvpe",
+                 "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnl",
+                 "posix_spawn", "posix_spawnp", "kill", "killpg", "putenv", "unsetenv"):
+        if hasattr(os, name):
+            setattr(os, name, _blocked)
+    import subprocess
+    subprocess.Popen = _blocked
+    subprocess.run = subprocess.call = subprocess.check_call = subprocess.check_output = _blocked
+_jaxspec_sandbox_guard()
+del _jaxspec_sandbox_guard
+'''
+
+
+@dataclasses.dataclass
+class SandboxResult:
+    """Outcome of one sandboxed program.
+
+    Attributes:
+      status: ``"passed"`` (exit 0), ``"failed"`` (non-zero exit or killed by a signal other
+        than the timeout) or ``"timeout"`` (wall-clock or CPU limit).
+      returncode: the exit status (negative: signal); None after a wall-clock kill.
+      seconds: wall-clock seconds.
+      stderr: the last 2000 characters of stderr.
+      network: the network isolation used: ``"netns"`` or ``"guard"`` (Python guard only).
+    """
+
+    status: str
+    returncode: Optional[int]
+    seconds: float
+    stderr: str
+    network: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+@functools.lru_cache(maxsize=1)
+def _netns_prefix() -> tuple:
+    """``unshare`` arguments that give the child an empty network namespace, or ``()`` when the
+    system does not allow it (checked once)."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return ()
+    for args in ((exe, "-n", "--"), (exe, "-r", "-n", "--")):
+        try:
+            r = subprocess.run(list(args) + ["true"], capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if r.returncode == 0:
+            return args
+    return ()
+
+
+def _limits(cpu_s: int, memory_mb: int):
+    def apply():
+        import resource
+
+        for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, 16 << 20),
+                         (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_AS, memory_mb << 20)):
+            try:
+                resource.setrlimit(lim, (val, val))
+            except (ValueError, OSError):
+                pass
+    return apply
+
+
+def run_program(source: str, timeout: float = 10.0, memory_mb: int = 1024,
+                python: Optional[str] = None) -> SandboxResult:
+    """Run ``source`` in the sandbox of the module docstring.
+
+    Args:
+      source: a complete Python program (e.g. :meth:`LineTask.program`).
+      timeout: wall-clock seconds (the CPU limit is ``ceil(timeout) + 1``).
+      memory_mb: address-space limit.
+      python: interpreter (default ``sys.executable``).
+
+    Returns:
+      :class:`SandboxResult`.
+    """
+    net = _netns_prefix()
+    with tempfile.TemporaryDirectory(prefix="jaxspec-sandbox-") as tmp:
+        path = os.path.join(tmp, "program.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(_GUARD + "\n" + source)
+        cmd = list(net) + [python or sys.executable, "-I", "-S", "program.py"]
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True,
+                                preexec_fn=_limits(int(timeout) + 2, int(memory_mb)))
+        try:
+            _, err = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+            if rc == 0:
+                status = "passed"
+            elif rc in (-signal.SIGXCPU, -signal.SIGKILL):
+                status = "timeout"
+            else:
+                status = "failed"
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _, err = proc.communicate()
+            rc, status = None, "timeout"
+        secs = time.perf_counter() - t0
+    return SandboxResult(status=status, returncode=rc, seconds=secs,
+                         stderr=err.decode("utf-8", "replace")[-2000:],
+                         network="netns" if net else "guard")
+
+
+def pass_at_1(results: Sequence[SandboxResult]) -> float:
+    """Share of passed programs (one completion per task: pass@1 as in Appendix E.7)."""
+    return sum(r.passed for r in results) / max(len(results), 1)
+
+
+__all__ = ["TemplateError", "InfillTemplate", "split_template", "build_template",
+           "parse_template", "LineTask", "single_line_tasks", "line_template", "fill_text",
+           "SandboxResult", "run_program", "pass_at_1"]
