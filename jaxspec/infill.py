@@ -23,8 +23,10 @@ status 0.
 **Sandbox** (:func:`run_program`): model output is never executed in this process. Each program
 runs in a fresh ``python -I -S`` subprocess (isolated mode: no environment variables, no user
 site, no site-packages) in a temporary working directory, with a stripped environment, its own
-session (the whole process group is killed on timeout), resource limits (CPU seconds, address
-space, file size, open files, no core dumps) and no network: inside a new network namespace
+session (the whole process group is killed on timeout), resource limits set by the child before
+the program starts (CPU seconds, address space, file size, open files, no core dumps; no
+``preexec_fn``, so nothing runs between fork and exec of the multithreaded parent) and no
+network: inside a new network namespace
 (``unshare -n``) where the system allows it, and always behind a guard executed before the
 program that makes socket creation, name resolution, process spawning and ``os.system`` raise.
 The guard is a seat belt for mistakes, not a security boundary against hostile code; the
@@ -239,8 +241,15 @@ def fill_text(template: InfillTemplate, ids: Sequence[int], decode: Callable[[li
 
 # --------------------------------------------------------------------------- sandbox
 _GUARD = r'''
-def _jaxspec_sandbox_guard():
-    import builtins, os, socket
+def _jaxspec_sandbox_guard(cpu_s, memory_mb):
+    import os, resource, socket
+    for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, 16 << 20),
+                     (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0),
+                     (resource.RLIMIT_AS, memory_mb << 20)):
+        try:
+            resource.setrlimit(lim, (val, val))
+        except (ValueError, OSError):
+            pass
     def _blocked(*a, **k):
         raise PermissionError("blocked by the jaxspec sandbox")
     class _NoSocket(socket.socket):
@@ -259,7 +268,7 @@ def _jaxspec_sandbox_guard():
     import subprocess
     subprocess.Popen = _blocked
     subprocess.run = subprocess.call = subprocess.check_call = subprocess.check_output = _blocked
-_jaxspec_sandbox_guard()
+_jaxspec_sandbox_guard(%(cpu)d, %(mem)d)
 del _jaxspec_sandbox_guard
 '''
 
@@ -305,20 +314,6 @@ def _netns_prefix() -> tuple:
     return ()
 
 
-def _limits(cpu_s: int, memory_mb: int):
-    def apply():
-        import resource
-
-        for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, 16 << 20),
-                         (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0),
-                         (resource.RLIMIT_AS, memory_mb << 20)):
-            try:
-                resource.setrlimit(lim, (val, val))
-            except (ValueError, OSError):
-                pass
-    return apply
-
-
 def run_program(source: str, timeout: float = 10.0, memory_mb: int = 1024,
                 python: Optional[str] = None) -> SandboxResult:
     """Run ``source`` in the sandbox of the module docstring.
@@ -336,14 +331,13 @@ def run_program(source: str, timeout: float = 10.0, memory_mb: int = 1024,
     with tempfile.TemporaryDirectory(prefix="jaxspec-sandbox-") as tmp:
         path = os.path.join(tmp, "program.py")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(_GUARD + "\n" + source)
+            f.write(_GUARD % {"cpu": int(timeout) + 2, "mem": int(memory_mb)} + "\n" + source)
         cmd = list(net) + [python or sys.executable, "-I", "-S", "program.py"]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp}
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True,
-                                preexec_fn=_limits(int(timeout) + 2, int(memory_mb)))
+                                start_new_session=True)
         try:
             _, err = proc.communicate(timeout=timeout)
             rc = proc.returncode
@@ -371,6 +365,167 @@ def pass_at_1(results: Sequence[SandboxResult]) -> float:
     return sum(r.passed for r in results) / max(len(results), 1)
 
 
+# --------------------------------------------------------------------------- AS-ARM CLI glue
+@dataclasses.dataclass
+class ASARM:
+    """A loaded AS-ARM checkpoint (:func:`load_asarm`).
+
+    Attributes:
+      model, params: :class:`models.xlnet.XLNetLM` and float32 parameters.
+      vocab: :class:`models.xlnet.CompactVocab` mapping model ids to tokenizer ids, or None
+        (the model speaks the tokenizer's ids).
+      tokenizer: text <-> tokenizer ids (``encode``/``decode``).
+      meta: the checkpoint's metadata; path: the weight file; max_len: context limit.
+    """
+
+    model: object
+    params: dict
+    vocab: object
+    tokenizer: object
+    meta: dict
+    path: str
+    max_len: Optional[int]
+
+    def to_model(self, ext_ids: Sequence[int]) -> list:
+        """Tokenizer ids -> model ids (ids outside the compact vocabulary become UNK)."""
+        return [int(i) for i in (self.vocab.encode(ext_ids) if self.vocab is not None else ext_ids)]
+
+    def to_external(self, model_ids: Sequence[int]) -> list:
+        """Model ids -> tokenizer ids (UNK becomes -1)."""
+        return [int(i) for i in (self.vocab.decode(model_ids) if self.vocab is not None else model_ids)]
+
+    def decode(self, model_ids: Sequence[int]) -> str:
+        """Text of model ids; each UNK is written as ``<unk>``."""
+        out, run = [], []
+        for t in self.to_external(model_ids):
+            if t < 0:
+                out.append(self.tokenizer.decode(run) + "<unk>")
+                run = []
+            else:
+                run.append(t)
+        return "".join(out) + self.tokenizer.decode(run)
+
+
+def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sys.stderr)) -> ASARM:
+    """Load an XLNet AS-ARM written by :func:`models.xlnet.save_xlnet`.
+
+    Args:
+      name_or_path: a ``.safetensors`` file, a directory holding ``model.safetensors``, or a
+        name ``NAME`` for ``checkpoints/NAME/model.safetensors`` of this repository.
+      tokenizer: optional tokenizer; default the preset named by the checkpoint's
+        ``meta["tokenizer"]`` (``smollm2-135m-instruct`` when absent).
+
+    Returns:
+      :class:`ASARM`; ``max_len`` is ``meta["seq_len"]`` when recorded, else 512.
+
+    Raises:
+      models.loading.WeightFileError: no such checkpoint or an unreadable file (one line).
+    """
+    from pathlib import Path
+
+    from models.loading import WeightFileError
+    from models.xlnet import XLNetLM, load_xlnet
+
+    p = Path(name_or_path)
+    if not p.exists() and "/" not in name_or_path and not name_or_path.endswith(".safetensors"):
+        p = Path(__file__).resolve().parent.parent / "checkpoints" / name_or_path
+        if not p.exists():
+            raise WeightFileError(f"unknown AS-ARM {name_or_path!r}: neither a file nor {p}")
+    if p.is_dir():
+        p = p / "model.safetensors"
+        if not p.is_file():
+            raise WeightFileError(f"{p}: no AS-ARM weights yet (train them with "
+                                  f"python -m scripts.train --config configs/train/<name>.yaml)")
+    config, params, vocab, meta = load_xlnet(p)
+    if tokenizer is None:
+        from jaxspec.train import load_tokenizer_preset
+
+        tokenizer = load_tokenizer_preset(meta.get("tokenizer") or "smollm2-135m-instruct", log)
+    return ASARM(model=XLNetLM(config), params=params, vocab=vocab, tokenizer=tokenizer, meta=meta,
+                 path=str(p), max_len=int(meta.get("seq_len", 512)))
+
+
+def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5, sampling=None,
+                seed: int = 0, epsilon: float = 0.0):
+    """Parse ``template`` (``<mask:N>`` syntax) and infill it with :func:`jaxspec.assd.assd_generate`.
+
+    Returns:
+      ``(text, InfillResult, InfillTemplate)``: the template with every span filled.
+
+    Raises:
+      TemplateError / ValueError: a bad template or decoding settings (one line).
+    """
+    from jaxspec.assd import assd_generate
+    from jaxspec.sampling import SamplingConfig
+
+    tpl = parse_template(template, asarm.tokenizer, max_len=asarm.max_len)
+    ids = asarm.to_model(tpl.ids)
+    res = assd_generate(asarm.model, asarm.params, [ids], [tpl.masked], method=method, k=k,
+                        sampling=sampling or SamplingConfig(), seed=seed, epsilon=epsilon,
+                        max_len=asarm.max_len)
+    return tpl.render(res.sequences[0], asarm.decode), res, tpl
+
+
+def stats_line(res) -> str:
+    """One line: masked tokens, NFE, NFE per token, tokens per iteration, acceptance, times."""
+    s = res.stats
+    acc = "-" if s.draft_length == 0 else f"{s.acceptance_rate:.3f}"
+    return (f"[{s.method}] masked={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
+            f"NFE/token={s.nfe_per_token:.3f} tokens/iteration={s.extra['tokens_per_iteration']:.2f} "
+            f"k={s.extra['k'] if s.extra['k'] is not None else '-'} acceptance={acc} "
+            f"lossless={'yes' if s.extra['lossless'] else 'NO (epsilon)'} run={res.run_s:.2f}s "
+            f"compile={res.compile_s:.1f}s")
+
+
+def infill_cli(args) -> int:
+    """``scripts.generate`` entry for AS-ARMs: ``--model NAME|PATH --method
+    sequential|assd|assd-ngram --infill TEMPLATE [--draft-length K (default 5)] [--temperature
+    T --top-k K --top-p P --seed S] [--epsilon E] [--compare] [--quiet]``. Prints the infilled
+    text and a stats line; ``--compare`` also runs sequential decoding and reports identity
+    (greedy: a mismatch exits 1) and the NFE / wall-clock ratios. Exit 2 with one ``error:``
+    line on bad input."""
+    from jaxspec.sampling import SamplingConfig
+    from models.loading import WeightFileError
+
+    method = getattr(args, "method", None) or "assd"
+    template = getattr(args, "infill", None)
+    try:
+        if template is None:
+            raise ValueError(f"method {method!r} infills a template: pass --infill TEXT with "
+                             "<mask:N> spans")
+        k = getattr(args, "draft_length", None) or 5
+        sampling = SamplingConfig(getattr(args, "temperature", 0.0), getattr(args, "top_k", 0),
+                                  getattr(args, "top_p", 1.0))
+        asarm = load_asarm(getattr(args, "weights", None) or args.model)
+        kw = dict(k=k, sampling=sampling, seed=getattr(args, "seed", 0))
+        text, res, tpl = infill_text(asarm, template, method=method,
+                                     epsilon=getattr(args, "epsilon", 0.0) or 0.0, **kw)
+        ref = None
+        if getattr(args, "compare", False) and method != "sequential":
+            _, ref, _ = infill_text(asarm, template, method="sequential", **kw)
+    except (WeightFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not getattr(args, "quiet", False):
+        print("=" * 80)
+        print(text)
+        print("=" * 80)
+    print(stats_line(res))
+    if ref is not None:
+        same = all((a == b).all() for a, b in zip(ref.sequences, res.sequences))
+        what = "identical" if same else "DIFFERENT"
+        if not sampling.greedy:
+            what += " (sampling: only the distribution is guaranteed equal)"
+        print(stats_line(ref))
+        print(f"[compare] {method} vs sequential outputs: {what}; wall-clock speedup "
+              f"{ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
+              f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
+        if sampling.greedy and not same:
+            return 1
+    return 0
+
+
 __all__ = ["TemplateError", "InfillTemplate", "split_template", "build_template",
            "parse_template", "LineTask", "single_line_tasks", "line_template", "fill_text",
-           "SandboxResult", "run_program", "pass_at_1"]
+           "SandboxResult", "run_program", "pass_at_1", "ASARM", "load_asarm", "infill_text",
+           "stats_line", "infill_cli"]

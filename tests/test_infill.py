@@ -144,3 +144,10 @@ def test_humaneval_single_line_tasks():
     a, b = tpl.spans[0]
     ids[a:b] = [ord(c) for c in t.target]
     assert tpl.render(ids, CharTok().decode) == t.prefix + t.indent + t.target + "\n" + t.suffix
+
+
+def test_sandbox_resource_limits():
+    r = run_program("import resource\nprint(resource.getrlimit(resource.RLIMIT_AS))\n"
+                    "assert resource.getrlimit(resource.RLIMIT_AS)[0] == 256 << 20\n"
+                    "x = bytearray(512 << 20)\n", timeout=10, memory_mb=256)
+    assert r.status == "failed" and "MemoryError" in r.stderr
