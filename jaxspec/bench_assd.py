@@ -42,11 +42,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec import bench
-from jaxspec.assd import assd_generate
 from jaxspec.bench import BenchError, BenchPrompt, _num, machine_info
-from jaxspec.bench_dllm import run_interleaved
 from jaxspec.metrics import mean_degeneracy
-from jaxspec.sampling import SamplingConfig
+
+# jax-heavy modules (jaxspec.assd, jaxspec.sampling, jaxspec.bench_dllm) are imported inside
+# the functions, so scripts.benchmark can add this suite's options without loading jax.
 
 K_SWEEP = (2, 3, 4, 5, 6, 8)
 
@@ -209,6 +209,10 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       BenchError: no sequences, a sequence shorter than 2 tokens, infilling tasks without a
       tokenizer; ValueError: invalid decoding settings (from :func:`jaxspec.assd.assd_generate`).
     """
+    from jaxspec.assd import assd_generate
+    from jaxspec.bench_dllm import run_interleaved
+    from jaxspec.sampling import SamplingConfig
+
     if not sequences:
         raise BenchError("no sequences to benchmark")
     to_ext = to_external or (lambda ids: [int(i) for i in ids])
@@ -290,7 +294,9 @@ def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int
 
     Returns ``{"tasks", "temperature", "k", "rows": [{method, pass_at_1, nfe, nfe_per_token,
     seconds, identical_fraction}], "per_task": [...]}``."""
+    from jaxspec.assd import assd_generate
     from jaxspec.infill import fill_text, line_template, pass_at_1, run_program
+    from jaxspec.sampling import SamplingConfig
 
     sampling = SamplingConfig(temperature)
     tpls = [line_template(t, tokenizer) for t in tasks]
@@ -441,7 +447,7 @@ def main_assd(args, log) -> int:
     from models.loading import WeightFileError
 
     try:
-        name = args.model or "asarm-small"
+        name = args.model or (Path(args.weights).stem if args.weights else "asarm-small")
         limit = 8 if args.limit is None else args.limit
         if limit < 1:
             raise BenchError(f"--limit must be >= 1, got {limit}")
