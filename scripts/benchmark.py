@@ -31,6 +31,12 @@ draft lengths 3/4/5 (chain) and 4 (mix-order) with the dual cache (add uncached 
 ``3:chain:none`` with ``--ssd-rows``), plus the Sec. 5.1 acceptance-limit table (draft
 lengths 3-5, top-k 1-5).
 
+Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.bench_assd`):
+
+    python -m scripts.benchmark --suite assd [--model asarm-small | --weights FILE] [--limit 8] \
+        [--assd-k 5] [--assd-k-sweep 2 3 4 5 6 8] [--assd-seq-len 128] [--assd-mask-rate 0.95] \
+        [--assd-temperature 1.0] [--assd-infill-tasks 20] [--assd-no-judge]
+
 Exit code 2 with a one-line ``error:`` message on bad input (unknown suite, system, method,
 cache policy or model, bad budget or draft length, prompts too long for the context,
 unreadable weights, a causal model for ``dllm`` or a diffusion model for ``ar``).
@@ -86,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "5:chain:dual 4:mix-order:dual)")
     sg.add_argument("--no-limit-analysis", action="store_true",
                     help="skip the Sec. 5.1 acceptance-limit table")
+    from jaxspec.bench_assd import add_arguments as add_assd_arguments
+
+    add_assd_arguments(ap)
     return ap
 
 
@@ -191,6 +200,10 @@ def main(argv=None) -> int:
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
+        if args.suite == "assd":
+            from jaxspec.bench_assd import main_assd
+
+            return main_assd(args, log)
         if args.suite not in SUITES:
             raise BenchError(f"unknown suite {args.suite!r}; available: {', '.join(SUITES)}")
         if args.suite == "dllm":
