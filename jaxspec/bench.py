@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxspec.metrics import mean_degeneracy
 
-SUITES = ("ar", "dllm", "ssd")
+SUITES = ("ar", "dllm", "ssd", "spiffy", "assd")
 SYSTEMS = ("jaxspec/ar", "jaxspec/ngram", "jaxspec/ngram-bigram", "transformers/ar",
            "transformers/prompt-lookup")
 BASELINE = "jaxspec/ar"

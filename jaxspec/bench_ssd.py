@@ -59,6 +59,34 @@ def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str, str]]:
     return out
 
 
+def speed_figures(o: Sequence, ref: Sequence, gen_length: int, compile_s: float,
+                  drafted: bool) -> dict[str, Any]:
+    """The figures of one benchmark row (module docstring) from its per-prompt results ``o``
+    and its reference's ``ref`` (same prompts, batch 1); shared with the ``spiffy`` suite."""
+    nfe = [int(r.stats.target_nfe.sum()) for r in o]
+    ref_nfe = [int(r.stats.target_nfe.sum()) for r in ref]
+    st = [r.stats for r in o]
+    prop = sum(int(s.drafts_proposed.sum()) for s in st)
+    acc = sum(s.accepted_drafts for s in st)
+    return {
+        "nfe": _num(statistics.fmean(nfe), 2),
+        "step_reduction": _num(1 - sum(nfe) / sum(ref_nfe), 4),
+        "nfe_speedup": _num(sum(ref_nfe) / sum(nfe), 3),
+        "mat": _num(gen_length * len(o) / sum(nfe), 3),
+        "acceptance_rate": _num(acc / prop, 4) if drafted and prop else None,
+        "tokens_per_s": _num(statistics.median(gen_length / max(r.run_s, 1e-9) for r in o), 3),
+        "speedup": _num(statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref, o)), 3),
+        "seconds_per_forward": _num(statistics.fmean(r.run_s / max(n, 1) for r, n in zip(o, nfe)), 4),
+        "forward_tokens_per_forward": _num(sum(int(s.extra.get("forward_tokens", 0)) for s in st)
+                                           / sum(nfe), 1),
+        "identical_to_reference": all(np.array_equal(a.full_tokens, r.full_tokens)
+                                      for a, r in zip(ref, o)),
+        "compile_s": _num(compile_s, 2),
+        "accept_hist": np.sum([s.accept_hist.sum(0) for s in st], axis=0).tolist(),
+        **mean_degeneracy([r.tokens[0] for r in o]),
+    }
+
+
 def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: str,
                   gen_length: int = 256, block_length: int = 8,
                   rows: Sequence[tuple[int, str, str]] = SSD_ROWS,
@@ -98,34 +126,13 @@ def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: 
     out_rows = []
     for key, o in outs.items():
         c = key[-1]
-        ref = outs[("stepwise", c)]
-        nfe = [int(r.stats.target_nfe.sum()) for r in o]
-        ref_nfe = [int(r.stats.target_nfe.sum()) for r in ref]
-        st = [r.stats for r in o]
         is_ssd = key[0] == "ssd"
-        prop = sum(int(s.drafts_proposed.sum()) for s in st)
-        acc = sum(s.accepted_drafts for s in st)
         out_rows.append({
             "method": key[0], "draft_length": key[1] if is_ssd else None,
             "tree": key[2] if is_ssd else None, "nodes": ssds[key[1:]].num_nodes if is_ssd else 1,
             "cache": c, "model": model_name, "remasking": remasking, "prompts": len(o),
             "gen_length": gen_length, "block_length": block_length,
-            "nfe": _num(statistics.fmean(nfe), 2),
-            "step_reduction": _num(1 - sum(nfe) / sum(ref_nfe), 4),
-            "nfe_speedup": _num(sum(ref_nfe) / sum(nfe), 3),
-            "mat": _num(gen_length * len(o) / sum(nfe), 3),
-            "acceptance_rate": _num(acc / prop, 4) if is_ssd and prop else None,
-            "tokens_per_s": _num(statistics.median(gen_length / max(r.run_s, 1e-9) for r in o), 3),
-            "speedup": _num(statistics.median(a.run_s / max(r.run_s, 1e-9)
-                                              for a, r in zip(ref, o)), 3),
-            "seconds_per_forward": _num(statistics.fmean(r.run_s / max(n, 1)
-                                                         for r, n in zip(o, nfe)), 4),
-            "identical_to_reference": all(np.array_equal(a.full_tokens, r.full_tokens)
-                                          for a, r in zip(ref, o)),
-            "compile_s": _num(compile_s[key], 2),
-            "accept_hist": np.sum([s.accept_hist.sum(0) for s in st], axis=0).tolist(),
-            **mean_degeneracy([r.tokens[0] for r in o]),
-        })
+            **speed_figures(o, outs[("stepwise", c)], gen_length, compile_s[key], is_ssd)})
 
     limits = None
     if limit_analysis:
@@ -195,28 +202,36 @@ def markdown_report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_rows(result: dict, out: Path) -> Path:
-    """Bars: step reduction and wall-clock speedup per SSD row."""
+def speedup_bars(rows: Sequence[dict], labels: Sequence[str], ylabel: str, title: str,
+                 out: Path) -> Path:
+    """Bars of NFE speedup and wall-clock speedup per row (shared by the ssd/spiffy charts)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["rows"] if r["method"] == "ssd"]
-    labels = [f"N={r['draft_length']}\n{r['tree']}\n{r['cache']}" for r in rows]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.8))
     ax.bar(x - 0.2, [r["nfe_speedup"] for r in rows], 0.4, label="NFE speedup")
     ax.bar(x + 0.2, [r["speedup"] for r in rows], 0.4, label="wall-clock speedup (this CPU)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel("x over stepwise (same cache)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
-    ax.set_title(f"ssd: {rows[0]['model'] if rows else ''}, gen {result['rows'][0]['gen_length']}")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_rows(result: dict, out: Path) -> Path:
+    """Bars: step reduction and wall-clock speedup per SSD row."""
+    rows = [r for r in result["rows"] if r["method"] == "ssd"]
+    return speedup_bars(rows, [f"N={r['draft_length']}\n{r['tree']}\n{r['cache']}" for r in rows],
+                        "x over stepwise (same cache)",
+                        f"ssd: {rows[0]['model'] if rows else ''}, gen "
+                        f"{result['rows'][0]['gen_length']}", out)
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:

@@ -311,7 +311,7 @@ class _State:
     sib: jax.Array       # int32 (B,) reference step within the block
     steps: jax.Array     # int32 (B,) reference steps done
     nfe: jax.Array       # int32 (B,) forwards while active
-    hist: jax.Array      # int32 (B, D+1) forwards that accepted j drafts
+    hist: jax.Array      # int32 (B, D+2) forwards that took j reference steps
     proposed: jax.Array  # int32 (B,) drafts verified
     ftok: jax.Array      # int32 (B,) query tokens through the model
     have: jax.Array      # bool (B,) a drafting distribution exists for the current block
@@ -429,7 +429,7 @@ def _decode(params, prompt, pad, key, nums, p_origin, *, model: DiffusionLM, cfg
         width = S if not cached else jnp.where(root_only, S, L)
         new = dict(tokens=tokens, masked=masked, tstep=tstep, steps=st.steps + n_st,
                    nfe=st.nfe + act,
-                   hist=st.hist + act[:, None] * jax.nn.one_hot(n_acc, D + 1, dtype=jnp.int32),
+                   hist=st.hist + act[:, None] * jax.nn.one_hot(n_acc + 1, D + 2, dtype=jnp.int32),
                    proposed=st.proposed + jnp.where(root_only, 0, jnp.sum(nok[:, 1:], -1)) * act,
                    ftok=st.ftok + act * n_nodes * width,
                    have=active & ~block_done | (st.have & ~active),
@@ -453,7 +453,7 @@ def _decode(params, prompt, pad, key, nums, p_origin, *, model: DiffusionLM, cfg
     st = _State(tokens=tokens, masked=jnp.ones((B, G), bool), tstep=jnp.full((B, G), -1, jnp.int32),
                 block=jnp.zeros((B,), jnp.int32), sib=jnp.zeros((B,), jnp.int32),
                 steps=jnp.zeros((B,), jnp.int32), nfe=jnp.zeros((B,), jnp.int32),
-                hist=jnp.zeros((B, D + 1), jnp.int32), proposed=jnp.zeros((B,), jnp.int32),
+                hist=jnp.zeros((B, D + 2), jnp.int32), proposed=jnp.zeros((B,), jnp.int32),
                 ftok=jnp.zeros((B,), jnp.int32), have=jnp.zeros((B,), bool),
                 drank=jnp.zeros((B, L), jnp.int32), dtop=jnp.zeros((B, L, J), jnp.int32),
                 wait=jnp.zeros((B,), bool), fresh=jnp.bool_(True),
@@ -511,7 +511,8 @@ def spiffy_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]]
     Returns:
       :class:`jaxspec.dllm.DiffusionResult`; ``stats.method`` is ``"spiffy"``,
       ``target_nfe`` the batched forwards, ``steps`` the reference steps replayed (the
-      reference's NFE), ``accept_hist[b, j]`` forwards that accepted ``j`` drafts,
+      reference's NFE), ``accept_hist[b, j]`` forwards that took ``j`` reference steps
+      (``j - 1`` accepted drafts; the :class:`~jaxspec.stats.DecodeStats` convention),
       ``draft_length`` ``D``, ``drafts_proposed`` the draft blocks verified; ``extra`` has
       ``graph_D``, ``nodes``, ``unmasking`` (the reference rule), ``cache``,
       ``forward_tokens``, ``nfe_speedup`` (reference NFE / Spiffy NFE, Eq. 14) and

@@ -31,6 +31,17 @@ draft lengths 3/4/5 (chain) and 4 (mix-order) with the dual cache (add uncached 
 ``3:chain:none`` with ``--ssd-rows``), plus the Sec. 5.1 acceptance-limit table (draft
 lengths 3-5, top-k 1-5).
 
+Suite ``spiffy`` (Spiffy against the decoder it accelerates, :mod:`jaxspec.bench_spiffy`):
+
+    python -m scripts.benchmark --suite spiffy [--limit 2] [--gen-length 256] \
+        [--block-length 32] [--spiffy-rows 3:stepwise 10:threshold-0.9 10:fixed-2 ...] \
+        [--graph-dir configs/graphs/dream-smollm2-135m]
+
+Default: the first **2** HumanEval prompts, gen length 256, block 32 (the paper's setting),
+dual cache, graphs D = 3/5/8/10 at one token per step and D = 10 with fixed-2 and
+threshold-0.9 decoding (Table 2); graphs from ``--graph-dir/D<D>.json`` (``scripts.calibrate``,
+calibrated on the last 20 HumanEval problems).
+
 Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.bench_assd`):
 
     python -m scripts.benchmark --suite assd [--model asarm-small | --weights FILE] [--limit 8] \
@@ -92,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "5:chain:dual 4:mix-order:dual)")
     sg.add_argument("--no-limit-analysis", action="store_true",
                     help="skip the Sec. 5.1 acceptance-limit table")
+    pg = ap.add_argument_group("suite spiffy")
+    pg.add_argument("--spiffy-rows", nargs="+", default=None,
+                    help="Spiffy rows as D:rule, rule = stepwise | fixed-K | threshold-T "
+                         "(default 3/5/8/10:stepwise 10:fixed-2 10:threshold-0.9)")
+    pg.add_argument("--graph-dir", default="configs/graphs/dream-smollm2-135m",
+                    help="directory of calibrated graphs D<D>.json")
+    pg.add_argument("--cache", choices=("none", "dual"), default="dual",
+                    help="cache policy of every spiffy row and its reference (default dual)")
     from jaxspec.bench_assd import add_arguments as add_assd_arguments
 
     add_assd_arguments(ap)
@@ -158,6 +177,37 @@ def main_ssd(args, log) -> int:
     return _write(result, args.out or "results/ssd.json", write_results, markdown_report, log)
 
 
+def main_spiffy(args, log) -> int:
+    """``--suite spiffy``."""
+    from jaxspec.bench import BenchError
+    from jaxspec.bench_spiffy import (load_graphs, markdown_report, parse_rows, run_spiffy_suite,
+                                      write_results)
+    from models.loading import WeightFileError
+    from models.presets import PresetError
+
+    try:
+        rows = parse_rows(args.spiffy_rows)
+        graphs = load_graphs(args.graph_dir, [D for D, _ in rows])
+        block = 32 if args.block_length is None else args.block_length
+        model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 2)
+        eos = tuple(tok.eos_token_ids)
+        config = {"model": model_name, "limit": limit, "start": args.start,
+                  "gen_length": args.gen_length, "block_length": block, "cache": args.cache,
+                  "rows": [f"{D}:{r}" for D, r in rows], "graph_dir": args.graph_dir,
+                  "remasking": args.remasking, "chat": args.chat, "eos_ids": list(eos),
+                  "batch": 1, "temperature": 0.0,
+                  "prompt_tokens_max": max(len(p.ids) for p in prompts)}
+        result = run_spiffy_suite(model, params, prompts, model_name=model_name, graphs=graphs,
+                                  gen_length=args.gen_length, block_length=block, rows=rows,
+                                  cache=args.cache, remasking=args.remasking, eos_ids=eos,
+                                  pad_id=tok.pad_token_id or 0, config=config,
+                                  progress=not args.no_progress)
+    except (BenchError, PresetError, WeightFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return _write(result, args.out or "results/spiffy.json", write_results, markdown_report, log)
+
+
 def main_dllm(args, log) -> int:
     """``--suite dllm``."""
     from jaxspec.bench import BenchError
@@ -210,6 +260,8 @@ def main(argv=None) -> int:
             return main_dllm(args, log)
         if args.suite == "ssd":
             return main_ssd(args, log)
+        if args.suite == "spiffy":
+            return main_spiffy(args, log)
         args.model = args.model or "smollm2-135m-instruct"
         args.limit = 20 if args.limit is None else args.limit
         systems = parse_systems(args.systems)

@@ -23,6 +23,11 @@ Masked-diffusion presets (``dream-smollm2-135m``) use the diffusion decoder
 ``--method ssd [--draft-length N (default 3)] [--tree chain|mix-order]`` runs SSD
 (:mod:`jaxspec.ssd`), lossless against one-token-per-step stepwise decoding with the same cache
 policy (``--cache none|dual``); with ``--compare`` a greedy mismatch exits with code 1.
+``--method spiffy [--graph PATH]`` runs Spiffy (:mod:`jaxspec.spiffy`) with a calibrated draft
+graph (default ``configs/graphs/dream-smollm2-135m/D10.json``, made by ``scripts.calibrate``);
+it is lossless against the decoder it accelerates: stepwise (any ``--steps``), or with
+``--tokens-per-step K`` / ``--threshold T`` the fixed-k / threshold decoder (``--compare`` runs
+exactly that reference; a greedy mismatch exits with code 1).
 ``--tokens-per-step K`` selects fixed-k parallel decoding and ``--threshold T`` Fast-dLLM
 threshold decoding (``--method fixed-k`` / ``--method threshold`` name them explicitly and
 require the flag). ``--cache`` selects a Fast-dLLM KV cache (approximate; each cache policy
@@ -30,6 +35,13 @@ is its own reference). ``--compare`` also runs the one-token-per-step stepwise r
 (``steps = gen length``, same remasking rule, temperature, cache policy and seed) and reports whether the
 outputs are identical; parallel decoding is not lossless, so a difference is reported, not
 an error. Without ``--method`` a causal model uses ``ngram`` and a diffusion model ``stepwise``.
+
+AS-ARM (XLNet) infilling with ``asarm-small`` (:mod:`jaxspec.assd`, :mod:`jaxspec.infill`):
+
+    python -m scripts.generate --model asarm-small --method assd|assd-ngram|sequential \
+        --infill "def add(a, b):\n    <mask:8>\n" [--draft-length K] [--temperature T] [--compare]
+
+``<mask:N>`` writes N masked tokens inline; the output is the infilled text and a stats line.
 
 Exit code 2 with a one-line ``error:`` message on bad input (unknown model or method,
 a diffusion method with a causal model or ar/ngram with a diffusion model, prompt longer than
@@ -46,8 +58,10 @@ import sys
 import numpy as np
 
 CAUSAL_METHODS = ("ar", "ngram")
-DIFFUSION_METHODS = ("stepwise", "fixed-k", "threshold", "ssd")
-METHODS = CAUSAL_METHODS + DIFFUSION_METHODS
+DIFFUSION_METHODS = ("stepwise", "fixed-k", "threshold", "ssd", "spiffy")
+DEFAULT_GRAPH = "configs/graphs/dream-smollm2-135m/D10.json"
+ASARM_METHODS = ("sequential", "assd", "assd-ngram")
+METHODS = CAUSAL_METHODS + DIFFUSION_METHODS + ASARM_METHODS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,9 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Fast-dLLM KV cache (approximate; --compare uses the same policy)")
     dg.add_argument("--tree", choices=("chain", "mix-order"), default="chain",
                     help="ssd verification tree: greedy chain (N+1 nodes) or mix-order (2N)")
+    dg.add_argument("--graph", default=None,
+                    help=f"spiffy draft graph JSON (default {DEFAULT_GRAPH})")
     dg.add_argument("--alg-temp", type=float, default=0.0,
                     help="Dream's alg_temp: sample the unmasked positions from "
                          "softmax(confidence / alg_temp) (0 = most confident first)")
+    ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
+    ag.add_argument("--infill", default=None,
+                    help="template with <mask:N> spans (methods sequential, assd, assd-ngram; "
+                         "k = --draft-length, default 5)")
+    ag.add_argument("--epsilon", type=float, default=0.0,
+                    help="ASSD acceptance tolerance (Appendix F.5; > 0 is NOT lossless)")
     ap.add_argument("--compare", action="store_true",
                     help="also run the reference (AR, or one-token-per-step stepwise) and check "
                          "identity / speedup")
@@ -135,6 +157,8 @@ def _check_method(args, preset) -> str:
                             or args.steps not in (None, args.gen_length)):
         raise ValueError("ssd verifies one-token-per-step stepwise decoding: no "
                          "--tokens-per-step / --threshold, and --steps must equal --gen-length")
+    if method != "spiffy" and args.graph is not None:
+        raise ValueError("--graph only applies to --method spiffy")
     if method in CAUSAL_METHODS:
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),
@@ -180,7 +204,12 @@ def main_diffusion(args, method, preset) -> int:
         cfg = DiffusionDecodeConfig(steps=args.gen_length if args.steps is None else args.steps,
                                     tokens_per_step=args.tokens_per_step,
                                     threshold=args.threshold, alg_temp=args.alg_temp, **common)
-        ssd_cfg = None
+        ssd_cfg = spiffy_cfg = None
+        if method == "spiffy":
+            from jaxspec.spiffy import SpiffyConfig, load_graph, spiffy_generate
+
+            spiffy_cfg = SpiffyConfig(cfg, load_graph(args.graph or DEFAULT_GRAPH))
+            ref_cfg = cfg
         if method == "ssd":
             from jaxspec.ssd import SSDConfig, ssd_generate
 
@@ -193,6 +222,8 @@ def main_diffusion(args, method, preset) -> int:
         if ssd_cfg is not None:
             res = ssd_generate(model, params, prompts, ssd_cfg, **kw)
             ref_cfg = ssd_cfg.decode
+        elif spiffy_cfg is not None:
+            res = spiffy_generate(model, params, prompts, spiffy_cfg, **kw)
         else:
             res = diffusion_generate(model, params, prompts, cfg, **kw)
         ref = diffusion_generate(model, params, prompts, ref_cfg, **kw) if args.compare else None
@@ -208,14 +239,21 @@ def main_diffusion(args, method, preset) -> int:
         print(f"[ssd] draft_length={ssd_cfg.draft_length} tree={ssd_cfg.tree} "
               f"nodes={ssd_cfg.num_nodes} step_reduction={s.extra['step_reduction']:.3f} "
               f"acceptance={s.acceptance_rate:.3f} accept_hist={s.accept_hist.sum(0).tolist()}")
+    if spiffy_cfg is not None:
+        s = res.stats
+        print(f"[spiffy] D={spiffy_cfg.graph.size} unmasking={s.extra['unmasking']} "
+              f"reference_nfe={int(s.steps.sum())} nfe_speedup={s.extra['nfe_speedup']:.2f}x "
+              f"steps_per_forward_hist={s.accept_hist.sum(0).tolist()}")
     if ref is not None:
-        print(diffusion_stats_line("stepwise-1", ref, mean_degeneracy(ref.tokens)))
+        print(diffusion_stats_line(ref_cfg.method if spiffy_cfg is not None else "stepwise-1",
+                                   ref, mean_degeneracy(ref.tokens)))
         same = bool(np.array_equal(ref.full_tokens, res.full_tokens))
         steps = cfg.steps if cfg.method == "stepwise" else "-"
-        name = label if ssd_cfg is not None else f"{cfg.method} (steps={steps}, cache={cfg.cache})"
-        print(compare_line(name, f"one-token-per-step stepwise (cache={cfg.cache})",
-                           res, ref, "identical" if same else "DIFFERENT"))
-        if ssd_cfg is not None and not same and args.temperature == 0:
+        name = label if ssd_cfg or spiffy_cfg else f"{cfg.method} (steps={steps}, cache={cfg.cache})"
+        what = (f"its reference, {cfg.method} (steps={steps}, cache={cfg.cache})" if spiffy_cfg
+                else f"one-token-per-step stepwise (cache={cfg.cache})")
+        print(compare_line(name, what, res, ref, "identical" if same else "DIFFERENT"))
+        if (ssd_cfg or spiffy_cfg) and not same and args.temperature == 0:
             return 1
     return 0
 
@@ -230,6 +268,10 @@ def compare_line(method: str, reference: str, res, ref, verdict: str) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.infill is not None or args.method in ASARM_METHODS:
+        from jaxspec.infill import infill_cli
+
+        return infill_cli(args)
     from models.presets import PresetError, get_preset
 
     try:

@@ -198,3 +198,38 @@ def test_ssd_suite_on_tiny_model(tmp_path):
     assert "Step↓" in text and "Table 2" in text and (tmp_path / "ssd.png").exists()
     with pytest.raises(BenchError, match="N:tree:cache"):
         parse_rows(["x:chain"])
+
+
+def test_spiffy_suite_on_tiny_model(tmp_path):
+    """Suite ``spiffy`` on the tiny random LLaDA model: a reference row per unmasking rule,
+    Spiffy rows identical to their reference, NFE bookkeeping, Table 2 products, the report."""
+    from jaxspec.bench_spiffy import parse_rows, run_spiffy_suite, write_results as write_sp
+    from tests.test_dllm import MODELS, PROMPTS
+    from tests.test_spiffy import GRAPH
+
+    model, params = MODELS["llada"]
+    prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
+    rows = parse_rows(["7:stepwise", "7:threshold-0.3"])
+    res = run_spiffy_suite(model, params, prompts, model_name="tiny-llada", graphs={7: GRAPH},
+                           gen_length=16, block_length=8, rows=rows, progress=False)
+    js, md = write_sp(res, tmp_path / "spiffy.json")
+    doc = json.loads(js.read_text())
+    got = {(r["method"], r["graph_D"], r["unmasking"]): r for r in doc["rows"]}
+    assert set(got) == {("reference", 0, "stepwise"), ("reference", 0, "threshold-0.3"),
+                        ("spiffy", 7, "stepwise"), ("spiffy", 7, "threshold-0.3")}
+    for k, r in got.items():
+        assert r["identical_to_reference"] is True, k
+    ref_t = got[("reference", 0, "threshold-0.3")]
+    assert got[("reference", 0, "stepwise")]["nfe"] == 16
+    assert ref_t["parallel_speedup"] == round(16 / ref_t["nfe"], 3)
+    sp = got[("spiffy", 7, "threshold-0.3")]
+    assert sp["nfe_speedup"] == round(ref_t["nfe"] / sp["nfe"], 3)
+    assert sp["total_speedup"] == pytest.approx(16 / sp["nfe"], rel=2e-3)
+    assert sp["forward_tokens_per_forward"] > 8          # D + 1 blocks per verifying forward
+    assert "NFE speedup" in md.read_text() and (tmp_path / "spiffy.png").exists()
+    with pytest.raises(BenchError, match="D:rule"):
+        parse_rows(["x"])
+    with pytest.raises(BenchError, match="unknown method"):
+        parse_rows(["3:sometimes"])
+    with pytest.raises(BenchError, match="no draft graph"):
+        run_spiffy_suite(model, params, prompts, model_name="m", graphs={}, rows=[(3, "stepwise")])

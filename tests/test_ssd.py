@@ -264,6 +264,17 @@ for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-ord
         np.testing.assert_array_equal(r.stats.target_nfe, one.stats.target_nfe)
     leaf = shard_params(params, mesh)["lm_head"]
     assert len(leaf.sharding.device_set) == 4
+# Spiffy shares the sharded node forwards: 2 prompts x 4 nodes = 8 rows over 4 devices
+from jaxspec.spiffy import DraftGraph, SpiffyConfig, spiffy_generate
+g = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1))))
+for head, cache in (("llada", "dual"), ("dream", "none")):
+    model, params = MODELS[head]
+    c = SpiffyConfig(DiffusionDecodeConfig(16, 8, 16, cache=cache), g)
+    one = spiffy_generate(model, params, PROMPTS, c)
+    many = spiffy_generate(model, shard_params(params, mesh), PROMPTS, c, mesh=mesh)
+    np.testing.assert_array_equal(many.full_tokens, one.full_tokens)
+    np.testing.assert_array_equal(many.transfer_step, one.transfer_step)
+    np.testing.assert_array_equal(many.stats.target_nfe, one.stats.target_nfe)
 print("MESH-OK")
 """
 
@@ -271,7 +282,7 @@ print("MESH-OK")
 def test_multi_device_verification_matches_one_device():
     """4 fake CPU devices (a fresh process: the device count is fixed at JAX start-up): the
     verification batch sharded over a draft mesh, and the weights split over it too, give the
-    same tokens, transfer order and NFE as one device."""
+    same tokens, transfer order and NFE as one device (SSD and Spiffy)."""
     import os
     import subprocess
     import sys

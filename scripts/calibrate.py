@@ -1,0 +1,133 @@
+"""Calibrate Spiffy draft graphs offline (Spiffy Algorithm 2, Eq. 24, Appendix E).
+
+    python -m scripts.calibrate --model dream-smollm2-135m --prompts 20 --sizes 3 5 8 10
+
+Runs the vanilla decoder (greedy stepwise, one token per step, the chosen cache) on
+calibration prompts taken from the END of HumanEval (problems ``164 - prompts .. 163``; the
+benchmarks evaluate from the start, as the paper calibrates on the last 50 problems and
+evaluates on the first 100), records the drafting ranks before every step, and writes for
+every ``D`` a graph JSON (``--out-dir/D<D>.json``, loadable with ``--graph`` of
+``scripts.generate`` / ``scripts.benchmark``) and its picture (``D<D>.png``). The recorded
+runs are cached in ``--out-dir/records.npz`` so other strategies or sizes reuse them
+(``--reuse``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m scripts.calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="dream-smollm2-135m", help="a masked-diffusion preset")
+    ap.add_argument("--weights", default=None, help="override the preset's weight path")
+    ap.add_argument("--prompts", type=int, default=20,
+                    help="calibration prompts, taken from the end of HumanEval (default 20)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 10],
+                    help="draft budgets D to select (default 3 5 8 10)")
+    ap.add_argument("--strategy", default="degree-1", choices=["degree-1", "degree-0", "total"],
+                    help="Eq. 24 (degree-1), Eq. 26 (degree-0) or Eqs. 27-28 (total)")
+    ap.add_argument("--lookahead", type=int, default=10, help="look-ahead levels (default 10)")
+    ap.add_argument("--max-vocab-rank", type=int, default=3,
+                    help="vocabulary ranks j recorded (default 3)")
+    ap.add_argument("--gen-length", type=int, default=256)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--cache", default="dual", choices=["none", "dual"])
+    ap.add_argument("--remasking", default="low_confidence")
+    ap.add_argument("--batch", type=int, default=4, help="prompts per decode call")
+    ap.add_argument("--out-dir", default="configs/graphs/dream-smollm2-135m")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse --out-dir/records.npz instead of decoding again")
+    return ap
+
+
+def _save_records(path: Path, recs) -> None:
+    arrs = {}
+    for n, r in enumerate(recs):
+        for f in ("transfer_step", "tokens", "rank", "top", "ok"):
+            arrs[f"{n}_{f}"] = getattr(r, f)
+        arrs[f"{n}_block_length"] = np.array(r.block_length)
+    np.savez_compressed(path, **arrs)
+
+
+def _load_records(path: Path):
+    from jaxspec.spiffy import CalibrationRecord
+
+    if not path.exists():
+        raise FileNotFoundError(f"--reuse: {path} does not exist; run without --reuse first")
+    z = np.load(path)
+    n = len({k.split("_")[0] for k in z.files})
+    return [CalibrationRecord(z[f"{i}_transfer_step"], z[f"{i}_tokens"], z[f"{i}_rank"],
+                              z[f"{i}_top"], z[f"{i}_ok"], int(z[f"{i}_block_length"]))
+            for i in range(n)]
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)
+    from jaxspec.dllm import DiffusionDecodeConfig
+    from jaxspec.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,
+                                save_graph, select_graph)
+
+    out = Path(args.out_dir)
+    try:
+        if args.prompts < 1:
+            raise ValueError("the calibration set has no samples (--prompts must be >= 1)")
+        if args.lookahead < 1 or min(args.sizes) < 1:
+            raise ValueError("--lookahead and every --sizes value must be >= 1")
+        decode = DiffusionDecodeConfig(args.gen_length, args.block_length, args.gen_length,
+                                       remasking=args.remasking, cache=args.cache)
+        out.mkdir(parents=True, exist_ok=True)
+        rec_path = out / "records.npz"
+        meta = {"model": args.model, "prompts": args.prompts, "gen_length": args.gen_length,
+                "block_length": args.block_length, "cache": args.cache,
+                "remasking": args.remasking, "lookahead": args.lookahead,
+                "calibration_set": f"HumanEval/{164 - args.prompts}..163"}
+        if args.reuse:
+            recs = _load_records(rec_path)
+        else:
+            from tqdm import tqdm
+
+            from jaxspec.datasets import humaneval_problems, humaneval_prompt
+            from models.presets import get_preset, load_model
+
+            if not get_preset(args.model).is_diffusion:
+                raise ValueError(f"model {args.model!r} is causal; calibration needs a "
+                                 "masked-diffusion model")
+            model, params, tok, _ = load_model(args.model, args.weights, log=log)
+            probs = humaneval_problems()[-args.prompts:]
+            prompts = [tok.encode(humaneval_prompt(p, tok)) for p in probs]
+            recs, t0 = [], time.perf_counter()
+            for a in tqdm(range(0, len(prompts), args.batch), desc="calibration runs",
+                          unit="batch", file=sys.stderr):
+                recs.append(record_calibration(model, params, prompts[a:a + args.batch], decode,
+                                               args.max_vocab_rank,
+                                               eos_ids=tuple(tok.eos_token_ids)))
+            meta["record_seconds"] = round(time.perf_counter() - t0, 1)
+            _save_records(rec_path, recs)
+        counts = calibration_counts(recs, args.lookahead)
+        summary = {}
+        for D in args.sizes:
+            g = select_graph(counts, D, args.strategy, meta=meta)
+            stem = out / (f"D{D}" if args.strategy == "degree-1" else f"D{D}-{args.strategy}")
+            save_graph(g, stem.with_suffix(".json"))
+            plot_graph(g, stem.with_suffix(".png"),
+                       f"{args.model}: D = {D} ({args.strategy}, {args.prompts} prompts)")
+            summary[D] = [[list(p) for p in f] for f in g.formulas]
+            log(f"D={D}: {stem.with_suffix('.json')} score {dict(g.meta)['score']:.0f}")
+        print(json.dumps({"strategy": args.strategy, "graphs": summary}))
+        return 0
+    except (ValueError, GraphError, FileNotFoundError) as e:
+        log(f"error: {e}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
