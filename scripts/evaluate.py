@@ -1,4 +1,25 @@
-"""Measure issue 3's quality gate for a trained masked-diffusion delta.
+"""Measure the quality gate of a trained model: issue 3's masked-diffusion delta or issue 5's AS-ARM.
+
+**AS-ARM** (issue 5; any gate whose ``configs/train/<gate>.yaml`` has ``objective.kind: asarm``):
+
+``python -m scripts.evaluate --gate asarm-small [--weights PATH] [--sequences 20] [--seq-len 256]
+[--mask-rate 0.95] [--method sequential] [--temperature 1.0] [--out PATH]``
+
+Loads the AS-ARM (:func:`jaxspec.infill.load_asarm`; default ``checkpoints/<gate>/
+model.safetensors``), cuts ``--sequences`` windows of ``--seq-len`` tokenizer ids out of the
+held-out stdlib modules of the training config (``data.holdout``, never the training split;
+:func:`jaxspec.quality.heldout_snippets`), masks ``--mask-rate`` of each with a fixed seed (the
+visible rest is the prompt), infills them (``--method``, sampling at ``--temperature``, the
+paper's 1.0, and greedy) and compares with the true text at the same positions: distinct-token
+share, repeated 4-gram rate, longest run, Shannon entropy (Eq. 22) and generative perplexity
+judged by SmolLM2-135M (Eq. 21) (:func:`jaxspec.quality.run_asarm_gate`). Pass rule
+(:data:`jaxspec.quality.ASARM_GATE_RULE`, on the sampled run): FAIL when any infill is mostly
+one token (> 50%), when the infills' distinct-token share is below half the true text's, when
+their repeated 4-gram rate exceeds the true text's by more than 0.25, or when their judged
+perplexity (geometric mean) exceeds 10x the true text's. Writes ``gate.json`` next to the weights
+(or ``--out``) with all figures and decoded samples and prints a table and the failed checks.
+
+**Masked diffusion** (issue 3):
 
 ``python -m scripts.evaluate --gate dream-smollm2-135m [--prompts 20 --gen-length 64]
 [--out checkpoints/dream-smollm2-135m/gate.json]``
@@ -43,10 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--prompt-length", type=int, default=128)
     ap.add_argument("--block", type=int, default=8, help="block length (default 8)")
-    ap.add_argument("--batch", type=int, default=4, help="rows per forward / decode batch")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="rows per forward / decode batch (default 4; AS-ARM gate 10)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--delta", default=None, help="override checkpoints/<gate>/delta.safetensors")
-    ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--out", default=None, help="JSON output path (AS-ARM gate: default gate.json "
+                    "next to the weights)")
+    g = ap.add_argument_group("AS-ARM gate (objective.kind: asarm)")
+    g.add_argument("--weights", default=None, help="AS-ARM .safetensors (default "
+                   "checkpoints/<gate>/model.safetensors)")
+    g.add_argument("--sequences", type=int, default=20, help="held-out sequences (default 20)")
+    g.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the config's data.seq_len, else 256)")
+    g.add_argument("--mask-rate", type=float, default=0.95, help="share of positions infilled")
+    g.add_argument("--method", default="sequential", choices=("sequential", "assd", "assd-ngram"),
+                   help="infilling method (default sequential; the ASSD ones are lossless)")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the gated run (default 1.0, the paper's)")
+    g.add_argument("--k", type=int, default=5, help="ASSD draft length (default 5)")
+    g.add_argument("--no-greedy", action="store_true", help="skip the greedy run")
+    g.add_argument("--no-judge", action="store_true",
+                   help="skip generative perplexity (no SmolLM2-135M judge)")
+    g.add_argument("--samples", type=int, default=3, help="decoded samples kept in the JSON")
     return ap
 
 
@@ -55,9 +94,134 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _objective_kind(cfg_path: Path) -> str:
+    import yaml
+
+    try:
+        doc = yaml.safe_load(cfg_path.read_text()) or {}
+        return str((doc.get("objective") or {}).get("kind") or "")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return ""
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def asarm_main(args, cfg_path: Path) -> int:
+    """``--gate`` of an AS-ARM config (module docstring). Exit 0 after writing the JSON
+    (PASS or FAIL: the verdict is in the output), 2 with one ``error:`` line on bad input."""
+    weights = Path(args.weights) if args.weights else ROOT / "checkpoints" / args.gate / "model.safetensors"
+    if not weights.is_file():
+        return _fail(f"AS-ARM weights not found: {weights} (export them with "
+                     f"jaxspec.asarm_train.export_checkpoint)")
+    batch = 10 if args.batch is None else args.batch
+    for name, v in (("sequences", args.sequences), ("batch", batch), ("k", args.k)):
+        if v < 1:
+            return _fail(f"--{name} must be >= 1, got {v}")
+    if args.samples < 0:
+        return _fail(f"--samples must be >= 0, got {args.samples}")
+    if not 0.0 < args.mask_rate < 1.0:
+        return _fail(f"--mask-rate must be in (0, 1), got {args.mask_rate}")
+    if not args.temperature >= 0:
+        return _fail(f"--temperature must be >= 0, got {args.temperature}")
+
+    t_start = time.perf_counter()
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    from jaxspec import bench_assd
+    from jaxspec import quality as Q
+    from jaxspec.bench import BenchError
+    from jaxspec.infill import load_asarm
+    from jaxspec.train import load_config
+    from models.loading import WeightFileError
+
+    try:
+        cfg = load_config(cfg_path)
+        seq_len = args.seq_len or int(getattr(cfg.data, "seq_len", 0) or 256)
+        if seq_len < 2:
+            return _fail(f"--seq-len must be >= 2, got {seq_len}")
+        holdout = list(cfg.data.holdout)
+        if not holdout:
+            return _fail(f"{cfg_path}: data.holdout is empty (no held-out modules to gate on)")
+        asarm = load_asarm(str(weights), log=log)
+        if asarm.max_len is not None and seq_len > asarm.max_len:
+            return _fail(f"--seq-len {seq_len} exceeds the model's context {asarm.max_len}")
+        snips = Q.heldout_snippets(asarm.tokenizer, holdout, args.sequences,
+                                   prompt_len=seq_len - 1, cont_len=1)
+        raw = [s.tokens for s in snips]
+        seqs = [asarm.to_model(r) for r in raw]
+        judge = None if args.no_judge else bench_assd.smollm2_judge(log)
+        log(f"[evaluate] {len(seqs)} held-out sequences of {seq_len} tokens from "
+            f"{len(set(s.source for s in snips))} files; loaded in "
+            f"{time.perf_counter() - t_start:.1f}s")
+        res = Q.run_asarm_gate(asarm.model, asarm.params, seqs, to_external=asarm.to_external,
+                               judge=judge, decode=asarm.decode, mask_rate=args.mask_rate,
+                               seed=args.seed, method=args.method, temperature=args.temperature,
+                               k=args.k, greedy=not args.no_greedy, batch=batch,
+                               max_len=asarm.max_len, samples=args.samples, log=log)
+        raw_ppl = judge(raw) if judge is not None else None
+    except (Q.QualityError, BenchError, WeightFileError, ValueError, OSError, KeyError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    import jax
+
+    rel = lambda p: str(p.relative_to(ROOT) if p.resolve().is_relative_to(ROOT) else p)  # noqa: E731
+    unk = [sum(1 for t in asarm.to_external(s) if t < 0) / len(s) for s in seqs]
+    result = {
+        "gate": args.gate, "weights": rel(weights.resolve()), "meta": asarm.meta,
+        "python": platform.python_version(), "jax": jax.__version__,
+        "device": str(jax.devices()[0]), "holdout": holdout,
+        "snippets": [{"source": s.source, "offset": s.offset} for s in snips],
+        "judge": None if judge is None else "smollm2-135m-instruct",
+        "true_unk_share": round(float(sum(unk) / len(unk)), 4),
+        "true_raw_gen_ppl_geomean": None if raw_ppl is None else round(Q._geomean(raw_ppl), 4),
+        **res,
+    }
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    labels = list(result["figures"])
+    rows = (("distinct_token_share", "distinct-token share (mean)"),
+            ("repeated_ngram_rate", "repeated 4-gram rate (mean)"),
+            ("longest_run", "longest run (max)"), ("entropy", "entropy of the infill, bits"),
+            ("seq_entropy", "entropy of the sequence, bits (Eq. 22)"),
+            ("gen_ppl_geomean", "gen. PPL, SmolLM2 (geo. mean)"),
+            ("gen_ppl_median", "gen. PPL, SmolLM2 (median)"),
+            ("degenerate_share", "degenerate infills (share)"))
+    lines = ["| figure | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for key, label in rows:
+        lines.append(f"| {label} | " + " | ".join(_fmt(result["figures"][x][key]) for x in labels) + " |")
+    lines.append("| NFE per token | - | " + " | ".join(_fmt(result["nfe_per_token"][x])
+                                                   for x in labels[1:]) + " |")
+    result["table_md"] = "\n".join(lines)
+    print(f"gate {args.gate}: {len(seqs)} held-out sequences x {seq_len} tokens, "
+          f"{args.mask_rate:.0%} masked, seed {args.seed}; figures on the masked positions, "
+          f"PPL on whole sequences")
+    print(result["table_md"])
+    for c in result["checks"]:
+        tag = {True: "pass", False: "FAIL", None: "skip"}[c["passed"]]
+        print(f"  [{tag}] {c['check']}: {c['text']}")
+    if "greedy_verdict" in result:
+        failed = [c["check"] for c in result["greedy_checks"] if c["passed"] is False]
+        print(f"greedy (informational): {result['greedy_verdict']}"
+              + (f" ({', '.join(failed)})" if failed else ""))
+    failed = [c["check"] for c in result["checks"] if c["passed"] is False]
+    print(f"verdict: {result['verdict']} on {result['gated_run']}"
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f"; wall {result['wall_s']}s")
+    out = Path(args.out) if args.out else weights.parent / "gate.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"[evaluate] wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
+    if cfg_path.is_file() and _objective_kind(cfg_path) == "asarm":
+        return asarm_main(args, cfg_path)
+    if args.batch is None:
+        args.batch = 4
     delta_path = Path(args.delta) if args.delta else ROOT / "checkpoints" / args.gate / "delta.safetensors"
     if not cfg_path.is_file():
         return _fail(f"unknown gate {args.gate!r}: {cfg_path} not found")
