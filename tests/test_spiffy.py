@@ -252,3 +252,13 @@ def test_calibration_records_the_reference_run():
     assert [dict(c) for c in counts] == [{chain[k]: 2 * (7 - k)} for k in range(4)]
     with pytest.raises(ValueError, match="no samples"):
         record_calibration(model, params, [], d)
+
+
+def test_calibrate_cli_errors(tmp_path, capsys):
+    """scripts.calibrate: an empty calibration set or missing records give one error line."""
+    from scripts.calibrate import main
+
+    assert main(["--prompts", "0", "--out-dir", str(tmp_path)]) == 2
+    assert "no samples" in capsys.readouterr().err
+    assert main(["--reuse", "--out-dir", str(tmp_path)]) == 2
+    assert "records.npz does not exist" in capsys.readouterr().err
