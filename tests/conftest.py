@@ -264,3 +264,20 @@ def smollm2_gguf() -> Path:
     if not Path(p).is_file():
         pytest.skip(f"JAXSPEC_SMOLLM2_GGUF={p} does not exist")
     return Path(p)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop every compiled program after each test module (JAX's caches and the decoders'
+    executable caches), so a full run's memory does not grow with the number of modules."""
+    yield
+    import sys
+
+    import jax
+
+    for name in ("jaxspec.dllm", "jaxspec.ssd", "jaxspec.spiffy", "jaxspec.causal", "jaxspec.assd"):
+        mod = sys.modules.get(name)
+        cache = getattr(mod, "_COMPILED", None)
+        if isinstance(cache, dict):
+            cache.clear()
+    jax.clear_caches()
