@@ -521,10 +521,9 @@ def markdown_report(result: dict) -> str:
 def plot_per_prompt(result: dict, out: Path) -> Path:
     """Plot per-prompt throughput of every system (dots) with each system's median (line)
     and the memory-bandwidth ceiling; write it as PNG to ``out``."""
-    import matplotlib
+    from jaxspec.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     prompts = result["per_prompt"]
     names = [f"{r['system']}/{r['method']}" for r in result["rows"]]

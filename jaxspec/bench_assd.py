@@ -387,10 +387,9 @@ def markdown_report(result: dict) -> str:
 
 def plot_rows(result: dict, out: Path) -> Path:
     """Bars: NFE per token and wall-clock speedup of the main rows and the k sweep."""
-    import matplotlib
+    from jaxspec.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = result["rows"] + [dict(label=f"assd k={r['k']}", nfe_per_token=r["nfe_per_token"],
                                   speedup=r["speedup"]) for r in result.get("k_sweep") or []]

@@ -321,10 +321,9 @@ def markdown_report(result: dict) -> str:
 
 def plot_rows(result: dict, out: Path) -> Path:
     """Grouped bar chart: tokens/s (left) and NFE (right) per method, one bar per cache."""
-    import matplotlib
+    from jaxspec.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = result["rows"]
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -205,10 +205,9 @@ def markdown_report(result: dict) -> str:
 def speedup_bars(rows: Sequence[dict], labels: Sequence[str], ylabel: str, title: str,
                  out: Path) -> Path:
     """Bars of NFE speedup and wall-clock speedup per row (shared by the ssd/spiffy charts)."""
-    import matplotlib
+    from jaxspec.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.8))

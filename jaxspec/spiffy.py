@@ -710,9 +710,9 @@ def select_graph(counts: Sequence[Counter], D: int, strategy: str = "degree-1",
 def plot_graph(graph: DraftGraph, path, title: str = "") -> None:
     """Draw the graph (levels left to right, parent -> child edges, ``count`` per node) as a
     PNG (the style of the paper's Fig. 4)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from jaxspec.plotting import pyplot
+
+    plt = pyplot()
 
     by_level: dict = {}
     for q, f in enumerate(graph.formulas):

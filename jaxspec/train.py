@@ -438,10 +438,9 @@ def _read_metrics(path: Path) -> list[dict]:
 
 def plot_metrics(metrics_path, png_path, title: str = "") -> None:
     """Loss curve (train loss per logged step, held-out loss per eval) as a PNG."""
-    import matplotlib
+    from jaxspec.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = _read_metrics(Path(metrics_path))
     tr = [(r["step"], r["loss"]) for r in rows if r.get("kind") == "train"]
