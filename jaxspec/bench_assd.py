@@ -420,7 +420,8 @@ def add_arguments(ap) -> None:
     g.add_argument("--assd-k", type=int, default=5, help="draft length k of the main rows (5)")
     g.add_argument("--assd-k-sweep", type=int, nargs="*", default=list(K_SWEEP),
                    help="k values of the Table 5 sweep (default 2 3 4 5 6 8; none: no sweep)")
-    g.add_argument("--assd-seq-len", type=int, default=128, help="tokens per evaluation sequence")
+    g.add_argument("--assd-seq-len", type=int, default=256,
+                   help="tokens per evaluation sequence (default 256)")
     g.add_argument("--assd-mask-rate", type=float, default=0.95, help="share of tokens infilled")
     g.add_argument("--assd-temperature", type=float, default=1.0, help="sampling temperature")
     g.add_argument("--assd-seed", type=int, default=0)

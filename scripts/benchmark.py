@@ -45,7 +45,7 @@ calibrated on the last 20 HumanEval problems).
 Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.bench_assd`):
 
     python -m scripts.benchmark --suite assd [--model asarm-small | --weights FILE] [--limit 8] \
-        [--assd-k 5] [--assd-k-sweep 2 3 4 5 6 8] [--assd-seq-len 128] [--assd-mask-rate 0.95] \
+        [--assd-k 5] [--assd-k-sweep 2 3 4 5 6 8] [--assd-seq-len 256] [--assd-mask-rate 0.95] \
         [--assd-temperature 1.0] [--assd-infill-tasks 20] [--assd-no-judge]
 
 Exit code 2 with a one-line ``error:`` message on bad input (unknown suite, system, method,
