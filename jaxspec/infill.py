@@ -493,7 +493,10 @@ def infill_cli(args) -> int:
         if template is None:
             raise ValueError(f"method {method!r} infills a template: pass --infill TEXT with "
                              "<mask:N> spans")
-        k = getattr(args, "draft_length", None) or 5
+        k = getattr(args, "draft_length", None)
+        k = 5 if k is None else k
+        if k < 1:
+            raise ValueError(f"--draft-length (k) must be >= 1, got {k}")
         sampling = SamplingConfig(getattr(args, "temperature", 0.0), getattr(args, "top_k", 0),
                                   getattr(args, "top_p", 1.0))
         asarm = load_asarm(getattr(args, "weights", None) or args.model)

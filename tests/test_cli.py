@@ -92,3 +92,58 @@ def test_corrupt_cache_is_refetched(smollm2_gguf, tmp_path, monkeypatch, capsys)
     assert cap.out.strip() == str(bad)
     from models.presets import get_preset, sha256_of
     assert sha256_of(bad) == get_preset("smollm2-135m-instruct").sha256
+
+
+# ----------------------------------------------------------------------------- AS-ARM infilling
+class _CharTok:
+    vocab_size = 128
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+@pytest.fixture
+def tiny_asarm(tmp_path, monkeypatch):
+    """A tiny random XLNet AS-ARM written with save_xlnet, speaking a character tokenizer,
+    context 48 tokens."""
+    import jax
+
+    import jaxspec.train
+    from models.xlnet import XLNetConfig, init_params, save_xlnet
+
+    monkeypatch.setattr(jaxspec.train, "load_tokenizer_preset", lambda name, log: _CharTok())
+    cfg = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
+    params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, init_params(cfg, 0))
+    path = tmp_path / "model.safetensors"
+    save_xlnet(path, cfg, params, meta={"name": "tiny", "tokenizer": "chars", "seq_len": 48})
+    return str(path)
+
+
+def test_generate_infill_greedy_compare(tiny_asarm, capsys):
+    """--infill fills exactly the <mask:N> span, keeps the text around it, and ASSD's greedy
+    output is identical to sequential decoding's (--compare exits 1 on a mismatch)."""
+    for method in ("assd", "assd-ngram"):
+        rc = gen_cli.main(["--model", tiny_asarm, "--method", method, "--draft-length", "3",
+                           "--infill", "def f(a):\n    <mask:6>\n", "--compare"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        text = out.split("=" * 80)[1][1:-1]            # print() framed it with newlines
+        assert text.startswith("def f(a):\n    ") and text.endswith("\n")
+        assert len(text) == len("def f(a):\n    \n") + 6
+        assert "outputs: identical" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--infill", "def f(a):\n    return a\n"], "no <mask:N> span"),
+    (["--infill", "x = <mask:3>", "--draft-length", "0"], "must be >= 1, got 0"),
+    (["--infill", "x = <mask:3>", "--draft-length", "-2"], "must be >= 1, got -2"),
+    (["--infill", "abc<mask:60>"], "runs past the context of 48"),
+    (["--method", "assd"], "pass --infill TEXT"),
+])
+def test_generate_infill_bad_input(tiny_asarm, argv, needle, capsys):
+    assert gen_cli.main(["--model", tiny_asarm, "--method", "assd"] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and "\n" not in err
