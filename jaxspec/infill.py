@@ -9,7 +9,9 @@ The literal text pieces are tokenized one by one (so a piece's tokens never merg
 masked span's) and concatenated with ``N`` mask slots per tag; the result is a token sequence
 plus a boolean mask, the input of :func:`jaxspec.assd.assd_generate`. Anything that looks like
 a tag but is not well formed (``<mask:>``, ``<mask:x>``, ``<mask:0>``) is an error, so a typo
-never silently becomes literal text.
+never silently becomes literal text. On the command line (``scripts.generate --infill``) the
+two-character escapes ``\\n``, ``\\t`` and ``\\\\`` are expanded first
+(:func:`unescape_cli`), because shells pass ``"...\\n..."`` through literally.
 
 **HumanEval single-line infilling** (ASSD paper Appendix E.7, following Gong et al. 2024 /
 Bavarian et al. 2022): for every non-blank line of every canonical solution, the line is
@@ -145,6 +147,15 @@ def build_template(pieces: Sequence[Union[str, int]], encode: Callable[[str], li
         raise TemplateError(f"template of {len(ids)} tokens runs past the context of "
                             f"{max_len} tokens")
     return InfillTemplate(ids=ids, masked=masked, pieces=list(pieces), spans=spans)
+
+
+_CLI_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape_cli(text: str) -> str:
+    """Expand the escapes ``\\n`` (newline), ``\\t`` (tab) and ``\\\\`` (backslash) of a
+    template typed on a command line; any other backslash is kept as written."""
+    return re.sub(r"\\([nt\\])", lambda m: _CLI_ESCAPES[m.group(1)], text)
 
 
 def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
@@ -493,6 +504,7 @@ def infill_cli(args) -> int:
         if template is None:
             raise ValueError(f"method {method!r} infills a template: pass --infill TEXT with "
                              "<mask:N> spans")
+        template = unescape_cli(template)
         k = getattr(args, "draft_length", None)
         k = 5 if k is None else k
         if k < 1:
@@ -529,6 +541,6 @@ def infill_cli(args) -> int:
 
 
 __all__ = ["TemplateError", "InfillTemplate", "split_template", "build_template",
-           "parse_template", "LineTask", "single_line_tasks", "line_template", "fill_text",
+           "parse_template", "unescape_cli", "LineTask", "single_line_tasks", "line_template", "fill_text",
            "SandboxResult", "run_program", "pass_at_1", "ASARM", "load_asarm", "infill_text",
            "stats_line", "infill_cli"]

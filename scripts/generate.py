@@ -39,9 +39,10 @@ an error. Without ``--method`` a causal model uses ``ngram`` and a diffusion mod
 AS-ARM (XLNet) infilling with ``asarm-small`` (:mod:`jaxspec.assd`, :mod:`jaxspec.infill`):
 
     python -m scripts.generate --model asarm-small --method assd|assd-ngram|sequential \
-        --infill "def add(a, b):\n    <mask:8>\n" [--draft-length K] [--temperature T] [--compare]
+        --infill "def add(a, b):\\n    <mask:8>\\n" [--draft-length K] [--temperature T] [--compare]
 
-``<mask:N>`` writes N masked tokens inline; the output is the infilled text and a stats line.
+``<mask:N>`` writes N masked tokens inline (``\\n``, ``\\t`` and ``\\\\`` typed in the template are
+expanded); the output is the infilled text and a stats line.
 
 Exit code 2 with a one-line ``error:`` message on bad input (unknown model or method,
 a diffusion method with a causal model or ar/ngram with a diffusion model, prompt longer than
@@ -108,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "softmax(confidence / alg_temp) (0 = most confident first)")
     ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
     ag.add_argument("--infill", default=None,
-                    help="template with <mask:N> spans (methods sequential, assd, assd-ngram; "
-                         "k = --draft-length, default 5)")
+                    help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded (methods "
+                         "sequential, assd, assd-ngram; k = --draft-length, default 5)")
     ag.add_argument("--epsilon", type=float, default=0.0,
                     help="ASSD acceptance tolerance (Appendix F.5; > 0 is NOT lossless)")
     ap.add_argument("--compare", action="store_true",

@@ -134,6 +134,10 @@ def test_generate_infill_greedy_compare(tiny_asarm, capsys):
         assert text.startswith("def f(a):\n    ") and text.endswith("\n")
         assert len(text) == len("def f(a):\n    \n") + 6
         assert "outputs: identical" in out
+        # the same template typed on a shell line: "\n" arrives as backslash + n
+        assert gen_cli.main(["--model", tiny_asarm, "--method", method, "--draft-length", "3",
+                             "--infill", "def f(a):\\n    <mask:6>\\n"]) == 0
+        assert capsys.readouterr().out.split("=" * 80)[1][1:-1] == text
 
 
 @pytest.mark.parametrize("argv, needle", [
