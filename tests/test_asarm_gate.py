@@ -18,15 +18,7 @@ from models.xlnet import XLNetConfig, XLNetLM, init_params, save_xlnet
 
 CFG = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
 
-
-class CharTok:
-    vocab_size = 128
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
+from tests.tiny import CharTok
 
 
 def _params(collapse_to=None):

@@ -95,14 +95,7 @@ def test_corrupt_cache_is_refetched(smollm2_gguf, tmp_path, monkeypatch, capsys)
 
 
 # ----------------------------------------------------------------------------- AS-ARM infilling
-class _CharTok:
-    vocab_size = 128
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
+from tests.tiny import CharTok  # noqa: E402
 
 
 @pytest.fixture
@@ -114,7 +107,7 @@ def tiny_asarm(tmp_path, monkeypatch):
     import jaxspec.train
     from models.xlnet import XLNetConfig, init_params, save_xlnet
 
-    monkeypatch.setattr(jaxspec.train, "load_tokenizer_preset", lambda name, log: _CharTok())
+    monkeypatch.setattr(jaxspec.train, "load_tokenizer_preset", lambda name, log: CharTok())
     cfg = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
     params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, init_params(cfg, 0))
     path = tmp_path / "model.safetensors"

@@ -10,15 +10,7 @@ import pytest
 from jaxspec.infill import (TemplateError, build_template, line_template, parse_template,
                             pass_at_1, run_program, single_line_tasks, split_template)
 
-
-class CharTok:
-    """One token per character (id = code point), enough to check the bookkeeping."""
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
+from tests.tiny import CharTok
 
 
 def test_parse_template():

@@ -20,3 +20,16 @@ def tiny_model(vocab: int = 64, *, arch: str = "llama", layers: int = 2, scale: 
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: x * scale if x.ndim >= 2 else x, params)
     return CausalLM(cfg), params
+
+
+class CharTok:
+    """One token per character (id = code point, vocabulary 128): a stand-in tokenizer for
+    template, CLI and gate bookkeeping tests."""
+
+    vocab_size = 128
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
