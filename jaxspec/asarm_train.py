@@ -54,7 +54,10 @@ class AsarmSection:
     embedding initialises the kept rows (None: random). ``layer_norm_eps``, ``clamp_len``:
     XLNet settings. ``mask_*``: the masking-rate schedule of Appendix E.3. The transformer sizes
     come from ``model`` (``hidden_size`` = d_model, ``intermediate_size`` = d_inner,
-    ``num_layers``, ``num_heads``, ``head_dim``)."""
+    ``num_layers``, ``num_heads``, ``head_dim``). ``init_weights``: a file written by
+    :func:`models.xlnet.save_xlnet` (e.g. an exported ``model.safetensors``) whose weights start
+    the run instead of a random init (continued training with a fresh optimiser and schedule);
+    its architecture and vocabulary map must equal this config's."""
 
     vocab_size: int = 8192
     embed_init: Optional[str] = None
@@ -65,6 +68,10 @@ class AsarmSection:
     mask_min: float = 0.90
     mask_max: float = 0.99
     mask_warmup_steps: int = 5000
+    init_weights: Optional[str] = None
+
+
+INIT_RECORD = "init.json"
 
 
 # --------------------------------------------------------------------------- sampling
@@ -221,6 +228,10 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
     cover = float(np.mean(train_m.seqs != vocab.unk))
     log(f"[asarm] vocabulary {vocab.size} ids (UNK {vocab.unk}); train coverage {cover:.4f}")
     xcfg = xlnet_config(cfg)
+    if a.init_weights:
+        params = _continued_params(a.init_weights, xcfg, vocab)
+        log(f"[asarm] weights initialised from {a.init_weights}")
+        return XLNetLM(xcfg), params, tok, vocab, (train_m, val_m)
     params = jax.jit(init_params, static_argnums=(0, 1, 2))(xcfg, cfg.train.seed, a.init_std)
     if a.embed_init:
         from models.presets import load_model
@@ -235,6 +246,71 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
             projected_embeddings(big, vocab.ids, xcfg.d_model, a.init_std, cfg.train.seed))
         log(f"[asarm] word embedding initialised from {a.embed_init} ({big.shape[1]} -> {xcfg.d_model} by PCA)")
     return XLNetLM(xcfg), params, tok, vocab, (train_m, val_m)
+
+
+def _continued_params(path, xcfg: XLNetConfig, vocab: CompactVocab) -> dict:
+    """Weights of ``path`` (a :func:`models.xlnet.save_xlnet` file) for continued training.
+
+    Raises:
+      jaxspec.train.TrainConfigError: unreadable file, or an architecture or vocabulary map that
+        differs from the run's (one line naming the difference).
+    """
+    from jaxspec.train import TrainConfigError
+    from models.xlnet import WeightFileError, load_xlnet
+
+    try:
+        fcfg, params, fvocab, _ = load_xlnet(path)
+    except WeightFileError as e:
+        raise TrainConfigError(f"asarm.init_weights: {e}") from None
+    if fcfg != xcfg:
+        diff = {k: (getattr(fcfg, k), getattr(xcfg, k)) for k in dataclasses.asdict(xcfg)
+                if getattr(fcfg, k) != getattr(xcfg, k)}
+        raise TrainConfigError(f"asarm.init_weights {path}: architecture differs from the config "
+                               f"(file, config): {diff}")
+    if fvocab is None or fvocab.ids != vocab.ids or fvocab.external_size != vocab.external_size:
+        raise TrainConfigError(f"asarm.init_weights {path}: its vocabulary map differs from the one "
+                               "built from this config's training data")
+    return params
+
+
+def prior_training(cfg, run_dir) -> dict:
+    """Meta of the weights a continued run started from (``{}`` for a run from scratch).
+
+    The first call of a run with ``asarm.init_weights`` records the file's meta (``step``,
+    ``tokens_seen``) in ``run_dir/init.json``; later calls (resume, export) read that record, so
+    the figures stay right if the file is overwritten by the continued run's export.
+    """
+    import json
+    from pathlib import Path
+
+    rec = Path(run_dir) / INIT_RECORD
+    if rec.is_file():
+        return json.loads(rec.read_text())
+    a = cfg.asarm or AsarmSection()
+    if not a.init_weights:
+        return {}
+    from models.xlnet import load_xlnet
+
+    meta = dict(load_xlnet(a.init_weights)[3])
+    out = {"path": str(a.init_weights), "step": int(meta.get("step", 0)),
+           "tokens_seen": int(meta.get("tokens_seen", 0))}
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    rec.write_text(json.dumps(out))
+    return out
+
+
+def run_meta(cfg, run_dir, step: int, tokens_per_step: int) -> dict:
+    """The ``meta`` stored with exported AS-ARM weights: ``step`` and ``tokens_seen`` count the
+    run this file continues (:func:`prior_training`) as well as this run's steps."""
+    prior = prior_training(cfg, run_dir)
+    meta = {"objective": "asarm", "name": cfg.name,
+            "step": int(prior.get("step", 0)) + int(step),
+            "tokens_seen": int(prior.get("tokens_seen", 0)) + int(step) * int(tokens_per_step),
+            "tokenizer": cfg.model.tokenizer}
+    if prior:
+        meta["continued_from"] = prior
+        meta["run_step"] = int(step)
+    return meta
 
 
 def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[int, int]:
@@ -277,11 +353,10 @@ def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[i
     params = jax.tree.map(np.asarray, restored["trainable"])
     dest = Path(dest) if dest is not None else run / f"model-{step}.safetensors"
     seq = cfg.optim.grad_accum * cfg.data.batch_size * cfg.data.seq_len
-    meta = {"objective": "asarm", "name": cfg.name, "step": int(step), "tokens_seen": int(step) * seq,
-            "tokenizer": cfg.model.tokenizer}
+    meta = run_meta(cfg, run, int(step), seq)
     return int(step), save_xlnet(dest, xlnet_config(cfg), params, vocab, meta)
 
 
 __all__ = ["AsarmSection", "mask_rate_range", "low_discrepancy_uniform", "prompt_lengths",
            "lattice_order", "joint_loss", "asarm_loss", "build_vocab", "projected_embeddings",
-           "xlnet_config", "build_asarm", "export_checkpoint"]
+           "xlnet_config", "build_asarm", "prior_training", "run_meta", "export_checkpoint"]

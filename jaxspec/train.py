@@ -156,6 +156,10 @@ class TrainSection:
     log_every: int = 10
     keep_checkpoints: int = 2
     ckpt_every_s: Optional[float] = None  # also checkpoint when this many wall seconds passed
+    # steps of an earlier run this one continues (asarm.init_weights): step s draws the data
+    # batch, masking keys and masking-rate schedule of step s + data_offset, so the continued
+    # run sees new batches and masks instead of replaying the earlier run's
+    data_offset: int = 0
 
 
 @dataclasses.dataclass
@@ -206,6 +210,11 @@ def config_from_dict(d: dict) -> TrainConfig:
             cfg.asarm = AsarmSection()
         if cfg.lora is not None:
             raise TrainConfigError("objective.kind = asarm does not support a lora section")
+    if int(cfg.train.data_offset) < 0:
+        raise TrainConfigError(f"train.data_offset must be >= 0, got {cfg.train.data_offset}")
+    if cfg.asarm is not None and cfg.asarm.init_weights and cfg.asarm.embed_init:
+        raise TrainConfigError("asarm.init_weights and asarm.embed_init exclude each other "
+                               "(the start weights already hold the embedding)")
     return cfg
 
 
@@ -575,6 +584,9 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
         else:
             model, params = model_and_params
             train_ds, val_ds = datasets
+        from jaxspec.asarm_train import prior_training
+
+        prior_training(cfg, out)  # records the start weights' step / tokens (continued runs)
         if vocab is not None:
             (out / "vocab.json").write_text(json.dumps({"ids": list(vocab.ids),
                                                          "external_size": vocab.external_size}))
@@ -598,7 +610,8 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
         trainable = params
     trainable = jax.tree.map(jnp.copy, trainable)  # the step donates its input buffers
     key = cfg.to_dict()
-    for k in ("ckpt_every", "eval_every", "eval_batches", "log_every", "keep_checkpoints", "ckpt_every_s"):
+    for k in ("ckpt_every", "eval_every", "eval_batches", "log_every", "keep_checkpoints", "ckpt_every_s",
+              "data_offset"):
         key["train"].pop(k)  # bookkeeping only: not part of the compiled computation
     jstep, eval_fn, tx, sched = _compiled_fns(model, json.dumps(key, sort_keys=True))
     opt_state = tx.init(trainable)
@@ -654,8 +667,9 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
     with mpath.open("a") as mf:
         for s in range(start, end):
             t0 = time.perf_counter()
-            batch = train_ds.batch(s, accum * bs).reshape(accum, bs, T)
-            trainable, opt_state, stats = jstep(trainable, opt_state, base, jnp.asarray(batch), jnp.int32(s))
+            sd = s + cfg.train.data_offset  # data / masking step (the lr schedule counts s)
+            batch = train_ds.batch(sd, accum * bs).reshape(accum, bs, T)
+            trainable, opt_state, stats = jstep(trainable, opt_state, base, jnp.asarray(batch), jnp.int32(sd))
             done = s + 1
             if done % cfg.train.log_every == 0 or done == end:
                 stats = {k: float(v) for k, v in stats.items()}
@@ -695,8 +709,9 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
     if asarm:
         from models.xlnet import save_xlnet
 
-        meta = {"objective": "asarm", "name": cfg.name, "step": result["step"],
-                "tokens_seen": result["step"] * tokens_per_step, "tokenizer": cfg.model.tokenizer}
+        from jaxspec.asarm_train import run_meta
+
+        meta = run_meta(cfg, out, result["step"], tokens_per_step)
         result["model_bytes"] = save_xlnet(out / "model.safetensors", dcfg, trainable, vocab, meta)
     return result
 

@@ -174,3 +174,46 @@ def test_timed_checkpoints(tmp_path):
           datasets=_data(), progress=False, log=lambda m: None)
     kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert kept == [2, 3]  # keep_checkpoints = 2 of the three written
+
+
+def test_continued_training_from_exported_weights(tmp_path):
+    """``asarm.init_weights`` + ``train.data_offset``: a second run starts from the first run's
+    exported weights (fp16-rounded), its exported meta counts both runs' steps and tokens, and a
+    start file whose architecture or vocabulary differs is a one-line config error."""
+    from jaxspec.asarm_train import _continued_params, prior_training
+    from models.xlnet import CompactVocab, save_xlnet
+
+    cfg = _cfg(steps=4, warmup=1)
+    xcfg = xlnet_config(cfg)
+    kw = dict(datasets=_data(), progress=False, log=lambda m: None)
+    first = train(cfg, tmp_path / "a", model_and_params=(XLNetLM(xcfg), init_params(xcfg, 3, 0.05)), **kw)
+    vocab = CompactVocab(ids=tuple(range(V - 1)), external_size=40)
+    start = tmp_path / "start.safetensors"
+    save_xlnet(start, xcfg, first["trainable"], vocab, {"step": 4, "tokens_seen": 4 * 128})
+    d = cfg.to_dict()
+    d["asarm"]["init_weights"] = str(start)
+    d["train"].update(steps=3, data_offset=4)
+    cont = config_from_dict(d)
+    params = _continued_params(start, xcfg, vocab)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(first["trainable"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(np.float16).astype(np.float32))
+    second = train(cont, tmp_path / "b", model_and_params=(XLNetLM(xcfg), params), **kw)
+    assert second["step"] == 3
+    _, _, _, meta = load_xlnet(tmp_path / "b" / "model.safetensors")
+    assert meta["step"] == 4 + 3 and meta["run_step"] == 3
+    assert meta["tokens_seen"] == 4 * 128 + 3 * 2 * 4 * 16
+    assert meta["continued_from"]["path"] == str(start)
+    with pytest.raises(TrainConfigError, match="vocabulary map differs"):
+        _continued_params(start, xcfg, CompactVocab(ids=tuple(range(1, V)), external_size=40))
+    # the record survives the start file being overwritten (exports into the same path)
+    start.write_bytes(b"gone")
+    assert prior_training(cont, tmp_path / "b")["step"] == 4
+    with pytest.raises(TrainConfigError, match="architecture differs"):
+        save_xlnet(tmp_path / "wide.safetensors", XLNetConfig(vocab_size=V, d_model=32, n_layer=1, n_head=4,
+                   d_head=8, d_inner=48), {**first["trainable"], "layers": jax.tree.map(
+                       lambda x: x[:1], first["trainable"]["layers"])}, vocab)
+        _continued_params(tmp_path / "wide.safetensors", xcfg, vocab)
+    with pytest.raises(TrainConfigError, match="not found"):
+        _continued_params(tmp_path / "missing.safetensors", xcfg, vocab)
+    with pytest.raises(TrainConfigError, match="data_offset"):
+        config_from_dict({**d, "train": {**d["train"], "data_offset": -1}})
