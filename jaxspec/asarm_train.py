@@ -301,12 +301,13 @@ def prior_training(cfg, run_dir) -> dict:
 
 def run_meta(cfg, run_dir, step: int, tokens_per_step: int) -> dict:
     """The ``meta`` stored with exported AS-ARM weights: ``step`` and ``tokens_seen`` count the
-    run this file continues (:func:`prior_training`) as well as this run's steps."""
+    run this file continues (:func:`prior_training`) as well as this run's steps; ``seq_len`` is
+    the training length, which :func:`jaxspec.infill.load_asarm` uses as the context limit."""
     prior = prior_training(cfg, run_dir)
     meta = {"objective": "asarm", "name": cfg.name,
             "step": int(prior.get("step", 0)) + int(step),
             "tokens_seen": int(prior.get("tokens_seen", 0)) + int(step) * int(tokens_per_step),
-            "tokenizer": cfg.model.tokenizer}
+            "tokenizer": cfg.model.tokenizer, "seq_len": int(cfg.data.seq_len)}
     if prior:
         meta["continued_from"] = prior
         meta["run_step"] = int(step)

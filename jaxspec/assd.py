@@ -494,18 +494,28 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     slots = int(k) if slots is None else slots
     if not _is_int(slots) or slots < k:
         raise ValueError(f"slots must be an int >= k = {k}, got {slots!r}")
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError("sampling must be a jaxspec.sampling.SamplingConfig")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise ValueError(f"epsilon must be a number >= 0, got {epsilon!r}")
     if not epsilon >= 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
     if epsilon > 0 and (sampling.greedy or method == "sequential"):
         raise ValueError("epsilon tolerance applies to ASSD sampling only (temperature > 0)")
-    if not isinstance(sampling, SamplingConfig):
-        raise ValueError("sampling must be a jaxspec.sampling.SamplingConfig")
     tok, vis, msk, lengths = prepare_batch(tokens, masked, model.config.vocab_size, bucket, max_len)
     rank, pos, G = _ranks(msk)
     seq = method == "sequential"
+    k_requested = int(k)
     k, slots = (1, 1) if seq else (int(k), int(slots))
+    # t = min(n + k, N - m) (Algorithm 1 line 3): a k or slot count above the most masked
+    # positions of any row speculates no more, so compile no more query slots than that
+    # (a huge k would otherwise allocate (B, k, V) logits for nothing)
+    g_max = max(int(np.max(G)), 1)
+    if slots > g_max:
+        slots, k = g_max, min(k, g_max)
     statics = dict(model=model, method=method, slots=slots, sampling=sampling)
-    sig = (tok.shape, jax.tree_util.tree_structure(params), model, method, slots, sampling)
+    sig = (tok.shape, jax.tree_util.tree_structure(params),
+           tuple(str(x.dtype) for x in jax.tree_util.tree_leaves(params)), model, method, slots, sampling)
     args = (params, jnp.asarray(tok), jnp.asarray(vis), jnp.asarray(msk), jnp.asarray(rank),
             jnp.asarray(pos), jnp.asarray(G), jax.random.PRNGKey(seed), jnp.int32(k),
             jnp.float32(epsilon))
@@ -515,9 +525,9 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     inf = [toks[b][msk[b]].copy() for b in range(len(lengths))]
     stats = ASSDStats(
         method=method, reference="sequential", target_nfe=nfe, draft_nfe=dnfe, steps=steps,
-        accept_hist=hist[:, :k + 2], new_tokens=G.astype(np.int64), draft_length=0 if seq else k,
+        accept_hist=hist[:, :k + 2], new_tokens=G.astype(np.int64), draft_length=0 if seq else k_requested,
         drafts_proposed=None if seq else proposed, accepted=None if seq else accepted,
-        extra={"k": None if seq else k, "epsilon": float(epsilon),
+        extra={"k": None if seq else k_requested, "epsilon": float(epsilon),
                "lossless": bool(epsilon == 0), "draft_passes": int(dpass.sum()),
                "density_passes": int(vpass.sum()),
                "tokens_per_iteration": round(float(G.sum() / max(steps.sum(), 1)), 4),

@@ -87,6 +87,7 @@ def welch_p(a, b) -> Optional[float]:
     from scipy import stats as sps
 
     a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]   # as _mean_se: one inf PPL must not give NaN
     if len(a) < 2 or len(b) < 2:
         return None
     if a.std() == 0 and b.std() == 0:          # no spread: equal means or certainly different
@@ -181,6 +182,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
                    infill_tasks: Sequence = (), tokenizer=None,
                    to_model: Optional[Callable[[Sequence[int]], list]] = None,
                    infill_temperature: float = 0.0, sandbox_timeout: float = 10.0,
+                   max_len: Optional[int] = None,
                    config: Optional[dict] = None, progress: bool = True,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the ``assd`` suite (module docstring) and return the result document.
@@ -195,6 +197,9 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       mask_rate: share of each sequence to infill (the paper: 0.95).
       k: ASSD / ASSD-ngram draft length of the main rows (the paper: 5).
       k_sweep: ASSD draft lengths of the Table 5 sweep (empty: no sweep).
+      seed: the generation rows use ``seed * 1000 + row index`` (independent samples); the
+        infilling rows use ``seed`` (the same draw for sequential and ASSD).
+      max_len: the model's context for the infilling rows (a longer template is an error).
       temperature, top_k, top_p: the sampling configuration of every generation row.
       infill_tasks: :class:`jaxspec.infill.LineTask` items (empty: no infilling rows); needs
         ``tokenizer`` (``encode``/``decode`` of tokenizer ids) and ``to_model`` (tokenizer ids
@@ -226,10 +231,12 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
     runs: dict = {}
     keys = [("sequential", None), ("assd", k), ("assd-ngram", k)]
     keys += [("assd", kk) for kk in k_sweep if kk != k]
-    for method, kk in keys:
-        def run(ids, method=method, kk=kk):
+    for j, (method, kk) in enumerate(keys):
+        # each row samples with its own seed, so the rows are independent samples (as the
+        # Welch tests against sequential assume); row j uses seed * 1000 + j
+        def run(ids, method=method, kk=kk, row_seed=seed * 1000 + j):
             return assd_generate(model, params, [ids], [mask_of[id(ids)]], method=method,
-                                 k=kk or 1, sampling=sampling, seed=seed, bucket=bucket)
+                                 k=kk or 1, sampling=sampling, seed=row_seed, bucket=bucket)
         runs[(method, kk)] = run
     outs, compile_s = run_interleaved(runs, prompts, max(len(s) for s in seqs), progress,
                                       "assd runs")
@@ -280,7 +287,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
             raise BenchError("infilling rows need a tokenizer")
         infill = run_infill(model, params, infill_tasks, tokenizer, to_mod, to_ext, k=k,
                             temperature=infill_temperature, seed=seed, bucket=bucket,
-                            timeout=sandbox_timeout, log=log)
+                            timeout=sandbox_timeout, max_len=max_len, log=log)
     return {"suite": "assd",
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "machine": machine_info(), "config": dict(config or {}), "rows": rows,
@@ -289,7 +296,8 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
 
 def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int = 5,
                temperature: float = 0.0, seed: int = 0, bucket: int = 64,
-               timeout: float = 10.0, log: Callable[[str], None] = lambda m: None) -> dict:
+               timeout: float = 10.0, max_len: Optional[int] = None,
+               log: Callable[[str], None] = lambda m: None) -> dict:
     """HumanEval single-line infilling, sequential vs ASSD (module docstring).
 
     Returns ``{"tasks", "temperature", "k", "rows": [{method, pass_at_1, nfe, nfe_per_token,
@@ -306,7 +314,7 @@ def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int
         outs = []
         for t, tpl in zip(tasks, tpls):
             r = assd_generate(model, params, [to_model(tpl.ids)], [tpl.masked], method=method, k=k,
-                              sampling=sampling, seed=seed, bucket=bucket)
+                              sampling=sampling, seed=seed, bucket=bucket, max_len=max_len)
             fill = fill_text(tpl, r.sequences[0], dec)
             sb = run_program(t.program(fill), timeout=timeout)
             outs.append((r, fill, sb))
@@ -432,6 +440,20 @@ def add_arguments(ap) -> None:
                    help="skip generative perplexity (no SmolLM2-135M judge)")
 
 
+def fitting_tasks(tasks, tokenizer, max_len: int, limit: int) -> list:
+    """The first ``limit`` single-line infilling tasks whose template (prompt + solution with the
+    masked line) fits the model's context of ``max_len`` tokens, in task order."""
+    from jaxspec.infill import line_template
+
+    out = []
+    for t in tasks:
+        if len(out) >= limit:
+            break
+        if len(line_template(t, tokenizer).ids) <= max_len:
+            out.append(t)
+    return out
+
+
 DEFAULT_HOLDOUT = ("argparse", "configparser", "csv", "difflib", "fractions", "heapq", "json",
                    "shlex", "statistics", "textwrap")
 
@@ -442,7 +464,7 @@ def main_assd(args, log) -> int:
     (default 8), ``--model`` an AS-ARM name or weight file (default ``asarm-small``)."""
     import sys
 
-    from jaxspec.infill import load_asarm, single_line_tasks
+    from jaxspec.infill import SandboxUnavailable, load_asarm, single_line_tasks
     from jaxspec.quality import heldout_snippets
     from models.loading import WeightFileError
 
@@ -466,13 +488,15 @@ def main_assd(args, log) -> int:
                                  cont_len=1)
         seqs = [asarm.to_model(s.tokens) for s in snips]
         judge = None if args.assd_no_judge else smollm2_judge(log)
-        tasks = single_line_tasks(limit=args.assd_infill_tasks) if args.assd_infill_tasks else []
+        tasks = (fitting_tasks(single_line_tasks(), asarm.tokenizer, asarm.max_len, args.assd_infill_tasks)
+                 if args.assd_infill_tasks else [])
         config = {"model": name, "weights": asarm.path, "limit": limit,
                   "seq_len": args.assd_seq_len, "mask_rate": args.assd_mask_rate,
                   "k": args.assd_k, "k_sweep": list(args.assd_k_sweep),
                   "temperature": args.assd_temperature, "seed": args.assd_seed,
                   "holdout": list(holdout), "judge": None if judge is None else "smollm2-135m-instruct",
                   "infill_tasks": len(tasks), "infill_temperature": args.assd_infill_temperature,
+                  "context": asarm.max_len, "row_seeds": "seed * 1000 + row index",
                   "batch": 1}
         result = run_assd_suite(asarm.model, asarm.params, seqs, model_name=name,
                                 to_external=asarm.to_external, judge=judge,
@@ -481,8 +505,9 @@ def main_assd(args, log) -> int:
                                 seed=args.assd_seed, infill_tasks=tasks,
                                 tokenizer=asarm.tokenizer, to_model=asarm.to_model,
                                 infill_temperature=args.assd_infill_temperature, config=config,
+                                max_len=asarm.max_len,
                                 progress=not args.no_progress, log=log)
-    except (BenchError, WeightFileError, ValueError) as e:
+    except (BenchError, WeightFileError, ValueError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out or "results/assd.json")

@@ -85,6 +85,8 @@ def _check_stats(r, masks, k, method):
     (dict(tokens=[[1, -1, 3]], masked=[[True, False, False]]), "outside the model vocabulary"),
     (dict(max_len=2), "runs past the context of 2"),
     (dict(tokens=[], masked=[]), "empty batch"),
+    (dict(sampling="greedy"), "SamplingConfig"),
+    (dict(epsilon="0.1", sampling=SamplingConfig(1.0)), "epsilon must be a number"),
 ])
 def test_input_errors(kw, msg):
     model, params = _model()
@@ -208,6 +210,24 @@ def test_greedy_identical_to_sequential():
             for a, b in zip(ref.sequences, r.sequences):
                 np.testing.assert_array_equal(a, b)
             assert r.stats.target_nfe.sum() < ref.stats.target_nfe.sum()
+
+
+def test_draft_length_above_the_masked_count_is_clamped():
+    """k far above the masked count speculates min(n + k, N - m) tokens (Algorithm 1 line 3):
+    the loop compiles only as many query slots as the longest row needs, and the output equals
+    the run with k = that count (greedy: identical to sequential)."""
+    model, params = _model()
+    toks, masks = _tasks(5, 6, lo=4, hi=9)
+    g_max = max(int(np.sum(m)) for m in masks)
+    ref = assd_generate(model, params, toks, masks, method="sequential")
+    big = assd_generate(model, params, toks, masks, method="assd", k=10 ** 6)
+    same = assd_generate(model, params, toks, masks, method="assd", k=g_max)
+    for a, b, c in zip(ref.sequences, big.sequences, same.sequences):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(big.stats.target_nfe, same.stats.target_nfe)
+    assert big.stats.draft_length == 10 ** 6 and big.stats.extra["k"] == 10 ** 6
+    _check_stats(big, masks, g_max, "assd")
 
 
 # ----------------------------------------------------------------------------- distribution

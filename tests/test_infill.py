@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import sys
 import threading
+import time
 
 import pytest
 
-from jaxspec.infill import (TemplateError, build_template, line_template, parse_template,
-                            pass_at_1, run_program, single_line_tasks, split_template)
+from jaxspec import infill
+from jaxspec.infill import (SandboxUnavailable, TemplateError, build_template, line_template,
+                            parse_template, pass_at_1, run_program, single_line_tasks,
+                            split_template)
 
 from tests.tiny import CharTok
 
@@ -77,6 +83,61 @@ def test_sandbox_isolation():
     assert r.status == "failed" and "blocked" in r.stderr
     r = run_program("import os\nos.system('true')\n", timeout=10)
     assert r.status == "failed"
+
+
+def test_sandbox_early_exit_with_status_0_is_not_a_pass():
+    """An infilled ``sys.exit(0)`` / ``os._exit(0)`` ends the program before its tests: failed."""
+    for line in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
+        r = run_program(line + "\nassert False\n", timeout=10)
+        assert r.status == "failed" and r.returncode == 0 and "before the end" in r.stderr, (line, r)
+
+
+def _uid_processes(uid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/status") as f:
+                    fields = dict(l.split(":", 1) for l in f if ":" in l)
+            except OSError:
+                continue
+            # a killed process that nobody has reaped yet (zombie, "Z") runs nothing
+            if str(uid) in fields.get("Uid", "").split() and not fields.get("State", "").strip().startswith("Z"):
+                out.append(int(d))
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not sys.platform.startswith("linux"),
+                    reason="the throwaway-uid wall needs root, setpriv and Linux")
+def test_sandbox_throwaway_uid_protects_files_and_reaps_daemons(tmp_path):
+    """As root the program runs as a throwaway uid: it cannot write the caller's files or raise
+    its limits, and a daemon it forks past the guard (libc fork + setsid) is killed at the end."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    os.chmod(tmp_path, 0o755)
+    r = run_program(f"open({str(victim)!r}, 'w').write('gone')\n", timeout=10)
+    assert r.uid is not None and r.status == "failed" and "PermissionError" in r.stderr, r
+    assert victim.read_text() == "keep"
+    r = run_program("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (10**6, 10**6))\n", timeout=10)
+    assert r.status == "failed"
+    daemon = ("import ctypes, time\nlibc = ctypes.CDLL(None)\n"
+              "if libc.fork() == 0:\n    libc.setsid()\n    time.sleep(60)\n")
+    r = run_program(daemon, timeout=10)
+    assert r.passed, r
+    time.sleep(0.2)
+    assert _uid_processes(r.uid) == [], "a daemon of the sandboxed program outlived it"
+
+
+def test_sandbox_refuses_without_a_network_namespace(monkeypatch):
+    """No namespace: model code is not run unless weak sandboxing is allowed explicitly."""
+    monkeypatch.setattr(infill, "_isolation", lambda python: ((), None))
+    monkeypatch.delenv(infill.ALLOW_WEAK_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match=infill.ALLOW_WEAK_ENV):
+        run_program(GOOD, timeout=10)
+    r = run_program(GOOD, timeout=10, allow_weak=True)
+    assert r.passed and r.network == "guard" and r.uid is None
+    monkeypatch.setenv(infill.ALLOW_WEAK_ENV, "1")
+    assert run_program(GOOD, timeout=10).network == "guard"
 
 
 def test_sandbox_blocks_network():
