@@ -103,7 +103,10 @@ class ASSDStats(DecodeStats):
     no bonus token, so an iteration that accepts all its drafts produced exactly that many
     tokens; the true number of accepted drafts is therefore kept in ``accepted`` (int ``(B,)``)
     and :attr:`accepted_drafts` / :attr:`acceptance_rate` use it. ``drafts_proposed`` counts the
-    drafts sent to verification (unverified single-token iterations propose none).
+    drafts sent to verification (unverified single-token iterations propose none). For
+    ``"assd"`` these include each verified iteration's first draft, which Lemma 1 accepts with
+    certainty, so the acceptance rate is at least ``1 / k``; the rate over the later drafts is
+    ``(accepted - iterations) / (proposed - iterations)`` over the verified iterations.
     """
 
     accepted: Optional[np.ndarray] = None
@@ -276,6 +279,13 @@ def bigram_draft_dist(tokens: jax.Array, known: jax.Array, cond: jax.Array,
       x_j = cond}``; a point mass on ``cond`` when that count is 0 (as
       :class:`jaxspec.ngram.NgramDrafter`); without a condition the unigram frequencies of the
       known tokens (uniform when nothing is known).
+
+    Denominator: Eq. 23 as printed divides by the number of known ``b`` (whether or not the
+    next position is known), which does not sum to 1 over ``a`` when some ``b`` is followed by
+    a MASK; a draft must be *sampled* from ``c`` and its density used in the acceptance ratio,
+    so here the count of ``b`` followed by a known token normalises it into a distribution
+    (the conditional bigram frequency the text describes: "the probability ... that a bigram
+    starting in b ends in a").
     """
     pair = known[:-1] & known[1:]
     w_big = (pair & (tokens[:-1] == cond)).astype(jnp.float32)
