@@ -257,9 +257,11 @@ def line_template(task: LineTask, tokenizer, extra_masks: int = 0,
 
 def fill_text(template: InfillTemplate, ids: Sequence[int], decode: Callable[[list], str]) -> str:
     """The decoded text of the first masked span (the infilled line), cut at its first newline
-    (a single-line task can only use one line)."""
+    (a single-line task can only use one line), without leading spaces or tabs: the template
+    already holds the line's indentation, and a BPE tokenizer's word-initial space token would
+    otherwise indent the line once more (the paper's Appendix E.7 strips the leading space)."""
     a, b = template.spans[0]
-    return decode([int(t) for t in ids[a:b]]).split("\n")[0]
+    return decode([int(t) for t in ids[a:b]]).split("\n")[0].lstrip(" \t")
 
 
 # --------------------------------------------------------------------------- sandbox

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jaxspec import infill
-from jaxspec.infill import (SandboxUnavailable, TemplateError, build_template, line_template,
+from jaxspec.infill import (SandboxUnavailable, TemplateError, build_template, fill_text, line_template,
                             parse_template, pass_at_1, run_program, single_line_tasks,
                             split_template)
 
@@ -197,6 +197,10 @@ def test_humaneval_single_line_tasks():
     a, b = tpl.spans[0]
     ids[a:b] = [ord(c) for c in t.target]
     assert tpl.render(ids, CharTok().decode) == t.prefix + t.indent + t.target + "\n" + t.suffix
+    # the infilled line: first line of the span, its leading spaces dropped (the template holds
+    # the indentation; a word-initial BPE space would indent it twice)
+    ids[a:b] = [ord(c) for c in (" " + t.target + "\n" + "x" * len(t.target))[:b - a]]
+    assert fill_text(tpl, ids, CharTok().decode) == t.target[:b - a - 1]
 
 
 def test_sandbox_resource_limits():
