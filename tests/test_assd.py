@@ -293,6 +293,16 @@ def test_output_distribution_equals_sequential_joint(method):
         assert (st.target_nfe <= 3).all()
 
 
+def test_output_distribution_with_k_above_the_masked_count():
+    """k = 8 > 3 masked positions takes the clamped-slot path of assd_generate (3 query slots
+    compiled): still the exact sequential joint (Theorem 2)."""
+    dist = exact_sequential_joint()
+    x, st = _samples("assd", k=8, seed=5)
+    tv, p = _tv_chi2(x, dist)
+    assert tv < 0.035 and p > 1e-3, (tv, p)
+    assert st.extra["k"] == 8 and (st.target_nfe <= 3).all()
+
+
 def test_negative_control_always_accept_is_rejected():
     """epsilon = 1 accepts every draft (pure parallel sampling, Appendix F.5 taken to the
     extreme): the same test must reject it."""
