@@ -4,7 +4,7 @@ Native format: a directory with
 
 * ``jaxspec_config.json``: ``{"format": "jaxspec-v1", "model": {ModelConfig fields},
   "diffusion": null | {"head": "llada" | "dream", "mask_token_id": int}}``;
-* ``params.safetensors``: the :mod:`models.llama` parameter tree, flattened with ``/``
+* ``params.safetensors``: the :mod:`models.llama.modeling` parameter tree, flattened with ``/``
   (``embed``, ``layers/wq``, ...), float32, stacked layer weights as in the model.
 
 Export (:func:`export_hf`) writes the Hugging Face layout the loaders read (Llama / Qwen2
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
-from models.diffusion import DiffusionConfig
-from models.loading import _LAYER_MAP, _TOP_MAP, WeightFileError
+from models.diffusion.modeling import DiffusionConfig
+from models.llama.params import _LAYER_MAP, _TOP_MAP, WeightFileError
 
 FORMAT = "jaxspec-v1"
 CONFIG_FILE = "jaxspec_config.json"
@@ -47,7 +47,7 @@ def save_checkpoint(out_dir, config: AnyConfig, params: dict) -> Path:
     from safetensors.numpy import save_file
 
     if "embed" not in params or "layers" not in params:
-        raise ValueError("params is not a models.llama parameter tree (needs 'embed' and 'layers')")
+        raise ValueError("params is not a models.llama.modeling parameter tree (needs 'embed' and 'layers')")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     flat = {}
@@ -144,11 +144,11 @@ def _hf_config_dict(config: AnyConfig) -> dict:
 def export_hf(out_dir, config: AnyConfig, params: dict) -> Path:
     """Write ``params`` in the Hugging Face layout that matches ``config`` (see module
     docstring): ``config.json``, ``model.safetensors.index.json`` and one shard per layer.
-    The result loads back with :func:`models.loading.load_hf_dir` (Llama / Qwen2) or
-    :func:`models.diffusion_loading.load_diffusion_dir` (LLaDA / Dream)."""
+    The result loads back with :func:`models.llama.params.load_hf_dir` (Llama / Qwen2) or
+    :func:`models.diffusion.params.load_diffusion_dir` (LLaDA / Dream)."""
     from safetensors.numpy import save_file
 
-    from models.diffusion_loading import _LLADA_LAYER_MAP, _LLADA_TOP_MAP
+    from models.diffusion.params import _LLADA_LAYER_MAP, _LLADA_TOP_MAP
 
     c = _base(config)
     llada = isinstance(config, DiffusionConfig) and config.head == "llada"

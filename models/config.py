@@ -1,8 +1,8 @@
 """Architecture configuration for the causal decoder (Llama / Qwen2 family).
 
-One frozen dataclass describes every model :class:`models.llama.CausalLM` can build. It is
+One frozen dataclass describes every model :class:`models.llama.modeling.CausalLM` can build. It is
 created from a Hugging Face ``config.json`` (:meth:`ModelConfig.from_hf_dict`), from GGUF
-metadata (``models.loading``), or by hand for tiny random test models.
+metadata (``models.llama.params``), or by hand for tiny random test models.
 """
 
 from __future__ import annotations

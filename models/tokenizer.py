@@ -31,7 +31,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers,
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
-from models.loading import GGUF_MAGIC, WeightFileError, _gguf_field, _open_gguf
+from models.llama.params import GGUF_MAGIC, WeightFileError, _gguf_field, _open_gguf
 
 # Qwen2's split regex.
 QWEN2_SPLIT = (
@@ -313,7 +313,7 @@ def _read_json_opt(path: Path) -> dict:
 
 
 def load_tokenizer(path) -> Tokenizer:
-    """Tokenizer for a checkpoint path, dispatching like :func:`models.loading.load_weights`.
+    """Tokenizer for a checkpoint path, dispatching like :func:`models.llama.params.load_weights`.
 
     Directory -> :meth:`Tokenizer.from_hf_dir`; ``*.gguf`` or a file with the GGUF magic ->
     :meth:`Tokenizer.from_gguf`; ``*.safetensors`` -> the HF directory containing it.

@@ -11,7 +11,7 @@ Systems: ``jaxspec/ar`` (baseline and reference), ``jaxspec/ngram``, ``transform
 markdown report (``--out`` with ``.md``) is also printed, together with the measured
 memory-bandwidth ceiling for batch-1 float32 decoding.
 
-Suite ``dllm`` (masked-diffusion decoding, :mod:`jaxspec.bench_dllm`):
+Suite ``dllm`` (masked-diffusion decoding, :mod:`jaxspec.bench.dllm`):
 
     python -m scripts.benchmark --suite dllm [--limit 3] [--model dream-smollm2-135m] \
         [--gen-length 256] [--block-length 32] [--methods stepwise fixed-2 fixed-4 threshold-0.9] \
@@ -21,7 +21,7 @@ The default is the first **3** HumanEval prompts (a 135M model without a cache c
 0.7 s per forward on a 2-core CPU, and the suite runs 12 decodes of 256 positions per
 prompt: about 13 minutes per prompt here).
 
-Suite ``ssd`` (SSD against stepwise, :mod:`jaxspec.bench_ssd`):
+Suite ``ssd`` (SSD against stepwise, :mod:`jaxspec.bench.ssd`):
 
     python -m scripts.benchmark --suite ssd [--limit 2] [--gen-length 256] [--block-length 8] \
         [--ssd-rows 3:chain:dual 4:mix-order:dual 3:chain:none ...] [--no-limit-analysis]
@@ -31,7 +31,7 @@ draft lengths 3/4/5 (chain) and 4 (mix-order) with the dual cache (add uncached 
 ``3:chain:none`` with ``--ssd-rows``), plus the Sec. 5.1 acceptance-limit table (draft
 lengths 3-5, top-k 1-5).
 
-Suite ``spiffy`` (Spiffy against the decoder it accelerates, :mod:`jaxspec.bench_spiffy`):
+Suite ``spiffy`` (Spiffy against the decoder it accelerates, :mod:`jaxspec.bench.spiffy`):
 
     python -m scripts.benchmark --suite spiffy [--limit 2] [--gen-length 256] \
         [--block-length 32] [--spiffy-rows 3:stepwise 10:threshold-0.9 10:fixed-2 ...] \
@@ -42,7 +42,7 @@ dual cache, graphs D = 3/5/8/10 at one token per step and D = 10 with fixed-2 an
 threshold-0.9 decoding (Table 2); graphs from ``--graph-dir/D<D>.json`` (``scripts.calibrate``,
 calibrated on the last 20 HumanEval problems).
 
-Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.bench_assd`):
+Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.bench.assd`):
 
     python -m scripts.benchmark --suite assd [--model asarm-small | --weights FILE] [--limit 8] \
         [--assd-k 5] [--assd-k-sweep 2 3 4 5 6 8] [--assd-seq-len 256] [--assd-mask-rate 0.95] \
@@ -62,7 +62,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxspec.bench import SUITES, SYSTEMS
+    from jaxspec.bench.common import SUITES, SYSTEMS
 
     ap = argparse.ArgumentParser(prog="python -m scripts.benchmark", description=__doc__.split("\n")[0])
     ap.add_argument("--suite", required=True, help=f"benchmark suite: {', '.join(SUITES)}")
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="directory of calibrated graphs D<D>.json")
     pg.add_argument("--cache", choices=("none", "dual"), default="dual",
                     help="cache policy of every spiffy row and its reference (default dual)")
-    from jaxspec.bench_assd import add_arguments as add_assd_arguments
+    from jaxspec.bench.assd import add_arguments as add_assd_arguments
 
     add_assd_arguments(ap)
     return ap
@@ -127,8 +127,8 @@ def _write(result, out, write_results, markdown_report, log) -> int:
 
 def _diffusion_setup(args, log, default_limit: int):
     """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
-    from jaxspec.bench import BenchError, BenchPrompt
-    from models.presets import PresetError, get_preset, load_model
+    from jaxspec.bench.common import BenchError, BenchPrompt
+    from models.registry import PresetError, get_preset, load_model
 
     model_name = args.model or "dream-smollm2-135m"
     limit = default_limit if args.limit is None else args.limit
@@ -138,7 +138,7 @@ def _diffusion_setup(args, log, default_limit: int):
         raise PresetError(f"model {model_name!r} is causal; suite {args.suite} needs a masked-"
                           f"diffusion model (e.g. dream-smollm2-135m)")
     model, params, tok, _ = load_model(model_name, args.weights, log=log)
-    from jaxspec.datasets import humaneval_problems, humaneval_prompt
+    from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
     probs = humaneval_problems()[args.start:args.start + limit]
     if not probs:
@@ -150,10 +150,10 @@ def _diffusion_setup(args, log, default_limit: int):
 
 def main_ssd(args, log) -> int:
     """``--suite ssd``."""
-    from jaxspec.bench import BenchError
-    from jaxspec.bench_ssd import markdown_report, parse_rows, run_ssd_suite, write_results
-    from models.loading import WeightFileError
-    from models.presets import PresetError
+    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.ssd import markdown_report, parse_rows, run_ssd_suite, write_results
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError
 
     try:
         rows = parse_rows(args.ssd_rows)
@@ -179,11 +179,11 @@ def main_ssd(args, log) -> int:
 
 def main_spiffy(args, log) -> int:
     """``--suite spiffy``."""
-    from jaxspec.bench import BenchError
-    from jaxspec.bench_spiffy import (load_graphs, markdown_report, parse_rows, run_spiffy_suite,
+    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.spiffy import (load_graphs, markdown_report, parse_rows, run_spiffy_suite,
                                       write_results)
-    from models.loading import WeightFileError
-    from models.presets import PresetError
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError
 
     try:
         rows = parse_rows(args.spiffy_rows)
@@ -210,11 +210,11 @@ def main_spiffy(args, log) -> int:
 
 def main_dllm(args, log) -> int:
     """``--suite dllm``."""
-    from jaxspec.bench import BenchError
-    from jaxspec.bench_dllm import DLLM_METHODS, markdown_report, run_dllm_suite, write_results
-    from jaxspec.dllm import CACHES
-    from models.loading import WeightFileError
-    from models.presets import PresetError
+    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.dllm import DLLM_METHODS, markdown_report, run_dllm_suite, write_results
+    from jaxspec.dllm.decode import CACHES
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError
 
     try:
         model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 3)
@@ -241,17 +241,17 @@ def main_dllm(args, log) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.bench import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
+    from jaxspec.bench.common import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
                                TransformersSystem, load_transformers_model, markdown_report,
                                n_params, parse_systems, run_ar_suite, write_results)
-    from jaxspec.causal import DecodeInputError
-    from models.loading import WeightFileError
-    from models.presets import PresetError, fetch, get_preset, load_model
+    from jaxspec.causal.decode import DecodeInputError
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, fetch, get_preset, load_model
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         if args.suite == "assd":
-            from jaxspec.bench_assd import main_assd
+            from jaxspec.bench.assd import main_assd
 
             return main_assd(args, log)
         if args.suite not in SUITES:
@@ -283,7 +283,7 @@ def main(argv=None) -> int:
             raise PresetError(f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)")
         model, params, tok, preset = load_model(args.model, str(path), log=log)
 
-        from jaxspec.datasets import humaneval_problems, humaneval_prompt
+        from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
         probs = humaneval_problems()[args.start:args.start + args.limit]
         if not probs:

@@ -58,7 +58,7 @@ def _save_records(path: Path, recs) -> None:
 
 
 def _load_records(path: Path):
-    from jaxspec.spiffy import CalibrationRecord
+    from jaxspec.dllm.spiffy import CalibrationRecord
 
     if not path.exists():
         raise FileNotFoundError(f"--reuse: {path} does not exist; run without --reuse first")
@@ -72,8 +72,8 @@ def _load_records(path: Path):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)
-    from jaxspec.dllm import DiffusionDecodeConfig
-    from jaxspec.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,
+    from jaxspec.dllm.decode import DiffusionDecodeConfig
+    from jaxspec.dllm.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,
                                 save_graph, select_graph)
 
     out = Path(args.out_dir)
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
         else:
             from tqdm import tqdm
 
-            from jaxspec.datasets import humaneval_problems, humaneval_prompt
-            from models.presets import get_preset, load_model
+            from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
+            from models.registry import get_preset, load_model
 
             if not get_preset(args.model).is_diffusion:
                 raise ValueError(f"model {args.model!r} is causal; calibration needs a "

@@ -21,8 +21,8 @@ DIFFUSION_TYPES = ("llada", "dream")
 def load_any(src: Path):
     """Load SRC as (config, params): native checkpoint, LLaDA/Dream dir, Llama/Qwen2 dir or GGUF."""
     from models.checkpoint import is_native, load_checkpoint
-    from models.diffusion_loading import load_diffusion_dir
-    from models.loading import load_weights
+    from models.diffusion.params import load_diffusion_dir
+    from models.llama.params import load_weights
 
     if is_native(src):
         return load_checkpoint(src)
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from models.checkpoint import export_hf, save_checkpoint
     from models.config import ConfigError
-    from models.loading import WeightFileError
+    from models.llama.params import WeightFileError
 
     src, out = Path(args.src), Path(args.out)
     try:

@@ -5,15 +5,15 @@
 ``python -m scripts.evaluate --gate asarm-small [--weights PATH] [--sequences 20] [--seq-len 256]
 [--mask-rate 0.95] [--method sequential] [--temperature 1.0] [--out PATH]``
 
-Loads the AS-ARM (:func:`jaxspec.infill.load_asarm`; default ``checkpoints/<gate>/
+Loads the AS-ARM (:func:`jaxspec.asarm.infill.load_asarm`; default ``checkpoints/<gate>/
 model.safetensors``), cuts ``--sequences`` windows of ``--seq-len`` tokenizer ids out of the
 held-out stdlib modules of the training config (``data.holdout``, never the training split;
-:func:`jaxspec.quality.heldout_snippets`), masks ``--mask-rate`` of each with a fixed seed (the
+:func:`jaxspec.eval.quality.heldout_snippets`), masks ``--mask-rate`` of each with a fixed seed (the
 visible rest is the prompt), infills them (``--method``, sampling at ``--temperature``, the
 paper's 1.0, and greedy) and compares with the true text at the same positions: distinct-token
 share, repeated 4-gram rate, longest run, Shannon entropy (Eq. 22) and generative perplexity
-judged by SmolLM2-135M (Eq. 21) (:func:`jaxspec.quality.run_asarm_gate`). Pass rule
-(:data:`jaxspec.quality.ASARM_GATE_RULE`, on the sampled run): FAIL when any infill is mostly
+judged by SmolLM2-135M (Eq. 21) (:func:`jaxspec.eval.quality.run_asarm_gate`). Pass rule
+(:data:`jaxspec.eval.quality.ASARM_GATE_RULE`, on the sampled run): FAIL when any infill is mostly
 one token (> 50%), when the infills' distinct-token share is below half the true text's, when
 their repeated 4-gram rate exceeds the true text's by more than 0.25, or when their judged
 perplexity (geometric mean) exceeds 10x the true text's. Writes ``gate.json`` next to the weights
@@ -26,7 +26,7 @@ perplexity (geometric mean) exceeds 10x the true text's. Writes ``gate.json`` ne
 
 Reads ``configs/train/<gate>.yaml`` (base preset, head, mask id, held-out modules) and
 ``checkpoints/<gate>/delta.safetensors``, builds ``--prompts`` held-out stdlib snippets
-(:func:`jaxspec.quality.heldout_snippets`: 128-token prompt + true next ``--gen-length``
+(:func:`jaxspec.eval.quality.heldout_snippets`: 128-token prompt + true next ``--gen-length``
 tokens), and reports, next to the base model run autoregressively (greedy) on the same prompts:
 
 * masked-token top-1 accuracy at 15% and 50% masking (the AR column is the base model's
@@ -116,7 +116,7 @@ def asarm_main(args, cfg_path: Path) -> int:
     weights = Path(args.weights) if args.weights else ROOT / "checkpoints" / args.gate / "model.safetensors"
     if not weights.is_file():
         return _fail(f"AS-ARM weights not found: {weights} (export them with "
-                     f"jaxspec.asarm_train.export_checkpoint)")
+                     f"jaxspec.training.asarm.export_checkpoint)")
     batch = 10 if args.batch is None else args.batch
     for name, v in (("sequences", args.sequences), ("batch", batch), ("k", args.k)):
         if v < 1:
@@ -130,12 +130,12 @@ def asarm_main(args, cfg_path: Path) -> int:
 
     t_start = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    from jaxspec import bench_assd
-    from jaxspec import quality as Q
-    from jaxspec.bench import BenchError
-    from jaxspec.infill import load_asarm
-    from jaxspec.train import load_config
-    from models.loading import WeightFileError
+    from jaxspec.bench import assd as bench_assd
+    from jaxspec.eval import quality as Q
+    from jaxspec.bench.common import BenchError
+    from jaxspec.asarm.infill import load_asarm
+    from jaxspec.training.train import load_config
+    from models.llama.params import WeightFileError
 
     try:
         cfg = load_config(cfg_path)
@@ -239,12 +239,12 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from jaxspec import quality as Q
-    from jaxspec.causal import generate
-    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
-    from jaxspec.train import load_config, load_delta, merge_delta
-    from models.diffusion import DiffusionConfig, DiffusionLM
-    from models.presets import load_model
+    from jaxspec.eval import quality as Q
+    from jaxspec.causal.decode import generate
+    from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
+    from jaxspec.training.train import load_config, load_delta, merge_delta
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+    from models.registry import load_model
 
     t_start = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731

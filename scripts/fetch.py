@@ -14,7 +14,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m-instruct", help="preset name")
     ap.add_argument("--print-path", action="store_true", help="print only the local file path")
     args = ap.parse_args(argv)
-    from models.presets import PresetError, fetch
+    from models.registry import PresetError, fetch
 
     try:
         path = fetch(args.model)

@@ -12,7 +12,7 @@ and one stats line (NFE, MAT, acceptance, tokens/s, compile time, degeneracy fig
 outputs are identical (greedy) and the wall-clock speedup.
 
 Masked-diffusion presets (``dream-smollm2-135m``) use the diffusion decoder
-(:func:`jaxspec.dllm.diffusion_generate`):
+(:func:`jaxspec.dllm.decode.diffusion_generate`):
 
     python -m scripts.generate --model dream-smollm2-135m --method stepwise \
         [--gen-length 64] [--block-length 8] [--steps N (default: gen length)] \
@@ -21,9 +21,9 @@ Masked-diffusion presets (``dream-smollm2-135m``) use the diffusion decoder
         [--temperature T] [--top-k K] [--top-p P] [--alg-temp A] [--seed S] [--compare]
 
 ``--method ssd [--draft-length N (default 3)] [--tree chain|mix-order]`` runs SSD
-(:mod:`jaxspec.ssd`), lossless against one-token-per-step stepwise decoding with the same cache
+(:mod:`jaxspec.dllm.ssd`), lossless against one-token-per-step stepwise decoding with the same cache
 policy (``--cache none|dual``); with ``--compare`` a greedy mismatch exits with code 1.
-``--method spiffy [--graph PATH]`` runs Spiffy (:mod:`jaxspec.spiffy`) with a calibrated draft
+``--method spiffy [--graph PATH]`` runs Spiffy (:mod:`jaxspec.dllm.spiffy`) with a calibrated draft
 graph (default ``configs/graphs/dream-smollm2-135m/D10.json``, made by ``scripts.calibrate``);
 it is lossless against the decoder it accelerates: stepwise (any ``--steps``), or with
 ``--tokens-per-step K`` / ``--threshold T`` the fixed-k / threshold decoder (``--compare`` runs
@@ -36,7 +36,7 @@ is its own reference). ``--compare`` also runs the one-token-per-step stepwise r
 outputs are identical; parallel decoding is not lossless, so a difference is reported, not
 an error. Without ``--method`` a causal model uses ``ngram`` and a diffusion model ``stepwise``.
 
-AS-ARM (XLNet) infilling with ``asarm-small`` (:mod:`jaxspec.assd`, :mod:`jaxspec.infill`):
+AS-ARM (XLNet) infilling with ``asarm-small`` (:mod:`jaxspec.asarm.assd`, :mod:`jaxspec.asarm.infill`):
 
     python -m scripts.generate --model asarm-small --method assd|assd-ngram|sequential \
         --infill "def add(a, b):\\n    <mask:8>\\n" [--draft-length K] [--temperature T] [--compare]
@@ -171,7 +171,7 @@ def _check_method(args, preset) -> str:
 
 
 def _texts(args, tok):
-    from jaxspec.datasets import humaneval_problems, humaneval_prompt
+    from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
     if args.prompt:
         return [tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
@@ -192,10 +192,10 @@ def _print_outputs(args, texts, rows, tok) -> None:
 
 def main_diffusion(args, method, preset) -> int:
     """``main`` for masked-diffusion presets (stepwise / fixed-k / threshold)."""
-    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
-    from jaxspec.metrics import mean_degeneracy
-    from models.loading import WeightFileError
-    from models.presets import PresetError, load_model
+    from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
+    from jaxspec.eval.metrics import mean_degeneracy
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, load_model
 
     try:
         common = dict(gen_length=args.gen_length, block_length=args.block_length,
@@ -207,12 +207,12 @@ def main_diffusion(args, method, preset) -> int:
                                     threshold=args.threshold, alg_temp=args.alg_temp, **common)
         ssd_cfg = spiffy_cfg = None
         if method == "spiffy":
-            from jaxspec.spiffy import SpiffyConfig, load_graph, spiffy_generate
+            from jaxspec.dllm.spiffy import SpiffyConfig, load_graph, spiffy_generate
 
             spiffy_cfg = SpiffyConfig(cfg, load_graph(args.graph or DEFAULT_GRAPH))
             ref_cfg = cfg
         if method == "ssd":
-            from jaxspec.ssd import SSDConfig, ssd_generate
+            from jaxspec.dllm.ssd import SSDConfig, ssd_generate
 
             ssd_cfg = SSDConfig(dataclasses.replace(cfg, steps=args.gen_length),
                                 3 if args.draft_length is None else args.draft_length, args.tree)
@@ -270,10 +270,10 @@ def compare_line(method: str, reference: str, res, ref, verdict: str) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.infill is not None or args.method in ASARM_METHODS:
-        from jaxspec.infill import infill_cli
+        from jaxspec.asarm.infill import infill_cli
 
         return infill_cli(args)
-    from models.presets import PresetError, get_preset
+    from models.registry import PresetError, get_preset
 
     try:
         preset = get_preset(args.model)
@@ -284,12 +284,12 @@ def main(argv=None) -> int:
     if preset.is_diffusion:
         return main_diffusion(args, method, preset)
     args.method = method
-    from jaxspec.causal import DecodeInputError, generate
-    from jaxspec.metrics import mean_degeneracy
-    from jaxspec.ngram import NgramDrafter
-    from jaxspec.sampling import SamplingConfig
-    from models.loading import WeightFileError
-    from models.presets import load_model
+    from jaxspec.causal.decode import DecodeInputError, generate
+    from jaxspec.eval.metrics import mean_degeneracy
+    from jaxspec.core.drafters import NgramDrafter
+    from jaxspec.core.sampling import SamplingConfig
+    from models.llama.params import WeightFileError
+    from models.registry import load_model
 
     try:
         args.draft_length = 8 if args.draft_length is None else args.draft_length

@@ -7,7 +7,7 @@ Writes ``config.json``, ``checkpoints/<step>/`` (orbax), ``metrics.jsonl``, ``lo
 for LoRA configs, ``delta.safetensors`` under ``--out`` (default
 ``$JAXSPEC_CACHE/runs/<config name>``, i.e. ``~/.cache/jaxspec/runs/<name>``). After an
 interruption, rerun the same command with ``--resume``: training continues from the latest
-checkpoint and reproduces the uninterrupted run exactly (see :mod:`jaxspec.train`).
+checkpoint and reproduces the uninterrupted run exactly (see :mod:`jaxspec.training.train`).
 
 ``--steps`` sets ``train.steps`` (the length of the learning-rate schedule); ``--stop-after``
 stops early without changing the schedule.
@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.data import DataError
-    from jaxspec.train import TrainConfigError, load_config, train
-    from models.presets import PresetError
+    from jaxspec.training.data import DataError
+    from jaxspec.training.train import TrainConfigError, load_config, train
+    from models.registry import PresetError
 
     try:
         overrides = list(args.set)

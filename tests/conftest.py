@@ -271,13 +271,6 @@ def _release_compiled_programs():
     """Drop every compiled program after each test module (JAX's caches and the decoders'
     executable caches), so a full run's memory does not grow with the number of modules."""
     yield
-    import sys
+    from jaxspec.core.runtime import clear_compiled
 
-    import jax
-
-    for name in ("jaxspec.dllm", "jaxspec.ssd", "jaxspec.spiffy", "jaxspec.causal", "jaxspec.assd"):
-        mod = sys.modules.get(name)
-        cache = getattr(mod, "_COMPILED", None)
-        if isinstance(cache, dict):
-            cache.clear()
-    jax.clear_caches()
+    clear_compiled()

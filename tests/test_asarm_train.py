@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.asarm_train import (AsarmSection, asarm_loss, build_vocab, joint_loss, lattice_order,
+from jaxspec.training.asarm import (AsarmSection, asarm_loss, build_vocab, joint_loss, lattice_order,
                                  low_discrepancy_uniform, mask_rate_range, projected_embeddings,
                                  prompt_lengths, xlnet_config)
-from jaxspec.data import PackedDataset
-from jaxspec.train import TrainConfigError, config_from_dict, train
-from models.xlnet import XLNetConfig, XLNetLM, init_params, load_xlnet
+from jaxspec.training.data import PackedDataset
+from jaxspec.training.train import TrainConfigError, config_from_dict, train
+from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params, load_xlnet
 
 V = 23
 
@@ -46,7 +46,7 @@ def test_joint_loss_equals_separate_per_position_passes():
             t[0, later] = rng.integers(0, V, later.sum())  # the target itself and everything after
             vis = visible[b:b + 1]
             # conditioning set for position i: prompt + masked positions before i (Eq. 4 order)
-            from models.xlnet import density_masks
+            from models.xlnet.modeling import density_masks
 
             cm, qm = density_masks(vis)
             lq, _ = model.apply(params, t, cm, np.asarray(qm)[:, i:i + 1], query_pos=np.array([[i]]))
@@ -159,7 +159,7 @@ def test_train_loss_decreases_resume_is_exact_and_export(tmp_path):
     want = np.asarray(straight["trainable"]["layers"]["q"]).astype(np.float16).astype(np.float32)
     np.testing.assert_array_equal(got, want)
     # export of a (mid-run) checkpoint gives the same file content as the end-of-run export
-    from jaxspec.asarm_train import export_checkpoint
+    from jaxspec.training.asarm import export_checkpoint
 
     step, nbytes = export_checkpoint(tmp_path / "b")
     assert step == 16 and nbytes > 0
@@ -180,8 +180,8 @@ def test_continued_training_from_exported_weights(tmp_path):
     """``asarm.init_weights`` + ``train.data_offset``: a second run starts from the first run's
     exported weights (fp16-rounded), its exported meta counts both runs' steps and tokens, and a
     start file whose architecture or vocabulary differs is a one-line config error."""
-    from jaxspec.asarm_train import _continued_params, prior_training
-    from models.xlnet import CompactVocab, save_xlnet
+    from jaxspec.training.asarm import _continued_params, prior_training
+    from models.xlnet.modeling import CompactVocab, save_xlnet
 
     cfg = _cfg(steps=4, warmup=1)
     xcfg = xlnet_config(cfg)

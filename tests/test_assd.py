@@ -1,10 +1,10 @@
-"""ASSD (:mod:`jaxspec.assd`) on tiny random XLNet AS-ARMs.
+"""ASSD (:mod:`jaxspec.asarm.assd`) on tiny random XLNet AS-ARMs.
 
 * Theorem 1 as a property test: many random prompts / masks / k, NFE <= N - m per row.
 * Lemma 1: the first draft of an iteration is always accepted, and the draft pass and the
   density pass give the same distribution at ``sigma(n)``.
 * Losslessness: on a vocabulary-5 model with 3 masked positions the exact sequential joint is
-  enumerated (125 outcomes, teacher-forced density pass straight from models.xlnet); 10^4
+  enumerated (125 outcomes, teacher-forced density pass straight from models.xlnet.modeling); 10^4
   samples of sequential, ASSD and ASSD-ngram are compared with it (total variation + chi-square),
   and the always-accept negative control (epsilon = 1) is rejected.
 * Greedy ASSD / ASSD-ngram output identical to sequential, which equals a plain Python loop.
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from jaxspec.assd import (assd_generate, conditionals, decoding_order, density_order,
+from jaxspec.asarm.assd import (assd_generate, conditionals, decoding_order, density_order,
                           draft_order, prepare_batch, bigram_draft_dist)
-from jaxspec.sampling import SamplingConfig, target_probs
-from models.xlnet import XLNetConfig, XLNetLM, density_masks, init_params
+from jaxspec.core.sampling import SamplingConfig, target_probs
+from models.xlnet.modeling import XLNetConfig, XLNetLM, density_masks, init_params
 
 V = 11
 
@@ -182,7 +182,7 @@ def test_lemma1_draft_and_density_rows_agree():
 # ----------------------------------------------------------------------------- greedy identity
 def _python_sequential_greedy(model, params, toks, masks):
     """Reference: one plain model.apply per masked rank, left to right (Eq. 4), with the
-    default density mask of models.xlnet (right padding sits after every real position)."""
+    default density mask of models.xlnet.modeling (right padding sits after every real position)."""
     tok, vis, msk, lengths = prepare_batch(toks, masks, V)
     cm, qm = density_masks(vis)
     fwd = jax.jit(lambda x: model.apply(params, x, cm, qm)[0])

@@ -9,10 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.bench_assd import (markdown_report, random_mask, run_assd_suite, shannon_entropy,
+from jaxspec.bench.assd import (markdown_report, random_mask, run_assd_suite, shannon_entropy,
                                 welch_p, write_results)
-from jaxspec.infill import LineTask
-from models.xlnet import XLNetConfig, XLNetLM, init_params
+from jaxspec.asarm.infill import LineTask
+from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params
 
 
 class CharTok:

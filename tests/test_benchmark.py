@@ -1,4 +1,4 @@
-"""The benchmark machinery (``jaxspec.bench``, ``scripts.benchmark``) on a tiny random model:
+"""The benchmark machinery (``jaxspec.bench.common``, ``scripts.benchmark``) on a tiny random model:
 result schema, greedy identity of jaxspec/ngram and transformers/ar with jaxspec/ar, the
 markdown report, and the CLI's errors."""
 
@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.bench import (SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
+from jaxspec.bench.common import (SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
                            cut_output, load_transformers_model, n_params, parse_systems,
                            run_ar_suite, write_results)
-from models.llama import CausalLM
-from models.loading import load_hf_dir
+from models.llama.modeling import CausalLM
+from models.llama.params import load_hf_dir
 from models.tokenizer import load_tokenizer
 
 ROW_KEYS = {"system", "method", "model", "prompts", "new_tokens", "median_tokens_per_s",
@@ -109,7 +109,7 @@ def test_cli_errors(argv, msg, capsys):
 def test_dllm_suite_on_tiny_model(tmp_path):
     """Suite ``dllm`` on a random tiny LLaDA model: every (method, cache) row, stepwise as
     each cache policy's reference, NFE bookkeeping, loop overhead, the report and chart."""
-    from jaxspec.bench_dllm import run_dllm_suite, write_results as write_dllm
+    from jaxspec.bench.dllm import run_dllm_suite, write_results as write_dllm
     from tests.test_dllm import MODELS, PROMPTS
 
     model, params = MODELS["llada"]
@@ -153,7 +153,7 @@ def test_dllm_cli_errors(argv, msg, capsys):
 
 
 def test_dllm_method_names():
-    from jaxspec.bench_dllm import method_config
+    from jaxspec.bench.dllm import method_config
 
     c = method_config("fixed-3", gen_length=8, block_length=4, cache="prefix")
     assert c.tokens_per_step == 3 and c.cache == "prefix" and c.steps == 8
@@ -166,7 +166,7 @@ def test_dllm_method_names():
 def test_ssd_suite_on_tiny_model(tmp_path):
     """Suite ``ssd`` on the tiny random Dream model: reference rows per cache policy, SSD rows
     identical to them, step reduction bookkeeping, the Table 2 analysis and the report."""
-    from jaxspec.bench_ssd import parse_rows, run_ssd_suite, write_results as write_ssd
+    from jaxspec.bench.ssd import parse_rows, run_ssd_suite, write_results as write_ssd
     from tests.test_dllm import MODELS, PROMPTS
 
     model, params = MODELS["dream"]
@@ -203,7 +203,7 @@ def test_ssd_suite_on_tiny_model(tmp_path):
 def test_spiffy_suite_on_tiny_model(tmp_path):
     """Suite ``spiffy`` on the tiny random LLaDA model: a reference row per unmasking rule,
     Spiffy rows identical to their reference, NFE bookkeeping, Table 2 products, the report."""
-    from jaxspec.bench_spiffy import parse_rows, run_spiffy_suite, write_results as write_sp
+    from jaxspec.bench.spiffy import parse_rows, run_spiffy_suite, write_results as write_sp
     from tests.test_dllm import MODELS, PROMPTS
     from tests.test_spiffy import GRAPH
 

@@ -90,12 +90,12 @@ def test_corrupt_cache_is_refetched(smollm2_gguf, tmp_path, monkeypatch, capsys)
     cap = capsys.readouterr()
     assert "is corrupt (sha256" in cap.err and "deleting and fetching again" in cap.err
     assert cap.out.strip() == str(bad)
-    from models.presets import get_preset, sha256_of
+    from models.registry import get_preset, sha256_of
     assert sha256_of(bad) == get_preset("smollm2-135m-instruct").sha256
 
 
 # ----------------------------------------------------------------------------- AS-ARM infilling
-from tests.tiny import CharTok  # noqa: E402
+from jaxspec.testing.tiny import CharTok  # noqa: E402
 
 
 @pytest.fixture
@@ -104,10 +104,10 @@ def tiny_asarm(tmp_path, monkeypatch):
     context 48 tokens."""
     import jax
 
-    import jaxspec.train
-    from models.xlnet import XLNetConfig, init_params, save_xlnet
+    import jaxspec.training.train
+    from models.xlnet.modeling import XLNetConfig, init_params, save_xlnet
 
-    monkeypatch.setattr(jaxspec.train, "load_tokenizer_preset", lambda name, log: CharTok())
+    monkeypatch.setattr(jaxspec.training.train, "load_tokenizer_preset", lambda name, log: CharTok())
     cfg = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
     params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, init_params(cfg, 0))
     path = tmp_path / "model.safetensors"

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from models.checkpoint import load_checkpoint
-from models.diffusion import DiffusionConfig
-from models.diffusion_loading import load_diffusion_dir
-from models.loading import load_hf_dir
-from models.llama import init_params
+from models.diffusion.modeling import DiffusionConfig
+from models.diffusion.params import load_diffusion_dir
+from models.llama.params import load_hf_dir
+from models.llama.modeling import init_params
 from models.config import ModelConfig
 from scripts import convert
 

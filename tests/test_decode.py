@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from jaxspec.causal import DecodeInputError, generate
-from jaxspec.ngram import NgramDrafter
-from jaxspec.sampling import SamplingConfig, process_logits
-from tests.tiny import tiny_model
+from jaxspec.causal.decode import DecodeInputError, generate
+from jaxspec.core.drafters import NgramDrafter
+from jaxspec.core.sampling import SamplingConfig, process_logits
+from jaxspec.testing.tiny import tiny_model
 
 
 @functools.partial(jax.jit, static_argnums=0)

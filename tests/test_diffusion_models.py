@@ -1,4 +1,4 @@
-"""Bidirectional LLaDA / Dream models (:mod:`models.diffusion`) and their loaders.
+"""Bidirectional LLaDA / Dream models (:mod:`models.diffusion.modeling`) and their loaders.
 
 Tiny random transformers Llama / Qwen2 models (``conftest.tiny_hf``) are re-saved in the
 LLaDA layout (renamed tensors, LLaDA-style config.json) and as Dream directories, loaded
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from models.config import ModelConfig
-from models.diffusion import DiffusionConfig, DiffusionLM, bidirectional_mask, shift_logits
-from models.diffusion_loading import load_diffusion_dir, load_dream_dir, load_llada_dir
-from models.llama import init_cache
-from models.loading import WeightFileError
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM, bidirectional_mask, shift_logits
+from models.diffusion.params import load_diffusion_dir, load_dream_dir, load_llada_dir
+from models.llama.modeling import init_cache
+from models.llama.params import WeightFileError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

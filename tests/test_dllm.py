@@ -1,10 +1,10 @@
-"""Reference masked-diffusion decoders (:mod:`jaxspec.dllm`) against a plain numpy oracle.
+"""Reference masked-diffusion decoders (:mod:`jaxspec.dllm.decode`) against a plain numpy oracle.
 
 The oracle below is a separate, un-jitted, one-row-at-a-time implementation of the same
 algorithm (LLaDA ``generate.py`` loop structure, Dream's confidence rules, fixed-k and
 Fast-dLLM threshold transfer). It runs each prompt alone, unpadded, so agreement also checks
 left padding. It shares only the model forward and the random numbers
-(:func:`jaxspec.dllm.row_noise`, keyed by batch row and the row's step). For the Fast-dLLM
+(:func:`jaxspec.dllm.decode.row_noise`, keyed by batch row and the row's step). For the Fast-dLLM
 caches it keeps its own exact, unpadded windows and (for Dream) the cached logit row, and it
 restarts every cached step from the block's first-step cache, using only the model's KV-cache
 forward (itself checked against transformers in test_parity).
@@ -18,11 +18,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.dllm import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
+from jaxspec.dllm.decode import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
                           prefix_widths, row_noise)
 from models.config import ModelConfig
-from models.diffusion import DiffusionConfig, DiffusionLM
-from models.llama import init_cache, init_params
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+from models.llama.modeling import init_cache, init_params
 
 VOCAB, MASK = 40, 39
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]]

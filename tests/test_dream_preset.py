@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-import models.presets as presets
-from models.delta import LORA_TARGETS
-from models.loading import WeightFileError
-from models.presets import PresetError, get_preset, load_model, sha256_of
+import models.registry as presets
+from models.diffusion.delta import LORA_TARGETS
+from models.llama.params import WeightFileError
+from models.registry import PresetError, get_preset, load_model, sha256_of
 from scripts import generate as gen_cli
 
 NAME = "dream-smollm2-135m"
@@ -127,7 +127,7 @@ def test_cli_diffusion_bad_input_exit_2(args, needle, capsys):
 def test_merged_params_differ_from_base_exactly_in_the_delta(smollm2_gguf):
     model, merged, tok, preset = load_model(NAME, str(smollm2_gguf), log=lambda m: None)
     _, base, _, _ = load_model("smollm2-135m-instruct", str(smollm2_gguf), log=lambda m: None)
-    from models.diffusion import DiffusionLM
+    from models.diffusion.modeling import DiffusionLM
 
     assert isinstance(model, DiffusionLM) and preset.name == NAME
     assert (model.config.head, model.config.mask_token_id) == ("dream", 16)

@@ -47,14 +47,14 @@ def _stats_record(stats) -> dict:
 
 
 def _sampling(kw: dict):
-    from jaxspec.sampling import SamplingConfig
+    from jaxspec.core.sampling import SamplingConfig
 
     return SamplingConfig(**{k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw})
 
 
 def run_causal(model, params, prompts, kw: dict) -> dict:
-    from jaxspec.causal import generate
-    from jaxspec.ngram import NgramDrafter
+    from jaxspec.causal.decode import generate
+    from jaxspec.core.drafters import NgramDrafter
 
     V = model.config.vocab_size
     drafter = None
@@ -74,20 +74,20 @@ def _diffusion_record(r) -> dict:
 
 
 def _decode_config(kw: dict):
-    from jaxspec.dllm import DiffusionDecodeConfig
+    from jaxspec.dllm.decode import DiffusionDecodeConfig
 
     return DiffusionDecodeConfig(**kw)
 
 
 def run_dllm(model, params, prompts, kw: dict, seed: int, eos_ids=()) -> dict:
-    from jaxspec.dllm import diffusion_generate
+    from jaxspec.dllm.decode import diffusion_generate
 
     return _diffusion_record(diffusion_generate(model, params, prompts, _decode_config(kw),
                                                 seed=seed, eos_ids=eos_ids))
 
 
 def run_ssd(model, params, prompts, kw: dict, n: int, tree: str, seed: int, eos_ids=()) -> dict:
-    from jaxspec.ssd import SSDConfig, ssd_generate
+    from jaxspec.dllm.ssd import SSDConfig, ssd_generate
 
     return _diffusion_record(ssd_generate(model, params, prompts,
                                           SSDConfig(_decode_config(kw), n, tree), seed=seed,
@@ -95,7 +95,7 @@ def run_ssd(model, params, prompts, kw: dict, n: int, tree: str, seed: int, eos_
 
 
 def run_spiffy(model, params, prompts, kw: dict, graph, seed: int, eos_ids=()) -> dict:
-    from jaxspec.spiffy import SpiffyConfig, spiffy_generate
+    from jaxspec.dllm.spiffy import SpiffyConfig, spiffy_generate
 
     return _diffusion_record(spiffy_generate(model, params, prompts,
                                              SpiffyConfig(_decode_config(kw), graph), seed=seed,
@@ -103,7 +103,7 @@ def run_spiffy(model, params, prompts, kw: dict, graph, seed: int, eos_ids=()) -
 
 
 def run_assd(model, params, tokens, masked, kw: dict) -> dict:
-    from jaxspec.assd import assd_generate
+    from jaxspec.asarm.assd import assd_generate
 
     r = assd_generate(model, params, tokens, masked, method=kw["method"], k=kw.get("k", 5),
                       sampling=_sampling(kw), seed=kw.get("seed", 0))
@@ -112,7 +112,7 @@ def run_assd(model, params, tokens, masked, kw: dict) -> dict:
 
 
 def _tiny_graph():
-    from jaxspec.spiffy import DraftGraph
+    from jaxspec.dllm.spiffy import DraftGraph
 
     return DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)),
                        ((1, 2), (2, 1)), ((1, 1), (2, 1), (3, 1)),
@@ -120,7 +120,7 @@ def _tiny_graph():
 
 
 def _committed_graph(D: int):
-    from jaxspec.spiffy import load_graph
+    from jaxspec.dllm.spiffy import load_graph
 
     root = Path(__file__).resolve().parent.parent
     return load_graph(root / "configs" / "graphs" / "dream-smollm2-135m" / f"D{D}.json")
@@ -129,7 +129,7 @@ def _committed_graph(D: int):
 # ----------------------------------------------------------------------------- tiny cases
 
 def _tiny_causal():
-    from tests.tiny import tiny_model
+    from jaxspec.testing.tiny import tiny_model
 
     return tiny_model(64, seed=0)
 
@@ -232,12 +232,12 @@ _REAL_MODELS: dict = {}
 def _real(name: str):
     if name not in _REAL_MODELS:
         if name == "asarm-small":
-            from jaxspec.infill import load_asarm
+            from jaxspec.asarm.infill import load_asarm
 
             m = load_asarm(name, log=lambda m: None)
             _REAL_MODELS[name] = (m.model, m.params, m.tokenizer, m)
         else:
-            from models.presets import load_model
+            from models.registry import load_model
 
             model, params, tok, preset = load_model(name, log=lambda m: None)
             _REAL_MODELS[name] = (model, params, tok, preset)

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from jaxspec import infill
-from jaxspec.infill import (SandboxUnavailable, TemplateError, build_template, fill_text, line_template,
+from jaxspec.asarm import infill
+from jaxspec.asarm.infill import (SandboxUnavailable, TemplateError, build_template, fill_text, line_template,
                             parse_template, pass_at_1, run_program, single_line_tasks,
                             split_template)
 
-from tests.tiny import CharTok
+from jaxspec.testing.tiny import CharTok
 
 
 def test_parse_template():

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.llama import CausalLM, init_cache
-from models.loading import WeightFileError, load_gguf, load_hf_dir, load_weights
+from models.llama.modeling import CausalLM, init_cache
+from models.llama.params import WeightFileError, load_gguf, load_hf_dir, load_weights
 from models.tokenizer import Tokenizer, load_tokenizer
 
 torch = pytest.importorskip("torch")

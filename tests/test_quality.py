@@ -1,12 +1,12 @@
-"""Fast checks of jaxspec.quality on a tiny random model and hand-made inputs."""
+"""Fast checks of jaxspec.eval.quality on a tiny random model and hand-made inputs."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec import quality as Q
-from models.diffusion import DiffusionConfig, DiffusionLM
-from tests.tiny import tiny_model
+from jaxspec.eval import quality as Q
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+from jaxspec.testing.tiny import tiny_model
 
 
 def test_mask_positions_never_position_zero():
@@ -51,7 +51,7 @@ def test_causal_accuracy_at_positions():
     rows = np.zeros((1, 8), np.int32)
     masks = np.zeros((1, 8), bool)
     masks[0, 3] = True
-    from jaxspec.causal import generate
+    from jaxspec.causal.decode import generate
     # greedy continuation of [0,0,0] gives the model's own next token -> accuracy 1
     nxt = generate(causal, params, [[0, 0, 0]], max_new_tokens=1).tokens[0][0]
     rows[0, 3] = nxt

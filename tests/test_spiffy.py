@@ -1,8 +1,8 @@
-"""Spiffy (:mod:`jaxspec.spiffy`) is lossless against the reference diffusion decoders.
+"""Spiffy (:mod:`jaxspec.dllm.spiffy`) is lossless against the reference diffusion decoders.
 
 Greedy and sampled, LLaDA and Dream heads, no cache and dual cache, stepwise / fixed-k /
 threshold unmasking: the same tokens transferred at the same steps as
-:func:`jaxspec.dllm.diffusion_generate` with the same settings and seed. Sampling is also
+:func:`jaxspec.dllm.decode.diffusion_generate` with the same settings and seed. Sampling is also
 checked as a distribution against the exactly enumerated stepwise distribution (vocab 6).
 Graph files, Eqs. 6-8 and the calibration (Algorithm 2, Eqs. 24-28) are checked on hand-made
 inputs with known answers.
@@ -17,8 +17,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
-from jaxspec.spiffy import (DraftGraph, GraphError, SpiffyConfig, calibration_counts,
+from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
+from jaxspec.dllm.spiffy import (DraftGraph, GraphError, SpiffyConfig, calibration_counts,
                             load_graph, plot_graph, record_calibration, save_graph, select_graph,
                             spiffy_generate)
 from tests.test_dllm import MODELS, PROMPTS

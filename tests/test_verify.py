@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from jaxspec.ngram import NgramDrafter
-from jaxspec.sampling import SamplingConfig, process_logits
-from jaxspec.verify import verify_greedy, verify_sample
+from jaxspec.core.drafters import NgramDrafter
+from jaxspec.core.sampling import SamplingConfig, process_logits
+from jaxspec.core.verify import verify_greedy, verify_sample
 
 
 def _rand_dist(rng, shape, sharp=2.0):

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.loading import WeightFileError
-from models.xlnet import (CompactVocab, XLNetLM, density_masks, init_cache, init_params,
+from models.llama.params import WeightFileError
+from models.xlnet.modeling import (CompactVocab, XLNetLM, density_masks, init_cache, init_params,
                           load_hf_xlnet, order_to_rank, parallel_masks)
 
 torch = pytest.importorskip("torch")
@@ -136,7 +136,7 @@ def test_mask_helpers():
 def test_kv_cache_matches_uncached():
     """Appendix F.4: write the prompt's content once, then grow the masked part token by token
     (density order) through the cache; the query logits equal the uncached density pass."""
-    from models.xlnet import XLNetConfig
+    from models.xlnet.modeling import XLNetConfig
 
     cfg = XLNetConfig(vocab_size=37, d_model=32, n_layer=3, n_head=4, d_inner=64)
     params = init_params(cfg, seed=1)

