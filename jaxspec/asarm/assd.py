@@ -84,6 +84,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.drafters import context_bigram, context_unigram
 from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
 from jaxspec.core.stats import DecodeStats
@@ -267,34 +268,20 @@ def density_order(rank: jax.Array, t: jax.Array) -> jax.Array:
 
 def bigram_draft_dist(tokens: jax.Array, known: jax.Array, cond: jax.Array,
                       has_cond: jax.Array, vocab_size: int) -> jax.Array:
-    """Eq. 23 context bigram ``c(. | cond)`` over the known tokens of one row.
+    """ASSD's draft distribution for one position (Algorithm 2 lines 2-8): the Eq. 23 context
+    bigram :func:`jaxspec.core.drafters.context_bigram` conditioned on ``cond``, or, for a
+    position with no left neighbour (``has_cond`` False), the unigram frequencies of the known
+    tokens.
 
     Args:
       tokens: int32 ``(S,)``; known: bool ``(S,)`` (prompt or decoded);
-      cond: int32 ``()`` the conditioning token; has_cond: bool ``()`` False when the drafted
-        position has no left neighbour.
+      cond: int32 ``()``; has_cond: bool ``()``.
 
     Returns:
-      float32 ``(V,)``: ``#{j: known j, j+1; x_j = cond; x_{j+1} = a} / #{j: known j, j+1;
-      x_j = cond}``; a point mass on ``cond`` when that count is 0 (as
-      :class:`jaxspec.core.drafters.NgramDrafter`); without a condition the unigram frequencies of the
-      known tokens (uniform when nothing is known).
-
-    Denominator: Eq. 23 as printed divides by the number of known ``b`` (whether or not the
-    next position is known), which does not sum to 1 over ``a`` when some ``b`` is followed by
-    a MASK; a draft must be *sampled* from ``c`` and its density used in the acceptance ratio,
-    so here the count of ``b`` followed by a known token normalises it into a distribution
-    (the conditional bigram frequency the text describes: "the probability ... that a bigram
-    starting in b ends in a").
+      float32 ``(V,)``.
     """
-    pair = known[:-1] & known[1:]
-    w_big = (pair & (tokens[:-1] == cond)).astype(jnp.float32)
-    big = jnp.zeros((vocab_size,), jnp.float32).at[tokens[1:]].add(w_big)
-    uni = jnp.zeros((vocab_size,), jnp.float32).at[tokens].add(known.astype(jnp.float32))
-    tb, tu = jnp.sum(big), jnp.sum(uni)
-    d_big = jnp.where(tb > 0, big / jnp.maximum(tb, 1.0), jax.nn.one_hot(cond, vocab_size))
-    d_uni = jnp.where(tu > 0, uni / jnp.maximum(tu, 1.0), jnp.full((vocab_size,), 1.0 / vocab_size))
-    return jnp.where(has_cond, d_big, d_uni)
+    d_big, _ = context_bigram(tokens, known, cond, vocab_size)
+    return jnp.where(has_cond, d_big, context_unigram(tokens, known, vocab_size))
 
 
 # --------------------------------------------------------------------------- the loop

@@ -27,6 +27,43 @@ import jax
 import jax.numpy as jnp
 
 
+def context_bigram(tokens: jax.Array, known: jax.Array, cond: jax.Array,
+                   vocab_size: int) -> tuple[jax.Array, jax.Array]:
+    """The context bigram model of ASSD Eq. 23, ``c(. | cond)``, over the known tokens of
+    one row: the one implementation used by the n-gram drafter and by ASSD's Algorithm 2.
+
+    Args:
+      tokens: int32 ``(S,)`` the row's token buffer.
+      known: bool ``(S,)`` positions whose token is known (prompt, accepted or decoded).
+      cond: int32 ``()`` the conditioning token ``b``.
+      vocab_size: ``V``.
+
+    Returns:
+      ``(dist float32 (V,), total float32 ())``: ``dist[a] = #{j: known j, j+1; x_j = b;
+      x_{j+1} = a} / total`` with ``total = #{j: known j, j+1; x_j = b}``, and a point mass
+      on ``b`` when ``total`` is 0 (a token never seen followed by another).
+
+    Denominator: Eq. 23 as printed divides by the number of known ``b`` whether or not the
+    next position is known, which does not sum to 1 over ``a`` when some ``b`` is followed by
+    an unknown token; a draft is *sampled* from ``c`` and its density enters the acceptance
+    ratio, so the count of ``b`` followed by a known token normalises it (the conditional
+    bigram frequency the text describes).
+    """
+    pair = known[:-1] & known[1:] & (tokens[:-1] == cond)
+    counts = jnp.zeros((vocab_size,), jnp.float32).at[tokens[1:]].add(pair.astype(jnp.float32))
+    total = jnp.sum(counts)
+    dist = jnp.where(total > 0, counts / jnp.maximum(total, 1.0), jax.nn.one_hot(cond, vocab_size))
+    return dist, total
+
+
+def context_unigram(tokens: jax.Array, known: jax.Array, vocab_size: int) -> jax.Array:
+    """Unigram frequencies of the known tokens of one row, float32 ``(V,)`` (uniform when
+    nothing is known): ASSD's draft distribution for a position with no left neighbour."""
+    uni = jnp.zeros((vocab_size,), jnp.float32).at[tokens].add(known.astype(jnp.float32))
+    tu = jnp.sum(uni)
+    return jnp.where(tu > 0, uni / jnp.maximum(tu, 1.0), jnp.full((vocab_size,), 1.0 / vocab_size))
+
+
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter:
     """Context n-gram drafter (hashable, usable as a static jit argument).
@@ -101,12 +138,6 @@ class NgramDrafter:
             found = found | hit
         return found, src
 
-    def _bigram_counts(self, buf, L, pad, cond):
-        S = buf.shape[0]
-        i = jnp.arange(S - 1)
-        ok = (buf[:-1] == cond) & (i >= pad) & (i + 1 < L)
-        return jnp.zeros((self.vocab_size,), jnp.float32).at[buf[1:]].add(ok.astype(jnp.float32))
-
     def _one(self, key, buf, L, pad, sample: bool):
         k, V = self.draft_length, self.vocab_size
         found, src = self._suffix_match(buf, L, pad)
@@ -114,6 +145,8 @@ class NgramDrafter:
         drafts, qs = [], []
         cond = buf[L - 1]
         has_draft = found
+        idx = jnp.arange(buf.shape[0])
+        known = (idx >= pad) & (idx < L)
         for t in range(k):
             # suffix-match copy (periodic continuation into the drafts themselves)
             pos = src + t
@@ -121,15 +154,13 @@ class NgramDrafter:
             copy_tok = jnp.where(pos < L, buf[jnp.minimum(pos, buf.shape[0] - 1)],
                                  prev[jnp.clip(pos - L, 0, max(t - 1, 0))])
             # bigram fallback (Eq. 23)
-            counts = self._bigram_counts(buf, L, pad, cond)
-            tot = jnp.sum(counts)
+            c, tot = context_bigram(buf, known, cond, V)
             if t == 0 and self.bigram_fallback:
                 has_draft = has_draft | (tot > 0)
             if sample:
-                c = jnp.where(tot > 0, counts / jnp.maximum(tot, 1.0), jax.nn.one_hot(cond, V))
                 big_tok = jax.random.categorical(keys[t], jnp.log(c)).astype(jnp.int32)
             else:
-                big_tok = jnp.where(tot > 0, jnp.argmax(counts), cond).astype(jnp.int32)
+                big_tok = jnp.argmax(c).astype(jnp.int32)
             tok = jnp.where(found, copy_tok, big_tok).astype(jnp.int32)
             if sample:
                 qs.append(jnp.where(found, jax.nn.one_hot(tok, V), c))
