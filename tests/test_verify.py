@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from jaxspec.core.drafters import NgramDrafter
+from jaxspec.core.drafters import DraftContext, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.core.verify import verify_greedy, verify_sample
 
@@ -129,16 +129,18 @@ def test_ngram_drafter_matches_python_reference(max_n, min_n):
         buf = np.full(S, 7)
         buf[pad:L] = ctx
         bufs.append(buf); lens.append(L); pads.append(pad); ctxs.append(ctx)
-    draft, q, _ = drafter(jax.random.PRNGKey(0), jnp.asarray(np.stack(bufs), jnp.int32),
-                       jnp.asarray(lens, jnp.int32), jnp.asarray(pads, jnp.int32), False)
+    dctx = DraftContext(buffer=jnp.asarray(np.stack(bufs), jnp.int32),
+                        length=jnp.asarray(lens, jnp.int32), pad=jnp.asarray(pads, jnp.int32),
+                        active=jnp.ones((len(bufs),), bool))
+    d, _ = drafter.propose((), (), dctx, jax.random.PRNGKey(0), False)
+    draft, q = d.tokens, d.q
     assert q is None
     for b, ctx in enumerate(ctxs):
         ref, found = _ref_ngram(ctx, k, max_n, min_n)
         assert np.asarray(draft[b]).tolist() == ref, ctx
     # without the bigram fallback, has_draft is exactly "a suffix matched"
     nofb = NgramDrafter(k, V, max_ngram=max_n, min_ngram=min_n, bigram_fallback=False)
-    d2, _, has = nofb(jax.random.PRNGKey(0), jnp.asarray(np.stack(bufs), jnp.int32),
-                      jnp.asarray(lens, jnp.int32), jnp.asarray(pads, jnp.int32), False)
+    has = nofb.propose((), (), dctx, jax.random.PRNGKey(0), False)[0].has_draft
     found = [_ref_ngram(c, k, max_n, min_n)[1] for c in ctxs]
     assert np.asarray(has).tolist() == found
     assert 0 < sum(found) < len(found)
@@ -152,7 +154,9 @@ def test_ngram_bigram_sampling_q_is_eq23():
     N = 4000
     buf = jnp.asarray([ctx + [5] * 4] * N, jnp.int32)
     L = jnp.full((N,), len(ctx), jnp.int32)
-    draft, q, _ = drafter(jax.random.PRNGKey(3), buf, L, jnp.zeros((N,), jnp.int32), True)
+    d, _ = drafter.propose((), (), DraftContext(buffer=buf, length=L, pad=jnp.zeros((N,), jnp.int32),
+                                                active=jnp.ones((N,), bool)), jax.random.PRNGKey(3), True)
+    draft, q = d.tokens, d.q
     # c(.|0): successors of 0 are 1, 2, 1 -> (0, 2/3, 1/3, 0, 0, 0)
     np.testing.assert_allclose(np.asarray(q[0, 0]), [0, 2 / 3, 1 / 3, 0, 0, 0], atol=1e-6)
     counts = np.bincount(np.asarray(draft[:, 0]), minlength=V)

@@ -3,21 +3,26 @@
 One ``lax.while_loop`` serves both:
 
 * **AR baseline** (``drafter=None``): prefill, then one KV-cached target pass per token.
-* **Speculative decoding** (``drafter`` proposes ``k`` tokens): one KV-cached target pass
-  scores the last accepted token plus the ``k`` drafts (``k+1`` query rows), then
-  :mod:`jaxspec.core.verify` accepts a prefix and emits one target token (correction or bonus).
-  The cache is rolled back implicitly: each row's write pointer moves to the end of the
-  accepted prefix and the next pass overwrites the rejected slots (masked meanwhile).
+* **Speculative decoding** (a :class:`jaxspec.core.drafters.Drafter` proposes ``k`` tokens):
+  one KV-cached target pass scores the last accepted token plus the ``k`` drafts (``k+1``
+  query rows), then the chain verifier (:mod:`jaxspec.core.verify`) accepts a prefix and
+  emits one target token (correction or bonus). The cache is rolled back implicitly: each
+  row's write pointer moves to the end of the accepted prefix and the next pass overwrites
+  the rejected slots (masked meanwhile).
 
 Lossless contract (DESIGN.md): greedy output is identical to the AR baseline, and sampled
-output has the AR baseline's distribution (same processed target distribution ``p`` in
+output has the AR baseline's distribution (the same processed target distribution ``p`` in
 :func:`jaxspec.core.verify.verify_sample`).
 
-Layout: prompts are left-padded to a bucketed length ``P``; row ``b`` of the token buffer
-holds its prompt in ``[pad[b], P)`` and generated tokens from slot ``P`` on. RoPE position
-of slot ``s`` is ``s - pad[b]``. The buffer (and cache) has ``P + max_new_tokens + k + 1``
-slots, so drafts that overshoot the budget still fit; outputs are cut to the budget and
-after the first EOS.
+Layout (:mod:`jaxspec.core.batching`): prompts are left-padded to a bucketed length ``P``;
+row ``b`` of the token buffer holds its prompt in ``[pad[b], P)`` and generated tokens from
+slot ``P`` on. RoPE position of slot ``s`` is ``s - pad[b]``. The buffer (and cache) has
+``S = P + max_new_tokens + k + 1`` slots, so drafts that overshoot the budget still fit;
+outputs are cut to the budget and after the first EOS.
+
+The module reads top to bottom: :class:`LoopConfig` (statics) -> :class:`DecodeState` ->
+phases (:func:`prefill`, :func:`target_pass`, :func:`accept`, :func:`commit`) ->
+:func:`step` -> :func:`decode_loop` -> the host wrapper :func:`generate`.
 """
 
 from __future__ import annotations
@@ -30,126 +35,201 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.batching import DecodeInputError, check_prompts, cut_after_eos, is_eos, left_pad
+from jaxspec.core.drafters import Draft, DraftContext, Drafter
+from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
-from jaxspec.core.runtime import run_compiled
 from jaxspec.core.verify import verify_greedy, verify_sample
 from models.llama.modeling import init_cache
 
+__all__ = ["DecodeInputError", "GenerationResult", "LoopConfig", "DecodeState", "generate"]
 
-class DecodeInputError(ValueError):
-    """Bad decoding input: empty prompt, prompt longer than the context, bad budget."""
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """Static settings of one compiled loop (hashable).
+
+    Attributes:
+      model: the :class:`models.llama.modeling.CausalLM` (its config fixes shapes).
+      max_new: generation budget per row (>= 1).
+      sampling: temperature / top-k / top-p of the target distribution.
+      drafter: a :class:`~jaxspec.core.drafters.Drafter`, or ``None`` for AR decoding.
+      eos_ids: tokens that end a row.
+    """
+
+    model: Any
+    max_new: int
+    sampling: SamplingConfig
+    drafter: Optional[Drafter]
+    eos_ids: tuple[int, ...]
+
+    @property
+    def k(self) -> int:
+        """Draft length (0 for AR decoding)."""
+        return 0 if self.drafter is None else self.drafter.draft_length
 
 
 @flax.struct.dataclass
-class _State:
+class DecodeState:
     buffer: jax.Array      # int32 (B, S)
     length: jax.Array      # int32 (B,) filled slots (pad + prompt + generated)
     cache: Any             # KVCache; slots [0, length-1) hold valid keys/values
     done: jax.Array        # bool (B,)
     n_new: jax.Array       # int32 (B,) generated tokens so far (may overshoot the budget)
     target_nfe: jax.Array  # int32 (B,)
+    draft_nfe: jax.Array   # int32 (B,) drafter forward passes (Draft.nfe while active)
     steps: jax.Array       # int32 (B,)
-    hist: jax.Array        # int32 (B, k+2)
+    hist: jax.Array        # int32 (B, k+2) steps that produced j tokens
     proposed: jax.Array    # int32 (B,) draft tokens sent to verification
     it: jax.Array          # int32 () loop iteration
     key: jax.Array
+    drafter_state: Any     # the drafter's own pytree (() for model-free drafters)
 
 
-def _causal_mask(q_slots: jax.Array, pad: jax.Array, S: int) -> jax.Array:
-    """bool ``(B, T, S)``: query at slot ``q`` sees slots ``pad <= s <= q`` (itself if padding)."""
+# ----------------------------------------------------------------------------- phases
+
+def causal_mask(q_slots: jax.Array, pad: jax.Array, S: int) -> jax.Array:
+    """bool ``(B, T, S)``: the query at slot ``q`` sees slots ``pad <= s <= q`` (and itself
+    if it is padding)."""
     s = jnp.arange(S)[None, None, :]
     q = q_slots[:, :, None]
     return ((s >= pad[:, None, None]) & (s <= q)) | (s == q)
 
 
-def _write_rows(buffer: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Array:
+def write_rows(buffer: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Array:
+    """Write ``tokens (B, T)`` into ``buffer (B, S)`` at per-row slot ``start (B,)``."""
     return jax.vmap(lambda b, t, i: jax.lax.dynamic_update_slice(b, t, (i,)))(buffer, tokens, start)
 
 
-def _is_eos(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
-    out = jnp.zeros(tokens.shape, bool)
-    for e in eos_ids:
-        out = out | (tokens == e)
-    return out
+def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
+                pad: jax.Array, cache, S: int):
+    """One KV-cached target forward of ``feed (B, T)`` written from slot ``first_slot (B,)``.
+
+    Returns ``(logits float32 (B, T, V), cache)``."""
+    q_slots = first_slot[:, None] + jnp.arange(feed.shape[1], dtype=jnp.int32)[None]
+    positions = jnp.maximum(q_slots - pad[:, None], 0)  # padding slots sit at position 0
+    return cfg.model.apply({"params": params}, feed, positions,
+                           causal_mask(q_slots, pad, S), cache=cache, cache_index=first_slot)
 
 
-def _decode(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
-            model, max_new: int, sampling: SamplingConfig, drafter, eos_ids: tuple[int, ...]):
-    """The jitted body: prefill + while loop. See module docstring for the layout."""
+def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax.Array,
+            key: jax.Array) -> DecodeState:
+    """One target pass over the prompt; the first token comes from its last row."""
     B, P = prompt.shape
-    k = 0 if drafter is None else drafter.draft_length
-    S = P + max_new + k + 1
-    apply = lambda toks, pos, mask, cache, idx: model.apply(  # noqa: E731
-        {"params": params}, toks, pos, mask, cache=cache, cache_index=idx)
-
+    k = cfg.k
+    S = P + cfg.max_new + k + 1
     buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)
-    cache = init_cache(model.config, B, S)
-    # ---- prefill: one target pass over the prompt, first token from its last row
-    slots = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
-    logits, cache = apply(prompt, jnp.maximum(slots - pad[:, None], 0),
-                          _causal_mask(slots, pad, S), cache, jnp.zeros((B,), jnp.int32))
+    slots = jnp.zeros((B,), jnp.int32)
+    logits, cache = target_pass(cfg, params, prompt, slots, pad, init_cache(cfg.model.config, B, S), S)
     key, k0 = jax.random.split(key)
-    first = sample_from_logits(k0, logits[:, -1], sampling)
+    first = sample_from_logits(k0, logits[:, -1], cfg.sampling)
     buffer = buffer.at[:, P].set(first)
-    state = _State(
-        buffer=buffer, length=jnp.full((B,), P + 1, jnp.int32), cache=cache,
-        done=_is_eos(first, eos_ids) | (max_new <= 1), n_new=jnp.ones((B,), jnp.int32),
-        target_nfe=jnp.ones((B,), jnp.int32), steps=jnp.zeros((B,), jnp.int32),
-        hist=jnp.zeros((B, k + 2), jnp.int32), proposed=jnp.zeros((B,), jnp.int32),
-        it=jnp.array(0, jnp.int32), key=key)
-
-    def verify_step(st: _State, draft, q, kv) -> _State:
-        """One target pass over [last token, drafts] and the acceptance rule.
-
-        ``draft`` is ``(B, kk)`` with ``kk`` in ``{0, k}`` (static); ``kk = 0`` is a plain
-        autoregressive step (used when no row has a draft worth verifying)."""
-        kk = draft.shape[1]
-        L = st.length
-        last = jnp.take_along_axis(st.buffer, (L - 1)[:, None], axis=1)  # (B, 1)
-        feed = jnp.concatenate([last, draft], axis=1)                      # (B, kk+1)
-        q_slots = (L - 1)[:, None] + jnp.arange(kk + 1, dtype=jnp.int32)[None]
-        logits, cache = apply(feed, q_slots - pad[:, None], _causal_mask(q_slots, pad, S),
-                              st.cache, L - 1)
-        if sampling.greedy:
-            n, nxt = verify_greedy(logits, draft)
-        else:
-            n, nxt = verify_sample(kv, target_probs(logits, sampling), draft, q)
-        j = jnp.arange(kk + 1)[None]
-        padded_draft = jnp.concatenate([draft, jnp.zeros((B, 1), jnp.int32)], axis=1)
-        new = jnp.where(j < n[:, None], padded_draft, jnp.where(j == n[:, None], nxt[:, None], 0))
-        produced = n + 1
-        active = ~st.done
-        buffer = jnp.where(active[:, None], _write_rows(st.buffer, new, L), st.buffer)
-        hit_eos = jnp.any(_is_eos(new, eos_ids) & (j <= n[:, None]), axis=1)
-        n_new = st.n_new + jnp.where(active, produced, 0)
-        act = active.astype(jnp.int32)
-        return _State(
-            buffer=buffer, length=L + act * produced, cache=cache,
-            done=st.done | hit_eos | (n_new >= max_new), n_new=n_new,
-            target_nfe=st.target_nfe + act, steps=st.steps + act,
-            hist=st.hist + act[:, None] * jax.nn.one_hot(produced, k + 2, dtype=jnp.int32),
-            proposed=st.proposed + act * kk, it=st.it + 1, key=st.key)
-
-    no_draft = jnp.zeros((B, 0), jnp.int32)
-
-    def body(st: _State) -> _State:
-        kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
-        if k == 0:
-            return verify_step(st, no_draft, None, kv)
-        draft, q, has_draft = drafter(kd, st.buffer, st.length, pad, not sampling.greedy)
-        # Skip the (k+1)-token verification when no active row has a draft: an AR step
-        # costs less and verifying nothing is trivially lossless.
-        return jax.lax.cond(jnp.any(has_draft & ~st.done),
-                            lambda s: verify_step(s, draft, q, kv),
-                            lambda s: verify_step(s, no_draft, None, kv), st)
-
-    st = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-    return st.buffer[:, P:P + max_new], st.n_new, st.target_nfe, st.steps, st.hist, st.proposed
+    length = jnp.full((B,), P + 1, jnp.int32)
+    done = is_eos(first, cfg.eos_ids) | (cfg.max_new <= 1)
+    z = jnp.zeros((B,), jnp.int32)
+    drafter_state = (() if cfg.drafter is None else cfg.drafter.init_state(
+        drafter_params, DraftContext(buffer=buffer, length=length, pad=pad, active=~done)))
+    return DecodeState(
+        buffer=buffer, length=length, cache=cache, done=done, n_new=jnp.ones((B,), jnp.int32),
+        target_nfe=jnp.ones((B,), jnp.int32), draft_nfe=z, steps=z,
+        hist=jnp.zeros((B, k + 2), jnp.int32), proposed=z, it=jnp.array(0, jnp.int32), key=key,
+        drafter_state=drafter_state)
 
 
-_decode_jit = jax.jit(_decode, static_argnames=("model", "max_new", "sampling", "drafter", "eos_ids"))
+def accept(cfg: LoopConfig, key: jax.Array, logits: jax.Array, draft: Draft):
+    """The chain verifier on one target pass: ``(n_accepted (B,), next_token (B,))``."""
+    length = draft.length if draft.tokens.shape[1] > 0 else None
+    if cfg.sampling.greedy:
+        return verify_greedy(logits, draft.tokens, draft_len=length)
+    return verify_sample(key, target_probs(logits, cfg.sampling), draft.tokens, draft.q,
+                         draft_len=length)
 
+
+def commit(cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: jax.Array,
+           cache) -> DecodeState:
+    """Write the accepted drafts and the emitted token, advance the counters and mark rows
+    that hit EOS or the budget as done."""
+    B, kk = draft.tokens.shape
+    L = st.length
+    j = jnp.arange(kk + 1)[None]
+    padded_draft = jnp.concatenate([draft.tokens, jnp.zeros((B, 1), jnp.int32)], axis=1)
+    new = jnp.where(j < n[:, None], padded_draft, jnp.where(j == n[:, None], nxt[:, None], 0))
+    produced = n + 1
+    active = ~st.done
+    buffer = jnp.where(active[:, None], write_rows(st.buffer, new, L), st.buffer)
+    hit_eos = jnp.any(is_eos(new, cfg.eos_ids) & (j <= n[:, None]), axis=1)
+    n_new = st.n_new + jnp.where(active, produced, 0)
+    act = active.astype(jnp.int32)
+    proposed = act * (kk if kk == 0 else draft.length)
+    return st.replace(
+        buffer=buffer, length=L + act * produced, cache=cache,
+        done=st.done | hit_eos | (n_new >= cfg.max_new), n_new=n_new,
+        target_nfe=st.target_nfe + act, draft_nfe=st.draft_nfe + act * draft.nfe,
+        steps=st.steps + act,
+        hist=st.hist + act[:, None] * jax.nn.one_hot(produced, cfg.k + 2, dtype=jnp.int32),
+        proposed=st.proposed + proposed, it=st.it + 1)
+
+
+def verify_step(cfg: LoopConfig, params, st: DecodeState, draft: Draft, key: jax.Array,
+                pad: jax.Array) -> DecodeState:
+    """One target pass over ``[last token, drafts]``, the acceptance rule and the commit.
+    ``draft.tokens`` is ``(B, kk)`` with ``kk`` in ``{0, k}`` (static); ``kk = 0`` is a plain
+    autoregressive step."""
+    last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)  # (B, 1)
+    feed = jnp.concatenate([last, draft.tokens], axis=1)                      # (B, kk+1)
+    logits, cache = target_pass(cfg, params, feed, st.length - 1, pad, st.cache, st.buffer.shape[1])
+    n, nxt = accept(cfg, key, logits, draft)
+    return commit(cfg, st, draft, n, nxt, cache)
+
+
+def _no_draft(B: int) -> Draft:
+    z = jnp.zeros((B,), jnp.int32)
+    return Draft(tokens=jnp.zeros((B, 0), jnp.int32), q=None, has_draft=jnp.zeros((B,), bool),
+                 length=z, nfe=z)
+
+
+# ----------------------------------------------------------------------------- step and loop
+
+def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeState) -> DecodeState:
+    """One decode-loop iteration: draft, verify (or a plain AR step), tell the drafter."""
+    B = st.buffer.shape[0]
+    kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
+    if cfg.drafter is None:
+        return verify_step(cfg, params, st, _no_draft(B), kv, pad)
+    ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
+    draft, dstate = cfg.drafter.propose(drafter_params, st.drafter_state, ctx, kd,
+                                        not cfg.sampling.greedy)
+    st = st.replace(drafter_state=dstate)
+    # Skip the (k+1)-token verification when no active row has a draft: an AR step costs
+    # less and verifying nothing is trivially lossless. The drafter's NFE is spent anyway.
+    no_draft = _no_draft(B).replace(nfe=draft.nfe)
+    st = jax.lax.cond(jnp.any(draft.has_draft & ~st.done),
+                      lambda s: verify_step(cfg, params, s, draft, kv, pad),
+                      lambda s: verify_step(cfg, params, s, no_draft, kv, pad), st)
+    n_accepted = jnp.maximum(st.length - ctx.length - 1, 0)
+    ctx = ctx.replace(buffer=st.buffer, length=st.length)
+    return st.replace(drafter_state=cfg.drafter.update(drafter_params, st.drafter_state, ctx,
+                                                       n_accepted))
+
+
+def decode_loop(params, drafter_params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
+                cfg: LoopConfig):
+    """The jitted program: prefill + ``lax.while_loop`` of :func:`step` until every row is
+    done. Returns ``(tokens (B, max_new), n_new, target_nfe, draft_nfe, steps, hist,
+    proposed)``."""
+    P = prompt.shape[1]
+    st = prefill(cfg, params, drafter_params, prompt, pad, key)
+    st = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                            lambda s: step(cfg, params, drafter_params, pad, s), st)
+    return (st.buffer[:, P:P + cfg.max_new], st.n_new, st.target_nfe, st.draft_nfe, st.steps,
+            st.hist, st.proposed)
+
+
+_decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
+
+
+# ----------------------------------------------------------------------------- host wrapper
 
 @dataclasses.dataclass
 class GenerationResult:
@@ -173,16 +253,10 @@ class GenerationResult:
         return float(sum(len(t) for t in self.tokens) / max(self.run_s, 1e-9))
 
 
-
-
-def bucket_length(n: int, bucket: int) -> int:
-    """Round ``n`` up to a multiple of ``bucket`` (so one compile serves many prompts)."""
-    return max(bucket, -(-n // bucket) * bucket)
-
-
 def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-             sampling: SamplingConfig = SamplingConfig(), drafter=None, seed: int = 0,
-             eos_ids: Sequence[int] = (), pad_id: int = 0, bucket: int = 64,
+             sampling: SamplingConfig = SamplingConfig(), drafter: Optional[Drafter] = None,
+             drafter_params: Any = (), seed: int = 0, eos_ids: Sequence[int] = (),
+             pad_id: int = 0, bucket: int = 64,
              max_context: Optional[int] = None) -> GenerationResult:
     """Generate continuations for a batch of prompts (AR, or speculative with ``drafter``).
 
@@ -192,11 +266,12 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
       prompts: ``B`` lists of token ids (different lengths allowed: left padding).
       max_new_tokens: generation budget per row (>= 1).
       sampling: temperature / top-k / top-p; temperature 0 = greedy.
-      drafter: ``None`` for the autoregressive baseline, or a drafter such as
-        :class:`jaxspec.core.drafters.NgramDrafter` (callable
-        ``(key, buffer, length, pad, sample) -> (draft (B,k), q (B,k,V) | None,
-        has_draft bool (B,))`` with ``draft_length`` and ``vocab_size`` attributes). When no
-        active row has a draft the step falls back to a single-token AR pass.
+      drafter: ``None`` for the autoregressive baseline, or a
+        :class:`jaxspec.core.drafters.Drafter` such as
+        :class:`~jaxspec.core.drafters.NgramDrafter`. When no active row has a draft the
+        step falls back to a single-token AR pass.
+      drafter_params: the drafter's parameters (a draft model's weights; ``()`` for none),
+        a traced argument of the compiled loop.
       seed: PRNG seed; the same seed reproduces a run exactly.
       eos_ids: tokens that end a row.
       pad_id: filler for left padding (never attended).
@@ -204,55 +279,37 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
       max_context: the model's context length (defaults to ``config.max_position_embeddings``).
 
     Returns:
-      :class:`GenerationResult`.
+      :class:`GenerationResult`; ``stats.draft_nfe`` counts the drafter's forward passes.
 
     Raises:
-      DecodeInputError: empty prompt list or prompt, ``max_new_tokens < 1``, or prompt +
-        budget longer than the context.
-      ValueError: drafter vocabulary differs from the model's.
+      DecodeInputError: empty prompt list or prompt, ``max_new_tokens < 1``, ids outside the
+        vocabulary, or prompt + budget longer than the context.
+      ValueError: the drafter's vocabulary differs from the model's.
     """
     cfg = model.config
     if not prompts:
         raise DecodeInputError("no prompts given")
     if max_new_tokens < 1:
         raise DecodeInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    lens = [len(p) for p in prompts]
-    if min(lens) == 0:
-        raise DecodeInputError("empty prompt: every prompt needs at least one token")
+    lens = check_prompts(prompts, cfg.vocab_size)
     ctx = max_context or cfg.max_position_embeddings
     if max(lens) + max_new_tokens > ctx:
         raise DecodeInputError(
             f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens exceeds the model's "
             f"context of {ctx} tokens")
-    for p in prompts:
-        if min(p) < 0 or max(p) >= cfg.vocab_size:
-            raise DecodeInputError(f"prompt token ids must lie in [0, {cfg.vocab_size})")
     if drafter is not None and getattr(drafter, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
         raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
                          f"target model has {cfg.vocab_size}")
-    P = bucket_length(max(lens), bucket)
-    buf = np.full((len(prompts), P), pad_id, np.int32)
-    for i, p in enumerate(prompts):
-        buf[i, P - len(p):] = p
-    pad = np.array([P - n for n in lens], np.int32)
-    args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed))
-    statics = dict(model=model, max_new=int(max_new_tokens), sampling=sampling,
-                   drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    out, compile_s, run_s = run_compiled(_decode_jit, args, statics)
-    toks, n_new, nfe, steps, hist, proposed = (np.asarray(x) for x in out)
-    eos = set(statics["eos_ids"])
-    rows = []
-    for b in range(len(prompts)):
-        row = toks[b, :min(int(n_new[b]), max_new_tokens)].tolist()
-        for i, t in enumerate(row):
-            if t in eos:
-                row = row[:i + 1]
-                break
-        rows.append(row)
-    k = 0 if drafter is None else drafter.draft_length
+    buf, pad = left_pad(prompts, bucket, pad_id)
+    loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
+                      drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
+    args = (params, drafter_params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed))
+    out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
+    toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)
+    rows = cut_after_eos(toks, loop.eos_ids, budget=np.minimum(n_new, max_new_tokens))
     stats = DecodeStats(
         method="ar" if drafter is None else getattr(drafter, "name", type(drafter).__name__),
-        reference="ar", target_nfe=nfe, draft_nfe=np.zeros_like(nfe), steps=steps,
-        accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=k,
+        reference="ar", target_nfe=nfe, draft_nfe=dnfe, steps=steps,
+        accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=loop.k,
         drafts_proposed=proposed)
     return GenerationResult(tokens=rows, stats=stats, compile_s=compile_s, run_s=run_s)

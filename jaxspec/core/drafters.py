@@ -1,19 +1,44 @@
-"""Context n-gram drafter: prompt-lookup suffix matching with a bigram fallback.
+"""Drafters: the protocol every draft source implements, the context n-gram drafter and
+the one Eq. 23 context bigram model.
 
-Model-free drafts from the sequence decoded so far (ASSD paper, Appendix E.5, Algorithm 2,
-run in left-to-right order; Stewart et al. 2024 "context n-grams"; prompt lookup decoding):
+**The Drafter protocol.** A chain method's loop (:mod:`jaxspec.causal.decode`; SPACE and
+DiffuSpec will use the same one) asks its drafter for ``k`` draft tokens each step and tells
+it afterwards how many were accepted. A drafter is a frozen, hashable object (its settings
+are static arguments of the jitted loop) that may own
+
+* **parameters** (a draft model's weights): passed to every call as ``params``, a traced
+  argument of the compiled loop, never baked into the program as constants;
+* **state** carried through the ``lax.while_loop`` (a draft model's KV cache, an adaptive
+  draft length): any pytree, created by :meth:`Drafter.init_state` and returned updated;
+* a **traced draft length** ``k_t <= k`` per row (:attr:`Draft.length`), so adaptive draft
+  lengths need no recompilation; ``k`` (``draft_length``) fixes the static shapes;
+* its own **NFE** (:attr:`Draft.nfe`): draft-model forward passes, reported as
+  ``DecodeStats.draft_nfe``.
+
+Methods::
+
+    init_state(params, ctx: DraftContext) -> state
+    propose(params, state, ctx: DraftContext, key, sample: bool) -> (Draft, state)
+    update(params, state, ctx: DraftContext, n_accepted int32 (B,)) -> state
+
+``update`` sees the context *after* the step's tokens were written (``ctx.length`` grew by
+``n_accepted + 1`` on active rows), so a draft model can roll its cache back to the accepted
+prefix and an adaptive length can react to ``n_accepted``.
+
+**Context n-gram drafter** (:class:`NgramDrafter`): model-free drafts from the sequence
+decoded so far (ASSD paper, Appendix E.5, Algorithm 2, run in left-to-right order; Stewart
+et al. 2024 "context n-grams"; prompt lookup decoding):
 
 1. **Suffix match.** For ``n = max_ngram .. min_ngram`` take the last ``n`` tokens of the
    context and look for an earlier occurrence (the most recent one). If found, the draft
    copies the ``k`` tokens that followed it; a copy that runs into the end of the context
    continues from the drafts themselves (periodic continuation). Deterministic given the
    context, so its draft distribution ``q`` is a point mass.
-2. **Bigram fallback** (ASSD Eq. 23). Otherwise draft token ``i`` is drawn from
-   ``c(a | x_cond) = #{j: x_j = x_cond, x_{j+1} = a} / #{j: x_j = x_cond, x_{j+1} exists}``
-   with ``x_cond`` the previous token (the last context token for ``i = 0``, then the
-   previous draft: Algorithm 2 lines 2-6). Under greedy decoding the argmax of ``c`` is
-   used; under sampling ``x_i ~ c(. | x_cond)`` and ``q_i = c(. | x_cond)`` (Alg. 2 lines
-   7-8). A token never seen followed by another gets a point mass on itself.
+2. **Bigram fallback** (ASSD Eq. 23, :func:`context_bigram`). Otherwise draft token ``i`` is
+   drawn from ``c(a | x_cond)`` with ``x_cond`` the previous token (the last context token for
+   ``i = 0``, then the previous draft: Algorithm 2 lines 2-6). Under greedy decoding the
+   argmax of ``c`` is used; under sampling ``x_i ~ c(. | x_cond)`` and ``q_i = c(. | x_cond)``
+   (Alg. 2 lines 7-8). A token never seen followed by another gets a point mass on itself.
 
 All shapes are static: the context is a fixed-size buffer with per-row valid ranges
 ``[pad, length)``.
@@ -22,9 +47,67 @@ All shapes are static: the context is a fixed-size buffer with per-row valid ran
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Optional, Protocol, runtime_checkable
 
+import flax
 import jax
 import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class DraftContext:
+    """What a drafter sees: the decoder's token buffer.
+
+    Attributes:
+      buffer: int32 ``(B, S)``; row ``b`` holds its context in slots ``[pad[b], length[b])``.
+      length: int32 ``(B,)`` filled slots (padding + prompt + generated tokens).
+      pad: int32 ``(B,)`` left-padding slots.
+      active: bool ``(B,)`` rows still decoding.
+    """
+
+    buffer: jax.Array
+    length: jax.Array
+    pad: jax.Array
+    active: jax.Array
+
+
+@flax.struct.dataclass
+class Draft:
+    """One step's proposal.
+
+    Attributes:
+      tokens: int32 ``(B, k)`` draft tokens (entries at ``i >= length`` are ignored).
+      q: float32 ``(B, k, V)`` draft distribution ``q_i`` the tokens were drawn from, or
+        ``None`` for a deterministic drafter (point masses; greedy decoding needs none).
+      has_draft: bool ``(B,)`` rows with a draft worth verifying; when no active row has one
+        the loop runs a cheaper single-token step.
+      length: int32 ``(B,)`` the per-row draft length ``k_t <= k`` (traced).
+      nfe: int32 ``(B,)`` draft-model forward passes spent on this proposal.
+    """
+
+    tokens: jax.Array
+    q: Optional[jax.Array]
+    has_draft: jax.Array
+    length: jax.Array
+    nfe: jax.Array
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The drafter protocol (module docstring). Implementations are frozen dataclasses with
+    ``name``, ``draft_length`` (k, static) and ``vocab_size`` (checked against the target's:
+    a mismatch is a ``ValueError`` before anything compiles)."""
+
+    name: str
+    draft_length: int
+    vocab_size: int
+
+    def init_state(self, params: Any, ctx: DraftContext) -> Any: ...
+
+    def propose(self, params: Any, state: Any, ctx: DraftContext, key: jax.Array,
+                sample: bool) -> tuple[Draft, Any]: ...
+
+    def update(self, params: Any, state: Any, ctx: DraftContext, n_accepted: jax.Array) -> Any: ...
 
 
 def context_bigram(tokens: jax.Array, known: jax.Array, cond: jax.Array,
@@ -66,7 +149,8 @@ def context_unigram(tokens: jax.Array, known: jax.Array, vocab_size: int) -> jax
 
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter:
-    """Context n-gram drafter (hashable, usable as a static jit argument).
+    """Context n-gram drafter (module docstring): a :class:`Drafter` with no parameters and no
+    state (hashable, a static jit argument).
 
     Attributes:
       draft_length: k, tokens drafted per step (>= 1).
@@ -97,26 +181,36 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __call__(self, key: jax.Array, buffer: jax.Array, length: jax.Array,
-                 pad: jax.Array, sample: bool):
+    # -- the Drafter protocol: no parameters, no state ----------------------------------
+    def init_state(self, params, ctx: DraftContext):
+        """The n-gram drafter carries no state (returns ``()``)."""
+        return ()
+
+    def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
+        return state
+
+    def propose(self, params, state, ctx: DraftContext, key: jax.Array, sample: bool):
         """Draft ``k`` tokens per row.
 
         Args:
+          params: unused (model-free); state: ``()``.
+          ctx: the decoder's buffer; row ``b`` holds context in ``[pad[b], length[b])``.
           key: PRNG key (used only by the sampled bigram fallback).
-          buffer: int32 ``(B, S)`` token buffer; row ``b`` holds context in ``[pad[b], length[b])``.
-          length, pad: int32 ``(B,)``.
           sample: static; True under temperature > 0 (bigram fallback samples from Eq. 23).
 
         Returns:
-          ``(draft int32 (B, k), q float32 (B, k, V) or None, has_draft bool (B,))``; ``q``
-          is None when ``sample`` is False (greedy verification needs no densities);
-          ``has_draft`` is False where the row has neither a suffix match nor (with
-          ``bigram_fallback``) an observed bigram successor of its last token.
+          ``(Draft, state)``: ``q`` is None when ``sample`` is False (greedy verification needs
+          no densities); ``has_draft`` is False where the row has neither a suffix match nor
+          (with ``bigram_fallback``) an observed bigram successor of its last token; ``length``
+          is ``k`` and ``nfe`` 0 on every row.
         """
-        keys = jax.random.split(key, buffer.shape[0])
+        B = ctx.buffer.shape[0]
+        keys = jax.random.split(key, B)
         draft, q, has = jax.vmap(lambda kk, b, l, p: self._one(kk, b, l, p, sample))(
-            keys, buffer, length, pad)
-        return draft, (q if sample else None), has
+            keys, ctx.buffer, ctx.length, ctx.pad)
+        return Draft(tokens=draft, q=q if sample else None, has_draft=has,
+                     length=jnp.full((B,), self.draft_length, jnp.int32),
+                     nfe=jnp.zeros((B,), jnp.int32)), state
 
     # -- one row ---------------------------------------------------------------------------
     def _suffix_match(self, buf, L, pad):
