@@ -1,0 +1,86 @@
+"""The Drafter protocol with a drafter that owns parameters, loop state, a traced draft
+length and a real draft NFE (:class:`jaxspec.testing.drafters.TableDrafter`): greedy output
+identical to AR, sampled output distributed as AR's (exact enumeration), NFE accounting."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxspec.causal import generate
+from jaxspec.core.drafters import Drafter, NgramDrafter
+from jaxspec.core.sampling import SamplingConfig
+from jaxspec.testing.drafters import TableDrafter
+from jaxspec.testing.tiny import tiny_model
+from tests.test_decode import _exact_joint, _tv_and_chi2
+
+
+def _table(V: int, seed: int = 0, scale: float = 3.0):
+    return {"logits": scale * jax.random.normal(jax.random.PRNGKey(seed), (V, V))}
+
+
+def test_both_drafters_implement_the_protocol():
+    assert isinstance(NgramDrafter(3, 10), Drafter)
+    assert isinstance(TableDrafter(3, 10), Drafter)
+
+
+def test_greedy_identical_to_ar_with_params_state_and_traced_length():
+    V = 32
+    model, params = tiny_model(V, seed=3)
+    prompts = [[1, 2, 3, 4, 5], [7, 7, 8], [9, 10, 11, 12, 13, 14, 15]]
+    ar = generate(model, params, prompts, max_new_tokens=20, bucket=8)
+    d = TableDrafter(4, V)
+    sp = generate(model, params, prompts, max_new_tokens=20, bucket=8, drafter=d,
+                  drafter_params=_table(V))
+    assert sp.tokens == ar.tokens
+    st = sp.stats
+    # one draft forward per drafted token, every step verified a draft of length k_t
+    np.testing.assert_array_equal(st.draft_nfe, st.drafts_proposed)
+    assert (st.draft_nfe > 0).all()
+    # the adaptive length shrank on rejections: fewer drafts than k per step
+    assert st.drafts_proposed.sum() < 4 * st.steps.sum()
+    # a row never accepts more than it proposed
+    assert st.accepted_drafts <= st.drafts_proposed.sum()
+
+
+def test_other_params_other_drafts_same_output_one_compile():
+    """Parameters are traced: a second table reuses the executable and still gives AR's
+    output."""
+    V = 32
+    model, params = tiny_model(V, seed=3)
+    prompts = [[1, 2, 3, 4, 5]]
+    ar = generate(model, params, prompts, max_new_tokens=16, bucket=8)
+    a = generate(model, params, prompts, max_new_tokens=16, bucket=8, drafter=TableDrafter(3, V),
+                 drafter_params=_table(V, 1))
+    b = generate(model, params, prompts, max_new_tokens=16, bucket=8, drafter=TableDrafter(3, V),
+                 drafter_params=_table(V, 2))
+    assert a.tokens == b.tokens == ar.tokens
+    assert b.compile_s == 0.0
+    assert a.stats.acceptance_rate != b.stats.acceptance_rate
+
+
+def test_vocab_mismatch_is_an_error():
+    model, params = tiny_model(32)
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        generate(model, params, [[1, 2]], max_new_tokens=4, drafter=TableDrafter(2, 33),
+                 drafter_params=_table(33))
+
+
+def test_sampled_distribution_equals_ar():
+    """q from a real distribution (not point masses), adaptive k_t: exact joint matches."""
+    V, n_new, N = 6, 3, 20000
+    cfg = SamplingConfig(temperature=1.0)
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, n_new, cfg)
+    res = generate(model, params, [prompt] * N, max_new_tokens=n_new, sampling=cfg,
+                   drafter=TableDrafter(2, V), drafter_params=_table(V, 4, 1.0), seed=5, bucket=8)
+    tv, pval = _tv_and_chi2(res.tokens, exact)
+    rng = np.random.default_rng(0)
+    keys = list(exact)
+    idx = rng.choice(len(keys), size=N, p=np.array([exact[k] for k in keys]) / sum(exact.values()))
+    tv_floor, _ = _tv_and_chi2([keys[i] for i in idx], exact)
+    assert pval > 1e-3, (tv, pval)
+    assert tv < 2.5 * tv_floor + 0.01, (tv, tv_floor)
+    assert 0.05 < res.stats.acceptance_rate < 0.95
