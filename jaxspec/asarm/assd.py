@@ -72,6 +72,15 @@ sequential). Sequences are right-padded to ``S`` = the longest one rounded up to
 pad slots are neither prompt nor masked and nobody attends to them (relative attention makes
 the padding invisible). Rows of a batch run in lockstep; a finished row idles. Randomness: one key
 ``PRNGKey(seed)`` split once per iteration; every row and slot draws its own numbers from it.
+
+**Code layout** (top to bottom): inputs (:func:`prepare_batch`, ranks), the two AS-ARM passes
+(:func:`conditionals` under :func:`draft_order` / :func:`density_order`) and the Eq. 23 draft
+distribution; the loop's statics (:class:`LoopConfig`), constant inputs (:class:`Inputs`) and
+carry (:class:`State`); the phases of one iteration, each a module-level function: the query
+window (line 3), the draft phase (:func:`draft_pass`, lines 4-12, or :func:`bigram_drafts`,
+Algorithm 2), :func:`density_pass` (lines 13-15), :func:`verify` (lines 16-25, through
+:mod:`jaxspec.core.verify`) and :func:`commit` (line 26 and the counters); :func:`step`; one
+``lax.while_loop`` (:func:`decode_loop`); the host wrapper :func:`assd_generate`.
 """
 
 from __future__ import annotations
@@ -84,6 +93,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.batching import bucket_length
 from jaxspec.core.drafters import context_bigram, context_unigram
 from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
@@ -93,49 +103,6 @@ from models.xlnet.modeling import XLNetLM, density_masks
 
 METHODS = ("sequential", "assd", "assd-ngram")
 _BIG = 1 << 30   # rank of positions nobody may attend (undecoded masked slots, padding)
-
-
-# --------------------------------------------------------------------------- results
-@dataclasses.dataclass
-class ASSDStats(DecodeStats):
-    """:class:`jaxspec.core.stats.DecodeStats` for ASSD (module docstring, "NFE").
-
-    ``accept_hist[b, j]`` counts the iterations of row ``b`` that produced ``j`` tokens. ASSD has
-    no bonus token, so an iteration that accepts all its drafts produced exactly that many
-    tokens; the true number of accepted drafts is therefore kept in ``accepted`` (int ``(B,)``)
-    and :attr:`accepted_drafts` / :attr:`acceptance_rate` use it. ``drafts_proposed`` counts the
-    drafts sent to verification (unverified single-token iterations propose none). For
-    ``"assd"`` these include each verified iteration's first draft, which Lemma 1 accepts with
-    certainty, so the acceptance rate is at least ``1 / k``; the rate over the later drafts is
-    ``(accepted - iterations) / (proposed - iterations)`` over the verified iterations.
-    """
-
-    accepted: Optional[np.ndarray] = None
-
-    @property
-    def accepted_drafts(self) -> int:
-        if self.accepted is None:
-            return super().accepted_drafts
-        return int(self.accepted.sum())
-
-
-@dataclasses.dataclass
-class InfillResult:
-    """Output of :func:`assd_generate`.
-
-    Attributes:
-      sequences: per row, int32 ``(N_b,)``: the input with every masked position filled.
-      infilled: per row, int32 ``(G_b,)``: the generated tokens in decoding order (left to right).
-      stats: :class:`ASSDStats` (``new_tokens`` = ``G_b``).
-      compile_s: seconds spent compiling (0 when a cached executable was reused).
-      run_s: wall-clock seconds of the decode itself.
-    """
-
-    sequences: list
-    infilled: list
-    stats: ASSDStats
-    compile_s: float
-    run_s: float
 
 
 # --------------------------------------------------------------------------- order and inputs
@@ -204,7 +171,7 @@ def prepare_batch(tokens, masked, vocab_size: int, bucket: int = 16,
     if int(bucket) < 1:
         raise ValueError(f"bucket must be >= 1, got {bucket}")
     lengths = np.array([len(t) for t in rows_t])
-    S = int(-(-lengths.max() // bucket) * bucket)
+    S = bucket_length(int(lengths.max()), int(bucket))
     B = len(rows_t)
     tok = np.zeros((B, S), np.int32)
     msk = np.zeros((B, S), bool)
@@ -284,145 +251,368 @@ def bigram_draft_dist(tokens: jax.Array, known: jax.Array, cond: jax.Array,
     return jnp.where(has_cond, d_big, context_unigram(tokens, known, vocab_size))
 
 
-# --------------------------------------------------------------------------- the loop
+# --------------------------------------------------------------------------- loop statics and state
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """Static settings of one compiled decode loop (hashable; a new value compiles anew).
+
+    Attributes:
+      model: the :class:`models.xlnet.modeling.XLNetLM` (its config fixes ``V``).
+      method: one of :data:`METHODS`.
+      slots: query slots ``P`` per iteration (``>= k``; 1 for ``"sequential"``).
+      sampling: temperature / top-k / top-p of the target distribution.
+    """
+
+    model: XLNetLM
+    method: str
+    slots: int
+    sampling: SamplingConfig
+
+    @property
+    def query_slots(self) -> int:
+        """``P``: query slots of every pass (one for sequential decoding)."""
+        return 1 if self.method == "sequential" else self.slots
+
+    @property
+    def self_draft(self) -> bool:
+        """Whether drafts come from the AS-ARM's own draft pass (Alg. 1 lines 4-8; also the
+        sequential step) rather than the context bigram (Alg. 2)."""
+        return self.method != "assd-ngram"
+
+
 @flax.struct.dataclass
-class _State:
-    tokens: jax.Array    # int32 (B, S)
-    n: jax.Array         # int32 (B,) masked tokens decoded
-    key: jax.Array       # PRNG key, split every iteration
-    nfe: jax.Array       # int32 (B,) AS-ARM forwards while active
-    dnfe: jax.Array      # int32 (B,) n-gram drafter calls
-    steps: jax.Array     # int32 (B,)
-    hist: jax.Array      # int32 (B, slots+2) iterations that produced j tokens
-    proposed: jax.Array  # int32 (B,) drafts sent to verification
-    accepted: jax.Array  # int32 (B,) drafts accepted
-    dpass: jax.Array     # int32 (B,) draft passes
-    vpass: jax.Array     # int32 (B,) density (verification) passes
-    gap: jax.Array       # float32 () Lemma 1: max |p_draft - q| at i = n
+class Inputs:
+    """Traced inputs of one compiled loop, constant across its iterations (:func:`prepare_batch`,
+    :func:`_ranks`)."""
+
+    visible: jax.Array      # bool (B, S): prompt slots x_sigma(<m)
+    masked: jax.Array       # bool (B, S): slots to generate
+    rank: jax.Array         # int32 (B, S): rank of a masked slot among the masked ones; _BIG elsewhere
+    pos_of_rank: jax.Array  # int32 (B, S): sigma(m + r), the slot of rank r (padded with the last)
+    num_masked: jax.Array   # int32 (B,): G, masked slots per row (N - m)
+    k: jax.Array            # int32 (): tokens speculated per iteration, 1 <= k <= slots
+    epsilon: jax.Array      # float32 (): Appendix F.5 acceptance tolerance (0: lossless)
 
 
-def _decode(params, tokens, visible, masked, rank, pos_of_rank, G, key, k, epsilon, *,
-            model: XLNetLM, method: str, slots: int, sampling: SamplingConfig):
-    """The decode loop (module docstring). ``k`` (int32 scalar, ``1 <= k <= slots``) and
-    ``epsilon`` (float32 scalar) are traced, so one executable serves every ``k <= slots``."""
-    B, S = tokens.shape
-    V = model.config.vocab_size
-    P = 1 if method == "sequential" else slots
-    greedy = sampling.greedy
-    rows = jnp.arange(B)[:, None]
-    H = P + 2
-    j = jnp.arange(P)[None, :]
+@flax.struct.dataclass
+class State:
+    """Loop carry: the token buffer, Algorithm 1's ``n`` and the statistics counters."""
 
-    def probs(logits):
-        return target_probs(logits, sampling)
+    tokens: jax.Array           # int32 (B, S): prompt, decoded tokens; 0 at undecoded slots
+    decoded: jax.Array          # int32 (B,): n, masked tokens decoded so far
+    key: jax.Array              # PRNG key, split once per iteration
+    target_nfe: jax.Array       # int32 (B,): AS-ARM forwards while the row was active
+    draft_nfe: jax.Array        # int32 (B,): context-bigram drafter calls (assd-ngram)
+    steps: jax.Array            # int32 (B,): iterations while active
+    accept_hist: jax.Array      # int32 (B, P + 2): iterations that produced j tokens
+    drafts_proposed: jax.Array  # int32 (B,): drafts sent to verification
+    drafts_accepted: jax.Array  # int32 (B,): drafts accepted (line 20)
+    draft_passes: jax.Array     # int32 (B,): AS-ARM draft passes (lines 4-8)
+    density_passes: jax.Array   # int32 (B,): AS-ARM density passes (lines 13-15)
+    lemma1_max_gap: jax.Array   # float32 (): max |p - q| at i = n over verified iterations
 
-    def body(st: _State) -> _State:
-        active = st.n < G
-        live = jnp.where(active, jnp.minimum(jnp.minimum(P, k), G - st.n), 0)   # t - n per row
-        qpos = jnp.take_along_axis(pos_of_rank, jnp.minimum(st.n[:, None] + j, S - 1), axis=1)
-        use = j < live[:, None]                                                 # live slots
-        slot = jnp.where(use, qpos, S)          # write target; S (out of range) drops the write
-        key, kd, kv = jax.random.split(st.key, 3)
-        known = visible | (masked & (rank < st.n[:, None]))
 
-        if method == "assd-ngram":
-            # Algorithm 2: drafts from the context bigram model (Eq. 23), one slot at a time
-            drafts, dprobs = [], []
-            for i in range(P):
-                left = qpos[:, i] - 1
-                left_known = jnp.take_along_axis(known, jnp.maximum(left, 0)[:, None], 1)[:, 0]
-                left_tok = jnp.take_along_axis(st.tokens, jnp.maximum(left, 0)[:, None], 1)[:, 0]
-                prev = drafts[-1] if drafts else left_tok
-                cond = jnp.where(left_known | (i == 0), left_tok, prev)      # Alg. 2 lines 2-6
-                c = jax.vmap(lambda t, kn, cd, hc: bigram_draft_dist(t, kn, cd, hc, V))(
-                    st.tokens, known, cond, left >= 0)
-                d = (jnp.argmax(c, axis=-1).astype(jnp.int32) if greedy
-                     else sample_from_probs(jax.random.fold_in(kd, i), c))  # Alg. 2 lines 7-8
-                drafts.append(d)
-                dprobs.append(c)
-            draft = jnp.stack(drafts, axis=1)                                   # (B, P)
-            d_probs = jnp.stack(dprobs, axis=1)                                 # (B, P, V)
-            d_logits = None
-            need = live >= 1                                    # no Lemma 1: always verify
-        else:
-            # Algorithm 1 lines 4-8 (or one sequential step): one draft pass
-            d_logits = conditionals(model, params, st.tokens, visible,
-                                    draft_order(rank, st.n), qpos)               # (B, P, V)
-            if greedy:
-                draft = jnp.argmax(d_logits, axis=-1).astype(jnp.int32)
-                d_probs = None
-            else:
-                d_probs = probs(d_logits)
-                draft = sample_from_probs(kd, d_probs)
-            need = live >= 2                              # lines 9-12: one token -> no check
+@flax.struct.dataclass
+class Window:
+    """The masked slots one iteration works on (Alg. 1 line 3: ``t = min(n + k, N - m)``)."""
 
-        gap = st.gap
-        if method == "sequential":
-            n_acc = live
-            nxt = jnp.zeros((B,), jnp.int32)
-            resample = jnp.zeros((B,), bool)
-        else:
-            tok_d = st.tokens.at[rows, slot].set(draft, mode="drop")
+    active: jax.Array     # bool (B,): rows with masked slots left
+    live: jax.Array       # int32 (B,): t - n, tokens speculated (0 on finished rows)
+    query_pos: jax.Array  # int32 (B, P): slot sigma(m + n + j) of query j (clamped past the end)
+    use: jax.Array        # bool (B, P): j < t - n
 
-            def density(_):                                                  # lines 13-15
-                return conditionals(model, params, tok_d, visible,
-                                    density_order(rank, st.n + live), qpos)
 
-            t_logits = jax.lax.cond(jnp.any(need), density,
-                                    lambda _: jnp.zeros((B, P, V), jnp.float32), None)
-            self_draft = method == "assd"
-            if greedy:
-                if self_draft:   # Lemma 1: the target row of sigma(n) is the draft row
-                    t_logits = t_logits.at[:, 0].set(d_logits[:, 0])
-                n_v, nxt = verify_greedy(t_logits, draft)
-            else:
-                t_probs = probs(t_logits)
-                if self_draft:
-                    g = jnp.abs(t_probs[:, 0] - d_probs[:, 0]).max(-1)
-                    gap = jnp.maximum(gap, jnp.max(jnp.where(need, g, 0.0)))
-                    t_probs = t_probs.at[:, 0].set(d_probs[:, 0])
-                # lines 16-25 (no bonus row: after all live drafts are accepted the next
-                # iteration drafts again); epsilon > 0 is Appendix F.5's tolerance
-                n_v, nxt = verify_sample(kv, t_probs, draft, d_probs, epsilon=epsilon)
-            n_acc = jnp.where(need, jnp.minimum(n_v, live), live)      # accepted (line 20)
-            resample = need & (n_v < live)                              # line 22
-        produced = jnp.where(active, n_acc + resample.astype(jnp.int32), 0)
-        # write accepted drafts, then the resampled token at slot n_acc; line 26: n <- i + 1
-        at_rej = resample[:, None] & (j == n_acc[:, None])
-        new = jnp.where(at_rej, nxt[:, None], draft)
-        keep = use & ((j < n_acc[:, None]) | at_rej)
-        tokens = st.tokens.at[rows, jnp.where(keep, qpos, S)].set(new, mode="drop")
+@flax.struct.dataclass
+class Drafts:
+    """One iteration's drafts ``x~_sigma(n + j)``, ``j < P``."""
 
-        a32 = active.astype(jnp.int32)
-        verified = (need & active).astype(jnp.int32)
-        if method == "sequential":
-            nfe_inc, prop_inc, acc_inc, dp_inc, vp_inc, dn_inc = a32, 0, 0, a32, 0, 0
-        elif method == "assd":
-            nfe_inc, dp_inc, vp_inc, dn_inc = a32 + verified, a32, verified, 0
-            prop_inc, acc_inc = verified * live, verified * n_acc
-        else:
-            nfe_inc, dp_inc, vp_inc, dn_inc = verified, 0, verified, a32
-            prop_inc, acc_inc = verified * live, verified * n_acc
-        hist = st.hist.at[jnp.arange(B), jnp.clip(produced, 0, H - 1)].add(a32)
-        return _State(tokens=tokens, n=st.n + produced, key=key, nfe=st.nfe + nfe_inc,
-                      dnfe=st.dnfe + dn_inc, steps=st.steps + a32, hist=hist,
-                      proposed=st.proposed + prop_inc, accepted=st.accepted + acc_inc,
-                      dpass=st.dpass + dp_inc, vpass=st.vpass + vp_inc, gap=gap)
+    tokens: jax.Array                 # int32 (B, P)
+    q: Optional[jax.Array]            # float32 (B, P, V) draft distribution; None when greedy
+                                      # and self-drafted (greedy verification needs none)
+    logits: Optional[jax.Array]       # float32 (B, P, V) draft-pass logits (self-draft only)
+    need_check: jax.Array             # bool (B,): rows whose drafts go to verification
 
+
+@flax.struct.dataclass
+class Verdict:
+    """Outcome of verification (Alg. 1 lines 16-25) per row."""
+
+    accepted: jax.Array        # int32 (B,): drafts accepted (all live ones when unverified)
+    resampled: jax.Array       # bool (B,): a draft was rejected and its slot resampled (line 22)
+    token: jax.Array           # int32 (B,): the resampled token (meaningless unless resampled)
+    lemma1_max_gap: jax.Array  # float32 (): State.lemma1_max_gap, updated
+
+
+# --------------------------------------------------------------------------- phases
+def init_state(cfg: LoopConfig, tokens: jax.Array, key: jax.Array) -> State:
+    """Loop carry before the first iteration: nothing decoded, every counter 0."""
+    B = tokens.shape[0]
     z = jnp.zeros((B,), jnp.int32)
-    st = _State(tokens=tokens, n=z, key=key, nfe=z, dnfe=z, steps=z,
-                hist=jnp.zeros((B, H), jnp.int32), proposed=z, accepted=z, dpass=z, vpass=z,
-                gap=jnp.zeros((), jnp.float32))
-    st = jax.lax.while_loop(lambda s: jnp.any(s.n < G), body, st)
-    return (st.tokens, st.nfe, st.dnfe, st.steps, st.hist, st.proposed, st.accepted,
-            st.dpass, st.vpass, st.gap)
+    return State(tokens=tokens, decoded=z, key=key, target_nfe=z, draft_nfe=z, steps=z,
+                 accept_hist=jnp.zeros((B, cfg.query_slots + 2), jnp.int32), drafts_proposed=z,
+                 drafts_accepted=z, draft_passes=z, density_passes=z,
+                 lemma1_max_gap=jnp.zeros((), jnp.float32))
 
 
-_decode_jit = jax.jit(_decode, static_argnames=("model", "method", "slots", "sampling"))
+def query_window(cfg: LoopConfig, inp: Inputs, decoded: jax.Array) -> Window:
+    """The query slots after ``decoded`` (``n``, int32 ``(B,)``) tokens (Alg. 1 line 3)."""
+    P = cfg.query_slots
+    S = inp.visible.shape[1]
+    j = jnp.arange(P)[None, :]
+    active = decoded < inp.num_masked
+    live = jnp.where(active, jnp.minimum(jnp.minimum(P, inp.k), inp.num_masked - decoded), 0)
+    qpos = jnp.take_along_axis(inp.pos_of_rank, jnp.minimum(decoded[:, None] + j, S - 1), axis=1)
+    return Window(active=active, live=live, query_pos=qpos, use=j < live[:, None])
 
 
+def known_slots(inp: Inputs, decoded: jax.Array) -> jax.Array:
+    """bool ``(B, S)``: the prompt and the ``decoded`` (int32 ``(B,)``) masked slots."""
+    return inp.visible | (inp.masked & (inp.rank < decoded[:, None]))
+
+
+def draft_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
+               key: jax.Array) -> Drafts:
+    """Algorithm 1 lines 4-8 (and one sequential step): one draft pass (Fig. 1a) in which every
+    query slot conditions on ``x_sigma(<n)`` only; drafts are its argmax (greedy) or samples.
+    Lines 9-12: a row speculating a single token skips verification (Lemma 1)."""
+    logits = conditionals(cfg.model, params, st.tokens, inp.visible,
+                          draft_order(inp.rank, st.decoded), win.query_pos)      # (B, P, V)
+    if cfg.sampling.greedy:
+        q, tokens = None, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        q = target_probs(logits, cfg.sampling)
+        tokens = sample_from_probs(key, q)
+    return Drafts(tokens=tokens, q=q, logits=logits, need_check=win.live >= 2)
+
+
+def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax.Array) -> Drafts:
+    """Algorithm 2: drafts from the Eq. 23 context bigram over the known tokens, slot by slot.
+
+    Lines 2-6: draft ``j`` conditions on the token left of its slot when that one is known
+    (always for ``j = 0``), else on draft ``j - 1``; lines 7-8: it is that distribution's argmax
+    (greedy) or a sample (key ``fold_in(key, j)``). No Lemma 1: every live row is verified."""
+    V = cfg.model.config.vocab_size
+    known = known_slots(inp, st.decoded)
+    dist = jax.vmap(lambda t, kn, c, h: bigram_draft_dist(t, kn, c, h, V))
+    tokens, qs = [], []
+    for i in range(cfg.query_slots):
+        left = win.query_pos[:, i] - 1
+        left_known = jnp.take_along_axis(known, jnp.maximum(left, 0)[:, None], 1)[:, 0]
+        left_tok = jnp.take_along_axis(st.tokens, jnp.maximum(left, 0)[:, None], 1)[:, 0]
+        prev = tokens[-1] if tokens else left_tok
+        c = dist(st.tokens, known, jnp.where(left_known | (i == 0), left_tok, prev), left >= 0)
+        tokens.append(jnp.argmax(c, axis=-1).astype(jnp.int32) if cfg.sampling.greedy
+                      else sample_from_probs(jax.random.fold_in(key, i), c))
+        qs.append(c)
+    return Drafts(tokens=jnp.stack(tokens, axis=1), q=jnp.stack(qs, axis=1), logits=None,
+                  need_check=win.live >= 1)
+
+
+def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
+                 drafts: Drafts) -> jax.Array:
+    """Algorithm 1 lines 13-15: one density pass (Fig. 1b) over ``x_sigma(<n)`` plus the live
+    drafts gives ``p(x~_sigma(i) | x_sigma(<n), x~_sigma(n:i))`` at every query slot. Skipped
+    (zeros) when no row needs verification.
+
+    Returns: float32 ``(B, P, V)`` target logits."""
+    B, S = st.tokens.shape
+    slot = jnp.where(win.use, win.query_pos, S)     # S (out of range) drops the write
+    with_drafts = st.tokens.at[jnp.arange(B)[:, None], slot].set(drafts.tokens, mode="drop")
+
+    def run(_):
+        return conditionals(cfg.model, params, with_drafts, inp.visible,
+                            density_order(inp.rank, st.decoded + win.live), win.query_pos)
+
+    zeros = jnp.zeros((B, cfg.query_slots, cfg.model.config.vocab_size), jnp.float32)
+    return jax.lax.cond(jnp.any(drafts.need_check), run, lambda _: zeros, None)
+
+
+def verify(cfg: LoopConfig, key: jax.Array, target_logits: jax.Array, drafts: Drafts,
+           win: Window, gap: jax.Array, epsilon: jax.Array) -> Verdict:
+    """Algorithm 1 lines 16-25 with :func:`jaxspec.core.verify.verify_greedy` /
+    :func:`~jaxspec.core.verify.verify_sample` (no bonus row: after all live drafts are accepted
+    the next iteration drafts again; ``epsilon > 0`` is Appendix F.5's tolerance).
+
+    Self-drafted rows use the draft row for ``i = n`` as its target row (Lemma 1: the same
+    distribution), recording the largest gap between the two under sampling."""
+    if cfg.sampling.greedy:
+        if cfg.self_draft:
+            target_logits = target_logits.at[:, 0].set(drafts.logits[:, 0])
+        n_ok, token = verify_greedy(target_logits, drafts.tokens)
+    else:
+        p = target_probs(target_logits, cfg.sampling)
+        if cfg.self_draft:
+            g = jnp.abs(p[:, 0] - drafts.q[:, 0]).max(-1)
+            gap = jnp.maximum(gap, jnp.max(jnp.where(drafts.need_check, g, 0.0)))
+            p = p.at[:, 0].set(drafts.q[:, 0])
+        n_ok, token = verify_sample(key, p, drafts.tokens, drafts.q, epsilon=epsilon)
+    need = drafts.need_check
+    return Verdict(accepted=jnp.where(need, jnp.minimum(n_ok, win.live), win.live),   # line 20
+                   resampled=need & (n_ok < win.live), token=token,                 # line 22
+                   lemma1_max_gap=gap)
+
+
+def unverified(win: Window, gap: jax.Array) -> Verdict:
+    """Verdict of a sequential step: its one token is accepted as drawn."""
+    z = jnp.zeros(win.live.shape, jnp.int32)
+    return Verdict(accepted=win.live, resampled=z.astype(bool), token=z, lemma1_max_gap=gap)
+
+
+def commit(cfg: LoopConfig, st: State, key: jax.Array, win: Window, drafts: Drafts,
+           verdict: Verdict) -> State:
+    """Write the accepted drafts and the resampled token, then ``n <- i + 1`` (line 26), and
+    count: target NFE (draft + density passes), bigram calls, drafts proposed / accepted, the
+    tokens-per-iteration histogram."""
+    B, S = st.tokens.shape
+    j = jnp.arange(cfg.query_slots)[None, :]
+    n_acc = verdict.accepted
+    at_rej = verdict.resampled[:, None] & (j == n_acc[:, None])
+    keep = win.use & ((j < n_acc[:, None]) | at_rej)
+    new = jnp.where(at_rej, verdict.token[:, None], drafts.tokens)
+    tokens = st.tokens.at[jnp.arange(B)[:, None], jnp.where(keep, win.query_pos, S)].set(
+        new, mode="drop")
+    produced = jnp.where(win.active, n_acc + verdict.resampled.astype(jnp.int32), 0)
+    a32 = win.active.astype(jnp.int32)
+    verified = (drafts.need_check & win.active).astype(jnp.int32)
+    drafted = a32 if cfg.self_draft else 0            # AS-ARM draft passes
+    bigram = 0 if cfg.self_draft else a32             # drafter calls
+    hist = st.accept_hist.at[jnp.arange(B), jnp.clip(produced, 0, cfg.query_slots + 1)].add(a32)
+    return State(tokens=tokens, decoded=st.decoded + produced, key=key,
+                 target_nfe=st.target_nfe + drafted + verified, draft_nfe=st.draft_nfe + bigram,
+                 steps=st.steps + a32, accept_hist=hist,
+                 drafts_proposed=st.drafts_proposed + verified * win.live,
+                 drafts_accepted=st.drafts_accepted + verified * n_acc,
+                 draft_passes=st.draft_passes + drafted,
+                 density_passes=st.density_passes + verified,
+                 lemma1_max_gap=verdict.lemma1_max_gap)
+
+
+# --------------------------------------------------------------------------- the loop
+def step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
+    """One iteration of Algorithm 1 (``"assd"``), of Algorithm 1 with Algorithm 2's drafts
+    (``"assd-ngram"``) or of sequential decoding, for every row in lockstep."""
+    win = query_window(cfg, inp, st.decoded)
+    key, k_draft, k_verify = jax.random.split(st.key, 3)
+    if cfg.self_draft:
+        drafts = draft_pass(cfg, params, inp, st, win, k_draft)           # lines 4-12
+    else:
+        drafts = bigram_drafts(cfg, inp, st, win, k_draft)                # Algorithm 2
+    if cfg.method == "sequential":
+        verdict = unverified(win, st.lemma1_max_gap)
+    else:
+        target_logits = density_pass(cfg, params, inp, st, win, drafts)   # lines 13-15
+        verdict = verify(cfg, k_verify, target_logits, drafts, win, st.lemma1_max_gap,
+                         inp.epsilon)                                     # lines 16-25
+    return commit(cfg, st, key, win, drafts, verdict)                     # line 26
+
+
+def decode_loop(params, inp: Inputs, tokens: jax.Array, key: jax.Array, *,
+                cfg: LoopConfig) -> State:
+    """Run :func:`step` until every row has decoded all its masked slots (one
+    ``lax.while_loop``). ``inp.k`` and ``inp.epsilon`` are traced, so one executable serves
+    every ``k <= cfg.slots``.
+
+    Args:
+      params: the XLNet's parameters; inp: :class:`Inputs`; tokens: int32 ``(B, S)`` (0 at the
+        masked slots); key: PRNG key.
+
+    Returns:
+      The final :class:`State`.
+    """
+    return jax.lax.while_loop(lambda s: jnp.any(s.decoded < inp.num_masked),
+                              lambda s: step(cfg, params, inp, s), init_state(cfg, tokens, key))
+
+
+_decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
+
+
+# --------------------------------------------------------------------------- results
+@dataclasses.dataclass
+class ASSDStats(DecodeStats):
+    """:class:`jaxspec.core.stats.DecodeStats` for ASSD (module docstring, "NFE").
+
+    ``accept_hist[b, j]`` counts the iterations of row ``b`` that produced ``j`` tokens. ASSD has
+    no bonus token, so an iteration that accepts all its drafts produced exactly that many
+    tokens; the true number of accepted drafts is therefore kept in ``accepted`` (int ``(B,)``)
+    and :attr:`accepted_drafts` / :attr:`acceptance_rate` use it. ``drafts_proposed`` counts the
+    drafts sent to verification (unverified single-token iterations propose none). For
+    ``"assd"`` these include each verified iteration's first draft, which Lemma 1 accepts with
+    certainty, so the acceptance rate is at least ``1 / k``; the rate over the later drafts is
+    ``(accepted - iterations) / (proposed - iterations)`` over the verified iterations.
+    """
+
+    accepted: Optional[np.ndarray] = None
+
+    @property
+    def accepted_drafts(self) -> int:
+        if self.accepted is None:
+            return super().accepted_drafts
+        return int(self.accepted.sum())
+
+
+@dataclasses.dataclass
+class InfillResult:
+    """Output of :func:`assd_generate`.
+
+    Attributes:
+      sequences: per row, int32 ``(N_b,)``: the input with every masked position filled.
+      infilled: per row, int32 ``(G_b,)``: the generated tokens in decoding order (left to right).
+      stats: :class:`ASSDStats` (``new_tokens`` = ``G_b``).
+      compile_s: seconds spent compiling (0 when a cached executable was reused).
+      run_s: wall-clock seconds of the decode itself.
+    """
+
+    sequences: list
+    infilled: list
+    stats: ASSDStats
+    compile_s: float
+    run_s: float
+
+
+# --------------------------------------------------------------------------- host wrapper
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_settings(method: str, k, slots, sampling, epsilon) -> int:
+    """Validate :func:`assd_generate`'s decoding settings; returns ``slots`` (default ``k``).
+
+    Raises:
+      ValueError (one line): see :func:`assd_generate`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if not _is_int(k) or k < 1:
+        raise ValueError(f"k (tokens speculated per iteration) must be an int >= 1, got {k!r}")
+    slots = int(k) if slots is None else slots
+    if not _is_int(slots) or slots < k:
+        raise ValueError(f"slots must be an int >= k = {k}, got {slots!r}")
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError("sampling must be a jaxspec.core.sampling.SamplingConfig")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise ValueError(f"epsilon must be a number >= 0, got {epsilon!r}")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if epsilon > 0 and (sampling.greedy or method == "sequential"):
+        raise ValueError("epsilon tolerance applies to ASSD sampling only (temperature > 0)")
+    return slots
+
+
+def _stats(method: str, st: State, G: np.ndarray, k: int, k_requested: int,
+           epsilon: float) -> ASSDStats:
+    """The host-side statistics record of a finished loop (``st`` as numpy arrays)."""
+    seq = method == "sequential"
+    return ASSDStats(
+        method=method, reference="sequential", target_nfe=st.target_nfe, draft_nfe=st.draft_nfe,
+        steps=st.steps, accept_hist=st.accept_hist[:, :k + 2], new_tokens=G.astype(np.int64),
+        draft_length=0 if seq else k_requested,
+        drafts_proposed=None if seq else st.drafts_proposed,
+        accepted=None if seq else st.drafts_accepted,
+        extra={"k": None if seq else k_requested, "epsilon": float(epsilon),
+               "lossless": bool(epsilon == 0), "draft_passes": int(st.draft_passes.sum()),
+               "density_passes": int(st.density_passes.sum()),
+               "tokens_per_iteration": round(float(G.sum() / max(st.steps.sum(), 1)), 4),
+               "lemma1_max_gap": float(st.lemma1_max_gap)})
 
 
 def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd", k: int = 5,
@@ -460,52 +650,31 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
       :func:`prepare_batch` (no masks, span past ``max_len``, shape mismatch, id outside the
       vocabulary).
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-    if not _is_int(k) or k < 1:
-        raise ValueError(f"k (tokens speculated per iteration) must be an int >= 1, got {k!r}")
-    slots = int(k) if slots is None else slots
-    if not _is_int(slots) or slots < k:
-        raise ValueError(f"slots must be an int >= k = {k}, got {slots!r}")
-    if not isinstance(sampling, SamplingConfig):
-        raise ValueError("sampling must be a jaxspec.core.sampling.SamplingConfig")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
-        raise ValueError(f"epsilon must be a number >= 0, got {epsilon!r}")
-    if not epsilon >= 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    if epsilon > 0 and (sampling.greedy or method == "sequential"):
-        raise ValueError("epsilon tolerance applies to ASSD sampling only (temperature > 0)")
+    slots = _check_settings(method, k, slots, sampling, epsilon)
     tok, vis, msk, lengths = prepare_batch(tokens, masked, model.config.vocab_size, bucket, max_len)
     rank, pos, G = _ranks(msk)
-    seq = method == "sequential"
     k_requested = int(k)
-    k, slots = (1, 1) if seq else (int(k), int(slots))
+    k, slots = (1, 1) if method == "sequential" else (int(k), int(slots))
     # t = min(n + k, N - m) (Algorithm 1 line 3): a k or slot count above the most masked
     # positions of any row speculates no more, so compile no more query slots than that
     # (a huge k would otherwise allocate (B, k, V) logits for nothing)
     g_max = max(int(np.max(G)), 1)
     if slots > g_max:
         slots, k = g_max, min(k, g_max)
-    statics = dict(model=model, method=method, slots=slots, sampling=sampling)
-    args = (params, jnp.asarray(tok), jnp.asarray(vis), jnp.asarray(msk), jnp.asarray(rank),
-            jnp.asarray(pos), jnp.asarray(G), jax.random.PRNGKey(seed), jnp.int32(k),
-            jnp.float32(epsilon))
-    out, compile_s, run_s = run_compiled(_decode_jit, args, statics)
-    toks, nfe, dnfe, steps, hist, proposed, accepted, dpass, vpass, gap = (np.asarray(x) for x in out)
-    seqs = [toks[b, :lengths[b]].copy() for b in range(len(lengths))]
-    inf = [toks[b][msk[b]].copy() for b in range(len(lengths))]
-    stats = ASSDStats(
-        method=method, reference="sequential", target_nfe=nfe, draft_nfe=dnfe, steps=steps,
-        accept_hist=hist[:, :k + 2], new_tokens=G.astype(np.int64), draft_length=0 if seq else k_requested,
-        drafts_proposed=None if seq else proposed, accepted=None if seq else accepted,
-        extra={"k": None if seq else k_requested, "epsilon": float(epsilon),
-               "lossless": bool(epsilon == 0), "draft_passes": int(dpass.sum()),
-               "density_passes": int(vpass.sum()),
-               "tokens_per_iteration": round(float(G.sum() / max(steps.sum(), 1)), 4),
-               "lemma1_max_gap": float(gap)})
-    return InfillResult(sequences=seqs, infilled=inf, stats=stats, compile_s=compile_s,
-                        run_s=run_s)
+    inp = Inputs(visible=jnp.asarray(vis), masked=jnp.asarray(msk), rank=jnp.asarray(rank),
+                 pos_of_rank=jnp.asarray(pos), num_masked=jnp.asarray(G), k=jnp.int32(k),
+                 epsilon=jnp.float32(epsilon))
+    cfg = LoopConfig(model=model, method=method, slots=slots, sampling=sampling)
+    out, compile_s, run_s = run_compiled(
+        _decode_jit, (params, inp, jnp.asarray(tok), jax.random.PRNGKey(seed)), dict(cfg=cfg))
+    st = jax.tree.map(np.asarray, out)
+    return InfillResult(sequences=[st.tokens[b, :lengths[b]].copy() for b in range(len(lengths))],
+                        infilled=[st.tokens[b][msk[b]].copy() for b in range(len(lengths))],
+                        stats=_stats(method, st, G, k, k_requested, epsilon),
+                        compile_s=compile_s, run_s=run_s)
 
 
 __all__ = ["METHODS", "ASSDStats", "InfillResult", "decoding_order", "prepare_batch",
-           "conditionals", "draft_order", "density_order", "bigram_draft_dist", "assd_generate"]
+           "conditionals", "draft_order", "density_order", "bigram_draft_dist", "LoopConfig",
+           "Inputs", "State", "query_window", "draft_pass", "bigram_drafts", "density_pass",
+           "verify", "commit", "step", "decode_loop", "assd_generate"]
