@@ -1,11 +1,16 @@
-"""Tiny random causal LMs for fast tests (pure JAX, no transformers needed)."""
+"""Tiny random models of every family for fast tests and forks (pure JAX, no transformers
+needed): causal (:func:`tiny_model`), masked diffusion (:func:`tiny_diffusion_model`) and
+XLNet AS-ARM (:func:`tiny_xlnet`), plus a character tokenizer stand-in."""
 
 from __future__ import annotations
 
 import jax
 
 from models.config import ModelConfig
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from models.llama.modeling import CausalLM, init_params
+from models.xlnet.modeling import XLNetConfig, XLNetLM
+from models.xlnet.modeling import init_params as init_xlnet_params
 
 
 def tiny_model(vocab: int = 64, *, arch: str = "llama", layers: int = 2, scale: float = 4.0,
@@ -33,3 +38,29 @@ class CharTok:
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
+
+
+def tiny_diffusion_model(head: str = "llada", *, vocab: int = 40, scale: float = 4.0,
+                         head_scale: float = 20.0, seed: int = 1, ctx: int = 48):
+    """A random LLaDA (llama body) or Dream (qwen2 body, untied head as in Dream-7B)
+    masked-diffusion model with mask id ``vocab - 1``, and its params. The body is scaled by
+    ``scale`` and the LM head by ``head_scale``: peaked predictions (max probability about
+    0.2-0.95) whose confidences are well apart (gaps >= 1e-4, far above the float jitter
+    between padded and unpadded forwards), so rankings are stable."""
+    arch = "llama" if head == "llada" else "qwen2"
+    base = ModelConfig(arch=arch, vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                       qkv_bias=(arch == "qwen2"), tie_embeddings=False,
+                       max_position_embeddings=ctx, rope_theta=10000.0, rms_norm_eps=1e-6)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * (head_scale if "lm_head" in jax.tree_util.keystr(path) else scale)
+        if x.ndim >= 2 else x, init_params(base, seed))
+    return DiffusionLM(DiffusionConfig(base, head, vocab - 1)), params
+
+
+def tiny_xlnet(vocab: int = 11, seed: int = 1, scale: float = 4.0):
+    """A random two-stream XLNet AS-ARM (d_model 16, 2 layers) and its params, weights
+    scaled by ``scale`` for peaked conditionals."""
+    cfg = XLNetConfig(vocab_size=vocab, d_model=16, n_layer=2, n_head=2, d_inner=32)
+    params = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, init_xlnet_params(cfg, seed))
+    return XLNetLM(cfg), params

@@ -1,0 +1,280 @@
+"""The method registry: every decoding method, one entry each.
+
+An entry says which model family the method runs on, how to build its config from the
+user's options (:class:`DecodeOptions`, what ``scripts.generate`` reads from the command
+line), how to run it, and which method it is lossless against. ``scripts.generate``
+(``--method``, ``--compare``), ``scripts.benchmark`` (the ``jaxspec/<method>`` systems of
+the ``ar`` suite) and the registry-driven losslessness tests (``tests/test_methods.py``)
+read this table; adding a method is adding one :class:`Method` to :data:`METHODS`.
+
+Families and their input: ``causal`` and ``dllm`` methods take prompts (lists of token ids);
+``asarm`` methods take infilling tasks ``(tokens, masked)`` (:mod:`jaxspec.asarm`).
+Every ``run`` returns a result with ``.tokens`` (per row) and ``.stats``
+(:class:`jaxspec.core.stats.DecodeStats`), ``.compile_s`` and ``.run_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
+
+from jaxspec.asarm.assd import assd_generate
+from jaxspec.causal.decode import generate as causal_generate
+from jaxspec.core.drafters import NgramDrafter
+from jaxspec.core.sampling import SamplingConfig
+from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
+                          load_graph, spiffy_generate, ssd_generate)
+
+FAMILIES = ("causal", "dllm", "asarm")
+DEFAULT_GRAPH = "configs/graphs/dream-smollm2-135m/D10.json"
+
+
+class MethodError(ValueError):
+    """Unknown method, a method used with the wrong model family, or options it cannot take."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """Every user-facing decoding option (the ``scripts.generate`` flags), with their
+    defaults. A method reads the ones it needs; ``None`` means "the method's default".
+
+    Attributes (units: tokens unless said otherwise):
+      max_new_tokens: causal generation budget per row.
+      temperature, top_k, top_p: the target distribution (0 = greedy; 0 / 1.0 = off).
+      draft_length: k (n-gram default 8, SSD 3, ASSD 5).
+      max_ngram, min_ngram, fallback: n-gram drafter (``"none"`` or ``"bigram"``).
+      gen_length, block_length, steps, remasking, tokens_per_step, threshold, cache,
+      alg_temp: masked-diffusion decoding (:class:`jaxspec.dllm.DiffusionDecodeConfig`).
+      tree: SSD verification tree (``"chain"`` or ``"mix-order"``).
+      graph: Spiffy draft-graph JSON path.
+      epsilon: ASSD acceptance tolerance (> 0 is not lossless).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_length: Optional[int] = None
+    max_ngram: int = 3
+    min_ngram: int = 2
+    fallback: str = "none"
+    gen_length: int = 64
+    block_length: int = 8
+    steps: Optional[int] = None
+    remasking: str = "low_confidence"
+    tokens_per_step: Optional[int] = None
+    threshold: Optional[float] = None
+    cache: str = "none"
+    alg_temp: float = 0.0
+    tree: str = "chain"
+    graph: Optional[str] = None
+    epsilon: float = 0.0
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def diffusion(self, **overrides) -> DiffusionDecodeConfig:
+        """The masked-diffusion decode config of these options (``steps`` defaults to the
+        generation length)."""
+        kw = dict(gen_length=self.gen_length, block_length=self.block_length,
+                  steps=self.gen_length if self.steps is None else self.steps,
+                  remasking=self.remasking, temperature=self.temperature, top_k=self.top_k,
+                  top_p=self.top_p, cache=self.cache, tokens_per_step=self.tokens_per_step,
+                  threshold=self.threshold, alg_temp=self.alg_temp)
+        kw.update(overrides)
+        return DiffusionDecodeConfig(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One registry entry.
+
+    Attributes:
+      name: the ``--method`` value.
+      family: ``"causal"``, ``"dllm"`` or ``"asarm"`` (:data:`FAMILIES`).
+      reference: the method it is lossless against (itself for a reference decoder).
+      summary: one line for ``--help`` and the README.
+      build: ``options -> config`` (validates; raises ``ValueError`` naming the problem).
+      run: ``(model, params, inputs, config, *, seed, eos_ids, pad_id) -> result``.
+      reference_options: ``options -> options`` of the reference run for ``--compare``
+        (default: the same options).
+      lossless: False for methods that are not lossless against any reference (fixed-k and
+        threshold parallel decoding): ``--compare`` then reports a difference, not an error.
+    """
+
+    name: str
+    family: str
+    reference: str
+    summary: str
+    build: Callable[[DecodeOptions], Any]
+    run: Callable[..., Any]
+    reference_options: Callable[[DecodeOptions], DecodeOptions] = lambda o: o
+    lossless: bool = True
+
+
+# ----------------------------------------------------------------------------- causal
+
+def _causal_config(drafter_fn):
+    def build(o: DecodeOptions):
+        if o.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {o.max_new_tokens}")
+        return {"sampling": o.sampling, "max_new_tokens": o.max_new_tokens,
+                "drafter": drafter_fn(o)}
+    return build
+
+
+def _ngram_drafter(o: DecodeOptions):
+    k = 8 if o.draft_length is None else o.draft_length
+    if k < 1:
+        raise ValueError(f"--draft-length must be >= 1, got {k}")
+    if o.fallback not in ("none", "bigram"):
+        raise ValueError(f"unknown n-gram fallback {o.fallback!r}; expected none or bigram")
+    return lambda vocab_size: NgramDrafter(k, vocab_size, max_ngram=o.max_ngram,
+                                           min_ngram=o.min_ngram,
+                                           bigram_fallback=o.fallback == "bigram")
+
+
+def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
+    make = config["drafter"]
+    drafter = None if make is None else make(model.config.vocab_size)
+    return causal_generate(model, params, prompts, max_new_tokens=config["max_new_tokens"],
+                           sampling=config["sampling"], drafter=drafter, seed=seed,
+                           eos_ids=eos_ids, pad_id=pad_id)
+
+
+# ----------------------------------------------------------------------------- dllm
+
+def _stepwise(o: DecodeOptions):
+    if o.tokens_per_step is not None or o.threshold is not None:
+        raise ValueError("method 'stepwise' transfers by schedule; use --method fixed-k "
+                         "(--tokens-per-step) or threshold (--threshold)")
+    return o.diffusion()
+
+
+def _fixed_k(o: DecodeOptions):
+    if o.tokens_per_step is None:
+        raise ValueError("method 'fixed-k' needs --tokens-per-step K")
+    return o.diffusion()
+
+
+def _threshold(o: DecodeOptions):
+    if o.threshold is None:
+        raise ValueError("method 'threshold' needs --threshold T")
+    return o.diffusion()
+
+
+def _one_token_per_step(o: DecodeOptions) -> DecodeOptions:
+    return dataclasses.replace(o, steps=o.gen_length, tokens_per_step=None, threshold=None,
+                               alg_temp=0.0)
+
+
+def _ssd(o: DecodeOptions):
+    if o.tokens_per_step is not None or o.threshold is not None or o.steps not in (None, o.gen_length):
+        raise ValueError("ssd verifies one-token-per-step stepwise decoding: no "
+                         "--tokens-per-step / --threshold, and --steps must equal --gen-length")
+    return SSDConfig(o.diffusion(steps=o.gen_length), 3 if o.draft_length is None else o.draft_length,
+                     o.tree)
+
+
+def _spiffy(o: DecodeOptions):
+    return SpiffyConfig(o.diffusion(), load_graph(o.graph or DEFAULT_GRAPH))
+
+
+def _spiffy_reference(o: DecodeOptions) -> DecodeOptions:
+    return dataclasses.replace(o, graph=None)
+
+
+def _dllm_runner(fn):
+    def run(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
+        return fn(model, params, prompts, config, seed=seed, eos_ids=eos_ids, pad_id=pad_id)
+    return run
+
+
+# ----------------------------------------------------------------------------- asarm
+
+def _assd_config(method: str):
+    def build(o: DecodeOptions):
+        k = 5 if o.draft_length is None else o.draft_length
+        if k < 1:
+            raise ValueError(f"--draft-length must be >= 1, got {k}")
+        if o.epsilon and method == "sequential":
+            raise ValueError("--epsilon applies to ASSD only")
+        return {"method": method, "k": k, "sampling": o.sampling, "epsilon": o.epsilon}
+    return build
+
+
+def _run_assd(model, params, tasks, config, *, seed=0, eos_ids=(), pad_id=0):
+    """``tasks``: ``B`` pairs ``(tokens, masked)`` (:func:`jaxspec.asarm.assd.assd_generate`)."""
+    tokens = [t for t, _ in tasks]
+    masked = [m for _, m in tasks]
+    return assd_generate(model, params, tokens, masked, seed=seed, **config)
+
+
+# ----------------------------------------------------------------------------- the table
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("ar", "causal", "ar", "autoregressive decoding (the causal reference)",
+           _causal_config(lambda o: None), _run_causal),
+    Method("ngram", "causal", "ar", "context n-gram drafts + chain verification",
+           _causal_config(_ngram_drafter), _run_causal),
+    Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
+           _stepwise, _dllm_runner(diffusion_generate), _one_token_per_step),
+    Method("fixed-k", "dllm", "stepwise", "fixed-k parallel unmasking (not lossless)",
+           _fixed_k, _dllm_runner(diffusion_generate), _one_token_per_step, lossless=False),
+    Method("threshold", "dllm", "stepwise", "Fast-dLLM confidence-threshold unmasking (not lossless)",
+           _threshold, _dllm_runner(diffusion_generate), _one_token_per_step, lossless=False),
+    Method("ssd", "dllm", "stepwise", "SSD self-speculative decoding, hierarchical verification",
+           _ssd, _dllm_runner(ssd_generate), _one_token_per_step),
+    Method("spiffy", "dllm", "stepwise", "Spiffy draft graphs (lossless against the decoder "
+           "it accelerates: stepwise, fixed-k or threshold)",
+           _spiffy, _dllm_runner(spiffy_generate), _spiffy_reference),
+    Method("sequential", "asarm", "sequential", "sequential any-order decoding (the AS-ARM reference)",
+           _assd_config("sequential"), _run_assd),
+    Method("assd", "asarm", "sequential", "ASSD Algorithm 1 (self-drafted)",
+           _assd_config("assd"), _run_assd),
+    Method("assd-ngram", "asarm", "sequential", "ASSD Algorithm 2 (context bigram drafts)",
+           _assd_config("assd-ngram"), _run_assd),
+)}
+
+
+def get_method(name: str, family: Optional[str] = None) -> Method:
+    """The registry entry ``name``.
+
+    Raises:
+      MethodError: unknown name, or a method of another family than ``family``.
+    """
+    if name not in METHODS:
+        raise MethodError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+    m = METHODS[name]
+    if family is not None and m.family != family:
+        fits = ", ".join(n for n, x in METHODS.items() if x.family == family)
+        raise MethodError(f"method {name!r} needs a {m.family} model, but the model is "
+                          f"{family}; use --method {fits}")
+    return m
+
+
+def methods_of(family: str) -> tuple[str, ...]:
+    """Names of the methods of one family, in registry order."""
+    return tuple(n for n, m in METHODS.items() if m.family == family)
+
+
+def reference_run(method: Method, options: DecodeOptions) -> tuple[Method, Any]:
+    """The reference method and its config for ``--compare`` (Spiffy's reference is the
+    decoder it accelerates, so its options decide between stepwise / fixed-k / threshold)."""
+    ref_opts = method.reference_options(options)
+    if method.name == "spiffy":
+        ref = get_method(ref_opts.diffusion().method)
+    else:
+        ref = get_method(method.reference)
+    return ref, ref.build(ref_opts)
+
+
+def run_method(name: str, model, params, inputs: Sequence, options: DecodeOptions = DecodeOptions(),
+               *, family: Optional[str] = None, seed: int = 0, eos_ids: Sequence[int] = (),
+               pad_id: int = 0):
+    """Build and run one method: ``get_method(name, family).run(...)`` (the library's one-call
+    entry point). Raises :class:`MethodError` / ``ValueError`` on bad input."""
+    m = get_method(name, family)
+    return m.run(model, params, inputs, m.build(options), seed=seed,
+                 eos_ids=tuple(eos_ids), pad_id=pad_id)
