@@ -212,7 +212,7 @@ def main_dllm(args, log) -> int:
     """``--suite dllm``."""
     from jaxspec.bench.common import BenchError
     from jaxspec.bench.dllm import DLLM_METHODS, markdown_report, run_dllm_suite, write_results
-    from jaxspec.dllm.decode import CACHES
+    from jaxspec.dllm import CACHES
     from models.llama.params import WeightFileError
     from models.registry import PresetError
 

@@ -72,7 +72,7 @@ def _load_records(path: Path):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)
-    from jaxspec.dllm.decode import DiffusionDecodeConfig
+    from jaxspec.dllm import DiffusionDecodeConfig
     from jaxspec.dllm.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,
                                 save_graph, select_graph)
 

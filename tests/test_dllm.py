@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.dllm.decode import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
+from jaxspec.dllm import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
                           prefix_widths, row_noise)
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM

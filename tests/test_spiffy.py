@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
+from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
 from jaxspec.dllm.spiffy import (DraftGraph, GraphError, SpiffyConfig, calibration_counts,
                             load_graph, plot_graph, record_calibration, save_graph, select_graph,
                             spiffy_generate)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
-from jaxspec.dllm.ssd import SSDConfig, ssd_generate, tree_inclusion
+from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, diffusion_generate, ssd_generate
+from jaxspec.dllm.ssd import tree_inclusion
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from models.llama.modeling import init_params
@@ -227,7 +227,7 @@ def test_acceptance_limit():
     topk = np.zeros((G, G, 2), np.int32)
     for s in range(G):
         topk[s, :, 0] = tok            # every draft right at top-1
-    from jaxspec.dllm.ssd import acceptance_limit, stepwise_topk
+    from jaxspec.dllm import acceptance_limit, stepwise_topk
 
     assert acceptance_limit(pos, tok, topk, 2, 1) == pytest.approx(1 - 2 / 6)   # N/(N+1)
     topk[0, 2, 0] = 9                  # step 2's token only at rank 2 of step 0's draft
@@ -247,8 +247,7 @@ def test_acceptance_limit():
 
 _MESH_SCRIPT = r"""
 import numpy as np, jax
-from jaxspec.dllm.decode import DiffusionDecodeConfig
-from jaxspec.dllm.ssd import SSDConfig, ssd_generate, draft_mesh, shard_params
+from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, ssd_generate, draft_mesh, shard_params
 from tests.test_dllm import MODELS, PROMPTS
 assert len(jax.devices()) == 4, jax.devices()
 for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-order")):
@@ -265,7 +264,7 @@ for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-ord
     leaf = shard_params(params, mesh)["lm_head"]
     assert len(leaf.sharding.device_set) == 4
 # Spiffy shares the sharded node forwards: 2 prompts x 4 nodes = 8 rows over 4 devices
-from jaxspec.dllm.spiffy import DraftGraph, SpiffyConfig, spiffy_generate
+from jaxspec.dllm import DraftGraph, SpiffyConfig, spiffy_generate
 g = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1))))
 for head, cache in (("llada", "dual"), ("dream", "none")):
     model, params = MODELS[head]
@@ -297,7 +296,7 @@ def test_multi_device_verification_matches_one_device():
 
 
 def test_mesh_must_divide_the_batch():
-    from jaxspec.dllm.ssd import draft_mesh
+    from jaxspec.dllm import draft_mesh
 
     model, params = MODELS["llada"]
     c = SSDConfig(DiffusionDecodeConfig(8, 4, 8), 2, "chain")     # 3 nodes x 2 prompts = 6

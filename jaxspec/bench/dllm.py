@@ -43,7 +43,7 @@ import numpy as np
 
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info
-from jaxspec.dllm.decode import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
+from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
 from jaxspec.eval.metrics import mean_degeneracy
 from models.diffusion.modeling import bidirectional_mask
 from models.llama.modeling import init_cache

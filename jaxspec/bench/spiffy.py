@@ -29,8 +29,8 @@ from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
 from jaxspec.bench.dllm import method_config, run_interleaved
 from jaxspec.bench.ssd import speed_figures, speedup_bars
-from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
-from jaxspec.dllm.spiffy import DraftGraph, SpiffyConfig, load_graph, spiffy_generate
+from jaxspec.dllm import (DiffusionDecodeConfig, DraftGraph, SpiffyConfig, diffusion_generate,
+                          load_graph, spiffy_generate)
 
 # (D, unmasking rule) rows of the default suite: Table 1's D sweep at one token per step and
 # Table 2's D = 10 combined with fixed-2 and threshold-0.9 parallel decoding.

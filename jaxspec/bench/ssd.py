@@ -34,9 +34,9 @@ import numpy as np
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
 from jaxspec.bench.dllm import run_interleaved
-from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
 from jaxspec.eval.metrics import mean_degeneracy
-from jaxspec.dllm.ssd import SSDConfig, acceptance_limit, ssd_generate, stepwise_topk
+from jaxspec.dllm import (DiffusionDecodeConfig, SSDConfig, acceptance_limit, diffusion_generate,
+                          ssd_generate, stepwise_topk)
 
 # (draft length, tree, cache) rows of the default suite: every draft length of Table 1 with
 # the dual cache (the paper's setting) and the mix-order tree. Uncached rows (e.g. 3:chain:none)
