@@ -53,16 +53,16 @@ lengths/steps/remasking, corrupt or missing weight files).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 import numpy as np
 
-CAUSAL_METHODS = ("ar", "ngram")
-DIFFUSION_METHODS = ("stepwise", "fixed-k", "threshold", "ssd", "spiffy")
-DEFAULT_GRAPH = "configs/graphs/dream-smollm2-135m/D10.json"
-ASARM_METHODS = ("sequential", "assd", "assd-ngram")
-METHODS = CAUSAL_METHODS + DIFFUSION_METHODS + ASARM_METHODS
+from jaxspec.methods import DEFAULT_GRAPH, METHODS, methods_of
+
+CAUSAL_METHODS = methods_of("causal")
+DIFFUSION_METHODS = methods_of("dllm")
+ASARM_METHODS = methods_of("asarm")
+FAMILY_WORDS = {"causal": "causal", "dllm": "masked-diffusion", "asarm": "any-order (XLNet AS-ARM)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,28 +139,36 @@ def diffusion_stats_line(label, res, degen) -> str:
             f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}")
 
 
-def _check_method(args, preset) -> str:
-    """The method to run for ``preset`` (resolving the default); ValueError on a mismatch."""
-    method = args.method or ("stepwise" if preset.is_diffusion else "ngram")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    if preset.is_diffusion and method in CAUSAL_METHODS:
-        raise ValueError(f"method {method!r} needs a causal model, but {preset.name!r} is a "
-                         f"masked-diffusion model; use --method {', '.join(DIFFUSION_METHODS)}")
-    if not preset.is_diffusion and method in DIFFUSION_METHODS:
-        raise ValueError(f"method {method!r} needs a masked-diffusion model, but {preset.name!r} "
-                         f"is causal (e.g. --model dream-smollm2-135m)")
-    if method == "fixed-k" and args.tokens_per_step is None:
-        raise ValueError("method 'fixed-k' needs --tokens-per-step K")
-    if method == "threshold" and args.threshold is None:
-        raise ValueError("method 'threshold' needs --threshold T")
-    if method == "ssd" and (args.tokens_per_step is not None or args.threshold is not None
-                            or args.steps not in (None, args.gen_length)):
-        raise ValueError("ssd verifies one-token-per-step stepwise decoding: no "
-                         "--tokens-per-step / --threshold, and --steps must equal --gen-length")
-    if method != "spiffy" and args.graph is not None:
+def _options(args):
+    """The :class:`jaxspec.methods.DecodeOptions` of the command line."""
+    from jaxspec.methods import DecodeOptions
+
+    return DecodeOptions(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, draft_length=args.draft_length, max_ngram=args.max_ngram,
+        min_ngram=args.min_ngram, fallback=args.fallback, gen_length=args.gen_length,
+        block_length=args.block_length, steps=args.steps, remasking=args.remasking,
+        tokens_per_step=args.tokens_per_step, threshold=args.threshold, cache=args.cache,
+        alg_temp=args.alg_temp, tree=args.tree, graph=args.graph, epsilon=args.epsilon)
+
+
+def _check_method(args, preset):
+    """The registry entry to run for ``preset`` (resolving the default); ValueError naming
+    the problem when the method does not fit the model or its flags."""
+    family = "dllm" if preset.is_diffusion else "causal"
+    name = args.method or ("ngram" if family == "causal" else "fixed-k" if args.tokens_per_step
+                           is not None else "threshold" if args.threshold is not None
+                           else "stepwise")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+    method = METHODS[name]
+    if method.family != family:
+        fits = ", ".join(methods_of(family))
+        raise ValueError(f"method {name!r} needs a {FAMILY_WORDS[method.family]} model, but "
+                         f"{preset.name!r} is {FAMILY_WORDS[family]}; use --method {fits}")
+    if name != "spiffy" and args.graph is not None:
         raise ValueError("--graph only applies to --method spiffy")
-    if method in CAUSAL_METHODS:
+    if family == "causal":
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),
                                ("--cache", None if args.cache == "none" else args.cache),
@@ -190,73 +198,34 @@ def _print_outputs(args, texts, rows, tok) -> None:
     print("=" * 80)
 
 
-def main_diffusion(args, method, preset) -> int:
-    """``main`` for masked-diffusion presets (stepwise / fixed-k / threshold)."""
-    from jaxspec.dllm.decode import DiffusionDecodeConfig, diffusion_generate
-    from jaxspec.eval.metrics import mean_degeneracy
-    from models.llama.params import WeightFileError
-    from models.registry import PresetError, load_model
+def _method_lines(method, res) -> list[str]:
+    """Method-specific stats lines (SSD tree, Spiffy graph)."""
+    s = res.stats
+    if method.name == "ssd":
+        return [f"[ssd] draft_length={s.draft_length} tree={s.extra['tree']} "
+                f"nodes={s.extra['nodes']} step_reduction={s.extra['step_reduction']:.3f} "
+                f"acceptance={s.acceptance_rate:.3f} accept_hist={s.accept_hist.sum(0).tolist()}"]
+    if method.name == "spiffy":
+        return [f"[spiffy] D={s.extra['graph_D']} unmasking={s.extra['unmasking']} "
+                f"reference_nfe={int(s.steps.sum())} nfe_speedup={s.extra['nfe_speedup']:.2f}x "
+                f"steps_per_forward_hist={s.accept_hist.sum(0).tolist()}"]
+    return []
 
-    try:
-        common = dict(gen_length=args.gen_length, block_length=args.block_length,
-                      remasking=args.remasking, temperature=args.temperature,
-                      top_k=args.top_k, top_p=args.top_p, cache=args.cache)
-        ref_cfg = DiffusionDecodeConfig(steps=args.gen_length, **common)
-        cfg = DiffusionDecodeConfig(steps=args.gen_length if args.steps is None else args.steps,
-                                    tokens_per_step=args.tokens_per_step,
-                                    threshold=args.threshold, alg_temp=args.alg_temp, **common)
-        ssd_cfg = spiffy_cfg = None
-        if method == "spiffy":
-            from jaxspec.dllm.spiffy import SpiffyConfig, load_graph, spiffy_generate
 
-            spiffy_cfg = SpiffyConfig(cfg, load_graph(args.graph or DEFAULT_GRAPH))
-            ref_cfg = cfg
-        if method == "ssd":
-            from jaxspec.dllm.ssd import SSDConfig, ssd_generate
+def _same(family: str, res, ref) -> bool:
+    if family == "dllm":
+        return bool(np.array_equal(ref.full_tokens, res.full_tokens))
+    return ref.tokens == res.tokens
 
-            ssd_cfg = SSDConfig(dataclasses.replace(cfg, steps=args.gen_length),
-                                3 if args.draft_length is None else args.draft_length, args.tree)
-        model, params, tok, _ = load_model(args.model, args.weights)
-        texts = _texts(args, tok)
-        prompts = [tok.encode(t) for t in texts]
-        kw = dict(seed=args.seed, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)
-        if ssd_cfg is not None:
-            res = ssd_generate(model, params, prompts, ssd_cfg, **kw)
-            ref_cfg = ssd_cfg.decode
-        elif spiffy_cfg is not None:
-            res = spiffy_generate(model, params, prompts, spiffy_cfg, **kw)
-        else:
-            res = diffusion_generate(model, params, prompts, cfg, **kw)
-        ref = diffusion_generate(model, params, prompts, ref_cfg, **kw) if args.compare else None
-    except (PresetError, WeightFileError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
-    _print_outputs(args, texts, res.tokens, tok)
-    label = res.stats.method
-    print(diffusion_stats_line(label, res, mean_degeneracy(res.tokens)))
-    if ssd_cfg is not None:
-        s = res.stats
-        print(f"[ssd] draft_length={ssd_cfg.draft_length} tree={ssd_cfg.tree} "
-              f"nodes={ssd_cfg.num_nodes} step_reduction={s.extra['step_reduction']:.3f} "
-              f"acceptance={s.acceptance_rate:.3f} accept_hist={s.accept_hist.sum(0).tolist()}")
-    if spiffy_cfg is not None:
-        s = res.stats
-        print(f"[spiffy] D={spiffy_cfg.graph.size} unmasking={s.extra['unmasking']} "
-              f"reference_nfe={int(s.steps.sum())} nfe_speedup={s.extra['nfe_speedup']:.2f}x "
-              f"steps_per_forward_hist={s.accept_hist.sum(0).tolist()}")
-    if ref is not None:
-        print(diffusion_stats_line(ref_cfg.method if spiffy_cfg is not None else "stepwise-1",
-                                   ref, mean_degeneracy(ref.tokens)))
-        same = bool(np.array_equal(ref.full_tokens, res.full_tokens))
-        steps = cfg.steps if cfg.method == "stepwise" else "-"
-        name = label if ssd_cfg or spiffy_cfg else f"{cfg.method} (steps={steps}, cache={cfg.cache})"
-        what = (f"its reference, {cfg.method} (steps={steps}, cache={cfg.cache})" if spiffy_cfg
-                else f"one-token-per-step stepwise (cache={cfg.cache})")
-        print(compare_line(name, what, res, ref, "identical" if same else "DIFFERENT"))
-        if (ssd_cfg or spiffy_cfg) and not same and args.temperature == 0:
-            return 1
-    return 0
+def _reference_label(method, ref_cfg) -> str:
+    """How ``--compare`` names the reference decoder."""
+    if method.family == "causal":
+        return "ar"
+    steps = ref_cfg.steps if ref_cfg.method == "stepwise" else "-"
+    if method.name == "spiffy":
+        return f"its reference, {ref_cfg.method} (steps={steps}, cache={ref_cfg.cache})"
+    return f"one-token-per-step stepwise (cache={ref_cfg.cache})"
 
 
 def compare_line(method: str, reference: str, res, ref, verdict: str) -> str:
@@ -270,61 +239,56 @@ def compare_line(method: str, reference: str, res, ref, verdict: str) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.infill is not None or args.method in ASARM_METHODS:
-        from jaxspec.asarm.infill import infill_cli
+        from scripts.infill import infill_cli
 
         return infill_cli(args)
-    from models.registry import PresetError, get_preset
+    from jaxspec.core.batching import DecodeInputError
+    from jaxspec.eval.metrics import mean_degeneracy
+    from jaxspec.methods import reference_run
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, get_preset, load_model
 
     try:
         preset = get_preset(args.model)
         method = _check_method(args, preset)
-    except (PresetError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if preset.is_diffusion:
-        return main_diffusion(args, method, preset)
-    args.method = method
-    from jaxspec.causal.decode import DecodeInputError, generate
-    from jaxspec.eval.metrics import mean_degeneracy
-    from jaxspec.core.drafters import NgramDrafter
-    from jaxspec.core.sampling import SamplingConfig
-    from models.llama.params import WeightFileError
-    from models.registry import load_model
-
-    try:
-        args.draft_length = 8 if args.draft_length is None else args.draft_length
-        if args.draft_length < 1:
-            raise ValueError(f"--draft-length must be >= 1, got {args.draft_length}")
-        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+        options = _options(args)
+        config = method.build(options)
+        ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)
         model, params, tok, preset = load_model(args.model, args.weights)
         texts = _texts(args, tok)
         prompts = [tok.encode(t) for t in texts]
-        eos = tuple(tok.eos_token_ids)
-        drafter = None
-        if args.method == "ngram":
-            drafter = NgramDrafter(args.draft_length, model.config.vocab_size,
-                                   max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-                                   bigram_fallback=(args.fallback == "bigram"))
-        kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
-                  eos_ids=eos, pad_id=tok.pad_token_id or 0)
-        res = generate(model, params, prompts, drafter=drafter, **kw)
-        ref = generate(model, params, prompts, drafter=None, **kw) if (
-            args.compare and drafter is not None) else None
+        kw = dict(seed=args.seed, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)
+        res = method.run(model, params, prompts, config, **kw)
+        compare = args.compare and ref_method.name != method.name or (
+            args.compare and method.family == "dllm")
+        ref = ref_method.run(model, params, prompts, ref_cfg, **kw) if compare else None
     except (PresetError, WeightFileError, DecodeInputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     _print_outputs(args, texts, res.tokens, tok)
-    print(stats_line(args.method, res, mean_degeneracy(res.tokens)))
-    if ref is not None:
-        print(stats_line("ar", ref, mean_degeneracy(ref.tokens)))
-        same = ref.tokens == res.tokens
-        what = "identical" if same else "DIFFERENT"
-        if not sampling.greedy:
-            what += " (sampling: only the distribution is guaranteed equal)"
-        print(compare_line(args.method, "ar", res, ref, what))
-        if sampling.greedy and not same:
-            return 1
+    diffusion = method.family == "dllm"
+    line = diffusion_stats_line if diffusion else stats_line
+    print(line(res.stats.method, res, mean_degeneracy(res.tokens)))
+    for extra in _method_lines(method, res):
+        print(extra)
+    if ref is None:
+        return 0
+    ref_label = ("stepwise-1" if diffusion and method.name != "spiffy"
+                 else ref_cfg.method if diffusion else ref_method.name)
+    print(line(ref_label, ref, mean_degeneracy(ref.tokens)))
+    same = _same(method.family, res, ref)
+    what = "identical" if same else "DIFFERENT"
+    if method.family == "causal" and not options.sampling.greedy:
+        what += " (sampling: only the distribution is guaranteed equal)"
+    name = method.name
+    if method.name in ("stepwise", "fixed-k", "threshold"):
+        steps = config.steps if config.method == "stepwise" else "-"
+        name = f"{config.method} (steps={steps}, cache={config.cache})"
+    print(compare_line(name, _reference_label(method, ref_cfg), res, ref, what))
+    greedy = options.sampling.greedy
+    if method.lossless and method.name not in ("stepwise",) and not same and greedy:
+        return 1
     return 0
 
 

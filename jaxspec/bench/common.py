@@ -38,11 +38,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from jaxspec.core.batching import cut_after_eos
 from jaxspec.eval.metrics import mean_degeneracy
+from jaxspec.methods import DecodeOptions, get_method, methods_of
 
 SUITES = ("ar", "dllm", "ssd", "spiffy", "assd")
-SYSTEMS = ("jaxspec/ar", "jaxspec/ngram", "jaxspec/ngram-bigram", "transformers/ar",
-           "transformers/prompt-lookup")
+# every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
+# with the Eq. 23 fallback
+SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
+    "jaxspec/ngram-bigram", "transformers/ar", "transformers/prompt-lookup")
 BASELINE = "jaxspec/ar"
 
 
@@ -82,12 +86,7 @@ class RunOutput:
 def cut_output(tokens: Sequence[int], eos_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """``tokens`` cut to ``max_new_tokens`` and after the first EOS (which is kept): the rule
     :func:`jaxspec.causal.decode.generate` applies, used for every system's output."""
-    out = [int(t) for t in tokens[:max_new_tokens]]
-    eos = set(int(e) for e in eos_ids)
-    for i, t in enumerate(out):
-        if t in eos:
-            return out[:i + 1]
-    return out
+    return cut_after_eos([[int(t) for t in tokens]], eos_ids, budget=[max_new_tokens])[0]
 
 
 def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
@@ -113,32 +112,30 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
 
 
 class JaxspecSystem:
-    """``jaxspec/ar`` or ``jaxspec/ngram`` around :func:`jaxspec.causal.decode.generate` (greedy, batch 1)."""
+    """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
+    ``ngram-bigram`` is ``ngram`` with the bigram fallback), greedy, batch 1."""
 
     def __init__(self, method: str, model, params, *, max_new_tokens: int,
                  eos_ids: Sequence[int], pad_id: int, draft_length: int = 8,
                  max_ngram: int = 3, min_ngram: int = 2):
-        from jaxspec.core.drafters import NgramDrafter
-
-        if method not in ("ar", "ngram", "ngram-bigram"):
+        name = "ngram" if method == "ngram-bigram" else method
+        if name not in methods_of("causal"):
             raise BenchError(f"unknown jaxspec method {method!r}")
         self.system, self.method = "jaxspec", method
         self.model, self.params = model, params
-        self.drafter = None if method == "ar" else NgramDrafter(
-            draft_length, model.config.vocab_size, max_ngram=max_ngram, min_ngram=min_ngram,
-            bigram_fallback=(method == "ngram-bigram"))
-        self.kw = dict(max_new_tokens=int(max_new_tokens), eos_ids=tuple(int(e) for e in eos_ids),
-                       pad_id=int(pad_id))
+        self.entry = get_method(name, "causal")
+        self.config = self.entry.build(DecodeOptions(
+            max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
+            min_ngram=min_ngram, fallback="bigram" if method == "ngram-bigram" else "none"))
+        self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
     @property
     def name(self) -> str:
         return f"{self.system}/{self.method}"
 
     def run(self, ids: Sequence[int]) -> RunOutput:
-        from jaxspec.causal.decode import generate
-
         t0 = time.perf_counter()
-        res = generate(self.model, self.params, [list(ids)], drafter=self.drafter, **self.kw)
+        res = self.entry.run(self.model, self.params, [list(ids)], self.config, **self.kw)
         wall = time.perf_counter() - t0 - res.compile_s
         s = res.stats
         return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
