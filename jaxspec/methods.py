@@ -146,9 +146,8 @@ def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0)
 # ----------------------------------------------------------------------------- dllm
 
 def _stepwise(o: DecodeOptions):
-    if o.tokens_per_step is not None or o.threshold is not None:
-        raise ValueError("method 'stepwise' transfers by schedule; use --method fixed-k "
-                         "(--tokens-per-step) or threshold (--threshold)")
+    # stepwise by schedule; with --tokens-per-step / --threshold the config itself selects
+    # fixed-k / threshold unmasking (DiffusionDecodeConfig.method)
     return o.diffusion()
 
 
