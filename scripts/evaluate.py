@@ -5,7 +5,7 @@
 ``python -m scripts.evaluate --gate asarm-small [--weights PATH] [--sequences 20] [--seq-len 256]
 [--mask-rate 0.95] [--method sequential] [--temperature 1.0] [--out PATH]``
 
-Loads the AS-ARM (:func:`jaxspec.asarm.infill.load_asarm`; default ``checkpoints/<gate>/
+Loads the AS-ARM (:func:`models.registry.load_asarm`; default ``checkpoints/<gate>/
 model.safetensors``), cuts ``--sequences`` windows of ``--seq-len`` tokenizer ids out of the
 held-out stdlib modules of the training config (``data.holdout``, never the training split;
 :func:`jaxspec.eval.quality.heldout_snippets`), masks ``--mask-rate`` of each with a fixed seed (the
@@ -130,12 +130,12 @@ def asarm_main(args, cfg_path: Path) -> int:
 
     t_start = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    from jaxspec.bench import assd as bench_assd
-    from jaxspec.eval import quality as Q
     from jaxspec.bench.common import BenchError
-    from jaxspec.asarm.infill import load_asarm
-    from jaxspec.training.train import load_config
+    from jaxspec.eval import judge as judges
+    from jaxspec.eval import quality as Q
+    from jaxspec.training.config import load_config
     from models.llama.params import WeightFileError
+    from models.registry import load_asarm
 
     try:
         cfg = load_config(cfg_path)
@@ -152,7 +152,7 @@ def asarm_main(args, cfg_path: Path) -> int:
                                    prompt_len=seq_len - 1, cont_len=1)
         raw = [s.tokens for s in snips]
         seqs = [asarm.to_model(r) for r in raw]
-        judge = None if args.no_judge else bench_assd.smollm2_judge(log)
+        judge = None if args.no_judge else judges.smollm2_judge(log)
         log(f"[evaluate] {len(seqs)} held-out sequences of {seq_len} tokens from "
             f"{len(set(s.source for s in snips))} files; loaded in "
             f"{time.perf_counter() - t_start:.1f}s")
@@ -242,7 +242,8 @@ def main(argv=None) -> int:
     from jaxspec.eval import quality as Q
     from jaxspec.causal.decode import generate
     from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
-    from jaxspec.training.train import load_config, load_delta, merge_delta
+    from jaxspec.training.config import load_config
+    from models.diffusion.delta import load_delta, merge_delta
     from models.diffusion.modeling import DiffusionConfig, DiffusionLM
     from models.registry import load_model
 

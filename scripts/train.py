@@ -7,7 +7,7 @@ Writes ``config.json``, ``checkpoints/<step>/`` (orbax), ``metrics.jsonl``, ``lo
 for LoRA configs, ``delta.safetensors`` under ``--out`` (default
 ``$JAXSPEC_CACHE/runs/<config name>``, i.e. ``~/.cache/jaxspec/runs/<name>``). After an
 interruption, rerun the same command with ``--resume``: training continues from the latest
-checkpoint and reproduces the uninterrupted run exactly (see :mod:`jaxspec.training.train`).
+checkpoint and reproduces the uninterrupted run exactly (see :mod:`jaxspec.training.loop`).
 
 ``--steps`` sets ``train.steps`` (the length of the learning-rate schedule); ``--stop-after``
 stops early without changing the schedule.
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.training.data import DataError
-    from jaxspec.training.train import TrainConfigError, load_config, train
+    from jaxspec.training.config import TrainConfigError, load_config
+    from jaxspec.training.loop import train
     from models.registry import PresetError
 
     try:

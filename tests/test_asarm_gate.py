@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from jaxspec.eval import quality as Q
-from jaxspec.bench.assd import random_mask, shannon_entropy
-from jaxspec.eval.metrics import degeneracy
+from jaxspec.eval.metrics import degeneracy, shannon_entropy
+from jaxspec.eval.quality import random_mask
 from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params, save_xlnet
 
 CFG = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
@@ -132,8 +132,8 @@ def test_collapsed_model_fails_degenerate():
 def fake_stdlib(tmp_path, monkeypatch):
     """A stdlib of two held-out modules of asarm-small's config, a character tokenizer, and a
     stand-in judge in place of SmolLM2."""
-    import jaxspec.bench.assd
-    import jaxspec.training.train
+    import jaxspec.eval.judge
+    import models.registry
 
     root = tmp_path / "stdlib"
     rng = np.random.default_rng(2)
@@ -142,9 +142,9 @@ def fake_stdlib(tmp_path, monkeypatch):
         (root / mod).parent.mkdir(parents=True, exist_ok=True)
         (root / mod).write_text(" ".join(rng.choice(words, 200)) + "\n")
     monkeypatch.setattr(Q, "stdlib_root", lambda: root)
-    monkeypatch.setattr(jaxspec.training.train, "load_tokenizer_preset", lambda name, log: CharTok())
+    monkeypatch.setattr(models.registry, "load_tokenizer_preset", lambda name, log: CharTok())
     calls = []
-    monkeypatch.setattr(jaxspec.bench.assd, "smollm2_judge", lambda log: _ppl_judge(calls))
+    monkeypatch.setattr(jaxspec.eval.judge, "smollm2_judge", lambda log: _ppl_judge(calls))
     path = tmp_path / "w" / "model.safetensors"
     path.parent.mkdir()
     save_xlnet(path, CFG, _params(), meta={"name": "asarm-small", "tokenizer": "chars"})

@@ -15,7 +15,8 @@ from jaxspec.training.asarm import (AsarmSection, asarm_loss, build_vocab, joint
                                  low_discrepancy_uniform, mask_rate_range, projected_embeddings,
                                  prompt_lengths, xlnet_config)
 from jaxspec.training.data import PackedDataset
-from jaxspec.training.train import TrainConfigError, config_from_dict, train
+from jaxspec.training.config import TrainConfigError, config_from_dict
+from jaxspec.training.loop import train
 from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params, load_xlnet
 
 V = 23

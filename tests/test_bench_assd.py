@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.bench.assd import (markdown_report, random_mask, run_assd_suite, shannon_entropy,
-                                welch_p, write_results)
-from jaxspec.asarm.infill import LineTask
+from jaxspec.bench.assd import markdown_report, run_assd_suite, welch_p, write_results
+from jaxspec.eval.metrics import shannon_entropy
+from jaxspec.eval.quality import random_mask
+from jaxspec.eval.tasks import LineTask
 from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params
 
 

@@ -104,10 +104,10 @@ def tiny_asarm(tmp_path, monkeypatch):
     context 48 tokens."""
     import jax
 
-    import jaxspec.training.train
+    import models.registry
     from models.xlnet.modeling import XLNetConfig, init_params, save_xlnet
 
-    monkeypatch.setattr(jaxspec.training.train, "load_tokenizer_preset", lambda name, log: CharTok())
+    monkeypatch.setattr(models.registry, "load_tokenizer_preset", lambda name, log: CharTok())
     cfg = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
     params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, init_params(cfg, 0))
     path = tmp_path / "model.safetensors"

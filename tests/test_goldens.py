@@ -232,7 +232,7 @@ _REAL_MODELS: dict = {}
 def _real(name: str):
     if name not in _REAL_MODELS:
         if name == "asarm-small":
-            from jaxspec.asarm.infill import load_asarm
+            from models.registry import load_asarm
 
             m = load_asarm(name, log=lambda m: None)
             _REAL_MODELS[name] = (m.model, m.params, m.tokenizer, m)

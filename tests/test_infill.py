@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from jaxspec.asarm import infill
-from jaxspec.asarm.infill import (SandboxUnavailable, TemplateError, build_template, fill_text, line_template,
-                            parse_template, pass_at_1, run_program, single_line_tasks,
-                            split_template)
+from jaxspec.asarm.infill import TemplateError, build_template, parse_template, split_template
+from jaxspec.eval import sandbox
+from jaxspec.eval.sandbox import SandboxUnavailable, pass_at_1, run_program
+from jaxspec.eval.tasks import fill_text, line_template, single_line_tasks
 
 from jaxspec.testing.tiny import CharTok
 
@@ -130,13 +130,13 @@ def test_sandbox_throwaway_uid_protects_files_and_reaps_daemons(tmp_path):
 
 def test_sandbox_refuses_without_a_network_namespace(monkeypatch):
     """No namespace: model code is not run unless weak sandboxing is allowed explicitly."""
-    monkeypatch.setattr(infill, "_isolation", lambda python: ((), None))
-    monkeypatch.delenv(infill.ALLOW_WEAK_ENV, raising=False)
-    with pytest.raises(SandboxUnavailable, match=infill.ALLOW_WEAK_ENV):
+    monkeypatch.setattr(sandbox, "_isolation", lambda python: ((), None))
+    monkeypatch.delenv(sandbox.ALLOW_WEAK_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match=sandbox.ALLOW_WEAK_ENV):
         run_program(GOOD, timeout=10)
     r = run_program(GOOD, timeout=10, allow_weak=True)
     assert r.passed and r.network == "guard" and r.uid is None
-    monkeypatch.setenv(infill.ALLOW_WEAK_ENV, "1")
+    monkeypatch.setenv(sandbox.ALLOW_WEAK_ENV, "1")
     assert run_program(GOOD, timeout=10).network == "guard"
 
 

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from jaxspec.training.data import PackedDataset, is_heldout, module_name, split_files, stdlib_files
-from jaxspec.training.train import (TrainConfig, TrainConfigError, config_from_dict, diffusion_loss,
-                           init_delta, load_config, load_delta, masked_diffusion_loss,
-                           merge_delta, save_delta, train, LoraSection)
+from jaxspec.training.config import LoraSection, TrainConfig, TrainConfigError, config_from_dict, load_config
+from jaxspec.training.loop import train
+from jaxspec.training.objectives import diffusion_loss, init_delta, masked_diffusion_loss
+from models.diffusion.delta import load_delta, merge_delta, save_delta
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from models.llama.modeling import init_params
@@ -95,7 +96,7 @@ def test_sft_masks_only_response_tokens():
     model, params = tiny_model(cfg)
     toks = jnp.asarray(tiny_data()[0].batch(0, 4))
     resp = jnp.zeros((4, 16), bool).at[:, 10:].set(True)
-    from jaxspec.training.train import forward_process, maskable_positions
+    from jaxspec.training.objectives import forward_process, maskable_positions
     noisy, masked, _ = jax.jit(lambda k, t, r: forward_process(
         k, t, V - 1, maskable_positions(model.config, (4, 16), r)))(jax.random.PRNGKey(0), toks, resp)
     assert not bool(masked[:, :10].any()) and bool(masked[:, 10:].any())
@@ -110,7 +111,7 @@ def test_dream_loss_reads_the_row_predicting_token_i():
     model, params = tiny_model(cfg)
     toks = jnp.asarray(tiny_data()[0].batch(0, 1))  # (1, 16)
     # Find a key whose forward process masks some positions (never position 0 for Dream).
-    from jaxspec.training.train import forward_process, maskable_positions
+    from jaxspec.training.objectives import forward_process, maskable_positions
     key = jax.random.PRNGKey(5)
     noisy, masked, p = jax.jit(lambda k, t: forward_process(
         k, t, V - 1, maskable_positions(model.config, (1, 16))))(key, toks)

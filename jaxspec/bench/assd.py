@@ -10,7 +10,8 @@ with the methods' order rotating (:func:`jaxspec.bench.dllm.run_interleaved`). P
 * ``nfe`` (AS-ARM forwards per sequence, mean and standard error) and ``nfe_per_token``;
   ``draft_calls`` (n-gram drafter calls, the "auxiliary draft" column of Table 1);
 * ``gen_ppl`` (Eq. 21: ``exp(-mean_i log q(x_i | x_<i))`` of the whole infilled sequence under the
-  causal judge ``q``, SmolLM2-135M by default; :func:`smollm2_judge`), mean and standard error;
+  causal judge ``q``, SmolLM2-135M by default; :func:`jaxspec.eval.judge.smollm2_judge`), mean
+  and standard error;
 * ``entropy`` (Eq. 22: Shannon entropy in bits of the token frequencies of each sequence);
 * degeneracy figures (:func:`jaxspec.eval.metrics.mean_degeneracy`: distinct-token share, repeated
   4-gram rate, longest run);
@@ -22,7 +23,7 @@ with the methods' order rotating (:func:`jaxspec.bench.dllm.run_interleaved`). P
 **k sweep** (Table 5): ASSD at every ``k`` of ``k_sweep`` on the same sequences: NFE per token,
 speedup and the two p-values.
 
-**Infilling** (Appendix E.7): HumanEval single-line tasks (:mod:`jaxspec.asarm.infill`, oracle span
+**Infilling** (Appendix E.7): HumanEval single-line tasks (:mod:`jaxspec.eval.tasks`, oracle span
 length), sequential vs ASSD (``infill_temperature``, default greedy, so ASSD's completions are
 identical to sequential's and only the cost differs): pass@1 in the sandbox, NFE, identical
 fraction.
@@ -36,43 +37,28 @@ from __future__ import annotations
 import datetime
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from jaxspec.asarm.assd import assd_generate
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
-from jaxspec.eval.metrics import mean_degeneracy
-from models.registry import REPO_ROOT
-
-# jax-heavy modules (jaxspec.asarm.assd, jaxspec.core.sampling, jaxspec.bench.dllm) are imported inside
-# the functions, so scripts.benchmark can add this suite's options without loading jax.
+from jaxspec.bench.dllm import run_interleaved
+from jaxspec.core.plotting import pyplot
+from jaxspec.core.sampling import SamplingConfig
+from jaxspec.eval.judge import smollm2_judge
+from jaxspec.eval.metrics import mean_degeneracy, shannon_entropy
+from jaxspec.eval.quality import heldout_snippets, random_mask
+from jaxspec.eval.sandbox import SandboxUnavailable, pass_at_1, run_program
+from jaxspec.eval.tasks import fill_text, line_template, single_line_tasks
+from jaxspec.training.config import load_config
+from models.llama.params import WeightFileError
+from models.registry import REPO_ROOT, load_asarm
 
 K_SWEEP = (2, 3, 4, 5, 6, 8)
-
-
-def shannon_entropy(tokens: Sequence[int]) -> float:
-    """Eq. 22: ``-sum_x f(x) log2 f(x)`` over the token frequencies ``f`` of one sequence (bits)."""
-    t = np.asarray(tokens)
-    if t.size == 0:
-        return 0.0
-    _, c = np.unique(t, return_counts=True)
-    f = c / c.sum()
-    return float(-(f * np.log2(f)).sum())
-
-
-def random_mask(n: int, rate: float, seed: int) -> np.ndarray:
-    """bool ``(n,)`` with ``clip(round(rate * n), 1, n - 1)`` masked positions, drawn with
-    ``default_rng(seed)``.
-
-    Raises: BenchError when ``n < 2`` or ``rate`` outside (0, 1)."""
-    if n < 2 or not 0.0 < rate < 1.0:
-        raise BenchError(f"need a sequence of >= 2 tokens and 0 < mask rate < 1, got {n}, {rate}")
-    g = min(max(int(round(rate * n)), 1), n - 1)
-    m = np.zeros(n, bool)
-    m[np.random.default_rng(seed).choice(n, g, replace=False)] = True
-    return m
 
 
 def _mean_se(xs) -> tuple[Optional[float], Optional[float]]:
@@ -94,50 +80,6 @@ def welch_p(a, b) -> Optional[float]:
     if a.std() == 0 and b.std() == 0:          # no spread: equal means or certainly different
         return 1.0 if a.mean() == b.mean() else 0.0
     return float(sps.ttest_ind(a, b, equal_var=False).pvalue)
-
-
-def smollm2_judge(log: Callable[[str], None] = lambda m: None, name: str = "smollm2-135m-instruct",
-                  unk_id: int = 0, batch: int = 4) -> Callable[[Sequence[Sequence[int]]], list]:
-    """A generative-perplexity judge (Eq. 21) backed by a causal preset (SmolLM2-135M).
-
-    Returns ``judge(seqs) -> list[float]``: per sequence of tokenizer ids, ``exp`` of the mean
-    negative log-likelihood of tokens ``1..N-1`` given their prefix (token 0 has no context).
-    Ids ``< 0`` (the AS-ARM's UNK) are scored as ``unk_id``. Sequences are right-padded to a
-    multiple of 64 and scored ``batch`` at a time with one jitted causal forward.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from models.registry import load_model
-
-    model, params, _, _ = load_model(name, log=log)
-
-    @jax.jit
-    def nll(tok, valid):
-        T = tok.shape[1]
-        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tok.shape)
-        att = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (tok.shape[0], T, T))
-        out = model.apply({"params": params}, tok, pos, att)
-        logits = out[0] if isinstance(out, tuple) else out
-        lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
-        tgt = jnp.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0]
-        v = valid[:, 1:]
-        return -jnp.sum(jnp.where(v, tgt, 0.0), 1) / jnp.maximum(jnp.sum(v, 1), 1)
-
-    def judge(seqs):
-        out = []
-        for s in range(0, len(seqs), batch):
-            chunk = [np.where(np.asarray(x) < 0, unk_id, np.asarray(x)) for x in seqs[s:s + batch]]
-            T = int(-(-max(len(x) for x in chunk) // 64) * 64)
-            tok = np.zeros((batch, T), np.int32)
-            val = np.zeros((batch, T), bool)
-            for i, x in enumerate(chunk):
-                tok[i, :len(x)] = x
-                val[i, :len(x)] = True
-            out += [float(np.exp(v)) for v in np.asarray(nll(tok, val))[:len(chunk)]]
-        return out
-
-    return judge
 
 
 def _gen_row(label, method, k, outs, ref, judge_vals, to_ext, *, model_name, N_list,
@@ -194,7 +136,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       to_external: model ids -> judge/tokenizer ids (e.g. ``ASARM.to_external``; identity when
         None); UNK may map to a negative id (the judge handles it).
       judge: ``judge(list of tokenizer-id sequences) -> per-sequence generative perplexity``
-        (:func:`smollm2_judge`); None leaves ``gen_ppl`` empty.
+        (:func:`jaxspec.eval.judge.smollm2_judge`); None leaves ``gen_ppl`` empty.
       mask_rate: share of each sequence to infill (the paper: 0.95).
       k: ASSD / ASSD-ngram draft length of the main rows (the paper: 5).
       k_sweep: ASSD draft lengths of the Table 5 sweep (empty: no sweep).
@@ -202,7 +144,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
         infilling rows use ``seed`` (the same draw for sequential and ASSD).
       max_len: the model's context for the infilling rows (a longer template is an error).
       temperature, top_k, top_p: the sampling configuration of every generation row.
-      infill_tasks: :class:`jaxspec.asarm.infill.LineTask` items (empty: no infilling rows); needs
+      infill_tasks: :class:`jaxspec.eval.tasks.LineTask` items (empty: no infilling rows); needs
         ``tokenizer`` (``encode``/``decode`` of tokenizer ids) and ``to_model`` (tokenizer ids
         -> model ids; identity when None).
       infill_temperature: sampling temperature of the infilling rows (0 = greedy).
@@ -215,10 +157,6 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       BenchError: no sequences, a sequence shorter than 2 tokens, infilling tasks without a
       tokenizer; ValueError: invalid decoding settings (from :func:`jaxspec.asarm.assd.assd_generate`).
     """
-    from jaxspec.asarm.assd import assd_generate
-    from jaxspec.bench.dllm import run_interleaved
-    from jaxspec.core.sampling import SamplingConfig
-
     if not sequences:
         raise BenchError("no sequences to benchmark")
     to_ext = to_external or (lambda ids: [int(i) for i in ids])
@@ -303,10 +241,6 @@ def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int
 
     Returns ``{"tasks", "temperature", "k", "rows": [{method, pass_at_1, nfe, nfe_per_token,
     seconds, identical_fraction}], "per_task": [...]}``."""
-    from jaxspec.asarm.assd import assd_generate
-    from jaxspec.asarm.infill import fill_text, line_template, pass_at_1, run_program
-    from jaxspec.core.sampling import SamplingConfig
-
     sampling = SamplingConfig(temperature)
     tpls = [line_template(t, tokenizer) for t in tasks]
     dec = lambda ids: tokenizer.decode([i for i in to_external(ids) if i >= 0])  # noqa: E731
@@ -396,8 +330,6 @@ def markdown_report(result: dict) -> str:
 
 def plot_rows(result: dict, out: Path) -> Path:
     """Bars: NFE per token and wall-clock speedup of the main rows and the k sweep."""
-    from jaxspec.core.plotting import pyplot
-
     plt = pyplot()
 
     rows = result["rows"] + [dict(label=f"assd k={r['k']}", nfe_per_token=r["nfe_per_token"],
@@ -444,8 +376,6 @@ def add_arguments(ap) -> None:
 def fitting_tasks(tasks, tokenizer, max_len: int, limit: int) -> list:
     """The first ``limit`` single-line infilling tasks whose template (prompt + solution with the
     masked line) fits the model's context of ``max_len`` tokens, in task order."""
-    from jaxspec.asarm.infill import line_template
-
     out = []
     for t in tasks:
         if len(out) >= limit:
@@ -463,12 +393,6 @@ def main_assd(args, log) -> int:
     """``--suite assd``: held-out stdlib windows (the training config's ``data.holdout`` when
     ``configs/train/<meta name>.yaml`` exists) as evaluation sequences; ``--limit`` sequences
     (default 8), ``--model`` an AS-ARM name or weight file (default ``asarm-small``)."""
-    import sys
-
-    from jaxspec.asarm.infill import SandboxUnavailable, load_asarm, single_line_tasks
-    from jaxspec.eval.quality import heldout_snippets
-    from models.llama.params import WeightFileError
-
     try:
         name = args.model or (Path(args.weights).stem if args.weights else "asarm-small")
         limit = 8 if args.limit is None else args.limit
@@ -482,8 +406,6 @@ def main_assd(args, log) -> int:
         holdout = DEFAULT_HOLDOUT
         cfg_path = REPO_ROOT / "configs" / "train" / f"{asarm.meta.get('name', name)}.yaml"
         if cfg_path.is_file():
-            from jaxspec.training.train import load_config
-
             holdout = tuple(load_config(cfg_path).data.holdout) or DEFAULT_HOLDOUT
         snips = heldout_snippets(asarm.tokenizer, holdout, limit, prompt_len=args.assd_seq_len - 1,
                                  cont_len=1)

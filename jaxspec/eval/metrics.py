@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 
 def degeneracy(tokens: Sequence[int], n: int = 4) -> dict[str, float]:
     """Degeneracy figures of one generated sequence.
@@ -51,3 +53,13 @@ def mean_degeneracy(rows: Sequence[Sequence[int]], n: int = 4) -> dict[str, floa
         "repeated_ngram_rate": round(sum(f["repeated_ngram_rate"] for f in figs) / len(figs), 4),
         "longest_run": max(f["longest_run"] for f in figs),
     }
+
+
+def shannon_entropy(tokens: Sequence[int]) -> float:
+    """ASSD paper Eq. 22: ``-sum_x f(x) log2 f(x)`` over the token frequencies ``f`` of one sequence (bits)."""
+    t = np.asarray(tokens)
+    if t.size == 0:
+        return 0.0
+    _, c = np.unique(t, return_counts=True)
+    f = c / c.sum()
+    return float(-(f * np.log2(f)).sum())

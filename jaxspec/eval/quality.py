@@ -18,6 +18,7 @@ Everything here is deterministic given the interpreter's stdlib, the tokenizer a
 
 Issue 5's AS-ARM infilling gate (``python -m scripts.evaluate --gate asarm-small``):
 
+* :func:`random_mask`: the fixed-seed masks of the gate and of the ``assd`` benchmark suite;
 * :func:`infill_figures`: per sequence and averaged, the degeneracy figures, Shannon entropy
   (Eq. 22) and generative perplexity (Eq. 21, from a judge) of the tokens at the masked positions
   of infilled sequences, and the same figures of the true text at the same positions;
@@ -31,12 +32,16 @@ import dataclasses
 from pathlib import Path
 from typing import Optional, Sequence
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.asarm.assd import assd_generate
+from jaxspec.core.sampling import SamplingConfig
+from jaxspec.eval.metrics import degeneracy, mean_degeneracy, shannon_entropy
 from jaxspec.training.data import is_heldout, stdlib_files, stdlib_root
-from jaxspec.eval.metrics import mean_degeneracy
 
 
 class QualityError(ValueError):
@@ -225,6 +230,19 @@ ASARM_GATE_RULE = {"degenerate_token_share": 0.5, "distinct_ratio": 0.5, "ngram_
                    "ppl_ratio": 10.0}
 
 
+def random_mask(n: int, rate: float, seed: int) -> np.ndarray:
+    """bool ``(n,)`` with ``clip(round(rate * n), 1, n - 1)`` masked positions, drawn with
+    ``default_rng(seed)``.
+
+    Raises: QualityError when ``n < 2`` or ``rate`` outside (0, 1)."""
+    if n < 2 or not 0.0 < rate < 1.0:
+        raise QualityError(f"need a sequence of >= 2 tokens and 0 < mask rate < 1, got {n}, {rate}")
+    g = min(max(int(round(rate * n)), 1), n - 1)
+    m = np.zeros(n, bool)
+    m[np.random.default_rng(seed).choice(n, g, replace=False)] = True
+    return m
+
+
 def infill_tokens(sequence: Sequence[int], masked: Sequence[bool]) -> list[int]:
     """The tokens of ``sequence`` (``(N,)`` ids) at the positions where ``masked`` (bool
     ``(N,)``) is True, in position order (= ASSD's decoding order of the masked part, Eq. 4)."""
@@ -262,9 +280,6 @@ def infill_figures(sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[
     Raises:
       QualityError: no sequences, mismatched counts or lengths, an empty infill.
     """
-    from jaxspec.bench.assd import shannon_entropy
-    from jaxspec.eval.metrics import degeneracy
-
     if not sequences or len(sequences) != len(masks):
         raise QualityError(f"{len(sequences)} sequences for {len(masks)} masks")
     if gen_ppl is not None and len(gen_ppl) != len(sequences):
@@ -371,7 +386,7 @@ def run_asarm_gate(model, params, sequences: Sequence[Sequence[int]], *,
     """Issue 5's AS-ARM infilling gate on ``B`` sequences (see :data:`ASARM_GATE_RULE`).
 
     Sequence ``b`` (model ids, ``(N_b,)``) gets the mask
-    ``jaxspec.bench.assd.random_mask(N_b, mask_rate, seed * 100003 + b)`` (the same masks as
+    :func:`random_mask` ``(N_b, mask_rate, seed * 100003 + b)`` (the same masks as
     ``scripts.benchmark --suite assd`` with that seed); its visible tokens are the prompt. The
     masked positions are infilled with :func:`jaxspec.asarm.assd.assd_generate` (``method``,
     ``k``), ``batch`` rows per call, chunk starting at row ``s`` seeded ``seed + s``: once at
@@ -381,7 +396,7 @@ def run_asarm_gate(model, params, sequences: Sequence[Sequence[int]], *,
     tokenizer ids, UNK -> -1; identity when None) on the masked positions, for each run and for
     the true text (the input sequences, i.e. the truth as the model's vocabulary spells it).
     ``judge(list of external-id sequences) -> per-sequence generative perplexity`` (Eq. 21,
-    e.g. :func:`jaxspec.bench.assd.smollm2_judge`) scores the **whole** sequences (prompt +
+    e.g. :func:`jaxspec.eval.judge.smollm2_judge`) scores the **whole** sequences (prompt +
     infill); None skips perplexity.
 
     Returns:
@@ -391,15 +406,9 @@ def run_asarm_gate(model, params, sequences: Sequence[Sequence[int]], *,
       ``samples`` sequences as text (``decode``: model ids -> text; omitted when None).
 
     Raises:
-      QualityError: no sequences; ValueError: bad decoding settings (from assd_generate);
-      jaxspec.bench.common.BenchError: a sequence shorter than 2 tokens or a mask rate outside (0, 1).
+      QualityError: no sequences, a sequence shorter than 2 tokens or a mask rate outside
+      (0, 1); ValueError: bad decoding settings (from assd_generate).
     """
-    import time
-
-    from jaxspec.asarm.assd import assd_generate
-    from jaxspec.bench.assd import random_mask
-    from jaxspec.core.sampling import SamplingConfig
-
     if not sequences:
         raise QualityError("no sequences to gate")
     if batch < 1:
@@ -457,5 +466,5 @@ def run_asarm_gate(model, params, sequences: Sequence[Sequence[int]], *,
 
 __all__ = ["QualityError", "Snippet", "heldout_snippets", "mask_positions", "masked_accuracy",
            "causal_accuracy_at", "continuation_match", "completion_figures", "is_degenerate",
-           "ASARM_GATE_RULE", "infill_tokens", "infill_figures", "asarm_gate_checks", "gate_verdict",
+           "ASARM_GATE_RULE", "random_mask", "infill_tokens", "infill_figures", "asarm_gate_checks", "gate_verdict",
            "visible_text", "run_asarm_gate"]

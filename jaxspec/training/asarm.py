@@ -29,46 +29,29 @@ at its interface). The word embedding (tied to the LM head) can be initialised f
 embedding rows, projected to ``d_model`` by PCA (top principal directions of the kept rows) and
 rescaled to std ``asarm.init_std``.
 
-The loop, optimiser, checkpoints (exact resume), metrics and plots are :mod:`jaxspec.training.train`'s
-(``objective.kind: asarm``); this module holds what is specific to AS-ARMs.
+The loop, optimiser, checkpoints (exact resume), metrics and plots are :mod:`jaxspec.training.loop`'s
+(``objective.kind: asarm``; the config section ``asarm`` is
+:class:`jaxspec.training.config.AsarmSection`); this module holds what is specific to AS-ARMs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
+from pathlib import Path
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.xlnet.modeling import CompactVocab, XLNetConfig, XLNetLM, density_masks, init_params
-
-
-@dataclasses.dataclass
-class AsarmSection:
-    """Config section ``asarm`` (used when ``objective.kind == "asarm"``).
-
-    ``vocab_size``: model vocabulary (kept ids + 1 UNK). ``embed_init``: preset whose token
-    embedding initialises the kept rows (None: random). ``layer_norm_eps``, ``clamp_len``:
-    XLNet settings. ``mask_*``: the masking-rate schedule of Appendix E.3. The transformer sizes
-    come from ``model`` (``hidden_size`` = d_model, ``intermediate_size`` = d_inner,
-    ``num_layers``, ``num_heads``, ``head_dim``). ``init_weights``: a file written by
-    :func:`models.xlnet.modeling.save_xlnet` (e.g. an exported ``model.safetensors``) whose weights start
-    the run instead of a random init (continued training with a fresh optimiser and schedule);
-    its architecture and vocabulary map must equal this config's."""
-
-    vocab_size: int = 8192
-    embed_init: Optional[str] = None
-    init_std: float = 0.02
-    layer_norm_eps: float = 1e-12
-    clamp_len: int = -1
-    mask_start: float = 0.15
-    mask_min: float = 0.90
-    mask_max: float = 0.99
-    mask_warmup_steps: int = 5000
-    init_weights: Optional[str] = None
+from jaxspec.training.build import build_data
+from jaxspec.training.config import AsarmSection, TrainConfigError, config_from_dict
+from jaxspec.training.data import PackedDataset
+from models.registry import load_model, load_tokenizer_preset
+from models.xlnet.modeling import (CompactVocab, WeightFileError, XLNetConfig, XLNetLM, density_masks,
+                                   init_params, load_xlnet, save_xlnet)
 
 
 INIT_RECORD = "init.json"
@@ -191,7 +174,7 @@ def projected_embeddings(big: np.ndarray, ids, d_model: int, std: float, seed: i
 
 
 def xlnet_config(cfg) -> XLNetConfig:
-    """:class:`XLNetConfig` from a :class:`jaxspec.training.train.TrainConfig` (model + asarm)."""
+    """:class:`XLNetConfig` from a :class:`jaxspec.training.config.TrainConfig` (model + asarm)."""
     m, a = cfg.model, cfg.asarm or AsarmSection()
     return XLNetConfig(vocab_size=int(a.vocab_size), d_model=m.hidden_size, n_layer=m.num_layers,
                        n_head=m.num_heads, d_head=m.head_dim, d_inner=m.intermediate_size,
@@ -205,11 +188,8 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
       ``(XLNetLM, params, tokenizer, CompactVocab, (train, val) PackedDataset of model ids)``.
 
     Raises:
-      jaxspec.training.train.TrainConfigError: no ``model.tokenizer``, or ``model.init`` not scratch.
+      jaxspec.training.config.TrainConfigError: no ``model.tokenizer``, or ``model.init`` not scratch.
     """
-    from jaxspec.training.data import PackedDataset
-    from jaxspec.training.train import TrainConfigError, build_data, load_tokenizer_preset
-
     a = cfg.asarm or AsarmSection()
     if cfg.model.init != "scratch":
         raise TrainConfigError("objective.kind = asarm trains an XLNet from scratch (model.init: scratch)")
@@ -234,8 +214,6 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
         return XLNetLM(xcfg), params, tok, vocab, (train_m, val_m)
     params = jax.jit(init_params, static_argnums=(0, 1, 2))(xcfg, cfg.train.seed, a.init_std)
     if a.embed_init:
-        from models.registry import load_model
-
         _, base, _, _ = load_model(a.embed_init, log=log)
         big = np.asarray(base["embed"], np.float32)
         del base
@@ -252,12 +230,9 @@ def _continued_params(path, xcfg: XLNetConfig, vocab: CompactVocab) -> dict:
     """Weights of ``path`` (a :func:`models.xlnet.modeling.save_xlnet` file) for continued training.
 
     Raises:
-      jaxspec.training.train.TrainConfigError: unreadable file, or an architecture or vocabulary map that
+      jaxspec.training.config.TrainConfigError: unreadable file, or an architecture or vocabulary map that
         differs from the run's (one line naming the difference).
     """
-    from jaxspec.training.train import TrainConfigError
-    from models.xlnet.modeling import WeightFileError, load_xlnet
-
     try:
         fcfg, params, fvocab, _ = load_xlnet(path)
     except WeightFileError as e:
@@ -280,17 +255,12 @@ def prior_training(cfg, run_dir) -> dict:
     ``tokens_seen``) in ``run_dir/init.json``; later calls (resume, export) read that record, so
     the figures stay right if the file is overwritten by the continued run's export.
     """
-    import json
-    from pathlib import Path
-
     rec = Path(run_dir) / INIT_RECORD
     if rec.is_file():
         return json.loads(rec.read_text())
     a = cfg.asarm or AsarmSection()
     if not a.init_weights:
         return {}
-    from models.xlnet.modeling import load_xlnet
-
     meta = dict(load_xlnet(a.init_weights)[3])
     out = {"path": str(a.init_weights), "step": int(meta.get("step", 0)),
            "tokens_seen": int(meta.get("tokens_seen", 0))}
@@ -302,7 +272,7 @@ def prior_training(cfg, run_dir) -> dict:
 def run_meta(cfg, run_dir, step: int, tokens_per_step: int) -> dict:
     """The ``meta`` stored with exported AS-ARM weights: ``step`` and ``tokens_seen`` count the
     run this file continues (:func:`prior_training`) as well as this run's steps; ``seq_len`` is
-    the training length, which :func:`jaxspec.asarm.infill.load_asarm` uses as the context limit."""
+    the training length, which :func:`models.registry.load_asarm` uses as the context limit."""
     prior = prior_training(cfg, run_dir)
     meta = {"objective": "asarm", "name": cfg.name,
             "step": int(prior.get("step", 0)) + int(step),
@@ -327,15 +297,9 @@ def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[i
       ``(step, bytes written)``.
 
     Raises:
-      jaxspec.training.train.TrainConfigError: no checkpoint, or not an AS-ARM run.
+      jaxspec.training.config.TrainConfigError: no checkpoint, or not an AS-ARM run.
     """
-    import json
-    from pathlib import Path
-
     import orbax.checkpoint as ocp
-
-    from jaxspec.training.train import TrainConfigError, config_from_dict
-    from models.xlnet.modeling import save_xlnet
 
     run = Path(run_dir).resolve()
     cfg = config_from_dict(json.loads((run / "config.json").read_text()))

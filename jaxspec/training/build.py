@@ -1,0 +1,79 @@
+"""What a training run is built from: the model and its initial parameters, the packed
+stdlib data and the optimiser.
+
+Models (:func:`build_model`): ``model.init: scratch`` builds the randomly initialised model of the
+``model`` section through the model registry (:func:`models.registry.build_scratch`, the same code
+that serves ``scratch`` presets such as ``dlm-tiny``); ``model.init: preset`` loads a preset's
+causal weights and wraps them as a :class:`models.diffusion.modeling.DiffusionLM`. AS-ARM runs
+build their XLNet in :func:`jaxspec.training.asarm.build_asarm`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import optax
+
+from jaxspec.training.config import TrainConfig, TrainConfigError
+from jaxspec.training.data import PackedDataset, stdlib_tokens
+from models.registry import build_scratch, load_model
+from models.scratch import diffusion_model
+
+
+def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
+    """``(DiffusionLM, initial params or base params, tokenizer or None)`` for ``cfg.model``.
+
+    Raises:
+      TrainConfigError: unknown ``init``, missing ``preset``/``mask_token_id``.
+      models.registry.PresetError: scratch init without ``vocab_size`` or ``tokenizer``.
+    """
+    m = cfg.model
+    if m.mask_token_id is None:
+        raise TrainConfigError("model.mask_token_id is required")
+    if m.init == "scratch":
+        return build_scratch(m, cfg.train.seed, log)
+    if m.init != "preset":
+        raise TrainConfigError(f"model.init must be 'scratch' or 'preset', got {m.init!r}")
+    if not m.preset:
+        raise TrainConfigError("model.init = preset needs model.preset")
+    causal, params, tok, _ = load_model(m.preset, log=log)
+    return diffusion_model(m, causal.config), params, tok
+
+
+def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: print(m, file=sys.stderr)):
+    """``(train PackedDataset, val PackedDataset, meta)`` from ``cfg.data``.
+
+    Raises:
+      TrainConfigError: unknown source, or no tokenizer.
+    """
+    if cfg.data.source != "stdlib":
+        raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected 'stdlib'")
+    if tokenizer is None:
+        raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
+    sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0
+    specials = [i for i in range(min(tokenizer.vocab_size, 64))
+                if (t := tokenizer.id_to_token(i)) and t.startswith("<") and t.endswith(">") and i != sep]
+    drop = set(specials) | {mask_token_id}
+    train, val, meta = stdlib_tokens(tokenizer, cfg.data.holdout, sep_id=sep, drop_ids=drop, log=log)
+    return (PackedDataset(train, cfg.data.seq_len, cfg.train.seed),
+            PackedDataset(val, cfg.data.seq_len, cfg.train.seed), meta)
+
+
+def make_optimizer(cfg: TrainConfig):
+    """``(optax transform, schedule)``: clip by global norm, then AdamW (weight decay only on
+    leaves with ndim >= 2) under a warmup + cosine schedule over ``cfg.train.steps``."""
+    o = cfg.optim
+    steps = max(cfg.train.steps, 1)
+    warm = min(o.warmup_steps, steps - 1) if steps > 1 else 0
+    sched = optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if warm > 0 else o.lr, peak_value=o.lr, warmup_steps=warm,
+        decay_steps=max(steps, warm + 1), end_value=o.lr * o.min_lr_ratio)
+    decay_mask = lambda tree: jax.tree.map(lambda x: x.ndim >= 2, tree)
+    tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
+                     optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.adam_eps,
+                                 weight_decay=o.weight_decay, mask=decay_mask))
+    return tx, sched
+
+
+__all__ = ["build_model", "build_data", "make_optimizer"]

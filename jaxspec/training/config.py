@@ -1,0 +1,196 @@
+"""Training configuration: the sections of ``configs/train/*.yaml`` and how they are read.
+
+A config is a YAML mapping of sections (``name`` plus ``model``, ``data``, ``objective``,
+``optim``, ``train``, optionally ``lora`` and ``asarm``), each a dataclass below; an unknown
+section or key is an error, and ``section.key=value`` overrides (values parsed as YAML) are
+applied before the sections are built (:func:`load_config`). The ``model`` section's schema
+lives with the models (:class:`models.scratch.ModelSection`): the model registry builds
+``scratch`` presets from the same section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from models.diffusion.delta import LORA_TARGETS
+from models.scratch import ModelSection
+
+
+class TrainConfigError(ValueError):
+    """Malformed training config (unknown section or key, bad value) or unusable out dir."""
+
+
+@dataclasses.dataclass
+class LoraSection:
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple = LORA_TARGETS
+    train_norms: bool = True
+    train_mask_embed: bool = True
+
+
+@dataclasses.dataclass
+class DataSection:
+    """``source``: ``"stdlib"`` (see :mod:`jaxspec.training.data`). ``batch_size`` sequences per
+    micro-batch of ``seq_len`` tokens; ``holdout``: validation modules."""
+
+    source: str = "stdlib"
+    seq_len: int = 128
+    batch_size: int = 8
+    holdout: tuple = ()
+
+
+OBJECTIVES = ("diffusion", "asarm")
+
+
+@dataclasses.dataclass
+class ObjectiveSection:
+    """``kind``: ``"diffusion"`` (LLaDA / Dream masked diffusion, ``eps``) or ``"asarm"`` (ASSD
+    Eq. 7 on an XLNet; settings in the ``asarm`` section)."""
+
+    kind: str = "diffusion"
+    eps: float = 1e-3
+
+
+@dataclasses.dataclass
+class OptimSection:
+    """AdamW with linear warmup then cosine decay to ``lr * min_lr_ratio`` at the last step;
+    global-norm clipping; ``grad_accum`` micro-batches averaged per update."""
+
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_norm: float = 1.0
+    grad_accum: int = 1
+
+
+@dataclasses.dataclass
+class TrainSection:
+    steps: int = 1000
+    seed: int = 0
+    ckpt_every: int = 100
+    eval_every: int = 100
+    eval_batches: int = 4
+    log_every: int = 10
+    keep_checkpoints: int = 2
+    ckpt_every_s: Optional[float] = None  # also checkpoint when this many wall seconds passed
+    # steps of an earlier run this one continues (asarm.init_weights): step s draws the data
+    # batch, masking keys and masking-rate schedule of step s + data_offset, so the continued
+    # run sees new batches and masks instead of replaying the earlier run's
+    data_offset: int = 0
+
+
+@dataclasses.dataclass
+class AsarmSection:
+    """Config section ``asarm`` (used when ``objective.kind == "asarm"``).
+
+    ``vocab_size``: model vocabulary (kept ids + 1 UNK). ``embed_init``: preset whose token
+    embedding initialises the kept rows (None: random). ``layer_norm_eps``, ``clamp_len``:
+    XLNet settings. ``mask_*``: the masking-rate schedule of Appendix E.3. The transformer sizes
+    come from ``model`` (``hidden_size`` = d_model, ``intermediate_size`` = d_inner,
+    ``num_layers``, ``num_heads``, ``head_dim``). ``init_weights``: a file written by
+    :func:`models.xlnet.modeling.save_xlnet` (e.g. an exported ``model.safetensors``) whose weights start
+    the run instead of a random init (continued training with a fresh optimiser and schedule);
+    its architecture and vocabulary map must equal this config's."""
+
+    vocab_size: int = 8192
+    embed_init: Optional[str] = None
+    init_std: float = 0.02
+    layer_norm_eps: float = 1e-12
+    clamp_len: int = -1
+    mask_start: float = 0.15
+    mask_min: float = 0.90
+    mask_max: float = 0.99
+    mask_warmup_steps: int = 5000
+    init_weights: Optional[str] = None
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    name: str = "unnamed"
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    data: DataSection = dataclasses.field(default_factory=DataSection)
+    objective: ObjectiveSection = dataclasses.field(default_factory=ObjectiveSection)
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    lora: Optional[LoraSection] = None
+    asarm: Optional[AsarmSection] = None
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+_SECTIONS = {"model": ModelSection, "data": DataSection, "objective": ObjectiveSection,
+             "optim": OptimSection, "train": TrainSection, "lora": LoraSection,
+             "asarm": AsarmSection}
+
+
+def config_from_dict(d: dict) -> TrainConfig:
+    """Build a :class:`TrainConfig`; lists become tuples.
+
+    Raises:
+      TrainConfigError: unknown section or key.
+    """
+    d = dict(d or {})
+    kw: dict[str, Any] = {"name": str(d.pop("name", "unnamed"))}
+    for sec, val in d.items():
+        if sec not in _SECTIONS:
+            raise TrainConfigError(f"unknown config section {sec!r}; expected {', '.join(_SECTIONS)}")
+        if val is None:
+            kw[sec] = None
+            continue
+        cls = _SECTIONS[sec]
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(val) - names)
+        if bad:
+            raise TrainConfigError(f"unknown key(s) {bad} in section {sec!r}; expected {sorted(names)}")
+        kw[sec] = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in val.items()})
+    cfg = TrainConfig(**kw)
+    if cfg.objective.kind not in OBJECTIVES:
+        raise TrainConfigError(f"unknown objective.kind {cfg.objective.kind!r}; expected one of {OBJECTIVES}")
+    if cfg.objective.kind == "asarm":
+        if cfg.asarm is None:
+            cfg.asarm = AsarmSection()
+        if cfg.lora is not None:
+            raise TrainConfigError("objective.kind = asarm does not support a lora section")
+    if int(cfg.train.data_offset) < 0:
+        raise TrainConfigError(f"train.data_offset must be >= 0, got {cfg.train.data_offset}")
+    if cfg.asarm is not None and cfg.asarm.init_weights and cfg.asarm.embed_init:
+        raise TrainConfigError("asarm.init_weights and asarm.embed_init exclude each other "
+                               "(the start weights already hold the embedding)")
+    return cfg
+
+
+def load_config(path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config and apply ``section.key=value`` overrides (values parsed as YAML).
+
+    Raises:
+      TrainConfigError: missing file, malformed override, unknown key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TrainConfigError(f"config file {path} not found")
+    d = yaml.safe_load(path.read_text()) or {}
+    for ov in overrides:
+        if "=" not in ov or "." not in ov.split("=", 1)[0]:
+            raise TrainConfigError(f"override {ov!r} is not of the form section.key=value")
+        k, v = ov.split("=", 1)
+        sec, key = k.split(".", 1)
+        if d.get(sec) is None:
+            d[sec] = {}
+        d[sec][key] = yaml.safe_load(v)
+    return config_from_dict(d)
+
+
+__all__ = ["TrainConfigError", "ModelSection", "LoraSection", "DataSection", "OBJECTIVES",
+           "ObjectiveSection", "OptimSection", "TrainSection", "AsarmSection", "TrainConfig",
+           "config_from_dict", "load_config"]

@@ -1,0 +1,322 @@
+"""The training loop shared by every objective: compiled train step, held-out evaluation,
+checkpoints with exact resume, metrics and the loss plot.
+
+Objectives (``objective.kind``): ``diffusion`` (LLaDA / Dream masked diffusion,
+:mod:`jaxspec.training.objectives`; with a ``lora`` section the trainable tree is the LoRA delta
+and the run writes ``delta.safetensors``) and ``asarm`` (ASSD Eq. 7 on an XLNet,
+:mod:`jaxspec.training.asarm`; the run also writes ``vocab.json`` and, at the stop,
+``model.safetensors``, float16, :func:`models.xlnet.modeling.save_xlnet`). The same loop,
+optimiser, checkpoints and metrics serve both.
+
+Exact resume: the masking key of step ``s`` is ``fold_in(PRNGKey(seed), s)`` and its batch is
+``PackedDataset.batch(s, ...)``, both pure functions of ``s``; checkpoints (orbax) hold the
+trainable tree, the optimiser state and the step count, so a resumed run reproduces the
+uninterrupted run bit for bit on the same machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxspec.core.plotting import pyplot
+from jaxspec.training.asarm import asarm_loss, build_asarm, prior_training, run_meta
+from jaxspec.training.build import build_data, build_model, make_optimizer
+from jaxspec.training.config import TrainConfig, TrainConfigError, config_from_dict
+from jaxspec.training.objectives import diffusion_loss, init_delta
+from models.diffusion.delta import merge_delta, save_delta
+from models.diffusion.modeling import DiffusionLM
+from models.xlnet.modeling import save_xlnet
+
+# train-section keys that are bookkeeping only: not part of the compiled computation
+_BOOKKEEPING = ("ckpt_every", "eval_every", "eval_batches", "log_every", "keep_checkpoints",
+                "ckpt_every_s", "data_offset")
+
+
+# --------------------------------------------------------------------------- metrics
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(metrics_path, png_path, title: str = "") -> None:
+    """Loss curve (train loss per logged step, held-out loss per eval) as a PNG."""
+    plt = pyplot()
+
+    rows = _read_metrics(Path(metrics_path))
+    tr = [(r["step"], r["loss"]) for r in rows if r.get("kind") == "train"]
+    va = [(r["step"], r["val_loss"]) for r in rows if r.get("kind") == "eval"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if tr:
+        ax.plot(*zip(*tr), label="train loss", lw=1)
+    if va:
+        ax.plot(*zip(*va), "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (objective: see config)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+# --------------------------------------------------------------------------- compiled step
+@functools.lru_cache(maxsize=8)
+def _compiled_fns(model: DiffusionLM, cfg_json: str):
+    """``(jitted train step, jitted eval loss, optax transform, schedule)`` for a model and
+    config; cached so repeated :func:`train` calls in one process (resume, tests) compile once.
+
+    The step ``(trainable, opt_state, base, batch (A, B, T), step) -> (trainable, opt_state,
+    stats)`` averages the gradients of the ``A`` micro-batches (key of micro-batch ``i``:
+    ``fold_in(fold_in(PRNGKey(seed), step), i)``) and applies one optimiser update; it donates
+    ``trainable`` and ``opt_state``.
+    """
+    cfg = config_from_dict({**json.loads(cfg_json)})
+    seed, eps, accum = cfg.train.seed, cfg.objective.eps, cfg.optim.grad_accum
+    asarm = cfg.objective.kind == "asarm"
+    if asarm:
+        full = lambda tr, b: tr
+    elif cfg.lora is not None:
+        rank, alpha, mid = cfg.lora.rank, cfg.lora.alpha, model.config.mask_token_id
+        full = lambda tr, b: merge_delta(b, tr, alpha=alpha, rank=rank, mask_token_id=mid)
+    else:
+        full = lambda tr, b: tr
+    tx, sched = make_optimizer(cfg)
+
+    def loss_fn(tr, b, tokens, key, step):
+        if asarm:
+            return asarm_loss(model, tr, tokens, key, step, cfg.asarm)
+        return diffusion_loss(model, full(tr, b), tokens, key, eps)
+
+    def step_fn(tr, opt, b, batch, step):
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+
+        def micro(carry, xs):
+            gsum, lsum, asum = carry
+            mb, i = xs
+            (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(tr, b, mb, jax.random.fold_in(key, i), step)
+            return (jax.tree.map(jnp.add, gsum, g), lsum + loss, jax.tree.map(jnp.add, asum, aux)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, tr)
+        azero = {k: jnp.float32(0) for k in ("ce_sum", "n_masked", "n_correct")}
+        (g, lsum, asum), _ = jax.lax.scan(micro, (zeros, jnp.float32(0), azero),
+                                          (batch, jnp.arange(accum, dtype=jnp.int32)))
+        g = jax.tree.map(lambda x: x / accum, g)
+        gnorm = optax.tree.norm(g)
+        upd, opt = tx.update(g, opt, tr)
+        tr = optax.apply_updates(tr, upd)
+        stats = {"loss": lsum / accum, "grad_norm": gnorm,
+                 "masked_acc": asum["n_correct"] / jnp.maximum(asum["n_masked"], 1.0)}
+        return tr, opt, stats
+
+    # held-out loss at the end-of-warmup masking range for AS-ARMs (fixed keys per batch)
+    eval_step = cfg.asarm.mask_warmup_steps if asarm else 0
+
+    def eval_fn(tr, b, tokens, i):
+        return loss_fn(tr, b, tokens, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i), eval_step)
+
+    return jax.jit(step_fn, donate_argnums=(0, 1)), jax.jit(eval_fn), tx, sched
+
+
+# --------------------------------------------------------------------------- run setup
+def _model_and_data(cfg: TrainConfig, out: Path, datasets, model_and_params, log):
+    """``(model, params, train_ds, val_ds, vocab)`` of a run (vocab: AS-ARM runs built here);
+    an AS-ARM run also records its start weights and writes ``vocab.json``."""
+    if cfg.objective.kind != "asarm":
+        model, params, tok = (build_model(cfg, log) if model_and_params is None
+                              else (*model_and_params, None))
+        if datasets is None:
+            datasets = build_data(cfg, tok, model.config.mask_token_id, log)[:2]
+        return (model, params, *datasets, None)
+    vocab = None
+    if model_and_params is None or datasets is None:
+        model, params, tok, vocab, built = build_asarm(cfg, log)
+        datasets = datasets if datasets is not None else built
+        if model_and_params is not None:
+            model, params = model_and_params
+    else:
+        model, params = model_and_params
+    prior_training(cfg, out)  # records the start weights' step / tokens (continued runs)
+    if vocab is not None:
+        (out / "vocab.json").write_text(json.dumps({"ids": list(vocab.ids),
+                                                     "external_size": vocab.external_size}))
+    return (model, params, *datasets, vocab)
+
+
+def _evaluate(eval_fn, trainable, base, val_batches) -> dict:
+    """Held-out loss and masked accuracy over the fixed ``val_batches``."""
+    ls, nm, nc = 0.0, 0.0, 0.0
+    for i, vb in enumerate(val_batches):
+        loss, aux = eval_fn(trainable, base, jnp.asarray(vb), jnp.int32(i))
+        ls += float(loss)
+        nm += float(aux["n_masked"])
+        nc += float(aux["n_correct"])
+    n = max(len(val_batches), 1)
+    return {"val_loss": ls / n, "val_masked_acc": nc / max(nm, 1.0)}
+
+
+def _restore(mngr, ckdir: Path, trainable, opt_state, mpath: Path, log):
+    """``(start step, trainable, opt_state)`` from the latest checkpoint; metrics rows after it
+    are dropped."""
+    import orbax.checkpoint as ocp
+
+    start = int(mngr.latest_step())
+    target = {"trainable": trainable, "opt_state": opt_state, "step": np.asarray(0, np.int64)}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    restored = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
+    if int(restored["step"]) != start:
+        raise TrainConfigError(f"checkpoint {start} records step {int(restored['step'])}")
+    kept = [r for r in _read_metrics(mpath) if r["step"] <= start]
+    mpath.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    log(f"[train] resumed from step {start} ({ckdir / str(start)})")
+    return start, restored["trainable"], restored["opt_state"]
+
+
+def _export(cfg: TrainConfig, out: Path, result: dict, model_config, vocab) -> None:
+    """Write the run's deliverable: the LoRA delta or the AS-ARM weights (sizes into ``result``)."""
+    trainable, tokens_per_step = result["trainable"], result["tokens_per_step"]
+    if cfg.lora is not None:
+        meta = {"base_preset": cfg.model.preset, "rank": cfg.lora.rank, "alpha": cfg.lora.alpha,
+                "mask_token_id": model_config.mask_token_id, "head": model_config.head,
+                "step": result["step"], "tokens_seen": result["step"] * tokens_per_step}
+        result["delta_bytes"] = save_delta(out / "delta.safetensors", trainable, meta)
+    if cfg.objective.kind == "asarm":
+        meta = run_meta(cfg, out, result["step"], tokens_per_step)
+        result["model_bytes"] = save_xlnet(out / "model.safetensors", model_config, trainable,
+                                           vocab, meta)
+
+
+# --------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Optional[int] = None,
+          datasets=None, model_and_params=None, progress: bool = True,
+          log=lambda m: print(m, file=sys.stderr)) -> dict:
+    """Train (or resume) per ``cfg``; writes under ``out_dir``:
+
+    ``config.json``, ``checkpoints/<step>/`` (orbax; trainable tree + optimiser state + step;
+    every ``ckpt_every`` steps and at the stop), ``metrics.jsonl``, ``loss.png``, and for LoRA
+    runs ``delta.safetensors``.
+
+    ``metrics.jsonl`` rows: ``{"kind": "train", "step", "loss", "grad_norm", "masked_acc",
+    "lr", "tokens_seen", "sec_per_step", "tokens_per_sec"}`` every ``log_every`` steps (the
+    first interval includes compilation) and ``{"kind": "eval", "step", "val_loss",
+    "val_masked_acc"}`` every ``eval_every`` steps on ``eval_batches`` fixed held-out batches
+    with fixed masking keys. On resume, rows after the restored step are dropped first.
+
+    Args:
+      cfg: the config; ``cfg.train.steps`` fixes the schedule.
+      out_dir: output directory.
+      resume: continue from the latest checkpoint in ``out_dir`` (fresh start if none).
+      stop_after: stop once this many steps are done (simulates an interruption; the
+        schedule still spans ``cfg.train.steps``).
+      datasets: optional ``(train, val)`` :class:`jaxspec.training.data.PackedDataset` (tests);
+        default builds the corpus of ``cfg.data``.
+      model_and_params: optional ``(DiffusionLM, params)`` replacing :func:`build_model`.
+      progress: show a tqdm progress bar.
+
+    Returns:
+      dict with ``step`` (steps done), ``trainable`` (final trainable tree), ``losses``
+      (``{step: loss}`` of this run's logged steps), ``delta_bytes`` (LoRA) and timing.
+
+    Raises:
+      TrainConfigError: ``out_dir`` already has checkpoints and ``resume`` is False.
+    """
+    import orbax.checkpoint as ocp
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir).resolve()
+    ckdir = out / "checkpoints"
+    mpath = out / "metrics.jsonl"
+    if ckdir.exists() and any(ckdir.iterdir()) and not resume:
+        raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    model, params, train_ds, val_ds, vocab = _model_and_data(cfg, out, datasets, model_and_params, log)
+    base, trainable = params, params
+    if cfg.lora is not None:
+        trainable = init_delta(base, cfg.lora, model.config.mask_token_id,
+                               jax.random.PRNGKey(cfg.train.seed + 7))
+    else:
+        base = {}
+    trainable = jax.tree.map(jnp.copy, trainable)  # the step donates its input buffers
+    key = cfg.to_dict()
+    for k in _BOOKKEEPING:
+        key["train"].pop(k)
+    jstep, eval_fn, tx, sched = _compiled_fns(model, json.dumps(key, sort_keys=True))
+    opt_state = tx.init(trainable)
+    accum, bs, T = cfg.optim.grad_accum, cfg.data.batch_size, cfg.data.seq_len
+    val_batches = val_ds.fixed_batches(cfg.train.eval_batches, bs) if val_ds is not None else []
+
+    mngr = ocp.CheckpointManager(ckdir, options=ocp.CheckpointManagerOptions(
+        max_to_keep=cfg.train.keep_checkpoints, create=True))
+    start = 0
+    if resume and mngr.latest_step() is not None:
+        start, trainable, opt_state = _restore(mngr, ckdir, trainable, opt_state, mpath, log)
+    else:
+        mpath.write_text("")
+    cfg_path = out / "config.json"
+    if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
+        log("[train] warning: config differs from the one this run started with; resume may not be exact")
+    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+
+    total = cfg.train.steps
+    end = total if stop_after is None else min(total, stop_after)
+    tokens_per_step = accum * bs * T
+    losses: dict[int, float] = {}
+    bar = tqdm(total=total, initial=start, disable=not progress, desc=cfg.name, dynamic_ncols=True)
+    t_run = time.perf_counter()
+    t_last, last_logged = time.perf_counter(), start
+    t_saved = time.perf_counter()
+    step_times = []
+    with mpath.open("a") as mf:
+        for s in range(start, end):
+            t0 = time.perf_counter()
+            sd = s + cfg.train.data_offset  # data / masking step (the lr schedule counts s)
+            batch = train_ds.batch(sd, accum * bs).reshape(accum, bs, T)
+            trainable, opt_state, stats = jstep(trainable, opt_state, base, jnp.asarray(batch), jnp.int32(sd))
+            done = s + 1
+            if done % cfg.train.log_every == 0 or done == end:
+                stats = {k: float(v) for k, v in stats.items()}
+                now = time.perf_counter()
+                sps = (now - t_last) / (done - last_logged)
+                t_last, last_logged = now, done
+                rec = {"kind": "train", "step": done, **stats, "lr": float(sched(s)),
+                       "tokens_seen": done * tokens_per_step, "sec_per_step": sps,
+                       "tokens_per_sec": tokens_per_step / sps if sps > 0 else None}
+                mf.write(json.dumps(rec) + "\n")
+                mf.flush()
+                losses[done] = stats["loss"]
+                bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['masked_acc']:.3f}")
+            else:
+                jax.block_until_ready(stats)
+            step_times.append(time.perf_counter() - t0)
+            bar.update(1)
+            if val_batches and (done % cfg.train.eval_every == 0 or done == total):
+                rec = {"kind": "eval", "step": done, **_evaluate(eval_fn, trainable, base, val_batches)}
+                mf.write(json.dumps(rec) + "\n")
+                mf.flush()
+            timed = cfg.train.ckpt_every_s is not None and time.perf_counter() - t_saved >= cfg.train.ckpt_every_s
+            if done % cfg.train.ckpt_every == 0 or done == end or timed:
+                mngr.save(done, args=ocp.args.StandardSave(
+                    {"trainable": trainable, "opt_state": opt_state, "step": np.asarray(done, np.int64)}))
+                mngr.wait_until_finished()  # the next step donates these buffers
+                t_saved = time.perf_counter()
+    bar.close()
+    mngr.wait_until_finished()
+    mngr.close()
+    wall = time.perf_counter() - t_run
+    plot_metrics(mpath, out / "loss.png", cfg.name)
+    result = {"step": max(end, start), "trainable": trainable, "losses": losses, "wall_s": wall,
+              "step_times": step_times, "tokens_per_step": tokens_per_step}
+    _export(cfg, out, result, model.config, vocab)
+    return result
+
+
+__all__ = ["plot_metrics", "train"]

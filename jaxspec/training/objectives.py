@@ -1,0 +1,166 @@
+"""Training objectives of masked-diffusion LMs: the LLaDA forward process and loss, and the
+trainable LoRA delta of a parameter-efficient adaptation.
+
+Objective (LLaDA, Nie et al. 2025, "Large Language Diffusion Models", Eq. 3 and the
+ML-GSAI/LLaDA ``GUIDELINES.md`` pre-training / SFT snippets): per sequence draw
+``t ~ U(0, 1)`` and set ``p = (1 - eps) * t + eps`` (so ``p`` lies in ``(eps, 1]``; ``eps``
+= 1e-3 as in the guidelines, keeping ``1/p`` bounded); mask every maskable token
+independently with probability ``p``; the loss is the cross-entropy of the masked tokens,
+each weighted by ``1/p``:
+
+* pre-training: ``sum_{masked} CE / p`` divided by ``B * T`` (all tokens of the batch);
+* SFT (``response_mask`` given): only response tokens are maskable, and each sequence's sum is
+  divided by its response length, then averaged over the batch.
+
+Dream variant (Dream 7B, Ye et al. 2025): the model is an adapted autoregressive LM whose raw
+logits at ``i`` predict token ``i + 1``; :class:`models.diffusion.modeling.DiffusionLM` with head
+``"dream"`` already shifts them right by one, so row ``i`` scores token ``i`` and the same loss
+code applies. Position 0 has no predicting row after the shift and is never masked (Dream's
+sampler asserts the same). Dream's context-adaptive noise rescheduling (CART) is not
+implemented: the plain LLaDA ``1/p`` weighting is used for both heads.
+
+Parameter-efficient adaptation (for ``dream-smollm2-135m``): the trainable *delta*
+(:func:`init_delta`) is
+
+* LoRA factors ``a (L, in, r)`` (Gaussian, std ``1/sqrt(in)``) and ``b (L, r, out)`` (zeros) for
+  each targeted stacked matrix of ``params["layers"]`` (``wq wk wv wo w_gate w_up w_down``);
+  the merged weight is ``W + (alpha / r) * a @ b`` per layer (Hu et al. 2021, LoRA);
+* ``mask_embed (D,)``: the embedding row of the mask token (initialised from the base row);
+* ``norms``: ``attn_norm (L, D)``, ``mlp_norm (L, D)``, ``final_norm (D,)``.
+
+Only the delta and its optimiser state are checkpointed; the frozen base is reloaded from
+its preset. :func:`models.diffusion.delta.merge_delta` builds the full inference tree;
+:func:`~models.diffusion.delta.save_delta` / :func:`~models.diffusion.delta.load_delta` store the
+delta as safetensors.
+
+The AS-ARM objective (ASSD Eq. 7) lives in :mod:`jaxspec.training.asarm`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.training.config import LoraSection, TrainConfigError
+from models.diffusion.delta import LORA_TARGETS
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+
+
+def forward_process(key: jax.Array, tokens: jax.Array, mask_token_id: int,
+                    maskable: Optional[jax.Array] = None, eps: float = 1e-3):
+    """LLaDA forward (noising) process.
+
+    Args:
+      key: PRNG key.
+      tokens: ``int32 (B, T)`` clean tokens.
+      mask_token_id: id written at masked positions.
+      maskable: ``bool (B, T)``; positions that may be masked (default all).
+      eps: lower bound of the mask probability.
+
+    Returns:
+      ``(noisy int32 (B, T), masked bool (B, T), p float32 (B,))`` with
+      ``p = (1 - eps) * t + eps``, ``t ~ U(0, 1)`` per sequence.
+    """
+    B, T = tokens.shape
+    kt, km = jax.random.split(key)
+    t = jax.random.uniform(kt, (B,), jnp.float32)
+    p = (1.0 - eps) * t + eps
+    masked = jax.random.uniform(km, (B, T), jnp.float32) < p[:, None]
+    if maskable is not None:
+        masked = masked & maskable
+    noisy = jnp.where(masked, jnp.int32(mask_token_id), tokens.astype(jnp.int32))
+    return noisy, masked, p
+
+
+def masked_diffusion_loss(logits: jax.Array, targets: jax.Array, masked: jax.Array,
+                          p_mask: jax.Array, response_len: Optional[jax.Array] = None):
+    """LLaDA's weighted masked cross-entropy.
+
+    Args:
+      logits: ``float (B, T, V)``; row ``i`` scores the token at position ``i`` (for Dream,
+        the already shifted logits).
+      targets: ``int32 (B, T)`` clean tokens.
+      masked: ``bool (B, T)`` masked positions (the only ones scored).
+      p_mask: ``float32 (B,)`` mask probability of each sequence.
+      response_len: ``(B,)`` response lengths in SFT mode, or None (pre-training).
+
+    Returns:
+      ``(loss float32 scalar, aux)`` with ``loss = sum_masked CE / p / (B * T)`` (pre-training)
+      or ``mean_b [sum_{masked in b} CE / p_b / response_len_b]`` (SFT); ``aux`` holds
+      ``ce_sum`` (unweighted CE summed over masked tokens), ``n_masked`` and ``n_correct``
+      (argmax hits at masked positions).
+    """
+    B, T = targets.shape
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    ce = lse - tgt
+    m = masked.astype(jnp.float32)
+    weighted = ce * m / p_mask[:, None]
+    if response_len is None:
+        loss = jnp.sum(weighted) / (B * T)
+    else:
+        loss = jnp.mean(jnp.sum(weighted, axis=1) / jnp.maximum(response_len.astype(jnp.float32), 1.0))
+    hit = (jnp.argmax(logits, axis=-1) == targets) & masked
+    aux = {"ce_sum": jnp.sum(ce * m), "n_masked": jnp.sum(m), "n_correct": jnp.sum(hit.astype(jnp.float32))}
+    return loss, aux
+
+
+def maskable_positions(config: DiffusionConfig, shape, response_mask=None) -> jax.Array:
+    """``bool (B, T)``: positions the forward process may mask (response tokens in SFT mode;
+    never position 0 for the Dream head, which has no row predicting it)."""
+    B, T = shape
+    m = jnp.ones((B, T), bool) if response_mask is None else jnp.asarray(response_mask, bool)
+    if config.head == "dream":
+        m = m.at[:, 0].set(False)
+    return m
+
+
+def diffusion_loss(model: DiffusionLM, params, tokens: jax.Array, key: jax.Array,
+                   eps: float = 1e-3, response_mask: Optional[jax.Array] = None):
+    """Noise ``tokens`` (``int32 (B, T)``), run ``model`` bidirectionally and score the masked
+    tokens with :func:`masked_diffusion_loss`. ``response_mask`` (``bool (B, T)``) selects
+    SFT mode. Returns ``(loss, aux)``."""
+    cfg = model.config
+    B, T = tokens.shape
+    maskable = maskable_positions(cfg, (B, T), response_mask)
+    noisy, masked, p = forward_process(key, tokens, cfg.mask_token_id, maskable, eps)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    logits, _ = model.apply(params, noisy, positions)
+    rlen = None if response_mask is None else jnp.sum(jnp.asarray(response_mask, jnp.float32), axis=1)
+    return masked_diffusion_loss(logits, tokens, masked, p, rlen)
+
+
+def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
+    """Initial trainable delta for ``base`` (the ``CausalLM`` params tree).
+
+    Returns a dict ``{"lora": {name: {"a": (L, in, r), "b": (L, r, out)}}, "mask_embed": (D,),
+    "norms": {...}}`` (float32); ``b`` is zero so the merged model equals the base.
+
+    Raises:
+      TrainConfigError: an unknown LoRA target or a non-positive rank.
+    """
+    if lora.rank <= 0:
+        raise TrainConfigError(f"lora.rank must be positive, got {lora.rank}")
+    layers = base["layers"]
+    delta: dict[str, Any] = {"lora": {}}
+    for i, name in enumerate(lora.targets):
+        if name not in LORA_TARGETS or name not in layers:
+            raise TrainConfigError(f"unknown LoRA target {name!r}; expected some of {LORA_TARGETS}")
+        L, din, dout = layers[name].shape
+        a = jax.random.normal(jax.random.fold_in(key, i), (L, din, lora.rank), jnp.float32) / math.sqrt(din)
+        delta["lora"][name] = {"a": a, "b": jnp.zeros((L, lora.rank, dout), jnp.float32)}
+    if lora.train_mask_embed:
+        delta["mask_embed"] = jnp.array(base["embed"][mask_token_id], jnp.float32, copy=True)
+    if lora.train_norms:
+        copy = lambda x: jnp.array(x, jnp.float32, copy=True)  # never alias the base
+        delta["norms"] = {"attn_norm": copy(layers["attn_norm"]), "mlp_norm": copy(layers["mlp_norm"]),
+                          "final_norm": copy(base["final_norm"])}
+    return delta
+
+
+__all__ = ["forward_process", "masked_diffusion_loss", "maskable_positions", "diffusion_loss",
+           "init_delta"]
