@@ -16,12 +16,13 @@ uninterrupted run bit for bit on the same machine.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +153,27 @@ def _model_and_data(cfg: TrainConfig, out: Path, datasets, model_and_params, log
     return (model, params, *datasets, vocab)
 
 
+def _initial_trainable(cfg: TrainConfig, model, params):
+    """``(trainable, base)``: a fresh LoRA delta over the frozen ``params`` (``lora`` section),
+    else the params themselves with an empty base. The trainable tree is copied: the compiled
+    step donates its buffers."""
+    base, trainable = params, params
+    if cfg.lora is not None:
+        trainable = init_delta(base, cfg.lora, model.config.mask_token_id,
+                               jax.random.PRNGKey(cfg.train.seed + 7))
+    else:
+        base = {}
+    return jax.tree.map(jnp.copy, trainable), base
+
+
+def _compile_key(cfg: TrainConfig) -> str:
+    """The config as sorted JSON without the bookkeeping keys (the :func:`_compiled_fns` key)."""
+    key = cfg.to_dict()
+    for k in _BOOKKEEPING:
+        key["train"].pop(k)
+    return json.dumps(key, sort_keys=True)
+
+
 def _evaluate(eval_fn, trainable, base, val_batches) -> dict:
     """Held-out loss and masked accuracy over the fixed ``val_batches``."""
     ls, nm, nc = 0.0, 0.0, 0.0
@@ -196,6 +218,80 @@ def _export(cfg: TrainConfig, out: Path, result: dict, model_config, vocab) -> N
 
 
 # --------------------------------------------------------------------------- the loop
+@dataclasses.dataclass
+class _Run:
+    """What the step loop needs besides the trainable tree and the optimiser state."""
+
+    cfg: TrainConfig
+    step_fn: Callable       # jitted (trainable, opt_state, base, batch, step) -> (.., .., stats)
+    eval_fn: Callable       # jitted (trainable, base, tokens, i) -> (loss, aux)
+    sched: Callable         # learning rate of step s
+    base: Any               # frozen base params (LoRA) or {}
+    train_ds: Any           # PackedDataset
+    val_batches: list       # fixed held-out batches
+    mngr: Any               # orbax CheckpointManager
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.optim.grad_accum * self.cfg.data.batch_size * self.cfg.data.seq_len
+
+
+def _save(mngr, step: int, trainable, opt_state) -> None:
+    import orbax.checkpoint as ocp
+
+    mngr.save(step, args=ocp.args.StandardSave(
+        {"trainable": trainable, "opt_state": opt_state, "step": np.asarray(step, np.int64)}))
+    mngr.wait_until_finished()  # the next step donates these buffers
+
+
+def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar):
+    """Steps ``start .. end - 1``: one update each; train rows of ``metrics.jsonl`` every
+    ``log_every`` steps and at ``end``, eval rows every ``eval_every`` steps and at the last
+    step of the schedule, checkpoints every ``ckpt_every`` steps (or ``ckpt_every_s``
+    seconds) and at ``end``.
+
+    Returns ``(trainable, opt_state, losses {step: loss}, step_times)``."""
+    c = run.cfg.train
+    accum, bs, T = run.cfg.optim.grad_accum, run.cfg.data.batch_size, run.cfg.data.seq_len
+    losses: dict[int, float] = {}
+    step_times = []
+    t_last, last_logged = time.perf_counter(), start
+    t_saved = time.perf_counter()
+    for s in range(start, end):
+        t0 = time.perf_counter()
+        sd = s + c.data_offset  # data / masking step (the lr schedule counts s)
+        batch = run.train_ds.batch(sd, accum * bs).reshape(accum, bs, T)
+        trainable, opt_state, stats = run.step_fn(trainable, opt_state, run.base,
+                                                  jnp.asarray(batch), jnp.int32(sd))
+        done = s + 1
+        if done % c.log_every == 0 or done == end:
+            stats = {k: float(v) for k, v in stats.items()}
+            now = time.perf_counter()
+            sps = (now - t_last) / (done - last_logged)
+            t_last, last_logged = now, done
+            rec = {"kind": "train", "step": done, **stats, "lr": float(run.sched(s)),
+                   "tokens_seen": done * run.tokens_per_step, "sec_per_step": sps,
+                   "tokens_per_sec": run.tokens_per_step / sps if sps > 0 else None}
+            mf.write(json.dumps(rec) + "\n")
+            mf.flush()
+            losses[done] = stats["loss"]
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['masked_acc']:.3f}")
+        else:
+            jax.block_until_ready(stats)
+        step_times.append(time.perf_counter() - t0)
+        bar.update(1)
+        if run.val_batches and (done % c.eval_every == 0 or done == c.steps):
+            rec = {"kind": "eval", "step": done,
+                   **_evaluate(run.eval_fn, trainable, run.base, run.val_batches)}
+            mf.write(json.dumps(rec) + "\n")
+            mf.flush()
+        timed = c.ckpt_every_s is not None and time.perf_counter() - t_saved >= c.ckpt_every_s
+        if done % c.ckpt_every == 0 or done == end or timed:
+            _save(run.mngr, done, trainable, opt_state)
+            t_saved = time.perf_counter()
+    return trainable, opt_state, losses, step_times
+
+
 def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Optional[int] = None,
           datasets=None, model_and_params=None, progress: bool = True,
           log=lambda m: print(m, file=sys.stderr)) -> dict:
@@ -239,19 +335,10 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
         raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
     model, params, train_ds, val_ds, vocab = _model_and_data(cfg, out, datasets, model_and_params, log)
-    base, trainable = params, params
-    if cfg.lora is not None:
-        trainable = init_delta(base, cfg.lora, model.config.mask_token_id,
-                               jax.random.PRNGKey(cfg.train.seed + 7))
-    else:
-        base = {}
-    trainable = jax.tree.map(jnp.copy, trainable)  # the step donates its input buffers
-    key = cfg.to_dict()
-    for k in _BOOKKEEPING:
-        key["train"].pop(k)
-    jstep, eval_fn, tx, sched = _compiled_fns(model, json.dumps(key, sort_keys=True))
+    trainable, base = _initial_trainable(cfg, model, params)
+    jstep, eval_fn, tx, sched = _compiled_fns(model, _compile_key(cfg))
     opt_state = tx.init(trainable)
-    accum, bs, T = cfg.optim.grad_accum, cfg.data.batch_size, cfg.data.seq_len
+    bs = cfg.data.batch_size
     val_batches = val_ds.fixed_batches(cfg.train.eval_batches, bs) if val_ds is not None else []
 
     mngr = ocp.CheckpointManager(ckdir, options=ocp.CheckpointManagerOptions(
@@ -266,55 +353,22 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
         log("[train] warning: config differs from the one this run started with; resume may not be exact")
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
 
-    total = cfg.train.steps
-    end = total if stop_after is None else min(total, stop_after)
-    tokens_per_step = accum * bs * T
-    losses: dict[int, float] = {}
-    bar = tqdm(total=total, initial=start, disable=not progress, desc=cfg.name, dynamic_ncols=True)
+    end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
+    run = _Run(cfg=cfg, step_fn=jstep, eval_fn=eval_fn, sched=sched, base=base, train_ds=train_ds,
+               val_batches=val_batches, mngr=mngr)
+    bar = tqdm(total=cfg.train.steps, initial=start, disable=not progress, desc=cfg.name,
+               dynamic_ncols=True)
     t_run = time.perf_counter()
-    t_last, last_logged = time.perf_counter(), start
-    t_saved = time.perf_counter()
-    step_times = []
     with mpath.open("a") as mf:
-        for s in range(start, end):
-            t0 = time.perf_counter()
-            sd = s + cfg.train.data_offset  # data / masking step (the lr schedule counts s)
-            batch = train_ds.batch(sd, accum * bs).reshape(accum, bs, T)
-            trainable, opt_state, stats = jstep(trainable, opt_state, base, jnp.asarray(batch), jnp.int32(sd))
-            done = s + 1
-            if done % cfg.train.log_every == 0 or done == end:
-                stats = {k: float(v) for k, v in stats.items()}
-                now = time.perf_counter()
-                sps = (now - t_last) / (done - last_logged)
-                t_last, last_logged = now, done
-                rec = {"kind": "train", "step": done, **stats, "lr": float(sched(s)),
-                       "tokens_seen": done * tokens_per_step, "sec_per_step": sps,
-                       "tokens_per_sec": tokens_per_step / sps if sps > 0 else None}
-                mf.write(json.dumps(rec) + "\n")
-                mf.flush()
-                losses[done] = stats["loss"]
-                bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['masked_acc']:.3f}")
-            else:
-                jax.block_until_ready(stats)
-            step_times.append(time.perf_counter() - t0)
-            bar.update(1)
-            if val_batches and (done % cfg.train.eval_every == 0 or done == total):
-                rec = {"kind": "eval", "step": done, **_evaluate(eval_fn, trainable, base, val_batches)}
-                mf.write(json.dumps(rec) + "\n")
-                mf.flush()
-            timed = cfg.train.ckpt_every_s is not None and time.perf_counter() - t_saved >= cfg.train.ckpt_every_s
-            if done % cfg.train.ckpt_every == 0 or done == end or timed:
-                mngr.save(done, args=ocp.args.StandardSave(
-                    {"trainable": trainable, "opt_state": opt_state, "step": np.asarray(done, np.int64)}))
-                mngr.wait_until_finished()  # the next step donates these buffers
-                t_saved = time.perf_counter()
+        trainable, opt_state, losses, step_times = _run_steps(run, trainable, opt_state, start,
+                                                              end, mf, bar)
     bar.close()
     mngr.wait_until_finished()
     mngr.close()
     wall = time.perf_counter() - t_run
     plot_metrics(mpath, out / "loss.png", cfg.name)
     result = {"step": max(end, start), "trainable": trainable, "losses": losses, "wall_s": wall,
-              "step_times": step_times, "tokens_per_step": tokens_per_step}
+              "step_times": step_times, "tokens_per_step": run.tokens_per_step}
     _export(cfg, out, result, model.config, vocab)
     return result
 
