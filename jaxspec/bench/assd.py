@@ -116,6 +116,43 @@ def _gen_row(label, method, k, outs, ref, judge_vals, to_ext, *, model_name, N_l
     return row
 
 
+def _add_p_values(all_rows: dict) -> None:
+    """Welch p-values of each row's per-sequence PPL and entropy against sequential's."""
+    base = all_rows[("sequential", None)]
+    for r in all_rows.values():
+        seq = r["method"] == "sequential"
+        r["ppl_p_value"] = (None if seq or r["_ppl_vals"] is None
+                            else _num(welch_p(r["_ppl_vals"], base["_ppl_vals"]), 4))
+        r["entropy_p_value"] = None if seq else _num(welch_p(r["_ent_vals"], base["_ent_vals"]), 4)
+
+
+def _sweep_rows(all_rows: dict, k: int, k_sweep: Sequence[int]) -> list:
+    """Table 5: ASSD at every ``k`` of the sweep (and the main ``k``); empty without a sweep."""
+    if not k_sweep:
+        return []
+    out = []
+    for kk in sorted(set(k_sweep) | {k}):
+        r = all_rows[("assd", kk)]
+        out.append({"k": kk, "nfe_per_token": r["nfe_per_token"], "speedup": r["speedup"],
+                    "speedup_pct": _num(100 * (1 - 1 / r["speedup"]), 2) if r["speedup"] else None,
+                    "tokens_per_iteration": r["tokens_per_iteration"],
+                    "ppl_p_value": r["ppl_p_value"], "entropy_p_value": r["entropy_p_value"]})
+    return out
+
+
+def _per_sequence(prompts, masks: dict, outs: dict, all_rows: dict, judged: dict) -> list:
+    """Per evaluation sequence: its size and every run's NFE, seconds, entropy and PPL."""
+    def run_figures(i, key):
+        return {"nfe": int(outs[key][i].stats.target_nfe.sum()),
+                "seconds": _num(outs[key][i].run_s, 4),
+                "entropy": _num(all_rows[key]["_ent_vals"][i], 4),
+                "gen_ppl": None if key not in judged else _num(judged[key][i], 3)}
+
+    return [{"id": p.task_id, "tokens": len(p.ids), "masked": int(masks[p.task_id].sum()),
+             "runs": {f"{m}/{kk}": run_figures(i, (m, kk)) for m, kk in outs}}
+            for i, p in enumerate(prompts)]
+
+
 def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_name: str,
                    to_external: Optional[Callable[[Sequence[int]], list]] = None,
                    judge: Optional[Callable[[Sequence[Sequence[int]]], list]] = None,
@@ -192,30 +229,10 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
         all_rows[key] = _gen_row(label, key[0], key[1], o, ref, judged.get(key), to_ext,
                                  model_name=model_name, N_list=N_list, mask_rate=mask_rate,
                                  temperature=temperature, compile_s=compile_s[key])
-    base = all_rows[("sequential", None)]
-    for r in all_rows.values():
-        seq = r["method"] == "sequential"
-        r["ppl_p_value"] = (None if seq or r["_ppl_vals"] is None
-                            else _num(welch_p(r["_ppl_vals"], base["_ppl_vals"]), 4))
-        r["entropy_p_value"] = None if seq else _num(welch_p(r["_ent_vals"], base["_ent_vals"]), 4)
-    main_keys = [("sequential", None), ("assd", k), ("assd-ngram", k)]
-    rows = [all_rows[kk] for kk in main_keys]
-    sweep = [{"k": kk, "nfe_per_token": all_rows[("assd", kk)]["nfe_per_token"],
-              "speedup": all_rows[("assd", kk)]["speedup"],
-              "speedup_pct": _num(100 * (1 - 1 / all_rows[("assd", kk)]["speedup"]), 2)
-              if all_rows[("assd", kk)]["speedup"] else None,
-              "tokens_per_iteration": all_rows[("assd", kk)]["tokens_per_iteration"],
-              "ppl_p_value": all_rows[("assd", kk)]["ppl_p_value"],
-              "entropy_p_value": all_rows[("assd", kk)]["entropy_p_value"]}
-             for kk in sorted(set(k_sweep) | {k})] if k_sweep else []
-    per_sequence = [{"id": p.task_id, "tokens": len(p.ids), "masked": int(masks[p.task_id].sum()),
-                     "runs": {f"{m}/{kk}": {"nfe": int(outs[(m, kk)][i].stats.target_nfe.sum()),
-                                            "seconds": _num(outs[(m, kk)][i].run_s, 4),
-                                            "entropy": _num(all_rows[(m, kk)]["_ent_vals"][i], 4),
-                                            "gen_ppl": (None if (m, kk) not in judged
-                                                        else _num(judged[(m, kk)][i], 3))}
-                              for m, kk in outs}}
-                    for i, p in enumerate(prompts)]
+    _add_p_values(all_rows)
+    rows = [all_rows[kk] for kk in (("sequential", None), ("assd", k), ("assd-ngram", k))]
+    sweep = _sweep_rows(all_rows, k, k_sweep)
+    per_sequence = _per_sequence(prompts, masks, outs, all_rows, judged)
     for r in all_rows.values():
         r.pop("_ent_vals")
         r.pop("_ppl_vals")
