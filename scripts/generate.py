@@ -58,6 +58,7 @@ import sys
 import numpy as np
 
 from jaxspec.methods import DEFAULT_GRAPH, METHODS, methods_of
+from scripts.common import compare_line
 
 CAUSAL_METHODS = methods_of("causal")
 DIFFUSION_METHODS = methods_of("dllm")
@@ -226,14 +227,6 @@ def _reference_label(method, ref_cfg) -> str:
     if method.name == "spiffy":
         return f"its reference, {ref_cfg.method} (steps={steps}, cache={ref_cfg.cache})"
     return f"one-token-per-step stepwise (cache={ref_cfg.cache})"
-
-
-def compare_line(method: str, reference: str, res, ref, verdict: str) -> str:
-    """The ``[compare]`` line: output identity verdict, wall-clock speedup and NFE ratio of
-    ``res`` (the method) against ``ref`` (its reference decoder)."""
-    return (f"[compare] {method} vs {reference} outputs: {verdict}; wall-clock speedup "
-            f"{ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
-            f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,7 @@ from jaxspec.asarm.infill import infill_text, unescape_cli
 from jaxspec.core.sampling import SamplingConfig
 from models.llama.params import WeightFileError
 from models.registry import load_asarm
+from scripts.common import compare_line
 
 
 def stats_line(res) -> str:
@@ -68,9 +69,7 @@ def infill_cli(args) -> int:
         if not sampling.greedy:
             what += " (sampling: only the distribution is guaranteed equal)"
         print(stats_line(ref))
-        print(f"[compare] {method} vs sequential outputs: {what}; wall-clock speedup "
-              f"{ref.run_s / max(res.run_s, 1e-9):.2f}x; NFE ratio "
-              f"{ref.stats.target_nfe.sum() / max(res.stats.target_nfe.sum(), 1):.2f}x")
+        print(compare_line(method, "sequential", res, ref, what))
         if sampling.greedy and not same:
             return 1
     return 0

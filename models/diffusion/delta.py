@@ -1,6 +1,7 @@
 """LoRA deltas for masked-diffusion adaptations: merge into a base tree, save, load.
 
-A *delta* (trained by :mod:`jaxspec.training.train`) is a nested dict of float32 arrays:
+A *delta* (trained by :mod:`jaxspec.training.loop`, initialised by
+:func:`jaxspec.training.objectives.init_delta`) is a nested dict of float32 arrays:
 
 * ``lora``: ``{name: {"a": (L, in, r), "b": (L, r, out)}}`` for targeted stacked matrices of
   ``params["layers"]`` (some of :data:`LORA_TARGETS`); the merged weight is

@@ -1,12 +1,13 @@
 """Seed spread of sequential vs ASSD / ASSD-ngram judged PPL on the 16 sequences and masks of results/assd.json (run from the repository root: .venv/bin/python results/assd-seeds/check.py; writes /tmp/seedcheck.json)."""
 import json, sys, numpy as np
 from scipy import stats
-from jaxspec.infill import load_asarm
-from jaxspec.quality import heldout_snippets
-from jaxspec.bench_assd import random_mask, smollm2_judge, DEFAULT_HOLDOUT
-from jaxspec.assd import assd_generate
-from jaxspec.sampling import SamplingConfig
-from jaxspec.train import load_config
+from models.registry import load_asarm
+from jaxspec.eval.quality import heldout_snippets, random_mask
+from jaxspec.eval.judge import smollm2_judge
+from jaxspec.bench.assd import DEFAULT_HOLDOUT
+from jaxspec.asarm.assd import assd_generate
+from jaxspec.core.sampling import SamplingConfig
+from jaxspec.training.config import load_config
 a = load_asarm("asarm-small")
 hold = tuple(load_config("configs/train/asarm-small.yaml").data.holdout)
 snips = heldout_snippets(a.tokenizer, hold, 16, prompt_len=255, cont_len=1)
