@@ -79,10 +79,12 @@ class DraftGraph:
 
     @property
     def max_pairs(self) -> int:
+        """The largest formula's number of pairs (0 for an empty graph)."""
         return max((len(f) for f in self.formulas), default=0)
 
     @property
     def max_vocab_rank(self) -> int:
+        """The largest vocabulary rank ``j`` named (1 for an empty graph)."""
         return max((j for f in self.formulas for _, j in f), default=1)
 
     def parents(self, q: int) -> list[int]:
@@ -99,6 +101,7 @@ class DraftGraph:
                              f"block length {block_length}")
 
     def to_json(self) -> dict:
+        """``{"D", "formulas": [[[i, j], ...], ...], "counts", "meta"}`` (:func:`save_graph`)."""
         return {"D": self.size, "formulas": [[list(p) for p in f] for f in self.formulas],
                 "counts": list(self.counts), "meta": dict(self.meta)}
 
