@@ -135,15 +135,15 @@ def _tiny_causal():
 
 
 def _tiny_dllm(head):
-    from tests.test_dllm import MODELS
+    from jaxspec.testing.tiny import tiny_diffusion_model
 
-    return MODELS[head]
+    return tiny_diffusion_model(head)
 
 
 def _tiny_xlnet():
-    from tests.test_assd import _model
+    from jaxspec.testing.tiny import tiny_xlnet
 
-    return _model(11, 1)
+    return tiny_xlnet(11, seed=1)
 
 
 CAUSAL_PROMPTS = [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]]

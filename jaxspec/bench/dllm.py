@@ -92,7 +92,7 @@ def forward_costs(model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *,
     batch-1 prompt of ``prompt_len`` tokens, each timed alone (jitted, median of ``reps``).
 
     Returns: ``{"full": s}`` plus, with a cache, ``{"window_W": s}`` for every window width
-    ``W`` the loop uses (``block_length`` for ``"dual"``; :func:`jaxspec.dllm.decode.prefix_widths`
+    ``W`` the loop uses (``block_length`` for ``"dual"``; :func:`jaxspec.dllm.blocks.prefix_widths`
     for ``"prefix"``). Every call computes the LM head on ``block_length`` rows, as the loop.
     """
     P = max(bucket, -(-prompt_len // bucket) * bucket)

@@ -71,7 +71,7 @@ import numpy as np
 
 from jaxspec.core.runtime import run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
-                                 advance_blocks, block_window, dream_shift, prefix_widths,
+                                 advance_blocks, dream_shift, prefix_widths,
                                  prepend_prev, window_inputs)
 from jaxspec.dllm.config import (CACHES, REMASKING, DiffusionDecodeConfig, DiffusionResult,
                                  diffusion_result, eos_statics, prepare_batch, structural)

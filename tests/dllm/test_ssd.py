@@ -22,7 +22,7 @@ from jaxspec.dllm.ssd import tree_inclusion
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from models.llama.modeling import init_params
-from tests.test_dllm import MODELS, PROMPTS
+from tests.dllm.test_dllm import MODELS, PROMPTS
 
 
 def _check_stats(r, c: SSDConfig, B: int):
@@ -248,7 +248,7 @@ def test_acceptance_limit():
 _MESH_SCRIPT = r"""
 import numpy as np, jax
 from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, ssd_generate, draft_mesh, shard_params
-from tests.test_dllm import MODELS, PROMPTS
+from tests.dllm.test_dllm import MODELS, PROMPTS
 assert len(jax.devices()) == 4, jax.devices()
 for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-order")):
     model, params = MODELS[head]
@@ -289,7 +289,7 @@ def test_multi_device_verification_matches_one_device():
 
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=root, env=env,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0 and "MESH-OK" in out.stdout, out.stderr[-3000:]

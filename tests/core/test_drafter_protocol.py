@@ -13,7 +13,7 @@ from jaxspec.core.drafters import Drafter, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.testing.drafters import TableDrafter
 from jaxspec.testing.tiny import tiny_model
-from tests.test_decode import _exact_joint, _tv_and_chi2
+from tests.causal.test_decode import _exact_joint, _tv_and_chi2
 
 
 def _table(V: int, seed: int = 0, scale: float = 3.0):

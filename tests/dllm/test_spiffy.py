@@ -21,8 +21,8 @@ from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
 from jaxspec.dllm.spiffy import (DraftGraph, GraphError, SpiffyConfig, calibration_counts,
                             load_graph, plot_graph, record_calibration, save_graph, select_graph,
                             spiffy_generate)
-from tests.test_dllm import MODELS, PROMPTS
-from tests.test_ssd import _chi2, _repetitive_model, _vocab6_model, exact_stepwise_distribution
+from tests.dllm.test_dllm import MODELS, PROMPTS
+from tests.dllm.test_ssd import _chi2, _repetitive_model, _vocab6_model, exact_stepwise_distribution
 
 GRAPH = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)),
                     ((1, 2), (2, 1)), ((1, 1), (2, 1), (3, 1)), ((1, 1), (2, 1), (3, 1), (4, 1))))

@@ -4,7 +4,7 @@ The oracle below is a separate, un-jitted, one-row-at-a-time implementation of t
 algorithm (LLaDA ``generate.py`` loop structure, Dream's confidence rules, fixed-k and
 Fast-dLLM threshold transfer). It runs each prompt alone, unpadded, so agreement also checks
 left padding. It shares only the model forward and the random numbers
-(:func:`jaxspec.dllm.decode.row_noise`, keyed by batch row and the row's step). For the Fast-dLLM
+(:func:`jaxspec.dllm.reference.row_noise`, keyed by batch row and the row's step). For the Fast-dLLM
 caches it keeps its own exact, unpadded windows and (for Dream) the cached logit row, and it
 restarts every cached step from the block's first-step cache, using only the model's KV-cache
 forward (itself checked against transformers in test_parity).
@@ -20,32 +20,15 @@ import pytest
 
 from jaxspec.dllm import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
                           prefix_widths, row_noise)
-from models.config import ModelConfig
-from models.diffusion.modeling import DiffusionConfig, DiffusionLM
-from models.llama.modeling import init_cache, init_params
+from jaxspec.testing.tiny import tiny_diffusion_model
+from models.llama.modeling import init_cache
 
 VOCAB, MASK = 40, 39
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]]
 SEED = 3
 
 
-def _model(head: str, scale: float = 4.0, head_scale: float = 20.0):
-    """Random LLaDA (llama body) or Dream (qwen2 body, untied head as in Dream-7B) model.
-    The body is scaled by ``scale`` and the LM head by ``head_scale``: peaked predictions
-    (max probability about 0.2-0.95) whose confidences are well apart (gaps >= 1e-4, far
-    above the float jitter between padded and unpadded forwards), so rankings are stable."""
-    arch = "llama" if head == "llada" else "qwen2"
-    base = ModelConfig(arch=arch, vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                       qkv_bias=(arch == "qwen2"), tie_embeddings=False,
-                       max_position_embeddings=48, rope_theta=10000.0, rms_norm_eps=1e-6)
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x * (head_scale if "lm_head" in jax.tree_util.keystr(path) else scale)
-        if x.ndim >= 2 else x, init_params(base, 1))
-    return DiffusionLM(DiffusionConfig(base, head, MASK)), params
-
-
-MODELS = {"llada": _model("llada"), "dream": _model("dream")}
+MODELS = {h: tiny_diffusion_model(h, vocab=VOCAB) for h in ("llada", "dream")}
 _noise = jax.jit(row_noise, static_argnums=(3, 4, 5))
 
 

@@ -24,16 +24,13 @@ from scipy import stats as sps
 from jaxspec.asarm.assd import (assd_generate, conditionals, decoding_order, density_order,
                           draft_order, prepare_batch, bigram_draft_dist)
 from jaxspec.core.sampling import SamplingConfig, target_probs
-from models.xlnet.modeling import XLNetConfig, XLNetLM, density_masks, init_params
+from jaxspec.testing.tiny import tiny_xlnet
+from models.xlnet.modeling import density_masks
 
 V = 11
 
 
-@functools.lru_cache(maxsize=None)
-def _model(vocab=V, seed=1, scale=4.0):
-    cfg = XLNetConfig(vocab_size=vocab, d_model=16, n_layer=2, n_head=2, d_inner=32)
-    params = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, init_params(cfg, seed))
-    return XLNetLM(cfg), params
+_model = functools.lru_cache(maxsize=None)(tiny_xlnet)  # (vocab=V, seed=1, scale=4.0)
 
 
 def _tasks(seed: int, B: int, lo: int = 3, hi: int = 16):

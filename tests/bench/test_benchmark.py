@@ -110,7 +110,7 @@ def test_dllm_suite_on_tiny_model(tmp_path):
     """Suite ``dllm`` on a random tiny LLaDA model: every (method, cache) row, stepwise as
     each cache policy's reference, NFE bookkeeping, loop overhead, the report and chart."""
     from jaxspec.bench.dllm import run_dllm_suite, write_results as write_dllm
-    from tests.test_dllm import MODELS, PROMPTS
+    from tests.dllm.test_dllm import MODELS, PROMPTS
 
     model, params = MODELS["llada"]
     prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
@@ -167,7 +167,7 @@ def test_ssd_suite_on_tiny_model(tmp_path):
     """Suite ``ssd`` on the tiny random Dream model: reference rows per cache policy, SSD rows
     identical to them, step reduction bookkeeping, the Table 2 analysis and the report."""
     from jaxspec.bench.ssd import parse_rows, run_ssd_suite, write_results as write_ssd
-    from tests.test_dllm import MODELS, PROMPTS
+    from tests.dllm.test_dllm import MODELS, PROMPTS
 
     model, params = MODELS["dream"]
     prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
@@ -204,8 +204,8 @@ def test_spiffy_suite_on_tiny_model(tmp_path):
     """Suite ``spiffy`` on the tiny random LLaDA model: a reference row per unmasking rule,
     Spiffy rows identical to their reference, NFE bookkeeping, Table 2 products, the report."""
     from jaxspec.bench.spiffy import parse_rows, run_spiffy_suite, write_results as write_sp
-    from tests.test_dllm import MODELS, PROMPTS
-    from tests.test_spiffy import GRAPH
+    from tests.dllm.test_dllm import MODELS, PROMPTS
+    from tests.dllm.test_spiffy import GRAPH
 
     model, params = MODELS["llada"]
     prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]

@@ -21,7 +21,7 @@ from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from models.llama.modeling import init_params
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 V = 32
 
 
