@@ -20,10 +20,10 @@ safetensors file relative to the repository root (``sha256`` is the delta's), an
 preset fetches its base (the tokenizer and the frozen weights come from there);
 :func:`load_model` returns a :class:`models.diffusion.modeling.DiffusionLM` with the merged params.
 
-**Trained AS-ARMs** (XLNet, :mod:`models.xlnet.modeling`) are not presets: the project trains
-them itself and keeps them in ``checkpoints/NAME/model.safetensors``; :func:`load_asarm` finds
-them by that ``NAME`` (e.g. ``asarm-small``) or by path and pairs them with the tokenizer preset
-their metadata names (:func:`load_tokenizer_preset`).
+An ``asarm`` preset is an XLNet any-subset AR model (:mod:`models.xlnet.modeling`) trained by
+this project and committed under ``checkpoint`` (``checkpoints/NAME/``, e.g. ``asarm-small``):
+:func:`load_model` (and :func:`load_asarm`, which also takes a file or directory path) loads it
+and pairs it with the tokenizer preset its metadata names (:func:`load_tokenizer_preset`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class Preset:
       head: diffusion head, ``"llada"`` or ``"dream"`` (delta presets).
       mask_token_id: the mask token id (delta presets).
       train_config: training config path relative to the repository root (scratch presets).
+      checkpoint: directory or weight file relative to the repository root (asarm presets).
     """
 
     name: str
@@ -82,11 +83,18 @@ class Preset:
     head: Optional[str] = None
     mask_token_id: Optional[int] = None
     train_config: Optional[str] = None
+    checkpoint: Optional[str] = None
 
     @property
     def is_diffusion(self) -> bool:
         """Whether the preset is a masked-diffusion model (format ``delta`` or ``scratch``)."""
         return self.format in ("delta", "scratch")
+
+    @property
+    def family(self) -> str:
+        """The method family it runs (:data:`jaxspec.methods.FAMILIES`): ``"dllm"`` for
+        masked-diffusion presets, ``"asarm"`` for XLNet AS-ARMs, else ``"causal"``."""
+        return "dllm" if self.is_diffusion else "asarm" if self.format == "asarm" else "causal"
 
 
 def available() -> list[str]:
@@ -110,7 +118,8 @@ def get_preset(name: str) -> Preset:
                         parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)),
                         base=data.get("base"), delta=data.get("delta"), head=data.get("head"),
                         mask_token_id=data.get("mask_token_id"),
-                        train_config=data.get("train_config"))
+                        train_config=data.get("train_config"),
+                        checkpoint=data.get("checkpoint"))
     except (KeyError, TypeError) as e:
         raise PresetError(f"malformed preset file {path}: {e}") from None
     if preset.format == "delta":
@@ -118,6 +127,8 @@ def get_preset(name: str) -> Preset:
                    if getattr(preset, k) is None]
         if missing:
             raise PresetError(f"malformed preset file {path}: delta preset lacks {', '.join(missing)}")
+    if preset.format == "asarm" and not preset.checkpoint:
+        raise PresetError(f"malformed preset file {path}: asarm preset needs checkpoint")
     if preset.format == "scratch" and (not preset.train_config or not preset.base):
         raise PresetError(f"malformed preset file {path}: scratch preset needs train_config and base")
     return preset
@@ -215,7 +226,9 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
 
     Returns:
       ``(model, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``; ``model`` is a
-      ``CausalLM``, or a ``DiffusionLM`` for ``delta`` presets.
+      ``CausalLM``, a ``DiffusionLM`` for ``delta`` / ``scratch`` presets, or an ``XLNetLM``
+      for ``asarm`` presets, whose third element is then the :class:`ASARM` (tokenizer plus
+      the compact-vocabulary maps ``to_model`` / ``to_external``).
 
     Raises:
       PresetError: unknown preset, missing ``weights`` for a preset without parts, or a
@@ -226,6 +239,9 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
     preset = get_preset(name)
     if preset.format == "delta":
         return _load_delta_model(preset, weights, log)
+    if preset.format == "asarm":
+        a = load_asarm(weights or str(REPO_ROOT / preset.checkpoint), log=log)
+        return a.model, a.params, a, preset
     if preset.format == "scratch":
         if weights is not None:
             raise PresetError(f"model {name!r} is randomly initialised; it takes no --weights")
@@ -401,6 +417,10 @@ def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sy
     from models.xlnet.modeling import XLNetLM, load_xlnet
 
     p = Path(name_or_path)
+    if not p.exists() and (CONFIG_DIR / f"{name_or_path}.yaml").is_file():
+        preset = get_preset(name_or_path)
+        if preset.format == "asarm":
+            p = REPO_ROOT / preset.checkpoint
     if not p.exists() and "/" not in name_or_path and not name_or_path.endswith(".safetensors"):
         p = REPO_ROOT / "checkpoints" / name_or_path
         if not p.exists():

@@ -156,7 +156,10 @@ def _options(args):
 def _check_method(args, preset):
     """The registry entry to run for ``preset`` (resolving the default); ValueError naming
     the problem when the method does not fit the model or its flags."""
-    family = "dllm" if preset.is_diffusion else "causal"
+    family = preset.family
+    if family == "asarm":
+        raise ValueError(f"{preset.name!r} is an {FAMILY_WORDS[family]} model: give a template "
+                         f"with --infill (methods {', '.join(ASARM_METHODS)})")
     name = args.method or ("ngram" if family == "causal" else "fixed-k" if args.tokens_per_step
                            is not None else "threshold" if args.threshold is not None
                            else "stepwise")

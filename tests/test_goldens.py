@@ -231,16 +231,9 @@ _REAL_MODELS: dict = {}
 
 def _real(name: str):
     if name not in _REAL_MODELS:
-        if name == "asarm-small":
-            from models.registry import load_asarm
+        from models.registry import load_model
 
-            m = load_asarm(name, log=lambda m: None)
-            _REAL_MODELS[name] = (m.model, m.params, m.tokenizer, m)
-        else:
-            from models.registry import load_model
-
-            model, params, tok, preset = load_model(name, log=lambda m: None)
-            _REAL_MODELS[name] = (model, params, tok, preset)
+        _REAL_MODELS[name] = load_model(name, log=lambda m: None)
     return _REAL_MODELS[name]
 
 
@@ -270,16 +263,12 @@ def real_cases() -> dict:
         run_dllm, kw=dict(base, tokens_per_step=2, cache="prefix", temperature=0.7), seed=1)
     cases["dream/ssd-chain-dual"] = lambda: dream(run_ssd, kw=dict(base, cache="dual"), n=4,
                                                   tree="chain", seed=0)
-    cases["dream/ssd-mix-order-none-sampled"] = lambda: dream(
-        run_ssd, kw=dict(base, temperature=0.7), n=3, tree="mix-order", seed=2)
     g32 = dict(gen_length=32, block_length=32, steps=32)
     cases["dream/spiffy-D5-stepwise-dual"] = lambda: dream(
         run_spiffy, kw=dict(g32, cache="dual"), graph=_committed_graph(5), seed=0)
-    cases["dream/spiffy-D10-threshold-dual"] = lambda: dream(
-        run_spiffy, kw=dict(g32, cache="dual", threshold=0.9), graph=_committed_graph(10), seed=0)
 
     def asarm(kw):
-        model, params, _, m = _real("asarm-small")
+        model, params, m, _ = _real("asarm-small")
         text = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
         ids = m.to_model(m.tokenizer.encode(text))
         masked = [False] * len(ids)

@@ -1,4 +1,4 @@
-"""AS-ARM training: the teacher-forced joint loss of ASSD (Eq. 7) on the XLNet of models/xlnet.py.
+"""AS-ARM training: the teacher-forced joint loss of ASSD (Eq. 7) on the XLNet of models/xlnet/modeling.py.
 
 Source: Guo & Ermon, ``../shared/papers/assd-any-subset-speculative-decoding.txt``.
 

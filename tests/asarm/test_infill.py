@@ -1,4 +1,4 @@
-"""Infilling templates, HumanEval single-line tasks and the pass@1 sandbox (jaxspec/infill.py)."""
+"""Infilling templates, HumanEval single-line tasks and the pass@1 sandbox (jaxspec/asarm/infill.py, jaxspec/eval/tasks.py, jaxspec/eval/sandbox.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Benchmark suite ``assd`` (jaxspec/bench_assd.py) end to end on a tiny random XLNet with a
+"""Benchmark suite ``assd`` (jaxspec/bench/assd.py) end to end on a tiny random XLNet with a
 stand-in judge and a tiny infilling task; metric helpers (Eq. 22, Welch's t-test, masks)."""
 
 from __future__ import annotations

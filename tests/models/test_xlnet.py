@@ -1,4 +1,4 @@
-"""XLNet (models/xlnet.py): parity with transformers' XLNetLMHeadModel for both Fig. 1 masks,
+"""XLNet (models/xlnet/modeling.py): parity with transformers' XLNetLMHeadModel for both Fig. 1 masks,
 mask construction, KV cache identity, loader errors, compact vocabulary."""
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from scripts import generate as gen_cli
     (["--temperature", "-0.5"], "temperature must be >= 0"),
     (["--temperature", "1", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
     (["--temperature", "1", "--top-p", "0"], "top_p must lie in (0, 1]"),
-    (["--model", "gpt5"], "unknown model 'gpt5'; available: dlm-tiny, dream-smollm2-135m, hf-directory,"),
+    (["--model", "gpt5"], "unknown model 'gpt5'; available: asarm-small, dlm-tiny, dream-smollm2-135m, hf-directory,"),
     (["--model", "hf-directory"], "needs --weights PATH"),
+    (["--model", "asarm-small"], "any-order (XLNet AS-ARM) model: give a template with --infill"),
 ])
 def test_generate_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2

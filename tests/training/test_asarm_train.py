@@ -1,4 +1,4 @@
-"""AS-ARM training (jaxspec/asarm_train.py + objective.kind=asarm in jaxspec/train.py): joint loss
+"""AS-ARM training (jaxspec/training/asarm.py + objective.kind=asarm in jaxspec/training/): joint loss
 equals per-position passes, lattice order, low-discrepancy prompt lengths, warmup, vocabulary,
 embedding projection, loss decrease, exact resume and the exported model file."""
 
