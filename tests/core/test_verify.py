@@ -11,12 +11,29 @@ from scipy import stats as sps
 from jaxspec.core.drafters import DraftContext, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.core.verify import verify_greedy, verify_sample
+from jaxspec.testing.distribution import check_distribution
 
 
 def _rand_dist(rng, shape, sharp=2.0):
     x = rng.normal(size=shape) * sharp
     e = np.exp(x - x.max(-1, keepdims=True))
     return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _first_emitted(p, q, N, point_mass, seed=0, **kw):
+    """Run :func:`verify_sample` on ``N`` copies of one (p, q) chain; returns the first
+    emitted token (draft 0 if accepted, else the residual sample) and ``n`` per row."""
+    V, k = p.shape[-1], p.shape[-2] - 1
+    kd, kv = jax.random.split(jax.random.PRNGKey(seed))
+    if point_mass:
+        draft = jnp.full((N, k), 2, jnp.int32)   # deterministic drafter
+        qq = None
+    else:
+        draft = jax.random.categorical(kd, jnp.log(jnp.asarray(q)), shape=(N, k)).astype(jnp.int32)
+        qq = jnp.broadcast_to(jnp.asarray(q), (N, k, V))
+    n, nxt = verify_sample(kv, jnp.broadcast_to(jnp.asarray(p), (N, k + 1, V)), draft, qq, **kw)
+    n, nxt, draft = map(np.asarray, (n, nxt, draft))
+    return np.where(n > 0, draft[:, 0], nxt), n
 
 
 @pytest.mark.parametrize("point_mass", [False, True])
@@ -27,41 +44,51 @@ def test_first_emitted_token_is_distributed_as_p0(point_mass):
     rng = np.random.default_rng(0)
     p = _rand_dist(rng, (1, k + 1, V))
     q = _rand_dist(rng, (1, k, V), sharp=1.0)
-    key = jax.random.PRNGKey(0)
-    kd, kv = jax.random.split(key)
-    if point_mass:
-        draft = jnp.full((N, k), 2, jnp.int32)   # deterministic drafter
-        qq = None
-    else:
-        draft = jax.random.categorical(kd, jnp.log(jnp.asarray(q)), shape=(N, k)).astype(jnp.int32)
-        qq = jnp.broadcast_to(jnp.asarray(q), (N, k, V))
-    n, nxt = verify_sample(kv, jnp.broadcast_to(jnp.asarray(p), (N, k + 1, V)), draft, qq)
-    n, nxt, draft = map(np.asarray, (n, nxt, draft))
-    first = np.where(n > 0, draft[:, 0], nxt)
-    counts = np.bincount(first, minlength=V)
-    assert sps.chisquare(counts, p[0, 0] * N).pvalue > 1e-3
+    first, n = _first_emitted(p, q, N, point_mass)
+    chk = check_distribution(first, dict(enumerate(p[0, 0])))
+    assert chk.passed, chk.why
     # acceptance probability of draft 0 is sum_x min(p, q) (point mass: p(2))
     acc_expected = p[0, 0, 2] if point_mass else np.minimum(p[0, 0], q[0, 0]).sum()
     assert abs((n > 0).mean() - acc_expected) < 4 * np.sqrt(acc_expected / N) + 1e-3
 
 
 def test_negative_control_always_accept_is_detected():
-    """The chi-square check above has power: accepting every draft is caught."""
+    """The distribution check has power on the real verifier's output: ``epsilon = 1``
+    (ASSD F.5 tolerance at its extreme: every draft is accepted) emits draft 0 ~ q_0, not
+    p_0, and is rejected; the same draws with ``epsilon = 0`` pass."""
     V, k, N = 7, 3, 40000
     rng = np.random.default_rng(0)
-    p = _rand_dist(rng, (k + 1, V))
-    draft = np.full((N, k), 2)
-    counts = np.bincount(draft[:, 0], minlength=V)
-    assert sps.chisquare(counts + 1e-9, p[0] * N).pvalue < 1e-6
+    p = _rand_dist(rng, (1, k + 1, V))
+    q = _rand_dist(rng, (1, k, V), sharp=1.0)
+    exact = dict(enumerate(p[0, 0]))
+    first, n = _first_emitted(p, q, N, point_mass=False, epsilon=1.0)
+    assert (n == k).all()
+    chk = check_distribution(first, exact)
+    assert not chk.passed and chk.p_value < 1e-6 and chk.tv > chk.tv_floor_quantile, chk.why
+    assert check_distribution(_first_emitted(p, q, N, point_mass=False)[0], exact).passed
 
 
 def test_bonus_token_when_all_accepted():
-    V, k = 5, 2
+    """After all ``k_t`` drafts are accepted the bonus token is drawn from ``p_{k_t}``, with a
+    real (non-point-mass) q whose support overlaps the bonus row: a verifier that drew it from
+    ``max(p - q, 0)`` would never emit tokens 3 or 4 here."""
+    V, k, N = 5, 2, 20000
     p = np.zeros((1, k + 1, V), np.float32)
-    p[0, 0, 1] = p[0, 1, 3] = 1.0       # drafts are certain
-    p[0, 2] = [0, 0, 0, 0, 1.0]
-    n, nxt = verify_sample(jax.random.PRNGKey(0), jnp.asarray(p), jnp.asarray([[1, 3]]))
-    assert int(n[0]) == 2 and int(nxt[0]) == 4
+    p[0, 0, 1] = 1.0                                 # draft 0 = 1 is certain
+    p[0, 1] = [0.1, 0.1, 0.1, 0.6, 0.1]              # draft 1 = 3 has p/q = 1.2: accepted
+    p[0, 2] = [0.1, 0.2, 0.3, 0.25, 0.15]            # the bonus row
+    q = np.zeros((1, k, V), np.float32)
+    q[0, 0] = [0.0, 0.7, 0.3, 0.0, 0.0]
+    q[0, 1] = [0.0, 0.0, 0.0, 0.5, 0.5]
+    draft = jnp.broadcast_to(jnp.asarray([[1, 3]], jnp.int32), (N, k))
+    kt = jnp.asarray(np.arange(N) % 2 + 1, jnp.int32)  # rows alternate k_t = 2 and k_t = 1
+    n, nxt = verify_sample(jax.random.PRNGKey(0), jnp.broadcast_to(jnp.asarray(p), (N, k + 1, V)),
+                           draft, jnp.broadcast_to(jnp.asarray(q), (N, k, V)), draft_len=kt)
+    n, nxt, kt = map(np.asarray, (n, nxt, kt))
+    np.testing.assert_array_equal(n, kt)
+    for row in (2, 1):                                # bonus from p_{k_t}
+        chk = check_distribution(nxt[kt == row], dict(enumerate(p[0, row])))
+        assert chk.passed, (row, chk.why)
     n, nxt = verify_greedy(jnp.log(jnp.asarray(p) + 1e-9), jnp.asarray([[1, 0]]))
     assert int(n[0]) == 1 and int(nxt[0]) == 3
 

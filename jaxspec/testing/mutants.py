@@ -1,0 +1,217 @@
+"""Plausible wrong variants ("mutants") of the chain verifier, and a test-only seam that
+runs them inside the causal decode loop, for mutation-checked distribution tests (issue 17):
+the suite must reject every mutant that is not lossless and accept the real code.
+
+Each mutant is the real rule of :func:`jaxspec.core.verify.verify_sample` with one knob of
+:func:`verify_variant` turned: with no knob turned :func:`verify_variant` *is*
+``verify_sample``, bit for bit (same keys, same draws). A knob may also describe an
+*equivalent* variant (``Mutant.lossless``), a change that is still exact and that the
+distribution tests must therefore accept (a specificity control).
+
+The seam: :func:`inject_causal` replaces ``jaxspec.causal.decode.accept`` (the loop's
+acceptance phase, looked up when the loop is traced) by :func:`causal_accept` of one mutant,
+or of several run side by side on blocks of rows of one batch (one compile for all), and
+clears the compile cache (:func:`jaxspec.core.runtime.clear_compiled`) on entry and on exit,
+since a cached executable of the real program would otherwise be reused. Nothing in the
+real code changes.
+
+Equivalent variants (:data:`EQUIVALENT`; lossless, so they are controls, not bugs): scoring
+sampled drafts as point masses, and ignoring the adaptive draft length ``k_t`` when
+accepting (drafts beyond ``k_t`` are still samples of their ``q``; only the NFE accounting
+would change).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+import jaxspec.causal.decode as causal_decode
+from jaxspec.core.runtime import clear_compiled
+from jaxspec.core.sampling import sample_from_probs, target_probs
+from jaxspec.core.verify import accepted_prefix, verify_greedy, verify_sample
+
+__all__ = ["Mutant", "MUTANTS", "EQUIVALENT", "verify_variant", "causal_accept", "inject_causal"]
+
+
+def verify_variant(key: jax.Array, p: jax.Array, draft: jax.Array,
+                   q: Optional[jax.Array] = None, *, draft_len: Optional[jax.Array] = None,
+                   p_raw: Optional[jax.Array] = None, epsilon: float = 0.0,
+                   bonus_from_residual: bool = False, reject_from_p: bool = False,
+                   residual_from_raw: bool = False, shared_uniform: bool = False,
+                   reuse_uniform: bool = False, point_mass_q: bool = False,
+                   ignore_draft_len: bool = False):
+    """``verify_sample`` with optional deliberate errors (shapes as there).
+
+    Args:
+      key, p, draft, q, draft_len, epsilon: as :func:`jaxspec.core.verify.verify_sample`.
+      p_raw: float32 ``(B, k+1, V)`` the *unprocessed* target distribution (temperature 1,
+        no top-k / top-p), needed by ``residual_from_raw``.
+      bonus_from_residual: after all ``k_t`` drafts are accepted, draw the bonus from
+        ``norm(max(p_{k_t} - q_{min(k_t, k-1)}, 0))`` instead of ``p_{k_t}``.
+      reject_from_p: at the first rejection resample from ``p_n`` instead of the residual.
+      residual_from_raw: the residual is ``max(p_raw_n - q_n, 0)`` while acceptance uses
+        the processed ``p``.
+      shared_uniform: one acceptance uniform per row, shared by all ``k`` drafts.
+      reuse_uniform: the uniform that rejected draft ``n`` is reused to draw the residual
+        token by inverse CDF (instead of fresh randomness).
+      point_mass_q: score sampled drafts as point masses (ignore ``q``): still lossless.
+      ignore_draft_len: verify all ``k`` drafts whatever ``draft_len`` says: still lossless
+        (the drafts beyond ``k_t`` are samples of their ``q`` too).
+
+    Returns: ``(n_accepted int32 (B,), next_token int32 (B,))``.
+    """
+    B, rows, V = p.shape
+    k = draft.shape[1]
+    if k == 0:  # a plain autoregressive step: nothing to get wrong
+        return verify_sample(key, p, draft, q, draft_len=draft_len)
+    if point_mass_q:
+        q = None
+    if ignore_draft_len:
+        draft_len = None
+    ku, kr = jax.random.split(key)
+    px = jnp.take_along_axis(p[:, :k], draft[..., None], axis=-1)[..., 0]
+    qx = (jnp.ones_like(px) if q is None
+          else jnp.take_along_axis(q, draft[..., None], axis=-1)[..., 0])
+    r = jax.random.uniform(ku, (B, 1) if shared_uniform else (B, k))
+    r = jnp.broadcast_to(r, (B, k))
+    ok = r * qx < px + epsilon * qx
+    if draft_len is not None:
+        ok = ok & (jnp.arange(k)[None, :] < draft_len[:, None])
+    n = accepted_prefix(ok)
+    p_n = jnp.take_along_axis(p, jnp.minimum(n, rows - 1)[:, None, None], axis=1)[:, 0]
+    src = p_raw if residual_from_raw else p
+    src_n = jnp.take_along_axis(src, jnp.minimum(n, rows - 1)[:, None, None], axis=1)[:, 0]
+    idx = jnp.minimum(n, k - 1)
+    if q is None:
+        q_n = jax.nn.one_hot(jnp.take_along_axis(draft, idx[:, None], axis=1)[:, 0], V,
+                             dtype=p.dtype)
+    else:
+        q_n = jnp.take_along_axis(q, idx[:, None, None], axis=1)[:, 0]
+    resid = jnp.maximum(src_n - q_n, 0.0)
+    k_t = k if draft_len is None else draft_len
+    rejected = n < k_t
+    use_resid = (rejected | bonus_from_residual) & (jnp.sum(resid, axis=-1) > 0)
+    if reject_from_p:
+        use_resid = jnp.zeros_like(use_resid)
+    dist = jnp.where(use_resid[:, None], resid, p_n)
+    nxt = sample_from_probs(kr, dist)
+    if reuse_uniform:
+        u = jnp.take_along_axis(r, idx[:, None], axis=1)[:, 0]
+        cdf = jnp.cumsum(dist, axis=-1) / jnp.sum(dist, axis=-1, keepdims=True)
+        inv = jnp.minimum(jnp.sum(cdf <= u[:, None], axis=-1), V - 1).astype(jnp.int32)
+        nxt = jnp.where(rejected, inv, nxt)
+    return n, nxt
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """A named variant of the chain verifier.
+
+    Attributes:
+      name: short id (test ids, result tables).
+      description: what is wrong (or, for an equivalent variant, what differs).
+      knobs: keyword arguments of :func:`verify_variant`, as ``((name, value), ...)``.
+      lossless: True for an equivalent variant the tests must accept.
+      needs_processing: the variant differs from the real rule only when the sampling
+        config processes logits (temperature != 1, top-k or top-p).
+    """
+
+    name: str
+    description: str
+    knobs: tuple = ()
+    lossless: bool = False
+    needs_processing: bool = False
+
+
+MUTANTS = (
+    Mutant("bonus-from-residual", "bonus token from norm(max(p_k - q, 0)) instead of p_k",
+           (("bonus_from_residual", True),)),
+    Mutant("reject-from-p", "on rejection resample from p instead of the residual",
+           (("reject_from_p", True),)),
+    Mutant("residual-unprocessed", "residual from the unprocessed softmax(logits) (T=1, no "
+           "top-k/top-p); acceptance uses the processed p", (("residual_from_raw", True),),
+           needs_processing=True),
+    Mutant("epsilon-0.5", "ASSD F.5 tolerance: accept when r < min(1, p/q + 0.5)",
+           (("epsilon", 0.5),)),
+    Mutant("shared-uniform", "one acceptance uniform per row for all k drafts",
+           (("shared_uniform", True),)),
+    Mutant("reused-uniform", "the rejecting uniform reused (inverse CDF) for the residual draw",
+           (("reuse_uniform", True),)),
+)
+"""The mutants every sampled chain method's distribution tests must reject."""
+
+EQUIVALENT = (
+    Mutant("point-mass-q", "sampled drafts scored as point masses (q ignored): accepted with "
+           "p(x), residual p without x; still exact", (("point_mass_q", True),), lossless=True),
+    Mutant("ignore-draft-len", "all k drafts verified whatever the adaptive k_t (drafts beyond "
+           "k_t are samples of their q too); still exact", (("ignore_draft_len", True),),
+           lossless=True),
+)
+"""Variants that are still lossless: the distribution tests must accept them."""
+
+
+def causal_accept(mutants, rows_per: Optional[int] = None):
+    """A drop-in for ``jaxspec.causal.decode.accept(cfg, key, logits, draft)`` that runs
+    mutated verifiers (greedy decoding is left as it is).
+
+    Args:
+      mutants: one :class:`Mutant` (``None``: :func:`verify_variant` with no knob, the real
+        rule), or a sequence of them for one compiled program serving all: rows
+        ``[j * rows_per, (j + 1) * rows_per)`` of the batch run ``mutants[j]`` (the last
+        block takes any remaining rows; rows are independent in the causal loop, so each
+        block is a run of its own mutant, with its own key ``fold_in(key, j)``).
+      rows_per: rows per mutant block (needed for a sequence of more than one).
+    """
+    if mutants is None or isinstance(mutants, Mutant):
+        mutants = (mutants,)
+    mutants = tuple(mutants)
+    if len(mutants) > 1 and not rows_per:
+        raise ValueError("rows_per is needed to run several mutants in one batch")
+
+    def accept(cfg, key, logits, draft):
+        length = draft.length if draft.tokens.shape[1] > 0 else None
+        if cfg.sampling.greedy:
+            return verify_greedy(logits, draft.tokens, draft_len=length)
+        p = target_probs(logits, cfg.sampling)
+        p_raw = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        if len(mutants) == 1:
+            knobs = dict(mutants[0].knobs) if mutants[0] is not None else {}
+            return verify_variant(key, p, draft.tokens, draft.q, draft_len=length, p_raw=p_raw,
+                                  **knobs)
+        B = p.shape[0]
+        ns, nxts = [], []
+        for j, m in enumerate(mutants):  # static row blocks: each variant runs on its own rows
+            a, b = j * rows_per, (B if j == len(mutants) - 1 else (j + 1) * rows_per)
+            rows = slice(min(a, B), min(b, B))
+            n, nxt = verify_variant(
+                jax.random.fold_in(key, j), p[rows], draft.tokens[rows],
+                None if draft.q is None else draft.q[rows],
+                draft_len=None if length is None else length[rows], p_raw=p_raw[rows],
+                **(dict(m.knobs) if m is not None else {}))
+            ns.append(n)
+            nxts.append(nxt)
+        return jnp.concatenate(ns), jnp.concatenate(nxts)
+
+    return accept
+
+
+@contextlib.contextmanager
+def inject_causal(mutants, rows_per: Optional[int] = None):
+    """Run the causal decode loop (:mod:`jaxspec.causal.decode`) with mutated verifiers
+    (:func:`causal_accept`'s arguments) inside the ``with`` block. The compile cache is
+    cleared on entry and exit, and the real ``accept`` is restored even on error.
+    Test-only; not thread-safe."""
+    real = causal_decode.accept
+    accept = causal_accept(mutants, rows_per)
+    clear_compiled()
+    causal_decode.accept = accept
+    try:
+        yield
+    finally:
+        causal_decode.accept = real
+        clear_compiled()
