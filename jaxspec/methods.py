@@ -184,12 +184,6 @@ def _spiffy_reference(o: DecodeOptions) -> DecodeOptions:
     return dataclasses.replace(o, graph=None)
 
 
-def _dllm_runner(fn):
-    def run(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
-        return fn(model, params, prompts, config, seed=seed, eos_ids=eos_ids, pad_id=pad_id)
-    return run
-
-
 # ----------------------------------------------------------------------------- asarm
 
 def _assd_config(method: str):
@@ -218,16 +212,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ngram", "causal", "ar", "context n-gram drafts + chain verification",
            _causal_config(_ngram_drafter), _run_causal),
     Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
-           _stepwise, _dllm_runner(diffusion_generate), _one_token_per_step),
+           _stepwise, diffusion_generate, _one_token_per_step),
     Method("fixed-k", "dllm", "stepwise", "fixed-k parallel unmasking (not lossless)",
-           _fixed_k, _dllm_runner(diffusion_generate), _one_token_per_step, lossless=False),
+           _fixed_k, diffusion_generate, _one_token_per_step, lossless=False),
     Method("threshold", "dllm", "stepwise", "Fast-dLLM confidence-threshold unmasking (not lossless)",
-           _threshold, _dllm_runner(diffusion_generate), _one_token_per_step, lossless=False),
+           _threshold, diffusion_generate, _one_token_per_step, lossless=False),
     Method("ssd", "dllm", "stepwise", "SSD self-speculative decoding, hierarchical verification",
-           _ssd, _dllm_runner(ssd_generate), _one_token_per_step),
+           _ssd, ssd_generate, _one_token_per_step),
     Method("spiffy", "dllm", "stepwise", "Spiffy draft graphs (lossless against the decoder "
            "it accelerates: stepwise, fixed-k or threshold)",
-           _spiffy, _dllm_runner(spiffy_generate), _spiffy_reference),
+           _spiffy, spiffy_generate, _spiffy_reference),
     Method("sequential", "asarm", "sequential", "sequential any-order decoding (the AS-ARM reference)",
            _assd_config("sequential"), _run_assd),
     Method("assd", "asarm", "sequential", "ASSD Algorithm 1 (self-drafted)",

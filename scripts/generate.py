@@ -255,8 +255,9 @@ def main(argv=None) -> int:
         prompts = [tok.encode(t) for t in texts]
         kw = dict(seed=args.seed, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)
         res = method.run(model, params, prompts, config, **kw)
-        compare = args.compare and ref_method.name != method.name or (
-            args.compare and method.family == "dllm")
+        # a reference decoder is compared with itself only for dLLMs, whose reference is
+        # one-token-per-step stepwise decoding (the user's stepwise run may use fewer steps)
+        compare = args.compare and (ref_method.name != method.name or method.family == "dllm")
         ref = ref_method.run(model, params, prompts, ref_cfg, **kw) if compare else None
     except (PresetError, WeightFileError, DecodeInputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
