@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.causal.decode import generate as causal_generate
+from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
@@ -41,13 +42,15 @@ class DecodeOptions:
     Attributes (units: tokens unless said otherwise):
       max_new_tokens: causal generation budget per row.
       temperature, top_k, top_p: the target distribution (0 = greedy; 0 / 1.0 = off).
-      draft_length: k (n-gram default 8, SSD 3, ASSD 5).
+      draft_length: k (n-gram default 8, SPS 5, SSD 3, ASSD 5).
       max_ngram, min_ngram, fallback: n-gram drafter (``"none"`` or ``"bigram"``).
       gen_length, block_length, steps, remasking, tokens_per_step, threshold, cache,
       alg_temp: masked-diffusion decoding (:class:`jaxspec.dllm.DiffusionDecodeConfig`).
       tree: SSD verification tree (``"chain"`` or ``"mix-order"``).
       graph: Spiffy draft-graph JSON path.
       epsilon: ASSD acceptance tolerance (> 0 is not lossless).
+      draft_model: SPS draft model, a ``(CausalLM, params)`` pair with the target's
+        vocabulary (``scripts.generate --draft-model NAME`` loads it); not compared or hashed.
     """
 
     max_new_tokens: int = 128
@@ -69,6 +72,7 @@ class DecodeOptions:
     tree: str = "chain"
     graph: Optional[str] = None
     epsilon: float = 0.0
+    draft_model: Any = dataclasses.field(default=None, compare=False)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -115,19 +119,24 @@ class Method:
 
 # ----------------------------------------------------------------------------- causal
 
-def _causal_config(drafter_fn):
+def _causal_config(drafter_fn, params_fn=lambda o: ()):
     def build(o: DecodeOptions):
         if o.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {o.max_new_tokens}")
         return {"sampling": o.sampling, "max_new_tokens": o.max_new_tokens,
-                "drafter": drafter_fn(o)}
+                "drafter": drafter_fn(o), "drafter_params": params_fn(o)}
     return build
 
 
-def _ngram_drafter(o: DecodeOptions):
-    k = 8 if o.draft_length is None else o.draft_length
+def _draft_length(o: DecodeOptions, default: int) -> int:
+    k = default if o.draft_length is None else o.draft_length
     if k < 1:
         raise ValueError(f"--draft-length must be >= 1, got {k}")
+    return k
+
+
+def _ngram_drafter(o: DecodeOptions):
+    k = _draft_length(o, 8)
     if o.fallback not in ("none", "bigram"):
         raise ValueError(f"unknown n-gram fallback {o.fallback!r}; expected none or bigram")
     return lambda vocab_size: NgramDrafter(k, vocab_size, max_ngram=o.max_ngram,
@@ -135,11 +144,25 @@ def _ngram_drafter(o: DecodeOptions):
                                            bigram_fallback=o.fallback == "bigram")
 
 
+def _sps_model(o: DecodeOptions):
+    if o.draft_model is None:
+        raise ValueError("method 'sps' needs a draft model: --draft-model NAME (a causal model "
+                         "with the target's tokenizer)")
+    return o.draft_model
+
+
+def _sps_drafter(o: DecodeOptions):
+    k = _draft_length(o, 5)
+    dmodel, _ = _sps_model(o)
+    return lambda vocab_size: DraftModelDrafter(dmodel, k, o.sampling)
+
+
 def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
     make = config["drafter"]
     drafter = None if make is None else make(model.config.vocab_size)
     return causal_generate(model, params, prompts, max_new_tokens=config["max_new_tokens"],
-                           sampling=config["sampling"], drafter=drafter, seed=seed,
+                           sampling=config["sampling"], drafter=drafter,
+                           drafter_params=config.get("drafter_params", ()), seed=seed,
                            eos_ids=eos_ids, pad_id=pad_id)
 
 
@@ -188,9 +211,7 @@ def _spiffy_reference(o: DecodeOptions) -> DecodeOptions:
 
 def _assd_config(method: str):
     def build(o: DecodeOptions):
-        k = 5 if o.draft_length is None else o.draft_length
-        if k < 1:
-            raise ValueError(f"--draft-length must be >= 1, got {k}")
+        k = _draft_length(o, 5)
         if o.epsilon and method == "sequential":
             raise ValueError("--epsilon applies to ASSD only")
         return {"method": method, "k": k, "sampling": o.sampling, "epsilon": o.epsilon}
@@ -211,6 +232,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _causal_config(lambda o: None), _run_causal),
     Method("ngram", "causal", "ar", "context n-gram drafts + chain verification",
            _causal_config(_ngram_drafter), _run_causal),
+    Method("sps", "causal", "ar", "draft-model speculative sampling (a small causal LM drafts)",
+           _causal_config(_sps_drafter, lambda o: _sps_model(o)[1]), _run_causal),
     Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
            _stepwise, diffusion_generate, _one_token_per_step),
     Method("fixed-k", "dllm", "stepwise", "fixed-k parallel unmasking (not lossless)",

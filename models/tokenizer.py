@@ -158,6 +158,13 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def same_vocabulary(self, other: "Tokenizer") -> bool:
+        """True when ``other`` maps every token string to the same id (added tokens
+        included): the condition for a draft model to draft for this model's target."""
+        return (self.vocab_size == other.vocab_size
+                and self._tok.get_vocab(with_added_tokens=True)
+                == other.backend.get_vocab(with_added_tokens=True))
+
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(int(i))
 

@@ -6,6 +6,11 @@ masked-diffusion LM (stepwise, fixed-k or threshold unmasking).
         [--seed S] [--draft-length K] [--fallback none|bigram] [--chat] [--weights PATH]
         [--compare]
 
+``--method sps --draft-model NAME [--draft-weights PATH] [--draft-length K (default 5)]``
+runs draft-model speculative sampling (:mod:`jaxspec.causal.sps`); the draft model must share
+the target's tokenizer (e.g. ``--model qwen2.5-coder-1.5b-instruct --draft-model
+qwen2.5-coder-0.5b-instruct``).
+
 With no ``--prompt`` the first ``--limit`` HumanEval prompts are used. Prints each output
 and one stats line (NFE, MAT, acceptance, tokens/s, compile time, degeneracy figures).
 ``--compare`` also runs the AR reference on the same prompts and reports whether the
@@ -87,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="k, draft tokens per step (default 8 for ngram, 3 for ssd)")
     ap.add_argument("--max-ngram", type=int, default=3, help="longest suffix the n-gram drafter matches")
     ap.add_argument("--min-ngram", type=int, default=2, help="shortest suffix before the bigram fallback")
+    ap.add_argument("--draft-model", default=None,
+                    help="sps: the draft model preset (a causal model with the target's "
+                         "tokenizer, e.g. qwen2.5-coder-0.5b-instruct for the 1.5b target)")
+    ap.add_argument("--draft-weights", default=None,
+                    help="sps: GGUF file or HF directory of the draft model (overrides its preset)")
     ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
                     help="when no suffix matches: 'none' runs a plain AR step, 'bigram' drafts "
                          "from the ASSD Eq. 23 context bigram model")
@@ -140,11 +150,12 @@ def diffusion_stats_line(label, res, degen) -> str:
             f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}")
 
 
-def _options(args):
-    """The :class:`jaxspec.methods.DecodeOptions` of the command line."""
+def _options(args, draft_model=None):
+    """The :class:`jaxspec.methods.DecodeOptions` of the command line (``draft_model``: the
+    loaded ``(model, params)`` of ``--draft-model``)."""
     from jaxspec.methods import DecodeOptions
 
-    return DecodeOptions(
+    return DecodeOptions(draft_model=draft_model,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, draft_length=args.draft_length, max_ngram=args.max_ngram,
         min_ngram=args.min_ngram, fallback=args.fallback, gen_length=args.gen_length,
@@ -172,6 +183,16 @@ def _check_method(args, preset):
                          f"{preset.name!r} is {FAMILY_WORDS[family]}; use --method {fits}")
     if name != "spiffy" and args.graph is not None:
         raise ValueError("--graph only applies to --method spiffy")
+    if name != "sps" and (args.draft_model or args.draft_weights):
+        raise ValueError("--draft-model / --draft-weights only apply to --method sps")
+    if name == "sps" and not args.draft_model:
+        raise ValueError("method 'sps' needs --draft-model NAME (a causal model with the "
+                         "target's tokenizer)")
+    if name == "sps":
+        from models.registry import get_preset
+
+        if get_preset(args.draft_model).family != "causal":
+            raise ValueError(f"--draft-model {args.draft_model!r} is not a causal model")
     if family == "causal":
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),
@@ -180,6 +201,21 @@ def _check_method(args, preset):
         if used:
             raise ValueError(f"{', '.join(used)} only apply to masked-diffusion methods")
     return method
+
+
+def _load_draft_model(args, tok):
+    """``(model, params)`` of ``--draft-model`` (None without it); ValueError when it is not a
+    causal model or its tokenizer differs from the target's ``tok``."""
+    if not args.draft_model:
+        return None
+    from models.registry import load_model
+
+    dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights)
+    if not tok.same_vocabulary(dtok):
+        raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
+                         f"the target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} "
+                         f"ids): SPS needs the same vocabulary")
+    return dmodel, dparams
 
 
 def _texts(args, tok):
@@ -247,10 +283,11 @@ def main(argv=None) -> int:
     try:
         preset = get_preset(args.model)
         method = _check_method(args, preset)
-        options = _options(args)
+        method.build(_options(args, (None, None)))  # bad flags fail before weights load
+        model, params, tok, preset = load_model(args.model, args.weights)
+        options = _options(args, _load_draft_model(args, tok))
         config = method.build(options)
         ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)
-        model, params, tok, preset = load_model(args.model, args.weights)
         texts = _texts(args, tok)
         prompts = [tok.encode(t) for t in texts]
         kw = dict(seed=args.seed, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)

@@ -22,8 +22,9 @@ def _inputs(family: str):
     """``(model, params, inputs, options)`` of one family's tiny setting."""
     if family == "causal":
         model, params = tiny_model(64, seed=0)
+        # a draft model for the methods that take one (sps); the others ignore it
         return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
-            DecodeOptions(max_new_tokens=20, draft_length=4)
+            DecodeOptions(max_new_tokens=20, draft_length=4, draft_model=tiny_model(64, seed=1))
     if family == "dllm":
         model, params = tiny_diffusion_model("llada")
         return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
@@ -91,3 +92,5 @@ def test_unknown_and_wrong_family():
         get_method("ssd", "causal")
     with pytest.raises(ValueError, match="tokens-per-step"):
         get_method("fixed-k").build(DecodeOptions())
+    with pytest.raises(ValueError, match="needs a draft model"):
+        get_method("sps").build(DecodeOptions())

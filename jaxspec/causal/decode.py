@@ -102,15 +102,24 @@ def write_rows(buffer: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Ar
     return jax.vmap(lambda b, t, i: jax.lax.dynamic_update_slice(b, t, (i,)))(buffer, tokens, start)
 
 
-def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
-                pad: jax.Array, cache, S: int):
-    """One KV-cached target forward of ``feed (B, T)`` written from slot ``first_slot (B,)``.
+def model_pass(model, params, feed: jax.Array, first_slot: jax.Array, pad: jax.Array, cache,
+               S: int):
+    """One KV-cached forward of a causal LM over ``feed int32 (B, T)`` written into its
+    ``S``-slot cache from slot ``first_slot (B,)``, in the loop's slot layout (RoPE position
+    of slot ``s`` is ``s - pad``). Used for the target and for a draft model
+    (:mod:`jaxspec.causal.sps`).
 
     Returns ``(logits float32 (B, T, V), cache)``."""
     q_slots = first_slot[:, None] + jnp.arange(feed.shape[1], dtype=jnp.int32)[None]
     positions = jnp.maximum(q_slots - pad[:, None], 0)  # padding slots sit at position 0
-    return cfg.model.apply({"params": params}, feed, positions,
-                           causal_mask(q_slots, pad, S), cache=cache, cache_index=first_slot)
+    return model.apply({"params": params}, feed, positions, causal_mask(q_slots, pad, S),
+                       cache=cache, cache_index=first_slot)
+
+
+def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
+                pad: jax.Array, cache, S: int):
+    """One KV-cached target forward (:func:`model_pass` with the target model)."""
+    return model_pass(cfg.model, params, feed, first_slot, pad, cache, S)
 
 
 def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax.Array,
@@ -129,7 +138,8 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     done = is_eos(first, cfg.eos_ids) | (cfg.max_new <= 1)
     z = jnp.zeros((B,), jnp.int32)
     drafter_state = (() if cfg.drafter is None else cfg.drafter.init_state(
-        drafter_params, DraftContext(buffer=buffer, length=length, pad=pad, active=~done)))
+        drafter_params, DraftContext(buffer=buffer, length=length, pad=pad, active=~done,
+                                     filled=P + 1)))
     return DecodeState(
         buffer=buffer, length=length, cache=cache, done=done, n_new=jnp.ones((B,), jnp.int32),
         target_nfe=jnp.ones((B,), jnp.int32), draft_nfe=z, steps=z,
@@ -283,7 +293,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
 
     Raises:
       DecodeInputError: empty prompt list or prompt, ``max_new_tokens < 1``, ids outside the
-        vocabulary, or prompt + budget longer than the context.
+        vocabulary, or prompt + budget longer than the target's (or a draft model's) context.
       ValueError: the drafter's vocabulary differs from the model's.
     """
     cfg = model.config
@@ -300,6 +310,11 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     if drafter is not None and getattr(drafter, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
         raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
                          f"target model has {cfg.vocab_size}")
+    dctx = getattr(drafter, "context_length", None)
+    if dctx is not None and max(lens) + max_new_tokens + drafter.draft_length > dctx:
+        raise DecodeInputError(
+            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens + {drafter.draft_length} "
+            f"drafts exceeds the draft model's context of {dctx} tokens")
     buf, pad = left_pad(prompts, bucket, pad_id)
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))

@@ -63,12 +63,16 @@ class DraftContext:
       length: int32 ``(B,)`` filled slots (padding + prompt + generated tokens).
       pad: int32 ``(B,)`` left-padding slots.
       active: bool ``(B,)`` rows still decoding.
+      filled: static ``int`` when every row has the same number of filled slots and the
+        loop knows it at trace time (``init_state`` after the prefill: ``P + 1``), else
+        ``None``. A draft model uses it to prefill its own cache with a static shape.
     """
 
     buffer: jax.Array
     length: jax.Array
     pad: jax.Array
     active: jax.Array
+    filled: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass

@@ -11,8 +11,9 @@ model (V = 6), temperature 0.8 with top-k 4 (processing differs from the raw sof
 draft length 2 and 5 new tokens (the bonus of the first step is token 4, later residuals
 and bonuses land on token 5), EOS inside the vocabulary (outcomes of different lengths), a
 left-padded batch of two different prompts. Methods: the context n-gram drafter (suffix
-copies with point-mass q, Eq. 23 bigram fallback with its real q) and the model-based
-:class:`~jaxspec.testing.drafters.TableDrafter` (real q, adaptive k_t).
+copies with point-mass q, Eq. 23 bigram fallback with its real q), the model-based
+:class:`~jaxspec.testing.drafters.TableDrafter` (real q, adaptive k_t) and SPS
+(:class:`~jaxspec.causal.sps.DraftModelDrafter`: a one-layer draft model with a KV cache).
 
 One compile per method for the real code and one for all the mutants together (each mutant
 runs its own block of rows, :func:`~jaxspec.testing.mutants.causal_accept`). Set
@@ -38,6 +39,7 @@ import numpy as np
 import pytest
 
 from jaxspec.causal.decode import generate
+from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import DraftContext, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.core.verify import verify_sample
@@ -55,12 +57,15 @@ CFG = SamplingConfig(temperature=0.8, top_k=4)
 # last token 0 is (1/2 on 1, 1/2 on 3), not a point mass
 PROMPTS = ([1, 2, 3, 1, 2, 3, 1, 2], [2, 0, 1, 0, 3, 4, 0])
 VARIANTS = MUTANTS + EQUIVALENT
-METHODS = ("ngram", "table")
+METHODS = ("ngram", "table", "sps")
 
 
 def _drafter(method):
     if method == "ngram":  # max_ngram 3, min_ngram 2, bigram fallback on
         return NgramDrafter(K, V), ()
+    if method == "sps":  # a one-layer draft model with its own KV cache, q its softmax
+        dmodel, dparams = tiny_model(V, seed=8, scale=6.0, layers=1)
+        return DraftModelDrafter(dmodel, K, CFG), dparams
     table = {"logits": 2.0 * jax.random.normal(jax.random.PRNGKey(4), (V, V))}  # sharp q
     return TableDrafter(K, V), table
 

@@ -20,6 +20,10 @@ from scripts import generate as gen_cli
     (["--model", "gpt5"], "unknown model 'gpt5'; available: asarm-small, dlm-tiny, dream-smollm2-135m, hf-directory,"),
     (["--model", "hf-directory"], "needs --weights PATH"),
     (["--model", "asarm-small"], "any-order (XLNet AS-ARM) model: give a template with --infill"),
+    (["--draft-model", "qwen2.5-coder-0.5b-instruct"], "--draft-model / --draft-weights only apply to --method sps"),
+    (["--method", "sps"], "method 'sps' needs --draft-model NAME"),
+    (["--method", "sps", "--draft-model", "dream-smollm2-135m"], "'dream-smollm2-135m' is not a causal model"),
+    (["--method", "sps", "--draft-model", "gpt5"], "unknown model 'gpt5'"),
 ])
 def test_generate_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2
@@ -55,6 +59,18 @@ def test_generate_tiny_compare(tiny_llama, capsys):
     assert rc == 0, out
     assert "[compare] ngram vs ar outputs: identical" in out
     assert "[ngram] tokens=" in out and "NFE=" in out and "MAT=" in out
+
+
+def test_generate_sps_compare(tiny_llama, tiny_qwen2, capsys):
+    """SPS from the CLI: a tiny Qwen2 drafts for a tiny Llama (same tokenizer), greedy
+    output identical to AR."""
+    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(tiny_llama.path),
+                       "--method", "sps", "--draft-model", "hf-directory", "--draft-weights",
+                       str(tiny_qwen2.path), "--draft-length", "3", "--prompt", "def add(a, b):",
+                       "--max-new-tokens", "16", "--compare"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "[compare] sps vs ar outputs: identical" in out
 
 
 def test_fetch_unknown_model(capsys):

@@ -1,0 +1,155 @@
+"""Draft-model speculative sampling (SPS): a small causal LM drafts for a causal target.
+
+Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding",
+Algorithm 1) and Chen et al. 2023 ("Accelerating Large Language Model Decoding with
+Speculative Sampling", Algorithm 2); the baseline "SpS" of the DiffuSpec paper
+(``diffuspec-dlm-drafter.txt``, Sec. 5, Table 1).
+
+Each step the draft model ``M_q`` runs ``k`` KV-cached forwards: ``q_1 = M_q(x)``, ``d_1 ~
+q_1``, ``q_2 = M_q(x, d_1)``, ..., ``d_k ~ q_k``. The target scores ``[x_last, d_1..d_k]`` in
+one pass (:func:`jaxspec.causal.decode.verify_step`), and the shared chain verifier
+(:func:`jaxspec.core.verify.verify_sample`) accepts ``d_i`` with probability ``min(1, p_i /
+q_i)``, samples the first rejection from the residual ``norm(max(0, p_i - q_i))`` and takes a
+bonus token from ``p_{k+1}`` when all ``k`` are accepted (Leviathan Alg. 1 lines 5-10). Under
+greedy decoding the drafts are the draft model's argmax and verification keeps the longest
+prefix equal to the target's argmax.
+
+Losslessness: each ``d_i`` is drawn before the verifier's uniforms from ``q_i``, a function of
+the accepted history and ``d_1..d_{i-1}`` only, and ``q_i`` (the draft model's distribution
+after the *same* temperature / top-k / top-p processing) is exactly what the verifier is given;
+speculative sampling is exact for any such proposal (Leviathan Theorem 3.5 / Appendix A.1).
+
+**The draft model's KV cache** has the target's slot layout (``S`` slots, RoPE position of slot
+``s`` is ``s - pad``). It is rolled back like the target's: nothing is erased; each proposal
+re-feeds the two slots ``[L - 2, L)`` before drafting. That window always covers what the cache
+lacks: after a step with ``n`` accepted drafts the cache is valid up to slot ``L_old + min(n,
+k - 1)`` and the new length is ``L_old + n + 1``, so at most two slots are new (``d_k`` and the
+bonus after a full acceptance, else the correction token); re-writing an already valid slot
+with the same token and prefix rewrites the same keys and values. Slots past ``L`` hold stale
+drafts, masked by the causal mask and overwritten later. So :meth:`DraftModelDrafter.update`
+has nothing to do, and the draft NFE is exactly ``k`` forwards per proposal (the first one has
+2 query rows, the rest 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.causal.decode import model_pass
+from jaxspec.core.drafters import Draft, DraftContext
+from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
+from models.llama.modeling import init_cache
+
+__all__ = ["DraftModelDrafter"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelDrafter:
+    """A causal draft model as a :class:`jaxspec.core.drafters.Drafter` (SPS).
+
+    Attributes:
+      model: the draft :class:`models.llama.modeling.CausalLM` (hashable; its weights are the
+        ``drafter_params`` argument of :func:`jaxspec.causal.decode.generate`, traced).
+      draft_length: k, drafts per step (>= 1); each costs one draft forward.
+      sampling: the distribution the drafts are sampled from under sampled decoding; use the
+        target's temperature / top-k / top-p (the registry's ``sps`` method does). Ignored
+        under greedy decoding (drafts are the draft model's argmax).
+
+    State: the draft model's KV cache (``models.llama.modeling.KVCache``, float32
+    ``(layers, B, S, kv_heads, head_dim)``).
+
+    Raises:
+      ValueError: ``draft_length < 1``; at trace time, sampled decoding with a greedy
+        ``sampling`` (the drafts would not come from the ``q`` given to the verifier), or an
+        ``init_state`` context without a static prefill width.
+    """
+
+    model: Any
+    draft_length: int
+    sampling: SamplingConfig = SamplingConfig()
+
+    name = "sps"
+
+    def __post_init__(self):
+        if int(self.draft_length) < 1:
+            raise ValueError(f"draft length must be >= 1, got {self.draft_length}")
+
+    @property
+    def vocab_size(self) -> int:
+        """The draft model's vocabulary size (must equal the target's)."""
+        return self.model.config.vocab_size
+
+    @property
+    def context_length(self) -> int:
+        """The draft model's context (prompt + budget + k must fit)."""
+        return self.model.config.max_position_embeddings
+
+    # -- the Drafter protocol ---------------------------------------------------------------
+    def init_state(self, params, ctx: DraftContext):
+        """Prefill the draft model's cache with the ``ctx.filled`` slots the target prefilled
+        (prompt and the first generated token)."""
+        if ctx.filled is None:
+            raise ValueError("DraftModelDrafter.init_state needs ctx.filled (the static "
+                             "prefill width)")
+        B, S = ctx.buffer.shape
+        start = jnp.zeros((B,), jnp.int32)
+        _, cache = model_pass(self.model, params, ctx.buffer[:, :ctx.filled], start, ctx.pad,
+                              init_cache(self.model.config, B, S), S)
+        return cache
+
+    def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
+        """Nothing to do: the next proposal re-feeds the slots the cache lacks (module
+        docstring)."""
+        return state
+
+    def propose(self, params, state, ctx: DraftContext, key: jax.Array, sample: bool):
+        """Draft ``k`` tokens per row with ``k`` KV-cached draft-model forwards.
+
+        Args:
+          params: the draft model's parameters; state: its KV cache.
+          ctx: the decoder's buffer; row ``b`` holds its context in ``[pad[b], length[b])``.
+          key: PRNG key for the draft samples (independent of the verifier's key).
+          sample: static; True under sampled decoding.
+
+        Returns:
+          ``(Draft, cache)``: tokens int32 ``(B, k)``; ``q`` float32 ``(B, k, V)`` the
+          processed draft distributions (``None`` when greedy); ``has_draft`` all True;
+          ``length`` ``k``; ``nfe`` ``k`` per row.
+        """
+        if sample and self.sampling.greedy:
+            raise ValueError("sampled decoding needs the drafter's sampling config (temperature "
+                             "> 0): build DraftModelDrafter with the target's SamplingConfig")
+        B, S = ctx.buffer.shape
+        k = self.draft_length
+        L = ctx.length
+        window = jax.vmap(lambda row, i: jax.lax.dynamic_slice(row, (i,), (2,)))(ctx.buffer, L - 2)
+        logits, cache = model_pass(self.model, params, window, L - 2, ctx.pad, state, S)
+        keys = jax.random.split(key, k)
+        tok0, q0 = self._draw(keys[0], logits[:, -1], sample)
+
+        def one(carry, key_i):
+            cache, tok, slot = carry
+            lg, cache = model_pass(self.model, params, tok[:, None], slot, ctx.pad, cache, S)
+            nxt, q = self._draw(key_i, lg[:, 0], sample)
+            return (cache, nxt, slot + 1), (nxt, q)
+
+        (cache, _, _), (toks, qs) = jax.lax.scan(one, (cache, tok0, L), keys[1:])
+        tokens = jnp.concatenate([tok0[:, None], toks.T], axis=1).astype(jnp.int32)
+        q = None
+        if sample:
+            q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        full = jnp.full((B,), k, jnp.int32)
+        return Draft(tokens=tokens, q=q, has_draft=jnp.ones((B,), bool), length=full,
+                     nfe=full), cache
+
+    def _draw(self, key, logits, sample: bool):
+        """One draft token per row from float32 ``logits (B, V)``: ``(token (B,), q (B, V) or
+        None)``."""
+        if not sample:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+        q = target_probs(logits, self.sampling)
+        return sample_from_probs(key, q).astype(jnp.int32), q
