@@ -36,6 +36,8 @@ class ModelConfig:
       qkv_bias: whether q/k/v projections carry a bias (True for Qwen2).
       max_position_embeddings: the context length the model was trained for (tokens).
       bos_token_id / eos_token_ids / pad_token_id: special token ids (may be None / empty).
+      mask_token_id: the [MASK] id of a SPACE SAR-SFT model (:mod:`jaxspec.causal.space`);
+        None for a plain causal LM.
     """
 
     arch: str
@@ -54,6 +56,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    mask_token_id: int | None = None
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:

@@ -17,8 +17,13 @@ output has the AR baseline's distribution (the same processed target distributio
 Layout (:mod:`jaxspec.core.batching`): prompts are left-padded to a bucketed length ``P``;
 row ``b`` of the token buffer holds its prompt in ``[pad[b], P)`` and generated tokens from
 slot ``P`` on. RoPE position of slot ``s`` is ``s - pad[b]``. The buffer (and cache) has
-``S = P + max_new_tokens + k + 1`` slots, so drafts that overshoot the budget still fit;
+``S = P + max_new_tokens + k + 1`` slots (plus the drafter's ``query_slots``), so drafts that overshoot the budget still fit;
 outputs are cut to the budget and after the first EOS.
+
+Draft queries (:class:`jaxspec.core.drafters.DraftQueries`; SPACE): a drafter may append
+query rows to every target pass, the prefill included. They are written after the
+verification rows, which therefore never see them (causal mask), and their logits go to the
+drafter's ``absorb`` after the acceptance.
 
 The module reads top to bottom: :class:`LoopConfig` (statics) -> :class:`DecodeState` ->
 phases (:func:`prefill`, :func:`target_pass`, :func:`accept`, :func:`commit`) ->
@@ -36,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.core.batching import DecodeInputError, check_prompts, cut_after_eos, is_eos, left_pad
-from jaxspec.core.drafters import Draft, DraftContext, Drafter
+from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
 from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
@@ -68,6 +73,16 @@ class LoopConfig:
     def k(self) -> int:
         """Draft length (0 for AR decoding)."""
         return 0 if self.drafter is None else self.drafter.draft_length
+
+    @property
+    def queries(self) -> bool:
+        """True when the drafter appends draft queries to every target pass (SPACE)."""
+        return hasattr(self.drafter, "draft_queries")
+
+    @property
+    def query_slots(self) -> int:
+        """Cache slots reserved after the verification rows for the drafter's queries."""
+        return int(self.drafter.query_slots) if self.queries else 0
 
 
 @flax.struct.dataclass
@@ -116,10 +131,41 @@ def model_pass(model, params, feed: jax.Array, first_slot: jax.Array, pad: jax.A
                        cache=cache, cache_index=first_slot)
 
 
+def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
+               queries: DraftQueries) -> jax.Array:
+    """bool ``(B, E, S)``: what the draft queries see. The feed is ``[..., last token (slot
+    last_slot), d_1..d_kk, queries]``; query ``e`` sees slots ``pad .. last_slot``, draft ``i``
+    where ``sees_draft[e, i]`` and query ``e'`` where ``sees_query[e, e']``."""
+    E = queries.tokens.shape[1]
+    table = np.concatenate([np.asarray(queries.sees_draft, bool).reshape(E, n_drafts),
+                            np.asarray(queries.sees_query, bool)], axis=1)  # (E, kk + E)
+    s = jnp.arange(S)[None, None, :]
+    rel = s - (last_slot + 1)[:, None, None]  # draft i at rel i, query e' at rel kk + e'
+    later = jnp.asarray(table)[jnp.arange(E)[None, :, None], jnp.clip(rel, 0, table.shape[1] - 1)]
+    prefix = (s >= pad[:, None, None]) & (s <= last_slot[:, None, None])
+    return prefix | ((rel >= 0) & (rel < table.shape[1]) & later)
+
+
 def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
-                pad: jax.Array, cache, S: int):
-    """One KV-cached target forward (:func:`model_pass` with the target model)."""
-    return model_pass(cfg.model, params, feed, first_slot, pad, cache, S)
+                pad: jax.Array, cache, S: int, queries: Optional[DraftQueries] = None,
+                n_drafts: int = 0):
+    """One KV-cached target forward of ``feed (B, T)`` = ``[context, last token, d_1..d_kk]``
+    (``kk = n_drafts``) written from slot ``first_slot``, with the drafter's
+    :class:`~jaxspec.core.drafters.DraftQueries` appended when given.
+
+    Returns ``(logits float32 (B, T, V), query_logits (B, E, V) or None, cache)``."""
+    if queries is None:
+        logits, cache = model_pass(cfg.model, params, feed, first_slot, pad, cache, S)
+        return logits, None, cache
+    T, E = feed.shape[1], queries.tokens.shape[1]
+    q_slots = first_slot[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    positions = jnp.concatenate([jnp.maximum(q_slots - pad[:, None], 0), queries.positions], 1)
+    last_slot = first_slot + T - 1 - n_drafts
+    mask = jnp.concatenate([causal_mask(q_slots, pad, S),
+                            query_mask(last_slot, pad, S, n_drafts, queries)], axis=1)
+    logits, cache = cfg.model.apply({"params": params}, jnp.concatenate([feed, queries.tokens], 1),
+                                    positions, mask, cache=cache, cache_index=first_slot)
+    return logits[:, :T], logits[:, T:], cache
 
 
 def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax.Array,
@@ -127,10 +173,12 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     """One target pass over the prompt; the first token comes from its last row."""
     B, P = prompt.shape
     k = cfg.k
-    S = P + cfg.max_new + k + 1
+    S = P + cfg.max_new + k + 1 + cfg.query_slots
     buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)
     slots = jnp.zeros((B,), jnp.int32)
-    logits, cache = target_pass(cfg, params, prompt, slots, pad, init_cache(cfg.model.config, B, S), S)
+    queries = cfg.drafter.draft_queries(P - 1 - pad, 0) if cfg.queries else None
+    logits, qlogits, cache = target_pass(cfg, params, prompt, slots, pad,
+                                         init_cache(cfg.model.config, B, S), S, queries)
     key, k0 = jax.random.split(key)
     first = sample_from_logits(k0, logits[:, -1], cfg.sampling)
     buffer = buffer.at[:, P].set(first)
@@ -140,6 +188,8 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     drafter_state = (() if cfg.drafter is None else cfg.drafter.init_state(
         drafter_params, DraftContext(buffer=buffer, length=length, pad=pad, active=~done,
                                      filled=P + 1)))
+    if cfg.queries:
+        drafter_state = cfg.drafter.absorb(drafter_state, jnp.zeros((B,), jnp.int32), qlogits)
     return DecodeState(
         buffer=buffer, length=length, cache=cache, done=done, n_new=jnp.ones((B,), jnp.int32),
         target_nfe=jnp.ones((B,), jnp.int32), draft_nfe=z, steps=z,
@@ -153,7 +203,7 @@ def accept(cfg: LoopConfig, key: jax.Array, logits: jax.Array, draft: Draft):
     if cfg.sampling.greedy:
         return verify_greedy(logits, draft.tokens, draft_len=length)
     return verify_sample(key, target_probs(logits, cfg.sampling), draft.tokens, draft.q,
-                         draft_len=length)
+                         draft_len=length, resample=getattr(cfg.drafter, "resample", "residual"))
 
 
 def commit(cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: jax.Array,
@@ -183,14 +233,20 @@ def commit(cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: ja
 
 def verify_step(cfg: LoopConfig, params, st: DecodeState, draft: Draft, key: jax.Array,
                 pad: jax.Array) -> DecodeState:
-    """One target pass over ``[last token, drafts]``, the acceptance rule and the commit.
-    ``draft.tokens`` is ``(B, kk)`` with ``kk`` in ``{0, k}`` (static); ``kk = 0`` is a plain
-    autoregressive step."""
+    """One target pass over ``[last token, drafts]`` (plus the drafter's draft queries), the
+    acceptance rule and the commit. ``draft.tokens`` is ``(B, kk)`` with ``kk`` in ``{0, k}``
+    (static); ``kk = 0`` is a plain autoregressive step."""
+    kk = draft.tokens.shape[1]
     last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)  # (B, 1)
     feed = jnp.concatenate([last, draft.tokens], axis=1)                      # (B, kk+1)
-    logits, cache = target_pass(cfg, params, feed, st.length - 1, pad, st.cache, st.buffer.shape[1])
+    queries = cfg.drafter.draft_queries(st.length - 1 - pad, kk) if cfg.queries else None
+    logits, qlogits, cache = target_pass(cfg, params, feed, st.length - 1, pad, st.cache,
+                                         st.buffer.shape[1], queries, kk)
     n, nxt = accept(cfg, key, logits, draft)
-    return commit(cfg, st, draft, n, nxt, cache)
+    st = commit(cfg, st, draft, n, nxt, cache)
+    if cfg.queries:
+        st = st.replace(drafter_state=cfg.drafter.absorb(st.drafter_state, n, qlogits))
+    return st
 
 
 def _no_draft(B: int) -> Draft:

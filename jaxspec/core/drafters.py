@@ -25,6 +25,20 @@ Methods::
 ``n_accepted + 1`` on active rows), so a draft model can roll its cache back to the accepted
 prefix and an adaptive length can react to ``n_accepted``.
 
+**Draft queries (optional).** A drafter that drafts *inside the target's own forward* (SPACE's
+mask groups, :mod:`jaxspec.causal.space`) also defines::
+
+    query_slots: int                                   # the most query rows it ever adds
+    draft_queries(last_position (B,), n_drafts: int) -> DraftQueries
+    absorb(state, n_accepted (B,), logits (B, E, V)) -> state
+
+Every target pass (the prefill too, with ``n_drafts = 0``) then appends the ``E`` query rows
+of :class:`DraftQueries` after ``[context, last token, d_1..d_kk]``. They see the context up
+to the last token, the drafts and the other queries their static visibility tables allow,
+and nothing sees them, so the verification rows are unchanged. ``absorb`` receives their
+logits after the step's acceptance (``n_accepted`` drafts) and keeps what the next
+``propose`` needs.
+
 **Context n-gram drafter** (:class:`NgramDrafter`): model-free drafts from the sequence
 decoded so far (ASSD paper, Appendix E.5, Algorithm 2, run in left-to-right order; Stewart
 et al. 2024 "context n-grams"; prompt lookup decoding):
@@ -94,6 +108,24 @@ class Draft:
     has_draft: jax.Array
     length: jax.Array
     nfe: jax.Array
+
+
+@flax.struct.dataclass
+class DraftQueries:
+    """Query rows a drafter appends to a target pass (module docstring, "Draft queries").
+
+    Attributes:
+      tokens: int32 ``(B, E)`` input ids of the query rows (SPACE: the mask id).
+      positions: int32 ``(B, E)`` their RoPE positions.
+      sees_draft: static bool numpy ``(E, kk)``: query ``e`` attends to draft ``i``.
+      sees_query: static bool numpy ``(E, E)``: query ``e`` attends to query ``e'`` (include
+        the diagonal: a row sees itself).
+    """
+
+    tokens: jax.Array
+    positions: jax.Array
+    sees_draft: Any = flax.struct.field(pytree_node=False)
+    sees_query: Any = flax.struct.field(pytree_node=False)
 
 
 @runtime_checkable

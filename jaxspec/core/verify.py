@@ -22,6 +22,10 @@ Options:
 * ``draft_len``: a traced per-row draft length ``k_t <= k`` (adaptive draft lengths): drafts
   at ``i >= k_t`` are never accepted and the token after ``k_t`` acceptances is the bonus
   from ``p_{k_t}``.
+* ``resample="target"``: after a rejection draw the next token from ``p_n`` itself instead
+  of the residual, as SPACE's Algorithm 1 line 18 does. **Not lossless** unless ``q`` is a
+  point mass outside ``p``'s support; kept only to reproduce that paper's rule
+  (``space_sampling="paper"``). ``"residual"`` (default) is the exact rule.
 """
 
 from __future__ import annotations
@@ -71,9 +75,12 @@ def verify_greedy(target_logits: jax.Array, draft: jax.Array, *,
     return n, nxt
 
 
+RESAMPLE_RULES = ("residual", "target")
+
+
 def verify_sample(key: jax.Array, p: jax.Array, draft: jax.Array,
                   q: Optional[jax.Array] = None, *, epsilon=0.0,
-                  draft_len: Optional[jax.Array] = None):
+                  draft_len: Optional[jax.Array] = None, resample: str = "residual"):
     """Stochastic verification of a draft chain (lossless for ``epsilon = 0``).
 
     Args:
@@ -86,6 +93,7 @@ def verify_sample(key: jax.Array, p: jax.Array, draft: jax.Array,
       epsilon: float (Python or traced scalar) acceptance tolerance, ASSD Appendix F.5;
         ``> 0`` is not lossless.
       draft_len: optional int32 ``(B,)`` per-row draft length ``<= k``.
+      resample: ``"residual"`` (exact) or ``"target"`` (SPACE Alg. 1 line 18, approximate).
 
     Returns:
       ``(n_accepted int32 (B,), next_token int32 (B,))``. ``next_token`` is drawn from the
@@ -93,6 +101,8 @@ def verify_sample(key: jax.Array, p: jax.Array, draft: jax.Array,
       residual is numerically empty) and from ``p_{k_t}`` when ``n == k_t`` (the bonus token;
       without a bonus row and ``n == k`` it is not meaningful).
     """
+    if resample not in RESAMPLE_RULES:
+        raise ValueError(f"unknown resample rule {resample!r}; expected one of {RESAMPLE_RULES}")
     B, rows, V = p.shape
     k = draft.shape[1]
     ku, kr = jax.random.split(key)
@@ -119,7 +129,7 @@ def verify_sample(key: jax.Array, p: jax.Array, draft: jax.Array,
         resid = jnp.maximum(p_n - q_n, 0.0)
         k_t = k if draft_len is None else draft_len
         # all accepted -> bonus from p_k; numerically empty residual -> fall back to p_n
-        use_resid = (n < k_t) & (jnp.sum(resid, axis=-1) > 0)
+        use_resid = (n < k_t) & (jnp.sum(resid, axis=-1) > 0) & (resample == "residual")
         dist = jnp.where(use_resid[:, None], resid, p_n)
     else:
         dist = p_n

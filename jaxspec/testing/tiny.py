@@ -14,13 +14,14 @@ from models.xlnet.modeling import init_params as init_xlnet_params
 
 
 def tiny_model(vocab: int = 64, *, arch: str = "llama", layers: int = 2, scale: float = 4.0,
-               seed: int = 0, ctx: int = 512):
+               seed: int = 0, ctx: int = 512, mask_token_id: int | None = None):
     """A random ``CausalLM`` and its params; ``scale`` sharpens the next-token distributions
     (random init at std 0.02 gives nearly uniform ones, which make acceptance tests weak)."""
     cfg = ModelConfig(arch=arch, vocab_size=vocab, hidden_size=32, intermediate_size=64,
                       num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=8,
                       qkv_bias=(arch == "qwen2"), tie_embeddings=(arch == "qwen2"),
-                      max_position_embeddings=ctx, rope_theta=10000.0, rms_norm_eps=1e-6)
+                      max_position_embeddings=ctx, rope_theta=10000.0, rms_norm_eps=1e-6,
+                      mask_token_id=mask_token_id)
     params = init_params(cfg, seed)
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: x * scale if x.ndim >= 2 else x, params)

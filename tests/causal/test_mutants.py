@@ -12,8 +12,9 @@ draft length 2 and 5 new tokens (the bonus of the first step is token 4, later r
 and bonuses land on token 5), EOS inside the vocabulary (outcomes of different lengths), a
 left-padded batch of two different prompts. Methods: the context n-gram drafter (suffix
 copies with point-mass q, Eq. 23 bigram fallback with its real q), the model-based
-:class:`~jaxspec.testing.drafters.TableDrafter` (real q, adaptive k_t) and SPS
-(:class:`~jaxspec.causal.sps.DraftModelDrafter`: a one-layer draft model with a KV cache).
+:class:`~jaxspec.testing.drafters.TableDrafter` (real q, adaptive k_t), SPS
+(:class:`~jaxspec.causal.sps.DraftModelDrafter`: a one-layer draft model with a KV cache) and
+SPACE (:class:`~jaxspec.causal.space.SpaceDrafter`: q from the target's own mask groups).
 
 One compile per method for the real code and one for all the mutants together (each mutant
 runs its own block of rows, :func:`~jaxspec.testing.mutants.causal_accept`). Set
@@ -39,6 +40,7 @@ import numpy as np
 import pytest
 
 from jaxspec.causal.decode import generate
+from jaxspec.causal.space import SpaceDrafter
 from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import DraftContext, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
@@ -57,7 +59,11 @@ CFG = SamplingConfig(temperature=0.8, top_k=4)
 # last token 0 is (1/2 on 1, 1/2 on 3), not a point mass
 PROMPTS = ([1, 2, 3, 1, 2, 3, 1, 2], [2, 0, 1, 0, 3, 4, 0])
 VARIANTS = MUTANTS + EQUIVALENT
-METHODS = ("ngram", "table", "sps")
+# masks are told apart by their place in the feed, so any id works; with id 4 most of
+# SPACE's draft ratios p/q are >= 1 and the shared-uniform mutant hides (chi2 p 0.01), with
+# id 0 about half the drafts are rejected and every mutant is rejected at p <= 1e-39
+SPACE_MASK = 0
+METHODS = ("ngram", "table", "sps", "space")
 
 
 def _drafter(method):
@@ -66,6 +72,8 @@ def _drafter(method):
     if method == "sps":  # a one-layer draft model with its own KV cache, q its softmax
         dmodel, dparams = tiny_model(V, seed=8, scale=6.0, layers=1)
         return DraftModelDrafter(dmodel, K, CFG), dparams
+    if method == "space":  # the target's own mask-group rows are q
+        return SpaceDrafter(K, V, SPACE_MASK, CFG), ()
     table = {"logits": 2.0 * jax.random.normal(jax.random.PRNGKey(4), (V, V))}  # sharp q
     return TableDrafter(K, V), table
 
