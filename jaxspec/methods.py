@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.causal.decode import generate as causal_generate
+from jaxspec.causal.space import SPACE_SAMPLING, SpaceDrafter
 from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
@@ -51,6 +52,8 @@ class DecodeOptions:
       epsilon: ASSD acceptance tolerance (> 0 is not lossless).
       draft_model: SPS draft model, a ``(CausalLM, params)`` pair with the target's
         vocabulary (``scripts.generate --draft-model NAME`` loads it); not compared or hashed.
+      mask_groups: SPACE's k (candidates per step = masks per group; paper default 5).
+      space_sampling: SPACE's rule after a rejection: ``"exact"`` (residual) or ``"paper"``.
     """
 
     max_new_tokens: int = 128
@@ -73,6 +76,8 @@ class DecodeOptions:
     graph: Optional[str] = None
     epsilon: float = 0.0
     draft_model: Any = dataclasses.field(default=None, compare=False)
+    mask_groups: int = 5
+    space_sampling: str = "exact"
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -139,9 +144,9 @@ def _ngram_drafter(o: DecodeOptions):
     k = _draft_length(o, 8)
     if o.fallback not in ("none", "bigram"):
         raise ValueError(f"unknown n-gram fallback {o.fallback!r}; expected none or bigram")
-    return lambda vocab_size: NgramDrafter(k, vocab_size, max_ngram=o.max_ngram,
-                                           min_ngram=o.min_ngram,
-                                           bigram_fallback=o.fallback == "bigram")
+    return lambda config: NgramDrafter(k, config.vocab_size, max_ngram=o.max_ngram,
+                                       min_ngram=o.min_ngram,
+                                       bigram_fallback=o.fallback == "bigram")
 
 
 def _sps_model(o: DecodeOptions):
@@ -154,12 +159,28 @@ def _sps_model(o: DecodeOptions):
 def _sps_drafter(o: DecodeOptions):
     k = _draft_length(o, 5)
     dmodel, _ = _sps_model(o)
-    return lambda vocab_size: DraftModelDrafter(dmodel, k, o.sampling)
+    return lambda config: DraftModelDrafter(dmodel, k, o.sampling)
+
+
+def _space_drafter(o: DecodeOptions):
+    if o.mask_groups < 1:
+        raise ValueError(f"--mask-groups must be >= 1, got {o.mask_groups}")
+    if o.space_sampling not in SPACE_SAMPLING:
+        raise ValueError(f"unknown --space-sampling {o.space_sampling!r}; expected one of "
+                         f"{', '.join(SPACE_SAMPLING)}")
+
+    def make(config):
+        if config.mask_token_id is None:
+            raise ValueError("method 'space' needs a SAR-SFT model with a [MASK] token "
+                             "(e.g. --model smollm2-135m-space)")
+        return SpaceDrafter(o.mask_groups, config.vocab_size, config.mask_token_id, o.sampling,
+                            o.space_sampling)
+    return make
 
 
 def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
     make = config["drafter"]
-    drafter = None if make is None else make(model.config.vocab_size)
+    drafter = None if make is None else make(model.config)
     return causal_generate(model, params, prompts, max_new_tokens=config["max_new_tokens"],
                            sampling=config["sampling"], drafter=drafter,
                            drafter_params=config.get("drafter_params", ()), seed=seed,
@@ -234,6 +255,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _causal_config(_ngram_drafter), _run_causal),
     Method("sps", "causal", "ar", "draft-model speculative sampling (a small causal LM drafts)",
            _causal_config(_sps_drafter, lambda o: _sps_model(o)[1]), _run_causal),
+    Method("space", "causal", "ar", "SPACE auto-correct decoding (a SAR-SFT model drafts in "
+           "its own forward)", _causal_config(_space_drafter), _run_causal),
     Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
            _stepwise, diffusion_generate, _one_token_per_step),
     Method("fixed-k", "dllm", "stepwise", "fixed-k parallel unmasking (not lossless)",

@@ -65,7 +65,8 @@ class Preset:
       chat: whether the model expects its chat template.
       base: base preset name (delta presets).
       delta: delta file path, relative to the repository root (delta presets).
-      head: diffusion head, ``"llada"`` or ``"dream"`` (delta presets).
+      head: ``"llada"`` or ``"dream"`` (diffusion delta presets), or ``"causal"`` (a SPACE
+        SAR-SFT delta: the merged model stays a ``CausalLM`` with ``mask_token_id``).
       mask_token_id: the mask token id (delta presets).
       train_config: training config path relative to the repository root (scratch presets).
       checkpoint: directory or weight file relative to the repository root (asarm presets).
@@ -87,8 +88,9 @@ class Preset:
 
     @property
     def is_diffusion(self) -> bool:
-        """Whether the preset is a masked-diffusion model (format ``delta`` or ``scratch``)."""
-        return self.format in ("delta", "scratch")
+        """Whether the preset is a masked-diffusion model (format ``delta`` with a diffusion
+        head, or ``scratch``). A ``delta`` with head ``causal`` is a SPACE SAR-SFT model."""
+        return self.format == "scratch" or (self.format == "delta" and self.head != "causal")
 
     @property
     def family(self) -> str:
@@ -222,7 +224,8 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
         ``hf-directory``): a GGUF file or an HF directory.
 
     For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
-    :class:`models.diffusion.modeling.DiffusionLM` whose params are the base merged with the delta.
+    :class:`models.diffusion.modeling.DiffusionLM` whose params are the base merged with the delta
+    (head ``causal``: a ``CausalLM`` with ``mask_token_id``, SPACE's SAR-SFT model).
 
     Returns:
       ``(model, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``; ``model`` is a
@@ -295,6 +298,12 @@ def _load_delta_model(preset: Preset, weights: Optional[str], log):
         raise WeightFileError(f"{path}: delta metadata lacks a valid alpha / rank") from None
     causal, base, tok, _ = load_model(preset.base, weights, log=log)
     check_delta(delta, base)
+    if preset.head == "causal":  # SPACE SAR-SFT: a causal LM with a trained [MASK] row
+        from models.llama.modeling import CausalLM
+
+        cfg = dataclasses.replace(causal.config, mask_token_id=int(preset.mask_token_id))
+        params = merge_delta(base, delta, alpha=alpha, rank=rank, mask_token_id=cfg.mask_token_id)
+        return CausalLM(cfg), params, tok, preset
     try:
         dcfg = DiffusionConfig(base=causal.config, head=preset.head,
                                mask_token_id=int(preset.mask_token_id))

@@ -10,6 +10,9 @@ masked-diffusion LM (stepwise, fixed-k or threshold unmasking).
 runs draft-model speculative sampling (:mod:`jaxspec.causal.sps`); the draft model must share
 the target's tokenizer (e.g. ``--model qwen2.5-coder-1.5b-instruct --draft-model
 qwen2.5-coder-0.5b-instruct``).
+``--method space [--mask-groups K (default 5)] [--space-sampling exact|paper]`` runs SPACE
+auto-correct decoding (:mod:`jaxspec.causal.space`) on a SAR-SFT model
+(``--model smollm2-135m-space``); ``paper`` is the paper's approximate sampling rule.
 
 With no ``--prompt`` the first ``--limit`` HumanEval prompts are used. Prints each output
 and one stats line (NFE, MAT, acceptance, tokens/s, compile time, degeneracy figures).
@@ -97,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "tokenizer, e.g. qwen2.5-coder-0.5b-instruct for the 1.5b target)")
     ap.add_argument("--draft-weights", default=None,
                     help="sps: GGUF file or HF directory of the draft model (overrides its preset)")
+    ap.add_argument("--mask-groups", type=int, default=5,
+                    help="space: k, candidates per step = [MASK] tokens per group (default 5)")
+    ap.add_argument("--space-sampling", choices=("exact", "paper"), default="exact",
+                    help="space: 'exact' resamples the residual (lossless); 'paper' draws the "
+                         "extra token from p as Algorithm 1 line 18 does (approximate)")
     ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
                     help="when no suffix matches: 'none' runs a plain AR step, 'bigram' drafts "
                          "from the ASSD Eq. 23 context bigram model")
@@ -155,13 +163,14 @@ def _options(args, draft_model=None):
     loaded ``(model, params)`` of ``--draft-model``)."""
     from jaxspec.methods import DecodeOptions
 
-    return DecodeOptions(draft_model=draft_model,
+    return DecodeOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, draft_length=args.draft_length, max_ngram=args.max_ngram,
         min_ngram=args.min_ngram, fallback=args.fallback, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, remasking=args.remasking,
         tokens_per_step=args.tokens_per_step, threshold=args.threshold, cache=args.cache,
-        alg_temp=args.alg_temp, tree=args.tree, graph=args.graph, epsilon=args.epsilon)
+        alg_temp=args.alg_temp, tree=args.tree, graph=args.graph, epsilon=args.epsilon,
+        draft_model=draft_model, mask_groups=args.mask_groups, space_sampling=args.space_sampling)
 
 
 def _check_method(args, preset):

@@ -21,7 +21,7 @@ from tests.test_goldens import _tiny_graph
 def _inputs(family: str):
     """``(model, params, inputs, options)`` of one family's tiny setting."""
     if family == "causal":
-        model, params = tiny_model(64, seed=0)
+        model, params = tiny_model(64, seed=0, mask_token_id=63)  # a [MASK] for space
         # a draft model for the methods that take one (sps); the others ignore it
         return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
             DecodeOptions(max_new_tokens=20, draft_length=4, draft_model=tiny_model(64, seed=1))
@@ -94,3 +94,8 @@ def test_unknown_and_wrong_family():
         get_method("fixed-k").build(DecodeOptions())
     with pytest.raises(ValueError, match="needs a draft model"):
         get_method("sps").build(DecodeOptions())
+    with pytest.raises(ValueError, match="--mask-groups must be >= 1"):
+        get_method("space").build(DecodeOptions(mask_groups=0))
+    model, params = tiny_model(64, seed=0)  # no [MASK] token: not a SAR-SFT model
+    with pytest.raises(ValueError, match="needs a SAR-SFT model"):
+        get_method("space").run(model, params, [[1, 2]], get_method("space").build(DecodeOptions()))

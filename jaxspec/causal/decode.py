@@ -359,10 +359,13 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         raise DecodeInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     lens = check_prompts(prompts, cfg.vocab_size)
     ctx = max_context or cfg.max_position_embeddings
-    if max(lens) + max_new_tokens > ctx:
+    # a drafter whose query rows sit at later positions (SPACE's mask groups) says how far
+    over = int(getattr(drafter, "position_overshoot", 0))
+    if max(lens) + max_new_tokens + over > ctx:
+        extra = f" + {over} draft positions" if over else ""
         raise DecodeInputError(
-            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens exceeds the model's "
-            f"context of {ctx} tokens")
+            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens{extra} exceeds the "
+            f"model's context of {ctx} tokens")
     if drafter is not None and getattr(drafter, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
         raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
                          f"target model has {cfg.vocab_size}")

@@ -109,6 +109,12 @@ class SpaceDrafter:
         return "residual" if self.space_sampling == "exact" else "target"
 
     @property
+    def position_overshoot(self) -> int:
+        """How far past the last emitted token the mask rows reach (``2k`` positions): the
+        context must hold prompt + budget + this."""
+        return 2 * self.draft_length
+
+    @property
     def query_slots(self) -> int:
         """The most mask rows one pass adds: ``k + 1`` groups of ``k``."""
         return (self.draft_length + 1) * self.draft_length
@@ -227,7 +233,7 @@ def space_generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_t
       ValueError: the model has no mask token (not a SAR-SFT model), ``k < 1``, an unknown
         ``space_sampling``.
       DecodeInputError: as :func:`~jaxspec.causal.decode.generate` (the context must also
-        hold the ``k (k + 1)`` mask rows).
+        hold the ``2k`` positions the mask rows reach past the last token).
     """
     mask_id = model.config.mask_token_id if mask_id is None else mask_id
     if mask_id is None:
@@ -236,5 +242,4 @@ def space_generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_t
     drafter = SpaceDrafter(mask_groups, model.config.vocab_size, int(mask_id), sampling,
                            space_sampling)
     return generate(model, params, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                    drafter=drafter, seed=seed, eos_ids=eos_ids, pad_id=pad_id, bucket=bucket,
-                    max_context=model.config.max_position_embeddings - 2 * drafter.draft_length)
+                    drafter=drafter, seed=seed, eos_ids=eos_ids, pad_id=pad_id, bucket=bucket)

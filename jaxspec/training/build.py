@@ -10,6 +10,7 @@ build their XLNet in :func:`jaxspec.training.asarm.build_asarm`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import jax
@@ -17,12 +18,14 @@ import optax
 
 from jaxspec.training.config import TrainConfig, TrainConfigError
 from jaxspec.training.data import PackedDataset, stdlib_tokens
+from models.llama.modeling import CausalLM
 from models.registry import build_scratch, load_model
 from models.scratch import diffusion_model
 
 
 def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
-    """``(DiffusionLM, initial params or base params, tokenizer or None)`` for ``cfg.model``.
+    """``(DiffusionLM, initial params or base params, tokenizer or None)`` for ``cfg.model``
+    (for ``objective.kind: sar`` the preset's ``CausalLM`` with ``mask_token_id`` set).
 
     Raises:
       TrainConfigError: unknown ``init``, missing ``preset``/``mask_token_id``.
@@ -38,6 +41,9 @@ def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
     if not m.preset:
         raise TrainConfigError("model.init = preset needs model.preset")
     causal, params, tok, _ = load_model(m.preset, log=log)
+    if cfg.objective.kind == "sar":  # SPACE SAR-SFT: the causal LM itself, with a [MASK] id
+        sar = dataclasses.replace(causal.config, mask_token_id=int(m.mask_token_id))
+        return CausalLM(sar), params, tok
     return diffusion_model(m, causal.config), params, tok
 
 

@@ -45,16 +45,19 @@ class DataSection:
     holdout: tuple = ()
 
 
-OBJECTIVES = ("diffusion", "asarm")
+OBJECTIVES = ("diffusion", "asarm", "sar")
 
 
 @dataclasses.dataclass
 class ObjectiveSection:
-    """``kind``: ``"diffusion"`` (LLaDA / Dream masked diffusion, ``eps``) or ``"asarm"`` (ASSD
-    Eq. 7 on an XLNet; settings in the ``asarm`` section)."""
+    """``kind``: ``"diffusion"`` (LLaDA / Dream masked diffusion, ``eps``), ``"asarm"`` (ASSD
+    Eq. 7 on an XLNet; settings in the ``asarm`` section) or ``"sar"`` (SPACE SAR-SFT, Eqs. 1-3,
+    on a causal LM: ``sar_k`` masks per group, AR samples with probability ``p_ar``)."""
 
     kind: str = "diffusion"
     eps: float = 1e-3
+    sar_k: int = 5
+    p_ar: float = 0.5
 
 
 @dataclasses.dataclass
@@ -162,6 +165,10 @@ def config_from_dict(d: dict) -> TrainConfig:
             cfg.asarm = AsarmSection()
         if cfg.lora is not None:
             raise TrainConfigError("objective.kind = asarm does not support a lora section")
+    if cfg.objective.kind == "sar" and (int(cfg.objective.sar_k) < 1
+                                        or not 0.0 <= float(cfg.objective.p_ar) <= 1.0):
+        raise TrainConfigError(f"objective.sar_k must be >= 1 and p_ar in [0, 1], got "
+                               f"{cfg.objective.sar_k} and {cfg.objective.p_ar}")
     if int(cfg.train.data_offset) < 0:
         raise TrainConfigError(f"train.data_offset must be >= 0, got {cfg.train.data_offset}")
     if cfg.asarm is not None and cfg.asarm.init_weights and cfg.asarm.embed_init:

@@ -5,8 +5,9 @@ Objectives (``objective.kind``): ``diffusion`` (LLaDA / Dream masked diffusion,
 :mod:`jaxspec.training.objectives`; with a ``lora`` section the trainable tree is the LoRA delta
 and the run writes ``delta.safetensors``) and ``asarm`` (ASSD Eq. 7 on an XLNet,
 :mod:`jaxspec.training.asarm`; the run also writes ``vocab.json`` and, at the stop,
-``model.safetensors``, float16, :func:`models.xlnet.modeling.save_xlnet`). The same loop,
-optimiser, checkpoints and metrics serve both.
+``model.safetensors``, float16, :func:`models.xlnet.modeling.save_xlnet`), and ``sar`` (SPACE
+SAR-SFT of a causal LM, :func:`jaxspec.training.objectives.sar_loss`, with the same LoRA delta).
+The same loop, optimiser, checkpoints and metrics serve all three.
 
 Exact resume: the masking key of step ``s`` is ``fold_in(PRNGKey(seed), s)`` and its batch is
 ``PackedDataset.batch(s, ...)``, both pure functions of ``s``; checkpoints (orbax) hold the
@@ -33,7 +34,7 @@ from jaxspec.core.plotting import pyplot
 from jaxspec.training.asarm import asarm_loss, build_asarm, prior_training, run_meta
 from jaxspec.training.build import build_data, build_model, make_optimizer
 from jaxspec.training.config import TrainConfig, TrainConfigError, config_from_dict
-from jaxspec.training.objectives import diffusion_loss, init_delta
+from jaxspec.training.objectives import diffusion_loss, init_delta, sar_loss
 from models.diffusion.delta import merge_delta, save_delta
 from models.diffusion.modeling import DiffusionLM
 from models.xlnet.modeling import save_xlnet
@@ -96,6 +97,8 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
     def loss_fn(tr, b, tokens, key, step):
         if asarm:
             return asarm_loss(model, tr, tokens, key, step, cfg.asarm)
+        if cfg.objective.kind == "sar":
+            return sar_loss(model, full(tr, b), tokens, key, cfg.objective.sar_k, cfg.objective.p_ar)
         return diffusion_loss(model, full(tr, b), tokens, key, eps)
 
     def step_fn(tr, opt, b, batch, step):
@@ -208,7 +211,8 @@ def _export(cfg: TrainConfig, out: Path, result: dict, model_config, vocab) -> N
     trainable, tokens_per_step = result["trainable"], result["tokens_per_step"]
     if cfg.lora is not None:
         meta = {"base_preset": cfg.model.preset, "rank": cfg.lora.rank, "alpha": cfg.lora.alpha,
-                "mask_token_id": model_config.mask_token_id, "head": model_config.head,
+                "mask_token_id": model_config.mask_token_id,
+                "head": getattr(model_config, "head", "causal"), "objective": cfg.objective.kind,
                 "step": result["step"], "tokens_seen": result["step"] * tokens_per_step}
         result["delta_bytes"] = save_delta(out / "delta.safetensors", trainable, meta)
     if cfg.objective.kind == "asarm":

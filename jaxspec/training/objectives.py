@@ -33,7 +33,9 @@ its preset. :func:`models.diffusion.delta.merge_delta` builds the full inference
 :func:`~models.diffusion.delta.save_delta` / :func:`~models.diffusion.delta.load_delta` store the
 delta as safetensors.
 
-The AS-ARM objective (ASSD Eq. 7) lives in :mod:`jaxspec.training.asarm`.
+SPACE's SAR-SFT objective (:func:`sar_inputs`, :func:`sar_loss`) trains a causal LM with the
+same LoRA delta (the mask embedding row is SPACE's [MASK]). The AS-ARM objective (ASSD Eq. 7)
+lives in :mod:`jaxspec.training.asarm`.
 """
 
 from __future__ import annotations
@@ -134,6 +136,66 @@ def diffusion_loss(model: DiffusionLM, params, tokens: jax.Array, key: jax.Array
     return masked_diffusion_loss(logits, tokens, masked, p, rlen)
 
 
+def sar_inputs(key: jax.Array, tokens: jax.Array, k: int, p_ar: float, mask_token_id: int):
+    """SPACE's SAR-SFT data transform (Sec. 3.1, Eq. 2) on packed windows, static shapes.
+
+    Each row stays an AR sample with probability ``p_ar``; otherwise a start ``m`` is drawn
+    uniformly from ``[1, T - 1 - k]`` (0-based; ``y_{m-1}`` must exist to predict ``y_m`` and
+    ``y_{m+k}`` must exist as the last label), tokens ``m .. m+k-1`` become [MASK] and the row
+    is truncated after them (Eq. 2's ``y^k_{<m}``): later positions get weight 0.
+
+    **Label alignment** (the causal shift): row ``i``'s logits score ``y_{i+1}``. An AR row
+    scores ``y_1 .. y_{T-1}`` (positions ``0 .. T-2``). A SAR row scores positions ``0 .. m+k-1``:
+    ``0 .. m-1`` are the AR terms ``y_1 .. y_m`` of Eq. 3 (the first sum, plus its ``t = m``
+    term, whose context ``y_{<m}`` holds no mask), and mask ``m + j`` scores ``y_{m+j+1}``,
+    ``j = 0 .. k-1``: the ``k + 1`` labels ``y_m .. y_{m+k}`` of Eq. 3's second sum. At
+    inference mask ``j`` of a group likewise drafts the token ``j + 1`` places after the one
+    the verifier emits (:mod:`jaxspec.causal.space`).
+
+    Args:
+      key: PRNG key; tokens: int32 ``(B, T)`` clean windows (``T >= k + 2``).
+      k: masks per group; p_ar: probability of an AR sample; mask_token_id: the [MASK] id.
+
+    Returns:
+      ``(inputs int32 (B, T), labels int32 (B, T), weight float32 (B, T), is_mask bool (B, T))``
+      where ``labels[:, i] = tokens[:, i+1]`` (the last column repeats the last token, weight
+      0) and ``is_mask`` marks the [MASK] inputs.
+    """
+    B, T = tokens.shape
+    if T < k + 2:
+        raise TrainConfigError(f"SAR-SFT needs seq_len >= k + 2 = {k + 2}, got {T}")
+    ka, km = jax.random.split(key)
+    sar = jax.random.uniform(ka, (B,)) >= p_ar
+    m = jax.random.randint(km, (B,), 1, T - k)  # 1 .. T-1-k inclusive
+    i = jnp.arange(T)[None, :]
+    is_mask = sar[:, None] & (i >= m[:, None]) & (i < m[:, None] + k)
+    inputs = jnp.where(is_mask, jnp.int32(mask_token_id), tokens.astype(jnp.int32))
+    labels = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1).astype(jnp.int32)
+    keep = jnp.where(sar[:, None], i < m[:, None] + k, i < T - 1)
+    return inputs, labels, keep.astype(jnp.float32), is_mask
+
+
+def sar_loss(model, params, tokens: jax.Array, key: jax.Array, k: int, p_ar: float):
+    """SPACE's SAR-SFT loss (Eqs. 1 and 3): mean cross-entropy over the scored positions of
+    :func:`sar_inputs`, with a plain causal pass of the :class:`models.llama.modeling.CausalLM`
+    ``model`` (its config's ``mask_token_id`` is the [MASK] id).
+
+    Returns ``(loss float32 scalar, aux)``; ``aux`` holds ``ce_sum`` and, over the [MASK]
+    positions only (the drafting rows), ``n_masked`` and ``n_correct`` (argmax hits).
+    """
+    B, T = tokens.shape
+    inputs, labels, weight, is_mask = sar_inputs(key, tokens, k, p_ar, model.config.mask_token_id)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    logits, _ = model.apply({"params": params}, inputs, positions, causal)
+    logits = logits.astype(jnp.float32)
+    ce = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
+    loss = jnp.sum(ce * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+    mk = is_mask.astype(jnp.float32)
+    hit = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * mk
+    return loss, {"ce_sum": jnp.sum(ce * weight), "n_masked": jnp.sum(mk), "n_correct": jnp.sum(hit)}
+
+
 def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
     """Initial trainable delta for ``base`` (the ``CausalLM`` params tree).
 
@@ -163,4 +225,4 @@ def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
 
 
 __all__ = ["forward_process", "masked_diffusion_loss", "maskable_positions", "diffusion_loss",
-           "init_delta"]
+           "sar_inputs", "sar_loss", "init_delta"]

@@ -24,6 +24,7 @@ from scripts import generate as gen_cli
     (["--method", "sps"], "method 'sps' needs --draft-model NAME"),
     (["--method", "sps", "--draft-model", "dream-smollm2-135m"], "'dream-smollm2-135m' is not a causal model"),
     (["--method", "sps", "--draft-model", "gpt5"], "unknown model 'gpt5'"),
+    (["--method", "space", "--mask-groups", "0"], "--mask-groups must be >= 1"),
 ])
 def test_generate_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2
@@ -71,6 +72,13 @@ def test_generate_sps_compare(tiny_llama, tiny_qwen2, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "[compare] sps vs ar outputs: identical" in out
+
+
+def test_generate_space_needs_a_sar_model(tiny_llama, capsys):
+    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(tiny_llama.path),
+                       "--method", "space", "--prompt", "x", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and "needs a SAR-SFT model" in err, err
 
 
 def test_fetch_unknown_model(capsys):
