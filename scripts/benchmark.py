@@ -48,6 +48,13 @@ Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.be
         [--assd-k 5] [--assd-k-sweep 2 3 4 5 6 8] [--assd-seq-len 256] [--assd-mask-rate 0.95] \
         [--assd-temperature 1.0] [--assd-infill-tasks 20] [--assd-no-judge]
 
+Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
+
+    python -m scripts.benchmark --suite space [--model smollm2-135m-space] \
+        [--base-model smollm2-135m-instruct] [--limit 5] [--mask-groups 5] \
+        [--space-sets humaneval humaneval-chat mt-bench news] [--space-k-sweep 1 2 ... 8] \
+        [--space-batches 1 2 4 8 16] [--quality checkpoints/smollm2-135m-space/quality.json]
+
 Exit code 2 with a one-line ``error:`` message on bad input (unknown suite, system, method,
 cache policy or model, bad budget or draft length, prompts too long for the context,
 unreadable weights, a causal model for ``dllm`` or a diffusion model for ``ar``).
@@ -111,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="directory of calibrated graphs D<D>.json")
     pg.add_argument("--cache", choices=("none", "dual"), default="dual",
                     help="cache policy of every spiffy row and its reference (default dual)")
+    xg = ap.add_argument_group("suite space")
+    xg.add_argument("--base-model", default="smollm2-135m-instruct",
+                    help="the base model of the SAR delta (the jaxspec/ar-base rows)")
+    xg.add_argument("--mask-groups", type=int, default=5, help="SPACE's k (default 5)")
+    xg.add_argument("--space-sets", nargs="+", default=None,
+                    help="prompt sets: humaneval humaneval-chat mt-bench news (default all)")
+    xg.add_argument("--space-k-sweep", nargs="*", type=int, default=None,
+                    help="k ablation values (default 1..8; empty: skip)")
+    xg.add_argument("--space-batches", nargs="*", type=int, default=None,
+                    help="batch sizes (default 1 2 4 8 16; empty: skip)")
+    xg.add_argument("--quality", default=None, help="JSON of the SAR model's quality figures")
     from jaxspec.bench.assd import add_arguments as add_assd_arguments
 
     add_assd_arguments(ap)
@@ -239,6 +257,36 @@ def main_dllm(args, log) -> int:
     return _write(result, args.out or "results/dllm.json", write_results, markdown_report, log)
 
 
+def main_space(args, log) -> int:
+    """``--suite space``."""
+    import json
+
+    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.space import (BATCH_SIZES, K_SWEEP, PROMPT_SETS, markdown_report,
+                                     run_space_suite, write_results)
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, load_model
+
+    try:
+        name = args.model or "smollm2-135m-space"
+        if args.mask_groups < 1:
+            raise BenchError(f"--mask-groups must be >= 1, got {args.mask_groups}")
+        model, params, tok, _ = load_model(name, args.weights, log=log)
+        _, base_params, _, _ = load_model(args.base_model, log=log)
+        quality = json.loads(Path(args.quality).read_text()) if args.quality else None
+        result = run_space_suite(
+            (model, params), base_params, tok, sets=args.space_sets or PROMPT_SETS,
+            limit=5 if args.limit is None else args.limit, k=args.mask_groups,
+            ks=K_SWEEP if args.space_k_sweep is None else args.space_k_sweep,
+            batch_sizes=BATCH_SIZES if args.space_batches is None else args.space_batches,
+            max_new_tokens=args.max_new_tokens, model_name=name, quality=quality,
+            config={"base_model": args.base_model}, progress=not args.no_progress, log=log)
+    except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return _write(result, args.out or "results/space.json", write_results, markdown_report, log)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.bench.common import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
@@ -262,6 +310,8 @@ def main(argv=None) -> int:
             return main_ssd(args, log)
         if args.suite == "spiffy":
             return main_spiffy(args, log)
+        if args.suite == "space":
+            return main_space(args, log)
         args.model = args.model or "smollm2-135m-instruct"
         args.limit = 20 if args.limit is None else args.limit
         systems = parse_systems(args.systems)

@@ -42,12 +42,16 @@ from jaxspec.core.batching import cut_after_eos
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method, methods_of
 
-SUITES = ("ar", "dllm", "ssd", "spiffy", "assd")
+SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
     "jaxspec/ngram-bigram", "transformers/ar", "transformers/prompt-lookup")
 BASELINE = "jaxspec/ar"
+# systems that need more than the target model run on request only: jaxspec/sps a draft model
+# (--draft-model), jaxspec/space a SAR-SFT target (--model smollm2-135m-space)
+NEEDS_MORE = ("jaxspec/sps", "jaxspec/space")
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in NEEDS_MORE)
 
 
 class BenchError(ValueError):
@@ -93,13 +97,14 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
     """Validate a ``--systems`` list (items may also be comma-separated).
 
     Returns the systems in the canonical order of :data:`SYSTEMS`, with the baseline
-    ``jaxspec/ar`` always included (it is the reference for identity and speedup).
+    ``jaxspec/ar`` always included (it is the reference for identity and speedup); no
+    ``spec`` means :data:`DEFAULT_SYSTEMS`.
 
     Raises:
       BenchError: an unknown system name.
     """
     if not spec:
-        return list(SYSTEMS)
+        return list(DEFAULT_SYSTEMS)
     names = [s.strip() for item in spec for s in item.split(",") if s.strip()]
     bad = [n for n in names if n not in SYSTEMS]
     if bad:
@@ -113,20 +118,24 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
 
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
-    ``ngram-bigram`` is ``ngram`` with the bigram fallback), greedy, batch 1."""
+    ``ngram-bigram`` is ``ngram`` with the bigram fallback), greedy, batch 1. ``options``
+    adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
+    ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
 
     def __init__(self, method: str, model, params, *, max_new_tokens: int,
                  eos_ids: Sequence[int], pad_id: int, draft_length: int = 8,
-                 max_ngram: int = 3, min_ngram: int = 2):
+                 max_ngram: int = 3, min_ngram: int = 2, options: Optional[dict] = None,
+                 label: Optional[str] = None):
         name = "ngram" if method == "ngram-bigram" else method
         if name not in methods_of("causal"):
             raise BenchError(f"unknown jaxspec method {method!r}")
-        self.system, self.method = "jaxspec", method
+        self.system, self.method = "jaxspec", label or method
         self.model, self.params = model, params
         self.entry = get_method(name, "causal")
         self.config = self.entry.build(DecodeOptions(
             max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
-            min_ngram=min_ngram, fallback="bigram" if method == "ngram-bigram" else "none"))
+            min_ngram=min_ngram, fallback="bigram" if method == "ngram-bigram" else "none",
+            **(options or {})))
         self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
     @property

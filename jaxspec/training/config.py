@@ -52,12 +52,15 @@ OBJECTIVES = ("diffusion", "asarm", "sar")
 class ObjectiveSection:
     """``kind``: ``"diffusion"`` (LLaDA / Dream masked diffusion, ``eps``), ``"asarm"`` (ASSD
     Eq. 7 on an XLNet; settings in the ``asarm`` section) or ``"sar"`` (SPACE SAR-SFT, Eqs. 1-3,
-    on a causal LM: ``sar_k`` masks per group, AR samples with probability ``p_ar``)."""
+    on a causal LM: ``sar_k`` masks per group, AR samples with probability ``p_ar``; with
+    ``sar_groups > 0`` every row instead carries that many mask groups beside its AR terms,
+    :func:`jaxspec.training.objectives.sar_group_inputs`)."""
 
     kind: str = "diffusion"
     eps: float = 1e-3
     sar_k: int = 5
     p_ar: float = 0.5
+    sar_groups: int = 0
 
 
 @dataclasses.dataclass

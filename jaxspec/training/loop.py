@@ -98,7 +98,8 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
         if asarm:
             return asarm_loss(model, tr, tokens, key, step, cfg.asarm)
         if cfg.objective.kind == "sar":
-            return sar_loss(model, full(tr, b), tokens, key, cfg.objective.sar_k, cfg.objective.p_ar)
+            o = cfg.objective
+            return sar_loss(model, full(tr, b), tokens, key, o.sar_k, o.p_ar, o.sar_groups)
         return diffusion_loss(model, full(tr, b), tokens, key, eps)
 
     def step_fn(tr, opt, b, batch, step):

@@ -175,19 +175,71 @@ def sar_inputs(key: jax.Array, tokens: jax.Array, k: int, p_ar: float, mask_toke
     return inputs, labels, keep.astype(jnp.float32), is_mask
 
 
-def sar_loss(model, params, tokens: jax.Array, key: jax.Array, k: int, p_ar: float):
-    """SPACE's SAR-SFT loss (Eqs. 1 and 3): mean cross-entropy over the scored positions of
-    :func:`sar_inputs`, with a plain causal pass of the :class:`models.llama.modeling.CausalLM`
-    ``model`` (its config's ``mask_token_id`` is the [MASK] id).
+def sar_loss(model, params, tokens: jax.Array, key: jax.Array, k: int, p_ar: float,
+             groups: int = 0):
+    """SPACE's SAR-SFT loss (Eqs. 1 and 3): mean cross-entropy over the scored rows of the
+    :class:`models.llama.modeling.CausalLM` ``model`` (its config's ``mask_token_id`` is the
+    [MASK] id). ``groups = 0``: the paper's pipeline (:func:`sar_inputs`, one group per SAR
+    sample, plain causal pass); ``groups > 0``: every row is an AR sample carrying ``groups``
+    mask groups (:func:`sar_group_inputs`; ``p_ar`` unused).
 
     Returns ``(loss float32 scalar, aux)``; ``aux`` holds ``ce_sum`` and, over the [MASK]
-    positions only (the drafting rows), ``n_masked`` and ``n_correct`` (argmax hits).
+    rows only (the drafting rows), ``n_masked`` and ``n_correct`` (argmax hits).
     """
     B, T = tokens.shape
-    inputs, labels, weight, is_mask = sar_inputs(key, tokens, k, p_ar, model.config.mask_token_id)
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    causal = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
-    logits, _ = model.apply({"params": params}, inputs, positions, causal)
+    mid = model.config.mask_token_id
+    if groups > 0:
+        inputs, positions, mask, labels, weight, is_mask = sar_group_inputs(key, tokens, k,
+                                                                            groups, mid)
+    else:
+        inputs, labels, weight, is_mask = sar_inputs(key, tokens, k, p_ar, mid)
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    logits, _ = model.apply({"params": params}, inputs, positions, mask)
+    return _scored_ce(logits, labels, weight, is_mask)
+
+
+def sar_group_inputs(key: jax.Array, tokens: jax.Array, k: int, groups: int, mask_token_id: int):
+    """Many SAR samples in one pass: SPACE's mask groups attached to a full AR row.
+
+    The paper's pipeline (:func:`sar_inputs`) spends a whole forward on one mask group and
+    drops the rest of the row. Here each row keeps its AR terms (Eq. 1 on all ``T`` tokens)
+    and ``groups`` groups of ``k`` [MASK] rows are appended, group ``g`` anchored at a start
+    ``m_g`` drawn uniformly from ``[1, T - 1 - k]``. Mask ``j`` of group ``g`` sits at position
+    ``m_g + j``, sees tokens ``0 .. m_g - 1`` and masks ``0 .. j`` of its own group (the
+    decoder's rule, :mod:`jaxspec.causal.space`), and is labelled ``y_{m_g + j + 1}``. So each
+    group's rows are exactly the mask rows of Eq. 2's truncated sample ``y^k_{<m_g}``, and
+    their cross-entropy is the second sum of Eq. 3; the AR rows never see a mask.
+
+    Returns ``(inputs int32 (B, T+E), positions int32 (B, T+E), mask bool (B, T+E, T+E),
+    labels int32 (B, T+E), weight float32 (B, T+E), is_mask bool (B, T+E))`` with
+    ``E = groups * k``.
+    """
+    B, T = tokens.shape
+    if T < k + 2:
+        raise TrainConfigError(f"SAR-SFT needs seq_len >= k + 2 = {k + 2}, got {T}")
+    E = groups * k
+    m = jax.random.randint(key, (B, groups), 1, T - k)                # (B, G)
+    g = jnp.repeat(jnp.arange(groups), k)                             # (E,)
+    j = jnp.tile(jnp.arange(k), groups)
+    start = m[:, g]                                                   # (B, E)
+    tokens = tokens.astype(jnp.int32)
+    inputs = jnp.concatenate([tokens, jnp.full((B, E), mask_token_id, jnp.int32)], axis=1)
+    positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(T), (B, T)), start + j], axis=1)
+    labels = jnp.concatenate([tokens[:, 1:], tokens[:, -1:],
+                              jnp.take_along_axis(tokens, start + j + 1, axis=1)], axis=1)
+    weight = jnp.concatenate([jnp.broadcast_to(jnp.arange(T) < T - 1, (B, T)),
+                              jnp.ones((B, E), bool)], axis=1).astype(jnp.float32)
+    ar_ar = jnp.tril(jnp.ones((T, T), bool))
+    top = jnp.concatenate([jnp.broadcast_to(ar_ar, (B, T, T)), jnp.zeros((B, T, E), bool)], 2)
+    sees_tok = jnp.arange(T)[None, None, :] < start[:, :, None]                   # (B, E, T)
+    own = (g[:, None] == g[None, :]) & (j[None, :] <= j[:, None])                # (E, E)
+    bottom = jnp.concatenate([sees_tok, jnp.broadcast_to(own, (B, E, E))], axis=2)
+    is_mask = jnp.concatenate([jnp.zeros((B, T), bool), jnp.ones((B, E), bool)], axis=1)
+    return inputs, positions, jnp.concatenate([top, bottom], axis=1), labels, weight, is_mask
+
+
+def _scored_ce(logits, labels, weight, is_mask):
     logits = logits.astype(jnp.float32)
     ce = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
     loss = jnp.sum(ce * weight) / jnp.maximum(jnp.sum(weight), 1.0)
@@ -225,4 +277,4 @@ def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
 
 
 __all__ = ["forward_process", "masked_diffusion_loss", "maskable_positions", "diffusion_loss",
-           "sar_inputs", "sar_loss", "init_delta"]
+           "sar_inputs", "sar_group_inputs", "sar_loss", "init_delta"]

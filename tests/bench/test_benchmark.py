@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.bench.common import (SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
+from jaxspec.bench.common import (DEFAULT_SYSTEMS, SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
                            cut_output, load_transformers_model, n_params, parse_systems,
                            run_ar_suite, write_results)
 from models.llama.modeling import CausalLM
@@ -24,9 +24,10 @@ TEXTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
          "for i in range(10):\n    print(i * 2)\nfor i in range(10):\n"]
 
 
-def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
+def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     pytest.importorskip("torch")
     config, params = load_hf_dir(tiny_llama.path)
+    qconfig, qparams = load_hf_dir(tiny_qwen2.path)  # same tokenizer: the SPS draft model
     model, tok = CausalLM(config), load_tokenizer(tiny_llama.path)
     prompts = [BenchPrompt(f"tiny/{i}", tok.encode(t)) for i, t in enumerate(TEXTS)]
     eos = tuple(tok.eos_token_ids)
@@ -36,7 +37,9 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
                JaxspecSystem("ngram", model, params, **common),
                JaxspecSystem("ngram-bigram", model, params, **common),
                TransformersSystem("ar", hf, **common),
-               TransformersSystem("prompt-lookup", hf, **common)]
+               TransformersSystem("prompt-lookup", hf, **common),
+               JaxspecSystem("sps", model, params, **common,
+                             options={"draft_model": (CausalLM(qconfig), qparams)})]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
                        config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
                        decode=tok.decode)
@@ -50,7 +53,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
     assert doc["suite"] == "ar" and doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
     assert doc["bandwidth_bound_tokens_per_s"] > 0
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
-    assert list(rows) == list(SYSTEMS)
+    assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps"]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
         assert r["prompts"] == 2 and r["model"] == "tiny-llama"
@@ -65,6 +68,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
     assert rows["jaxspec/ngram"]["identical_to_reference"]
     assert rows["transformers/ar"]["identical_to_reference"]
     assert rows["transformers/prompt-lookup"]["identical_to_reference"]
+    assert rows["jaxspec/sps"]["identical_to_reference"]
     # the repeated prompts give the drafters matches: fewer forwards than tokens
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
@@ -72,7 +76,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
 
     assert [p["task_id"] for p in doc["per_prompt"]] == ["tiny/0", "tiny/1"]
     for p in doc["per_prompt"]:
-        assert set(p["systems"]) == set(SYSTEMS) and isinstance(p["reference_output"], str)
+        assert set(p["systems"]) == set(rows) and isinstance(p["reference_output"], str)
         assert all(s["target_nfe"] >= 1 and s["tokens_per_s"] > 0 for s in p["systems"].values())
     text = md.read_text()
     assert "| system |" in text and "jaxspec | ngram" in text and "ceiling" in text
@@ -81,7 +85,8 @@ def test_ar_suite_on_tiny_model(tiny_llama, tmp_path):
 def test_helpers():
     assert cut_output([5, 6, 2, 7], [2], 10) == [5, 6, 2]
     assert cut_output([5, 6, 7, 8], [2], 3) == [5, 6, 7]
-    assert parse_systems(None) == list(SYSTEMS)
+    assert parse_systems(None) == list(DEFAULT_SYSTEMS)
+    assert "jaxspec/sps" in SYSTEMS and "jaxspec/sps" not in DEFAULT_SYSTEMS
     assert parse_systems(["transformers/ar,jaxspec/ngram"]) == ["jaxspec/ar", "jaxspec/ngram",
                                                                 "transformers/ar"]
     with pytest.raises(BenchError, match="unknown system"):

@@ -17,7 +17,7 @@ from jaxspec.causal.space import space_generate
 from jaxspec.training.config import TrainConfigError, config_from_dict
 from jaxspec.training.data import PackedDataset
 from jaxspec.training.loop import train
-from jaxspec.training.objectives import sar_inputs, sar_loss
+from jaxspec.training.objectives import sar_group_inputs, sar_inputs, sar_loss
 from jaxspec.testing.tiny import tiny_model
 from models.diffusion.delta import load_delta
 
@@ -70,6 +70,33 @@ def test_sar_loss_equals_explicit_truncated_sequences():
         ces += [-float(lp[i, lab[r, i]]) for i in range(n)]
     assert float(loss) == pytest.approx(np.mean(ces), rel=1e-5)
     assert float(aux["n_masked"]) == is_mask.sum()
+
+
+def test_sar_groups_equal_explicit_truncated_inputs():
+    """``sar_group_inputs``: every mask row's logits equal the last row of an uncached causal
+    pass over its own Eq. 2 sample ``[y_1..y_{m-1}, M x (j+1)]``, its label is
+    ``y_{m+j+1}``, and the AR rows equal a plain causal pass (they never see a mask)."""
+    model, params = tiny_model(V, seed=2, mask_token_id=MASK)
+    T, G = 12, 3
+    toks = jax.random.randint(jax.random.PRNGKey(5), (2, T), 0, MASK)
+    inputs, pos, mask, lab, w, is_mask = sar_group_inputs(jax.random.PRNGKey(6), toks, K, G, MASK)
+    logits = np.asarray(model.apply({"params": params}, inputs, pos, mask)[0])
+    fwd = jax.jit(lambda x: model.apply({"params": params}, x, jnp.arange(T)[None],
+                                        jnp.tril(jnp.ones((T, T), bool))[None])[0])
+    toks, pos, lab = np.asarray(toks), np.asarray(pos), np.asarray(lab)
+    for b in range(2):
+        np.testing.assert_allclose(logits[b, :T], np.asarray(fwd(jnp.asarray(toks[b:b + 1]))[0]),
+                                   atol=2e-4)
+        for g in range(G):
+            m = int(pos[b, T + g * K])
+            for j in range(K):
+                seq = np.zeros((1, T), np.int32)
+                seq[0, :m] = toks[b, :m]
+                seq[0, m:m + j + 1] = MASK
+                want = np.asarray(fwd(jnp.asarray(seq))[0, m + j])
+                np.testing.assert_allclose(logits[b, T + g * K + j], want, atol=2e-4)
+                assert lab[b, T + g * K + j] == toks[b, m + j + 1]
+    assert np.asarray(is_mask)[:, T:].all() and np.asarray(w)[:, T:].all()
 
 
 def _tiny_sar_cfg(steps, lora=None):
