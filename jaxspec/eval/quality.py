@@ -468,3 +468,66 @@ __all__ = ["QualityError", "Snippet", "heldout_snippets", "mask_positions", "mas
            "causal_accuracy_at", "continuation_match", "completion_figures", "is_degenerate",
            "ASARM_GATE_RULE", "random_mask", "infill_tokens", "infill_figures", "asarm_gate_checks", "gate_verdict",
            "visible_text", "run_asarm_gate"]
+
+
+# ----------------------------------------------------------------------------- SPACE SAR model
+
+def heldout_ar_loss(model, params, rows: Sequence[Sequence[int]], batch: int = 4) -> float:
+    """Mean next-token cross-entropy (nats) of a causal LM over equal-length ``rows`` (every
+    position but the last scored), in batches of ``batch``."""
+    import jax
+    import jax.numpy as jnp
+
+    x = np.asarray(rows, np.int32)
+    T = x.shape[1]
+    fwd = jax.jit(lambda p, t: model.apply({"params": p}, t, jnp.broadcast_to(jnp.arange(T), t.shape),
+                                           jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)),
+                                                            (t.shape[0], T, T)))[0])
+    ces = []
+    for a in range(0, len(x), batch):
+        lg = np.asarray(jax.nn.log_softmax(fwd(params, jnp.asarray(x[a:a + batch])), axis=-1))
+        tgt = x[a:a + batch, 1:]
+        ces.append(-np.take_along_axis(lg[:, :-1], tgt[..., None], axis=-1)[..., 0])
+    return float(np.concatenate(ces).mean())
+
+
+def mask_row_accuracy(model, params, rows: Sequence[Sequence[int]], k: int, groups: int = 8,
+                      seed: int = 0) -> list[float]:
+    """Top-1 accuracy of a SAR model's mask rows by offset ``j = 0..k-1`` (mask ``j`` of a
+    group predicts the token ``j + 1`` places after the verifier's own token): the drafting
+    skill SPACE's acceptance rests on. Uses
+    :func:`jaxspec.training.objectives.sar_group_inputs`' layout (``groups`` groups per row)."""
+    from jaxspec.training.objectives import sar_group_inputs
+
+    x = jnp.asarray(np.asarray(rows, np.int32))
+    T = x.shape[1]
+    inp, pos, mask, lab, _, _ = sar_group_inputs(jax.random.PRNGKey(seed), x, k, groups,
+                                                 model.config.mask_token_id)
+    logits = model.apply({"params": params}, inp, pos, mask)[0]
+    hit = np.asarray(jnp.argmax(logits[:, T:], -1) == lab[:, T:]).reshape(len(rows), groups, k)
+    return [float(v) for v in hit.mean(axis=(0, 1))]
+
+
+def humaneval_pass_at_1(model, params, tok, problems: Sequence[dict], max_new_tokens: int = 256,
+                        method: str = "ar") -> dict:
+    """Greedy pass@1 of raw-prompt completions in the sandbox (:func:`jaxspec.eval.sandbox.run_program`):
+    the completion is cut at the first top-level line (a new ``def`` / ``class`` / ``if
+    __name__`` / unindented code), appended to the prompt, and run with the problem's tests.
+
+    Returns ``{"passed", "problems", "pass_at_1"}``."""
+    from jaxspec.eval.sandbox import run_program
+    from jaxspec.methods import DecodeOptions, run_method
+
+    passed = 0
+    for p in problems:
+        ids = tok.encode(p["prompt"])
+        res = run_method(method, model, params, [ids], DecodeOptions(max_new_tokens=max_new_tokens),
+                         family="causal", eos_ids=tok.eos_token_ids, pad_id=tok.pad_token_id or 0)
+        body = []
+        for line in tok.decode(res.tokens[0]).split("\n"):
+            if line and not line[0].isspace():
+                break
+            body.append(line)
+        prog = p["prompt"] + "\n".join(body) + "\n\n" + p["test"] + f"\n\ncheck({p['entry_point']})\n"
+        passed += run_program(prog, timeout=10.0).passed
+    return {"passed": passed, "problems": len(problems), "pass_at_1": passed / max(len(problems), 1)}

@@ -13,7 +13,8 @@ acceptance phase, looked up when the loop is traced) by :func:`causal_accept` of
 or of several run side by side on blocks of rows of one batch (one compile for all), and
 clears the compile cache (:func:`jaxspec.core.runtime.clear_compiled`) on entry and on exit,
 since a cached executable of the real program would otherwise be reused. Nothing in the
-real code changes.
+real code changes. :func:`inject_assd` does the same for ASSD's verifier call
+(:func:`assd_verify_sample`).
 
 Equivalent variants (:data:`EQUIVALENT`; lossless, so they are controls, not bugs): scoring
 sampled drafts as point masses, and ignoring the adaptive draft length ``k_t`` when
@@ -30,12 +31,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+import jaxspec.asarm.assd as assd_mod
 import jaxspec.causal.decode as causal_decode
 from jaxspec.core.runtime import clear_compiled
 from jaxspec.core.sampling import sample_from_probs, target_probs
 from jaxspec.core.verify import accepted_prefix, verify_greedy, verify_sample
 
-__all__ = ["Mutant", "MUTANTS", "EQUIVALENT", "verify_variant", "causal_accept", "inject_causal"]
+__all__ = ["Mutant", "MUTANTS", "EQUIVALENT", "verify_variant", "run_variants", "causal_accept",
+           "inject_causal", "assd_verify_sample", "inject_assd", "DLLM_MUTANTS", "inject_dllm"]
 
 
 def verify_variant(key: jax.Array, p: jax.Array, draft: jax.Array,
@@ -119,6 +122,7 @@ class Mutant:
       lossless: True for an equivalent variant the tests must accept.
       needs_processing: the variant differs from the real rule only when the sampling
         config processes logits (temperature != 1, top-k or top-p).
+      needs_raw: the variant needs the unprocessed distribution (not every seam has it).
     """
 
     name: str
@@ -126,6 +130,7 @@ class Mutant:
     knobs: tuple = ()
     lossless: bool = False
     needs_processing: bool = False
+    needs_raw: bool = False
 
 
 MUTANTS = (
@@ -135,7 +140,7 @@ MUTANTS = (
            (("reject_from_p", True),)),
     Mutant("residual-unprocessed", "residual from the unprocessed softmax(logits) (T=1, no "
            "top-k/top-p); acceptance uses the processed p", (("residual_from_raw", True),),
-           needs_processing=True),
+           needs_processing=True, needs_raw=True),
     Mutant("epsilon-0.5", "ASSD F.5 tolerance: accept when r < min(1, p/q + 0.5)",
            (("epsilon", 0.5),)),
     Mutant("shared-uniform", "one acceptance uniform per row for all k drafts",
@@ -155,23 +160,50 @@ EQUIVALENT = (
 """Variants that are still lossless: the distribution tests must accept them."""
 
 
+def _as_tuple(mutants, rows_per: Optional[int]) -> tuple:
+    if mutants is None or isinstance(mutants, Mutant):
+        mutants = (mutants,)
+    mutants = tuple(mutants)
+    if len(mutants) > 1 and not rows_per:
+        raise ValueError("rows_per is needed to run several mutants in one batch")
+    return mutants
+
+
+def run_variants(mutants: tuple, rows_per: Optional[int], key, p, draft, q, *,
+                 draft_len=None, p_raw=None, epsilon=0.0):
+    """:func:`verify_variant` of each mutant on its block of rows: rows ``[j * rows_per,
+    (j + 1) * rows_per)`` run ``mutants[j]`` with key ``fold_in(key, j)`` (the last block
+    takes any remaining rows; a single mutant runs on all rows with ``key``). Rows of the chain
+    loops are independent, so each block is a run of its own mutant."""
+    knobs = lambda m: dict(m.knobs) if m is not None else {}  # noqa: E731
+    if len(mutants) == 1:
+        return verify_variant(key, p, draft, q, draft_len=draft_len, p_raw=p_raw,
+                              epsilon=epsilon, **knobs(mutants[0]))
+    B = p.shape[0]
+    ns, nxts = [], []
+    for j, m in enumerate(mutants):  # static row blocks
+        a, b = j * rows_per, (B if j == len(mutants) - 1 else (j + 1) * rows_per)
+        rows = slice(min(a, B), min(b, B))
+        pick = lambda x: None if x is None else x[rows]  # noqa: E731
+        kw = {"epsilon": epsilon, **knobs(m)}
+        n, nxt = verify_variant(jax.random.fold_in(key, j), p[rows], draft[rows], pick(q),
+                                draft_len=pick(draft_len), p_raw=pick(p_raw), **kw)
+        ns.append(n)
+        nxts.append(nxt)
+    return jnp.concatenate(ns), jnp.concatenate(nxts)
+
+
 def causal_accept(mutants, rows_per: Optional[int] = None):
     """A drop-in for ``jaxspec.causal.decode.accept(cfg, key, logits, draft)`` that runs
     mutated verifiers (greedy decoding is left as it is).
 
     Args:
       mutants: one :class:`Mutant` (``None``: :func:`verify_variant` with no knob, the real
-        rule), or a sequence of them for one compiled program serving all: rows
-        ``[j * rows_per, (j + 1) * rows_per)`` of the batch run ``mutants[j]`` (the last
-        block takes any remaining rows; rows are independent in the causal loop, so each
-        block is a run of its own mutant, with its own key ``fold_in(key, j)``).
+        rule), or a sequence of them for one compiled program serving all, each on its own
+        block of ``rows_per`` rows (:func:`run_variants`).
       rows_per: rows per mutant block (needed for a sequence of more than one).
     """
-    if mutants is None or isinstance(mutants, Mutant):
-        mutants = (mutants,)
-    mutants = tuple(mutants)
-    if len(mutants) > 1 and not rows_per:
-        raise ValueError("rows_per is needed to run several mutants in one batch")
+    mutants = _as_tuple(mutants, rows_per)
 
     def accept(cfg, key, logits, draft):
         length = draft.length if draft.tokens.shape[1] > 0 else None
@@ -179,25 +211,26 @@ def causal_accept(mutants, rows_per: Optional[int] = None):
             return verify_greedy(logits, draft.tokens, draft_len=length)
         p = target_probs(logits, cfg.sampling)
         p_raw = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-        if len(mutants) == 1:
-            knobs = dict(mutants[0].knobs) if mutants[0] is not None else {}
-            return verify_variant(key, p, draft.tokens, draft.q, draft_len=length, p_raw=p_raw,
-                                  **knobs)
-        B = p.shape[0]
-        ns, nxts = [], []
-        for j, m in enumerate(mutants):  # static row blocks: each variant runs on its own rows
-            a, b = j * rows_per, (B if j == len(mutants) - 1 else (j + 1) * rows_per)
-            rows = slice(min(a, B), min(b, B))
-            n, nxt = verify_variant(
-                jax.random.fold_in(key, j), p[rows], draft.tokens[rows],
-                None if draft.q is None else draft.q[rows],
-                draft_len=None if length is None else length[rows], p_raw=p_raw[rows],
-                **(dict(m.knobs) if m is not None else {}))
-            ns.append(n)
-            nxts.append(nxt)
-        return jnp.concatenate(ns), jnp.concatenate(nxts)
+        return run_variants(mutants, rows_per, key, p, draft.tokens, draft.q, draft_len=length,
+                            p_raw=p_raw)
 
     return accept
+
+
+def assd_verify_sample(mutants, rows_per: Optional[int] = None):
+    """A drop-in for ``verify_sample`` as :func:`jaxspec.asarm.assd.verify` calls it
+    (``(key, p, draft, q, *, epsilon)``, no bonus row), running mutated verifiers on row blocks
+    (:func:`run_variants`). The unprocessed distribution is not at hand there, so mutants that
+    need it (``needs_raw``) cannot run through this seam."""
+    mutants = _as_tuple(mutants, rows_per)
+    if any(m is not None and m.needs_raw for m in mutants):
+        raise ValueError("the ASSD seam has no unprocessed distribution for needs_raw mutants")
+
+    def verify_sample(key, p, draft, q=None, *, epsilon=0.0, draft_len=None):
+        return run_variants(mutants, rows_per, key, p, draft, q, draft_len=draft_len,
+                            epsilon=epsilon)
+
+    return verify_sample
 
 
 @contextlib.contextmanager
@@ -214,4 +247,88 @@ def inject_causal(mutants, rows_per: Optional[int] = None):
         yield
     finally:
         causal_decode.accept = real
+        clear_compiled()
+
+
+@contextlib.contextmanager
+def inject_assd(mutants, rows_per: Optional[int] = None):
+    """Run ASSD (:mod:`jaxspec.asarm.assd`) with mutated verifiers
+    (:func:`assd_verify_sample`) inside the ``with`` block; compile cache cleared on entry and
+    exit, the real ``verify_sample`` restored even on error. Test-only; not thread-safe."""
+    real = assd_mod.verify_sample
+    fake = assd_verify_sample(mutants, rows_per)
+    clear_compiled()
+    assd_mod.verify_sample = fake
+    try:
+        yield
+    finally:
+        assd_mod.verify_sample = real
+        clear_compiled()
+
+
+# ----------------------------------------------------------------------------- dLLM mutants
+# SSD and Spiffy replay their reference's sample path (same tokens, same transfer order, same
+# random numbers for a seed), so a wrong verifier shows up as a different path, and as a
+# different distribution. Two plausible bugs per method, injected by replacing one phase:
+
+DLLM_MUTANTS = ("root-logits", "shared-row-noise")
+"""``root-logits``: every node (SSD) / every walk step (Spiffy) is scored with the root
+node's logits instead of its own state's. ``shared-row-noise``: every batch row uses row 0's
+random numbers (rows sharing randomness)."""
+
+
+def _root_rows(rows: jax.Array) -> jax.Array:
+    return jnp.broadcast_to(rows[:, :1], rows.shape)
+
+
+def _row0_noise(real_row_noise):
+    return lambda key, row, step, *a, **kw: real_row_noise(key, 0 * row, step, *a, **kw)
+
+
+@contextlib.contextmanager
+def inject_dllm(method: str, mutant: str):
+    """Run SSD (``method="ssd"``) or Spiffy (``"spiffy"``) with one :data:`DLLM_MUTANTS` bug
+    inside the ``with`` block; the reference decoder (:mod:`jaxspec.dllm.decode`) is left
+    real. Compile cache cleared on entry and exit, real phases restored even on error.
+    Test-only; not thread-safe."""
+    import jaxspec.dllm.reference as reference
+    import jaxspec.dllm.spiffy.decode as spiffy_mod
+    import jaxspec.dllm.ssd as ssd_mod
+
+    if method not in ("ssd", "spiffy") or mutant not in DLLM_MUTANTS:
+        raise ValueError(f"unknown dLLM method/mutant {method!r}/{mutant!r}")
+    patches = []
+    if method == "ssd" and mutant == "root-logits":
+        real = ssd_mod.node_steps
+        patches.append((ssd_mod, "node_steps",
+                        lambda loop, rows, nmask, steps: real(loop, _root_rows(rows), nmask, steps)))
+    elif method == "ssd":
+        patches.append((ssd_mod, "row_noise", _row0_noise(reference.row_noise)))
+    elif mutant == "root-logits":
+        real = spiffy_mod.walk_step
+        patches.append((spiffy_mod, "walk_step",
+                        lambda loop, st, rows, nodes, dd, w: real(loop, st, _root_rows(rows),
+                                                                  nodes, dd, w)))
+    else:
+        real_step = reference.reference_step
+
+        def shared(rule, blk, bmask, key, steps, sib):
+            # every row draws the numbers row 0 would draw at that row's step
+            saved = reference.step_noise
+            reference.step_noise = lambda k, st, L, V, t: jax.vmap(
+                lambda s: reference.row_noise(k, 0, s, L, V, t))(st)
+            try:
+                return real_step(rule, blk, bmask, key, steps, sib)
+            finally:
+                reference.step_noise = saved
+        patches.append((spiffy_mod, "reference_step", shared))
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    clear_compiled()
+    for mod, name, fn in patches:
+        setattr(mod, name, fn)
+    try:
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
         clear_compiled()

@@ -133,7 +133,7 @@ def test_sampling_distribution_exact(cfg, k):
     (:func:`jaxspec.testing.distribution.check_distribution`: no impossible outcome,
     chi-square, TV within the noise floor's quantile). ``k + 2`` new tokens: the bonus token
     of the first step after prefill lies inside the budget."""
-    V, n_new, N = 6, k + 2, 20000
+    V, n_new, N = 6, k + 2, 10_000
     model, params = tiny_model(V, seed=7, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, n_new, cfg)

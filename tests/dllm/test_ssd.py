@@ -15,7 +15,6 @@ import itertools
 import jax
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, diffusion_generate, ssd_generate
 from jaxspec.dllm.ssd import tree_inclusion
@@ -185,38 +184,8 @@ def exact_stepwise_distribution(prompt, G: int, T: float) -> dict:
     return out
 
 
-def _chi2(samples: np.ndarray, dist: dict) -> float:
-    keys = sorted(dist, key=lambda k: -dist[k])
-    exp = np.array([dist[k] for k in keys]) * len(samples)
-    idx = {k: i for i, k in enumerate(keys)}
-    obs = np.zeros(len(keys))
-    for s in map(tuple, samples):
-        obs[idx[s]] += 1
-    big = exp >= 5                       # pool the rare outcomes into one cell
-    o = np.append(obs[big], obs[~big].sum())
-    e = np.append(exp[big], exp[~big].sum())
-    return float(sps.chisquare(o, e * o.sum() / e.sum()).pvalue)
-
-
-@pytest.mark.parametrize("tree", ["chain", "mix-order"])
-def test_sampling_distribution_equals_stepwise(tree):
-    """SSD's sampled outputs follow the exactly enumerated stepwise distribution (3000 rows of
-    one batch: every row has its own random numbers) and equal stepwise's for the same seed;
-    samples drawn at another temperature are rejected."""
-    model, params = _vocab6_model()
-    prompt, G, T, R = [1, 2, 3, 4], 3, 0.9, 3000
-    dist = exact_stepwise_distribution(prompt, G, T)
-    assert abs(sum(dist.values()) - 1) < 1e-9 and len(dist) > 20
-    d = DiffusionDecodeConfig(G, G, G, temperature=T)
-    r = ssd_generate(model, params, [prompt] * R, SSDConfig(d, 2, tree), seed=11)
-    assert _chi2(r.full_tokens, dist) > 1e-3
-    assert r.stats.accept_hist[:, 2:].sum() > 0      # some iterations accepted drafts
-    ref = diffusion_generate(model, params, [prompt] * R, d, seed=11)
-    np.testing.assert_array_equal(r.full_tokens, ref.full_tokens)
-    # negative control (the test has power): samples at another temperature are rejected
-    other = diffusion_generate(model, params, [prompt] * R,
-                               DiffusionDecodeConfig(G, G, G, temperature=T * 0.5), seed=11)
-    assert _chi2(other.full_tokens, dist) < 1e-6
+# The sampled-distribution tests of SSD (and Spiffy, and their mutants) are in
+# tests/dllm/test_mutants.py: 10^4 rows against exact_stepwise_distribution, path identity.
 
 
 def test_acceptance_limit():

@@ -161,7 +161,7 @@ def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
     no cache, mix-order; the chain tree with the dual cache is a real golden case)."""
     for extra in (["--cache", "none", "--tree", "mix-order"],):
         rc = gen_cli.main(["--model", NAME, "--weights", str(smollm2_gguf), "--method", "ssd",
-                           "--gen-length", "24", "--block-length", "8", "--draft-length", "3",
+                           "--gen-length", "16", "--block-length", "8", "--draft-length", "3",
                            "--compare", "--quiet", *extra])
         out = capsys.readouterr().out
         assert rc == 0, out

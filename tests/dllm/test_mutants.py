@@ -1,0 +1,76 @@
+"""Mutation-checked losslessness tests of SSD and Spiffy (issue 17).
+
+Both replay their reference's sample path: for a seed they return the tokens *and* transfer
+order of one-token-per-step stepwise decoding, random numbers included. The tests check that
+on ``10^4`` rows of a vocabulary-6 LLaDA (3 masked positions, T = 0.9: the stepwise
+distribution is enumerated exactly, :func:`tests.dllm.test_ssd.exact_stepwise_distribution`):
+
+* the real SSD (chain and mix-order trees) and Spiffy reproduce the reference path row for row
+  and pass the distribution test (:func:`jaxspec.testing.distribution.check_distribution`);
+* every mutant of :data:`jaxspec.testing.mutants.DLLM_MUTANTS` (nodes scored with the root's
+  logits; batch rows sharing random numbers), injected with
+  :func:`~jaxspec.testing.mutants.inject_dllm`, is rejected: its path differs from the
+  reference's, and the table records whether the distribution test alone rejects it too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
+                          spiffy_generate, ssd_generate)
+from jaxspec.testing.distribution import check_distribution
+from jaxspec.testing.mutants import DLLM_MUTANTS, inject_dllm
+from tests.dllm.test_ssd import _vocab6_model, exact_stepwise_distribution
+from jaxspec.dllm import DraftGraph
+
+PROMPT, G, T, N, SEED = [1, 2, 3, 4], 3, 0.9, 10_000, 11
+DECODE = DiffusionDecodeConfig(G, G, G, temperature=T)
+METHODS = ("ssd-chain", "ssd-mix-order", "spiffy")
+# D = 6 draft blocks of up to 3 positions (the whole 3-position block in one walk)
+GRAPH = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)), ((1, 2), (2, 1)),
+                    ((1, 1), (2, 1), (3, 1))))
+
+
+def _run(method):
+    model, params = _vocab6_model()
+    if method == "spiffy":
+        return spiffy_generate(model, params, [PROMPT] * N, SpiffyConfig(DECODE, GRAPH),
+                               seed=SEED)
+    tree = method.split("-", 1)[1]
+    return ssd_generate(model, params, [PROMPT] * N, SSDConfig(DECODE, 2, tree), seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model, params = _vocab6_model()
+    return (diffusion_generate(model, params, [PROMPT] * N, DECODE, seed=SEED),
+            exact_stepwise_distribution(PROMPT, G, T))
+
+
+def _same_path(res, ref) -> bool:
+    return (np.array_equal(res.full_tokens, ref.full_tokens)
+            and np.array_equal(res.transfer_step, ref.transfer_step))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_real_decoder_replays_the_reference_and_passes(reference, method):
+    ref, dist = reference
+    assert check_distribution(ref.full_tokens, dist).passed  # the reference itself
+    res = _run(method)
+    assert _same_path(res, ref)
+    chk = check_distribution(res.full_tokens, dist)
+    assert chk.passed, chk.why
+    assert res.stats.accept_hist[:, 2:].sum() > 0  # drafts were accepted: verification ran
+
+
+@pytest.mark.parametrize("mutant", DLLM_MUTANTS)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_mutant_rejected(reference, method, mutant):
+    ref, dist = reference
+    with inject_dllm(method.split("-")[0], mutant):
+        res = _run(method)
+    chk = check_distribution(res.full_tokens, dist)
+    print(f"{method}/{mutant}: same path {_same_path(res, ref)}; distribution {chk.why}")
+    assert not _same_path(res, ref), f"{method}/{mutant} replays the reference path"
