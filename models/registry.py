@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -223,7 +224,9 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
       weights: optional path overriding the preset's fetched file (required for
         ``hf-directory``): a GGUF file or an HF directory.
 
-    For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
+    ``hf-directory`` (and any preset given ``weights``) loads what the path holds
+    (:func:`load_any`): a LLaDA / Dream directory or a diffusion jaxspec checkpoint gives a
+    ``DiffusionLM``. For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
     :class:`models.diffusion.modeling.DiffusionLM` whose params are the base merged with the delta
     (head ``causal``: a ``CausalLM`` with ``mask_token_id``, SPACE's SAR-SFT model).
 
@@ -251,8 +254,8 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
         section, seed = scratch_section(REPO_ROOT / preset.train_config)
         model, params, tok = build_scratch(section, seed, log)
         return model, params, tok, preset
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
     from models.llama.modeling import CausalLM
-    from models.llama.params import load_weights
     from models.tokenizer import load_tokenizer
 
     if weights is None:
@@ -261,9 +264,77 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
         path = fetch(preset, log=log)
     else:
         path = Path(weights)
-    config, params = load_weights(path)
+    config, params = load_any(path)
     tok = load_tokenizer(path)
-    return CausalLM(config), params, tok, preset
+    model = DiffusionLM(config) if isinstance(config, DiffusionConfig) else CausalLM(config)
+    return model, params, tok, preset
+
+
+DIFFUSION_TYPES = ("llada", "dream")
+
+
+def _model_type(path: Path) -> Optional[str]:
+    cfg = path / "config.json"
+    if not (path.is_dir() and cfg.is_file()):
+        return None
+    try:
+        return str(json.loads(cfg.read_text()).get("model_type", "")).lower()
+    except ValueError:
+        return None
+
+
+def weights_family(path) -> str:
+    """The method family of a weight path without loading it: ``"dllm"`` for a LLaDA / Dream
+    HF directory (``config.json`` ``model_type``) or a jaxspec checkpoint of a diffusion model,
+    ``"asarm"`` for an XLNet directory, else ``"causal"`` (GGUF files, Llama / Qwen2 dirs).
+
+    Raises:
+      models.llama.params.WeightFileError: the path does not exist.
+    """
+    from models.checkpoint import CONFIG_FILE, is_native
+    from models.llama.params import WeightFileError
+
+    p = Path(path)
+    if not p.exists():
+        raise WeightFileError(f"{p}: no such file or directory")
+    if is_native(p):
+        try:
+            return "dllm" if json.loads((p / CONFIG_FILE).read_text()).get("diffusion") else "causal"
+        except ValueError:
+            return "causal"  # the loader reports the broken file
+    mt = _model_type(p)
+    if mt in DIFFUSION_TYPES:
+        return "dllm"
+    return "asarm" if mt == "xlnet" else "causal"
+
+
+def family_of(preset: Preset, weights: Optional[str] = None) -> str:
+    """The method family of a preset, or for ``hf-directory`` of its ``weights``
+    (:func:`weights_family`)."""
+    if preset.format == "hf_dir" and weights is not None:
+        return weights_family(weights)
+    return preset.family
+
+
+def load_any(path):
+    """``(config, params)`` of any supported weight path: a jaxspec checkpoint
+    (:mod:`models.checkpoint`), a LLaDA / Dream HF directory, a Llama / Qwen2 HF directory or
+    a GGUF file. ``config`` is a ``DiffusionConfig`` for diffusion models, else a
+    ``ModelConfig``.
+
+    Raises:
+      models.llama.params.WeightFileError: missing / corrupt files, an unknown layout.
+    """
+    from models.checkpoint import is_native, load_checkpoint
+    from models.diffusion.params import load_diffusion_dir
+    from models.llama.params import load_weights
+
+    p = Path(path)
+    if is_native(p):
+        return load_checkpoint(p)
+    if _model_type(p) in DIFFUSION_TYPES:
+        return load_diffusion_dir(p)
+    return load_weights(p)
 
 
 def delta_path(preset: Preset) -> Path:

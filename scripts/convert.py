@@ -11,31 +11,8 @@ line and exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-
-DIFFUSION_TYPES = ("llada", "dream")
-
-
-def load_any(src: Path):
-    """Load SRC as (config, params): native checkpoint, LLaDA/Dream dir, Llama/Qwen2 dir or GGUF."""
-    from models.checkpoint import is_native, load_checkpoint
-    from models.diffusion.params import load_diffusion_dir
-    from models.llama.params import load_weights
-
-    if is_native(src):
-        return load_checkpoint(src)
-    cfg = src / "config.json"
-    if src.is_dir() and cfg.is_file():
-        try:
-            model_type = str(json.loads(cfg.read_text()).get("model_type", "")).lower()
-        except ValueError:
-            model_type = ""
-        if model_type in DIFFUSION_TYPES:
-            return load_diffusion_dir(src)
-    return load_weights(src)
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.convert", description=__doc__.split("\n")[0])
@@ -44,6 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="output directory")
     args = ap.parse_args(argv)
     from models.checkpoint import export_hf, save_checkpoint
+    from models.registry import load_any
     from models.config import ConfigError
     from models.llama.params import WeightFileError
 

@@ -176,7 +176,9 @@ def _options(args, draft_model=None):
 def _check_method(args, preset):
     """The registry entry to run for ``preset`` (resolving the default); ValueError naming
     the problem when the method does not fit the model or its flags."""
-    family = preset.family
+    from models.registry import family_of
+
+    family = family_of(preset, args.weights)  # hf-directory: what the weights hold
     if family == "asarm":
         raise ValueError(f"{preset.name!r} is an {FAMILY_WORDS[family]} model: give a template "
                          f"with --infill (methods {', '.join(ASARM_METHODS)})")

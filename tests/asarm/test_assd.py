@@ -325,4 +325,5 @@ def test_assd_mutants_rejected_and_equivalents_accepted(assd_variant_checks, met
     accepts the equivalent variant, for self-drafted ASSD and ASSD-ngram."""
     chk = assd_variant_checks[(method, variant)]
     lossless = next(m for m in ASSD_VARIANTS if m.name == variant).lossless
+    print(f"{method}/{variant}: {chk.why}")
     assert chk.passed == lossless, f"{method}/{variant}: {chk.why}"

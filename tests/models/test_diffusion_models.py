@@ -341,3 +341,42 @@ def test_llada_weight_tying(tiny_hf, tmp_path):
     diff = float(np.abs(np.asarray(ours) - ref).max())
     print(f"llada tied: max diff {diff:.2e}")
     assert diff < TOL
+
+
+# ----------------------------------------------------------------------------- from the CLI
+
+def _with_tokenizer(tiny, d):
+    import shutil
+
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if (tiny.path / f).is_file():
+            shutil.copy(tiny.path / f, d / f)
+    return d
+
+
+def test_weights_family_and_cli_on_llada_and_dream_dirs(llada, dream, tmp_path, capsys):
+    """``--model hf-directory --weights DIR`` runs the diffusion methods on a LLaDA and a Dream
+    directory (family read from ``config.json``), a converted jaxspec checkpoint too, and a
+    causal method on them is a one-line error naming both."""
+    from models.registry import weights_family
+    from scripts import convert as convert_cli
+    from scripts import generate as gen_cli
+
+    ld, dd = _with_tokenizer(*llada), _with_tokenizer(*dream)
+    assert weights_family(ld) == "dllm" and weights_family(dd) == "dllm"
+    assert weights_family(llada[0].path) == "causal"
+    native = tmp_path / "llada-js"
+    assert convert_cli.main(["--to", "jaxspec", str(ld), str(native)]) == 0
+    _with_tokenizer(llada[0], native)
+    assert weights_family(native) == "dllm"
+    capsys.readouterr()
+    for d, method in ((ld, "stepwise"), (dd, "ssd"), (native, "stepwise")):
+        rc = gen_cli.main(["--model", "hf-directory", "--weights", str(d), "--method", method,
+                           "--gen-length", "8", "--block-length", "4", "--prompt", "def f(x):",
+                           "--compare", "--quiet"])
+        out = capsys.readouterr().out
+        assert rc == 0 and "outputs: identical" in out, (d, method, out)
+    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(ld), "--method", "ngram",
+                       "--prompt", "x"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "needs a causal model" in err and "masked-diffusion" in err, err
