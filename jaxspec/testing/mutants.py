@@ -38,7 +38,8 @@ from jaxspec.core.sampling import sample_from_probs, target_probs
 from jaxspec.core.verify import accepted_prefix, verify_greedy, verify_sample
 
 __all__ = ["Mutant", "MUTANTS", "EQUIVALENT", "verify_variant", "run_variants", "causal_accept",
-           "inject_causal", "assd_verify_sample", "inject_assd", "DLLM_MUTANTS", "inject_dllm"]
+           "patched", "inject_causal", "assd_verify_sample", "inject_assd", "DLLM_MUTANTS",
+           "inject_dllm"]
 
 
 def verify_variant(key: jax.Array, p: jax.Array, draft: jax.Array,
@@ -234,36 +235,33 @@ def assd_verify_sample(mutants, rows_per: Optional[int] = None):
 
 
 @contextlib.contextmanager
+def patched(*patches):
+    """Replace module attributes ``(module, name, value)`` inside the ``with`` block: the
+    compile cache (:func:`jaxspec.core.runtime.clear_compiled`) is cleared on entry and exit,
+    since a cached executable of the real program would otherwise be reused, and the real
+    attributes are restored even on error. Test-only; not thread-safe."""
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    clear_compiled()
+    for mod, name, value in patches:
+        setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+        clear_compiled()
+
+
 def inject_causal(mutants, rows_per: Optional[int] = None):
     """Run the causal decode loop (:mod:`jaxspec.causal.decode`) with mutated verifiers
-    (:func:`causal_accept`'s arguments) inside the ``with`` block. The compile cache is
-    cleared on entry and exit, and the real ``accept`` is restored even on error.
-    Test-only; not thread-safe."""
-    real = causal_decode.accept
-    accept = causal_accept(mutants, rows_per)
-    clear_compiled()
-    causal_decode.accept = accept
-    try:
-        yield
-    finally:
-        causal_decode.accept = real
-        clear_compiled()
+    (:func:`causal_accept`'s arguments) inside the ``with`` block (:func:`patched`)."""
+    return patched((causal_decode, "accept", causal_accept(mutants, rows_per)))
 
 
-@contextlib.contextmanager
 def inject_assd(mutants, rows_per: Optional[int] = None):
     """Run ASSD (:mod:`jaxspec.asarm.assd`) with mutated verifiers
-    (:func:`assd_verify_sample`) inside the ``with`` block; compile cache cleared on entry and
-    exit, the real ``verify_sample`` restored even on error. Test-only; not thread-safe."""
-    real = assd_mod.verify_sample
-    fake = assd_verify_sample(mutants, rows_per)
-    clear_compiled()
-    assd_mod.verify_sample = fake
-    try:
-        yield
-    finally:
-        assd_mod.verify_sample = real
-        clear_compiled()
+    (:func:`assd_verify_sample`) inside the ``with`` block (:func:`patched`)."""
+    return patched((assd_mod, "verify_sample", assd_verify_sample(mutants, rows_per)))
 
 
 # ----------------------------------------------------------------------------- dLLM mutants
@@ -322,13 +320,5 @@ def inject_dllm(method: str, mutant: str):
             finally:
                 reference.step_noise = saved
         patches.append((spiffy_mod, "reference_step", shared))
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
-    clear_compiled()
-    for mod, name, fn in patches:
-        setattr(mod, name, fn)
-    try:
+    with patched(*patches):
         yield
-    finally:
-        for mod, name, fn in saved:
-            setattr(mod, name, fn)
-        clear_compiled()
