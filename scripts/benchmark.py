@@ -7,7 +7,10 @@
 Suite ``ar``: the first ``--limit`` HumanEval prompts, greedy, batch 1, every system run on
 each prompt in turn (interleaved, so noise hits all alike) after one untimed warm-up each.
 Systems: ``jaxspec/ar`` (baseline and reference), ``jaxspec/ngram``, ``transformers/ar`` and
-``transformers/prompt-lookup`` (PyTorch on the same weight file and the same token ids). The
+``transformers/prompt-lookup`` (PyTorch on the same weight file and the same token ids); on
+request (``--systems``) ``jaxspec/sps`` and ``transformers/assisted`` with ``--draft-model NAME``
+(e.g. ``--model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct``) and
+``jaxspec/space`` with a SAR-SFT ``--model``. The
 markdown report (``--out`` with ``.md``) is also printed, together with the measured
 memory-bandwidth ceiling for batch-1 float32 decoding.
 
@@ -90,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--min-ngram", type=int, default=2, help="shortest suffix of jaxspec's drafter")
     ap.add_argument("--systems", nargs="+", default=None,
                     help=f"subset of: {', '.join(SYSTEMS)} (jaxspec/ar is always run: it is the baseline)")
+    ap.add_argument("--draft-model", default=None,
+                    help="draft model preset of jaxspec/sps and transformers/assisted (same "
+                         "tokenizer as --model)")
     ap.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -349,17 +355,31 @@ def main(argv=None) -> int:
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
         common = dict(max_new_tokens=args.max_new_tokens, eos_ids=eos, pad_id=pad,
                       draft_length=args.draft_length)
-        objs, hf = [], None
+        objs, hf, draft = [], None, None
+        if any(s in ("jaxspec/sps", "transformers/assisted") for s in systems):
+            if not args.draft_model:
+                raise BenchError("jaxspec/sps and transformers/assisted need --draft-model NAME")
+            dmodel, dparams, dtok, _ = load_model(args.draft_model, log=log)
+            if not tok.same_vocabulary(dtok):
+                raise BenchError(f"draft model {args.draft_model!r} has a different tokenizer "
+                                 f"than {args.model!r}")
+            draft = (dmodel, dparams, fetch(get_preset(args.draft_model), log=log))
         for name in systems:
             family, method = name.split("/")
             if family == "jaxspec":
+                opts = {"draft_model": draft[:2]} if method == "sps" else None
                 objs.append(JaxspecSystem(method, model, params, max_ngram=args.max_ngram,
-                                          min_ngram=args.min_ngram, **common))
+                                          min_ngram=args.min_ngram, options=opts, **common))
             else:
                 if hf is None:
                     log(f"[bench] loading {path} into transformers (float32)")
                     hf = load_transformers_model(path, threads=args.threads)
-                objs.append(TransformersSystem(method, hf, max_ngram=args.max_ngram, **common))
+                assistant = None
+                if method == "assisted":
+                    log(f"[bench] loading {draft[2]} into transformers (float32)")
+                    assistant = load_transformers_model(draft[2], threads=args.threads)
+                objs.append(TransformersSystem(method, hf, max_ngram=args.max_ngram,
+                                               assistant=assistant, **common))
         config = {**vars(args), "systems": systems, "weights": str(path), "eos_ids": list(eos),
                   "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
                   "prompt_tokens_max": longest}

@@ -46,11 +46,11 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram", "transformers/ar", "transformers/prompt-lookup")
+    "jaxspec/ngram-bigram", "transformers/ar", "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
-# systems that need more than the target model run on request only: jaxspec/sps a draft model
-# (--draft-model), jaxspec/space a SAR-SFT target (--model smollm2-135m-space)
-NEEDS_MORE = ("jaxspec/sps", "jaxspec/space")
+# systems that need more than the target model run on request only: jaxspec/sps and
+# transformers/assisted a draft model (--draft-model), jaxspec/space a SAR-SFT target
+NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "transformers/assisted")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in NEEDS_MORE)
 
 
@@ -153,20 +153,26 @@ class JaxspecSystem:
 
 
 class TransformersSystem:
-    """``transformers/ar`` or ``transformers/prompt-lookup``: greedy ``model.generate`` on our
-    token ids (batch 1), stopping on the same EOS ids and budget.
+    """``transformers/ar``, ``transformers/prompt-lookup`` or ``transformers/assisted``
+    (assisted generation with ``assistant`` as the draft model, ``draft_length`` tokens per
+    step, constant schedule: the SPS peer): greedy ``model.generate`` on our token ids (batch
+    1), stopping on the same EOS ids and budget.
 
     Target forwards are counted with a forward pre-hook on the model; the query length of each
-    call after the first gives the number of prompt-lookup candidates it verified.
+    call after the first gives the number of candidates it verified.
     """
 
     def __init__(self, method: str, hf_model, *, max_new_tokens: int, eos_ids: Sequence[int],
-                 pad_id: int, draft_length: int = 8, max_ngram: int = 3):
+                 pad_id: int, draft_length: int = 8, max_ngram: int = 3, assistant=None):
         import torch
         from transformers import GenerationConfig
 
-        if method not in ("ar", "prompt-lookup"):
+        if method not in ("ar", "prompt-lookup", "assisted"):
             raise BenchError(f"unknown transformers method {method!r}")
+        if (method == "assisted") != (assistant is not None):
+            raise BenchError("transformers/assisted needs a draft model (--draft-model), and "
+                             "only it takes one")
+        self.assistant = assistant
         self.system, self.method = "transformers", method
         self.torch = torch
         self.model = hf_model
@@ -181,6 +187,9 @@ class TransformersSystem:
         if method == "prompt-lookup":
             self.gen_config.prompt_lookup_num_tokens = int(draft_length)
             self.gen_config.max_matching_ngram_size = int(max_ngram)
+        if method == "assisted":
+            self.gen_config.num_assistant_tokens = int(draft_length)
+            self.gen_config.num_assistant_tokens_schedule = "constant"
         self._calls = _forward_log(hf_model)
 
     @property
@@ -194,14 +203,15 @@ class TransformersSystem:
         self._calls.clear()
         t0 = time.perf_counter()
         with torch.inference_mode():
+            extra = {} if self.assistant is None else {"assistant_model": self.assistant}
             out = self.model.generate(input_ids=x, attention_mask=mask,
-                                      generation_config=self.gen_config)
+                                      generation_config=self.gen_config, **extra)
         wall = time.perf_counter() - t0
         calls = list(self._calls)
         tokens = cut_output(out[0, x.shape[1]:].tolist(), self.eos_ids, self.max_new)
         nfe = len(calls)
         proposed = accepted = 0
-        if self.method == "prompt-lookup" and calls:
+        if self.method in ("prompt-lookup", "assisted") and calls:
             # the first pass holds the prompt (+ candidates), later ones last token + candidates;
             # every pass emits exactly one target token besides the accepted candidates
             proposed = max(calls[0] - x.shape[1], 0) + sum(c - 1 for c in calls[1:])

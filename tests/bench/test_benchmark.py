@@ -39,7 +39,9 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
                TransformersSystem("ar", hf, **common),
                TransformersSystem("prompt-lookup", hf, **common),
                JaxspecSystem("sps", model, params, **common,
-                             options={"draft_model": (CausalLM(qconfig), qparams)})]
+                             options={"draft_model": (CausalLM(qconfig), qparams)}),
+               TransformersSystem("assisted", hf, **common,
+                                  assistant=load_transformers_model(tiny_qwen2.path, threads=1))]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
                        config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
                        decode=tok.decode)
@@ -53,7 +55,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert doc["suite"] == "ar" and doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
     assert doc["bandwidth_bound_tokens_per_s"] > 0
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
-    assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps"]
+    assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted"]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
         assert r["prompts"] == 2 and r["model"] == "tiny-llama"
@@ -69,6 +71,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert rows["transformers/ar"]["identical_to_reference"]
     assert rows["transformers/prompt-lookup"]["identical_to_reference"]
     assert rows["jaxspec/sps"]["identical_to_reference"]
+    assert rows["transformers/assisted"]["identical_to_reference"]
     # the repeated prompts give the drafters matches: fewer forwards than tokens
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
