@@ -38,6 +38,11 @@ tokens), and reports, next to the base model run autoregressively (greedy) on th
 
 Verdict: FAIL when any diffusion completion is degenerate, PASS otherwise (the figures are
 reported for comparison; the issue sets no numeric bar beyond non-degeneracy).
+**SPACE SAR-SFT** (issue 12; ``objective.kind: sar``, e.g. ``--gate smollm2-135m-space``):
+held-out AR loss of the SAR model and its base, the mask rows' top-1 accuracy by offset, and
+HumanEval pass@1 of both (``--humaneval`` problems, greedy, ``--gen-length`` tokens):
+:func:`sar_main`.
+
 Prints a table and writes JSON to ``--out``. Exit code 2 with one ``error:`` line on bad input.
 """
 
@@ -70,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--delta", default=None, help="override checkpoints/<gate>/delta.safetensors")
     ap.add_argument("--out", default=None, help="JSON output path (AS-ARM gate: default gate.json "
                     "next to the weights)")
+    ap.add_argument("--humaneval", type=int, default=20,
+                    help="SAR gate: HumanEval problems for pass@1 (default 20; 0 = skip)")
     g = ap.add_argument_group("AS-ARM gate (objective.kind: asarm)")
     g.add_argument("--weights", default=None, help="AS-ARM .safetensors (default "
                    "checkpoints/<gate>/model.safetensors)")
@@ -215,11 +222,58 @@ def asarm_main(args, cfg_path: Path) -> int:
     return 0
 
 
+def sar_main(args, cfg_path: Path) -> int:
+    """``--gate`` of a SPACE SAR-SFT config (``objective.kind: sar``): what SAR-SFT costs in
+    quality and what it buys in drafting. On ``--prompts`` held-out stdlib windows of
+    ``--prompt-length + --gen-length`` tokens: held-out AR loss (nats/token) of the SAR model
+    and of its base model, and the SAR model's mask-row top-1 accuracy by offset (k of the
+    config); HumanEval pass@1 of greedy raw-prompt completions (``--humaneval`` problems,
+    ``--gen-length`` tokens, the project's sandbox) for both. Writes ``--out`` (default
+    ``checkpoints/<gate>/quality.json``)."""
+    from jaxspec.eval import quality as Q
+    from jaxspec.eval.datasets import humaneval_problems
+    from jaxspec.training.config import load_config
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, load_model
+
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        cfg = load_config(cfg_path)
+        sar, sar_params, tok, _ = load_model(args.gate, log=log)
+        _, base_params, _, _ = load_model(cfg.model.preset, log=log)
+        snips = Q.heldout_snippets(tok, cfg.data.holdout, args.prompts, prompt_len=args.prompt_length,
+                                   cont_len=args.gen_length, drop_ids=[cfg.model.mask_token_id])
+    except (PresetError, WeightFileError, ValueError, OSError) as e:
+        return _fail(str(e))
+    rows = [s.tokens for s in snips]
+    t0 = time.perf_counter()
+    out = {"gate": args.gate, "machine": platform.processor() or platform.machine(),
+           "heldout_windows": len(rows), "window_tokens": len(rows[0]),
+           "heldout_ar_loss_sar": Q.heldout_ar_loss(sar, sar_params, rows, args.batch),
+           "heldout_ar_loss_base": Q.heldout_ar_loss(sar, base_params, rows, args.batch),
+           "mask_row_accuracy_by_offset": Q.mask_row_accuracy(sar, sar_params, rows,
+                                                              cfg.objective.sar_k, seed=args.seed)}
+    probs = humaneval_problems()[:args.humaneval]
+    if probs:
+        out["humaneval_pass_at_1_sar"] = Q.humaneval_pass_at_1(sar, sar_params, tok, probs, args.gen_length)
+        out["humaneval_pass_at_1_base"] = Q.humaneval_pass_at_1(sar, base_params, tok, probs, args.gen_length)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    dest = Path(args.out) if args.out else ROOT / "checkpoints" / args.gate / "quality.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
     if cfg_path.is_file() and _objective_kind(cfg_path) == "asarm":
         return asarm_main(args, cfg_path)
+    if cfg_path.is_file() and _objective_kind(cfg_path) == "sar":
+        if args.batch is None:
+            args.batch = 4
+        return sar_main(args, cfg_path)
     if args.batch is None:
         args.batch = 4
     delta_path = Path(args.delta) if args.delta else ROOT / "checkpoints" / args.gate / "delta.safetensors"

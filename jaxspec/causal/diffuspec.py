@@ -1,0 +1,204 @@
+"""DiffuSpec building blocks (``diffuspec-dlm-drafter.txt``, Sec. 4): the pruned candidate
+lattice (Eq. 6), causal-consistency path search (CPS, Eq. 7) and the adaptive draft-length
+controller (ADL, Eqs. 8-10), as static-shape jittable functions.
+
+The drafter that uses them (a :class:`models.diffusion.modeling.DiffusionLM` proposing a block
+in one forward, verified with a point-mass ``q`` through the shared chain verifier) is the
+next step of issue 13; these pieces are tested on their own (``tests/causal/test_diffuspec.py``).
+
+* **Lattice** (:func:`prune_lattice`, Eq. 6): per draft position keep the smallest top-``m``
+  whose probability mass reaches ``tau``, at most ``M_max``; EOS is always kept (an extra
+  slot), so a path can end there.
+* **CPS** (:func:`cps_beam`, Eq. 7): left-to-right beam search of width ``B`` over the lattice
+  with score ``sum_i lambda * l_dlm(pi_i) + (1 - lambda) * l_ng(pi_i | pi_<i, context)``; a beam
+  that has placed EOS stops growing (its score is frozen), and the best beam's path and length
+  (up to and including its first EOS) are returned. The causal proxy ``l_ng`` is any function
+  of (the two previous tokens, the candidate) -- here a hashed 3-gram table (:class:`NgramProxy`):
+  inside a jitted loop the proxy must be array lookups, and hashing keeps a 3-gram model over a
+  49k vocabulary in a fixed-size table.
+* **ADL** (:func:`adl_update`, Eqs. 8-10): EMAs of the generated length (up to the raw draft's
+  first EOS) and of the accepted length; ``k_{t+1} = clip(ceil(L_gen + delta * 1{L_acc >=
+  L_gen}), k_min, k_max)``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["prune_lattice", "cps_beam", "NgramProxy", "ADLState", "adl_init", "adl_update"]
+
+NEG = -1e30
+
+
+def prune_lattice(logp: jax.Array, tau: float, m_max: int, eos_id: int):
+    """The pruned candidate lattice of Eq. 6.
+
+    Args:
+      logp: float32 ``(B, K, V)`` the drafter's log-probabilities per draft position.
+      tau: cumulative-mass threshold in ``(0, 1]``; m_max: cap ``M_max`` (>= 1).
+      eos_id: the EOS id, always kept.
+
+    Returns:
+      ``(tokens int32 (B, K, M_max + 1), logp float32 (B, K, M_max + 1), valid bool (B, K,
+      M_max + 1))``: the top-``M_i`` tokens by probability (``M_i`` of Eq. 6), then EOS in the
+      last slot when it is not already among them.
+
+    Raises:
+      ValueError: ``tau`` outside ``(0, 1]`` or ``m_max < 1``.
+    """
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau must lie in (0, 1], got {tau}")
+    if m_max < 1:
+        raise ValueError(f"M_max must be >= 1, got {m_max}")
+    top_lp, top_tok = jax.lax.top_k(logp, m_max)                     # (B, K, M)
+    mass_before = jnp.cumsum(jnp.exp(top_lp), axis=-1) - jnp.exp(top_lp)
+    keep = mass_before < tau                                          # rank m kept iff mass of 0..m-1 < tau
+    has_eos = jnp.any(keep & (top_tok == eos_id), axis=-1, keepdims=True)
+    eos_tok = jnp.full(top_tok.shape[:-1] + (1,), eos_id, jnp.int32)
+    eos_lp = logp[..., eos_id][..., None]
+    tokens = jnp.concatenate([top_tok.astype(jnp.int32), eos_tok], axis=-1)
+    lps = jnp.concatenate([top_lp, eos_lp], axis=-1)
+    valid = jnp.concatenate([keep, ~has_eos], axis=-1)
+    return tokens, lps, valid
+
+
+def _fnv(ids, bits: int, xp):
+    """32-bit FNV-1a over int arrays, the top ``bits`` bits: the same on host (numpy) and in a
+    jitted program (jax.numpy, where 64-bit integers are off by default)."""
+    acc = xp.asarray(2166136261, dtype=xp.uint32)
+    for x in ids:
+        acc = (acc ^ xp.asarray(x).astype(xp.uint32)) * xp.asarray(16777619, dtype=xp.uint32)
+    return (acc >> xp.asarray(32 - bits, dtype=xp.uint32)).astype(xp.int32)
+
+
+@flax.struct.dataclass
+class NgramProxy:
+    """A hashed interpolated 3-gram model: the causal proxy ``l_ng`` of Eq. 7 as array lookups
+    (a pytree: pass it to a jitted program as an argument, e.g. inside drafter parameters).
+
+    ``log P(c | a, b) = log(l3 * f3(c | a, b) + l2 * f2(c | b) + l1 * f1(c))`` with relative
+    frequencies from a token stream; 3-gram and 2-gram counts live in tables of ``2^bits``
+    slots indexed by a 32-bit FNV-1a hash (colliding n-grams share counts: a proxy, not a
+    language model of record). The paper fits a KenLM 3-gram offline; inside a jitted loop
+    the proxy has to be array lookups, and hashing keeps a 3-gram model over a 49k vocabulary
+    in a fixed-size table. Build with :meth:`fit`.
+
+    Attributes:
+      tri, tri_ctx: float32 ``(2^bits,)`` counts of hashed (a, b, c) and of hashed (a, b).
+      bi: float32 ``(2^bits,)`` counts of hashed (b, c); bi_ctx: float32 ``(V,)`` counts of b.
+      uni: float32 ``(V,)`` add-one unigram frequencies.
+      weights: static ``(l3, l2, l1)`` interpolation weights.
+    """
+
+    tri: jax.Array
+    tri_ctx: jax.Array
+    bi: jax.Array
+    bi_ctx: jax.Array
+    uni: jax.Array
+    weights: tuple = flax.struct.field(pytree_node=False, default=(0.6, 0.3, 0.1))
+
+    @classmethod
+    def fit(cls, stream: Sequence[int], vocab_size: int, bits: int = 20) -> "NgramProxy":
+        """Counts of a token stream (e.g. the stdlib training split).
+
+        Raises:
+          ValueError: a stream shorter than 3 tokens, ids outside ``[0, vocab_size)``.
+        """
+        s = np.asarray(stream, np.int64)
+        if s.size < 3 or s.min() < 0 or s.max() >= vocab_size:
+            raise ValueError(f"need >= 3 token ids in [0, {vocab_size}), got {s.size} ids")
+        n = 1 << bits
+        count = lambda *ids: np.bincount(_fnv(ids, bits, np), minlength=n).astype(np.float32)  # noqa: E731
+        uni = np.bincount(s, minlength=vocab_size).astype(np.float32) + 1.0
+        return cls(tri=jnp.asarray(count(s[:-2], s[1:-1], s[2:])),
+                   tri_ctx=jnp.asarray(count(s[:-2], s[1:-1])),
+                   bi=jnp.asarray(count(s[:-1], s[1:])),
+                   bi_ctx=jnp.asarray(np.bincount(s[:-1], minlength=vocab_size).astype(np.float32)),
+                   uni=jnp.asarray(uni / uni.sum()))
+
+    def logprob(self, a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+        """``log P(c | a, b)`` elementwise over broadcastable int arrays (jittable)."""
+        bits = int(np.log2(self.tri.shape[0]))
+        l3, l2, l1 = self.weights
+        f3 = self.tri[_fnv((a, b, c), bits, jnp)] / jnp.maximum(self.tri_ctx[_fnv((a, b), bits, jnp)], 1.0)
+        f2 = self.bi[_fnv((b, c), bits, jnp)] / jnp.maximum(self.bi_ctx[b], 1.0)
+        return jnp.log(l3 * f3 + l2 * f2 + l1 * self.uni[c])
+
+
+def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array,
+             proxy: NgramProxy | None, *, lam: float, beam: int, eos_id: int):
+    """Causal-consistency path search (Eq. 7) for one row.
+
+    Args:
+      tokens, lp, valid: one row of :func:`prune_lattice`, ``(K, C)`` each.
+      ctx2: int32 ``(2,)`` the last two context tokens (the proxy's history at position 1).
+      proxy: the causal proxy, or None (``lambda`` is then effectively 1).
+      lam: the weight of the drafter's log-score; beam: ``B`` (>= 1); eos_id: EOS.
+
+    Returns:
+      ``(path int32 (K,), length int32 ())``: the best beam's tokens (after its first EOS,
+      EOS repeated) and its length up to and including that EOS (``K`` if none).
+    """
+    K, C = tokens.shape
+    w_ng = 0.0 if proxy is None else 1.0 - lam
+    w_dlm = 1.0 if proxy is None else lam
+    # beams: tokens (B, K), score (B,), done (B,), length (B,), last two tokens (B, 2)
+    paths = jnp.zeros((beam, K), jnp.int32)
+    score = jnp.full((beam,), NEG).at[0].set(0.0)  # one live beam at the start
+    done = jnp.zeros((beam,), bool)
+    length = jnp.zeros((beam,), jnp.int32)
+    hist = jnp.broadcast_to(ctx2.astype(jnp.int32), (beam, 2))
+
+    def body(i, carry):
+        paths, score, done, length, hist = carry
+        cand, clp, ok = tokens[i], lp[i], valid[i]                          # (C,)
+        step = w_dlm * clp[None, :]
+        if proxy is not None:
+            step = step + w_ng * proxy.logprob(hist[:, :1], hist[:, 1:], cand[None, :])
+        new = jnp.where(ok[None, :], score[:, None] + step, NEG)            # (B, C) live beams
+        # a finished beam has one continuation: itself (repeat EOS, score unchanged)
+        keep = jnp.full((beam, C), NEG).at[:, 0].set(score)
+        new = jnp.where(done[:, None], keep, new)
+        flat = new.reshape(-1)
+        top, idx = jax.lax.top_k(flat, beam)
+        b, c = idx // C, idx % C
+        tok = jnp.where(done[b], eos_id, cand[c])
+        paths = paths[b].at[:, i].set(tok)
+        length = jnp.where(done[b], length[b], i + 1)
+        done = done[b] | (tok == eos_id)
+        hist = jnp.stack([hist[b, 1], tok], axis=1)
+        return paths, top, done, length, hist
+
+    paths, score, done, length, hist = jax.lax.fori_loop(0, K, body, (paths, score, done, length, hist))
+    best = jnp.argmax(score)
+    return paths[best], length[best]
+
+
+@flax.struct.dataclass
+class ADLState:
+    """EMAs of the generated and accepted lengths (Eq. 9), float32 ``(B,)`` each."""
+
+    gen: jax.Array
+    acc: jax.Array
+
+
+def adl_init(batch: int, k0: float) -> ADLState:
+    """Both EMAs start at the first draft length ``k0``."""
+    return ADLState(gen=jnp.full((batch,), k0, jnp.float32), acc=jnp.full((batch,), k0, jnp.float32))
+
+
+def adl_update(state: ADLState, l_gen: jax.Array, l_acc: jax.Array, *, rho: float, delta: float,
+               k_min: int, k_max: int):
+    """Eqs. 9-10: update the EMAs with this step's generated length ``L_gen`` (Eq. 8: the raw
+    draft's length before its first EOS, at most ``k_t``) and accepted length ``L_acc``, and
+    return ``(state, k_next int32 (B,))`` with ``k_next = clip(ceil(gen + delta * 1{acc >=
+    gen}), k_min, k_max)``."""
+    gen = (1.0 - rho) * state.gen + rho * l_gen.astype(jnp.float32)
+    acc = (1.0 - rho) * state.acc + rho * l_acc.astype(jnp.float32)
+    k_hat = jnp.ceil(gen + delta * (acc >= gen).astype(jnp.float32))
+    return ADLState(gen=gen, acc=acc), jnp.clip(k_hat, k_min, k_max).astype(jnp.int32)

@@ -1,0 +1,93 @@
+"""DiffuSpec building blocks (:mod:`jaxspec.causal.diffuspec`): Eq. 6 pruning, CPS beam search
+against brute force over the lattice, the hashed 3-gram proxy against hand counts, and the ADL
+controller (Eqs. 8-10) against a hand-computed run."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.causal.diffuspec import NgramProxy, adl_init, adl_update, cps_beam, prune_lattice
+
+EOS = 0
+
+
+def test_prune_lattice_eq6_keeps_eos():
+    p = np.array([[0.02, 0.5, 0.3, 0.15, 0.03],     # EOS (id 0) outside the top mass: extra slot
+                  [0.6, 0.3, 0.05, 0.03, 0.02]])    # EOS is top-1: no extra slot
+    tok, lp, ok = prune_lattice(jnp.log(jnp.asarray(p))[None], 0.8, 3, EOS)
+    tok, ok = np.asarray(tok[0]), np.asarray(ok[0])
+    assert tok[0][ok[0]].tolist() == [1, 2, 0]       # 0.5 + 0.3 reaches 0.8: M = 2, + EOS
+    assert tok[1][ok[1]].tolist() == [0, 1]          # 0.6 + 0.3
+    np.testing.assert_allclose(np.exp(np.asarray(lp[0, 0, :2])), [0.5, 0.3], rtol=1e-6)
+    tok, _, ok = prune_lattice(jnp.log(jnp.asarray(p))[None], 1.0, 2, EOS)
+    assert np.asarray(ok).sum(-1).tolist() == [[3, 2]]  # capped at M_max = 2 (+ EOS)
+    with pytest.raises(ValueError, match="tau"):
+        prune_lattice(jnp.zeros((1, 1, 3)), 0.0, 2, EOS)
+
+
+def _brute(tokens, lp, valid, ctx2, proxy, lam):
+    """Best Eq. 7 score over every lattice path, each cut after its first EOS."""
+    K, C = tokens.shape
+    best, best_path = -np.inf, None
+    for choice in itertools.product(range(C), repeat=K):
+        if not all(valid[i, c] for i, c in enumerate(choice)):
+            continue
+        s, hist, path = 0.0, list(ctx2), []
+        for i, c in enumerate(choice):
+            t = int(tokens[i, c])
+            s += lam * float(lp[i, c]) + (1 - lam) * float(proxy.logprob(hist[-2], hist[-1], t))
+            path.append(t)
+            hist.append(t)
+            if t == EOS:
+                break
+        if s > best + 1e-6:
+            best, best_path = s, path
+    return best, best_path
+
+
+def test_cps_beam_with_a_wide_beam_finds_the_brute_force_optimum():
+    rng = np.random.default_rng(0)
+    V, K = 6, 4
+    proxy = NgramProxy.fit(rng.integers(0, V, 400), V, bits=12)
+    for trial in range(5):
+        logits = rng.normal(size=(1, K, V)) * 2
+        logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), -1)
+        tok, lp, ok = (np.asarray(x[0]) for x in prune_lattice(logp, 0.9, 3, EOS))
+        ctx2 = np.array([3, 4])
+        want, want_path = _brute(tok, lp, ok, ctx2, proxy, 0.5)
+        path, length = cps_beam(jnp.asarray(tok), jnp.asarray(lp), jnp.asarray(ok), jnp.asarray(ctx2),
+                                proxy, lam=0.5, beam=64, eos_id=EOS)
+        got = np.asarray(path)[:int(length)].tolist()
+        assert got == want_path, (trial, got, want_path)
+
+
+def test_ngram_proxy_matches_hand_counts():
+    stream = [1, 2, 3, 1, 2, 4, 1, 2, 3]
+    V = 5
+    px = NgramProxy.fit(stream, V, bits=16)
+    l3, l2, l1 = px.weights
+    uni = (np.bincount(stream, minlength=V) + 1) / (len(stream) + V)
+    # (1, 2) -> 3 twice, -> 4 once; 2 -> 3 twice, -> 4 once
+    want = np.log(l3 * 2 / 3 + l2 * 2 / 3 + l1 * uni[3])
+    assert float(px.logprob(jnp.int32(1), jnp.int32(2), jnp.int32(3))) == pytest.approx(want, rel=1e-5)
+    want = np.log(l1 * uni[0])  # unseen everything: the unigram floor
+    assert float(px.logprob(jnp.int32(4), jnp.int32(4), jnp.int32(0))) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ValueError, match="token ids"):
+        NgramProxy.fit([1, 2], V)
+
+
+def test_adl_follows_eqs_8_to_10():
+    st = adl_init(1, 20.0)
+    st, k = adl_update(st, jnp.asarray([12]), jnp.asarray([12]), rho=0.5, delta=10.0, k_min=20, k_max=30)
+    # gen = 16, acc = 16 >= gen: ceil(16 + 10) = 26
+    assert float(st.gen[0]) == 16.0 and int(k[0]) == 26
+    st, k = adl_update(st, jnp.asarray([30]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30)
+    # gen = 23, acc = 9 < gen: ceil(23) = 23
+    assert float(st.gen[0]) == 23.0 and float(st.acc[0]) == 9.0 and int(k[0]) == 23
+    st, k = adl_update(st, jnp.asarray([2]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30)
+    assert int(k[0]) == 20  # gen 12.5 -> 13, clipped up to k_min
