@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.causal.decode import generate as causal_generate
+from jaxspec.causal.diffuspec import DiffusionDrafter
 from jaxspec.causal.space import SPACE_SAMPLING, SpaceDrafter
 from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import NgramDrafter
@@ -54,6 +55,10 @@ class DecodeOptions:
         vocabulary (``scripts.generate --draft-model NAME`` loads it); not compared or hashed.
       mask_groups: SPACE's k (candidates per step = masks per group; paper default 5).
       space_sampling: SPACE's rule after a rejection: ``"exact"`` (residual) or ``"paper"``.
+      dllm_drafter: DiffuSpec's drafter, a ``(DiffusionLM, params)`` pair with the target's
+        vocabulary; proxy: its causal proxy (:class:`jaxspec.causal.diffuspec.NgramProxy` or
+        None); k_min: ADL's lower clip (``draft_length`` is k_max, default 30); eos_id: the
+        EOS the CPS lattice keeps. Not compared or hashed.
     """
 
     max_new_tokens: int = 128
@@ -78,6 +83,10 @@ class DecodeOptions:
     draft_model: Any = dataclasses.field(default=None, compare=False)
     mask_groups: int = 5
     space_sampling: str = "exact"
+    dllm_drafter: Any = dataclasses.field(default=None, compare=False)
+    proxy: Any = dataclasses.field(default=None, compare=False)
+    k_min: int = 20
+    eos_id: int = 0
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -178,6 +187,23 @@ def _space_drafter(o: DecodeOptions):
     return make
 
 
+def _diffuspec_drafter(cps: bool, adl: bool):
+    def make_from(o: DecodeOptions):
+        if o.dllm_drafter is None:
+            raise ValueError("method 'diffuspec' / 'specdiff' needs a diffusion drafter: "
+                             "--draft-model NAME (e.g. dream-smollm2-135m)")
+        k = _draft_length(o, 30)
+        kmin = min(o.k_min, k) if adl else k
+        dmodel, _ = o.dllm_drafter
+        return lambda config: DiffusionDrafter(dmodel, k, eos_id=o.eos_id, k_min=kmin, cps=cps,
+                                               adl=adl)
+    return make_from
+
+
+def _diffuspec_params(o: DecodeOptions):
+    return (o.dllm_drafter[1], o.proxy)
+
+
 def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
     make = config["drafter"]
     drafter = None if make is None else make(model.config)
@@ -257,6 +283,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _causal_config(_sps_drafter, lambda o: _sps_model(o)[1]), _run_causal),
     Method("space", "causal", "ar", "SPACE auto-correct decoding (a SAR-SFT model drafts in "
            "its own forward)", _causal_config(_space_drafter), _run_causal),
+    Method("diffuspec", "causal", "ar", "DiffuSpec: a diffusion LM drafts a block, CPS + ADL, "
+           "point-mass verification", _causal_config(_diffuspec_drafter(True, True),
+                                                    _diffuspec_params), _run_causal),
+    Method("specdiff", "causal", "ar", "SpecDiff: a diffusion LM's argmax block, fixed length "
+           "(DiffuSpec without CPS and ADL)", _causal_config(_diffuspec_drafter(False, False),
+                                                             _diffuspec_params), _run_causal),
     Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
            _stepwise, diffusion_generate, _one_token_per_step),
     Method("fixed-k", "dllm", "stepwise", "fixed-k parallel unmasking (not lossless)",

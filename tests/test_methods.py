@@ -22,9 +22,12 @@ def _inputs(family: str):
     """``(model, params, inputs, options)`` of one family's tiny setting."""
     if family == "causal":
         model, params = tiny_model(64, seed=0, mask_token_id=63)  # a [MASK] for space
-        # a draft model for the methods that take one (sps); the others ignore it
+        # draft models for the methods that take one (sps: causal; diffuspec, specdiff: a
+        # diffusion LM); the others ignore them
         return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
-            DecodeOptions(max_new_tokens=20, draft_length=4, draft_model=tiny_model(64, seed=1))
+            DecodeOptions(max_new_tokens=20, draft_length=4, draft_model=tiny_model(64, seed=1),
+                          dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
+                          k_min=2, eos_id=7)
     if family == "dllm":
         model, params = tiny_diffusion_model("llada")
         return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
@@ -94,6 +97,8 @@ def test_unknown_and_wrong_family():
         get_method("fixed-k").build(DecodeOptions())
     with pytest.raises(ValueError, match="needs a draft model"):
         get_method("sps").build(DecodeOptions())
+    with pytest.raises(ValueError, match="needs a diffusion drafter"):
+        get_method("diffuspec").build(DecodeOptions())
     with pytest.raises(ValueError, match="--mask-groups must be >= 1"):
         get_method("space").build(DecodeOptions(mask_groups=0))
     model, params = tiny_model(64, seed=0)  # no [MASK] token: not a SAR-SFT model

@@ -2,9 +2,12 @@
 lattice (Eq. 6), causal-consistency path search (CPS, Eq. 7) and the adaptive draft-length
 controller (ADL, Eqs. 8-10), as static-shape jittable functions.
 
-The drafter that uses them (a :class:`models.diffusion.modeling.DiffusionLM` proposing a block
-in one forward, verified with a point-mass ``q`` through the shared chain verifier) is the
-next step of issue 13; these pieces are tested on their own (``tests/causal/test_diffuspec.py``).
+:class:`DiffusionDrafter` puts them together as a :class:`jaxspec.core.drafters.Drafter`: a
+:class:`models.diffusion.modeling.DiffusionLM` proposes a block in one forward (``S = 1``),
+CPS picks the path, ADL sets the next ``k_t``, and the causal loop verifies with a
+**point-mass** ``q``: the path is a deterministic function of the history, so accepting
+``x`` with probability ``p(x)`` and resampling ``p`` without ``x`` on rejection is exact under
+sampling (the paper is exact only under greedy verification: Prop. 4.1, App. H).
 
 * **Lattice** (:func:`prune_lattice`, Eq. 6): per draft position keep the smallest top-``m``
   whose probability mass reaches ``tau``, at most ``M_max``; EOS is always kept (an extra
@@ -23,6 +26,7 @@ next step of issue 13; these pieces are tested on their own (``tests/causal/test
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import flax
@@ -30,7 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["prune_lattice", "cps_beam", "NgramProxy", "ADLState", "adl_init", "adl_update"]
+from jaxspec.core.drafters import Draft, DraftContext
+from models.diffusion.modeling import bidirectional_mask
+
+__all__ = ["prune_lattice", "cps_beam", "NgramProxy", "ADLState", "adl_init", "adl_update",
+           "DiffuSpecState", "DiffusionDrafter"]
 
 NEG = -1e30
 
@@ -44,8 +52,8 @@ def prune_lattice(logp: jax.Array, tau: float, m_max: int, eos_id: int):
       eos_id: the EOS id, always kept.
 
     Returns:
-      ``(tokens int32 (B, K, M_max + 1), logp float32 (B, K, M_max + 1), valid bool (B, K,
-      M_max + 1))``: the top-``M_i`` tokens by probability (``M_i`` of Eq. 6), then EOS in the
+      ``(tokens int32 (B, K, M + 1), logp float32 (B, K, M + 1), valid bool (B, K, M + 1))``
+      with ``M = min(M_max, V)``: the top-``M_i`` tokens by probability (``M_i`` of Eq. 6), then EOS in the
       last slot when it is not already among them.
 
     Raises:
@@ -55,7 +63,7 @@ def prune_lattice(logp: jax.Array, tau: float, m_max: int, eos_id: int):
         raise ValueError(f"tau must lie in (0, 1], got {tau}")
     if m_max < 1:
         raise ValueError(f"M_max must be >= 1, got {m_max}")
-    top_lp, top_tok = jax.lax.top_k(logp, m_max)                     # (B, K, M)
+    top_lp, top_tok = jax.lax.top_k(logp, min(m_max, logp.shape[-1]))  # (B, K, M)
     mass_before = jnp.cumsum(jnp.exp(top_lp), axis=-1) - jnp.exp(top_lp)
     keep = mass_before < tau                                          # rank m kept iff mass of 0..m-1 < tau
     has_eos = jnp.any(keep & (top_tok == eos_id), axis=-1, keepdims=True)
@@ -131,7 +139,8 @@ class NgramProxy:
 
 
 def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array,
-             proxy: NgramProxy | None, *, lam: float, beam: int, eos_id: int):
+             proxy: NgramProxy | None, *, lam: float, beam: int, eos_id: int,
+             limit: jax.Array | None = None):
     """Causal-consistency path search (Eq. 7) for one row.
 
     Args:
@@ -139,6 +148,8 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
       ctx2: int32 ``(2,)`` the last two context tokens (the proxy's history at position 1).
       proxy: the causal proxy, or None (``lambda`` is then effectively 1).
       lam: the weight of the drafter's log-score; beam: ``B`` (>= 1); eos_id: EOS.
+      limit: optional int32 ``()`` draft length ``k_t <= K``: positions from ``k_t`` on are
+        not searched (the paths stop there).
 
     Returns:
       ``(path int32 (K,), length int32 ())``: the best beam's tokens (after its first EOS,
@@ -155,7 +166,8 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
     hist = jnp.broadcast_to(ctx2.astype(jnp.int32), (beam, 2))
 
     def body(i, carry):
-        paths, score, done, length, hist = carry
+        paths, score, done_, length, hist = carry
+        done = done_ if limit is None else done_ | (i >= limit)            # past k_t: frozen
         cand, clp, ok = tokens[i], lp[i], valid[i]                          # (C,)
         step = w_dlm * clp[None, :]
         if proxy is not None:
@@ -170,7 +182,7 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
         tok = jnp.where(done[b], eos_id, cand[c])
         paths = paths[b].at[:, i].set(tok)
         length = jnp.where(done[b], length[b], i + 1)
-        done = done[b] | (tok == eos_id)
+        done = done_[b] | (~done[b] & (tok == eos_id))
         hist = jnp.stack([hist[b, 1], tok], axis=1)
         return paths, top, done, length, hist
 
@@ -202,3 +214,131 @@ def adl_update(state: ADLState, l_gen: jax.Array, l_acc: jax.Array, *, rho: floa
     acc = (1.0 - rho) * state.acc + rho * l_acc.astype(jnp.float32)
     k_hat = jnp.ceil(gen + delta * (acc >= gen).astype(jnp.float32))
     return ADLState(gen=gen, acc=acc), jnp.clip(k_hat, k_min, k_max).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+@flax.struct.dataclass
+class DiffuSpecState:
+    """ADL state (:class:`ADLState`) plus the draft length in force ``k`` int32 ``(B,)`` and
+    this step's raw generated length ``gen`` int32 ``(B,)`` (Eq. 8, set by ``propose``)."""
+
+    adl: ADLState
+    k: jax.Array
+    gen: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionDrafter:
+    """DiffuSpec's drafter (Sec. 4) as a :class:`jaxspec.core.drafters.Drafter`.
+
+    Parameters (``drafter_params``): ``(dllm_params, proxy)`` -- the diffusion model's params
+    and an :class:`NgramProxy` (or ``None``: CPS then ranks paths by the drafter's log-scores
+    alone). Static settings (paper defaults in brackets; ``draft_length`` is ``k_max``, the
+    static buffer width):
+
+    Attributes:
+      model: the drafter :class:`models.diffusion.modeling.DiffusionLM` (LLaDA or Dream head).
+      draft_length: ``k_max`` [30]; k_min: [20]; eos_id: the EOS the lattice keeps.
+      cps: causal-consistency path search on (off: argmax per position, SpecDiff).
+      adl: adaptive draft length on (off: ``k_t = draft_length`` every step).
+      tau [0.8], m_max [15], beam [3], lam [0.5], delta [10], rho [0.5]: Eqs. 6-10.
+
+    State: :class:`DiffuSpecState`. NFE: one drafter forward per proposal (``S = 1``).
+
+    Raises:
+      ValueError: ``k_max < 1``, ``k_min > k_max`` (with ADL), ``tau`` outside ``(0, 1]``, ``beam < 1``, ``m_max < 1``,
+        ``rho`` outside ``(0, 1]``, ``lam`` outside ``[0, 1]``.
+    """
+
+    model: object
+    draft_length: int
+    eos_id: int
+    k_min: int = 20
+    cps: bool = True
+    adl: bool = True
+    tau: float = 0.8
+    m_max: int = 15
+    beam: int = 3
+    lam: float = 0.5
+    delta: float = 10.0
+    rho: float = 0.5
+
+    name = "diffuspec"
+
+    def __post_init__(self):
+        checks = ((self.draft_length >= 1, f"k_max must be >= 1, got {self.draft_length}"),
+                  (not self.adl or 1 <= self.k_min <= self.draft_length, f"need 1 <= k_min <= "
+                   f"k_max, got k_min={self.k_min}, k_max={self.draft_length}"),
+                  (0.0 < self.tau <= 1.0, f"tau must lie in (0, 1], got {self.tau}"),
+                  (self.beam >= 1, f"beam width B must be >= 1, got {self.beam}"),
+                  (self.m_max >= 1, f"M_max must be >= 1, got {self.m_max}"),
+                  (0.0 < self.rho <= 1.0, f"rho must lie in (0, 1], got {self.rho}"),
+                  (0.0 <= self.lam <= 1.0, f"lambda must lie in [0, 1], got {self.lam}"))
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def context_length(self) -> int:
+        return self.model.config.base.max_position_embeddings
+
+    def init_state(self, params, ctx: DraftContext) -> DiffuSpecState:
+        B = ctx.buffer.shape[0]
+        k0 = self.draft_length if not self.adl else self.k_min
+        return DiffuSpecState(adl=adl_init(B, float(k0)), k=jnp.full((B,), k0, jnp.int32),
+                              gen=jnp.zeros((B,), jnp.int32))
+
+    def block_logprobs(self, dparams, ctx: DraftContext) -> jax.Array:
+        """One drafter forward over ``[context, k_max masks]``: float32 ``(B, k_max, V)``
+        log-probabilities of the draft positions (the mask token excluded)."""
+        B, S = ctx.buffer.shape
+        K, cfg = self.draft_length, self.model.config
+        slot = jnp.arange(S)[None]
+        L = ctx.length[:, None]
+        draft_zone = (slot >= L) & (slot < L + K)
+        tokens = jnp.where(draft_zone, cfg.mask_token_id, ctx.buffer)
+        valid = (slot >= ctx.pad[:, None]) & (slot < L + K)
+        positions = jnp.maximum(slot - ctx.pad[:, None], 0)
+        first = ctx.length - (1 if cfg.head == "dream" else 0)  # raw row scoring slot L
+        logits, _ = self.model.apply(dparams, tokens, positions, bidirectional_mask(valid),
+                                     rows=(first, K))
+        logits = logits.at[..., cfg.mask_token_id].set(-jnp.inf)
+        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+    def propose(self, params, state: DiffuSpecState, ctx: DraftContext, key, sample: bool):
+        """Draft, then CPS (or argmax), with length ``min(path length, k_t)``; ``q`` is
+        ``None`` (point masses) under greedy and sampled decoding alike."""
+        dparams, proxy = params
+        B, K = ctx.buffer.shape[0], self.draft_length
+        logp = self.block_logprobs(dparams, ctx)                          # (B, K, V)
+        raw = jnp.argmax(logp, axis=-1).astype(jnp.int32)                 # (B, K)
+        k_t = state.k
+        pos = jnp.arange(K)[None]
+        first_eos = jnp.min(jnp.where(raw == self.eos_id, pos, K), axis=-1)
+        gen = jnp.minimum(first_eos, k_t)                                 # Eq. 8
+        if self.cps:
+            tok, lp, ok = prune_lattice(logp, self.tau, self.m_max, self.eos_id)
+            prev = jax.vmap(lambda b, L: jax.lax.dynamic_slice(b, (L - 2,), (2,)))(ctx.buffer,
+                                                                                 ctx.length)
+            search = lambda t, l, o, c, k: cps_beam(t, l, o, c, proxy, lam=self.lam,  # noqa: E731
+                                                     beam=self.beam, eos_id=self.eos_id, limit=k)
+            tokens, plen = jax.vmap(search)(tok, lp, ok, prev, k_t)
+            length = jnp.clip(plen, 1, k_t)
+        else:  # SpecDiff: argmax per position, fixed length
+            tokens, length = raw, k_t
+        return Draft(tokens=tokens, q=None, has_draft=jnp.ones((B,), bool),
+                     length=length.astype(jnp.int32), nfe=jnp.ones((B,), jnp.int32)), \
+            state.replace(gen=gen.astype(jnp.int32))
+
+    def update(self, params, state: DiffuSpecState, ctx: DraftContext, n_accepted):
+        """ADL (Eqs. 9-10) from this step's generated and accepted lengths."""
+        if not self.adl:
+            return state
+        adl, k = adl_update(state.adl, state.gen, n_accepted, rho=self.rho, delta=self.delta,
+                            k_min=self.k_min, k_max=self.draft_length)
+        return state.replace(adl=adl, k=k)

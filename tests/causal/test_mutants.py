@@ -14,7 +14,9 @@ left-padded batch of two different prompts. Methods: the context n-gram drafter 
 copies with point-mass q, Eq. 23 bigram fallback with its real q), the model-based
 :class:`~jaxspec.testing.drafters.TableDrafter` (real q, adaptive k_t), SPS
 (:class:`~jaxspec.causal.sps.DraftModelDrafter`: a one-layer draft model with a KV cache) and
-SPACE (:class:`~jaxspec.causal.space.SpaceDrafter`: q from the target's own mask groups).
+SPACE (:class:`~jaxspec.causal.space.SpaceDrafter`: q from the target's own mask groups) and
+DiffuSpec (:class:`~jaxspec.causal.diffuspec.DiffusionDrafter`: CPS paths with ADL, point-mass
+q).
 
 One compile per method for the real code and one for all the mutants together (each mutant
 runs its own block of rows, :func:`~jaxspec.testing.mutants.causal_accept`). Set
@@ -40,6 +42,7 @@ import numpy as np
 import pytest
 
 from jaxspec.causal.decode import generate
+from jaxspec.causal.diffuspec import DiffusionDrafter, NgramProxy
 from jaxspec.causal.space import SpaceDrafter
 from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import DraftContext, NgramDrafter
@@ -49,6 +52,7 @@ from jaxspec.testing.distribution import check_distribution, check_groups
 from jaxspec.testing.drafters import TableDrafter
 from jaxspec.testing.mutants import EQUIVALENT, MUTANTS, inject_causal, verify_variant
 from jaxspec.testing.tiny import tiny_model
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from tests.causal.test_decode import _exact_joint
 
 V, EOS, K, N_NEW, N = 6, 5, 2, 5, 10_000
@@ -63,7 +67,7 @@ VARIANTS = MUTANTS + EQUIVALENT
 # SPACE's draft ratios p/q are >= 1 and the shared-uniform mutant hides (chi2 p 0.01), with
 # id 0 about half the drafts are rejected and every mutant is rejected at p <= 1e-39
 SPACE_MASK = 0
-METHODS = ("ngram", "table", "sps", "space")
+METHODS = ("ngram", "table", "sps", "space", "diffuspec")
 
 
 def _drafter(method):
@@ -74,6 +78,15 @@ def _drafter(method):
         return DraftModelDrafter(dmodel, K, CFG), dparams
     if method == "space":  # the target's own mask-group rows are q
         return SpaceDrafter(K, V, SPACE_MASK, CFG), ()
+    if method == "diffuspec":
+        # CPS paths of a Dream-head drafter over the target's weights (bidirectional, so it
+        # differs from the target), verified as point masses. Fixed k, and the lattice's EOS
+        # is the mask id (never drafted), so paths run the full k and bonus tokens reach the
+        # output; the suite's EOS still ends rows through the target.
+        target, tparams = tiny_model(V, seed=7, scale=6.0)
+        dream = DiffusionLM(DiffusionConfig(base=target.config, head="dream", mask_token_id=4))
+        proxy = NgramProxy.fit(np.random.default_rng(1).integers(0, V, 300), V, bits=10)
+        return DiffusionDrafter(dream, K, eos_id=4, adl=False), (tparams, proxy)
     table = {"logits": 2.0 * jax.random.normal(jax.random.PRNGKey(4), (V, V))}  # sharp q
     return TableDrafter(K, V), table
 
@@ -171,8 +184,18 @@ def test_real_code_accepted(suite, method):
         assert bool(d.has_draft[0]) and int((np.asarray(d.q[0, 0]) > 0).sum()) == 2
 
 
-@pytest.mark.parametrize("mutant", [m.name for m in MUTANTS])
-@pytest.mark.parametrize("method", METHODS)
+# Open finding (issue 17): with DiffuSpec's point-mass CPS drafts the bonus-from-residual
+# mutant only removes the last draft's token from the bonus distribution, and at this setting
+# (10^4 samples per prompt) the test cannot tell it from the real code (TV 0.051 vs floor
+# 0.060, chi2 p 0.16; a proxy that favours repeating the last draft did not help either).
+# strict: the suite notices the day it can.
+_UNSEEN = {("diffuspec", "bonus-from-residual")}
+_CASES = [pytest.param(method, m.name, marks=pytest.mark.xfail(
+    strict=True, reason="distribution test cannot see it here (open finding)"))
+    if (method, m.name) in _UNSEEN else (method, m.name) for method in METHODS for m in MUTANTS]
+
+
+@pytest.mark.parametrize("method,mutant", _CASES)
 def test_every_mutant_rejected(suite, method, mutant):
     chk, _ = suite.variant(method, mutant)
     assert not chk.passed, f"{method}/{mutant} not rejected: {chk.why}"
