@@ -10,6 +10,10 @@ masked-diffusion LM (stepwise, fixed-k or threshold unmasking).
 runs draft-model speculative sampling (:mod:`jaxspec.causal.sps`); the draft model must share
 the target's tokenizer (e.g. ``--model qwen2.5-coder-1.5b-instruct --draft-model
 qwen2.5-coder-0.5b-instruct``).
+``--method diffuspec --draft-model dream-smollm2-135m [--draft-length K_MAX (default 30)]``
+runs DiffuSpec (:mod:`jaxspec.causal.diffuspec`: one diffusion-LM forward drafts a block, CPS
+with a 3-gram proxy fitted on the tokenized stdlib, ADL; exact under sampling through
+point-mass verification); ``--method specdiff`` is its argmax, fixed-length baseline.
 ``--method space [--mask-groups K (default 5)] [--space-sampling exact|paper]`` runs SPACE
 auto-correct decoding (:mod:`jaxspec.causal.space`) on a SAR-SFT model
 (``--model smollm2-135m-space``); ``paper`` is the paper's approximate sampling rule.
@@ -62,12 +66,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from jaxspec.methods import DEFAULT_GRAPH, METHODS, methods_of
 from scripts.common import compare_line
 
+ROOT = Path(__file__).resolve().parent.parent
 CAUSAL_METHODS = methods_of("causal")
 DIFFUSION_METHODS = methods_of("dllm")
 ASARM_METHODS = methods_of("asarm")
@@ -158,9 +164,9 @@ def diffusion_stats_line(label, res, degen) -> str:
             f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}")
 
 
-def _options(args, draft_model=None):
-    """The :class:`jaxspec.methods.DecodeOptions` of the command line (``draft_model``: the
-    loaded ``(model, params)`` of ``--draft-model``)."""
+def _options(args, draft=None):
+    """The :class:`jaxspec.methods.DecodeOptions` of the command line (``draft``: the fields
+    of ``--draft-model``, :func:`_draft_options`)."""
     from jaxspec.methods import DecodeOptions
 
     return DecodeOptions(
@@ -170,7 +176,7 @@ def _options(args, draft_model=None):
         block_length=args.block_length, steps=args.steps, remasking=args.remasking,
         tokens_per_step=args.tokens_per_step, threshold=args.threshold, cache=args.cache,
         alg_temp=args.alg_temp, tree=args.tree, graph=args.graph, epsilon=args.epsilon,
-        draft_model=draft_model, mask_groups=args.mask_groups, space_sampling=args.space_sampling)
+        mask_groups=args.mask_groups, space_sampling=args.space_sampling, **(draft or {}))
 
 
 def _check_method(args, preset):
@@ -194,16 +200,20 @@ def _check_method(args, preset):
                          f"{preset.name!r} is {FAMILY_WORDS[family]}; use --method {fits}")
     if name != "spiffy" and args.graph is not None:
         raise ValueError("--graph only applies to --method spiffy")
-    if name != "sps" and (args.draft_model or args.draft_weights):
-        raise ValueError("--draft-model / --draft-weights only apply to --method sps")
-    if name == "sps" and not args.draft_model:
-        raise ValueError("method 'sps' needs --draft-model NAME (a causal model with the "
-                         "target's tokenizer)")
-    if name == "sps":
-        from models.registry import get_preset
+    drafted = {"sps": "causal", "diffuspec": "dllm", "specdiff": "dllm"}
+    if name not in drafted and (args.draft_model or args.draft_weights):
+        raise ValueError("--draft-model / --draft-weights only apply to --method "
+                         + " / ".join(drafted))
+    if name in drafted and not args.draft_model:
+        raise ValueError(f"method {name!r} needs --draft-model NAME (a "
+                         f"{FAMILY_WORDS[drafted[name]]} model with the target's tokenizer)")
+    if name in drafted:
+        from models.registry import family_of, get_preset
 
-        if get_preset(args.draft_model).family != "causal":
-            raise ValueError(f"--draft-model {args.draft_model!r} is not a causal model")
+        dfam = family_of(get_preset(args.draft_model), args.draft_weights)
+        if dfam != drafted[name]:
+            raise ValueError(f"--draft-model {args.draft_model!r} is not a "
+                             f"{FAMILY_WORDS[drafted[name]]} model (method {name!r} needs one)")
     if family == "causal":
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),
@@ -214,19 +224,33 @@ def _check_method(args, preset):
     return method
 
 
-def _load_draft_model(args, tok):
-    """``(model, params)`` of ``--draft-model`` (None without it); ValueError when it is not a
-    causal model or its tokenizer differs from the target's ``tok``."""
+def _draft_options(args, tok) -> dict:
+    """The :class:`~jaxspec.methods.DecodeOptions` fields of ``--draft-model`` (empty without
+    it): ``draft_model`` for SPS; ``dllm_drafter``, the 3-gram ``proxy`` (fitted on the
+    tokenized stdlib, cached) and ``eos_id`` for DiffuSpec / SpecDiff. ValueError when the
+    draft model's tokenizer differs from the target's ``tok``."""
     if not args.draft_model:
-        return None
+        return {}
     from models.registry import load_model
 
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights)
     if not tok.same_vocabulary(dtok):
         raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
                          f"the target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} "
-                         f"ids): SPS needs the same vocabulary")
-    return dmodel, dparams
+                         f"ids): {args.method} needs the same vocabulary (a heterogeneous-"
+                         f"vocabulary adapter is not built yet)")
+    if args.method == "sps":
+        return {"draft_model": (dmodel, dparams)}
+    from jaxspec.causal.diffuspec import NgramProxy
+    from jaxspec.training.config import load_config
+    from jaxspec.training.data import stdlib_tokens
+
+    eos = tok.eos_token_ids[0] if tok.eos_token_ids else 0
+    # the training split of dream-smollm2-135m's corpus (its held-out modules stay out)
+    holdout = load_config(ROOT / "configs/train/dream-smollm2-135m.yaml").data.holdout
+    train, _, _ = stdlib_tokens(tok, holdout, sep_id=eos)
+    return {"dllm_drafter": (dmodel, dparams), "eos_id": eos,
+            "proxy": NgramProxy.fit(train, tok.vocab_size)}
 
 
 def _texts(args, tok):
@@ -294,9 +318,10 @@ def main(argv=None) -> int:
     try:
         preset = get_preset(args.model)
         method = _check_method(args, preset)
-        method.build(_options(args, (None, None)))  # bad flags fail before weights load
+        if method.name not in ("sps", "diffuspec", "specdiff"):  # bad flags fail early
+            method.build(_options(args))
         model, params, tok, preset = load_model(args.model, args.weights)
-        options = _options(args, _load_draft_model(args, tok))
+        options = _options(args, _draft_options(args, tok))
         config = method.build(options)
         ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)
         texts = _texts(args, tok)

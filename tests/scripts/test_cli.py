@@ -20,11 +20,14 @@ from scripts import generate as gen_cli
     (["--model", "gpt5"], "unknown model 'gpt5'; available: asarm-small, dlm-tiny, dream-smollm2-135m, hf-directory,"),
     (["--model", "hf-directory"], "needs --weights PATH"),
     (["--model", "asarm-small"], "any-order (XLNet AS-ARM) model: give a template with --infill"),
-    (["--draft-model", "qwen2.5-coder-0.5b-instruct"], "--draft-model / --draft-weights only apply to --method sps"),
+    (["--draft-model", "qwen2.5-coder-0.5b-instruct"], "--draft-model / --draft-weights only apply to --method sps / diffuspec / specdiff"),
     (["--method", "sps"], "method 'sps' needs --draft-model NAME"),
     (["--method", "sps", "--draft-model", "dream-smollm2-135m"], "'dream-smollm2-135m' is not a causal model"),
     (["--method", "sps", "--draft-model", "gpt5"], "unknown model 'gpt5'"),
     (["--method", "space", "--mask-groups", "0"], "--mask-groups must be >= 1"),
+    (["--method", "diffuspec"], "method 'diffuspec' needs --draft-model NAME (a masked-diffusion"),
+    (["--method", "diffuspec", "--draft-model", "qwen2.5-coder-0.5b-instruct"],
+     "is not a masked-diffusion model (method 'diffuspec' needs one)"),
 ])
 def test_generate_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2
