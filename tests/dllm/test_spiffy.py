@@ -22,7 +22,8 @@ from jaxspec.dllm.spiffy import (DraftGraph, GraphError, SpiffyConfig, calibrati
                             load_graph, plot_graph, record_calibration, save_graph, select_graph,
                             spiffy_generate)
 from tests.dllm.test_dllm import MODELS, PROMPTS
-from tests.dllm.test_ssd import _chi2, _repetitive_model, _vocab6_model, exact_stepwise_distribution
+from jaxspec.testing.distribution import check_distribution
+from tests.dllm.test_ssd import _repetitive_model, _vocab6_model, exact_stepwise_distribution
 
 GRAPH = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)),
                     ((1, 2), (2, 1)), ((1, 1), (2, 1), (3, 1)), ((1, 1), (2, 1), (3, 1), (4, 1))))
@@ -118,7 +119,8 @@ def test_sampling_distribution_equals_stepwise(kw):
     np.testing.assert_array_equal(r.full_tokens, ref.full_tokens)
     if not kw:
         dist = exact_stepwise_distribution(prompt, G, T)
-        assert _chi2(r.full_tokens, dist) > 1e-3
+        chk = check_distribution(r.full_tokens, dist)
+        assert chk.passed, chk.why
 
 
 def test_mesh_must_divide_the_batch():
