@@ -49,8 +49,10 @@ SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
     "jaxspec/ngram-bigram", "transformers/ar", "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
-# transformers/assisted a draft model (--draft-model), jaxspec/space a SAR-SFT target
-NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "transformers/assisted")
+# transformers/assisted a draft model (--draft-model), jaxspec/diffuspec / specdiff a diffusion
+# drafter, jaxspec/space a SAR-SFT target
+NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/specdiff",
+              "transformers/assisted")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in NEEDS_MORE)
 
 
