@@ -49,6 +49,7 @@ import numpy as np
 from jaxspec.training.build import build_data
 from jaxspec.training.config import AsarmSection, TrainConfigError, config_from_dict
 from jaxspec.training.data import PackedDataset
+from models.diffusion.delta import load_delta
 from models.registry import load_model, load_tokenizer_preset
 from models.xlnet.modeling import (CompactVocab, WeightFileError, XLNetConfig, XLNetLM, density_masks,
                                    init_params, load_xlnet, save_xlnet)
@@ -251,18 +252,23 @@ def _continued_params(path, xcfg: XLNetConfig, vocab: CompactVocab) -> dict:
 def prior_training(cfg, run_dir) -> dict:
     """Meta of the weights a continued run started from (``{}`` for a run from scratch).
 
-    The first call of a run with ``asarm.init_weights`` records the file's meta (``step``,
-    ``tokens_seen``) in ``run_dir/init.json``; later calls (resume, export) read that record, so
-    the figures stay right if the file is overwritten by the continued run's export.
+    The start weights are ``asarm.init_weights`` (AS-ARM) or ``lora.init_delta`` (a LoRA delta).
+    The first call of a continued run records the file's meta (``step``, ``tokens_seen``) in
+    ``run_dir/init.json``; later calls (resume, export) read that record, so the figures stay
+    right if the file is overwritten by the continued run's export.
     """
     rec = Path(run_dir) / INIT_RECORD
     if rec.is_file():
         return json.loads(rec.read_text())
     a = cfg.asarm or AsarmSection()
-    if not a.init_weights:
+    delta_path = getattr(cfg.lora, "init_delta", None)
+    if a.init_weights:
+        path, meta = a.init_weights, dict(load_xlnet(a.init_weights)[3])
+    elif delta_path:
+        path, meta = delta_path, dict(load_delta(delta_path)[1])
+    else:
         return {}
-    meta = dict(load_xlnet(a.init_weights)[3])
-    out = {"path": str(a.init_weights), "step": int(meta.get("step", 0)),
+    out = {"path": str(path), "step": int(meta.get("step", 0)),
            "tokens_seen": int(meta.get("tokens_seen", 0))}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     rec.write_text(json.dumps(out))

@@ -27,11 +27,17 @@ class TrainConfigError(ValueError):
 
 @dataclasses.dataclass
 class LoraSection:
+    """LoRA delta over a frozen preset. ``init_delta``: an exported ``delta.safetensors``
+    (:func:`models.diffusion.delta.save_delta`) whose values start the run instead of a fresh
+    delta: continued training with a fresh optimiser and schedule (the orbax state of the earlier
+    run is gone, e.g. on a new machine); its rank, targets and shapes must equal this config's."""
+
     rank: int = 16
     alpha: float = 32.0
     targets: tuple = LORA_TARGETS
     train_norms: bool = True
     train_mask_embed: bool = True
+    init_delta: Optional[str] = None
 
 
 @dataclasses.dataclass

@@ -35,8 +35,9 @@ from jaxspec.training.asarm import asarm_loss, build_asarm, prior_training, run_
 from jaxspec.training.build import build_data, build_model, make_optimizer
 from jaxspec.training.config import TrainConfig, TrainConfigError, config_from_dict
 from jaxspec.training.objectives import diffusion_loss, init_delta, sar_loss
-from models.diffusion.delta import merge_delta, save_delta
+from models.diffusion.delta import load_delta, merge_delta, save_delta
 from models.diffusion.modeling import DiffusionLM
+from models.llama.params import WeightFileError
 from models.xlnet.modeling import save_xlnet
 
 # train-section keys that are bookkeeping only: not part of the compiled computation
@@ -141,6 +142,7 @@ def _model_and_data(cfg: TrainConfig, out: Path, datasets, model_and_params, log
                               else (*model_and_params, None))
         if datasets is None:
             datasets = build_data(cfg, tok, model.config.mask_token_id, log)[:2]
+        prior_training(cfg, out)  # records the start delta's step / tokens (continued runs)
         return (model, params, *datasets, None)
     vocab = None
     if model_and_params is None or datasets is None:
@@ -165,9 +167,39 @@ def _initial_trainable(cfg: TrainConfig, model, params):
     if cfg.lora is not None:
         trainable = init_delta(base, cfg.lora, model.config.mask_token_id,
                                jax.random.PRNGKey(cfg.train.seed + 7))
+        if cfg.lora.init_delta:
+            trainable = _start_delta(cfg.lora.init_delta, trainable)
     else:
         base = {}
     return jax.tree.map(jnp.copy, trainable), base
+
+
+def _start_delta(path, fresh):
+    """The delta stored at ``path`` (``lora.init_delta``) in place of the ``fresh`` one.
+
+    Raises:
+      TrainConfigError: unreadable file, or a tree / shape that differs from the config's delta.
+    """
+    try:
+        stored, _ = load_delta(path)
+    except WeightFileError as e:
+        raise TrainConfigError(f"lora.init_delta: {e}") from None
+    want = {k: v.shape for k, v in _flat_items(fresh)}
+    got = {k: tuple(v.shape) for k, v in _flat_items(stored)}
+    if want != got:
+        diff = sorted(set(want.items()) ^ set(got.items()))[:3]
+        raise TrainConfigError(f"lora.init_delta {path}: its tensors differ from this config's "
+                               f"delta (rank / targets / norms / mask row), e.g. {diff}")
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), stored)
+
+
+def _flat_items(tree, prefix=""):
+    """``(dotted name, leaf)`` pairs of a nested dict."""
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            yield from _flat_items(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
 
 
 def _compile_key(cfg: TrainConfig) -> str:
@@ -215,6 +247,11 @@ def _export(cfg: TrainConfig, out: Path, result: dict, model_config, vocab) -> N
                 "mask_token_id": model_config.mask_token_id,
                 "head": getattr(model_config, "head", "causal"), "objective": cfg.objective.kind,
                 "step": result["step"], "tokens_seen": result["step"] * tokens_per_step}
+        prior = prior_training(cfg, out)
+        if prior:  # a continued run (lora.init_delta) counts the run it continues
+            meta.update(step=prior["step"] + result["step"], run_step=result["step"],
+                        tokens_seen=prior["tokens_seen"] + result["step"] * tokens_per_step,
+                        continued_from=prior)
         result["delta_bytes"] = save_delta(out / "delta.safetensors", trainable, meta)
     if cfg.objective.kind == "asarm":
         meta = run_meta(cfg, out, result["step"], tokens_per_step)

@@ -147,6 +147,37 @@ def test_sar_lora_delta_export(tmp_path):
     assert meta["head"] == "causal" and set(delta) == {"lora", "mask_embed", "norms"}
 
 
+def test_sar_lora_continues_from_an_exported_delta(tmp_path):
+    """``lora.init_delta`` starts a run from an exported delta: its first loss equals the loss
+    of the stored delta on that batch (not of a fresh delta), the export counts both runs'
+    steps and tokens, and a delta of another rank is a one-line config error."""
+    model, params = tiny_model(V, seed=1, mask_token_id=MASK)
+    _, data = _loop_data()
+    quiet = dict(datasets=data, model_and_params=(model, params), progress=False, log=lambda m: None)
+    train(_tiny_sar_cfg(3, {"rank": 2, "alpha": 4.0}), tmp_path / "a", **quiet)
+    first = tmp_path / "a" / "delta.safetensors"
+    stored, meta = load_delta(first)
+    assert int(meta["step"]) == 3
+    lora = {"rank": 2, "alpha": 4.0, "init_delta": str(first)}
+    cont = _tiny_sar_cfg(2, lora)
+    cont.optim.lr = 0.0  # the first step's loss must be the stored delta's
+    train(cont, tmp_path / "b", **quiet)
+    fresh = _tiny_sar_cfg(2, {"rank": 2, "alpha": 4.0})
+    fresh.optim.lr = 0.0
+    train(fresh, tmp_path / "c", **quiet)
+    loss = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+                      if json.loads(l)["kind"] == "train"][0]["loss"]
+    assert loss("b") != pytest.approx(loss("c"), rel=1e-6)  # the start delta was used...
+    got, meta_b = load_delta(tmp_path / "b" / "delta.safetensors")
+    for k in ("mask_embed",):
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(stored[k]))  # ...unchanged at lr 0
+    np.testing.assert_array_equal(np.asarray(got["lora"]["wq"]["b"]), np.asarray(stored["lora"]["wq"]["b"]))
+    assert int(meta_b["step"]) == 5 and int(meta_b["run_step"]) == 2
+    assert int(meta_b["tokens_seen"]) == 5 * int(meta["tokens_seen"]) // 3
+    with pytest.raises(TrainConfigError, match="init_delta"):
+        train(_tiny_sar_cfg(1, {"rank": 4, "alpha": 4.0, "init_delta": str(first)}), tmp_path / "d", **quiet)
+
+
 def test_sar_config_errors():
     with pytest.raises(TrainConfigError, match="sar_k"):
         config_from_dict({"objective": {"kind": "sar", "sar_k": 0}})
