@@ -216,7 +216,7 @@ def tiny_cases() -> dict:
         m[1] = True
         toks.append(rng.integers(0, 11, n).tolist())
         masks.append(m.tolist())
-    for method in ("sequential", "assd", "assd-ngram"):
+    for method in ("sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram"):
         for mode, mkw in (("greedy", {}), ("sampled", dict(temperature=1.0, seed=5)),
                           ("topk-topp", dict(temperature=0.7, top_k=6, top_p=0.9, seed=6))):
             kw = dict(method=method, k=3, **mkw)
@@ -277,7 +277,7 @@ def real_cases() -> dict:
                 masked[i] = True
         return run_assd(model, params, [ids], [masked], kw)
 
-    for method in ("sequential", "assd", "assd-ngram"):
+    for method in ("sequential", "assd", "assd-ngram", "assd-fused"):
         cases[f"asarm/{method}-sampled"] = (lambda method=method: asarm(
             dict(method=method, k=5, temperature=1.0, seed=1)))
     cases["asarm/assd-greedy"] = lambda: asarm(dict(method="assd", k=5))
@@ -315,12 +315,18 @@ def test_real_golden(name, smollm2_gguf):
     assert got == want, f"{name}: output differs from the recorded golden"
 
 
-def record(kinds) -> None:
+def record(kinds, only: tuple = ()) -> None:
+    """Record the goldens of ``kinds``; with ``only`` (name prefixes) re-record just the cases
+    whose name starts with one of them and keep every other recorded value as it is."""
     GOLDEN_DIR.mkdir(exist_ok=True)
     for kind in kinds:
         cases = tiny_cases() if kind == "tiny" else real_cases()
-        out = {}
+        path = GOLDEN_DIR / f"{kind}.json"
+        out = json.loads(path.read_text()) if only and path.is_file() else {}
+        out = {n: v for n, v in out.items() if n in cases}
         for i, (name, fn) in enumerate(sorted(cases.items())):
+            if only and not name.startswith(tuple(only)):
+                continue
             print(f"[{i + 1}/{len(cases)}] {name}", file=sys.stderr, flush=True)
             out[name] = _jsonable(fn())
         (GOLDEN_DIR / f"{kind}.json").write_text(json.dumps(out, indent=None, sort_keys=True)
@@ -329,7 +335,9 @@ def record(kinds) -> None:
 
 if __name__ == "__main__":
     if "--record" not in sys.argv:
-        sys.exit("usage: python -m tests.test_goldens --record [--real] [--real-only]")
+        sys.exit("usage: python -m tests.test_goldens --record [--real] [--real-only] "
+                 "[--only PREFIX ...]")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    only = tuple(sys.argv[sys.argv.index("--only") + 1:]) if "--only" in sys.argv else ()
     record((["tiny"] if "--real-only" not in sys.argv else [])
-           + (["real"] if "--real" in sys.argv or "--real-only" in sys.argv else []))
+           + (["real"] if "--real" in sys.argv or "--real-only" in sys.argv else []), only)

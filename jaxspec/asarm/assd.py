@@ -52,10 +52,56 @@ distribution is the one every method samples from.
   ``x_cond = x_sigma(i)-1`` when that position is known and on the draft there otherwise
   (Alg. 2 lines 2-6; Theorem 3: it is then the previous draft). Drafts are sampled from ``c``
   (greedy: its argmax) and verified as above; there is no Lemma 1, so every iteration is
-  verified (one AS-ARM forward, 1 to ``k`` tokens). Conventions shared with
-  :class:`jaxspec.core.drafters.NgramDrafter`: a condition never seen followed by a known token drafts
-  a point mass on itself. Extension for ``sigma(i) = 0`` (no left neighbour, excluded by
-  Theorem 3): the unigram frequencies of the known tokens (uniform if none). Lossless.
+  verified (one AS-ARM forward, 1 to ``k`` tokens). Cases Eq. 23 leaves undefined, as the
+  official code (gabeguo/any-order-speculative-decoding, ``context_ngram.py`` /
+  ``speculative_decoding.py``) handles them: a condition never seen followed by a known token
+  drafts from the **unigram** frequencies of the known tokens (uniform if none); an iteration
+  whose first slot is position 0 (no left neighbour, excluded by Theorem 3) takes its drafts
+  from an AS-ARM draft pass as ``"assd"`` does (Lemma 1 applies to it; the pass counts as a
+  target NFE). Lossless.
+* ``"assd-fused"`` (this library's extension; README "Fused ASSD"): one AS-ARM call per
+  iteration verifies the current drafts **and** drafts the next ones, see "Fused ASSD" below.
+* ``"assd-fused-ngram"``: Algorithm 2's bigram drafts verified by one call whose density
+  queries also cover the position after the drafts (a bonus token after ``k`` acceptances).
+
+**Fused ASSD.** Let ``n`` masked tokens be decoded and ``d_1..d_L`` (``L <= k``) be drafts for
+ranks ``n..n+L-1`` with draft distributions ``q_1..q_L``, carried from the previous call. One
+XLNet call over the buffer ``x_sigma(<n), d_1..d_L`` (content stream under the density mask of
+Fig. 1b, i.e. ``density_order(rank, n + L)``) carries ``(k+1)^2`` query tokens:
+
+- ``k + 1`` density queries: query ``i`` sits at rank ``n + i`` and attends to ranks
+  ``< n + i`` (the prompt and ``d_1..d_i``), giving the target ``p_i = p(x_sigma(n+i) |
+  x_sigma(<n), d_1..d_i)`` (Alg. 1 lines 13-15, plus the row after the last draft);
+- ``k + 1`` draft groups of ``k`` queries: group ``j`` (``j = 0..k``) sits at ranks
+  ``n+j+1 .. n+j+k`` and attends to ranks ``< n + j`` only (the prompt, the decoded tokens and
+  ``d_1..d_j``; *not* rank ``n + j``, whose token is decided by this call's verification), so
+  each of its queries is ``p(x_sigma(r) | x_sigma(<n), d_1..d_j)``: the parallel-sampling pass of
+  Fig. 1a that a separate draft pass would run after accepting ``d_1..d_j``, minus that one token.
+
+The query stream never feeds the content stream, and under the density mask the content row of
+rank ``r`` attends only to ranks ``<= r``; so a query restricted to ranks ``< c`` computes
+exactly what a call holding only those tokens would compute (``test_fused_groups_equal_
+separate_passes`` checks this numerically). The chain verifier (:mod:`jaxspec.core.verify`,
+``draft_len = L``) accepts ``j`` drafts; on the first rejection it samples rank ``n + j`` from
+the residual ``norm(max(p_j - q_{j+1}, 0))``, after ``L`` acceptances it samples the bonus from
+``p_L``. The call emits ``j + 1`` tokens, and the next iteration's drafts (ranks ``n+j+1..``,
+``L' = min(k, N - m - (n+j+1) - 1)`` of them, so a bonus row always exists) are group ``j``'s
+samples (greedy: argmax) with ``q`` = group ``j``'s processed distribution. The first call has
+``L = 0``: it samples rank 0 from ``p_0`` and drafts with group 0.
+
+*Why it stays exact.* Speculative sampling outputs a token distributed as ``p`` for **any**
+proposal ``q`` as long as the draft is drawn from ``q`` before, and independently of, the
+verification's random numbers, and ``q`` depends only on the history (Leviathan et al. 2023,
+Thm. 1; ASSD Theorem 2 is the same argument along ``sigma``). Group ``j``'s drafts are drawn in
+call ``t`` with a key split off before call ``t + 1``'s verification key, and their distribution
+is a function of ``x_sigma(<n+j)``, part of the history at the time they are verified (the
+token at rank ``n + j`` is simply not used: a worse proposal, never a biased one). Hence every
+emitted token is distributed as ``p(. | x_sigma(<i))`` and the output joint equals sequential
+decoding's. Greedy: every emitted token is the target's argmax given the emitted prefix, so
+the output is identical to sequential greedy. *NFE <= N - m* (Theorem 1): every call emits at
+least one token. Unlike Algorithm 1 there is no Lemma 1 (the first draft of an iteration is
+conditioned on one token less than its target, so it can be rejected); in exchange an
+iteration costs one call instead of two.
 
 **Epsilon tolerance** (Appendix F.5, ``epsilon > 0``, sampling only): acceptance becomes
 ``r < min(1, q / p + epsilon)``. This is **not lossless** (the output distribution drifts from
@@ -101,7 +147,7 @@ from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
 from models.xlnet.modeling import XLNetLM, density_masks
 
-METHODS = ("sequential", "assd", "assd-ngram")
+METHODS = ("sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram")
 _BIG = 1 << 30   # rank of positions nobody may attend (undecoded masked slots, padding)
 
 
@@ -216,8 +262,30 @@ def conditionals(model: XLNetLM, params, tokens: jax.Array, visible: jax.Array,
     Returns:
       float32 ``(B, P, V)`` logits of ``p(x_{query_pos} | attended slots)``.
     """
-    cm, qm_full = density_masks(visible, order)
-    qm = jnp.take_along_axis(qm_full, query_pos[:, :, None], axis=1)
+    cond = jnp.take_along_axis(order, query_pos, axis=1)
+    return conditionals_at(model, params, tokens, visible, order, query_pos, cond)
+
+
+def conditionals_at(model: XLNetLM, params, tokens: jax.Array, visible: jax.Array,
+                    order: jax.Array, query_pos: jax.Array, cond: jax.Array) -> jax.Array:
+    """One AS-ARM forward whose query ``p`` reads slot ``query_pos[:, p]`` while attending to the
+    prompt and the slots with ``order < cond[:, p]`` (content stream under the density mask of
+    ``order``). :func:`conditionals` is the case ``cond = order[query_pos]``; fused ASSD gives
+    queries at the same slot different conditioning sets (module docstring, "Fused ASSD").
+
+    Args:
+      tokens, visible, order: as in :func:`conditionals`.
+      query_pos: int32 ``(B, P)`` slots to read (repeats allowed).
+      cond: int32 ``(B, P)``: query ``p`` attends to non-prompt slot ``j`` iff
+        ``order[j] < cond[p]`` (never to its own slot).
+
+    Returns:
+      float32 ``(B, P, V)`` logits (ASSD token suppression applied later, by the caller).
+    """
+    S = tokens.shape[1]
+    cm, _ = density_masks(visible, order)
+    own = query_pos[:, :, None] == jnp.arange(S)[None, None, :]
+    qm = (visible[:, None, :] | (order[:, None, :] < cond[:, :, None])) & ~own
     logits, _ = model.apply(params, tokens, cm, qm, query_pos=query_pos)
     return logits
 
@@ -236,9 +304,10 @@ def density_order(rank: jax.Array, t: jax.Array) -> jax.Array:
 def bigram_draft_dist(tokens: jax.Array, known: jax.Array, cond: jax.Array,
                       has_cond: jax.Array, vocab_size: int) -> jax.Array:
     """ASSD's draft distribution for one position (Algorithm 2 lines 2-8): the Eq. 23 context
-    bigram :func:`jaxspec.core.drafters.context_bigram` conditioned on ``cond``, or, for a
-    position with no left neighbour (``has_cond`` False), the unigram frequencies of the known
-    tokens.
+    bigram :func:`jaxspec.core.drafters.context_bigram` conditioned on ``cond``; the unigram
+    frequencies of the known tokens when ``cond`` never started a known bigram (the official
+    code's rule; Eq. 23 leaves the case undefined) or the position has no left neighbour
+    (``has_cond`` False).
 
     Args:
       tokens: int32 ``(S,)``; known: bool ``(S,)`` (prompt or decoded);
@@ -247,8 +316,8 @@ def bigram_draft_dist(tokens: jax.Array, known: jax.Array, cond: jax.Array,
     Returns:
       float32 ``(V,)``.
     """
-    d_big, _ = context_bigram(tokens, known, cond, vocab_size)
-    return jnp.where(has_cond, d_big, context_unigram(tokens, known, vocab_size))
+    d_big, total = context_bigram(tokens, known, cond, vocab_size)
+    return jnp.where(has_cond & (total > 0), d_big, context_unigram(tokens, known, vocab_size))
 
 
 # --------------------------------------------------------------------------- loop statics and state
@@ -259,25 +328,43 @@ class LoopConfig:
     Attributes:
       model: the :class:`models.xlnet.modeling.XLNetLM` (its config fixes ``V``).
       method: one of :data:`METHODS`.
-      slots: query slots ``P`` per iteration (``>= k``; 1 for ``"sequential"``).
+      slots: draft slots per iteration (``>= k``; 1 for ``"sequential"``).
       sampling: temperature / top-k / top-p of the target distribution.
+      suppress: token ids whose logits are set to -inf in every pass (target and drafts alike:
+        the reference is sequential decoding with the same suppression).
     """
 
     model: XLNetLM
     method: str
     slots: int
     sampling: SamplingConfig
+    suppress: tuple = ()
 
     @property
-    def query_slots(self) -> int:
-        """``P``: query slots of every pass (one for sequential decoding)."""
+    def fused(self) -> bool:
+        """One call per iteration verifies and drafts (module docstring, "Fused ASSD")."""
+        return self.method.startswith("assd-fused")
+
+    @property
+    def draft_slots(self) -> int:
+        """``K``: drafts per iteration compiled into the loop (one for sequential decoding)."""
         return 1 if self.method == "sequential" else self.slots
 
     @property
+    def query_slots(self) -> int:
+        """``P``: query tokens of one call: ``K`` (draft and density passes of Algorithm 1),
+        ``(K + 1)^2`` for fused ASSD (``K + 1`` density queries and ``K + 1`` groups of ``K``),
+        ``K + 1`` for fused ASSD-ngram."""
+        K = self.draft_slots
+        if not self.fused:
+            return K
+        return (K + 1) ** 2 if self.self_draft else K + 1
+
+    @property
     def self_draft(self) -> bool:
-        """Whether drafts come from the AS-ARM's own draft pass (Alg. 1 lines 4-8; also the
+        """Whether drafts come from the AS-ARM itself (Alg. 1 draft pass, fused groups, the
         sequential step) rather than the context bigram (Alg. 2)."""
-        return self.method != "assd-ngram"
+        return not self.method.endswith("ngram")
 
 
 @flax.struct.dataclass
@@ -308,8 +395,12 @@ class State:
     drafts_proposed: jax.Array  # int32 (B,): drafts sent to verification
     drafts_accepted: jax.Array  # int32 (B,): drafts accepted (line 20)
     draft_passes: jax.Array     # int32 (B,): AS-ARM draft passes (lines 4-8)
-    density_passes: jax.Array   # int32 (B,): AS-ARM density passes (lines 13-15)
+    density_passes: jax.Array   # int32 (B,): AS-ARM density passes (lines 13-15; fused calls)
     lemma1_max_gap: jax.Array   # float32 (): max |p - q| at i = n over verified iterations
+    # fused ASSD only (width 1 otherwise): the drafts carried to the next call
+    next_drafts: jax.Array      # int32 (B, K): drafts for ranks n .. n + K - 1
+    next_q: jax.Array           # float32 (B, K, V) their draft distributions ((B, K, 1) if greedy)
+    next_live: jax.Array        # int32 (B,): L, how many of them are live
 
 
 @flax.struct.dataclass
@@ -331,6 +422,8 @@ class Drafts:
                                       # and self-drafted (greedy verification needs none)
     logits: Optional[jax.Array]       # float32 (B, P, V) draft-pass logits (self-draft only)
     need_check: jax.Array             # bool (B,): rows whose drafts go to verification
+    lemma1: jax.Array                 # bool (B,): drafts came from a draft pass (Lemma 1 holds
+                                      # at i = n; that pass is a target NFE)
 
 
 @flax.struct.dataclass
@@ -348,19 +441,26 @@ def init_state(cfg: LoopConfig, tokens: jax.Array, key: jax.Array) -> State:
     """Loop carry before the first iteration: nothing decoded, every counter 0."""
     B = tokens.shape[0]
     z = jnp.zeros((B,), jnp.int32)
+    K = cfg.draft_slots if cfg.fused else 1
+    Vq = 1 if (cfg.sampling.greedy or not cfg.fused) else cfg.model.config.vocab_size
     return State(tokens=tokens, decoded=z, key=key, target_nfe=z, draft_nfe=z, steps=z,
-                 accept_hist=jnp.zeros((B, cfg.query_slots + 2), jnp.int32), drafts_proposed=z,
+                 accept_hist=jnp.zeros((B, cfg.draft_slots + 2), jnp.int32), drafts_proposed=z,
                  drafts_accepted=z, draft_passes=z, density_passes=z,
-                 lemma1_max_gap=jnp.zeros((), jnp.float32))
+                 lemma1_max_gap=jnp.zeros((), jnp.float32),
+                 next_drafts=jnp.zeros((B, K), jnp.int32),
+                 next_q=jnp.zeros((B, K, Vq), jnp.float32), next_live=z)
 
 
 def query_window(cfg: LoopConfig, inp: Inputs, decoded: jax.Array) -> Window:
-    """The query slots after ``decoded`` (``n``, int32 ``(B,)``) tokens (Alg. 1 line 3)."""
-    P = cfg.query_slots
+    """The draft slots after ``decoded`` (``n``, int32 ``(B,)``) tokens (Alg. 1 line 3:
+    ``t = min(n + k, N - m)``; fused methods keep one more slot for the bonus row:
+    ``t = min(n + k, N - m - 1)``)."""
+    P = cfg.draft_slots
     S = inp.visible.shape[1]
     j = jnp.arange(P)[None, :]
     active = decoded < inp.num_masked
-    live = jnp.where(active, jnp.minimum(jnp.minimum(P, inp.k), inp.num_masked - decoded), 0)
+    room = inp.num_masked - decoded - (1 if cfg.fused else 0)
+    live = jnp.where(active, jnp.clip(jnp.minimum(jnp.minimum(P, inp.k), room), 0), 0)
     qpos = jnp.take_along_axis(inp.pos_of_rank, jnp.minimum(decoded[:, None] + j, S - 1), axis=1)
     return Window(active=active, live=live, query_pos=qpos, use=j < live[:, None])
 
@@ -375,14 +475,30 @@ def draft_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     """Algorithm 1 lines 4-8 (and one sequential step): one draft pass (Fig. 1a) in which every
     query slot conditions on ``x_sigma(<n)`` only; drafts are its argmax (greedy) or samples.
     Lines 9-12: a row speculating a single token skips verification (Lemma 1)."""
-    logits = conditionals(cfg.model, params, st.tokens, inp.visible,
-                          draft_order(inp.rank, st.decoded), win.query_pos)      # (B, P, V)
+    order = draft_order(inp.rank, st.decoded)
+    logits = call(cfg, params, st.tokens, inp.visible, order, win.query_pos,
+                  jnp.take_along_axis(order, win.query_pos, axis=1))              # (B, P, V)
+    tokens, q = draw(cfg, key, logits)
+    return Drafts(tokens=tokens, q=q, logits=logits, need_check=win.live >= 2,
+                  lemma1=jnp.ones_like(win.active))
+
+
+def call(cfg: LoopConfig, params, tokens, visible, order, query_pos, cond) -> jax.Array:
+    """One AS-ARM forward (:func:`conditionals_at`) with ``cfg.suppress`` applied: float32
+    ``(B, P, V)`` logits, suppressed ids at -inf."""
+    logits = conditionals_at(cfg.model, params, tokens, visible, order, query_pos, cond)
+    if cfg.suppress:
+        logits = logits.at[..., jnp.asarray(cfg.suppress, jnp.int32)].set(-jnp.inf)
+    return logits
+
+
+def draw(cfg: LoopConfig, key: jax.Array, logits: jax.Array):
+    """Drafts from ``logits (B, K, V)``: ``(tokens int32 (B, K), q)`` with the argmax and
+    ``q = None`` (greedy), else independent samples and ``q`` the processed probabilities."""
     if cfg.sampling.greedy:
-        q, tokens = None, jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    else:
-        q = target_probs(logits, cfg.sampling)
-        tokens = sample_from_probs(key, q)
-    return Drafts(tokens=tokens, q=q, logits=logits, need_check=win.live >= 2)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    q = target_probs(logits, cfg.sampling)
+    return sample_from_probs(key, q), q
 
 
 def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax.Array) -> Drafts:
@@ -395,7 +511,7 @@ def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax
     known = known_slots(inp, st.decoded)
     dist = jax.vmap(lambda t, kn, c, h: bigram_draft_dist(t, kn, c, h, V))
     tokens, qs = [], []
-    for i in range(cfg.query_slots):
+    for i in range(cfg.draft_slots):
         left = win.query_pos[:, i] - 1
         left_known = jnp.take_along_axis(known, jnp.maximum(left, 0)[:, None], 1)[:, 0]
         left_tok = jnp.take_along_axis(st.tokens, jnp.maximum(left, 0)[:, None], 1)[:, 0]
@@ -405,7 +521,28 @@ def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax
                       else sample_from_probs(jax.random.fold_in(key, i), c))
         qs.append(c)
     return Drafts(tokens=jnp.stack(tokens, axis=1), q=jnp.stack(qs, axis=1), logits=None,
-                  need_check=win.live >= 1)
+                  need_check=win.live >= 1, lemma1=jnp.zeros_like(win.active))
+
+
+def ngram_drafts(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
+                 key: jax.Array) -> Drafts:
+    """ASSD-ngram's drafts (module docstring): :func:`bigram_drafts`, except on rows whose
+    first slot is position 0, which take an AS-ARM draft pass (:func:`draft_pass`) as the
+    official code does; that pass runs only when some row needs it."""
+    big = bigram_drafts(cfg, inp, st, win, key)
+    at0 = win.active & (win.query_pos[:, 0] == 0) & (win.live >= 1)
+    V = cfg.model.config.vocab_size
+    big = big.replace(logits=jnp.zeros(big.q.shape[:2] + (V,), jnp.float32))
+
+    def with_pass(_):
+        own = draft_pass(cfg, params, inp, st, win, key)
+        row = at0[:, None]
+        return Drafts(tokens=jnp.where(row, own.tokens, big.tokens),
+                      q=big.q if own.q is None else jnp.where(row[..., None], own.q, big.q),
+                      logits=jnp.where(row[..., None], own.logits, big.logits),
+                      need_check=jnp.where(at0, own.need_check, big.need_check), lemma1=at0)
+
+    return jax.lax.cond(jnp.any(at0), with_pass, lambda _: big, None)
 
 
 def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
@@ -420,8 +557,9 @@ def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     with_drafts = st.tokens.at[jnp.arange(B)[:, None], slot].set(drafts.tokens, mode="drop")
 
     def run(_):
-        return conditionals(cfg.model, params, with_drafts, inp.visible,
-                            density_order(inp.rank, st.decoded + win.live), win.query_pos)
+        order = density_order(inp.rank, st.decoded + win.live)
+        return call(cfg, params, with_drafts, inp.visible, order, win.query_pos,
+                    jnp.take_along_axis(order, win.query_pos, axis=1))
 
     zeros = jnp.zeros((B, cfg.query_slots, cfg.model.config.vocab_size), jnp.float32)
     return jax.lax.cond(jnp.any(drafts.need_check), run, lambda _: zeros, None)
@@ -433,18 +571,20 @@ def verify(cfg: LoopConfig, key: jax.Array, target_logits: jax.Array, drafts: Dr
     :func:`~jaxspec.core.verify.verify_sample` (no bonus row: after all live drafts are accepted
     the next iteration drafts again; ``epsilon > 0`` is Appendix F.5's tolerance).
 
-    Self-drafted rows use the draft row for ``i = n`` as its target row (Lemma 1: the same
-    distribution), recording the largest gap between the two under sampling."""
+    Rows drafted by a draft pass (``drafts.lemma1``) use the draft row for ``i = n`` as its
+    target row (Lemma 1: the same distribution), recording the largest gap between the two
+    under sampling."""
+    l1 = drafts.lemma1 & drafts.need_check
     if cfg.sampling.greedy:
-        if cfg.self_draft:
-            target_logits = target_logits.at[:, 0].set(drafts.logits[:, 0])
+        if drafts.logits is not None:
+            row0 = jnp.where(l1[:, None], drafts.logits[:, 0], target_logits[:, 0])
+            target_logits = target_logits.at[:, 0].set(row0)
         n_ok, token = verify_greedy(target_logits, drafts.tokens)
     else:
         p = target_probs(target_logits, cfg.sampling)
-        if cfg.self_draft:
-            g = jnp.abs(p[:, 0] - drafts.q[:, 0]).max(-1)
-            gap = jnp.maximum(gap, jnp.max(jnp.where(drafts.need_check, g, 0.0)))
-            p = p.at[:, 0].set(drafts.q[:, 0])
+        g = jnp.abs(p[:, 0] - drafts.q[:, 0]).max(-1)
+        gap = jnp.maximum(gap, jnp.max(jnp.where(l1, g, 0.0)))
+        p = p.at[:, 0].set(jnp.where(l1[:, None], drafts.q[:, 0], p[:, 0]))
         n_ok, token = verify_sample(key, p, drafts.tokens, drafts.q, epsilon=epsilon)
     need = drafts.need_check
     return Verdict(accepted=jnp.where(need, jnp.minimum(n_ok, win.live), win.live),   # line 20
@@ -474,10 +614,10 @@ def commit(cfg: LoopConfig, st: State, key: jax.Array, win: Window, drafts: Draf
     produced = jnp.where(win.active, n_acc + verdict.resampled.astype(jnp.int32), 0)
     a32 = win.active.astype(jnp.int32)
     verified = (drafts.need_check & win.active).astype(jnp.int32)
-    drafted = a32 if cfg.self_draft else 0            # AS-ARM draft passes
-    bigram = 0 if cfg.self_draft else a32             # drafter calls
-    hist = st.accept_hist.at[jnp.arange(B), jnp.clip(produced, 0, cfg.query_slots + 1)].add(a32)
-    return State(tokens=tokens, decoded=st.decoded + produced, key=key,
+    drafted = (drafts.lemma1 & win.active).astype(jnp.int32)     # AS-ARM draft passes
+    bigram = 0 if cfg.self_draft else a32 - drafted              # drafter calls
+    hist = st.accept_hist.at[jnp.arange(B), jnp.clip(produced, 0, cfg.draft_slots + 1)].add(a32)
+    return st.replace(tokens=tokens, decoded=st.decoded + produced, key=key,
                  target_nfe=st.target_nfe + drafted + verified, draft_nfe=st.draft_nfe + bigram,
                  steps=st.steps + a32, accept_hist=hist,
                  drafts_proposed=st.drafts_proposed + verified * win.live,
@@ -487,16 +627,118 @@ def commit(cfg: LoopConfig, st: State, key: jax.Array, win: Window, drafts: Draf
                  lemma1_max_gap=verdict.lemma1_max_gap)
 
 
+# --------------------------------------------------------------------------- fused ASSD phases
+def fused_queries(cfg: LoopConfig, inp: Inputs, decoded: jax.Array):
+    """Slots and conditioning of one fused call's ``P`` query tokens (module docstring, "Fused
+    ASSD"): ``K + 1`` density queries (rank ``n + i``, attending to ranks ``< n + i``), then,
+    for self-drafting, ``K + 1`` groups of ``K`` (group ``j``: ranks ``n+j+1 .. n+j+K``,
+    attending to ranks ``< n + j``).
+
+    Returns: ``(query_pos int32 (B, P), cond int32 (B, P))`` for :func:`conditionals_at`."""
+    K = cfg.draft_slots
+    B, S = inp.visible.shape
+    n = decoded[:, None]
+    rank, cond = n + jnp.arange(K + 1)[None, :], n + jnp.arange(K + 1)[None, :]
+    if cfg.self_draft:
+        j, r = jnp.arange(K + 1)[:, None], jnp.arange(K)[None, :]
+        g_rank = (n[:, :, None] + (j + 1 + r)[None]).reshape(B, -1)
+        g_cond = jnp.broadcast_to(n[:, :, None] + j[None], (B, K + 1, K)).reshape(B, -1)
+        rank, cond = jnp.concatenate([rank, g_rank], 1), jnp.concatenate([cond, g_cond], 1)
+    pos = jnp.take_along_axis(inp.pos_of_rank, jnp.minimum(rank, S - 1), axis=1)
+    return pos, cond
+
+
+def fused_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
+               drafts: jax.Array, live: jax.Array):
+    """The one AS-ARM call of a fused iteration: content stream over ``x_sigma(<n)`` and the
+    ``live`` (int32 ``(B,)``) drafts ``drafts`` (int32 ``(B, K)``) under the density mask, and
+    the queries of :func:`fused_queries`.
+
+    Returns: ``(target float32 (B, K + 1, V), groups float32 (B, K + 1, K, V) or None)``:
+    ``target[:, i]`` is ``p(x_sigma(n+i) | x_sigma(<n), d_1..d_i)`` (valid for ``i <= live``),
+    ``groups[:, j, r]`` is ``p(x_sigma(n+j+1+r) | x_sigma(<n), d_1..d_j)``."""
+    B, S = st.tokens.shape
+    K, V = cfg.draft_slots, cfg.model.config.vocab_size
+    use = jnp.arange(K)[None, :] < live[:, None]
+    buf = st.tokens.at[jnp.arange(B)[:, None], jnp.where(use, win.query_pos, S)].set(
+        drafts, mode="drop")
+    pos, cond = fused_queries(cfg, inp, st.decoded)
+    logits = call(cfg, params, buf, inp.visible, density_order(inp.rank, st.decoded + live),
+                  pos, cond)
+    groups = logits[:, K + 1:].reshape(B, K + 1, K, V) if cfg.self_draft else None
+    return logits[:, :K + 1], groups
+
+
+def fused_verify(cfg: LoopConfig, key: jax.Array, target: jax.Array, drafts: jax.Array,
+                 q: Optional[jax.Array], live: jax.Array, epsilon: jax.Array):
+    """Chain verification of the ``live`` drafts with a bonus row (:mod:`jaxspec.core.verify`,
+    ``draft_len = live``): ``(accepted int32 (B,), token int32 (B,))``, the token being the
+    residual sample at the first rejection or the bonus from ``p_live``."""
+    if cfg.sampling.greedy:
+        return verify_greedy(target, drafts, draft_len=live)
+    return verify_sample(key, target_probs(target, cfg.sampling), drafts, q, epsilon=epsilon,
+                         draft_len=live)
+
+
+def fused_commit(cfg: LoopConfig, inp: Inputs, st: State, key: jax.Array, k_draft: jax.Array,
+                 win: Window, drafts: jax.Array, live: jax.Array, groups, n_ok: jax.Array,
+                 token: jax.Array) -> State:
+    """Write ``d_1..d_j`` and the sampled token at rank ``n + j`` (``j = n_ok``), ``n <- n +
+    j + 1``; the next drafts are group ``j``'s samples (greedy: argmax) with their ``q``; count
+    one target NFE per call."""
+    B, S = st.tokens.shape
+    rows = jnp.arange(B)
+    act = win.active
+    keep = (jnp.arange(cfg.draft_slots)[None, :] < n_ok[:, None]) & act[:, None]
+    tokens = st.tokens.at[rows[:, None], jnp.where(keep, win.query_pos, S)].set(drafts, mode="drop")
+    at = jnp.take_along_axis(inp.pos_of_rank, jnp.minimum(st.decoded + n_ok, S - 1)[:, None], 1)
+    tokens = tokens.at[rows, jnp.where(act, at[:, 0], S)].set(token, mode="drop")
+    produced = jnp.where(act, n_ok + 1, 0)
+    decoded = st.decoded + produced
+    nxt, q = st.next_drafts, st.next_q
+    if groups is not None:
+        nxt, q_new = draw(cfg, k_draft, groups[rows, jnp.minimum(n_ok, cfg.draft_slots)])
+        q = q if q_new is None else q_new
+    a32 = act.astype(jnp.int32)
+    hist = st.accept_hist.at[rows, jnp.clip(produced, 0, cfg.draft_slots + 1)].add(a32)
+    return st.replace(tokens=tokens, decoded=decoded, key=key, target_nfe=st.target_nfe + a32,
+                      draft_nfe=st.draft_nfe + (0 if cfg.self_draft else a32 * (live >= 1)),
+                      steps=st.steps + a32, accept_hist=hist,
+                      drafts_proposed=st.drafts_proposed + a32 * live,
+                      drafts_accepted=st.drafts_accepted + a32 * n_ok,
+                      density_passes=st.density_passes + a32, next_drafts=nxt, next_q=q,
+                      next_live=query_window(cfg, inp, decoded).live)
+
+
+def fused_step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
+    """One fused iteration (``"assd-fused"`` / ``"assd-fused-ngram"``) for every row in
+    lockstep: drafts (carried, or Algorithm 2's bigram), one call, verification, commit."""
+    win = query_window(cfg, inp, st.decoded)
+    key, k_draft, k_verify = jax.random.split(st.key, 3)
+    if cfg.self_draft:
+        live = jnp.minimum(st.next_live, win.live)
+        drafts, q = st.next_drafts, (None if cfg.sampling.greedy else st.next_q)
+    else:
+        big = bigram_drafts(cfg, inp, st, win, k_draft)                   # Algorithm 2
+        live, drafts, q = win.live, big.tokens, big.q
+    target, groups = fused_pass(cfg, params, inp, st, win, drafts, live)
+    n_ok, token = fused_verify(cfg, k_verify, target, drafts, q, live, inp.epsilon)
+    return fused_commit(cfg, inp, st, key, k_draft, win, drafts, live, groups, n_ok, token)
+
+
 # --------------------------------------------------------------------------- the loop
 def step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
     """One iteration of Algorithm 1 (``"assd"``), of Algorithm 1 with Algorithm 2's drafts
-    (``"assd-ngram"``) or of sequential decoding, for every row in lockstep."""
+    (``"assd-ngram"``), of sequential decoding, or of fused ASSD (:func:`fused_step`), for
+    every row in lockstep."""
+    if cfg.fused:
+        return fused_step(cfg, params, inp, st)
     win = query_window(cfg, inp, st.decoded)
     key, k_draft, k_verify = jax.random.split(st.key, 3)
     if cfg.self_draft:
         drafts = draft_pass(cfg, params, inp, st, win, k_draft)           # lines 4-12
     else:
-        drafts = bigram_drafts(cfg, inp, st, win, k_draft)                # Algorithm 2
+        drafts = ngram_drafts(cfg, params, inp, st, win, k_draft)         # Algorithm 2
     if cfg.method == "sequential":
         verdict = unverified(win, st.lemma1_max_gap)
     else:
@@ -598,8 +840,22 @@ def _check_settings(method: str, k, slots, sampling, epsilon) -> int:
     return slots
 
 
+def _check_suppress(suppress, vocab_size: int) -> tuple:
+    """``suppress`` as a sorted tuple of ids in ``[0, V)``.
+
+    Raises:
+      ValueError (one line): a non-integer id or one outside the vocabulary."""
+    ids = []
+    for t in suppress or ():
+        if not _is_int(t) or not 0 <= int(t) < vocab_size:
+            raise ValueError(f"suppressed token id {t!r} is not an id of the model vocabulary "
+                             f"[0, {vocab_size})")
+        ids.append(int(t))
+    return tuple(sorted(set(ids)))
+
+
 def _stats(method: str, st: State, G: np.ndarray, k: int, k_requested: int,
-           epsilon: float) -> ASSDStats:
+           epsilon: float, cfg: LoopConfig) -> ASSDStats:
     """The host-side statistics record of a finished loop (``st`` as numpy arrays)."""
     seq = method == "sequential"
     return ASSDStats(
@@ -612,13 +868,14 @@ def _stats(method: str, st: State, G: np.ndarray, k: int, k_requested: int,
                "lossless": bool(epsilon == 0), "draft_passes": int(st.draft_passes.sum()),
                "density_passes": int(st.density_passes.sum()),
                "tokens_per_iteration": round(float(G.sum() / max(st.steps.sum(), 1)), 4),
-               "lemma1_max_gap": float(st.lemma1_max_gap)})
+               "lemma1_max_gap": float(st.lemma1_max_gap),
+               "query_tokens_per_call": cfg.query_slots, "suppressed": list(cfg.suppress)})
 
 
 def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd", k: int = 5,
                   sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                   epsilon: float = 0.0, slots: Optional[int] = None, bucket: int = 16,
-                  max_len: Optional[int] = None) -> InfillResult:
+                  max_len: Optional[int] = None, suppress: Sequence[int] = ()) -> InfillResult:
     """Fill the masked positions of a batch with sequential decoding or ASSD (module docstring).
 
     Args:
@@ -626,8 +883,9 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
       tokens: ``B`` int sequences of model ids (lengths may differ; ids at masked positions are
         ignored).
       masked: ``B`` bool sequences, True at the positions to generate (any subset).
-      method: ``"sequential"`` (reference), ``"assd"`` (Algorithm 1) or ``"assd-ngram"``
-        (Algorithm 2 drafts).
+      method: ``"sequential"`` (reference), ``"assd"`` (Algorithm 1), ``"assd-ngram"``
+        (Algorithm 2 drafts), ``"assd-fused"`` / ``"assd-fused-ngram"`` (one call per
+        iteration; module docstring, "Fused ASSD").
       k: tokens speculated per iteration (>= 1; ignored by ``"sequential"``). The paper uses 5.
       sampling: temperature (0 = greedy) / top-k / top-p of the target distribution.
       seed: PRNG seed; the same seed, inputs and batch reproduce a run exactly.
@@ -637,20 +895,25 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
         little query-stream work).
       bucket: buffer length granularity (one compile per bucketed length).
       max_len: optional context limit (e.g. the checkpoint's training length).
+      suppress: model token ids never generated (logits set to -inf in every pass, target
+        and drafts; e.g. ``asarm-small``'s UNK). This changes the target distribution, so the
+        reference is sequential decoding with the same ``suppress``.
 
     Returns:
       :class:`InfillResult`; ``stats.method`` is ``method``, ``reference`` ``"sequential"``,
       ``target_nfe`` the AS-ARM forwards (<= ``G_b`` for every method: Theorem 1),
       ``draft_length`` ``k`` (0 for sequential); ``extra`` has ``k``, ``epsilon``, ``lossless``,
-      ``draft_passes``, ``density_passes``, ``tokens_per_iteration``, ``lemma1_max_gap``.
+      ``draft_passes``, ``density_passes`` (fused: calls), ``tokens_per_iteration``,
+      ``lemma1_max_gap``, ``query_tokens_per_call`` (the extra cost of fusing), ``suppressed``.
 
     Raises:
       ValueError (one line): unknown method, ``k < 1``, ``slots < k``, ``epsilon < 0`` or
       ``epsilon > 0`` with greedy decoding or sequential, and every input error of
       :func:`prepare_batch` (no masks, span past ``max_len``, shape mismatch, id outside the
-      vocabulary).
+      vocabulary), a suppressed id outside the vocabulary.
     """
     slots = _check_settings(method, k, slots, sampling, epsilon)
+    suppress = _check_suppress(suppress, model.config.vocab_size)
     tok, vis, msk, lengths = prepare_batch(tokens, masked, model.config.vocab_size, bucket, max_len)
     rank, pos, G = _ranks(msk)
     k_requested = int(k)
@@ -664,17 +927,18 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     inp = Inputs(visible=jnp.asarray(vis), masked=jnp.asarray(msk), rank=jnp.asarray(rank),
                  pos_of_rank=jnp.asarray(pos), num_masked=jnp.asarray(G), k=jnp.int32(k),
                  epsilon=jnp.float32(epsilon))
-    cfg = LoopConfig(model=model, method=method, slots=slots, sampling=sampling)
+    cfg = LoopConfig(model=model, method=method, slots=slots, sampling=sampling, suppress=suppress)
     out, compile_s, run_s = run_compiled(
         _decode_jit, (params, inp, jnp.asarray(tok), jax.random.PRNGKey(seed)), dict(cfg=cfg))
     st = jax.tree.map(np.asarray, out)
     return InfillResult(sequences=[st.tokens[b, :lengths[b]].copy() for b in range(len(lengths))],
                         infilled=[st.tokens[b][msk[b]].copy() for b in range(len(lengths))],
-                        stats=_stats(method, st, G, k, k_requested, epsilon),
+                        stats=_stats(method, st, G, k, k_requested, epsilon, cfg),
                         compile_s=compile_s, run_s=run_s)
 
 
 __all__ = ["METHODS", "ASSDStats", "InfillResult", "decoding_order", "prepare_batch",
-           "conditionals", "draft_order", "density_order", "bigram_draft_dist", "LoopConfig",
+           "conditionals", "conditionals_at", "draft_order", "density_order", "bigram_draft_dist", "LoopConfig",
            "Inputs", "State", "query_window", "draft_pass", "bigram_drafts", "density_pass",
-           "verify", "commit", "step", "decode_loop", "assd_generate"]
+           "verify", "commit", "fused_queries", "fused_pass", "fused_verify", "fused_commit",
+           "fused_step", "ngram_drafts", "step", "decode_loop", "assd_generate"]
