@@ -306,6 +306,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _assd_config("assd"), _run_assd),
     Method("assd-ngram", "asarm", "sequential", "ASSD Algorithm 2 (context bigram drafts)",
            _assd_config("assd-ngram"), _run_assd),
+    Method("assd-fused", "asarm", "sequential", "fused ASSD: one AS-ARM call verifies the "
+           "drafts and drafts the next ones (k+1 query groups)", _assd_config("assd-fused"),
+           _run_assd),
+    Method("assd-fused-ngram", "asarm", "sequential", "fused ASSD with context bigram drafts "
+           "(one call per iteration, bonus row)", _assd_config("assd-fused-ngram"), _run_assd),
 )}
 
 

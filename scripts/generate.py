@@ -135,9 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
     ag.add_argument("--infill", default=None,
                     help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded (methods "
-                         "sequential, assd, assd-ngram; k = --draft-length, default 5)")
+                         "sequential, assd, assd-ngram, assd-fused, assd-fused-ngram; k = "
+                         "--draft-length, default 5)")
     ag.add_argument("--epsilon", type=float, default=0.0,
                     help="ASSD acceptance tolerance (Appendix F.5; > 0 is NOT lossless)")
+    ag.add_argument("--suppress-unk", action="store_true",
+                    help="never generate the AS-ARM's UNK id (the reference --compare runs "
+                         "suppresses it too)")
     ap.add_argument("--compare", action="store_true",
                     help="also run the reference (AR, or one-token-per-step stepwise) and check "
                          "identity / speedup")

@@ -30,8 +30,9 @@ def stats_line(res) -> str:
 
 def infill_cli(args) -> int:
     """``scripts.generate`` entry for AS-ARMs: ``--model NAME|PATH --method
-    sequential|assd|assd-ngram --infill TEMPLATE [--draft-length K (default 5)] [--temperature
-    T --top-k K --top-p P --seed S] [--epsilon E] [--compare] [--quiet]``. Prints the infilled
+    sequential|assd|assd-ngram|assd-fused|assd-fused-ngram --infill TEMPLATE [--draft-length K
+    (default 5)] [--temperature T --top-k K --top-p P --seed S] [--epsilon E] [--suppress-unk]
+    [--compare] [--quiet]``. Prints the infilled
     text and a stats line; ``--compare`` also runs sequential decoding and reports identity
     (greedy: a mismatch exits 1) and the NFE / wall-clock ratios. Exit 2 with one ``error:``
     line on bad input."""
@@ -49,7 +50,8 @@ def infill_cli(args) -> int:
         sampling = SamplingConfig(getattr(args, "temperature", 0.0), getattr(args, "top_k", 0),
                                   getattr(args, "top_p", 1.0))
         asarm = load_asarm(getattr(args, "weights", None) or args.model)
-        kw = dict(k=k, sampling=sampling, seed=getattr(args, "seed", 0))
+        kw = dict(k=k, sampling=sampling, seed=getattr(args, "seed", 0),
+                  suppress_unk=bool(getattr(args, "suppress_unk", False)))
         text, res, tpl = infill_text(asarm, template, method=method,
                                      epsilon=getattr(args, "epsilon", 0.0) or 0.0, **kw)
         ref = None

@@ -156,8 +156,9 @@ def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
 
 # --------------------------------------------------------------------------- infilling with an AS-ARM
 def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5, sampling=None,
-                seed: int = 0, epsilon: float = 0.0):
-    """Parse ``template`` (``<mask:N>`` syntax) and infill it with :func:`jaxspec.asarm.assd.assd_generate`.
+                seed: int = 0, epsilon: float = 0.0, suppress_unk: bool = False):
+    """Parse ``template`` (``<mask:N>`` syntax) and infill it with :func:`jaxspec.asarm.assd.assd_generate`
+    (``suppress_unk``: never generate the compact vocabulary's UNK id).
 
     Returns:
       ``(text, InfillResult, InfillTemplate)``: the template with every span filled.
@@ -169,8 +170,14 @@ def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5
     ids = asarm.to_model(tpl.ids)
     res = assd_generate(asarm.model, asarm.params, [ids], [tpl.masked], method=method, k=k,
                         sampling=sampling or SamplingConfig(), seed=seed, epsilon=epsilon,
-                        max_len=asarm.max_len)
+                        max_len=asarm.max_len, suppress=_unk(asarm) if suppress_unk else ())
     return tpl.render(res.sequences[0], asarm.decode), res, tpl
+
+
+def _unk(asarm: ASARM) -> tuple:
+    """``(UNK id,)`` of an AS-ARM with a compact vocabulary, else ``()``."""
+    unk = getattr(asarm.vocab, "unk", None)
+    return () if unk is None else (int(unk),)
 
 
 __all__ = ["TemplateError", "InfillTemplate", "split_template", "build_template",

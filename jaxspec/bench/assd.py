@@ -59,6 +59,7 @@ from models.llama.params import WeightFileError
 from models.registry import REPO_ROOT, load_asarm
 
 K_SWEEP = (2, 3, 4, 5, 6, 8)
+MAIN_METHODS = ("assd", "assd-ngram", "assd-fused", "assd-fused-ngram")
 
 
 def _mean_se(xs) -> tuple[Optional[float], Optional[float]]:
@@ -105,6 +106,7 @@ def _gen_row(label, method, k, outs, ref, judge_vals, to_ext, *, model_name, N_l
         "entropy": _num(ent, 4), "entropy_se": _num(ent_se, 4),
         "acceptance_rate": _num(acc / prop, 4) if prop else None,
         "tokens_per_iteration": _num(sum(G) / max(sum(int(s.steps.sum()) for s in st), 1), 3),
+        "query_tokens_per_call": st[0].extra.get("query_tokens_per_call"),
         "seconds": _num(statistics.median(o.run_s for o in outs), 4),
         "speedup": _num(statistics.median(r.run_s / max(o.run_s, 1e-9)
                                           for r, o in zip(ref, outs)), 3),
@@ -162,7 +164,8 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
                    infill_tasks: Sequence = (), tokenizer=None,
                    to_model: Optional[Callable[[Sequence[int]], list]] = None,
                    infill_temperature: float = 0.0, sandbox_timeout: float = 10.0,
-                   max_len: Optional[int] = None,
+                   max_len: Optional[int] = None, suppress: Sequence[int] = (),
+                   methods: Sequence[str] = MAIN_METHODS,
                    config: Optional[dict] = None, progress: bool = True,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the ``assd`` suite (module docstring) and return the result document.
@@ -177,6 +180,9 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       mask_rate: share of each sequence to infill (the paper: 0.95).
       k: ASSD / ASSD-ngram draft length of the main rows (the paper: 5).
       k_sweep: ASSD draft lengths of the Table 5 sweep (empty: no sweep).
+      suppress: model ids never generated, by every row alike (e.g. the UNK id).
+      methods: the main rows after sequential (default: ASSD, ASSD-ngram, fused ASSD and
+        fused ASSD-ngram, all at ``k``).
       seed: the generation rows use ``seed * 1000 + row index`` (independent samples); the
         infilling rows use ``seed`` (the same draw for sequential and ASSD).
       max_len: the model's context for the infilling rows (a longer template is an error).
@@ -205,14 +211,15 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
 
     mask_of = {id(p.ids): masks[p.task_id] for p in prompts}
     runs: dict = {}
-    keys = [("sequential", None), ("assd", k), ("assd-ngram", k)]
-    keys += [("assd", kk) for kk in k_sweep if kk != k]
+    main = [("sequential", None)] + [(m, k) for m in methods]
+    keys = main + [("assd", kk) for kk in k_sweep if kk != k]
     for j, (method, kk) in enumerate(keys):
         # each row samples with its own seed, so the rows are independent samples (as the
         # Welch tests against sequential assume); row j uses seed * 1000 + j
         def run(ids, method=method, kk=kk, row_seed=seed * 1000 + j):
             return assd_generate(model, params, [ids], [mask_of[id(ids)]], method=method,
-                                 k=kk or 1, sampling=sampling, seed=row_seed, bucket=bucket)
+                                 k=kk or 1, sampling=sampling, seed=row_seed, bucket=bucket,
+                                 suppress=suppress)
         runs[(method, kk)] = run
     outs, compile_s = run_interleaved(runs, prompts, max(len(s) for s in seqs), progress,
                                       "assd runs")
@@ -230,7 +237,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
                                  model_name=model_name, N_list=N_list, mask_rate=mask_rate,
                                  temperature=temperature, compile_s=compile_s[key])
     _add_p_values(all_rows)
-    rows = [all_rows[kk] for kk in (("sequential", None), ("assd", k), ("assd-ngram", k))]
+    rows = [all_rows[kk] for kk in main]
     sweep = _sweep_rows(all_rows, k, k_sweep)
     per_sequence = _per_sequence(prompts, masks, outs, all_rows, judged)
     for r in all_rows.values():
@@ -300,6 +307,7 @@ _COLUMNS = [
     ("entropy_p_value", "entropy p", "{:.3f}"), ("seconds", "s/seq", "{:.3f}"),
     ("speedup", "wall speedup", "{:.2f}x"), ("acceptance_rate", "acceptance", "{:.3f}"),
     ("tokens_per_iteration", "tokens/iter", "{:.2f}"),
+    ("query_tokens_per_call", "queries/call", "{}"),
     ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
 ]
 
@@ -388,6 +396,10 @@ def add_arguments(ap) -> None:
     g.add_argument("--assd-infill-temperature", type=float, default=0.0)
     g.add_argument("--assd-no-judge", action="store_true",
                    help="skip generative perplexity (no SmolLM2-135M judge)")
+    g.add_argument("--assd-methods", nargs="*", default=list(MAIN_METHODS),
+                   help=f"main rows after sequential ({' '.join(MAIN_METHODS)})")
+    g.add_argument("--assd-keep-unk", action="store_true",
+                   help="let every row sample the AS-ARM's UNK id (suppressed by default)")
 
 
 def fitting_tasks(tasks, tokenizer, max_len: int, limit: int) -> list:
@@ -427,6 +439,11 @@ def main_assd(args, log) -> int:
         snips = heldout_snippets(asarm.tokenizer, holdout, limit, prompt_len=args.assd_seq_len - 1,
                                  cont_len=1)
         seqs = [asarm.to_model(s.tokens) for s in snips]
+        bad = sorted(set(args.assd_methods) - set(MAIN_METHODS))
+        if bad:
+            raise BenchError(f"unknown --assd-methods {bad}; expected some of {MAIN_METHODS}")
+        unk = getattr(asarm.vocab, "unk", None)
+        suppress = () if args.assd_keep_unk or unk is None else (int(unk),)
         judge = None if args.assd_no_judge else smollm2_judge(log)
         tasks = (fitting_tasks(single_line_tasks(), asarm.tokenizer, asarm.max_len, args.assd_infill_tasks)
                  if args.assd_infill_tasks else [])
@@ -437,7 +454,7 @@ def main_assd(args, log) -> int:
                   "holdout": list(holdout), "judge": None if judge is None else "smollm2-135m-instruct",
                   "infill_tasks": len(tasks), "infill_temperature": args.assd_infill_temperature,
                   "context": asarm.max_len, "row_seeds": "seed * 1000 + row index",
-                  "batch": 1}
+                  "batch": 1, "suppressed_ids": list(suppress), "methods": list(args.assd_methods)}
         result = run_assd_suite(asarm.model, asarm.params, seqs, model_name=name,
                                 to_external=asarm.to_external, judge=judge,
                                 mask_rate=args.assd_mask_rate, k=args.assd_k,
@@ -445,7 +462,8 @@ def main_assd(args, log) -> int:
                                 seed=args.assd_seed, infill_tasks=tasks,
                                 tokenizer=asarm.tokenizer, to_model=asarm.to_model,
                                 infill_temperature=args.assd_infill_temperature, config=config,
-                                max_len=asarm.max_len,
+                                max_len=asarm.max_len, suppress=suppress,
+                                methods=args.assd_methods,
                                 progress=not args.no_progress, log=log)
     except (BenchError, WeightFileError, ValueError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
