@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--tokens-per-step", type=int, default=None, help="fixed-k: K tokens per step")
     dg.add_argument("--threshold", type=float, default=None,
                     help="threshold: unmask every position with confidence >= T (at least one)")
-    dg.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
-                    help="Fast-dLLM KV cache (approximate; --compare uses the same policy)")
+    dg.add_argument("--cache", choices=("none", "prefix", "dual", "content"), default="none",
+                    help="Fast-dLLM KV cache prefix | dual (approximate; --compare uses the same "
+                         "policy); content: the AS-ARM content-stream cache (--infill)")
     dg.add_argument("--tree", choices=("chain", "mix-order"), default="chain",
                     help="ssd verification tree: greedy chain (N+1 nodes) or mix-order (2N)")
     dg.add_argument("--graph", default=None,
@@ -218,6 +219,9 @@ def _check_method(args, preset):
         if dfam != drafted[name]:
             raise ValueError(f"--draft-model {args.draft_model!r} is not a "
                              f"{FAMILY_WORDS[drafted[name]]} model (method {name!r} needs one)")
+    if args.cache == "content":
+        raise ValueError("--cache content is the AS-ARM content-stream cache (--infill); "
+                         "masked-diffusion methods take --cache none|prefix|dual")
     if family == "causal":
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),

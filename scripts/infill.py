@@ -24,7 +24,8 @@ def stats_line(res) -> str:
     return (f"[{s.method}] masked={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
             f"NFE/token={s.nfe_per_token:.3f} tokens/iteration={s.extra['tokens_per_iteration']:.2f} "
             f"k={s.extra['k'] if s.extra['k'] is not None else '-'} acceptance={acc} "
-            f"lossless={'yes' if s.extra['lossless'] else 'NO (epsilon)'} run={res.run_s:.2f}s "
+            f"lossless={'yes' if s.extra['lossless'] else 'NO (epsilon)'} cache={s.extra['cache']} "
+            f"run={res.run_s:.2f}s "
             f"compile={res.compile_s:.1f}s")
 
 
@@ -32,7 +33,7 @@ def infill_cli(args) -> int:
     """``scripts.generate`` entry for AS-ARMs: ``--model NAME|PATH --method
     sequential|assd|assd-ngram|assd-fused|assd-fused-ngram --infill TEMPLATE [--draft-length K
     (default 5)] [--temperature T --top-k K --top-p P --seed S] [--epsilon E] [--suppress-unk]
-    [--compare] [--quiet]``. Prints the infilled
+    [--cache none|content] [--compare] [--quiet]``. Prints the infilled
     text and a stats line; ``--compare`` also runs sequential decoding and reports identity
     (greedy: a mismatch exits 1) and the NFE / wall-clock ratios. Exit 2 with one ``error:``
     line on bad input."""
@@ -50,8 +51,12 @@ def infill_cli(args) -> int:
         sampling = SamplingConfig(getattr(args, "temperature", 0.0), getattr(args, "top_k", 0),
                                   getattr(args, "top_p", 1.0))
         asarm = load_asarm(getattr(args, "weights", None) or args.model)
+        cache = getattr(args, "cache", "none") or "none"
+        if cache not in ("none", "content"):
+            raise ValueError(f"--cache {cache} is a masked-diffusion cache; AS-ARM infilling "
+                             "takes --cache none|content")
         kw = dict(k=k, sampling=sampling, seed=getattr(args, "seed", 0),
-                  suppress_unk=bool(getattr(args, "suppress_unk", False)))
+                  suppress_unk=bool(getattr(args, "suppress_unk", False)), cache=cache)
         text, res, tpl = infill_text(asarm, template, method=method,
                                      epsilon=getattr(args, "epsilon", 0.0) or 0.0, **kw)
         ref = None

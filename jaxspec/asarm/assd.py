@@ -112,9 +112,18 @@ sequential decoding's; ``epsilon >= 1`` accepts every draft = parallel sampling)
 the quantity Theorem 1 bounds by ``N - m``. ``stats.draft_nfe`` counts the n-gram drafter's
 calls for ``assd-ngram`` (Table 1's "auxiliary draft model calls") and is 0 otherwise.
 
-**Cost and shapes.** No KV cache (Appendix F.4 found none helpful at small sizes): every pass is
-a full content-stream forward over the ``S``-slot buffer plus ``k`` query slots (1 for
-sequential). Sequences are right-padded to ``S`` = the longest one rounded up to ``bucket``;
+**Content KV cache** (Appendix F.4; ``cache="content"``). Under the density mask the content
+row of a decoded token attends only to the prompt and to lower ranks, all decoded for good, so
+its keys/values never change once computed. With the cache the prompt is encoded once
+(:func:`prefill`) and every call encodes only the rows it adds: a draft pass the token decoded
+last (rank ``n - 1``: a resampled token no pass has encoded yet); a density pass or a fused call
+ranks ``n - 1 .. n + k - 1`` (that token and the drafts). Accepted drafts keep the keys/values
+their density pass wrote; rejected ones are overwritten or hidden by the masks. Without the
+cache (default) every pass is a full content-stream forward over the ``S``-slot buffer plus the
+query slots.
+
+**Cost and shapes.** Without the cache every pass is a full content-stream forward over the
+``S``-slot buffer plus ``k`` query slots (1 for sequential). Sequences are right-padded to ``S`` = the longest one rounded up to ``bucket``;
 pad slots are neither prompt nor masked and nobody attends to them (relative attention makes
 the padding invisible). Rows of a batch run in lockstep; a finished row idles. Randomness: one key
 ``PRNGKey(seed)`` split once per iteration; every row and slot draws its own numbers from it.
@@ -145,9 +154,10 @@ from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
-from models.xlnet.modeling import XLNetLM, density_masks
+from models.xlnet.modeling import XLNetCache, XLNetLM, density_masks, init_cache
 
 METHODS = ("sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram")
+CACHES = ("none", "content")
 _BIG = 1 << 30   # rank of positions nobody may attend (undecoded masked slots, padding)
 
 
@@ -332,6 +342,9 @@ class LoopConfig:
       sampling: temperature / top-k / top-p of the target distribution.
       suppress: token ids whose logits are set to -inf in every pass (target and drafts alike:
         the reference is sequential decoding with the same suppression).
+      cache: ``"none"`` (every call encodes the whole buffer) or ``"content"`` (Appendix F.4:
+        the content-stream keys/values of the prompt and the decoded tokens are kept; a call
+        encodes only the rows it adds, see "Content KV cache" in the module docstring).
     """
 
     model: XLNetLM
@@ -339,6 +352,7 @@ class LoopConfig:
     slots: int
     sampling: SamplingConfig
     suppress: tuple = ()
+    cache: str = "none"
 
     @property
     def fused(self) -> bool:
@@ -401,6 +415,7 @@ class State:
     next_drafts: jax.Array      # int32 (B, K): drafts for ranks n .. n + K - 1
     next_q: jax.Array           # float32 (B, K, V) their draft distributions ((B, K, 1) if greedy)
     next_live: jax.Array        # int32 (B,): L, how many of them are live
+    kv: Optional[XLNetCache]    # content-stream keys/values (cache = "content"), else None
 
 
 @flax.struct.dataclass
@@ -448,7 +463,21 @@ def init_state(cfg: LoopConfig, tokens: jax.Array, key: jax.Array) -> State:
                  drafts_accepted=z, draft_passes=z, density_passes=z,
                  lemma1_max_gap=jnp.zeros((), jnp.float32),
                  next_drafts=jnp.zeros((B, K), jnp.int32),
-                 next_q=jnp.zeros((B, K, Vq), jnp.float32), next_live=z)
+                 next_q=jnp.zeros((B, K, Vq), jnp.float32), next_live=z, kv=None)
+
+
+def prefill(cfg: LoopConfig, params, inp: Inputs, tokens: jax.Array) -> Optional[XLNetCache]:
+    """The content cache after encoding the prompt slots (cache ``"content"``; else None):
+    one content-only forward in which every prompt row attends to the prompt."""
+    if cfg.cache == "none":
+        return None
+    B, S = tokens.shape
+    c = cfg.model.config
+    cm, _ = density_masks(inp.visible, jnp.full((B, S), _BIG, jnp.int32))
+    pos = jnp.where(inp.visible, jnp.arange(S)[None, :], S)    # S: nothing written
+    _, kv = cfg.model.apply(params, tokens, cm & inp.visible[:, :, None], None, content_pos=pos,
+                            cache=init_cache(c, B, S))
+    return kv
 
 
 def query_window(cfg: LoopConfig, inp: Inputs, decoded: jax.Array) -> Window:
@@ -471,25 +500,49 @@ def known_slots(inp: Inputs, decoded: jax.Array) -> jax.Array:
 
 
 def draft_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-               key: jax.Array) -> Drafts:
+               key: jax.Array) -> tuple[Drafts, Optional[XLNetCache]]:
     """Algorithm 1 lines 4-8 (and one sequential step): one draft pass (Fig. 1a) in which every
     query slot conditions on ``x_sigma(<n)`` only; drafts are its argmax (greedy) or samples.
     Lines 9-12: a row speculating a single token skips verification (Lemma 1)."""
     order = draft_order(inp.rank, st.decoded)
-    logits = call(cfg, params, st.tokens, inp.visible, order, win.query_pos,
-                  jnp.take_along_axis(order, win.query_pos, axis=1))              # (B, P, V)
+    logits, kv = call(cfg, params, inp, st, st.tokens, order, win.query_pos,         # (B, P, V)
+                      jnp.take_along_axis(order, win.query_pos, axis=1), st.decoded - 1, 1)
     tokens, q = draw(cfg, key, logits)
     return Drafts(tokens=tokens, q=q, logits=logits, need_check=win.live >= 2,
-                  lemma1=jnp.ones_like(win.active))
+                  lemma1=jnp.ones_like(win.active)), kv
 
 
-def call(cfg: LoopConfig, params, tokens, visible, order, query_pos, cond) -> jax.Array:
-    """One AS-ARM forward (:func:`conditionals_at`) with ``cfg.suppress`` applied: float32
-    ``(B, P, V)`` logits, suppressed ids at -inf."""
-    logits = conditionals_at(cfg.model, params, tokens, visible, order, query_pos, cond)
+def call(cfg: LoopConfig, params, inp: Inputs, st: State, tokens, order, query_pos, cond,
+         rows_from: jax.Array, rows: int):
+    """One AS-ARM forward with ``cfg.suppress`` applied: ``(logits float32 (B, P, V), kv)``
+    with suppressed ids at -inf.
+
+    Without a cache it is :func:`conditionals_at` over the whole buffer ``tokens`` (``kv`` is
+    ``st.kv``, None). With the content cache it encodes only the ``rows`` content rows of
+    ranks ``rows_from .. rows_from + rows - 1`` (int32 ``(B,)``; rows of ranks outside the
+    masked range or unattended under ``order`` are not written), each attending to the prompt,
+    the slots of lower ``order`` and itself, writes their keys/values into ``st.kv`` and reads
+    the queries against the whole cache (``kv`` is the updated cache)."""
+    if cfg.cache == "none":
+        logits, kv = conditionals_at(cfg.model, params, tokens, inp.visible, order, query_pos,
+                                     cond), st.kv
+    else:
+        B, S = tokens.shape
+        r = rows_from[:, None] + jnp.arange(rows)[None, :]
+        slot = jnp.take_along_axis(inp.pos_of_rank, jnp.clip(r, 0, S - 1), axis=1)
+        r_order = jnp.take_along_axis(order, slot, axis=1)
+        ok = (r >= 0) & (r < inp.num_masked[:, None]) & (r_order < _BIG)
+        cpos = jnp.where(ok, slot, S)                                   # S: not written
+        every = jnp.arange(S)[None, None, :]
+        cm = (inp.visible[:, None, :] | (order[:, None, :] < r_order[:, :, None])
+              | (every == cpos[:, :, None]))
+        qm = ((inp.visible[:, None, :] | (order[:, None, :] < cond[:, :, None]))
+              & (every != query_pos[:, :, None]))
+        logits, kv = cfg.model.apply(params, jnp.take_along_axis(tokens, slot, axis=1), cm, qm,
+                                     content_pos=cpos, query_pos=query_pos, cache=st.kv)
     if cfg.suppress:
         logits = logits.at[..., jnp.asarray(cfg.suppress, jnp.int32)].set(-jnp.inf)
-    return logits
+    return logits, kv
 
 
 def draw(cfg: LoopConfig, key: jax.Array, logits: jax.Array):
@@ -525,7 +578,7 @@ def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax
 
 
 def ngram_drafts(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-                 key: jax.Array) -> Drafts:
+                 key: jax.Array) -> tuple[Drafts, Optional[XLNetCache]]:
     """ASSD-ngram's drafts (module docstring): :func:`bigram_drafts`, except on rows whose
     first slot is position 0, which take an AS-ARM draft pass (:func:`draft_pass`) as the
     official code does; that pass runs only when some row needs it."""
@@ -535,34 +588,37 @@ def ngram_drafts(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     big = big.replace(logits=jnp.zeros(big.q.shape[:2] + (V,), jnp.float32))
 
     def with_pass(_):
-        own = draft_pass(cfg, params, inp, st, win, key)
+        own, kv = draft_pass(cfg, params, inp, st, win, key)
         row = at0[:, None]
         return Drafts(tokens=jnp.where(row, own.tokens, big.tokens),
                       q=big.q if own.q is None else jnp.where(row[..., None], own.q, big.q),
                       logits=jnp.where(row[..., None], own.logits, big.logits),
-                      need_check=jnp.where(at0, own.need_check, big.need_check), lemma1=at0)
+                      need_check=jnp.where(at0, own.need_check, big.need_check), lemma1=at0), kv
 
-    return jax.lax.cond(jnp.any(at0), with_pass, lambda _: big, None)
+    return jax.lax.cond(jnp.any(at0), with_pass, lambda _: (big, st.kv), None)
 
 
 def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-                 drafts: Drafts) -> jax.Array:
+                 drafts: Drafts):
     """Algorithm 1 lines 13-15: one density pass (Fig. 1b) over ``x_sigma(<n)`` plus the live
     drafts gives ``p(x~_sigma(i) | x_sigma(<n), x~_sigma(n:i))`` at every query slot. Skipped
     (zeros) when no row needs verification.
 
-    Returns: float32 ``(B, P, V)`` target logits."""
+    Returns: ``(float32 (B, P, V) target logits, kv)``; with the content cache the call
+    encodes the rows of ranks ``n - 1 .. n + P - 1`` (the token decoded last, which no pass
+    has encoded when it was resampled, and the drafts)."""
     B, S = st.tokens.shape
     slot = jnp.where(win.use, win.query_pos, S)     # S (out of range) drops the write
     with_drafts = st.tokens.at[jnp.arange(B)[:, None], slot].set(drafts.tokens, mode="drop")
 
     def run(_):
         order = density_order(inp.rank, st.decoded + win.live)
-        return call(cfg, params, with_drafts, inp.visible, order, win.query_pos,
-                    jnp.take_along_axis(order, win.query_pos, axis=1))
+        return call(cfg, params, inp, st, with_drafts, order, win.query_pos,
+                    jnp.take_along_axis(order, win.query_pos, axis=1), st.decoded - 1,
+                    cfg.query_slots + 1)
 
     zeros = jnp.zeros((B, cfg.query_slots, cfg.model.config.vocab_size), jnp.float32)
-    return jax.lax.cond(jnp.any(drafts.need_check), run, lambda _: zeros, None)
+    return jax.lax.cond(jnp.any(drafts.need_check), run, lambda _: (zeros, st.kv), None)
 
 
 def verify(cfg: LoopConfig, key: jax.Array, target_logits: jax.Array, drafts: Drafts,
@@ -654,7 +710,9 @@ def fused_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     ``live`` (int32 ``(B,)``) drafts ``drafts`` (int32 ``(B, K)``) under the density mask, and
     the queries of :func:`fused_queries`.
 
-    Returns: ``(target float32 (B, K + 1, V), groups float32 (B, K + 1, K, V) or None)``:
+    Returns: ``(target float32 (B, K + 1, V), groups float32 (B, K + 1, K, V) or None, kv)``
+    (content cache: the rows of ranks ``n - 1 .. n + K - 1`` are encoded, i.e. the token the
+    previous call sampled and the drafts):
     ``target[:, i]`` is ``p(x_sigma(n+i) | x_sigma(<n), d_1..d_i)`` (valid for ``i <= live``),
     ``groups[:, j, r]`` is ``p(x_sigma(n+j+1+r) | x_sigma(<n), d_1..d_j)``."""
     B, S = st.tokens.shape
@@ -663,10 +721,10 @@ def fused_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     buf = st.tokens.at[jnp.arange(B)[:, None], jnp.where(use, win.query_pos, S)].set(
         drafts, mode="drop")
     pos, cond = fused_queries(cfg, inp, st.decoded)
-    logits = call(cfg, params, buf, inp.visible, density_order(inp.rank, st.decoded + live),
-                  pos, cond)
+    logits, kv = call(cfg, params, inp, st, buf, density_order(inp.rank, st.decoded + live),
+                      pos, cond, st.decoded - 1, K + 1)
     groups = logits[:, K + 1:].reshape(B, K + 1, K, V) if cfg.self_draft else None
-    return logits[:, :K + 1], groups
+    return logits[:, :K + 1], groups, kv
 
 
 def fused_verify(cfg: LoopConfig, key: jax.Array, target: jax.Array, drafts: jax.Array,
@@ -682,7 +740,7 @@ def fused_verify(cfg: LoopConfig, key: jax.Array, target: jax.Array, drafts: jax
 
 def fused_commit(cfg: LoopConfig, inp: Inputs, st: State, key: jax.Array, k_draft: jax.Array,
                  win: Window, drafts: jax.Array, live: jax.Array, groups, n_ok: jax.Array,
-                 token: jax.Array) -> State:
+                 token: jax.Array, kv: Optional[XLNetCache]) -> State:
     """Write ``d_1..d_j`` and the sampled token at rank ``n + j`` (``j = n_ok``), ``n <- n +
     j + 1``; the next drafts are group ``j``'s samples (greedy: argmax) with their ``q``; count
     one target NFE per call."""
@@ -707,7 +765,7 @@ def fused_commit(cfg: LoopConfig, inp: Inputs, st: State, key: jax.Array, k_draf
                       drafts_proposed=st.drafts_proposed + a32 * live,
                       drafts_accepted=st.drafts_accepted + a32 * n_ok,
                       density_passes=st.density_passes + a32, next_drafts=nxt, next_q=q,
-                      next_live=query_window(cfg, inp, decoded).live)
+                      next_live=query_window(cfg, inp, decoded).live, kv=kv)
 
 
 def fused_step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
@@ -721,9 +779,9 @@ def fused_step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
     else:
         big = bigram_drafts(cfg, inp, st, win, k_draft)                   # Algorithm 2
         live, drafts, q = win.live, big.tokens, big.q
-    target, groups = fused_pass(cfg, params, inp, st, win, drafts, live)
+    target, groups, kv = fused_pass(cfg, params, inp, st, win, drafts, live)
     n_ok, token = fused_verify(cfg, k_verify, target, drafts, q, live, inp.epsilon)
-    return fused_commit(cfg, inp, st, key, k_draft, win, drafts, live, groups, n_ok, token)
+    return fused_commit(cfg, inp, st, key, k_draft, win, drafts, live, groups, n_ok, token, kv)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -736,13 +794,15 @@ def step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
     win = query_window(cfg, inp, st.decoded)
     key, k_draft, k_verify = jax.random.split(st.key, 3)
     if cfg.self_draft:
-        drafts = draft_pass(cfg, params, inp, st, win, k_draft)           # lines 4-12
+        drafts, kv = draft_pass(cfg, params, inp, st, win, k_draft)       # lines 4-12
     else:
-        drafts = ngram_drafts(cfg, params, inp, st, win, k_draft)         # Algorithm 2
+        drafts, kv = ngram_drafts(cfg, params, inp, st, win, k_draft)     # Algorithm 2
+    st = st.replace(kv=kv)
     if cfg.method == "sequential":
         verdict = unverified(win, st.lemma1_max_gap)
     else:
-        target_logits = density_pass(cfg, params, inp, st, win, drafts)   # lines 13-15
+        target_logits, kv = density_pass(cfg, params, inp, st, win, drafts)   # lines 13-15
+        st = st.replace(kv=kv)
         verdict = verify(cfg, k_verify, target_logits, drafts, win, st.lemma1_max_gap,
                          inp.epsilon)                                     # lines 16-25
     return commit(cfg, st, key, win, drafts, verdict)                     # line 26
@@ -761,8 +821,9 @@ def decode_loop(params, inp: Inputs, tokens: jax.Array, key: jax.Array, *,
     Returns:
       The final :class:`State`.
     """
+    st = init_state(cfg, tokens, key).replace(kv=prefill(cfg, params, inp, tokens))
     return jax.lax.while_loop(lambda s: jnp.any(s.decoded < inp.num_masked),
-                              lambda s: step(cfg, params, inp, s), init_state(cfg, tokens, key))
+                              lambda s: step(cfg, params, inp, s), st)
 
 
 _decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
@@ -869,13 +930,15 @@ def _stats(method: str, st: State, G: np.ndarray, k: int, k_requested: int,
                "density_passes": int(st.density_passes.sum()),
                "tokens_per_iteration": round(float(G.sum() / max(st.steps.sum(), 1)), 4),
                "lemma1_max_gap": float(st.lemma1_max_gap),
-               "query_tokens_per_call": cfg.query_slots, "suppressed": list(cfg.suppress)})
+               "query_tokens_per_call": cfg.query_slots, "suppressed": list(cfg.suppress),
+               "cache": cfg.cache})
 
 
 def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd", k: int = 5,
                   sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                   epsilon: float = 0.0, slots: Optional[int] = None, bucket: int = 16,
-                  max_len: Optional[int] = None, suppress: Sequence[int] = ()) -> InfillResult:
+                  max_len: Optional[int] = None, suppress: Sequence[int] = (),
+                  cache: str = "none") -> InfillResult:
     """Fill the masked positions of a batch with sequential decoding or ASSD (module docstring).
 
     Args:
@@ -898,6 +961,9 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
       suppress: model token ids never generated (logits set to -inf in every pass, target
         and drafts; e.g. ``asarm-small``'s UNK). This changes the target distribution, so the
         reference is sequential decoding with the same ``suppress``.
+      cache: ``"none"`` or ``"content"`` (Appendix F.4 content-stream KV cache: a call encodes
+        only the rows it adds). Each policy is its own reference: greedy output is identical to
+        sequential decoding with the same cache (float rounding differs between the two).
 
     Returns:
       :class:`InfillResult`; ``stats.method`` is ``method``, ``reference`` ``"sequential"``,
@@ -914,6 +980,8 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     """
     slots = _check_settings(method, k, slots, sampling, epsilon)
     suppress = _check_suppress(suppress, model.config.vocab_size)
+    if cache not in CACHES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {', '.join(CACHES)}")
     tok, vis, msk, lengths = prepare_batch(tokens, masked, model.config.vocab_size, bucket, max_len)
     rank, pos, G = _ranks(msk)
     k_requested = int(k)
@@ -927,10 +995,11 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     inp = Inputs(visible=jnp.asarray(vis), masked=jnp.asarray(msk), rank=jnp.asarray(rank),
                  pos_of_rank=jnp.asarray(pos), num_masked=jnp.asarray(G), k=jnp.int32(k),
                  epsilon=jnp.float32(epsilon))
-    cfg = LoopConfig(model=model, method=method, slots=slots, sampling=sampling, suppress=suppress)
+    cfg = LoopConfig(model=model, method=method, slots=slots, sampling=sampling, suppress=suppress,
+                     cache=cache)
     out, compile_s, run_s = run_compiled(
         _decode_jit, (params, inp, jnp.asarray(tok), jax.random.PRNGKey(seed)), dict(cfg=cfg))
-    st = jax.tree.map(np.asarray, out)
+    st = jax.tree.map(np.asarray, out.replace(kv=None))
     return InfillResult(sequences=[st.tokens[b, :lengths[b]].copy() for b in range(len(lengths))],
                         infilled=[st.tokens[b][msk[b]].copy() for b in range(len(lengths))],
                         stats=_stats(method, st, G, k, k_requested, epsilon, cfg),

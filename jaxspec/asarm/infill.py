@@ -156,9 +156,11 @@ def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
 
 # --------------------------------------------------------------------------- infilling with an AS-ARM
 def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5, sampling=None,
-                seed: int = 0, epsilon: float = 0.0, suppress_unk: bool = False):
+                seed: int = 0, epsilon: float = 0.0, suppress_unk: bool = False,
+                cache: str = "none"):
     """Parse ``template`` (``<mask:N>`` syntax) and infill it with :func:`jaxspec.asarm.assd.assd_generate`
-    (``suppress_unk``: never generate the compact vocabulary's UNK id).
+    (``suppress_unk``: never generate the compact vocabulary's UNK id; ``cache``: ``"none"`` or
+    the content-stream cache ``"content"``).
 
     Returns:
       ``(text, InfillResult, InfillTemplate)``: the template with every span filled.
@@ -170,7 +172,8 @@ def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5
     ids = asarm.to_model(tpl.ids)
     res = assd_generate(asarm.model, asarm.params, [ids], [tpl.masked], method=method, k=k,
                         sampling=sampling or SamplingConfig(), seed=seed, epsilon=epsilon,
-                        max_len=asarm.max_len, suppress=_unk(asarm) if suppress_unk else ())
+                        max_len=asarm.max_len, suppress=_unk(asarm) if suppress_unk else (),
+                        cache=cache)
     return tpl.render(res.sequences[0], asarm.decode), res, tpl
 
 

@@ -165,6 +165,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
                    to_model: Optional[Callable[[Sequence[int]], list]] = None,
                    infill_temperature: float = 0.0, sandbox_timeout: float = 10.0,
                    max_len: Optional[int] = None, suppress: Sequence[int] = (),
+                   cache: str = "none",
                    methods: Sequence[str] = MAIN_METHODS,
                    config: Optional[dict] = None, progress: bool = True,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
@@ -181,6 +182,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       k: ASSD / ASSD-ngram draft length of the main rows (the paper: 5).
       k_sweep: ASSD draft lengths of the Table 5 sweep (empty: no sweep).
       suppress: model ids never generated, by every row alike (e.g. the UNK id).
+      cache: ``"none"`` or ``"content"`` (the content-stream KV cache), for every row alike.
       methods: the main rows after sequential (default: ASSD, ASSD-ngram, fused ASSD and
         fused ASSD-ngram, all at ``k``).
       seed: the generation rows use ``seed * 1000 + row index`` (independent samples); the
@@ -219,7 +221,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
         def run(ids, method=method, kk=kk, row_seed=seed * 1000 + j):
             return assd_generate(model, params, [ids], [mask_of[id(ids)]], method=method,
                                  k=kk or 1, sampling=sampling, seed=row_seed, bucket=bucket,
-                                 suppress=suppress)
+                                 suppress=suppress, cache=cache)
         runs[(method, kk)] = run
     outs, compile_s = run_interleaved(runs, prompts, max(len(s) for s in seqs), progress,
                                       "assd runs")
@@ -398,6 +400,8 @@ def add_arguments(ap) -> None:
                    help="skip generative perplexity (no SmolLM2-135M judge)")
     g.add_argument("--assd-methods", nargs="*", default=list(MAIN_METHODS),
                    help=f"main rows after sequential ({' '.join(MAIN_METHODS)})")
+    g.add_argument("--assd-cache", choices=("none", "content"), default="none",
+                   help="content-stream KV cache for every row (Appendix F.4)")
     g.add_argument("--assd-keep-unk", action="store_true",
                    help="let every row sample the AS-ARM's UNK id (suppressed by default)")
 
@@ -454,7 +458,8 @@ def main_assd(args, log) -> int:
                   "holdout": list(holdout), "judge": None if judge is None else "smollm2-135m-instruct",
                   "infill_tasks": len(tasks), "infill_temperature": args.assd_infill_temperature,
                   "context": asarm.max_len, "row_seeds": "seed * 1000 + row index",
-                  "batch": 1, "suppressed_ids": list(suppress), "methods": list(args.assd_methods)}
+                  "batch": 1, "suppressed_ids": list(suppress), "methods": list(args.assd_methods),
+                  "cache": args.assd_cache}
         result = run_assd_suite(asarm.model, asarm.params, seqs, model_name=name,
                                 to_external=asarm.to_external, judge=judge,
                                 mask_rate=args.assd_mask_rate, k=args.assd_k,
@@ -462,7 +467,7 @@ def main_assd(args, log) -> int:
                                 seed=args.assd_seed, infill_tasks=tasks,
                                 tokenizer=asarm.tokenizer, to_model=asarm.to_model,
                                 infill_temperature=args.assd_infill_temperature, config=config,
-                                max_len=asarm.max_len, suppress=suppress,
+                                max_len=asarm.max_len, suppress=suppress, cache=args.assd_cache,
                                 methods=args.assd_methods,
                                 progress=not args.no_progress, log=log)
     except (BenchError, WeightFileError, ValueError, SandboxUnavailable) as e:

@@ -57,14 +57,16 @@ def test_suite_end_to_end(tmp_path):
                          tokenizer=CharTok(), infill_temperature=0.0, progress=False,
                          config={"test": True})
     rows = {r["method"]: r for r in res["rows"]}
-    assert list(rows) == ["sequential", "assd", "assd-ngram"]
+    assert list(rows) == ["sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram"]
     assert rows["sequential"]["nfe_per_token"] == 1.0 and rows["sequential"]["ppl_p_value"] is None
     assert rows["assd"]["nfe_per_token"] < 1.0 and rows["assd-ngram"]["nfe_per_token"] <= 1.0
+    assert rows["assd-fused"]["nfe_per_token"] < 1.0
     assert rows["assd-ngram"]["draft_calls"] > 0 and rows["assd"]["draft_calls"] == 0
+    assert rows["assd-fused"]["query_tokens_per_call"] == 25     # (k + 1)^2 at k = 4
     for r in res["rows"][1:]:
         assert 0.0 <= r["ppl_p_value"] <= 1.0 and 0.0 <= r["entropy_p_value"] <= 1.0
         assert r["gen_ppl"] > 1 and r["entropy"] > 0 and r["masked_tokens"] == 36
-    assert judged == [4] * 4                        # 3 main rows + the k=2 sweep row
+    assert judged == [4] * 6                        # 5 main rows + the k=2 sweep row
     assert [s["k"] for s in res["k_sweep"]] == [2, 4]
     assert res["k_sweep"][0]["nfe_per_token"] == 1.0   # k = 2 never saves forwards (Table 5)
     inf = {r["method"]: r for r in res["infill"]["rows"]}

@@ -146,9 +146,10 @@ def tiny_asarm(tmp_path, monkeypatch):
 def test_generate_infill_greedy_compare(tiny_asarm, capsys):
     """--infill fills exactly the <mask:N> span, keeps the text around it, and ASSD's greedy
     output is identical to sequential decoding's (--compare exits 1 on a mismatch)."""
-    for method in ("assd", "assd-ngram"):
+    for method, extra in (("assd", []), ("assd-ngram", []),
+                          ("assd-fused", ["--cache", "content", "--suppress-unk"])):
         rc = gen_cli.main(["--model", tiny_asarm, "--method", method, "--draft-length", "3",
-                           "--infill", "def f(a):\n    <mask:6>\n", "--compare"])
+                           "--infill", "def f(a):\n    <mask:6>\n", "--compare"] + extra)
         out = capsys.readouterr().out
         assert rc == 0, out
         text = out.split("=" * 80)[1][1:-1]            # print() framed it with newlines
@@ -167,6 +168,7 @@ def test_generate_infill_greedy_compare(tiny_asarm, capsys):
     (["--infill", "x = <mask:3>", "--draft-length", "-2"], "must be >= 1, got -2"),
     (["--infill", "abc<mask:60>"], "runs past the context of 48"),
     (["--method", "assd"], "pass --infill TEXT"),
+    (["--infill", "x = <mask:3>", "--cache", "dual"], "takes --cache none|content"),
 ])
 def test_generate_infill_bad_input(tiny_asarm, argv, needle, capsys):
     assert gen_cli.main(["--model", tiny_asarm, "--method", "assd"] + argv) == 2
