@@ -47,7 +47,8 @@ class DecodeOptions:
       draft_length: k (n-gram default 8, SPS 5, SSD 3, ASSD 5).
       max_ngram, min_ngram, fallback: n-gram drafter (``"none"`` or ``"bigram"``).
       gen_length, block_length, steps, remasking, tokens_per_step, threshold, cache,
-      alg_temp: masked-diffusion decoding (:class:`jaxspec.dllm.DiffusionDecodeConfig`).
+      alg_temp, confidence_softmax: masked-diffusion decoding
+      (:class:`jaxspec.dllm.DiffusionDecodeConfig`).
       tree: SSD verification tree (``"chain"`` or ``"mix-order"``).
       graph: Spiffy draft-graph JSON path.
       epsilon: ASSD acceptance tolerance (> 0 is not lossless).
@@ -87,6 +88,7 @@ class DecodeOptions:
     proxy: Any = dataclasses.field(default=None, compare=False)
     k_min: int = 20
     eos_id: int = 0
+    confidence_softmax: str = "official"
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -99,7 +101,8 @@ class DecodeOptions:
                   steps=self.gen_length if self.steps is None else self.steps,
                   remasking=self.remasking, temperature=self.temperature, top_k=self.top_k,
                   top_p=self.top_p, cache=self.cache, tokens_per_step=self.tokens_per_step,
-                  threshold=self.threshold, alg_temp=self.alg_temp)
+                  threshold=self.threshold, alg_temp=self.alg_temp,
+                  confidence_softmax=self.confidence_softmax)
         kw.update(overrides)
         return DiffusionDecodeConfig(**kw)
 

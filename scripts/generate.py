@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--alg-temp", type=float, default=0.0,
                     help="Dream's alg_temp: sample the unmasked positions from "
                          "softmax(confidence / alg_temp) (0 = most confident first)")
+    dg.add_argument("--confidence-softmax", choices=("official", "renormalized"),
+                    default="official",
+                    help="official: the [MASK] logit stays in the confidence softmax (LLaDA, "
+                         "Fast-dLLM, Dream); renormalized: it is dropped (p / (1 - p_mask))")
     ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
     ag.add_argument("--infill", default=None,
                     help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded (methods "
@@ -180,7 +184,7 @@ def _options(args, draft=None):
         min_ngram=args.min_ngram, fallback=args.fallback, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, remasking=args.remasking,
         tokens_per_step=args.tokens_per_step, threshold=args.threshold, cache=args.cache,
-        alg_temp=args.alg_temp, tree=args.tree, graph=args.graph, epsilon=args.epsilon,
+        alg_temp=args.alg_temp, confidence_softmax=args.confidence_softmax, tree=args.tree, graph=args.graph, epsilon=args.epsilon,
         mask_groups=args.mask_groups, space_sampling=args.space_sampling, **(draft or {}))
 
 
@@ -226,7 +230,9 @@ def _check_method(args, preset):
         used = [f for f, v in (("--tokens-per-step", args.tokens_per_step),
                                ("--threshold", args.threshold), ("--steps", args.steps),
                                ("--cache", None if args.cache == "none" else args.cache),
-                               ("--alg-temp", args.alg_temp or None)) if v is not None]
+                               ("--alg-temp", args.alg_temp or None),
+                               ("--confidence-softmax", None if args.confidence_softmax == "official"
+                                else args.confidence_softmax)) if v is not None]
         if used:
             raise ValueError(f"{', '.join(used)} only apply to masked-diffusion methods")
     return method

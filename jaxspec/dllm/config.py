@@ -24,6 +24,7 @@ from models.diffusion.modeling import DiffusionLM
 
 REMASKING = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy")
 CACHES = ("none", "prefix", "dual")
+CONFIDENCE_SOFTMAX = ("official", "renormalized")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,12 @@ class DiffusionDecodeConfig:
       cache: ``"none"``, ``"prefix"`` or ``"dual"`` (Fast-dLLM KV caches).
       top_k: keep the ``top_k`` most likely tokens before sampling (0 = off).
       top_p: nucleus filter before sampling (1.0 = off), in ``(0, 1]``.
+      confidence_softmax: the softmax that scores confidence: ``"official"`` (default) keeps
+        the [MASK] logit in it, as LLaDA ``generate.py``, Fast-dLLM ``get_transfer_index`` and
+        Dream ``sample_tokens`` compute it; ``"renormalized"`` (jaxspec's earlier rule) sets
+        the [MASK] logit to -inf first, so a confidence is ``p / (1 - p_mask)``. Either way
+        the predicted token ``x0`` is never [MASK] (the official code could predict it and
+        "transfer" a mask; jaxspec excludes it).
       alg_temp: Dream's ``alg_temp``: > 0 draws the transferred positions from
         ``softmax(confidence / alg_temp)`` instead of taking the most confident (stepwise and
         fixed-k only; 0 = off).
@@ -82,6 +89,7 @@ class DiffusionDecodeConfig:
     top_k: int = 0
     top_p: float = 1.0
     alg_temp: float = 0.0
+    confidence_softmax: str = "official"
 
     def __post_init__(self):
         self._check_options()
@@ -90,6 +98,9 @@ class DiffusionDecodeConfig:
     def _check_options(self):
         if self.cache not in CACHES:
             raise ValueError(f"unknown cache {self.cache!r}; expected one of {', '.join(CACHES)}")
+        if self.confidence_softmax not in CONFIDENCE_SOFTMAX:
+            raise ValueError(f"unknown confidence_softmax {self.confidence_softmax!r}; expected "
+                             f"one of {', '.join(CONFIDENCE_SOFTMAX)}")
         if int(self.top_k) < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

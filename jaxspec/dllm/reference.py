@@ -54,8 +54,12 @@ Conventions (each documented because it is observable):
 * **Confidence for ``"low_confidence"``** is ``softmax(logits)[x0]`` (no temperature), as in
   LLaDA; Dream's rules use ``softmax(logits / T)`` (``T = 0``: ``softmax(logits)``).
 * **Ties** in the ranking go to the lower position (a stable sort of ``-confidence``).
-* **The mask token is never predicted**: its logit is ``-inf`` before sampling and
-  confidences.
+* **The mask token is never predicted**: its logit is ``-inf`` before sampling ``x0``. The
+  confidence softmax keeps it by default (``confidence_softmax="official"``: LLaDA
+  ``generate.py`` ``F.softmax(logits)``, Fast-dLLM ``get_transfer_index``, Dream
+  ``sample_tokens`` all score confidence over the whole vocabulary, [MASK] included);
+  ``"renormalized"`` drops it there too (confidence ``p / (1 - p_mask)``, jaxspec's earlier
+  rule; a threshold between the two flips decisions).
 * **EOS options** (LLaDA ``generate.py``, paper Appendix B.4): ``logits_eos_inf`` sets the
   logits of every id in ``eos_ids`` to ``-inf`` before sampling; ``confidence_eos_eot_inf``
   ranks masked positions whose prediction is in ``eos_ids`` after all others (their
@@ -206,20 +210,24 @@ def step_noise(key: jax.Array, steps: jax.Array, block_length: int, vocab: int,
 
 # ----------------------------------------------------------------------------- scoring
 
-def processed_logits(blk: jax.Array, rule: Rule) -> tuple[jax.Array, jax.Array]:
-    """The logits the reference samples from.
+def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False) -> tuple[jax.Array, jax.Array]:
+    """The logits the reference samples from (``keep_mask``: the ones its official confidence
+    softmax reads, the [MASK] logit left in).
 
     Args:
       blk: float32 ``(..., L, V)`` raw logits scoring the block's positions.
       rule: the :class:`Rule`.
+      keep_mask: leave the mask logit as it is.
 
     Returns:
-      ``(blk, scaled)``: ``blk`` with the mask logit (and with ``logits_eos_inf`` every EOS
-      logit) set to ``-inf``; ``scaled`` = that divided by the temperature (when sampling)
-      and top-k / top-p filtered (when set). Both float32 ``(..., L, V)``.
+      ``(blk, scaled)``: ``blk`` with the mask logit (unless ``keep_mask``; and with
+      ``logits_eos_inf`` every EOS logit) set to ``-inf``; ``scaled`` = that divided by the
+      temperature (when sampling) and top-k / top-p filtered (when set). Both float32
+      ``(..., L, V)``.
     """
     cfg = rule.cfg
-    blk = blk.at[..., rule.mask_id].set(-jnp.inf)
+    if not keep_mask:
+        blk = blk.at[..., rule.mask_id].set(-jnp.inf)
     if cfg.logits_eos_inf:
         blk = blk.at[..., list(rule.eos_ids)].set(-jnp.inf)
     scaled = blk / rule.knobs.temperature if rule.sampled else blk
@@ -290,12 +298,15 @@ def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_
       unmasked positions rank after every masked one).
     """
     cfg, knobs = rule.cfg, rule.knobs
-    blk, scaled = processed_logits(blk, rule)
+    raw = blk
+    blk, scaled = processed_logits(raw, rule)
     filtered = cfg.top_k > 0 or cfg.top_p < 1.0
     if rule.sampled:
         x0 = jnp.argmax(scaled - jnp.log(-jnp.log(u_tok)), axis=-1).astype(jnp.int32)
     else:
         x0 = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    if cfg.confidence_softmax == "official":   # the confidence softmax keeps the [MASK] logit
+        blk, scaled = processed_logits(raw, rule, keep_mask=True)
     if cfg.remasking == "low_confidence" or not filtered:
         conf = block_confidence(blk, x0, u_pos, cfg.remasking,
                                 knobs.temperature if rule.sampled else 0.0)

@@ -114,28 +114,36 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
             if c.cfg_scale > 0:
                 unl = outs[1].astype(np.float32)
                 logits = unl + np.float32(c.cfg_scale + 1.0) * (logits - unl)
-            lg = logits.copy()
-            lg[:, MASK] = -np.inf
-            if c.logits_eos_inf:
-                lg[:, list(eos)] = -np.inf
             u_tok, u_pos = _noise(key, row, step, L, VOCAB, T > 0)
             u_pos = np.asarray(u_pos)
-            sc = lg / np.float32(T) if T > 0 else lg
-            if c.top_k:
-                sc = np.where(sc >= np.sort(sc, -1)[:, -c.top_k][:, None], sc, -np.inf)
-            if c.top_p < 1:
-                p_ = _softmax(sc)
-                keep = np.zeros_like(p_, bool)
-                for r_ in range(L):
-                    o_ = np.argsort(-p_[r_], kind="stable")
-                    need = int(np.searchsorted(np.cumsum(p_[r_][o_]), c.top_p) + 1)
-                    keep[r_] = p_[r_] >= p_[r_][o_[min(need, VOCAB) - 1]]
-                sc = np.where(keep, sc, -np.inf)
+
+            def process(keep_mask):
+                lg = logits.copy()
+                if not keep_mask:
+                    lg[:, MASK] = -np.inf
+                if c.logits_eos_inf:
+                    lg[:, list(eos)] = -np.inf
+                sc = lg / np.float32(T) if T > 0 else lg
+                if c.top_k:
+                    sc = np.where(sc >= np.sort(sc, -1)[:, -c.top_k][:, None], sc, -np.inf)
+                if c.top_p < 1:
+                    p_ = _softmax(sc)
+                    keep = np.zeros_like(p_, bool)
+                    for r_ in range(L):
+                        o_ = np.argsort(-p_[r_], kind="stable")
+                        need = int(np.searchsorted(np.cumsum(p_[r_][o_]), c.top_p) + 1)
+                        keep[r_] = p_[r_] >= p_[r_][o_[min(need, VOCAB) - 1]]
+                    sc = np.where(keep, sc, -np.inf)
+                return lg, sc
+
+            lg, sc = process(False)
             if T > 0:
                 g = -np.log(-np.log(np.asarray(u_tok)))
                 x0 = np.argmax(sc + g, -1)
             else:
                 x0 = np.argmax(sc, -1)
+            if c.confidence_softmax == "official":   # the [MASK] logit stays in the softmax
+                lg, sc = process(True)
             if c.remasking in ("random", "origin"):
                 conf = u_pos.copy()
             elif c.remasking == "low_confidence":
@@ -205,6 +213,10 @@ CASES = [
     ("dream", dict(gen_length=8, block_length=8, steps=4, remasking="maskgit_plus",
                    temperature=0.5, alg_temp=0.5)),
     ("llada", dict(gen_length=8, block_length=4, tokens_per_step=2, alg_temp=0.2)),
+    # jaxspec's earlier confidence rule ([MASK] dropped from the confidence softmax)
+    ("llada", dict(gen_length=8, block_length=4, threshold=0.3, confidence_softmax="renormalized")),
+    ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.7,
+                   top_k=5, top_p=0.9, confidence_softmax="renormalized")),
     # Fast-dLLM prefix and dual caches (each is its own reference)
     ("llada", dict(gen_length=16, block_length=4, steps=16, cache="prefix")),
     ("llada", dict(gen_length=16, block_length=1, steps=16, cache="prefix")),  # 16 blocks: padded widths
@@ -329,6 +341,39 @@ def test_input_errors():
         diffusion_generate(model, params, [[]], DiffusionDecodeConfig(8, 4, 8))
     with pytest.raises(ValueError, match="token ids"):
         diffusion_generate(model, params, [[VOCAB]], DiffusionDecodeConfig(8, 4, 8))
+
+
+def test_threshold_follows_the_official_confidence_softmax():
+    """Threshold decoding decides as LLaDA generate.py / Fast-dLLM get_transfer_index do: the
+    confidence is softmax(logits)[x0] with the [MASK] logit in the softmax. With the threshold
+    set between the official confidence of the second most confident position and its
+    renormalized confidence p / (1 - p_mask), the first step transfers only the most confident
+    position under the official rule and both under the renormalized one."""
+    model, params = MODELS["llada"]
+    prompt = PROMPTS[0]
+    x = np.array([prompt + [MASK] * 4], np.int32)
+    logits = np.asarray(_forward("llada")(x), np.float64)[0, len(prompt):]
+    p_all = _softmax(logits)
+    no_mask = logits.copy()
+    no_mask[:, MASK] = -np.inf
+    x0 = np.argmax(no_mask, -1)
+    official = p_all[np.arange(4), x0]
+    renorm = official / (1.0 - p_all[:, MASK])
+    second = int(np.argsort(-official, kind="stable")[1])
+    assert np.argsort(-renorm, kind="stable")[1] == second and renorm[second] > official[second]
+    thr = float((official[second] + renorm[second]) / 2)
+    assert renorm[second] - official[second] > 1e-4      # a margin float32 cannot blur
+    steps = {}
+    for rule in ("official", "renormalized"):
+        c = DiffusionDecodeConfig(4, 4, threshold=thr, confidence_softmax=rule)
+        res = diffusion_generate(model, params, [prompt], c, seed=SEED)
+        steps[rule] = res.transfer_step[0]
+        toks, tstep, _, _ = oracle("llada", prompt, 0, 1, c, SEED)
+        np.testing.assert_array_equal(res.transfer_step[0], tstep)   # the oracle agrees
+    assert (steps["official"] == 0).sum() == 1, steps
+    assert (steps["renormalized"] == 0).sum() >= 2, steps
+    with pytest.raises(ValueError, match="confidence_softmax"):
+        DiffusionDecodeConfig(4, 4, confidence_softmax="p")
 
 
 @pytest.mark.parametrize("opt", ["logits_eos_inf", "confidence_eos_eot_inf"])

@@ -154,7 +154,8 @@ def exact_stepwise_distribution(prompt, G: int, T: float) -> dict:
     """Exact output distribution of one-block, one-token-per-step, low-confidence stepwise
     decoding with temperature ``T``: at each state, enumerate every joint draw of the masked
     positions' tokens (independent ``softmax(logits / T)`` samples), transfer the most
-    confident (``softmax(logits)[x0]``; ties to the lower position) and recurse."""
+    confident (``softmax(logits)[x0]`` over the whole vocabulary, [MASK] included, the default
+    ``confidence_softmax="official"``; ties to the lower position) and recurse."""
     model, params = _vocab6_model()
     fwd = jax.jit(lambda t: model.apply(params, t, np.arange(t.shape[1])[None])[0])
     n = len(prompt)
@@ -166,9 +167,9 @@ def exact_stepwise_distribution(prompt, G: int, T: float) -> dict:
             out[tuple(x[n:])] = out.get(tuple(x[n:]), 0.0) + prob
             return
         lg = np.asarray(fwd(np.array([x], np.int32)))[0].astype(np.float64)[n:]
-        lg[:, MASK6] = -np.inf
+        c = _softmax(lg)             # official confidence: the [MASK] logit stays in the softmax
+        lg[:, MASK6] = -np.inf       # ... but [MASK] is never drawn
         q = _softmax(lg / T)
-        c = _softmax(lg)
         moves: dict = {}
         for draw in itertools.product(range(V6 - 1), repeat=len(masked)):
             pr = np.prod([q[i, v] for i, v in zip(masked, draw)])
