@@ -136,12 +136,15 @@ V6, MASK6 = 6, 5
 
 
 @functools.lru_cache(maxsize=None)
-def _vocab6_model():
+def _vocab6_model(scale: float = 6.0):
+    """A one-layer vocabulary-6 LLaDA (mask id 5) with every matrix scaled by ``scale``: at 6 its
+    conditionals barely depend on which block positions are filled; at 10 they do (the
+    mutation tests use that one, :mod:`tests.dllm.test_mutants`)."""
     base = ModelConfig(arch="llama", vocab_size=V6, hidden_size=16, intermediate_size=32,
                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, qkv_bias=False,
                        tie_embeddings=False, max_position_embeddings=40, rope_theta=10000.0,
                        rms_norm_eps=1e-6)
-    params = jax.tree_util.tree_map(lambda x: x * 6.0 if x.ndim >= 2 else x, init_params(base, 4))
+    params = jax.tree_util.tree_map(lambda x: x * scale if x.ndim >= 2 else x, init_params(base, 4))
     return DiffusionLM(DiffusionConfig(base, "llada", MASK6)), params
 
 
@@ -150,13 +153,14 @@ def _softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
-def exact_stepwise_distribution(prompt, G: int, T: float) -> dict:
+def exact_stepwise_distribution(prompt, G: int, T: float, scale: float = 6.0) -> dict:
     """Exact output distribution of one-block, one-token-per-step, low-confidence stepwise
     decoding with temperature ``T``: at each state, enumerate every joint draw of the masked
     positions' tokens (independent ``softmax(logits / T)`` samples), transfer the most
     confident (``softmax(logits)[x0]`` over the whole vocabulary, [MASK] included, the default
-    ``confidence_softmax="official"``; ties to the lower position) and recurse."""
-    model, params = _vocab6_model()
+    ``confidence_softmax="official"``; ties to the lower position) and recurse, for
+    ``_vocab6_model(scale)``. Returns ``{block tokens (tuple): probability}``."""
+    model, params = _vocab6_model(scale)
     fwd = jax.jit(lambda t: model.apply(params, t, np.arange(t.shape[1])[None])[0])
     n = len(prompt)
     out: dict = {}
