@@ -85,3 +85,42 @@ def test_every_mutant_rejected(method, mutant):
     print(f"{method}/{mutant}: same path {_same_path(res, ref)}; distribution {chk.why}")
     assert not _same_path(res, ref), f"{method}/{mutant} replays the reference path"
     assert not chk.passed, f"{method}/{mutant} passes the distribution test: {chk.why}"
+
+
+# Beyond the enumerable model: the Dream head (shifted logits) with the Fast-dLLM dual cache,
+# sampled, two blocks, a padded batch of different prompts; SSD's mix-order tree and Spiffy
+# over threshold decoding. The reference path is the check here (the joint of 16 positions is
+# not enumerable): the real decoders replay it, every mutant leaves it.
+WIDE = {"ssd": DiffusionDecodeConfig(16, 8, 16, cache="dual", temperature=0.8),
+        "spiffy": DiffusionDecodeConfig(16, 8, 16, cache="dual", temperature=0.8, threshold=0.3)}
+
+
+def _run_wide(method, decode):
+    from tests.dllm.test_dllm import MODELS, PROMPTS
+
+    model, params = MODELS["dream"]
+    prompts = PROMPTS * 4
+    if method == "reference":
+        return diffusion_generate(model, params, prompts, decode, seed=5)
+    if method == "spiffy":
+        return spiffy_generate(model, params, prompts, SpiffyConfig(decode, GRAPH), seed=5)
+    return ssd_generate(model, params, prompts, SSDConfig(decode, 3, "mix-order"), seed=5)
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_reference(method):
+    return _run_wide("reference", WIDE[method])
+
+
+@pytest.mark.parametrize("mutant", (None,) + DLLM_MUTANTS)
+@pytest.mark.parametrize("method", tuple(WIDE))
+def test_dream_dual_cache_paths(method, mutant):
+    ref = _wide_reference(method)
+    if mutant is None:
+        res = _run_wide(method, WIDE[method])
+        assert _same_path(res, ref)
+        assert res.stats.accept_hist[:, 2:].sum() > 0     # drafts were accepted
+        return
+    with inject_dllm(method, mutant):
+        res = _run_wide(method, WIDE[method])
+    assert not _same_path(res, ref), f"{method}/{mutant} replays the reference path"
