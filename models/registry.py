@@ -100,9 +100,14 @@ class Preset:
         return "dllm" if self.is_diffusion else "asarm" if self.format == "asarm" else "causal"
 
 
+ALIASES = {"auto": "hf-directory"}
+"""Other names of presets: ``--model auto --weights DIR`` reads the family (causal Llama /
+Qwen2, LLaDA, Dream, XLNet) from the checkpoint itself, as ``hf-directory`` does."""
+
+
 def available() -> list[str]:
-    """Names of all presets in ``configs/models``."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    """Names of all presets in ``configs/models`` and their aliases (:data:`ALIASES`)."""
+    return sorted([p.stem for p in CONFIG_DIR.glob("*.yaml")] + list(ALIASES))
 
 
 def get_preset(name: str) -> Preset:
@@ -111,7 +116,7 @@ def get_preset(name: str) -> Preset:
     Raises:
       PresetError: unknown name (the message lists the valid ones) or a malformed file.
     """
-    path = CONFIG_DIR / f"{name}.yaml"
+    path = CONFIG_DIR / f"{ALIASES.get(name, name)}.yaml"
     if not path.is_file():
         raise PresetError(f"unknown model {name!r}; available: {', '.join(available())}")
     data = yaml.safe_load(path.read_text())

@@ -355,7 +355,7 @@ def _with_tokenizer(tiny, d):
 
 
 def test_weights_family_and_cli_on_llada_and_dream_dirs(llada, dream, tmp_path, capsys):
-    """``--model hf-directory --weights DIR`` runs the diffusion methods on a LLaDA and a Dream
+    """``--model hf-directory`` (or its alias ``auto``) ``--weights DIR`` runs the diffusion methods on a LLaDA and a Dream
     directory (family read from ``config.json``), a converted jaxspec checkpoint too, and a
     causal method on them is a one-line error naming both."""
     from models.registry import weights_family
@@ -370,8 +370,9 @@ def test_weights_family_and_cli_on_llada_and_dream_dirs(llada, dream, tmp_path, 
     _with_tokenizer(llada[0], native)
     assert weights_family(native) == "dllm"
     capsys.readouterr()
-    for d, method in ((ld, "stepwise"), (dd, "ssd"), (native, "stepwise")):
-        rc = gen_cli.main(["--model", "hf-directory", "--weights", str(d), "--method", method,
+    for d, method, name in ((ld, "stepwise", "hf-directory"), (dd, "ssd", "auto"),
+                            (native, "stepwise", "auto")):
+        rc = gen_cli.main(["--model", name, "--weights", str(d), "--method", method,
                            "--gen-length", "8", "--block-length", "4", "--prompt", "def f(x):",
                            "--compare", "--quiet"])
         out = capsys.readouterr().out
