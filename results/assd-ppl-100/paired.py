@@ -1,0 +1,59 @@
+"""Paired comparison of the two 100-sequence ASSD runs (issue 17, item 5; issue 14).
+
+Run 0 (``assd.json``): sequential, assd, assd-ngram, assd-fused, assd-fused-ngram, row seeds
+``0 * 1000 + i``. Run 1 (``seed1/assd.json``): sequential and assd-fused, row seeds
+``1000 + i``. Both on the same 100 held-out sequences, so each comparison pairs the two
+methods' figures sequence by sequence (log gen-PPL and entropy), paired t and Wilcoxon.
+Same-decoder pairs (sequential run 1 vs run 0, fused run 1 vs run 0) show how far two runs of
+one decoder drift apart. Writes ``paired.md`` next to this file.
+
+    python results/assd-ppl-100/paired.py
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+HERE = Path(__file__).resolve().parent
+RUN0 = json.loads((HERE / "assd.json").read_text())["per_sequence"]
+RUN1 = json.loads((HERE / "seed1" / "assd.json").read_text())["per_sequence"]
+assert [s["id"] for s in RUN0] == [s["id"] for s in RUN1]
+SEQ, FUSED = "sequential/None", "assd-fused/5"
+
+
+def fig(run, method, field):
+    x = np.array([s["runs"][method][field] for s in run])
+    return np.log(x) if field == "gen_ppl" else x
+
+
+def both(method, field):
+    return (fig(RUN0, method, field) + fig(RUN1, method, field)) / 2
+
+
+PAIRS = [("sequential run 1 - sequential run 0 (same decoder)", lambda f: fig(RUN1, SEQ, f) - fig(RUN0, SEQ, f)),
+         ("fused run 1 - fused run 0 (same decoder)", lambda f: fig(RUN1, FUSED, f) - fig(RUN0, FUSED, f)),
+         ("fused run 0 - sequential run 0", lambda f: fig(RUN0, FUSED, f) - fig(RUN0, SEQ, f)),
+         ("fused run 1 - sequential run 1", lambda f: fig(RUN1, FUSED, f) - fig(RUN1, SEQ, f)),
+         ("fused run 0 - sequential run 1", lambda f: fig(RUN0, FUSED, f) - fig(RUN1, SEQ, f)),
+         ("fused run 1 - sequential run 0", lambda f: fig(RUN1, FUSED, f) - fig(RUN0, SEQ, f)),
+         ("fused (mean of 2 runs) - sequential (mean of 2 runs)", lambda f: both(FUSED, f) - both(SEQ, f))]
+for m in ("assd/5", "assd-ngram/5", "assd-fused-ngram/5"):
+    PAIRS.append((f"{m.split('/')[0]} run 0 - sequential (mean of 2 runs)",
+                  lambda f, m=m: fig(RUN0, m, f) - both(SEQ, f)))
+
+lines = ["# Paired comparison of the two 100-sequence ASSD runs", "",
+         "asarm-small, 100 held-out stdlib sequences, 95% masked, T 1.0, content cache, UNK "
+         "suppressed; gen-PPL judged by SmolLM2-135M. Differences per sequence (log gen-PPL, "
+         "entropy in nats), paired t-test and Wilcoxon signed-rank p-values.", "",
+         "| comparison | mean diff log PPL | t p | Wilcoxon p | mean diff entropy | t p | Wilcoxon p |",
+         "|---|---|---|---|---|---|---|"]
+for name, diff in PAIRS:
+    row = [name]
+    for f in ("gen_ppl", "entropy"):
+        d = diff(f)
+        row += [f"{d.mean():+.3f}", f"{stats.ttest_1samp(d, 0).pvalue:.3f}",
+                f"{stats.wilcoxon(d).pvalue:.3f}"]
+    lines.append("| " + " | ".join(row) + " |")
+(HERE / "paired.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
