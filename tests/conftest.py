@@ -12,6 +12,27 @@ import pytest
 from jaxspec.testing.hf import TinyHF, build_tiny_hf, write_tiny_gguf
 
 
+def _enable_compile_cache() -> None:
+    """Share XLA executables between test modules and pytest-xdist workers through JAX's
+    persistent compilation cache (``.pytest_cache/jax-compile`` unless
+    ``$JAXSPEC_TEST_COMPILE_CACHE`` names another directory, or is ``off``). The module-scoped
+    fixture below drops the in-memory caches after each module to bound memory; with this cache
+    a later module that builds the same program loads it from disk instead of recompiling."""
+    where = os.environ.get("JAXSPEC_TEST_COMPILE_CACHE", "")
+    if where.lower() == "off":
+        return
+    import jax
+
+    root = Path(where) if where else Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compile"
+    root.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(root))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+_enable_compile_cache()
+
+
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):
     """Factory ``tiny_hf(arch="llama", tied=False, seed=0, **dims) -> TinyHF`` (cached per
