@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxspec.core.batching import DecodeInputError, check_prompts, cut_after_eos, is_eos, left_pad
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
-from jaxspec.core.runtime import run_compiled
+from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
@@ -377,7 +377,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     buf, pad = left_pad(prompts, bucket, pad_id)
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    args = (params, drafter_params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed))
+    args = (decode_layout(params), decode_layout(drafter_params), jnp.asarray(buf), jnp.asarray(pad),
+            jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)
     rows = cut_after_eos(toks, loop.eos_ids, budget=np.minimum(n_new, max_new_tokens))

@@ -15,11 +15,16 @@ changes the compiled program:
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from models.llama.modeling import unstack_layers
 
 _EXECUTABLES: dict = {}
 
@@ -75,3 +80,70 @@ def clear_compiled() -> int:
     _EXECUTABLES.clear()
     jax.clear_caches()
     return n
+
+
+# ----------------------------------------------------------------------------- layer layout
+
+LAYER_LOOPS = ("auto", "scan", "unrolled")
+_CAUSAL_LAYER_KEYS = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"})
+_UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
+
+
+def resolve_layer_loop(layer_loop: str | None = None) -> str:
+    """``"scan"`` or ``"unrolled"``: the argument, else ``$JAXSPEC_LAYER_LOOP``, else
+    ``"auto"``, which is ``"unrolled"`` on the CPU backend and ``"scan"`` on GPU/TPU.
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    name = layer_loop or os.environ.get("JAXSPEC_LAYER_LOOP", "auto")
+    if name not in LAYER_LOOPS:
+        raise ValueError(f"unknown layer loop {name!r}; choose one of {', '.join(LAYER_LOOPS)}")
+    if name == "auto":
+        return "unrolled" if jax.default_backend() == "cpu" else "scan"
+    return name
+
+
+def _unstacked_layers(layers: dict) -> tuple:
+    """Per-layer dicts of a stacked ``layers`` dict, cached per stacked tree (by identity of
+    its arrays, held weakly) so repeated decodes with the same weights split them once."""
+    names = sorted(layers)
+    leaves = [layers[k] for k in names]
+    for refs, out in _UNSTACKED:
+        if len(refs) == len(leaves) and all(r() is x for r, x in zip(refs, leaves)):
+            return out
+    out = unstack_layers({"layers": layers})["layers"]
+    try:
+        refs = [weakref.ref(x) for x in leaves]
+    except TypeError:  # numpy arrays and tracers: no caching
+        return out
+    _UNSTACKED.append((refs, out))
+    del _UNSTACKED[:-2]  # at most two models' per-layer copies stay alive
+    return out
+
+
+def decode_layout(tree: Any, layer_loop: str | None = None) -> Any:
+    """Put every Llama/Qwen2-layout parameter tree inside ``tree`` (a params dict, linen
+    variables ``{"params": ...}``, or any nest of dicts / tuples / lists holding them, e.g. a
+    drafter's ``(dllm_params, proxy)``) into the layout the decode loops run fastest with
+    (:func:`resolve_layer_loop`): per-layer weights (:func:`models.llama.modeling.unstack_layers`)
+    for ``"unrolled"``, unchanged for ``"scan"``. XLNet and other trees pass through. The
+    model computes the same function in both layouts; only the compiled loop differs.
+
+    Raises:
+      ValueError: unknown ``layer_loop``.
+    """
+    if resolve_layer_loop(layer_loop) == "scan":
+        return tree
+
+    def walk(x):
+        if isinstance(x, Mapping):
+            layers = x.get("layers")
+            if isinstance(layers, Mapping) and _CAUSAL_LAYER_KEYS <= set(layers):
+                return {**x, "layers": _unstacked_layers(dict(layers))}
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(tree)

@@ -69,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.runtime import run_compiled
+from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks, dream_shift, prefix_widths,
                                  prepend_prev, window_inputs)
@@ -302,7 +302,8 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
         ids outside the vocabulary, or an EOS option without ``eos_ids``.
     """
     buf, pad, mask_id = prepare_batch(model, prompts, cfg, eos_ids, pad_id, bucket, max_context)
-    args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed), Knobs.of(cfg))
+    args = (decode_layout(params), jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+            Knobs.of(cfg))
     statics = dict(model=model, cfg=structural(cfg), mask_id=mask_id,
                    eos_ids=eos_statics(cfg, eos_ids))
     (toks, tstep, counters), compile_s, run_s = run_compiled(_decode_jit, args, statics)

@@ -78,7 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxspec.core.runtime import run_compiled
+from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks, block_window, put_window)
 from jaxspec.dllm.config import (DiffusionDecodeConfig, DiffusionResult, diffusion_result,
@@ -499,7 +499,8 @@ def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], c
     buf, pad, mask_id = prepare_batch(model, prompts, d, eos_ids, pad_id, bucket, max_context)
     statics = dict(model=model, cfg=dataclasses.replace(cfg, decode=structural(d)),
                    mask_id=mask_id, eos_ids=eos_statics(d, eos_ids), mesh=mesh)
-    args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed), Knobs.of(d))
+    args = (decode_layout(params), jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+            Knobs.of(d))
     (toks, tstep, counters), compile_s, run_s = run_compiled(_ssd_jit, args, statics)
     c = jax.tree_util.tree_map(np.asarray, counters)
     return diffusion_result(

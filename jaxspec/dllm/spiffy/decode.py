@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxspec.core.runtime import run_compiled
+from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks)
 from jaxspec.dllm.config import (DiffusionDecodeConfig, DiffusionResult, diffusion_result,
@@ -457,7 +457,8 @@ def run_spiffy(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], cfg
     scfg = dataclasses.replace(cfg, decode=structural(d), graph=DraftGraph(cfg.graph.formulas))
     statics = dict(model=model, cfg=scfg, mask_id=mask_id, eos_ids=eos_statics(d, eos_ids),
                    mesh=mesh, record=record)
-    args = (params, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed), Knobs.of(d))
+    args = (decode_layout(params), jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+            Knobs.of(d))
     out, compile_s, run_s = run_compiled(_spiffy_jit, args, statics)
     return jax.tree_util.tree_map(np.asarray, out), compile_s, run_s
 
