@@ -104,31 +104,34 @@ def resolve_layer_loop(layer_loop: str | None = None) -> str:
     return name
 
 
-def _unstacked_layers(layers: dict) -> tuple:
+def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     """Per-layer dicts of a stacked ``layers`` dict, cached per stacked tree (by identity of
-    its arrays, held weakly) so repeated decodes with the same weights split them once."""
-    names = sorted(layers)
-    leaves = [layers[k] for k in names]
-    for refs, out in _UNSTACKED:
-        if len(refs) == len(leaves) and all(r() is x for r, x in zip(refs, leaves)):
+    its arrays, held weakly) and layout, so repeated decodes with the same weights split them
+    once."""
+    leaves = [layers[k] for k in sorted(layers)]
+    for refs, om, out in _UNSTACKED:
+        if om == output_major and len(refs) == len(leaves) and all(
+                r() is x for r, x in zip(refs, leaves)):
             return out
-    out = unstack_layers({"layers": layers})["layers"]
+    out = unstack_layers({"layers": layers}, output_major)["layers"]
     try:
         refs = [weakref.ref(x) for x in leaves]
     except TypeError:  # numpy arrays and tracers: no caching
         return out
-    _UNSTACKED.append((refs, out))
-    del _UNSTACKED[:-2]  # at most two models' per-layer copies stay alive
+    _UNSTACKED.append((refs, output_major, out))
+    del _UNSTACKED[:-2]  # at most two per-layer copies stay alive
     return out
 
 
-def decode_layout(tree: Any, layer_loop: str | None = None) -> Any:
+def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool = False) -> Any:
     """Put every Llama/Qwen2-layout parameter tree inside ``tree`` (a params dict, linen
     variables ``{"params": ...}``, or any nest of dicts / tuples / lists holding them, e.g. a
     drafter's ``(dllm_params, proxy)``) into the layout the decode loops run fastest with
     (:func:`resolve_layer_loop`): per-layer weights (:func:`models.llama.modeling.unstack_layers`)
     for ``"unrolled"``, unchanged for ``"scan"``. XLNet and other trees pass through. The
-    model computes the same function in both layouts; only the compiled loop differs.
+    model computes the same function in every layout (up to float32 rounding); only the
+    compiled loop differs. ``output_major`` (unrolled only) also transposes the projection
+    matrices, faster for one-token steps (the AR loop) and slower for verification passes.
 
     Raises:
       ValueError: unknown ``layer_loop``.
@@ -140,7 +143,7 @@ def decode_layout(tree: Any, layer_loop: str | None = None) -> Any:
         if isinstance(x, Mapping):
             layers = x.get("layers")
             if isinstance(layers, Mapping) and _CAUSAL_LAYER_KEYS <= set(layers):
-                return {**x, "layers": _unstacked_layers(dict(layers))}
+                return {**x, "layers": _unstacked_layers(dict(layers), output_major)}
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):
             return type(x)(walk(v) for v in x)

@@ -186,9 +186,9 @@ class CausalLM(nn.Module):
         def block(carry, lp):
             h, kc_all, vc_all, li = carry
             a = rms_norm(h, lp["attn_norm"], c.rms_norm_eps)
-            q = a @ lp["wq"]
-            k = a @ lp["wk"]
-            v = a @ lp["wv"]
+            q = proj(a, lp, "wq")
+            k = proj(a, lp, "wk")
+            v = proj(a, lp, "wv")
             if c.qkv_bias:
                 q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
             q = apply_rope(q.reshape(B, T, H, Dh), cos, sin)
@@ -205,9 +205,9 @@ class CausalLM(nn.Module):
             s = jnp.einsum("btkgd,bskd->bkgts", qg, keys) * scale + bias
             w = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(vals.dtype)
             o = jnp.einsum("bkgts,bskd->btkgd", w, vals).reshape(B, T, H * Dh)
-            h = h + o @ lp["wo"]
+            h = h + proj(o, lp, "wo")
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
-            h = h + (jax.nn.silu(m @ lp["w_gate"]) * (m @ lp["w_up"])) @ lp["w_down"]
+            h = h + proj(jax.nn.silu(proj(m, lp, "w_gate")) * proj(m, lp, "w_up"), lp, "w_down")
             return (h, kc_all, vc_all, li + 1), None
 
         def run_layers(carry):
@@ -233,33 +233,55 @@ class CausalLM(nn.Module):
         return lm_logits(x, embed, lm_head), new_cache
 
 
-def unstack_layers(params):
-    """The decode layout of a parameter tree: ``params["layers"]`` becomes a tuple of ``L``
-    per-layer dicts (``wq (D, H*Dh)``, ...) instead of stacked ``(L, ...)`` arrays; every
-    other entry is shared, not copied. :class:`CausalLM` accepts both layouts and computes the
-    same function; with per-layer weights it unrolls the layer loop instead of a
-    ``lax.scan``.
+MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
-    Why: inside ``lax.scan`` XLA:CPU copies each layer's weight slice out of the stacked
-    array before the matrix-vector product (a ``dynamic-slice`` fusion), so a batch-1 decode
-    step moves the layer weights three times instead of once (measured on SmolLM2-135M, AMD
-    EPYC 2 cores: one cached step 20.2 ms scanned, 16.3 ms unrolled; README "Performance").
-    Accelerators fuse the slice into the matmul, so there the stacked layout and the scan
-    (one compiled layer body) are kept (:func:`jaxspec.core.runtime.decode_layout`).
+
+def unstack_layers(params, output_major: bool = False):
+    """The decode layout of a parameter tree: ``params["layers"]`` becomes a tuple of ``L``
+    per-layer dicts instead of stacked ``(L, ...)`` arrays; every other entry is shared, not
+    copied. :class:`CausalLM` accepts both layouts and computes the same function; with
+    per-layer weights it unrolls the layer loop instead of a ``lax.scan``.
+
+    Why (README "Performance notes"; SmolLM2-135M, AMD EPYC, 2 cores): inside ``lax.scan``
+    XLA:CPU copies each layer's weight slice out of the stacked array before the
+    matrix-vector product (a ``dynamic-slice`` fusion), so a batch-1 decode step moves the
+    layer weights three times instead of once. Accelerators fuse the slice into the matmul, so
+    there the stacked layout and the scan (one compiled layer body) are kept
+    (:func:`jaxspec.core.runtime.decode_layout`).
 
     Args:
       params: a ``CausalLM`` params tree with stacked ``layers`` (already unstacked trees are
         returned as they are). Works on host arrays and inside ``jit``.
+      output_major: store the seven projection matrices transposed, ``(out, in)`` like
+        ``torch.nn.Linear.weight``, under ``name + "_t"`` (see :func:`proj`): XLA:CPU's
+        one-token matrix-vector product streams them faster, its few-token products
+        (verification passes) slower, so AR loops use it and speculative loops do not.
 
     Returns:
-      A new dict; the per-layer arrays are ``L`` slices of the stacked ones (a copy of the
-      layer weights).
+      A new dict; the per-layer arrays are ``L`` slices (or transposed slices) of the stacked
+      ones, i.e. a copy of the layer weights.
     """
     layers = params["layers"]
     if isinstance(layers, (tuple, list)):
         return params
     n = next(iter(layers.values())).shape[0]
-    return {**params, "layers": tuple({k: v[i] for k, v in layers.items()} for i in range(n))}
+
+    def entry(name, w, i):
+        if output_major and name in MATRICES:
+            return name + "_t", w[i].T
+        return name, w[i]
+
+    return {**params, "layers": tuple(dict(entry(k, v, i) for k, v in layers.items())
+                                      for i in range(n))}
+
+
+def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
+    """``x @ W`` for the layer weight ``name``: input-major ``lp[name]`` ``(in, out)``, or its
+    output-major copy ``lp[name + "_t"]`` ``(out, in)`` in the CPU decode layout
+    (:func:`unstack_layers`), where XLA:CPU's matrix-vector product streams faster."""
+    if name in lp:
+        return x @ lp[name]
+    return jnp.einsum("...i,oi->...o", x, lp[name + "_t"])
 
 
 def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> jax.Array:

@@ -20,12 +20,18 @@ from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 from models.llama.modeling import init_cache, unstack_layers
 
 
+@pytest.mark.parametrize("output_major", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_unrolled_forward_equals_scanned(arch):
+def test_unrolled_forward_equals_scanned(arch, output_major):
     model, params = tiny_model(arch=arch, layers=3)
-    per_layer = unstack_layers(params)
+    per_layer = unstack_layers(params, output_major)
     assert isinstance(per_layer["layers"], tuple) and len(per_layer["layers"]) == 3
-    np.testing.assert_array_equal(per_layer["layers"][1]["wq"], params["layers"]["wq"][1])
+    if output_major:
+        np.testing.assert_array_equal(per_layer["layers"][1]["w_up_t"],
+                                      params["layers"]["w_up"][1].T)
+        assert "w_up" not in per_layer["layers"][1]
+    else:
+        np.testing.assert_array_equal(per_layer["layers"][1]["wq"], params["layers"]["wq"][1])
     B, T, S = 2, 5, 12
     tok = jax.random.randint(jax.random.PRNGKey(0), (B, T), 0, 64)
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
@@ -53,6 +59,7 @@ def test_decode_layout_walks_trees_and_leaves_xlnet_alone():
     pair = decode_layout((params, np.zeros(3)), "unrolled")
     assert isinstance(pair[0]["layers"], tuple) and isinstance(pair[1], np.ndarray)
     assert decode_layout(params, "scan") is params
+    assert "wo_t" in decode_layout(params, "unrolled", output_major=True)["layers"][0]
     # the split is cached per stacked tree: the second call returns the same arrays
     again = decode_layout(params, "unrolled")
     assert again["layers"][0]["wq"] is decode_layout(params, "unrolled")["layers"][0]["wq"]
