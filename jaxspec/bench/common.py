@@ -25,6 +25,7 @@ it on tiny random models; :mod:`scripts.benchmark` adds presets, HumanEval and t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -39,6 +40,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.core.batching import cut_after_eos
+from jaxspec.core.runtime import layer_loop
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method, methods_of
 
@@ -46,14 +48,18 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram", "transformers/ar", "transformers/prompt-lookup", "transformers/assisted")
+    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "transformers/ar",
+    "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
 # transformers/assisted a draft model (--draft-model), jaxspec/diffuspec / specdiff a diffusion
 # drafter, jaxspec/space a SAR-SFT target
 NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/specdiff",
               "transformers/assisted")
-DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in NEEDS_MORE)
+# jaxspec/<method>-scan: the same decoder with the stacked weights and the lax.scan layer loop
+# (jaxspec.core.runtime.layer_loop), to show what the CPU decode layout buys; on request only
+ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan")
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
 class BenchError(ValueError):
@@ -120,7 +126,8 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
 
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
-    ``ngram-bigram`` is ``ngram`` with the bigram fallback), greedy, batch 1. ``options``
+    ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` runs the method
+    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``), greedy, batch 1. ``options``
     adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
 
@@ -128,7 +135,9 @@ class JaxspecSystem:
                  eos_ids: Sequence[int], pad_id: int, draft_length: int = 8,
                  max_ngram: int = 3, min_ngram: int = 2, options: Optional[dict] = None,
                  label: Optional[str] = None):
-        name = "ngram" if method == "ngram-bigram" else method
+        self.loop = "scan" if method.endswith("-scan") else None
+        name = method.removesuffix("-scan")
+        name = "ngram" if name == "ngram-bigram" else name
         if name not in methods_of("causal"):
             raise BenchError(f"unknown jaxspec method {method!r}")
         self.system, self.method = "jaxspec", label or method
@@ -145,8 +154,9 @@ class JaxspecSystem:
         return f"{self.system}/{self.method}"
 
     def run(self, ids: Sequence[int]) -> RunOutput:
-        t0 = time.perf_counter()
-        res = self.entry.run(self.model, self.params, [list(ids)], self.config, **self.kw)
+        with layer_loop(self.loop) if self.loop else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            res = self.entry.run(self.model, self.params, [list(ids)], self.config, **self.kw)
         wall = time.perf_counter() - t0 - res.compile_s
         s = res.stats
         return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),

@@ -15,6 +15,7 @@ changes the compiled program:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
@@ -85,23 +86,43 @@ def clear_compiled() -> int:
 # ----------------------------------------------------------------------------- layer layout
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")
+_LAYER_LOOP_OVERRIDE: list = []  # set by the layer_loop context manager
 _CAUSAL_LAYER_KEYS = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"})
 _UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
 
 
 def resolve_layer_loop(layer_loop: str | None = None) -> str:
-    """``"scan"`` or ``"unrolled"``: the argument, else ``$JAXSPEC_LAYER_LOOP``, else
-    ``"auto"``, which is ``"unrolled"`` on the CPU backend and ``"scan"`` on GPU/TPU.
+    """``"scan"`` or ``"unrolled"``: the argument, else the innermost :func:`layer_loop`
+    context, else ``$JAXSPEC_LAYER_LOOP``, else ``"auto"``, which is ``"unrolled"`` on the CPU
+    backend and ``"scan"`` on GPU/TPU.
 
     Raises:
       ValueError: an unknown name.
     """
-    name = layer_loop or os.environ.get("JAXSPEC_LAYER_LOOP", "auto")
+    name = (layer_loop or (_LAYER_LOOP_OVERRIDE[-1] if _LAYER_LOOP_OVERRIDE else None)
+            or os.environ.get("JAXSPEC_LAYER_LOOP", "auto"))
     if name not in LAYER_LOOPS:
         raise ValueError(f"unknown layer loop {name!r}; choose one of {', '.join(LAYER_LOOPS)}")
     if name == "auto":
         return "unrolled" if jax.default_backend() == "cpu" else "scan"
     return name
+
+
+@contextlib.contextmanager
+def layer_loop(name: str):
+    """``with layer_loop("scan"): ...`` decodes with that layer loop (:func:`resolve_layer_loop`)
+    inside the block, e.g. to compare the two in one run (``jaxspec/ar-scan`` in the ``ar``
+    benchmark).
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    resolve_layer_loop(name)
+    _LAYER_LOOP_OVERRIDE.append(name)
+    try:
+        yield
+    finally:
+        _LAYER_LOOP_OVERRIDE.pop()
 
 
 def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
