@@ -41,7 +41,9 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
                JaxspecSystem("sps", model, params, **common,
                              options={"draft_model": (CausalLM(qconfig), qparams)}),
                TransformersSystem("assisted", hf, **common,
-                                  assistant=load_transformers_model(tiny_qwen2.path, threads=1))]
+                                  assistant=load_transformers_model(tiny_qwen2.path, threads=1)),
+               JaxspecSystem("ar-scan", model, params, **common),
+               JaxspecSystem("ngram-scan", model, params, **common)]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
                        config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
                        decode=tok.decode)
@@ -55,7 +57,8 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert doc["suite"] == "ar" and doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
     assert doc["bandwidth_bound_tokens_per_s"] > 0
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
-    assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted"]
+    assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted",
+                                                  "jaxspec/ar-scan", "jaxspec/ngram-scan"]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
         assert r["prompts"] == 2 and r["model"] == "tiny-llama"
@@ -72,6 +75,10 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert rows["transformers/prompt-lookup"]["identical_to_reference"]
     assert rows["jaxspec/sps"]["identical_to_reference"]
     assert rows["transformers/assisted"]["identical_to_reference"]
+    # the scan layer loop (stacked weights) decodes the same tokens as the CPU decode layout
+    assert rows["jaxspec/ar-scan"]["identical_to_reference"]
+    assert rows["jaxspec/ngram-scan"]["identical_to_reference"]
+    assert rows["jaxspec/ngram-scan"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]
     # the repeated prompts give the drafters matches: fewer forwards than tokens
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
