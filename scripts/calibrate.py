@@ -71,6 +71,9 @@ def _load_records(path: Path):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from jaxspec.core.runtime import enable_persistent_cache
+
+    enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     from jaxspec.dllm import DiffusionDecodeConfig
     from jaxspec.dllm.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,

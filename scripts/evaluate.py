@@ -267,6 +267,9 @@ def sar_main(args, cfg_path: Path) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from jaxspec.core.runtime import enable_persistent_cache
+
+    enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
     cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
     if cfg_path.is_file() and _objective_kind(cfg_path) == "asarm":
         return asarm_main(args, cfg_path)

@@ -319,6 +319,9 @@ def _reference_label(method, ref_cfg) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from jaxspec.core.runtime import enable_persistent_cache
+
+    enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
     if args.infill is not None or args.method in ASARM_METHODS:
         from scripts.infill import infill_cli
 

@@ -9,28 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from jaxspec.core.runtime import enable_persistent_cache
 from jaxspec.testing.hf import TinyHF, build_tiny_hf, write_tiny_gguf
 
 
-def _enable_compile_cache() -> None:
-    """Share XLA executables between test modules and pytest-xdist workers through JAX's
-    persistent compilation cache (``.pytest_cache/jax-compile`` unless
-    ``$JAXSPEC_TEST_COMPILE_CACHE`` names another directory, or is ``off``). The module-scoped
-    fixture below drops the in-memory caches after each module to bound memory; with this cache
-    a later module that builds the same program loads it from disk instead of recompiling."""
-    where = os.environ.get("JAXSPEC_TEST_COMPILE_CACHE", "")
-    if where.lower() == "off":
-        return
-    import jax
-
-    root = Path(where) if where else Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compile"
-    root.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(root))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-_enable_compile_cache()
+# Share XLA executables between test modules and pytest-xdist workers: the module-scoped
+# fixture below drops the in-memory caches after each module to bound memory; with the
+# persistent cache a later module that builds the same program loads it from disk.
+# $JAXSPEC_TEST_COMPILE_CACHE names another directory, or is "off".
+enable_persistent_cache(os.environ.get("JAXSPEC_TEST_COMPILE_CACHE")
+                        or Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compile")
 
 
 @pytest.fixture(scope="session")
