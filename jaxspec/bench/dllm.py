@@ -43,6 +43,7 @@ import numpy as np
 
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info
+from jaxspec.core.runtime import decode_layout
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
 from jaxspec.eval.metrics import mean_degeneracy
 from models.diffusion.modeling import bidirectional_mask
@@ -93,8 +94,10 @@ def forward_costs(model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *,
 
     Returns: ``{"full": s}`` plus, with a cache, ``{"window_W": s}`` for every window width
     ``W`` the loop uses (``block_length`` for ``"dual"``; :func:`jaxspec.dllm.blocks.prefix_widths`
-    for ``"prefix"``). Every call computes the LM head on ``block_length`` rows, as the loop.
+    for ``"prefix"``). Every call computes the LM head on ``block_length`` rows, as the loop, and
+    the parameters are in the loop's layout (:func:`jaxspec.core.runtime.decode_layout`).
     """
+    params = decode_layout(params)
     P = max(bucket, -(-prompt_len // bucket) * bucket)
     G, L = cfg.gen_length, cfg.block_length
     S = P + G
