@@ -210,7 +210,8 @@ def step_noise(key: jax.Array, steps: jax.Array, block_length: int, vocab: int,
 
 # ----------------------------------------------------------------------------- scoring
 
-def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False) -> tuple[jax.Array, jax.Array]:
+def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False,
+                     scale: bool = True) -> tuple[jax.Array, Optional[jax.Array]]:
     """The logits the reference samples from (``keep_mask``: the ones its official confidence
     softmax reads, the [MASK] logit left in).
 
@@ -218,6 +219,7 @@ def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False) -> tup
       blk: float32 ``(..., L, V)`` raw logits scoring the block's positions.
       rule: the :class:`Rule`.
       keep_mask: leave the mask logit as it is.
+      scale: compute ``scaled`` (False: return None for it and skip the top-k / top-p sort).
 
     Returns:
       ``(blk, scaled)``: ``blk`` with the mask logit (unless ``keep_mask``; and with
@@ -230,6 +232,8 @@ def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False) -> tup
         blk = blk.at[..., rule.mask_id].set(-jnp.inf)
     if cfg.logits_eos_inf:
         blk = blk.at[..., list(rule.eos_ids)].set(-jnp.inf)
+    if not scale:
+        return blk, None
     scaled = blk / rule.knobs.temperature if rule.sampled else blk
     if cfg.top_k > 0 or cfg.top_p < 1.0:
         scaled = filter_top_k_top_p(scaled, cfg.top_k, cfg.top_p)
@@ -305,9 +309,11 @@ def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_
         x0 = jnp.argmax(scaled - jnp.log(-jnp.log(u_tok)), axis=-1).astype(jnp.int32)
     else:
         x0 = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    dream_filtered = filtered and cfg.remasking != "low_confidence"
     if cfg.confidence_softmax == "official":   # the confidence softmax keeps the [MASK] logit
-        blk, scaled = processed_logits(raw, rule, keep_mask=True)
-    if cfg.remasking == "low_confidence" or not filtered:
+        # scaled is read again only by Dream's filtered rules: skip the second sort otherwise
+        blk, scaled = processed_logits(raw, rule, keep_mask=True, scale=dream_filtered)
+    if not dream_filtered:
         conf = block_confidence(blk, x0, u_pos, cfg.remasking,
                                 knobs.temperature if rule.sampled else 0.0)
     else:  # Dream's rules on the filtered (already temperature-scaled) distribution
