@@ -221,7 +221,42 @@ def fetch(name_or_preset, log=lambda m: print(m, file=sys.stderr)) -> Path:
     return dest
 
 
-def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, file=sys.stderr)):
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_dtype(name: Optional[str] = "auto"):
+    """The parameter / activation dtype for ``--dtype``: ``"float32"``, ``"bfloat16"``, or
+    ``"auto"`` (None too): float32 on the CPU backend (XLA:CPU runs bfloat16 matrix-vector
+    products slower than float32: README "Performance notes"), bfloat16 on GPU/TPU.
+
+    Raises:
+      PresetError: an unknown name.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    name = name or "auto"
+    if name not in DTYPES:
+        raise PresetError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return jnp.dtype(name)
+
+
+def cast_params(params, dtype):
+    """Every floating-point leaf of a parameter tree cast to ``dtype`` (integer leaves, e.g.
+    XLNet's vocabulary maps, unchanged). The models compute in their parameters' dtype, with
+    RMSNorm, the attention softmax and the logits in float32 (:mod:`models.llama.modeling`);
+    the decoders' KV caches follow the parameters (:func:`models.llama.modeling.param_dtype`)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, file=sys.stderr),
+               dtype: Optional[str] = None):
     """Load a preset's model, parameters and tokenizer.
 
     Args:
@@ -241,12 +276,19 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
       for ``asarm`` presets, whose third element is then the :class:`ASARM` (tokenizer plus
       the compact-vocabulary maps ``to_model`` / ``to_external``).
 
+    ``dtype`` (:data:`DTYPES`; None keeps the loaded float32) casts the parameters
+    (:func:`cast_params`; ``"auto"``: :func:`resolve_dtype`).
+
     Raises:
-      PresetError: unknown preset, missing ``weights`` for a preset without parts, or a
+      PresetError: unknown preset or dtype, missing ``weights`` for a preset without parts, or a
         delta whose metadata disagrees with its preset.
       models.llama.params.WeightFileError: missing, truncated or unreadable weight files, or a
         delta file that is missing, corrupt (sha256 mismatch) or does not fit the base.
     """
+    if dtype is not None:
+        target = resolve_dtype(dtype)
+        model, params, tok, preset = load_model(name, weights, log)
+        return model, cast_params(params, target), tok, preset
     preset = get_preset(name)
     if preset.format == "delta":
         return _load_delta_model(preset, weights, log)

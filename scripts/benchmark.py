@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, help="model preset name (default "
                     "smollm2-135m-instruct for ar, dream-smollm2-135m for dllm)")
     ap.add_argument("--weights", default=None, help="GGUF file or HF directory (overrides the preset)")
+    ap.add_argument("--dtype", default="auto", help="jaxspec parameter / activation dtype: auto "
+                    "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16 (suites ar and "
+                    "dllm; the transformers peers load the same dtype)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--draft-length", type=int, default=8,
                     help="K: draft tokens per step of jaxspec/ngram and prompt_lookup_num_tokens")
@@ -161,7 +164,7 @@ def _diffusion_setup(args, log, default_limit: int):
     if not get_preset(model_name).is_diffusion:
         raise PresetError(f"model {model_name!r} is causal; suite {args.suite} needs a masked-"
                           f"diffusion model (e.g. dream-smollm2-135m)")
-    model, params, tok, _ = load_model(model_name, args.weights, log=log)
+    model, params, tok, _ = load_model(model_name, args.weights, log=log, dtype=args.dtype)
     from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
     probs = humaneval_problems()[args.start:args.start + limit]
@@ -337,7 +340,7 @@ def main(argv=None) -> int:
             path = fetch(preset, log=log)
         else:
             raise PresetError(f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)")
-        model, params, tok, preset = load_model(args.model, str(path), log=log)
+        model, params, tok, preset = load_model(args.model, str(path), log=log, dtype=args.dtype)
 
         from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
@@ -359,7 +362,7 @@ def main(argv=None) -> int:
         if any(s in ("jaxspec/sps", "transformers/assisted") for s in systems):
             if not args.draft_model:
                 raise BenchError("jaxspec/sps and transformers/assisted need --draft-model NAME")
-            dmodel, dparams, dtok, _ = load_model(args.draft_model, log=log)
+            dmodel, dparams, dtok, _ = load_model(args.draft_model, log=log, dtype=args.dtype)
             if not tok.same_vocabulary(dtok):
                 raise BenchError(f"draft model {args.draft_model!r} has a different tokenizer "
                                  f"than {args.model!r}")
@@ -372,12 +375,16 @@ def main(argv=None) -> int:
                                           min_ngram=args.min_ngram, options=opts, **common))
             else:
                 if hf is None:
-                    log(f"[bench] loading {path} into transformers (float32)")
-                    hf = load_transformers_model(path, threads=args.threads)
+                    from models.llama.modeling import param_dtype
+
+                    tdtype = str(param_dtype(params))
+                    log(f"[bench] loading {path} into transformers ({tdtype})")
+                    hf = load_transformers_model(path, threads=args.threads, dtype=tdtype)
                 assistant = None
                 if method == "assisted":
-                    log(f"[bench] loading {draft[2]} into transformers (float32)")
-                    assistant = load_transformers_model(draft[2], threads=args.threads)
+                    log(f"[bench] loading {draft[2]} into transformers ({tdtype})")
+                    assistant = load_transformers_model(draft[2], threads=args.threads,
+                                                        dtype=tdtype)
                 objs.append(TransformersSystem(method, hf, max_ngram=args.max_ngram,
                                                assistant=assistant, **common))
         config = {**vars(args), "systems": systems, "weights": str(path), "eos_ids": list(eos),

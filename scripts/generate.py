@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scripts.generate", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="model preset name")
     ap.add_argument("--weights", default=None, help="GGUF file or HF directory (overrides the preset)")
+    ap.add_argument("--dtype", default="auto", help="parameter / activation dtype: auto "
+                    "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16; the draft "
+                    "model and the --compare reference use the same")
     ap.add_argument("--method", default=None,
                     help=f"decoding method: {', '.join(METHODS)} (default: ngram for causal "
                          f"models, stepwise for diffusion models)")
@@ -247,7 +250,8 @@ def _draft_options(args, tok) -> dict:
         return {}
     from models.registry import load_model
 
-    dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights)
+    dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
+                                          dtype=args.dtype)
     if not tok.same_vocabulary(dtok):
         raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
                          f"the target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} "
@@ -337,7 +341,7 @@ def main(argv=None) -> int:
         method = _check_method(args, preset)
         if method.name not in ("sps", "diffuspec", "specdiff"):  # bad flags fail early
             method.build(_options(args))
-        model, params, tok, preset = load_model(args.model, args.weights)
+        model, params, tok, preset = load_model(args.model, args.weights, dtype=args.dtype)
         options = _options(args, _draft_options(args, tok))
         config = method.build(options)
         ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)

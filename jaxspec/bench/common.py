@@ -248,10 +248,10 @@ def _forward_log(hf_model) -> list[int]:
     return log
 
 
-def load_transformers_model(path, *, threads: Optional[int] = None):
-    """A float32 PyTorch causal LM from the same weights: a GGUF file
-    (``from_pretrained(dir, gguf_file=name)``) or an HF directory. Sets torch's thread count
-    to ``threads`` (default: all cores).
+def load_transformers_model(path, *, threads: Optional[int] = None, dtype: str = "float32"):
+    """A PyTorch causal LM from the same weights: a GGUF file
+    (``from_pretrained(dir, gguf_file=name)``) or an HF directory, in ``dtype`` (``"float32"``
+    or ``"bfloat16"``). Sets torch's thread count to ``threads`` (default: all cores).
 
     Raises:
       BenchError: transformers/torch missing or the weights cannot be loaded by transformers.
@@ -263,7 +263,7 @@ def load_transformers_model(path, *, threads: Optional[int] = None):
         raise BenchError(f"the transformers systems need torch and transformers ({e})") from None
     torch.set_num_threads(int(threads or os.cpu_count() or 1))
     p = Path(path)
-    kw: dict[str, Any] = dict(dtype=torch.float32)
+    kw: dict[str, Any] = dict(dtype=getattr(torch, str(dtype)))
     if p.is_dir():
         src = str(p)
     else:

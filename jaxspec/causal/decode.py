@@ -46,7 +46,7 @@ from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
-from models.llama.modeling import init_cache
+from models.llama.modeling import init_cache, param_dtype
 
 __all__ = ["DecodeInputError", "GenerationResult", "LoopConfig", "DecodeState", "generate"]
 
@@ -178,7 +178,8 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     slots = jnp.zeros((B,), jnp.int32)
     queries = cfg.drafter.draft_queries(P - 1 - pad, 0) if cfg.queries else None
     logits, qlogits, cache = target_pass(cfg, params, prompt, slots, pad,
-                                         init_cache(cfg.model.config, B, S), S, queries)
+                                         init_cache(cfg.model.config, B, S, param_dtype(params)),
+                                         S, queries)
     key, k0 = jax.random.split(key)
     first = sample_from_logits(k0, logits[:, -1], cfg.sampling)
     buffer = buffer.at[:, P].set(first)

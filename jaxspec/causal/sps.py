@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jaxspec.causal.decode import model_pass
 from jaxspec.core.drafters import Draft, DraftContext
 from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
-from models.llama.modeling import init_cache
+from models.llama.modeling import init_cache, param_dtype
 
 __all__ = ["DraftModelDrafter"]
 
@@ -98,7 +98,7 @@ class DraftModelDrafter:
         B, S = ctx.buffer.shape
         start = jnp.zeros((B,), jnp.int32)
         _, cache = model_pass(self.model, params, ctx.buffer[:, :ctx.filled], start, ctx.pad,
-                              init_cache(self.model.config, B, S), S)
+                              init_cache(self.model.config, B, S, param_dtype(params)), S)
         return cache
 
     def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):

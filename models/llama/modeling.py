@@ -56,6 +56,12 @@ class KVCache:
         return self.k.shape[2]
 
 
+def param_dtype(params):
+    """The compute dtype of a ``CausalLM`` params tree (or ``{"params": tree}``): its token
+    embedding's dtype (float32 or bfloat16; :func:`models.registry.cast_params`)."""
+    return (params["params"] if "params" in params else params)["embed"].dtype
+
+
 def init_cache(config: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> KVCache:
     """Zero cache of ``size`` slots per row. Shapes ``(L, batch, size, K, Dh)``."""
     shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
