@@ -5,6 +5,8 @@ transformers in bfloat16 within a stated tolerance."""
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,12 +50,9 @@ def test_bf16_matches_transformers_bf16(tiny_llama):
     pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
     ours16, _ = CausalLM(cfg).apply({"params": p16}, jnp.asarray(tokens), pos, mask)
     ours32, _ = CausalLM(cfg).apply({"params": params}, jnp.asarray(tokens), pos, mask)
-    hf16 = tiny_llama.model.to(torch.bfloat16)
-    try:
-        with torch.no_grad():
-            ref16 = hf16(torch.as_tensor(tokens)).logits.float().numpy()
-    finally:
-        tiny_llama.model.to(torch.float32)
+    hf16 = copy.deepcopy(tiny_llama.model).to(torch.bfloat16)  # the fixture's model is shared
+    with torch.no_grad():
+        ref16 = hf16(torch.as_tensor(tokens)).logits.float().numpy()
     assert ours16.dtype == jnp.float32  # logits are float32 in every dtype
     scale = float(np.abs(ours32).max())
     d_ref = float(np.abs(np.asarray(ours16) - ref16).max())
