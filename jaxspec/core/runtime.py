@@ -25,7 +25,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from models.llama.modeling import unstack_layers
+from models.llama.modeling import MATRICES, unstack_layers
 
 _EXECUTABLES: dict = {}
 
@@ -116,7 +116,7 @@ def clear_compiled() -> int:
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 _LAYER_LOOP_OVERRIDE: list = []  # set by the layer_loop context manager
-_CAUSAL_LAYER_KEYS = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"})
+_CAUSAL_LAYER_KEYS = frozenset(MATRICES)
 _UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
 
 
@@ -169,7 +169,9 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     except TypeError:  # numpy arrays and tracers: no caching
         return out
     _UNSTACKED.append((refs, output_major, out))
-    del _UNSTACKED[:-2]  # at most two per-layer copies stay alive
+    # at most four per-layer copies stay alive: enough for a target in both layouts (AR and
+    # speculative loops) plus a draft model, so comparing decoders does not re-split weights
+    del _UNSTACKED[:-4]
     return out
 
 
