@@ -18,6 +18,7 @@ import optax
 
 from jaxspec.training.config import TrainConfig, TrainConfigError
 from jaxspec.training.data import PackedDataset, stdlib_tokens
+from jaxspec.training.sft import SFTMixDataset, stdlib_sft
 from models.llama.modeling import CausalLM
 from models.registry import build_scratch, load_model
 from models.scratch import diffusion_model
@@ -48,13 +49,15 @@ def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
 
 
 def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: print(m, file=sys.stderr)):
-    """``(train PackedDataset, val PackedDataset, meta)`` from ``cfg.data``.
+    """``(train, val, meta)`` from ``cfg.data``: :class:`PackedDataset` windows for source
+    ``stdlib``, :class:`jaxspec.training.sft.SFTMixDataset` for ``stdlib-sft``.
 
     Raises:
       TrainConfigError: unknown source, or no tokenizer.
     """
-    if cfg.data.source != "stdlib":
-        raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected 'stdlib'")
+    if cfg.data.source not in ("stdlib", "stdlib-sft"):
+        raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected 'stdlib' "
+                               f"or 'stdlib-sft'")
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
     sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0
@@ -62,8 +65,14 @@ def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: pr
                 if (t := tokenizer.id_to_token(i)) and t.startswith("<") and t.endswith(">") and i != sep]
     drop = set(specials) | {mask_token_id}
     train, val, meta = stdlib_tokens(tokenizer, cfg.data.holdout, sep_id=sep, drop_ids=drop, log=log)
-    return (PackedDataset(train, cfg.data.seq_len, cfg.train.seed),
-            PackedDataset(val, cfg.data.seq_len, cfg.train.seed), meta)
+    T, seed = cfg.data.seq_len, cfg.train.seed
+    windows = PackedDataset(train, T, seed), PackedDataset(val, T, seed)
+    if cfg.data.source == "stdlib":
+        return (*windows, meta)
+    sft = stdlib_sft(tokenizer, cfg.data.holdout, seq_len=T, eos_id=sep, drop_ids=drop, log=log)
+    f = cfg.data.sft_fraction
+    return (SFTMixDataset(*sft["train"], windows[0], f, seed),
+            SFTMixDataset(*sft["val"], windows[1], f, seed), {**meta, "sft": sft["meta"]})
 
 
 def make_optimizer(cfg: TrainConfig):

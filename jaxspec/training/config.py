@@ -42,13 +42,17 @@ class LoraSection:
 
 @dataclasses.dataclass
 class DataSection:
-    """``source``: ``"stdlib"`` (see :mod:`jaxspec.training.data`). ``batch_size`` sequences per
-    micro-batch of ``seq_len`` tokens; ``holdout``: validation modules."""
+    """``source``: ``"stdlib"`` (plain windows, :mod:`jaxspec.training.data`) or
+    ``"stdlib-sft"`` (the v2 diffusion recipe: LLaDA-SFT-style function samples with EOS
+    padding mixed with plain windows, :mod:`jaxspec.training.sft`; ``sft_fraction`` of the
+    samples are SFT). ``batch_size`` sequences per micro-batch of ``seq_len`` tokens;
+    ``holdout``: validation modules."""
 
     source: str = "stdlib"
     seq_len: int = 128
     batch_size: int = 8
     holdout: tuple = ()
+    sft_fraction: float = 0.5
 
 
 OBJECTIVES = ("diffusion", "asarm", "sar")

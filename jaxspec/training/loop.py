@@ -78,7 +78,7 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
     """``(jitted train step, jitted eval loss, optax transform, schedule)`` for a model and
     config; cached so repeated :func:`train` calls in one process (resume, tests) compile once.
 
-    The step ``(trainable, opt_state, base, batch (A, B, T), step) -> (trainable, opt_state,
+    The step ``(trainable, opt_state, base, batch (A, B, T) or SFT (A, B, 2, T), step) -> (trainable, opt_state,
     stats)`` averages the gradients of the ``A`` micro-batches (key of micro-batch ``i``:
     ``fold_in(fold_in(PRNGKey(seed), step), i)``) and applies one optimiser update; it donates
     ``trainable`` and ``opt_state``.
@@ -101,6 +101,9 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
         if cfg.objective.kind == "sar":
             o = cfg.objective
             return sar_loss(model, full(tr, b), tokens, key, o.sar_k, o.p_ar, o.sar_groups)
+        if tokens.ndim == 3:  # SFT data (jaxspec.training.sft): [tokens; response mask]
+            return diffusion_loss(model, full(tr, b), tokens[:, 0], key, eps,
+                                  response_mask=tokens[:, 1].astype(bool))
         return diffusion_loss(model, full(tr, b), tokens, key, eps)
 
     def step_fn(tr, opt, b, batch, step):
@@ -302,7 +305,8 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar):
     for s in range(start, end):
         t0 = time.perf_counter()
         sd = s + c.data_offset  # data / masking step (the lr schedule counts s)
-        batch = run.train_ds.batch(sd, accum * bs).reshape(accum, bs, T)
+        batch = run.train_ds.batch(sd, accum * bs)
+        batch = batch.reshape(accum, bs, *batch.shape[1:])  # (.., T) or SFT (.., 2, T)
         trainable, opt_state, stats = run.step_fn(trainable, opt_state, run.base,
                                                   jnp.asarray(batch), jnp.int32(sd))
         done = s + 1

@@ -245,7 +245,7 @@ def test_stdlib_split_and_module_names():
 
 
 def test_configs_load_and_reject_unknown_keys():
-    for name in ("dlm-tiny", "dream-smollm2-135m"):
+    for name in ("dlm-tiny", "dream-smollm2-135m", "dream-smollm2-135m-v2"):
         cfg = load_config(ROOT / f"configs/train/{name}.yaml", ["train.steps=7"])
         assert cfg.train.steps == 7 and cfg.model.mask_token_id is not None
     assert load_config(ROOT / "configs/train/dream-smollm2-135m.yaml").lora is not None
