@@ -523,11 +523,19 @@ def humaneval_pass_at_1(model, params, tok, problems: Sequence[dict], max_new_to
         ids = tok.encode(p["prompt"])
         res = run_method(method, model, params, [ids], DecodeOptions(max_new_tokens=max_new_tokens),
                          family="causal", eos_ids=tok.eos_token_ids, pad_id=tok.pad_token_id or 0)
-        body = []
-        for line in tok.decode(res.tokens[0]).split("\n"):
-            if line and not line[0].isspace():
-                break
-            body.append(line)
-        prog = p["prompt"] + "\n".join(body) + "\n\n" + p["test"] + f"\n\ncheck({p['entry_point']})\n"
-        passed += run_program(prog, timeout=10.0).passed
+        passed += run_program(completion_program(p, tok.decode(res.tokens[0])), timeout=10.0).passed
     return {"passed": passed, "problems": len(problems), "pass_at_1": passed / max(len(problems), 1)}
+
+
+def completion_program(problem: dict, completion: str) -> str:
+    """The test program of a HumanEval ``problem`` (``prompt``, ``test``, ``entry_point``)
+    with a raw-prompt ``completion``: the completion cut at its first top-level line (a new
+    ``def`` / ``class`` / unindented code), appended to the prompt, then the tests and
+    ``check(entry_point)``."""
+    body = []
+    for line in completion.split("\n"):
+        if line and not line[0].isspace():
+            break
+        body.append(line)
+    return (problem["prompt"] + "\n".join(body) + "\n\n" + problem["test"]
+            + f"\n\ncheck({problem['entry_point']})\n")

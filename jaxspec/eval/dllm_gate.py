@@ -1,0 +1,129 @@
+"""The v2 masked-diffusion gate (issue 15): does the model answer, stop, and not loop at the
+papers' generation length?
+
+A v1-style model trained on plain windows fills any budget by repeating itself; instruct
+LLaDA / Dream models answer and pad the rest of the block with EOS. The gate decodes greedy
+stepwise completions (one token per step, low-confidence remasking) of held-out
+HumanEval-style prompts, i.e. the signature + docstring of functions from the held-out stdlib
+modules (:func:`heldout_function_prompts`, never the benchmark's HumanEval prompts), at gen
+length 256, block 32, and scores each completion **before its first EOS**
+(:func:`eos_completion_figures`). Pass rule (:data:`V2_GATE_RULE`, issue 15):
+
+* repeated 4-gram rate <= 0.3 and distinct-token share >= 0.3 (means over completions, on the
+  text before the first EOS);
+* at least 80% of the completions contain an EOS within the budget.
+
+Masked-token accuracy at 15% / 50% and HumanEval pass@1 of stepwise completions
+(:func:`humaneval_dllm_pass_at_1`) are reported beside it, with the base model run AR on the
+same problems.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from jaxspec.eval.metrics import degeneracy
+from jaxspec.training.sft import stdlib_sft
+
+V2_GATE_RULE = {"repeated_ngram_rate_max": 0.3, "distinct_token_share_min": 0.3,
+                "ends_with_eos_min": 0.8}
+
+
+def heldout_function_prompts(tokenizer, holdout: Sequence[str], n: int, *, seq_len: int = 256,
+                             eos_id: int, drop_ids=()) -> list[list[int]]:
+    """The first ``n`` held-out SFT prompts (signature + docstring of functions in the
+    held-out modules; :func:`jaxspec.training.sft.stdlib_sft`), as token id lists, in a
+    fixed order (every ``len // n``-th sample, so many modules are represented)."""
+    toks, plen = stdlib_sft(tokenizer, holdout, seq_len=seq_len, eos_id=eos_id,
+                            drop_ids=drop_ids)["val"]
+    if len(plen) < n:
+        raise ValueError(f"only {len(plen)} held-out function prompts fit seq_len {seq_len}; "
+                         f"{n} requested")
+    idx = np.unique(np.linspace(0, len(plen) - 1, n).astype(int))
+    return [toks[i, :plen[i]].astype(int).tolist() for i in idx]
+
+
+def eos_completion_figures(completions: Sequence[Sequence[int]], eos_ids: Sequence[int],
+                           budget: int) -> dict:
+    """Figures of completions (``int`` id lists of ``budget`` tokens, EOS tails included).
+
+    Returns ``{"per_completion": [...], "mean": {...}}``: per completion the answer length
+    (tokens before the first EOS), whether an EOS occurs within ``budget``, the share of
+    EOS positions in the whole completion, and the degeneracy figures
+    (:func:`jaxspec.eval.metrics.degeneracy`) of the text before the first EOS; means of all
+    of them (``ends_with_eos`` as a share)."""
+    eos = set(int(e) for e in eos_ids)
+    rows = []
+    for c in completions:
+        c = [int(t) for t in c][:budget]
+        first = next((i for i, t in enumerate(c) if t in eos), None)
+        answer = c if first is None else c[:first]
+        rows.append({"answer_tokens": len(answer), "ends_with_eos": first is not None,
+                     "eos_share": sum(t in eos for t in c) / max(len(c), 1),
+                     **degeneracy(answer)})
+    keys = ("answer_tokens", "eos_share", "distinct_token_share", "repeated_ngram_rate",
+            "longest_run")
+    mean = {k: float(np.mean([r[k] for r in rows])) if rows else 0.0 for k in keys}
+    mean["ends_with_eos"] = float(np.mean([r["ends_with_eos"] for r in rows])) if rows else 0.0
+    return {"per_completion": rows, "mean": mean}
+
+
+def v2_gate_checks(mean: dict, rule: Optional[dict] = None) -> list[dict]:
+    """The pass checks of :data:`V2_GATE_RULE` on :func:`eos_completion_figures` means:
+    ``[{"check", "value", "bound", "passed"}]``."""
+    r = {**V2_GATE_RULE, **(rule or {})}
+    return [
+        {"check": "repeated 4-gram rate before EOS", "value": mean["repeated_ngram_rate"],
+         "bound": f"<= {r['repeated_ngram_rate_max']}",
+         "passed": mean["repeated_ngram_rate"] <= r["repeated_ngram_rate_max"]},
+        {"check": "distinct-token share before EOS", "value": mean["distinct_token_share"],
+         "bound": f">= {r['distinct_token_share_min']}",
+         "passed": mean["distinct_token_share"] >= r["distinct_token_share_min"]},
+        {"check": "completions ending with EOS", "value": mean["ends_with_eos"],
+         "bound": f">= {r['ends_with_eos_min']}",
+         "passed": mean["ends_with_eos"] >= r["ends_with_eos_min"]},
+    ]
+
+
+def stepwise_completions(model, params, prompts: Sequence[Sequence[int]], *, gen_length: int,
+                         block_length: int, cache: str, eos_ids: Sequence[int], pad_id: int,
+                         batch: int = 4) -> list[list[int]]:
+    """Greedy one-token-per-step stepwise completions (``gen_length`` tokens each, EOS tails
+    kept) in batches of ``batch`` prompts."""
+    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
+
+    cfg = DiffusionDecodeConfig(gen_length=gen_length, block_length=block_length,
+                                steps=gen_length, cache=cache)
+    out = []
+    for i in range(0, len(prompts), batch):
+        res = diffusion_generate(model, params, list(prompts[i:i + batch]), cfg,
+                                 eos_ids=tuple(eos_ids), pad_id=pad_id)
+        out += np.asarray(res.full_tokens).astype(int).tolist()
+    return out
+
+
+def humaneval_dllm_pass_at_1(model, params, tok, problems: Sequence[dict], *, gen_length: int,
+                             block_length: int, cache: str) -> dict:
+    """Greedy stepwise pass@1 in the project's sandbox: each completion is cut at its first
+    EOS and at the first top-level line, appended to the prompt and run with the problem's
+    tests (as :func:`jaxspec.eval.quality.humaneval_pass_at_1` does for AR).
+
+    Returns ``{"passed", "problems", "pass_at_1"}``."""
+    from jaxspec.eval.quality import completion_program
+    from jaxspec.eval.sandbox import run_program
+
+    eos = set(tok.eos_token_ids)
+    passed = 0
+    for p in problems:
+        (c,) = stepwise_completions(model, params, [tok.encode(p["prompt"])],
+                                    gen_length=gen_length, block_length=block_length, cache=cache,
+                                    eos_ids=tok.eos_token_ids, pad_id=tok.pad_token_id or 0)
+        first = next((i for i, t in enumerate(c) if t in eos), len(c))
+        passed += run_program(completion_program(p, tok.decode(c[:first])), timeout=10.0).passed
+    return {"passed": passed, "problems": len(problems), "pass_at_1": passed / max(len(problems), 1)}
+
+
+__all__ = ["V2_GATE_RULE", "heldout_function_prompts", "eos_completion_figures",
+           "v2_gate_checks", "stepwise_completions", "humaneval_dllm_pass_at_1"]
