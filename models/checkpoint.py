@@ -5,7 +5,10 @@ Native format: a directory with
 * ``jaxspec_config.json``: ``{"format": "jaxspec-v1", "model": {ModelConfig fields},
   "diffusion": null | {"head": "llada" | "dream", "mask_token_id": int}}``;
 * ``params.safetensors``: the :mod:`models.llama.modeling` parameter tree, flattened with ``/``
-  (``embed``, ``layers/wq``, ...), float32, stacked layer weights as in the model.
+  (``embed``, ``layers/wq``, ...), float32, stacked layer weights as in the model; or, as
+  written by the streaming converter (:func:`convert_streaming`), ``params.index.json``
+  (``{"weight_map": {"layers/wq": "params/layers.wq.safetensors", ...}}``) and one file per
+  parameter under ``params/``.
 
 Export (:func:`export_hf`) writes the Hugging Face layout the loaders read (Llama / Qwen2
 ``config.json`` + ``model.safetensors``; Dream = Qwen2 names with ``model_type`` ``"Dream"``;
@@ -18,19 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
-from typing import Union
+from typing import Callable, Union
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig
-from models.llama.params import _LAYER_MAP, _TOP_MAP, WeightFileError
+from models.llama.params import _LAYER_MAP, _TOP_MAP, WeightFileError, put_param
 
 FORMAT = "jaxspec-v1"
 CONFIG_FILE = "jaxspec_config.json"
 PARAMS_FILE = "params.safetensors"
+PARAMS_INDEX = "params.index.json"
 
 AnyConfig = Union[ModelConfig, DiffusionConfig]
 
@@ -57,11 +62,7 @@ def save_checkpoint(out_dir, config: AnyConfig, params: dict) -> Path:
         else:
             flat[k] = np.asarray(v, np.float32)
     save_file(flat, str(out / PARAMS_FILE))
-    diff = None
-    if isinstance(config, DiffusionConfig):
-        diff = {"head": config.head, "mask_token_id": config.mask_token_id}
-    meta = {"format": FORMAT, "model": dataclasses.asdict(_base(config)), "diffusion": diff}
-    (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    _write_meta(out, config)
     return out
 
 
@@ -79,9 +80,10 @@ def load_checkpoint(path) -> tuple[AnyConfig, dict]:
     from safetensors import safe_open
 
     d = Path(path)
-    cfg_path, par_path = d / CONFIG_FILE, d / PARAMS_FILE
-    if not cfg_path.is_file() or not par_path.is_file():
-        raise WeightFileError(f"{d}: not a jaxspec checkpoint (needs {CONFIG_FILE} and {PARAMS_FILE})")
+    cfg_path, par_path, index = d / CONFIG_FILE, d / PARAMS_FILE, d / PARAMS_INDEX
+    if not cfg_path.is_file() or not (par_path.is_file() or index.is_file()):
+        raise WeightFileError(f"{d}: not a jaxspec checkpoint (needs {CONFIG_FILE} and "
+                              f"{PARAMS_FILE} or {PARAMS_INDEX})")
     try:
         meta = json.loads(cfg_path.read_text())
     except ValueError as e:
@@ -95,17 +97,89 @@ def load_checkpoint(path) -> tuple[AnyConfig, dict]:
     if meta.get("diffusion"):
         config = DiffusionConfig(base=base, **meta["diffusion"])
     params: dict = {"layers": {}}
-    try:
-        with safe_open(str(par_path), framework="numpy") as f:
-            for name in f.keys():
-                arr = jnp.asarray(f.get_tensor(name), jnp.float32)
-                if name.startswith("layers/"):
-                    params["layers"][name.split("/", 1)[1]] = arr
-                else:
-                    params[name] = arr
-    except Exception as e:  # safetensors raises several types for corrupt files
-        raise WeightFileError(f"{par_path}: cannot read ({type(e).__name__}: {e})") from None
+    files = [par_path]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise WeightFileError(f"{index}: not a parameter index ({type(e).__name__}: {e})") from None
+        files = [d / f for f in dict.fromkeys(weight_map.values())]
+    for file in files:
+        if not file.is_file():
+            raise WeightFileError(f"{file}: parameter file is missing")
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for name in f.keys():
+                    arr = put_param(name, np.asarray(f.get_tensor(name), np.float32))
+                    if name.startswith("layers/"):
+                        params["layers"][name.split("/", 1)[1]] = arr
+                    else:
+                        params[name] = arr
+        except Exception as e:  # safetensors raises several types for corrupt files
+            raise WeightFileError(f"{file}: cannot read ({type(e).__name__}: {e})") from None
     return config, params
+
+
+def _write_meta(out: Path, config: AnyConfig) -> None:
+    diff = None
+    if isinstance(config, DiffusionConfig):
+        diff = {"head": config.head, "mask_token_id": config.mask_token_id}
+    meta = {"format": FORMAT, "model": dataclasses.asdict(_base(config)), "diffusion": diff}
+    (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def convert_streaming(src, out_dir, load: Callable) -> tuple[Path, AnyConfig]:
+    """Convert any checkpoint ``load`` reads (:func:`models.registry.load_any`: a multi-shard HF
+    directory, a LLaDA / Dream directory, a GGUF file, a native checkpoint) to the native
+    format without ever holding the whole model in host memory.
+
+    The loaders stream tensors one at a time and assemble one stacked parameter at a time
+    (:mod:`models.llama.params`); here each finished parameter is written to its own file
+    (``params/<path>.safetensors``, listed in ``params.index.json``) through the
+    :func:`models.llama.params.place_params` hook and dropped at once, so peak host memory is
+    about one stacked parameter (``tests/models/test_convert.py`` measures it with
+    ``tracemalloc`` on a 24-layer multi-shard checkpoint). The output is written to
+    ``out_dir + ".partial"`` and renamed when complete, so a failed conversion leaves no
+    half-written checkpoint behind.
+
+    Returns:
+      ``(out_dir Path, config)``.
+
+    Raises:
+      WeightFileError, ConfigError: as the loaders (missing / corrupt shards, wrong shapes,
+        unknown architecture).
+      FileExistsError: ``out_dir`` exists and is not empty.
+    """
+    from safetensors.numpy import save_file
+
+    from models.llama.params import place_params
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out}: output directory exists and is not empty")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "params").mkdir(parents=True)
+    weight_map: dict[str, str] = {}
+
+    def write(path: str, arr: np.ndarray):
+        fname = f"params/{path.replace('/', '.')}.safetensors"
+        save_file({path: np.ascontiguousarray(arr, np.float32)}, str(tmp / fname))
+        weight_map[path] = fname
+        return jax.ShapeDtypeStruct(arr.shape, np.float32)  # placeholder, nothing kept
+
+    try:
+        with place_params(write):
+            config, _ = load(src)
+        (tmp / PARAMS_INDEX).write_text(json.dumps({"weight_map": weight_map}, indent=1) + "\n")
+        _write_meta(tmp, config)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    return out, config
 
 
 def _hf_config_dict(config: AnyConfig) -> dict:

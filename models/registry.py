@@ -256,7 +256,7 @@ def cast_params(params, dtype):
 
 
 def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, file=sys.stderr),
-               dtype: Optional[str] = None):
+               dtype: Optional[str] = None, mesh=None, quant: Optional[str] = None):
     """Load a preset's model, parameters and tokenizer.
 
     Args:
@@ -266,7 +266,8 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
 
     ``hf-directory`` (and any preset given ``weights``) loads what the path holds
     (:func:`load_any`): a LLaDA / Dream directory or a diffusion jaxspec checkpoint gives a
-    ``DiffusionLM``. For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
+    ``DiffusionLM``, an XLNet HF directory or jaxspec XLNet file an ``XLNetLM`` with its
+    :class:`ASARM` (:func:`load_asarm`). For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
     :class:`models.diffusion.modeling.DiffusionLM` whose params are the base merged with the delta
     (head ``causal``: a ``CausalLM`` with ``mask_token_id``, SPACE's SAR-SFT model).
 
@@ -279,12 +280,33 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
     ``dtype`` (:data:`DTYPES`; None keeps the loaded float32) casts the parameters
     (:func:`cast_params`; ``"auto"``: :func:`resolve_dtype`).
 
+    ``mesh`` (:func:`models.sharding.make_mesh`) shards the parameters by the family's rules
+    (:mod:`models.sharding`): the causal-body loaders place each parameter shard by shard
+    straight onto its devices, already in ``dtype`` (:func:`models.sharding.placement`);
+    XLNet checkpoints are small and are sharded after loading.
+
+    ``quant`` (:data:`models.quant.QUANTS`; None or ``"none"``: unquantized) ``"int8"``
+    quantizes the seven projection matrices of Llama / Qwen2-layout models (causal and
+    masked-diffusion) from the loaded float32 weights, per output channel
+    (:func:`models.quant.quantize_params`); the rest of the tree, the activations and the KV
+    caches follow ``dtype``.
+
     Raises:
-      PresetError: unknown preset or dtype, missing ``weights`` for a preset without parts, or a
+      PresetError: unknown preset, dtype or quant, ``quant`` for a model it does not apply to
+        (the XLNet AS-ARMs), missing ``weights`` for a preset without parts, or a
         delta whose metadata disagrees with its preset.
-      models.llama.params.WeightFileError: missing, truncated or unreadable weight files, or a
-        delta file that is missing, corrupt (sha256 mismatch) or does not fit the base.
+      models.sharding.MeshError: the mesh does not divide the model's heads or MLP width.
+      models.llama.params.WeightFileError: missing, truncated or unreadable weight files
+        (a missing shard, a tensor whose shape disagrees with the config), or a delta file
+        that is missing, corrupt (sha256 mismatch) or does not fit the base.
+      models.tokenizer.TokenizerError: a missing tokenizer, or one with more ids than the
+        model's embedding rows (:func:`check_tokenizer_fits`).
+      models.config.ConfigError: ``config.json`` names an unknown model type / architecture.
     """
+    if quant is not None and quant != "none":
+        return _load_quantized(name, weights, log, dtype, mesh, quant)
+    if mesh is not None:
+        return _load_sharded(name, weights, log, dtype, mesh)
     if dtype is not None:
         target = resolve_dtype(dtype)
         model, params, tok, preset = load_model(name, weights, log)
@@ -311,32 +333,138 @@ def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, 
         path = fetch(preset, log=log)
     else:
         path = Path(weights)
-    config, params = load_any(path)
+        if weights_family(path) == "asarm":  # an XLNet directory / file given to hf-directory
+            a = load_asarm(str(path), log=log)
+            return a.model, a.params, a, preset
     tok = load_tokenizer(path)
+    config, params = load_any(path)
+    check_tokenizer_fits(tok, config.vocab_size, path)
     model = DiffusionLM(config) if isinstance(config, DiffusionConfig) else CausalLM(config)
     return model, params, tok, preset
 
 
+def _load_quantized(name, weights, log, dtype, mesh, quant):
+    """:func:`load_model` with weight-only quantization: load float32 (sharded when ``mesh``
+    is given), quantize (:func:`models.quant.quantize_params`, the rest cast to ``dtype``), and
+    place the int8 matrices and scales by the sharding rules."""
+    from models.quant import QUANTS, QuantError, quantize_params
+
+    if quant not in QUANTS:
+        raise PresetError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANTS)}")
+    target = None if dtype is None else resolve_dtype(dtype)
+    if family_of(get_preset(name), weights) == "asarm":
+        raise PresetError(f"--quant {quant} applies to Llama / Qwen2-layout models (causal and "
+                          f"masked-diffusion), not to the XLNet AS-ARM {name!r}")
+    model, params, tok, preset = load_model(name, weights, log, mesh=mesh)
+    try:
+        params = quantize_params(params, quant, dtype=target)
+    except QuantError as e:
+        raise PresetError(f"model {name!r}: {e}") from None
+    if mesh is not None:
+        from models.sharding import shard_params
+
+        params = shard_params(model.config, params, mesh)
+    return model, params, tok, preset
+
+
+def _load_sharded(name, weights, log, dtype, mesh):
+    """:func:`load_model` onto ``mesh``: parameters placed shard by shard while loading, then
+    checked against the config (:func:`models.sharding.check_mesh`) and moved device to
+    device to the config's rules where the shape-based placement differed."""
+    from models.llama.params import place_params
+    from models.sharding import check_mesh, placement, shard_params
+
+    target = None if dtype is None else resolve_dtype(dtype)
+    with place_params(placement(mesh, target)):
+        model, params, tok, preset = load_model(name, weights, log)
+    check_mesh(model.config, mesh)
+    if target is not None:
+        params = cast_params(params, target)
+    return model, shard_params(model.config, params, mesh), tok, preset
+
+
 DIFFUSION_TYPES = ("llada", "dream")
+MODEL_TYPES = {"llama": "causal", "qwen2": "causal", "llada": "dllm", "dream": "dllm",
+               "xlnet": "asarm"}
+"""``config.json`` ``model_type`` (lower-cased) -> method family, for HF checkpoint directories."""
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "LLaDAModelLM": "llada", "DreamModel": "dream", "XLNetLMHeadModel": "xlnet",
+                 "XLNetModel": "xlnet"}
+"""``config.json`` ``architectures`` entry -> model type, used when ``model_type`` is absent."""
+_SUPPORTED = "llama, qwen2 (causal), llada, dream (masked diffusion), xlnet (AS-ARM)"
 
 
-def _model_type(path: Path) -> Optional[str]:
-    cfg = path / "config.json"
-    if not (path.is_dir() and cfg.is_file()):
+def hf_model_type(path) -> Optional[str]:
+    """The model type of a Hugging Face checkpoint directory, read from its ``config.json``:
+    ``model_type`` lower-cased (``"llama"``, ``"qwen2"``, ``"llada"``, ``"dream"``,
+    ``"xlnet"``: :data:`MODEL_TYPES`), or, without ``model_type``, the first known
+    ``architectures`` entry (:data:`ARCHITECTURES`). None when ``path`` is not a directory
+    holding a ``config.json`` (a GGUF file, a jaxspec checkpoint, ...).
+
+    Raises:
+      models.config.ConfigError: ``config.json`` names an unknown model type / architecture,
+        or neither (one line naming the file and what it found).
+      models.llama.params.WeightFileError: ``config.json`` is not valid JSON (an object).
+    """
+    from models.config import ConfigError
+    from models.llama.params import WeightFileError
+
+    p = Path(path)
+    cfg = p / "config.json"
+    if not (p.is_dir() and cfg.is_file()):
         return None
     try:
-        return str(json.loads(cfg.read_text()).get("model_type", "")).lower()
-    except ValueError:
-        return None
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise WeightFileError(f"{cfg}: not valid JSON ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(raw, dict):
+        raise WeightFileError(f"{cfg}: not a JSON object")
+    mt = raw.get("model_type")
+    archs = raw.get("architectures") or []
+    archs = [archs] if isinstance(archs, str) else list(archs)
+    if mt is not None and str(mt).lower() in MODEL_TYPES:
+        return str(mt).lower()
+    if mt is None:
+        known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+        if known:
+            return known[0]
+    if mt is None and not archs:
+        raise ConfigError(f"{cfg}: names neither model_type nor architectures; supported "
+                          f"model types: {_SUPPORTED}")
+    raise ConfigError(f"{cfg}: unknown architecture (model_type {mt!r}, architectures "
+                      f"{archs}); supported model types: {_SUPPORTED}")
+
+
+def _is_jaxspec_xlnet(path: Path) -> bool:
+    """Whether ``path`` is a weight file written by :func:`models.xlnet.modeling.save_xlnet`
+    (or a directory holding one as ``model.safetensors`` and no ``config.json``): its
+    safetensors header says ``format: jaxspec-xlnet``."""
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return False
+        path = path / "model.safetensors"
+    if not (path.is_file() and path.suffix == ".safetensors"):
+        return False
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return (f.metadata() or {}).get("format") == "jaxspec-xlnet"
+    except Exception:  # noqa: BLE001 - unreadable: not ours; the loader reports it
+        return False
 
 
 def weights_family(path) -> str:
     """The method family of a weight path without loading it: ``"dllm"`` for a LLaDA / Dream
-    HF directory (``config.json`` ``model_type``) or a jaxspec checkpoint of a diffusion model,
-    ``"asarm"`` for an XLNet directory, else ``"causal"`` (GGUF files, Llama / Qwen2 dirs).
+    HF directory or a jaxspec checkpoint of a diffusion model, ``"asarm"`` for an XLNet HF
+    directory or a jaxspec XLNet file (:func:`models.xlnet.modeling.save_xlnet`), else
+    ``"causal"`` (GGUF files, Llama / Qwen2 dirs). HF directories are told apart by
+    :func:`hf_model_type`.
 
     Raises:
-      models.llama.params.WeightFileError: the path does not exist.
+      models.llama.params.WeightFileError: the path does not exist, or ``config.json`` is not
+        valid JSON.
+      models.config.ConfigError: ``config.json`` names an unknown model type / architecture.
     """
     from models.checkpoint import CONFIG_FILE, is_native
     from models.llama.params import WeightFileError
@@ -349,10 +477,10 @@ def weights_family(path) -> str:
             return "dllm" if json.loads((p / CONFIG_FILE).read_text()).get("diffusion") else "causal"
         except ValueError:
             return "causal"  # the loader reports the broken file
-    mt = _model_type(p)
-    if mt in DIFFUSION_TYPES:
-        return "dllm"
-    return "asarm" if mt == "xlnet" else "causal"
+    if _is_jaxspec_xlnet(p):
+        return "asarm"
+    mt = hf_model_type(p)
+    return "causal" if mt is None else MODEL_TYPES[mt]
 
 
 def family_of(preset: Preset, weights: Optional[str] = None) -> str:
@@ -363,24 +491,97 @@ def family_of(preset: Preset, weights: Optional[str] = None) -> str:
     return preset.family
 
 
+FAMILY_WORDS = {"causal": "causal", "dllm": "masked-diffusion", "asarm": "any-order (XLNet AS-ARM)"}
+"""How error messages name each method family."""
+
+
+def require_family(name: str, weights: Optional[str], wanted, where: str) -> str:
+    """The family of model ``name`` (``weights`` for ``hf-directory`` / ``auto``,
+    :func:`family_of`), checked against ``wanted`` (one family or a tuple of them) for the
+    entry point or suite ``where`` (e.g. ``"scripts.calibrate"``).
+
+    Raises:
+      PresetError: unknown preset, or a family outside ``wanted``: one line naming the model
+        (or its weights), its family and ``where``.
+      models.llama.params.WeightFileError, models.config.ConfigError: as :func:`weights_family`.
+    """
+    wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted)
+    preset = get_preset(name)
+    if preset.format == "hf_dir" and weights is None:
+        raise PresetError(f"model {name!r} needs --weights PATH (an HF directory, jaxspec "
+                          f"checkpoint or GGUF file)")
+    family = family_of(preset, weights)
+    if family not in wanted:
+        who = weights if preset.format == "hf_dir" else name
+        word = FAMILY_WORDS[family]
+        takes = " or ".join(FAMILY_WORDS[f] for f in wanted)
+        raise PresetError(f"{who} is {'an' if word[0] in 'aeiou' else 'a'} {word} model "
+                          f"({family}); {where} takes {takes} models only")
+    return family
+
+
+def is_preset(name: Optional[str]) -> bool:
+    """Whether ``name`` names a preset (or an alias of one, :data:`ALIASES`), as opposed to a
+    weight path or checkpoint name some entry points also accept."""
+    return bool(name) and (CONFIG_DIR / f"{ALIASES.get(name, name)}.yaml").is_file()
+
+
+def tokenizer_vocab_size(tok) -> int:
+    """The number of ids a tokenizer can produce: its largest id + 1 (added tokens included);
+    ``tok.vocab_size`` when it exposes no vocabulary."""
+    backend = getattr(tok, "backend", None)
+    if backend is not None:
+        vocab = backend.get_vocab(with_added_tokens=True)
+        if vocab:
+            return max(vocab.values()) + 1
+    return int(tok.vocab_size)
+
+
+def check_tokenizer_fits(tok, vocab_size: int, where) -> None:
+    """Raise when the tokenizer can produce ids outside the model's embedding.
+
+    Args:
+      tok: a :class:`models.tokenizer.Tokenizer`.
+      vocab_size: the model's embedding rows V.
+      where: the checkpoint path named in the message.
+
+    Raises:
+      models.tokenizer.TokenizerError: the tokenizer's ids reach past ``V - 1`` (one line
+        naming both sizes). A tokenizer smaller than the embedding is fine (padded rows).
+    """
+    from models.tokenizer import TokenizerError
+
+    n = tokenizer_vocab_size(tok)
+    if n > vocab_size:
+        raise TokenizerError(f"{where}: the tokenizer has {n} ids but the model's embedding has "
+                             f"only {vocab_size} rows (vocab_size): tokenizer and weights do "
+                             f"not belong together")
+
+
 def load_any(path):
     """``(config, params)`` of any supported weight path: a jaxspec checkpoint
     (:mod:`models.checkpoint`), a LLaDA / Dream HF directory, a Llama / Qwen2 HF directory or
     a GGUF file. ``config`` is a ``DiffusionConfig`` for diffusion models, else a
-    ``ModelConfig``.
+    ``ModelConfig``. (XLNet AS-ARMs load with :func:`load_asarm`.)
 
     Raises:
-      models.llama.params.WeightFileError: missing / corrupt files, an unknown layout.
+      models.llama.params.WeightFileError: missing / corrupt files, an unknown layout, an
+        XLNet directory.
+      models.config.ConfigError: ``config.json`` names an unknown model type.
     """
     from models.checkpoint import is_native, load_checkpoint
     from models.diffusion.params import load_diffusion_dir
-    from models.llama.params import load_weights
+    from models.llama.params import WeightFileError, load_weights
 
     p = Path(path)
     if is_native(p):
         return load_checkpoint(p)
-    if _model_type(p) in DIFFUSION_TYPES:
+    mt = hf_model_type(p)
+    if mt in DIFFUSION_TYPES:
         return load_diffusion_dir(p)
+    if mt == "xlnet" or _is_jaxspec_xlnet(p):
+        raise WeightFileError(f"{p}: an XLNet AS-ARM checkpoint, not a causal or masked-"
+                              f"diffusion model (load it with load_asarm / --model auto)")
     return load_weights(p)
 
 
@@ -529,8 +730,11 @@ def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sy
     """Load an XLNet AS-ARM written by :func:`models.xlnet.modeling.save_xlnet`.
 
     Args:
-      name_or_path: a ``.safetensors`` file, a directory holding ``model.safetensors``, or a
-        name ``NAME`` for ``checkpoints/NAME/model.safetensors`` of this repository.
+      name_or_path: a ``.safetensors`` file, a directory holding ``model.safetensors``, a
+        name ``NAME`` for ``checkpoints/NAME/model.safetensors`` of this repository, or a
+        transformers XLNet directory (``config.json`` with ``model_type`` ``xlnet``,
+        :func:`models.xlnet.modeling.load_hf_xlnet`; its tokenizer is the directory's
+        ``tokenizer.json``, the model speaks its ids).
       tokenizer: optional tokenizer; default the preset named by the checkpoint's
         ``meta["tokenizer"]`` (``smollm2-135m-instruct`` when absent).
 
@@ -538,7 +742,11 @@ def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sy
       :class:`ASARM`; ``max_len`` is ``meta["seq_len"]`` when recorded, else 512.
 
     Raises:
-      models.llama.params.WeightFileError: no such checkpoint or an unreadable file (one line).
+      models.llama.params.WeightFileError: no such checkpoint, an unreadable file, or an HF
+        directory of another family (one line).
+      models.tokenizer.TokenizerError: an HF directory without ``tokenizer.json``, or whose
+        tokenizer has more ids than the model's vocabulary.
+      models.config.ConfigError: an HF ``config.json`` naming an unknown model type.
     """
     from models.llama.params import WeightFileError
     from models.xlnet.modeling import XLNetLM, load_xlnet
@@ -552,6 +760,20 @@ def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sy
         p = REPO_ROOT / "checkpoints" / name_or_path
         if not p.exists():
             raise WeightFileError(f"unknown AS-ARM {name_or_path!r}: neither a file nor {p}")
+    if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face directory
+        mt = hf_model_type(p)
+        if mt != "xlnet":
+            raise WeightFileError(f"{p}: a {FAMILY_WORDS[MODEL_TYPES[mt]]} checkpoint "
+                                  f"(model_type {mt}), not an XLNet AS-ARM")
+        from models.tokenizer import load_tokenizer
+        from models.xlnet.modeling import load_hf_xlnet
+
+        if tokenizer is None:
+            tokenizer = load_tokenizer(p)
+        config, params = load_hf_xlnet(p)
+        check_tokenizer_fits(tokenizer, config.vocab_size, p)
+        return ASARM(model=XLNetLM(config), params=params, vocab=None, tokenizer=tokenizer,
+                     meta={"name": p.name, "format": "hf-xlnet"}, path=str(p), max_len=512)
     if p.is_dir():
         p = p / "model.safetensors"
         if not p.is_file():

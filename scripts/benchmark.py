@@ -10,7 +10,10 @@ Systems: ``jaxspec/ar`` (baseline and reference), ``jaxspec/ngram``, ``transform
 ``transformers/prompt-lookup`` (PyTorch on the same weight file and the same token ids); on
 request (``--systems``) ``jaxspec/sps`` and ``transformers/assisted`` with ``--draft-model NAME``
 (e.g. ``--model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct``) and
-``jaxspec/space`` with a SAR-SFT ``--model``. The
+``jaxspec/space`` with a SAR-SFT ``--model``, and ``jaxspec/ar-int8`` / ``jaxspec/ngram-int8``
+(weight-only int8 matrices: their rows report the drift from float ``jaxspec/ar`` and identity
+with int8 AR). ``--quant int8`` instead quantizes the model of every jaxspec system (the
+transformers peers stay in float). The
 markdown report (``--out`` with ``.md``) is also printed, together with the measured
 memory-bandwidth ceiling for batch-1 float32 decoding.
 
@@ -58,9 +61,15 @@ Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
         [--space-sets humaneval humaneval-chat mt-bench news] [--space-k-sweep 1 2 ... 8] \
         [--space-batches 1 2 4 8 16] [--quality checkpoints/smollm2-135m-space/quality.json]
 
+``--model auto`` (or ``hf-directory``) ``--weights PATH`` reads the model family from the
+checkpoint (``models.registry.weights_family``): a Llama / Qwen2 directory or GGUF file runs the
+causal suites ``ar`` and ``space``, a LLaDA / Dream directory (or a diffusion jaxspec checkpoint)
+the masked-diffusion suites ``dllm``, ``ssd`` and ``spiffy``, an XLNet directory (or a jaxspec
+XLNet file) suite ``assd``; another family is a one-line error naming it and the suite.
+
 Exit code 2 with a one-line ``error:`` message on bad input (unknown suite, system, method,
 cache policy or model, bad budget or draft length, prompts too long for the context,
-unreadable weights, a causal model for ``dllm`` or a diffusion model for ``ar``).
+unreadable weights or a bad checkpoint directory, a model of a family the suite does not run).
 """
 
 from __future__ import annotations
@@ -87,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="jaxspec parameter / activation dtype: auto "
                     "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16 (suites ar and "
                     "dllm; the transformers peers load the same dtype)")
+    ap.add_argument("--quant", default="none", help="weight-only quantization of the jaxspec "
+                    "model: none or int8 (models.quant; suites ar, dllm, ssd, spiffy). For the "
+                    "drift from float in one run use --systems jaxspec/ar-int8 jaxspec/ngram-int8")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--draft-length", type=int, default=8,
                     help="K: draft tokens per step of jaxspec/ngram and prompt_lookup_num_tokens")
@@ -155,16 +167,16 @@ def _write(result, out, write_results, markdown_report, log) -> int:
 def _diffusion_setup(args, log, default_limit: int):
     """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
     from jaxspec.bench.common import BenchError, BenchPrompt
-    from models.registry import PresetError, get_preset, load_model
+    from models.registry import load_model, require_family
 
     model_name = args.model or "dream-smollm2-135m"
     limit = default_limit if args.limit is None else args.limit
     if limit < 1:
         raise BenchError(f"--limit must be >= 1, got {limit}")
-    if not get_preset(model_name).is_diffusion:
-        raise PresetError(f"model {model_name!r} is causal; suite {args.suite} needs a masked-"
-                          f"diffusion model (e.g. dream-smollm2-135m)")
-    model, params, tok, _ = load_model(model_name, args.weights, log=log, dtype=args.dtype)
+    # hf-directory / auto: the family is read from --weights (LLaDA / Dream directories)
+    require_family(model_name, args.weights, "dllm", f"suite {args.suite}")
+    model, params, tok, _ = load_model(model_name, args.weights, log=log, dtype=args.dtype,
+                                       quant=args.quant)
     from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
     probs = humaneval_problems()[args.start:args.start + limit]
@@ -274,10 +286,11 @@ def main_space(args, log) -> int:
     from jaxspec.bench.space import (BATCH_SIZES, K_SWEEP, PROMPT_SETS, markdown_report,
                                      run_space_suite, write_results)
     from models.llama.params import WeightFileError
-    from models.registry import PresetError, load_model
+    from models.registry import PresetError, load_model, require_family
 
     try:
         name = args.model or "smollm2-135m-space"
+        require_family(name, args.weights, "causal", "suite space")
         if args.mask_groups < 1:
             raise BenchError(f"--mask-groups must be >= 1, got {args.mask_groups}")
         model, params, tok, _ = load_model(name, args.weights, log=log)
@@ -303,13 +316,18 @@ def main(argv=None) -> int:
                                n_params, parse_systems, run_ar_suite, write_results)
     from jaxspec.causal.decode import DecodeInputError
     from models.llama.params import WeightFileError
-    from models.registry import PresetError, fetch, get_preset, load_model
+    from models.registry import (PresetError, fetch, get_preset, is_preset, load_model,
+                                 require_family)
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
+        if args.quant != "none" and args.suite in ("assd", "space"):
+            raise BenchError(f"--quant applies to suites ar, dllm, ssd and spiffy, not {args.suite}")
         if args.suite == "assd":
             from jaxspec.bench.assd import main_assd
 
+            if is_preset(args.model):  # else a weight file / checkpoint name: load_asarm's
+                require_family(args.model, args.weights, "asarm", "suite assd")
             return main_assd(args, log)
         if args.suite not in SUITES:
             raise BenchError(f"unknown suite {args.suite!r}; available: {', '.join(SUITES)}")
@@ -331,16 +349,16 @@ def main(argv=None) -> int:
             if v < 1:
                 raise BenchError(f"{flag} must be >= 1, got {v}")
         preset = get_preset(args.model)
-        if preset.is_diffusion:
-            raise PresetError(f"model {args.model!r} is a masked-diffusion model; the benchmark "
-                              f"runs causal decoders only (use scripts.generate --method stepwise)")
+        # hf-directory / auto: the family is read from --weights
+        require_family(args.model, args.weights, "causal", f"suite {args.suite}")
         if args.weights is not None:
             path = Path(args.weights)
         elif preset.parts:
             path = fetch(preset, log=log)
         else:
             raise PresetError(f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)")
-        model, params, tok, preset = load_model(args.model, str(path), log=log, dtype=args.dtype)
+        model, params, tok, preset = load_model(args.model, str(path), log=log, dtype=args.dtype,
+                                                quant=args.quant)
 
         from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 

@@ -10,6 +10,10 @@ every ``D`` a graph JSON (``--out-dir/D<D>.json``, loadable with ``--graph`` of
 ``scripts.generate`` / ``scripts.benchmark``) and its picture (``D<D>.png``). The recorded
 runs are cached in ``--out-dir/records.npz`` so other strategies or sizes reuse them
 (``--reuse``).
+
+``--model auto --weights DIR`` calibrates any LLaDA / Dream checkpoint directory (the family is
+read from its ``config.json``); a causal or AS-ARM checkpoint is a one-line error (exit 2), as
+are a bad checkpoint directory and a tokenizer that does not fit the model.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ import numpy as np
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scripts.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="dream-smollm2-135m", help="a masked-diffusion preset")
+    ap.add_argument("--model", default="dream-smollm2-135m",
+                    help="a masked-diffusion preset, or auto / hf-directory with --weights DIR "
+                         "(a LLaDA / Dream directory or a diffusion jaxspec checkpoint)")
     ap.add_argument("--weights", default=None, help="override the preset's weight path")
     ap.add_argument("--prompts", type=int, default=20,
                     help="calibration prompts, taken from the end of HumanEval (default 20)")
@@ -99,11 +105,10 @@ def main(argv=None) -> int:
             from tqdm import tqdm
 
             from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
-            from models.registry import get_preset, load_model
+            from models.registry import load_model, require_family
 
-            if not get_preset(args.model).is_diffusion:
-                raise ValueError(f"model {args.model!r} is causal; calibration needs a "
-                                 "masked-diffusion model")
+            # hf-directory / auto: the family is read from --weights (LLaDA / Dream directories)
+            require_family(args.model, args.weights, "dllm", "scripts.calibrate")
             model, params, tok, _ = load_model(args.model, args.weights, log=log)
             probs = humaneval_problems()[-args.prompts:]
             prompts = [tok.encode(humaneval_prompt(p, tok)) for p in probs]

@@ -3,7 +3,9 @@
     python -m scripts.convert --to jaxspec SRC OUT   # HF dir (Llama, Qwen2, LLaDA, Dream) or GGUF
     python -m scripts.convert --to hf SRC OUT        # jaxspec checkpoint -> HF layout
 
-Tensors are read one at a time (streaming loaders) and the HF export is written one shard
+``--to jaxspec`` streams: tensors are read one at a time and each assembled parameter is
+written to its own file at once (:func:`models.checkpoint.convert_streaming`), so a
+multi-shard checkpoint bigger than host memory converts; the HF export is written one shard
 per decoder layer. Bad input (missing/corrupt files, unknown layout) gives one ``error:``
 line and exit code 2.
 """
@@ -20,7 +22,7 @@ def main(argv=None) -> int:
     ap.add_argument("src", help="source checkpoint (directory or .gguf)")
     ap.add_argument("out", help="output directory")
     args = ap.parse_args(argv)
-    from models.checkpoint import export_hf, save_checkpoint
+    from models.checkpoint import convert_streaming, export_hf
     from models.registry import load_any
     from models.config import ConfigError
     from models.llama.params import WeightFileError
@@ -29,9 +31,12 @@ def main(argv=None) -> int:
     try:
         if not src.exists():
             raise WeightFileError(f"{src}: does not exist")
-        config, params = load_any(src)
-        path = save_checkpoint(out, config, params) if args.to == "jaxspec" else export_hf(out, config, params)
-    except (WeightFileError, ConfigError, ValueError) as e:
+        if args.to == "jaxspec":  # one parameter in host memory at a time
+            path, config = convert_streaming(src, out, load_any)
+        else:
+            config, params = load_any(src)
+            path = export_hf(out, config, params)
+    except (WeightFileError, ConfigError, ValueError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     kind = type(config).__name__

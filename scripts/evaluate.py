@@ -43,6 +43,13 @@ held-out AR loss of the SAR model and its base, the mask rows' top-1 accuracy by
 HumanEval pass@1 of both (``--humaneval`` problems, greedy, ``--gen-length`` tokens):
 :func:`sar_main`.
 
+**Any checkpoint directory** (``--model auto --weights DIR``, ``hf-directory`` the same; optional
+``--gate NAME`` for that config's held-out modules): the family is read from the checkpoint
+(:func:`models.registry.weights_family`). A LLaDA / Dream directory (or a diffusion jaxspec
+checkpoint) gets the masked-diffusion figures above without the AR columns (no base model); an
+XLNet directory (or a jaxspec XLNet file) the AS-ARM gate. A causal checkpoint is a one-line
+error naming its family (no gate measures a plain causal model; the SAR gate takes presets).
+
 Prints a table and writes JSON to ``--out``. Exit code 2 with one ``error:`` line on bad input.
 """
 
@@ -60,8 +67,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scripts.evaluate", description=__doc__.split("\n")[0])
-    ap.add_argument("--gate", required=True, help="trained model name (configs/train/<name>.yaml, "
-                    "checkpoints/<name>/delta.safetensors)")
+    ap.add_argument("--gate", default=None, help="trained model name (configs/train/<name>.yaml, "
+                    "checkpoints/<name>/delta.safetensors); with --model: the config whose "
+                    "held-out modules to use")
+    ap.add_argument("--model", default=None,
+                    help="auto / hf-directory with --weights DIR (or a preset): gate a checkpoint "
+                         "by its family: masked diffusion (LLaDA / Dream) or AS-ARM (XLNet)")
     ap.add_argument("--prompts", type=int, default=20, help="held-out snippets (default 20)")
     ap.add_argument("--gen-prompts", type=int, default=None,
                     help="how many of them get completions (default: all); masked accuracy "
@@ -78,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--humaneval", type=int, default=20,
                     help="SAR gate: HumanEval problems for pass@1 (default 20; 0 = skip)")
     g = ap.add_argument_group("AS-ARM gate (objective.kind: asarm)")
-    g.add_argument("--weights", default=None, help="AS-ARM .safetensors (default "
-                   "checkpoints/<gate>/model.safetensors)")
+    g.add_argument("--weights", default=None, help="AS-ARM .safetensors or XLNet directory "
+                   "(default checkpoints/<gate>/model.safetensors); with --model auto: any "
+                   "LLaDA / Dream / XLNet checkpoint directory")
     g.add_argument("--sequences", type=int, default=20, help="held-out sequences (default 20)")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the config's data.seq_len, else 256)")
@@ -117,11 +129,14 @@ def _fmt(x) -> str:
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
-def asarm_main(args, cfg_path: Path) -> int:
-    """``--gate`` of an AS-ARM config (module docstring). Exit 0 after writing the JSON
-    (PASS or FAIL: the verdict is in the output), 2 with one ``error:`` line on bad input."""
+def asarm_main(args, cfg_path) -> int:
+    """``--gate`` of an AS-ARM config (module docstring), or of an XLNet checkpoint given with
+    ``--model auto --weights PATH`` (``cfg_path`` None: the default held-out modules,
+    :data:`jaxspec.bench.assd.DEFAULT_HOLDOUT`, and ``--seq-len`` or 256). Exit 0 after writing
+    the JSON (PASS or FAIL: the verdict is in the output), 2 with one ``error:`` line on bad
+    input."""
     weights = Path(args.weights) if args.weights else ROOT / "checkpoints" / args.gate / "model.safetensors"
-    if not weights.is_file():
+    if not weights.exists():
         return _fail(f"AS-ARM weights not found: {weights} (export them with "
                      f"jaxspec.training.asarm.export_checkpoint)")
     batch = 10 if args.batch is None else args.batch
@@ -145,11 +160,16 @@ def asarm_main(args, cfg_path: Path) -> int:
     from models.registry import load_asarm
 
     try:
-        cfg = load_config(cfg_path)
-        seq_len = args.seq_len or int(getattr(cfg.data, "seq_len", 0) or 256)
+        if cfg_path is not None:
+            cfg = load_config(cfg_path)
+            seq_len = args.seq_len or int(getattr(cfg.data, "seq_len", 0) or 256)
+            holdout = list(cfg.data.holdout)
+        else:  # --model auto --weights DIR without --gate
+            from jaxspec.bench.assd import DEFAULT_HOLDOUT
+
+            seq_len, holdout = args.seq_len or 256, list(DEFAULT_HOLDOUT)
         if seq_len < 2:
             return _fail(f"--seq-len must be >= 2, got {seq_len}")
-        holdout = list(cfg.data.holdout)
         if not holdout:
             return _fail(f"{cfg_path}: data.holdout is empty (no held-out modules to gate on)")
         asarm = load_asarm(str(weights), log=log)
@@ -177,7 +197,7 @@ def asarm_main(args, cfg_path: Path) -> int:
     rel = lambda p: str(p.relative_to(ROOT) if p.resolve().is_relative_to(ROOT) else p)  # noqa: E731
     unk = [sum(1 for t in asarm.to_external(s) if t < 0) / len(s) for s in seqs]
     result = {
-        "gate": args.gate, "weights": rel(weights.resolve()), "meta": asarm.meta,
+        "gate": args.gate or weights.name, "weights": rel(weights.resolve()), "meta": asarm.meta,
         "python": platform.python_version(), "jax": jax.__version__,
         "device": str(jax.devices()[0]), "holdout": holdout,
         "snippets": [{"source": s.source, "offset": s.offset} for s in snips],
@@ -201,7 +221,7 @@ def asarm_main(args, cfg_path: Path) -> int:
     lines.append("| NFE per token | - | " + " | ".join(_fmt(result["nfe_per_token"][x])
                                                    for x in labels[1:]) + " |")
     result["table_md"] = "\n".join(lines)
-    print(f"gate {args.gate}: {len(seqs)} held-out sequences x {seq_len} tokens, "
+    print(f"gate {result['gate']}: {len(seqs)} held-out sequences x {seq_len} tokens, "
           f"{args.mask_rate:.0%} masked, seed {args.seed}; figures on the masked positions, "
           f"PPL on whole sequences")
     print(result["table_md"])
@@ -215,7 +235,7 @@ def asarm_main(args, cfg_path: Path) -> int:
     failed = [c["check"] for c in result["checks"] if c["passed"] is False]
     print(f"verdict: {result['verdict']} on {result['gated_run']}"
           + (f"; failed: {', '.join(failed)}" if failed else "") + f"; wall {result['wall_s']}s")
-    out = Path(args.out) if args.out else weights.parent / "gate.json"
+    out = Path(args.out) if args.out else (weights if weights.is_dir() else weights.parent) / "gate.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     log(f"[evaluate] wrote {out}")
@@ -265,11 +285,80 @@ def sar_main(args, cfg_path: Path) -> int:
     return 0
 
 
+def checkpoint_main(args) -> int:
+    """``--model auto|hf-directory --weights DIR`` (or any preset with ``--model``): the gate of
+    the checkpoint's family (:func:`models.registry.require_family`). A masked-diffusion
+    checkpoint (LLaDA / Dream directory, diffusion jaxspec checkpoint) gets the diffusion
+    figures of :func:`diffusion_gate` without the AR columns (there is no base model); an
+    XLNet AS-ARM (HF directory or jaxspec file) the AS-ARM gate (:func:`asarm_main`). The
+    held-out modules and sequence length come from ``configs/train/<--gate>.yaml`` when
+    ``--gate`` is given, else :data:`jaxspec.bench.assd.DEFAULT_HOLDOUT`. A causal checkpoint
+    is a one-line error (exit 2): no gate measures a plain causal model."""
+    from models.registry import PresetError, require_family
+    from models.llama.params import WeightFileError
+
+    try:
+        family = require_family(args.model, args.weights, ("dllm", "asarm"),
+                                "scripts.evaluate (the masked-diffusion and AS-ARM gates)")
+    except (PresetError, WeightFileError, ValueError) as e:
+        return _fail(str(e))
+    cfg_path = None
+    if args.gate is not None:
+        cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
+        if not cfg_path.is_file():
+            return _fail(f"unknown gate {args.gate!r}: {cfg_path} not found")
+    if family == "asarm":
+        if args.weights is None:  # an asarm preset: its committed checkpoint
+            from models.registry import get_preset
+
+            args.weights = str(ROOT / get_preset(args.model).checkpoint)
+        return asarm_main(args, cfg_path)
+    if args.batch is None:
+        args.batch = 4
+    bad = _check_diffusion_args(args)
+    if bad is not None:
+        return bad
+    from jaxspec.bench.assd import DEFAULT_HOLDOUT
+    from jaxspec.training.config import load_config
+    from models.registry import load_model
+
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t_start = time.perf_counter()
+    try:
+        holdout = list(load_config(cfg_path).data.holdout) if cfg_path else list(DEFAULT_HOLDOUT)
+        model, params, tok, _ = load_model(args.model, args.weights, log=lambda m: None)
+    except (PresetError, WeightFileError, ValueError, OSError, KeyError) as e:
+        return _fail(str(e))
+    name = args.gate or Path(args.weights or args.model).name
+    info = {"weights": str(args.weights or args.model), "head": model.config.head}
+    return diffusion_gate(args, name=name, model=model, params=params, tok=tok,
+                          mask_id=int(model.config.mask_token_id), holdout=holdout, info=info,
+                          t_start=t_start, log=log)
+
+
+def _check_diffusion_args(args):
+    """None, or the exit code of a one-line error for bad diffusion-gate flags."""
+    for name in ("prompts", "gen_length", "prompt_length", "block", "batch"):
+        if getattr(args, name) < 1:
+            return _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
+    if not 0 <= gen_prompts <= args.prompts:
+        return _fail(f"--gen-prompts must be in [0, --prompts], got {gen_prompts}")
+    if args.gen_length % args.block:
+        return _fail(f"--gen-length {args.gen_length} is not a multiple of --block {args.block}")
+    return None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.core.runtime import enable_persistent_cache
 
     enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
+    if args.model is not None:
+        return checkpoint_main(args)
+    if args.gate is None:
+        return _fail("give --gate NAME (a trained model, configs/train/NAME.yaml) or --model "
+                     "auto --weights DIR (a checkpoint directory)")
     cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
     if cfg_path.is_file() and _objective_kind(cfg_path) == "asarm":
         return asarm_main(args, cfg_path)
@@ -284,21 +373,10 @@ def main(argv=None) -> int:
         return _fail(f"unknown gate {args.gate!r}: {cfg_path} not found")
     if not delta_path.is_file():
         return _fail(f"delta not found: {delta_path}")
-    for name in ("prompts", "gen_length", "prompt_length", "block", "batch"):
-        if getattr(args, name) < 1:
-            return _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
-    if not 0 <= gen_prompts <= args.prompts:
-        return _fail(f"--gen-prompts must be in [0, --prompts], got {gen_prompts}")
-    if args.gen_length % args.block:
-        return _fail(f"--gen-length {args.gen_length} is not a multiple of --block {args.block}")
+    bad = _check_diffusion_args(args)
+    if bad is not None:
+        return bad
 
-    import jax
-    import numpy as np
-
-    from jaxspec.eval import quality as Q
-    from jaxspec.causal.decode import generate
-    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
     from jaxspec.training.config import load_config
     from models.diffusion.delta import load_delta, merge_delta
     from models.diffusion.modeling import DiffusionConfig, DiffusionLM
@@ -317,9 +395,36 @@ def main(argv=None) -> int:
                              mask_token_id=mask_id)
         model = DiffusionLM(DiffusionConfig(base=causal.config, head=cfg.model.head,
                                             mask_token_id=mask_id))
+    except (ValueError, OSError, KeyError) as e:
+        return _fail(str(e))
+    info = {"delta": str(delta_path.relative_to(ROOT) if delta_path.is_relative_to(ROOT)
+                         else delta_path),
+            "base_preset": cfg.model.preset, "head": cfg.model.head}
+    return diffusion_gate(args, name=args.gate, model=model, params=params, tok=tok,
+                          mask_id=mask_id, holdout=list(cfg.data.holdout), info=info,
+                          causal=causal, base=base, base_name=cfg.model.preset,
+                          t_start=t_start, log=log)
+
+
+def diffusion_gate(args, *, name, model, params, tok, mask_id: int, holdout, info: dict,
+                   causal=None, base=None, base_name=None, t_start: float, log) -> int:
+    """The masked-diffusion figures (module docstring) of ``model`` / ``params`` (a
+    :class:`models.diffusion.modeling.DiffusionLM`) on ``--prompts`` held-out windows of the
+    stdlib modules ``holdout``; with ``causal`` / ``base`` (the AR base model and its params)
+    also the AR columns. Prints the table and the verdict, writes ``--out``; exit 0, or 2 with
+    one ``error:`` line on bad input (too few held-out windows, prompts past the context)."""
+    import jax
+    import numpy as np
+
+    from jaxspec.causal.decode import generate
+    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
+    from jaxspec.eval import quality as Q
+
+    gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
+    try:
         specials = [i for i in range(min(tok.vocab_size, 64))
                     if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")]
-        snippets = Q.heldout_snippets(tok, cfg.data.holdout, args.prompts,
+        snippets = Q.heldout_snippets(tok, holdout, args.prompts,
                                       prompt_len=args.prompt_length, cont_len=args.gen_length,
                                       drop_ids=set(specials) | {mask_id})
     except (ValueError, OSError, KeyError) as e:
@@ -330,46 +435,51 @@ def main(argv=None) -> int:
 
     rows = [s.tokens for s in snippets]
     masked = {}
-    for rate in (0.15, 0.5):
-        t0 = time.perf_counter()
-        d, masks = Q.masked_accuracy(model, params, rows, rate, seed=args.seed,
-                                     batch_size=args.batch, return_masks=True)
-        a = Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch)
-        masked[f"{rate:.2f}"] = {"diffusion": d, "ar_next_token_same_positions": a}
-        log(f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}, AR next-token "
-            f"{a['accuracy']:.4f} ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)")
+    try:
+        for rate in (0.15, 0.5):
+            t0 = time.perf_counter()
+            d, masks = Q.masked_accuracy(model, params, rows, rate, seed=args.seed,
+                                         batch_size=args.batch, return_masks=True)
+            a = (None if causal is None else
+                 Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch))
+            masked[f"{rate:.2f}"] = {"diffusion": d, "ar_next_token_same_positions": a}
+            log(f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}"
+                + ("" if a is None else f", AR next-token {a['accuracy']:.4f}")
+                + f" ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)")
 
-    dcfg = DiffusionDecodeConfig(gen_length=args.gen_length, block_length=args.block,
-                                 steps=args.gen_length, remasking="low_confidence",
-                                 temperature=0.0, mask_id=mask_id)
-    gen = snippets[:gen_prompts]
-    prompts = [s.prompt for s in gen]
-    targets = [s.target for s in gen]
-    diff_out, ar_out = [], []
-    diff_s = ar_s = 0.0
-    for s in range(0, len(prompts), args.batch):
-        t0 = time.perf_counter()
-        r = diffusion_generate(model, params, prompts[s:s + args.batch], dcfg, seed=args.seed)
-        diff_out += [[int(t) for t in row] for row in np.asarray(r.full_tokens)]
-        diff_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        g = generate(causal, base, prompts[s:s + args.batch], max_new_tokens=args.gen_length,
-                     seed=args.seed)
-        ar_out += [list(map(int, row)) for row in g.tokens]
-        ar_s += time.perf_counter() - t0
-        log(f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
-            f"(diffusion {diff_s:.0f}s, AR {ar_s:.0f}s so far)")
+        dcfg = DiffusionDecodeConfig(gen_length=args.gen_length, block_length=args.block,
+                                     steps=args.gen_length, remasking="low_confidence",
+                                     temperature=0.0, mask_id=mask_id)
+        gen = snippets[:gen_prompts]
+        prompts = [s.prompt for s in gen]
+        targets = [s.target for s in gen]
+        diff_out, ar_out = [], []
+        diff_s = ar_s = 0.0
+        for s in range(0, len(prompts), args.batch):
+            t0 = time.perf_counter()
+            r = diffusion_generate(model, params, prompts[s:s + args.batch], dcfg, seed=args.seed)
+            diff_out += [[int(t) for t in row] for row in np.asarray(r.full_tokens)]
+            diff_s += time.perf_counter() - t0
+            if causal is not None:
+                t0 = time.perf_counter()
+                g = generate(causal, base, prompts[s:s + args.batch],
+                             max_new_tokens=args.gen_length, seed=args.seed)
+                ar_out += [list(map(int, row)) for row in g.tokens]
+                ar_s += time.perf_counter() - t0
+            log(f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
+                f"(diffusion {diff_s:.0f}s" + ("" if causal is None else f", AR {ar_s:.0f}s")
+                + " so far)")
+    except ValueError as e:  # DecodeInputError: prompt + gen length past the context
+        return _fail(str(e))
 
     result = {
-        "gate": args.gate,
-        "delta": str(delta_path.relative_to(ROOT) if delta_path.is_relative_to(ROOT) else delta_path),
-        "base_preset": cfg.model.preset,
-        "head": cfg.model.head,
+        "gate": name,
+        **info,
         "mask_token_id": mask_id,
         "python": platform.python_version(),
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
-        "holdout": list(cfg.data.holdout),
+        "holdout": list(holdout),
         "snippets": [{"source": s.source, "offset": s.offset} for s in snippets],
         "prompt_length": args.prompt_length,
         "gen_length": args.gen_length,
@@ -378,15 +488,17 @@ def main(argv=None) -> int:
         "decode": {"diffusion": {"gen_length": dcfg.gen_length, "block_length": dcfg.block_length,
                                  "steps": dcfg.steps, "remasking": dcfg.remasking,
                                  "temperature": dcfg.temperature, "eos_cut": False},
-                   "ar": {"greedy": True, "max_new_tokens": args.gen_length, "eos_ids": []}},
+                   "ar": None if causal is None else
+                   {"greedy": True, "max_new_tokens": args.gen_length, "eos_ids": []}},
         "completion_prompts": len(gen),
     }
     if gen:
         dfig = Q.completion_figures(diff_out, targets)
-        afig = Q.completion_figures(ar_out, targets)
+        afig = Q.completion_figures(ar_out, targets) if causal is not None else None
         result["completions"] = {"diffusion": dfig, "ar": afig,
-                                 "diffusion_s": round(diff_s, 1), "ar_s": round(ar_s, 1)}
-        result["samples"] = {"diffusion": diff_out, "ar": ar_out}
+                                 "diffusion_s": round(diff_s, 1),
+                                 "ar_s": None if causal is None else round(ar_s, 1)}
+        result["samples"] = {"diffusion": diff_out, "ar": ar_out if causal is not None else None}
         result["verdict"] = "FAIL" if dfig["degenerate_share"] > 0 else "PASS"
     else:
         result["verdict"] = "NOT MEASURED (no completions)"
@@ -396,17 +508,20 @@ def main(argv=None) -> int:
 
     def f(x):
         return f"{x:.4f}" if isinstance(x, float) else str(x)
-    lines = [f"| figure | {args.gate} | {cfg.model.preset} (AR) |", "|---|---|---|"]
+    ar = causal is not None
+    lines = [f"| figure | {name} |" + (f" {base_name} (AR) |" if ar else ""),
+             "|---|---|" + ("---|" if ar else "")]
     for k, v in masked.items():
-        lines.append(f"| masked acc. {float(k):.0%} | {f(v['diffusion']['accuracy'])} | "
-                     f"{f(v['ar_next_token_same_positions']['accuracy'])} (next-token, same positions) |")
+        lines.append(f"| masked acc. {float(k):.0%} | {f(v['diffusion']['accuracy'])} |"
+                     + (f" {f(v['ar_next_token_same_positions']['accuracy'])} (next-token, same "
+                        f"positions) |" if ar else ""))
     if gen:
         for key, label in (("distinct_token_share", "distinct-token share"),
                            ("repeated_ngram_rate", "repeated 4-gram rate"),
                            ("continuation_match", "continuation match"),
                            ("longest_run", "longest run (max)"),
                            ("degenerate_share", "degenerate completions")):
-            lines.append(f"| {label} | {f(dfig[key])} | {f(afig[key])} |")
+            lines.append(f"| {label} | {f(dfig[key])} |" + (f" {f(afig[key])} |" if ar else ""))
     result["table_md"] = "\n".join(lines)
     print(result["table_md"])
     print(f"verdict: {result['verdict']} ({result['rule']}); wall {result['wall_s']}s")

@@ -4,7 +4,12 @@ masked-diffusion LM (stepwise, fixed-k or threshold unmasking).
     python -m scripts.generate --model smollm2-135m-instruct --method ngram \
         [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] \
         [--seed S] [--draft-length K] [--fallback none|bigram] [--chat] [--weights PATH]
-        [--compare]
+        [--dtype auto|float32|bfloat16] [--quant none|int8] [--compare]
+
+``--quant int8`` decodes with weight-only int8 projection matrices (:mod:`models.quant`); the
+``--compare`` reference is AR decoding of the same int8 model (losslessness is measured in the
+same quantization; the drift from float32 is what ``jaxspec/ar-int8`` in the ``ar`` benchmark
+reports).
 
 ``--method sps --draft-model NAME [--draft-weights PATH] [--draft-length K (default 5)]``
 runs draft-model speculative sampling (:mod:`jaxspec.causal.sps`); the draft model must share
@@ -87,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="parameter / activation dtype: auto "
                     "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16; the draft "
                     "model and the --compare reference use the same")
+    ap.add_argument("--quant", default="none", help="weight-only quantization: none or int8 "
+                    "(per-output-channel int8 projection matrices, models.quant; activations "
+                    "and KV caches stay in --dtype; Llama / Qwen2-layout models). The draft "
+                    "model and the --compare reference use the same, so --compare checks "
+                    "losslessness against AR of the int8 model")
+    ap.add_argument("--mesh", default=None, metavar="DATAxMODEL",
+                    help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
+                         "over 8 devices; 2x4: also the batch over 2): models.sharding")
     ap.add_argument("--method", default=None,
                     help=f"decoding method: {', '.join(METHODS)} (default: ngram for causal "
                          f"models, stepwise for diffusion models)")
@@ -197,8 +210,14 @@ def _check_method(args, preset):
     from models.registry import family_of
 
     family = family_of(preset, args.weights)  # hf-directory: what the weights hold
+    who = repr(args.weights if preset.format == "hf_dir" and args.weights else preset.name)
     if family == "asarm":
-        raise ValueError(f"{preset.name!r} is an {FAMILY_WORDS[family]} model: give a template "
+        if args.method in METHODS:  # a causal / dLLM method (AS-ARM ones went to --infill)
+            raise ValueError(f"method {args.method!r} needs a "
+                             f"{FAMILY_WORDS[METHODS[args.method].family]} model, but {who} is "
+                             f"{FAMILY_WORDS[family]}; use --method {', '.join(ASARM_METHODS)} "
+                             f"with --infill TEMPLATE")
+        raise ValueError(f"{who} is an {FAMILY_WORDS[family]} model: give a template "
                          f"with --infill (methods {', '.join(ASARM_METHODS)})")
     name = args.method or ("ngram" if family == "causal" else "fixed-k" if args.tokens_per_step
                            is not None else "threshold" if args.threshold is not None
@@ -209,7 +228,7 @@ def _check_method(args, preset):
     if method.family != family:
         fits = ", ".join(methods_of(family))
         raise ValueError(f"method {name!r} needs a {FAMILY_WORDS[method.family]} model, but "
-                         f"{preset.name!r} is {FAMILY_WORDS[family]}; use --method {fits}")
+                         f"{who} is {FAMILY_WORDS[family]}; use --method {fits}")
     if name != "spiffy" and args.graph is not None:
         raise ValueError("--graph only applies to --method spiffy")
     drafted = {"sps": "causal", "diffuspec": "dllm", "specdiff": "dllm"}
@@ -241,6 +260,15 @@ def _check_method(args, preset):
     return method
 
 
+def _mesh(args):
+    """The ``--mesh`` device mesh (None without it); MeshError (a ValueError) when bad."""
+    if not args.mesh:
+        return None
+    from models.sharding import make_mesh
+
+    return make_mesh(args.mesh)
+
+
 def _draft_options(args, tok) -> dict:
     """The :class:`~jaxspec.methods.DecodeOptions` fields of ``--draft-model`` (empty without
     it): ``draft_model`` for SPS; ``dllm_drafter``, the 3-gram ``proxy`` (fitted on the
@@ -251,7 +279,7 @@ def _draft_options(args, tok) -> dict:
     from models.registry import load_model
 
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
-                                          dtype=args.dtype)
+                                          dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
     if not tok.same_vocabulary(dtok):
         raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
                          f"the target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} "
@@ -327,6 +355,10 @@ def main(argv=None) -> int:
 
     enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
     if args.infill is not None or args.method in ASARM_METHODS:
+        if args.quant != "none":
+            print(f"error: --quant {args.quant} applies to Llama / Qwen2-layout models (causal "
+                  f"and masked-diffusion), not to AS-ARM infilling", file=sys.stderr)
+            return 2
         from scripts.infill import infill_cli
 
         return infill_cli(args)
@@ -341,7 +373,8 @@ def main(argv=None) -> int:
         method = _check_method(args, preset)
         if method.name not in ("sps", "diffuspec", "specdiff"):  # bad flags fail early
             method.build(_options(args))
-        model, params, tok, preset = load_model(args.model, args.weights, dtype=args.dtype)
+        model, params, tok, preset = load_model(args.model, args.weights, dtype=args.dtype,
+                                                mesh=_mesh(args), quant=args.quant)
         options = _options(args, _draft_options(args, tok))
         config = method.build(options)
         ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)

@@ -3,7 +3,9 @@ line (:func:`infill_cli`, reached through :mod:`scripts.generate`).
 
 The template uses the ``<mask:N>`` syntax of :mod:`jaxspec.asarm.infill`; the shell escapes
 ``\\n``, ``\\t`` and ``\\\\`` are expanded first. The model is a trained AS-ARM found by name or path
-through :func:`models.registry.load_asarm`.
+through :func:`models.registry.load_asarm`, or ``--model auto --weights DIR`` for a transformers
+XLNet directory (or a jaxspec XLNet file); ``--infill`` with a model of another family is a
+one-line error naming the method and the family (exit 2).
 """
 
 from __future__ import annotations
@@ -29,6 +31,32 @@ def stats_line(res) -> str:
             f"compile={res.compile_s:.1f}s")
 
 
+def _check_family(args, method: str) -> None:
+    """ValueError (one line naming the method and the model's family) when ``--model`` is a
+    preset whose model (for ``hf-directory`` / ``auto``: whose ``--weights``) is not an XLNet
+    AS-ARM. A ``--model`` that names no preset (a path, a checkpoint name) is left to
+    :func:`models.registry.load_asarm`."""
+    from jaxspec.methods import methods_of
+    from models.registry import FAMILY_WORDS, family_of, get_preset, is_preset
+
+    if method not in methods_of("asarm"):
+        raise ValueError(f"--infill applies to the {FAMILY_WORDS['asarm']} methods "
+                         f"({', '.join(methods_of('asarm'))}), not to method {method!r}")
+    name, weights = getattr(args, "model", None), getattr(args, "weights", None)
+    if not is_preset(name):
+        return
+    preset = get_preset(name)
+    if preset.format == "hf_dir" and not weights:
+        raise ValueError(f"model {name!r} needs --weights PATH (an XLNet HF directory or a "
+                         f"jaxspec AS-ARM file)")
+    family = family_of(preset, weights)
+    if family != "asarm":
+        who = weights if preset.format == "hf_dir" else name
+        raise ValueError(f"method {method!r} needs an {FAMILY_WORDS['asarm']} model, but "
+                         f"{who!r} is {FAMILY_WORDS[family]}; use --method "
+                         f"{', '.join(methods_of(family))} without --infill")
+
+
 def infill_cli(args) -> int:
     """``scripts.generate`` entry for AS-ARMs: ``--model NAME|PATH --method
     sequential|assd|assd-ngram|assd-fused|assd-fused-ngram --infill TEMPLATE [--draft-length K
@@ -40,6 +68,7 @@ def infill_cli(args) -> int:
     method = getattr(args, "method", None) or "assd"
     template = getattr(args, "infill", None)
     try:
+        _check_family(args, method)
         if template is None:
             raise ValueError(f"method {method!r} infills a template: pass --infill TEXT with "
                              "<mask:N> spans")

@@ -148,7 +148,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.batching import bucket_length
+from jaxspec.core.batching import bucket_length, place_batch
 from jaxspec.core.drafters import context_bigram, context_unigram
 from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
@@ -992,13 +992,14 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     g_max = max(int(np.max(G)), 1)
     if slots > g_max:
         slots, k = g_max, min(k, g_max)
-    inp = Inputs(visible=jnp.asarray(vis), masked=jnp.asarray(msk), rank=jnp.asarray(rank),
-                 pos_of_rank=jnp.asarray(pos), num_masked=jnp.asarray(G), k=jnp.int32(k),
-                 epsilon=jnp.float32(epsilon))
+    vis_d, msk_d, rank_d, pos_d, G_d, tok_d = place_batch(
+        params, vis, msk, rank, pos, np.asarray(G), tok)
+    inp = Inputs(visible=vis_d, masked=msk_d, rank=rank_d, pos_of_rank=pos_d, num_masked=G_d,
+                 k=jnp.int32(k), epsilon=jnp.float32(epsilon))
     cfg = LoopConfig(model=model, method=method, slots=slots, sampling=sampling, suppress=suppress,
                      cache=cache)
     out, compile_s, run_s = run_compiled(
-        _decode_jit, (params, inp, jnp.asarray(tok), jax.random.PRNGKey(seed)), dict(cfg=cfg))
+        _decode_jit, (params, inp, tok_d, jax.random.PRNGKey(seed)), dict(cfg=cfg))
     st = jax.tree.map(np.asarray, out.replace(kv=None))
     return InfillResult(sequences=[st.tokens[b, :lengths[b]].copy() for b in range(len(lengths))],
                         infilled=[st.tokens[b][msk[b]].copy() for b in range(len(lengths))],

@@ -10,7 +10,13 @@ The ``ar`` suite compares greedy batch-1 decoding of one causal model by several
   step verifies k drafts;
 * ``transformers/ar``: ``model.generate(do_sample=False)`` of a PyTorch model loaded from the
   same weight file;
-* ``transformers/prompt-lookup``: the same with ``prompt_lookup_num_tokens=K``.
+* ``transformers/prompt-lookup``: the same with ``prompt_lookup_num_tokens=K``;
+* on request, ``jaxspec/ar-int8`` and ``jaxspec/ngram-int8``: AR and n-gram decoding of the
+  model with weight-only int8 projection matrices (:func:`models.quant.quantize_params` of the
+  loaded weights). They change the model, so their rows report the drift from ``jaxspec/ar``
+  (``identical_share``, ``first_divergence``) and, for losslessness, identity with AR of the
+  same int8 model (``identical_to_quant_reference``; ``jaxspec/ngram-int8`` always brings
+  ``jaxspec/ar-int8`` along as that reference).
 
 Protocol (:func:`run_ar_suite`): every system first runs one warm-up generation (jaxspec's
 compilation happens there and is reported as ``compile_s``); then, for each prompt in turn,
@@ -48,7 +54,8 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "transformers/ar",
+    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-int8",
+    "jaxspec/ngram-int8", "transformers/ar",
     "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
@@ -58,7 +65,10 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
               "transformers/assisted")
 # jaxspec/<method>-scan: the same decoder with the stacked weights and the lax.scan layer loop
 # (jaxspec.core.runtime.layer_loop), to show what the CPU decode layout buys; on request only
-ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan")
+# jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
+QUANT_REFERENCE = "jaxspec/ar-int8"
+ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-int8",
+                           "jaxspec/ngram-int8")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
@@ -105,8 +115,9 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
     """Validate a ``--systems`` list (items may also be comma-separated).
 
     Returns the systems in the canonical order of :data:`SYSTEMS`, with the baseline
-    ``jaxspec/ar`` always included (it is the reference for identity and speedup); no
-    ``spec`` means :data:`DEFAULT_SYSTEMS`.
+    ``jaxspec/ar`` always included (it is the reference for identity and speedup), and
+    ``jaxspec/ar-int8`` whenever ``jaxspec/ngram-int8`` is (its same-quantization reference);
+    no ``spec`` means :data:`DEFAULT_SYSTEMS`.
 
     Raises:
       BenchError: an unknown system name.
@@ -118,7 +129,45 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
     if bad:
         raise BenchError(f"unknown system {bad[0]!r}; available: {', '.join(SYSTEMS)}")
     chosen = set(names) | {BASELINE}
+    if any(n.endswith("-int8") for n in chosen):
+        chosen.add(QUANT_REFERENCE)
     return [s for s in SYSTEMS if s in chosen]
+
+
+def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> Optional[int]:
+    """The first position (0-based, in generated tokens) where ``tokens`` and ``reference``
+    differ, the shorter length when one is a proper prefix of the other (e.g. an earlier EOS),
+    or None when they are identical."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+_QUANTIZED: list = []  # [(float params, int8 params)]: one quantization shared by all systems
+
+
+def quantized_params(params):
+    """``params`` with weight-only int8 matrices (:func:`models.quant.quantize_params`),
+    computed once per parameter tree and shared by every ``-int8`` system.
+
+    Raises:
+      BenchError: the tree is already quantized (``--quant int8``) or not a Llama / Qwen2 body.
+    """
+    from models.quant import QuantError, is_quantized, quantize_params
+
+    for src, out in _QUANTIZED:
+        if src is params:
+            return out
+    if is_quantized(params):
+        raise BenchError("the jaxspec/*-int8 systems quantize the float weights themselves and "
+                         "compare with the float jaxspec/ar; drop --quant int8")
+    try:
+        out = quantize_params(params, "int8")
+    except QuantError as e:
+        raise BenchError(str(e)) from None
+    _QUANTIZED[:] = [(params, out)]
+    return out
 
 
 # ----------------------------------------------------------------------------- systems
@@ -127,7 +176,8 @@ def parse_systems(spec: Optional[Sequence[str]]) -> list[str]:
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
     ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` runs the method
-    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``), greedy, batch 1. ``options``
+    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-int8`` runs it on
+    the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
     adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
 
@@ -135,17 +185,21 @@ class JaxspecSystem:
                  eos_ids: Sequence[int], pad_id: int, draft_length: int = 8,
                  max_ngram: int = 3, min_ngram: int = 2, options: Optional[dict] = None,
                  label: Optional[str] = None):
-        self.loop = "scan" if method.endswith("-scan") else None
-        name = method.removesuffix("-scan")
+        self.quant = "int8" if method.endswith("-int8") else None
+        base = method.removesuffix("-int8")
+        self.loop = "scan" if base.endswith("-scan") else None
+        name = base.removesuffix("-scan")
+        # the system whose tokens this one must equal in its own quantization (losslessness)
+        self.quant_reference = QUANT_REFERENCE if self.quant else None
         name = "ngram" if name == "ngram-bigram" else name
         if name not in methods_of("causal"):
             raise BenchError(f"unknown jaxspec method {method!r}")
         self.system, self.method = "jaxspec", label or method
-        self.model, self.params = model, params
+        self.model, self.params = model, quantized_params(params) if self.quant else params
         self.entry = get_method(name, "causal")
         self.config = self.entry.build(DecodeOptions(
             max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
-            min_ngram=min_ngram, fallback="bigram" if method == "ngram-bigram" else "none",
+            min_ngram=min_ngram, fallback="bigram" if base == "ngram-bigram" else "none",
             **(options or {})))
         self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
@@ -425,7 +479,11 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
         tps = [len(r.tokens) / max(r.seconds, 1e-9) for r in o]
         ratio = [b.seconds / max(r.seconds, 1e-9) for b, r in zip(ref, o)]
         proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
-        drafts = s.method != "ar"
+        drafts = s.method.split("-")[0] != "ar"
+        div = [first_divergence(r.tokens, b.tokens) for b, r in zip(ref, o)]
+        qref = getattr(s, "quant_reference", None)
+        qref_same = (all(r.tokens == b.tokens for b, r in zip(outs[qref], o))
+                     if qref in outs and qref != s.name else None)
         rows.append({
             "system": s.system, "method": s.method, "model": model_name,
             "prompts": len(o), "new_tokens": new,
@@ -436,6 +494,10 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
             "speedup_vs_baseline": _num(statistics.median(ratio), 3),
             "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
+            "identical_share": _num(sum(d is None for d in div) / len(div), 4),
+            "first_divergence": (None if all(d is None for d in div) else
+                                 statistics.median(d for d in div if d is not None)),
+            "identical_to_quant_reference": qref_same,
             "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
             **mean_degeneracy([r.tokens for r in o]),
         })
@@ -447,7 +509,8 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             entry["systems"][n] = {
                 "new_tokens": len(o.tokens), "seconds": _num(o.seconds, 5),
                 "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
-                "target_nfe": o.target_nfe, "identical_to_reference": same}
+                "target_nfe": o.target_nfe, "identical_to_reference": same,
+                "first_divergence": first_divergence(o.tokens, ref[i].tokens)}
             if decode is not None and not same:
                 entry["systems"][n]["output"] = decode(o.tokens)
         if decode is not None:
@@ -483,6 +546,8 @@ _COLUMNS = [
     ("mean_tokens_per_s", "mean tok/s", "{:.1f}"), ("speedup_vs_baseline", "speedup", "{:.2f}x"),
     ("nfe_per_token", "NFE/token", "{:.3f}"), ("mat", "MAT", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
+    ("identical_share", "ident. share", "{:.2f}"), ("first_divergence", "1st diff", "{:g}"),
+    ("identical_to_quant_reference", "= int8 AR", "{}"),
     ("compile_s", "compile s", "{:.1f}"), ("distinct_token_share", "distinct", "{:.2f}"),
     ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"), ("longest_run", "longest run", "{}"),
 ]
@@ -539,6 +604,11 @@ def markdown_report(result: dict) -> str:
         f"- `identical` says whether every prompt's output equals `{BASELINE}`'s token for token "
         "(greedy speculative decoding is lossless; a different implementation in float32 can "
         "still flip a near-tie).",
+        "- `ident. share` is the share of prompts whose output equals the reference's; `1st diff` "
+        "the median over the other prompts of the first generated position that differs. "
+        "The `-int8` systems (weight-only int8 matrices) change the model, so they drift from "
+        f"`{BASELINE}`; `= int8 AR` says whether they equal AR decoding of the same int8 model "
+        "(losslessness holds within one quantization).",
         "- `distinct`, `rep. 4-gram` and `longest run` are degeneracy figures of the outputs: a "
         "looping model inflates acceptance and speedup.",
         "- Wall-clock ratios are only meaningful within one run; compare NFE across machines.",

@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.batching import DecodeInputError, check_prompts, cut_after_eos, is_eos, left_pad
+from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, is_eos,
+                                    left_pad, place_batch)
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
 from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
@@ -381,7 +382,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     # one-token AR steps run fastest on output-major weights, verification passes on the
     # stored layout (README "Performance notes")
     args = (decode_layout(params, output_major=drafter is None), decode_layout(drafter_params),
-            jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed))
+            *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)
     rows = cut_after_eos(toks, loop.eos_ids, budget=np.minimum(n_new, max_new_tokens))

@@ -57,6 +57,39 @@ def left_pad(prompts: Sequence[Sequence[int]], bucket: int, pad_id: int = 0):
     return buf, np.array([P - n for n in lens], np.int32)
 
 
+def place_batch(params, *arrays) -> tuple:
+    """Host batch arrays (leading axis = batch rows) as JAX arrays placed for ``params``.
+
+    When ``params`` live on a :func:`models.sharding.make_mesh` mesh whose ``"data"`` axis
+    has more than one device, every array is split by rows over that axis (data
+    parallelism); otherwise it is simply transferred. The decoded tokens do not depend on
+    the placement.
+
+    Args:
+      params: the model's parameter tree (possibly sharded, :func:`models.sharding.shard_params`).
+      arrays: numpy arrays ``(B, ...)``.
+
+    Raises:
+      models.sharding.MeshError: the data axis does not divide the batch ``B``.
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from models.sharding import MeshError, mesh_of
+
+    mesh = mesh_of(params)
+    d = 1 if mesh is None else mesh.shape.get("data", 1)
+    if d == 1:
+        return tuple(jnp.asarray(a) for a in arrays)
+    out = []
+    for a in arrays:
+        if a.shape[0] % d:
+            raise MeshError(f"the mesh's data axis of {d} devices does not divide the batch "
+                            f"of {a.shape[0]} prompts")
+        spec = PartitionSpec("data", *([None] * (a.ndim - 1)))
+        out.append(jax.device_put(a, NamedSharding(mesh, spec)))
+    return tuple(out)
+
+
 def is_eos(tokens: jax.Array, eos_ids: Sequence[int]) -> jax.Array:
     """bool, same shape as ``tokens``: True where the token is one of ``eos_ids`` (static)."""
     out = jnp.zeros(tokens.shape, bool)

@@ -117,6 +117,13 @@ def clear_compiled() -> int:
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 _LAYER_LOOP_OVERRIDE: list = []  # set by the layer_loop context manager
 _CAUSAL_LAYER_KEYS = frozenset(MATRICES)
+
+
+def _is_causal_layers(layers) -> bool:
+    """Whether a stacked ``layers`` dict is a Llama/Qwen2 body's: every projection matrix is
+    present as float (``wq``) or int8 (``wq_q`` with ``wq_s``, :mod:`models.quant`)."""
+    return isinstance(layers, Mapping) and all(
+        m in layers or (m + "_q" in layers and m + "_s" in layers) for m in _CAUSAL_LAYER_KEYS)
 _UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
 
 
@@ -184,6 +191,8 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
     model computes the same function in every layout (up to float32 rounding); only the
     compiled loop differs. ``output_major`` (unrolled only) also transposes the projection
     matrices, faster for one-token steps (the AR loop) and slower for verification passes.
+    Int8 weight-only trees (:func:`models.quant.quantize_params`) are split the same way (their
+    ``_q`` matrices transposed to ``_q_t`` when ``output_major``; scales shared).
 
     Raises:
       ValueError: unknown ``layer_loop``.
@@ -194,7 +203,7 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
     def walk(x):
         if isinstance(x, Mapping):
             layers = x.get("layers")
-            if isinstance(layers, Mapping) and _CAUSAL_LAYER_KEYS <= set(layers):
+            if _is_causal_layers(layers):
                 return {**x, "layers": _unstacked_layers(dict(layers), output_major)}
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):

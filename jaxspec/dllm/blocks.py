@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from models.diffusion.modeling import DiffusionLM, bidirectional_mask
-from models.llama.modeling import KVCache, init_cache
+from models.llama.modeling import KVCache, init_cache, param_dtype
 
 MAX_PREFIX_WIDTHS = 8  # distinct window widths compiled for cache="prefix"
 
@@ -212,12 +212,14 @@ class BlockCache:
 
     @classmethod
     def start(cls, model: DiffusionLM, rows: int, slots: int, batch: int,
-              cached: bool) -> "BlockCache":
+              cached: bool, params=None) -> "BlockCache":
         """An empty cache of ``rows`` sequences x ``slots`` slots (``None`` fields when not
-        ``cached``)."""
+        ``cached``); the keys/values take the dtype of ``params`` (float32 without them,
+        bfloat16 for bf16 parameters: :func:`models.llama.modeling.param_dtype`)."""
         if not cached:
             return cls(kv=None, prev_logits=None)
-        return cls(kv=init_cache(model.config.base, rows, slots),
+        dtype = jnp.float32 if params is None else param_dtype(params)
+        return cls(kv=init_cache(model.config.base, rows, slots, dtype),
                    prev_logits=(jnp.zeros((batch, model.config.vocab_size), jnp.float32)
                                 if dream_shift(model) else None))
 

@@ -69,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.batching import place_batch
 from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks, dream_shift, prefix_widths,
@@ -262,7 +263,8 @@ def decode_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs
     cached = cfg.cache != "none"
     st = State(canvas=Canvas.start(prompt, cfg.gen_length, mask_id),
                cursor=BlockCursor.start(B),
-               cache=BlockCache.start(model, 2 * B if cfg.cfg_scale > 0 else B, S_c, B, cached),
+               cache=BlockCache.start(model, 2 * B if cfg.cfg_scale > 0 else B, S_c, B, cached,
+                                     params),
                counters=Counters.start(B, cfg.block_length + 1))
     st = jax.lax.while_loop(lambda s: jnp.any(s.cursor.block < cfg.num_blocks),
                             lambda s: step(loop, s), st)
@@ -302,7 +304,7 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
         ids outside the vocabulary, or an EOS option without ``eos_ids``.
     """
     buf, pad, mask_id = prepare_batch(model, prompts, cfg, eos_ids, pad_id, bucket, max_context)
-    args = (decode_layout(params), jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+    args = (decode_layout(params), *place_batch(params, buf, pad), jax.random.PRNGKey(seed),
             Knobs.of(cfg))
     statics = dict(model=model, cfg=structural(cfg), mask_id=mask_id,
                    eos_ids=eos_statics(cfg, eos_ids))

@@ -78,6 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxspec.core.batching import place_batch
 from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks, block_window, put_window)
@@ -461,7 +462,7 @@ def ssd_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: K
     st = State(canvas=Canvas.start(prompt, G, mask_id, X),
                drafts=Drafts(tokens=jnp.zeros((B, G + X), jnp.int32),
                              confidence=jnp.full((B, G + X), -jnp.inf)),
-               cursor=BlockCursor.start(B), cache=BlockCache.start(model, B, S_ext, B, cached),
+               cursor=BlockCursor.start(B), cache=BlockCache.start(model, B, S_ext, B, cached, params),
                counters=Counters.start(B, cfg.draft_length + 2))
     more = ((lambda s: jnp.any(s.cursor.block < nb)) if cached
             else (lambda s: jnp.any(s.canvas.masked)))
@@ -499,7 +500,7 @@ def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], c
     buf, pad, mask_id = prepare_batch(model, prompts, d, eos_ids, pad_id, bucket, max_context)
     statics = dict(model=model, cfg=dataclasses.replace(cfg, decode=structural(d)),
                    mask_id=mask_id, eos_ids=eos_statics(d, eos_ids), mesh=mesh)
-    args = (decode_layout(params), jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+    args = (decode_layout(params), *place_batch(params, buf, pad), jax.random.PRNGKey(seed),
             Knobs.of(d))
     (toks, tstep, counters), compile_s, run_s = run_compiled(_ssd_jit, args, statics)
     c = jax.tree_util.tree_map(np.asarray, counters)

@@ -59,9 +59,9 @@ def tiny_diffusion_model(head: str = "llada", *, vocab: int = 40, scale: float =
     return DiffusionLM(DiffusionConfig(base, head, vocab - 1)), params
 
 
-def tiny_xlnet(vocab: int = 11, seed: int = 1, scale: float = 4.0):
-    """A random two-stream XLNet AS-ARM (d_model 16, 2 layers) and its params, weights
-    scaled by ``scale`` for peaked conditionals."""
-    cfg = XLNetConfig(vocab_size=vocab, d_model=16, n_layer=2, n_head=2, d_inner=32)
+def tiny_xlnet(vocab: int = 11, seed: int = 1, scale: float = 4.0, n_head: int = 2):
+    """A random two-stream XLNet AS-ARM (d_model 16, 2 layers, ``n_head`` heads) and its
+    params, weights scaled by ``scale`` for peaked conditionals."""
+    cfg = XLNetConfig(vocab_size=vocab, d_model=16, n_layer=2, n_head=n_head, d_inner=32)
     params = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, init_xlnet_params(cfg, seed))
     return XLNetLM(cfg), params

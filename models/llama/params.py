@@ -23,9 +23,11 @@ Sources of facts:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +71,34 @@ class WeightFileError(ValueError):
     """
 
 
+# --------------------------------------------------------------------------- placement
+
+_PLACE: contextvars.ContextVar[Optional[Callable[[str, np.ndarray], jax.Array]]] = \
+    contextvars.ContextVar("jaxspec_place_params", default=None)
+
+
+@contextlib.contextmanager
+def place_params(place: Optional[Callable[[str, np.ndarray], jax.Array]]):
+    """Within this context every loader (HF / GGUF / LLaDA / Dream / native checkpoints)
+    hands each finished parameter to ``place(path, host_array)`` instead of
+    ``jnp.asarray(host_array, float32)``: ``path`` is ``"embed"``, ``"layers/wq"`` ...
+    (stacked layer weights), ``host_array`` a float32 numpy array. Used to load a model
+    shard by shard straight into its device placement (:func:`models.sharding.placement`),
+    so the host never holds more than one stacked parameter. ``None`` keeps the default."""
+    token = _PLACE.set(place)
+    try:
+        yield
+    finally:
+        _PLACE.reset(token)
+
+
+def put_param(path: str, arr: np.ndarray) -> jax.Array:
+    """One loaded parameter to a JAX array: float32 on the default device, or through the
+    active :func:`place_params` hook."""
+    place = _PLACE.get()
+    return jnp.asarray(arr, dtype=jnp.float32) if place is None else place(path, arr)
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -96,7 +126,7 @@ def _assemble(config: ModelConfig, fetch: Callable[[str, int | None], tuple[str,
             continue
         src, arr = fetch(key, None)
         _check_shape(arr.shape, spec.shape, f"{src} (-> {key})", where)
-        params[key] = jnp.asarray(arr, dtype=jnp.float32)
+        params[key] = put_param(key, np.asarray(arr, np.float32))
         del arr
     layers = {}
     for key, spec in shapes["layers"].items():
@@ -106,7 +136,7 @@ def _assemble(config: ModelConfig, fetch: Callable[[str, int | None], tuple[str,
             _check_shape(arr.shape, spec.shape[1:], f"{src} (-> layers/{key}[{i}])", where)
             buf[i] = arr
             del arr
-        layers[key] = jnp.asarray(buf, dtype=jnp.float32)
+        layers[key] = put_param(f"layers/{key}", buf)
         del buf
     params["layers"] = layers
     return params
@@ -511,4 +541,6 @@ __all__ = [
     "load_weights",
     "gguf_config",
     "weight_format",
+    "place_params",
+    "put_param",
 ]

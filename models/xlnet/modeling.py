@@ -545,27 +545,16 @@ def xlnet_config_from_hf(raw: dict, where: str = "config.json") -> XLNetConfig:
 
 
 def _open_state_dict(d: Path):
-    """``(get(name) -> np.ndarray | None, names, description)`` for a checkpoint directory."""
-    st = d / "model.safetensors"
-    if st.is_file():
-        from safetensors import safe_open
+    """``(get(name) -> np.ndarray | None, names, description)`` for a checkpoint directory:
+    ``model.safetensors`` or a sharded ``model.safetensors.index.json`` (read through
+    :func:`models.llama.params._dir_source`: a shard the index names but the directory lacks is
+    a one-line ``WeightFileError`` naming it), else ``pytorch_model.bin``."""
+    from models.llama.params import SAFETENSORS_INDEX, SAFETENSORS_SINGLE, _dir_source
 
-        try:
-            f = safe_open(str(st), framework="numpy")
-            names = set(f.keys())
-        except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
-            raise WeightFileError(f"{st}: not a readable safetensors file ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
-
-        def get(name):
-            if name not in names:
-                return None
-            try:
-                return np.asarray(f.get_tensor(name), np.float32)
-            except Exception as e:  # noqa: BLE001
-                raise WeightFileError(f"{st}: tensor {name} cannot be read ({type(e).__name__})") from None
-
-        return get, names, str(st)
+    if (d / SAFETENSORS_INDEX).is_file() or (d / SAFETENSORS_SINGLE).is_file():
+        src, where = _dir_source(d)
+        names = src.names
+        return (lambda name: src.get(name) if name in names else None), set(names), where
     pt = d / "pytorch_model.bin"
     if pt.is_file():
         import torch
@@ -575,12 +564,13 @@ def _open_state_dict(d: Path):
         except Exception as e:  # noqa: BLE001
             raise WeightFileError(f"{pt}: not a readable PyTorch state dict ({type(e).__name__})") from None
         return (lambda n: None if n not in sd else sd[n].float().numpy()), set(sd), str(pt)
-    raise WeightFileError(f"{d}: no model.safetensors or pytorch_model.bin")
+    raise WeightFileError(f"{d}: no model.safetensors, model.safetensors.index.json or "
+                          f"pytorch_model.bin")
 
 
 def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
-    """Load a transformers XLNet checkpoint directory (``config.json`` + ``model.safetensors``
-    or ``pytorch_model.bin``; xlnet-base-cased / xlnet-large-cased layout, ``XLNetLMHeadModel``
+    """Load a transformers XLNet checkpoint directory (``config.json`` + ``model.safetensors``,
+    a sharded ``model.safetensors.index.json`` or ``pytorch_model.bin``; xlnet-base-cased / xlnet-large-cased layout, ``XLNetLMHeadModel``
     or bare ``XLNetModel`` names, with or without the ``transformer.`` prefix).
 
     Returns:

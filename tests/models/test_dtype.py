@@ -61,3 +61,23 @@ def test_bf16_matches_transformers_bf16(tiny_llama):
     # bfloat16 keeps 8 significant bits (relative step 2^-8 = 0.0039): two bf16
     # implementations that round at different points differ by a few steps of the logit scale
     assert d_ref < 0.05 * scale and d_f32 < 0.05 * scale
+
+
+def test_bf16_dllm_cache_follows_params_and_ssd_stays_lossless():
+    """Masked-diffusion decoding in bfloat16: the Fast-dLLM block cache holds bfloat16
+    keys/values, and SSD (dual cache) gives the tokens of bf16 one-token-per-step stepwise
+    decoding."""
+    from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, diffusion_generate, ssd_generate
+    from jaxspec.dllm.blocks import BlockCache
+    from jaxspec.testing.tiny import tiny_diffusion_model
+
+    model, params = tiny_diffusion_model("llada")
+    p16 = cast_params(params, jnp.bfloat16)
+    cache = BlockCache.start(model, 2, 16, 2, True, p16)
+    assert cache.kv.k.dtype == jnp.bfloat16
+    assert BlockCache.start(model, 2, 16, 2, True, params).kv.k.dtype == jnp.float32
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]]
+    cfg = DiffusionDecodeConfig(gen_length=16, block_length=8, steps=16, cache="dual")
+    ref = diffusion_generate(model, p16, prompts, cfg)
+    ssd = ssd_generate(model, p16, prompts, SSDConfig(cfg, 3))
+    assert np.array_equal(np.asarray(ssd.full_tokens), np.asarray(ref.full_tokens))

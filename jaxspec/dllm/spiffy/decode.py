@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxspec.core.batching import place_batch
 from jaxspec.core.runtime import decode_layout, run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks)
@@ -425,7 +426,7 @@ def spiffy_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs
                 forwards=forwards, record=record)
     J = loop.vocab_ranks
     st = State(canvas=Canvas.start(prompt, G, mask_id), cursor=BlockCursor.start(B),
-               cache=BlockCache.start(model, B, S, B, cached),
+               cache=BlockCache.start(model, B, S, B, cached, params),
                counters=Counters.start(B, cfg.graph.size + 2),
                drafting=Drafting(have=jnp.zeros((B,), bool), rank=jnp.zeros((B, L), jnp.int32),
                                  top=jnp.zeros((B, L, J), jnp.int32)),
@@ -457,7 +458,7 @@ def run_spiffy(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], cfg
     scfg = dataclasses.replace(cfg, decode=structural(d), graph=DraftGraph(cfg.graph.formulas))
     statics = dict(model=model, cfg=scfg, mask_id=mask_id, eos_ids=eos_statics(d, eos_ids),
                    mesh=mesh, record=record)
-    args = (decode_layout(params), jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(seed),
+    args = (decode_layout(params), *place_batch(params, buf, pad), jax.random.PRNGKey(seed),
             Knobs.of(d))
     out, compile_s, run_s = run_compiled(_spiffy_jit, args, statics)
     return jax.tree_util.tree_map(np.asarray, out), compile_s, run_s
