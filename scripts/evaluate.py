@@ -38,6 +38,14 @@ tokens), and reports, next to the base model run autoregressively (greedy) on th
 
 Verdict: FAIL when any diffusion completion is degenerate, PASS otherwise (the figures are
 reported for comparison; the issue sets no numeric bar beyond non-degeneracy).
+**EOS gate** (issue 15; ``--eos-gate``, the default for configs with ``data.source:
+stdlib-sft`` such as ``dream-smollm2-135m-v2``): ``python -m scripts.evaluate --gate NAME
+--eos-gate --gen-length 256 --block 32 [--prompts 20 --humaneval 20]``: greedy stepwise
+completions of held-out function prompts (signature + docstring) scored before the first EOS,
+with the pass rule of :data:`jaxspec.eval.dllm_gate.V2_GATE_RULE` (repeated 4-gram rate <= 0.3,
+distinct share >= 0.3, >= 80% end with EOS), masked accuracy at 15% / 50%, and HumanEval pass@1
+stepwise beside the base model's AR; writes ``checkpoints/NAME/eos-gate.json`` (or ``--out``).
+
 **SPACE SAR-SFT** (issue 12; ``objective.kind: sar``, e.g. ``--gate smollm2-135m-space``):
 held-out AR loss of the SAR model and its base, the mask rows' top-1 accuracy by offset, and
 HumanEval pass@1 of both (``--humaneval`` problems, greedy, ``--gen-length`` tokens):
@@ -86,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--delta", default=None, help="override checkpoints/<gate>/delta.safetensors")
     ap.add_argument("--out", default=None, help="JSON output path (AS-ARM gate: default gate.json "
                     "next to the weights)")
+    ap.add_argument("--eos-gate", action="store_true",
+                    help="masked diffusion: issue 15's v2 gate (answers end with EOS, no loop "
+                         "before it; the default for configs with data.source stdlib-sft); "
+                         "use with --gen-length 256 --block 32")
+    ap.add_argument("--cache", default="dual", choices=("none", "prefix", "dual"),
+                    help="EOS gate: block cache of the stepwise completions (default dual)")
     ap.add_argument("--humaneval", type=int, default=20,
                     help="SAR gate: HumanEval problems for pass@1 (default 20; 0 = skip)")
     g = ap.add_argument_group("AS-ARM gate (objective.kind: asarm)")
@@ -331,6 +345,11 @@ def checkpoint_main(args) -> int:
         return _fail(str(e))
     name = args.gate or Path(args.weights or args.model).name
     info = {"weights": str(args.weights or args.model), "head": model.config.head}
+    if args.eos_gate:
+        if args.out is None:
+            return _fail("--eos-gate with --model needs --out PATH (no checkpoints/<gate> folder)")
+        return eos_gate(args, name=name, model=model, params=params, tok=tok, holdout=holdout,
+                        info=info, causal=None, base=None, log=log)
     return diffusion_gate(args, name=name, model=model, params=params, tok=tok,
                           mask_id=int(model.config.mask_token_id), holdout=holdout, info=info,
                           t_start=t_start, log=log)
@@ -400,10 +419,53 @@ def main(argv=None) -> int:
     info = {"delta": str(delta_path.relative_to(ROOT) if delta_path.is_relative_to(ROOT)
                          else delta_path),
             "base_preset": cfg.model.preset, "head": cfg.model.head}
+    if args.eos_gate or cfg.data.source == "stdlib-sft":
+        return eos_gate(args, name=args.gate, model=model, params=params, tok=tok,
+                        holdout=list(cfg.data.holdout), info=info, causal=causal, base=base,
+                        log=log)
     return diffusion_gate(args, name=args.gate, model=model, params=params, tok=tok,
                           mask_id=mask_id, holdout=list(cfg.data.holdout), info=info,
                           causal=causal, base=base, base_name=cfg.model.preset,
                           t_start=t_start, log=log)
+
+
+def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, base, log) -> int:
+    """Issue 15's v2 gate (:func:`jaxspec.eval.dllm_gate.run_v2_gate`): greedy stepwise
+    completions of ``--prompts`` held-out function prompts at ``--gen-length`` (256 for the
+    gate) and ``--block`` (32), scored before the first EOS; masked accuracy; HumanEval pass@1
+    of ``--humaneval`` problems, stepwise beside the base model's AR. Prints the checks and the
+    verdict, writes ``--out``. Exit 0 (the verdict is in the output), 2 on bad input."""
+    import jax
+
+    from jaxspec.eval.dllm_gate import run_v2_gate
+
+    try:
+        res = run_v2_gate(model, params, tok, holdout, causal=causal, base=base,
+                          prompts=args.prompts, gen_length=args.gen_length,
+                          block_length=args.block, cache=args.cache, humaneval=args.humaneval,
+                          masked_rows=args.prompts, batch=args.batch, log=log)
+    except (ValueError, OSError, KeyError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    res = {"gate": name, **info, "python": platform.python_version(), "jax": jax.__version__,
+           "cpu": platform.processor() or platform.machine(), "holdout": holdout, **res}
+    f = res["completion_figures"]
+    print(f"eos gate {name}: {res['settings']['prompts']} held-out function prompts, gen "
+          f"{args.gen_length}, block {args.block}, cache {args.cache}, greedy stepwise")
+    print(f"  answer tokens (before EOS) {f['answer_tokens']:.1f}, EOS positions "
+          f"{f['eos_share']:.3f}, longest run {f['longest_run']:.1f}")
+    for c in res["checks"]:
+        print(f"  [{'pass' if c['passed'] else 'FAIL'}] {c['check']}: {c['value']:.3f} "
+              f"(bound {c['bound']})")
+    for k, v in (res.get("masked_accuracy") or {}).items():
+        print(f"  masked accuracy at {float(k):.0%}: {v:.4f}")
+    for k, v in (res.get("humaneval") or {}).items():
+        print(f"  HumanEval pass@1 {k}: {v['passed']}/{v['problems']}")
+    print(f"verdict: {res['verdict']}; wall {res['wall_s']}s")
+    out = Path(args.out) if args.out else ROOT / "checkpoints" / name / "eos-gate.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    log(f"[evaluate] wrote {out}")
+    return 0
 
 
 def diffusion_gate(args, *, name, model, params, tok, mask_id: int, holdout, info: dict,

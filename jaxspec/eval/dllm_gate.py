@@ -32,12 +32,16 @@ V2_GATE_RULE = {"repeated_ngram_rate_max": 0.3, "distinct_token_share_min": 0.3,
 
 
 def heldout_function_prompts(tokenizer, holdout: Sequence[str], n: int, *, seq_len: int = 256,
-                             eos_id: int, drop_ids=()) -> list[list[int]]:
+                             eos_id: int, drop_ids=(), max_len: Optional[int] = None
+                             ) -> list[list[int]]:
     """The first ``n`` held-out SFT prompts (signature + docstring of functions in the
     held-out modules; :func:`jaxspec.training.sft.stdlib_sft`), as token id lists, in a
     fixed order (every ``len // n``-th sample, so many modules are represented)."""
     toks, plen = stdlib_sft(tokenizer, holdout, seq_len=seq_len, eos_id=eos_id,
                             drop_ids=drop_ids)["val"]
+    if max_len is not None:  # prompts that leave room for the completion in the context
+        keep = np.flatnonzero(plen <= max_len)
+        toks, plen = toks[keep], plen[keep]
     if len(plen) < n:
         raise ValueError(f"only {len(plen)} held-out function prompts fit seq_len {seq_len}; "
                          f"{n} requested")
@@ -125,5 +129,71 @@ def humaneval_dllm_pass_at_1(model, params, tok, problems: Sequence[dict], *, ge
     return {"passed": passed, "problems": len(problems), "pass_at_1": passed / max(len(problems), 1)}
 
 
-__all__ = ["V2_GATE_RULE", "heldout_function_prompts", "eos_completion_figures",
+def run_v2_gate(model, params, tok, holdout: Sequence[str], *, causal=None, base=None,
+                prompts: int = 20, gen_length: int = 256, block_length: int = 32,
+                cache: str = "dual", humaneval: int = 20, masked_rows: int = 20,
+                batch: int = 4, samples: int = 3, log=lambda m: None) -> dict:
+    """The whole v2 gate of a masked-diffusion ``model`` (module docstring).
+
+    Args:
+      model, params, tok: the :class:`models.diffusion.modeling.DiffusionLM`, its params and
+        tokenizer; ``causal`` / ``base``: the AR base model for the HumanEval column (optional).
+      holdout: held-out stdlib modules (the training config's ``data.holdout``).
+      prompts: held-out function prompts completed; gen_length / block_length / cache: the
+        stepwise decoding (one token per step, greedy, low-confidence remasking).
+      humaneval: HumanEval problems for pass@1 (0 skips it); masked_rows: held-out 256-token
+        windows for masked accuracy at 15% / 50%.
+
+    Returns:
+      JSON-ready dict: ``settings``, ``completion_figures`` (means), ``checks``, ``verdict``
+      (``PASS`` / ``FAIL``), ``masked_accuracy``, ``humaneval`` and decoded ``samples``.
+    """
+    import time
+
+    from jaxspec.eval import quality as Q
+    from jaxspec.eval.datasets import humaneval_problems
+
+    t0 = time.perf_counter()
+    mask_id = model.config.mask_token_id
+    eos = tuple(tok.eos_token_ids)
+    specials = {i for i in range(min(tok.vocab_size, 64))
+                if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")}
+    ctx = model.config.base.max_position_embeddings
+    ps = heldout_function_prompts(tok, holdout, prompts, seq_len=256, eos_id=eos[0],
+                                  drop_ids=(specials - set(eos)) | {mask_id},
+                                  max_len=ctx - gen_length)
+    comps = stepwise_completions(model, params, ps, gen_length=gen_length,
+                                 block_length=block_length, cache=cache, eos_ids=eos,
+                                 pad_id=tok.pad_token_id or 0, batch=batch)
+    figs = eos_completion_figures(comps, eos, gen_length)
+    checks = v2_gate_checks(figs["mean"])
+    log(f"[gate] {len(ps)} completions in {time.perf_counter() - t0:.0f}s: {figs['mean']}")
+    out = {"settings": {"prompts": len(ps), "gen_length": gen_length, "block_length": block_length,
+                        "steps": gen_length, "cache": cache, "remasking": "low_confidence",
+                        "temperature": 0.0, "rule": V2_GATE_RULE},
+           "completion_figures": figs["mean"], "checks": checks,
+           "verdict": "PASS" if all(c["passed"] for c in checks) else "FAIL",
+           "samples": [{"prompt": tok.decode(p), "completion": tok.decode(
+               c[:f["answer_tokens"]]), "ends_with_eos": f["ends_with_eos"]}
+               for p, c, f in list(zip(ps, comps, figs["per_completion"]))[:samples]]}
+    if masked_rows:
+        rows = [sn.tokens for sn in Q.heldout_snippets(tok, holdout, masked_rows, prompt_len=128,
+                                                      cont_len=128, drop_ids=specials | {mask_id})]
+        out["masked_accuracy"] = {f"{r:.2f}": Q.masked_accuracy(model, params, rows, r,
+                                                                batch_size=batch)["accuracy"]
+                                  for r in (0.15, 0.5)}
+        log(f"[gate] masked accuracy {out['masked_accuracy']}")
+    if humaneval:
+        probs = humaneval_problems()[:humaneval]
+        out["humaneval"] = {"stepwise": humaneval_dllm_pass_at_1(
+            model, params, tok, probs, gen_length=gen_length, block_length=block_length,
+            cache=cache)}
+        if causal is not None:
+            out["humaneval"]["base_ar"] = Q.humaneval_pass_at_1(causal, base, tok, probs, gen_length)
+        log(f"[gate] HumanEval {out['humaneval']}")
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+__all__ = ["V2_GATE_RULE", "run_v2_gate", "heldout_function_prompts", "eos_completion_figures",
            "v2_gate_checks", "stepwise_completions", "humaneval_dllm_pass_at_1"]

@@ -220,6 +220,24 @@ def test_evaluate_on_checkpoint_dirs(dirs, name, extra, tmp_path, capsys):
         assert res["meta"]["format"] == "hf-xlnet" and len(res["snippets"]) == 2
 
 
+def test_eos_gate_on_a_llada_directory(dirs, tmp_path, capsys):
+    """``scripts.evaluate --model auto --eos-gate`` (issue 15's v2 gate): held-out function
+    prompts, completions scored before their first EOS, the three checks and a verdict."""
+    out = tmp_path / "eos.json"
+    rc = eval_cli.main(["--model", "auto", "--weights", str(dirs["llada"]), "--eos-gate",
+                        "--out", str(out), "--prompts", "2", "--gen-length", "8", "--block", "4",
+                        "--batch", "2", "--humaneval", "0"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    res = json.loads(out.read_text())
+    assert res["settings"]["prompts"] == 2 and len(res["checks"]) == 3
+    assert res["verdict"] == ("PASS" if all(c["passed"] for c in res["checks"]) else "FAIL")
+    assert f"verdict: {res['verdict']}" in cap.out
+    assert set(res["masked_accuracy"]) == {"0.15", "0.50"}
+    assert eval_cli.main(["--model", "auto", "--weights", str(dirs["llada"]), "--eos-gate"]) == 2
+    assert "needs --out" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- bad input
 def _entry(kind: str, d: Path, tmp: Path):
     """``(main, argv)`` of one entry point on directory ``d`` at its smallest settings."""
