@@ -11,7 +11,8 @@ Native format: a directory with
   parameter under ``params/``.
 
 Export (:func:`export_hf`) writes the Hugging Face layout the loaders read (Llama / Qwen2
-``config.json`` + ``model.safetensors``; Dream = Qwen2 names with ``model_type`` ``"Dream"``;
+``config.json`` + ``model.safetensors``, with ``mask_token_id`` in ``config.json`` for a SPACE
+SAR-SFT model; Dream = Qwen2 names with ``model_type`` ``"Dream"``;
 LLaDA = ``model.transformer.*`` names with a LLaDA ``config.json``), one shard per decoder
 layer plus one for the embeddings/head, so no more than one layer's tensors are held as
 extra numpy copies at a time.
@@ -182,6 +183,70 @@ def convert_streaming(src, out_dir, load: Callable) -> tuple[Path, AnyConfig]:
     return out, config
 
 
+# Tokenizer files a checkpoint directory may carry, copied by :func:`copy_tokenizer`.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "generation_config.json")
+
+
+def copy_tokenizer(src, out_dir) -> list[str]:
+    """Give the converted checkpoint ``out_dir`` the tokenizer of its source ``src``, so
+    :func:`models.tokenizer.load_tokenizer` reads the same tokenizer from both.
+
+    * ``src`` a directory (or a ``.safetensors`` / ``.json`` file inside one, as
+      :func:`models.tokenizer.load_tokenizer` reads it): every file of :data:`TOKENIZER_FILES`
+      it has is copied.
+    * ``src`` a GGUF file: the tokenizer embedded in it (:meth:`Tokenizer.from_gguf
+      <models.tokenizer.Tokenizer.from_gguf>`, a byte-level BPE) is saved as ``tokenizer.json``,
+      with a ``tokenizer_config.json`` naming its ``bos_token`` / ``eos_token`` / ``pad_token``,
+      ``add_bos_token`` and ``chat_template``, and a ``generation_config.json`` with every end
+      id (``eos_token_id`` list: EOS, EOT, EOM).
+
+    Args:
+      src: the conversion's source path.
+      out_dir: the existing output directory.
+
+    Returns:
+      the file names written into ``out_dir`` (empty when ``src`` has no tokenizer files).
+
+    Raises:
+      models.tokenizer.TokenizerError: a GGUF file whose tokenizer cannot be built (no
+        tokenizer metadata, a non-BPE model).
+      OSError: a file cannot be copied or written.
+    """
+    from models.llama.params import GGUF_MAGIC
+    from models.tokenizer import Tokenizer
+
+    p, out = Path(src), Path(out_dir)
+    if p.is_file():
+        with open(p, "rb") as f:
+            magic = f.read(4)
+        if p.suffix.lower() == ".gguf" or magic == GGUF_MAGIC:
+            tok = Tokenizer.from_gguf(p)
+            tok.backend.save(str(out / "tokenizer.json"))
+            cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token,
+                   "eos_token": tok.eos_token, "pad_token": tok.pad_token,
+                   "add_bos_token": tok.add_bos, "chat_template": tok.chat_template}
+            (out / "tokenizer_config.json").write_text(
+                json.dumps({k: v for k, v in cfg.items() if v is not None}, indent=2) + "\n")
+            written = ["tokenizer.json", "tokenizer_config.json"]
+            if tok.eos_token_ids:
+                (out / "generation_config.json").write_text(
+                    json.dumps({"eos_token_id": list(tok.eos_token_ids)}, indent=2) + "\n")
+                written.append("generation_config.json")
+            return written
+        if p.suffix.lower() not in (".safetensors", ".json"):
+            return []
+        p = p.parent
+    written = []
+    for name in TOKENIZER_FILES:
+        if (p / name).is_file():
+            if (p / name).resolve() != (out / name).resolve():  # converting in place: keep it
+                shutil.copyfile(p / name, out / name)
+            written.append(name)
+    return written
+
+
 def _hf_config_dict(config: AnyConfig) -> dict:
     c = _base(config)
     eos = list(c.eos_token_ids)
@@ -212,6 +277,8 @@ def _hf_config_dict(config: AnyConfig) -> dict:
         d.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=config.mask_token_id)
     else:
         d["architectures"] = ["LlamaForCausalLM" if c.arch == "llama" else "Qwen2ForCausalLM"]
+        if c.mask_token_id is not None:  # a SPACE SAR-SFT model (ModelConfig.from_hf_dict reads it)
+            d["mask_token_id"] = c.mask_token_id
     return d
 
 

@@ -78,8 +78,12 @@ class ModelConfig:
     def from_hf_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict (``LlamaConfig`` / ``Qwen2Config``).
 
+        A ``mask_token_id`` key (written by :func:`models.checkpoint.export_hf` for a SPACE
+        SAR-SFT model) sets :attr:`mask_token_id`; without it the field stays None.
+
         Raises:
-          ConfigError: unknown ``model_type`` or a missing required field.
+          ConfigError: unknown ``model_type``, a missing required field, or a
+            ``mask_token_id`` that is not an integer id in ``[0, vocab_size)``.
         """
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_ARCHS:
@@ -94,6 +98,11 @@ class ModelConfig:
             rope_theta = cfg.get("rope_theta")
             if rope_theta is None:
                 rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+            mask = cfg.get("mask_token_id")
+            if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)
+                                     or not 0 <= mask < int(cfg["vocab_size"])):
+                raise ConfigError(f"config.json mask_token_id {mask!r} is not a token id in "
+                                  f"[0, {cfg['vocab_size']})")
             scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
             if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
                 raise ConfigError(f"rope_scaling {scaling} is not supported")
@@ -114,6 +123,7 @@ class ModelConfig:
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=tuple(int(e) for e in eos_ids),
                 pad_token_id=cfg.get("pad_token_id"),
+                mask_token_id=mask,
             )
         except KeyError as e:  # pragma: no cover - message path
             raise ConfigError(f"config.json is missing required field {e.args[0]!r}") from None

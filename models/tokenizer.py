@@ -2,8 +2,10 @@
 
 :class:`Tokenizer` wraps a ``tokenizers.Tokenizer`` and adds what decoding needs: special
 token ids and chat-template rendering (Jinja2, sandboxed). It is built either from a
-Hugging Face directory (``tokenizer.json`` + ``tokenizer_config.json``) or from the
-tokenizer embedded in a GGUF file.
+Hugging Face directory (``tokenizer.json`` + ``tokenizer_config.json``; for a checkpoint that ships only the slow
+Qwen2-style layout ``vocab.json`` + ``merges.txt`` + added tokens, as Dream-v0 does, the same
+tokenizer is built in memory by :func:`slow_bpe_tokenizer`) or from the tokenizer embedded in a
+GGUF file.
 
 Sources of facts:
   * GGUF tokenizer keys (``tokenizer.ggml.model/tokens/merges/token_type/pre``,
@@ -15,6 +17,10 @@ Sources of facts:
     individual digits + ``ByteLevel``). ``qwen2`` uses its own split regex (below, as in
     transformers ``tokenization_qwen2.PRETOKENIZE_REGEX``) then byte-level mapping without
     a regex; Qwen2's ``tokenizer.json`` also NFC-normalizes.
+  * Slow Qwen2-style layout (``vocab.json`` + ``merges.txt``, added tokens in
+    ``added_tokens.json`` and ``tokenizer_config.json``'s ``added_tokens_decoder``): transformers
+    ``tokenization_qwen2.Qwen2Tokenizer`` (NFC, the split regex above, byte-level BPE); Dream-v0's
+    ``DreamTokenizer`` is that tokenizer plus its mask token (DreamLM/Dream issues #54, #81).
   * Chat-template environment (trim_blocks, lstrip_blocks, ``raise_exception``,
     ``tojson`` without HTML escaping, ``bos_token``/``eos_token`` variables): the
     conventions of Hugging Face chat templates.
@@ -192,23 +198,31 @@ class Tokenizer:
     def from_hf_dir(cls, path) -> "Tokenizer":
         """Load from a Hugging Face directory.
 
-        Reads ``tokenizer.json`` (required), ``tokenizer_config.json`` (special tokens,
-        ``add_bos_token``, ``chat_template``), ``chat_template.jinja`` if present, and the
-        ``eos_token_id`` lists of ``generation_config.json`` / ``config.json``.
+        Reads ``tokenizer.json`` -- or, when it is missing, builds the same tokenizer from a
+        slow Qwen2-style ``vocab.json`` + ``merges.txt`` (:func:`slow_bpe_tokenizer`) --,
+        ``tokenizer_config.json`` (special tokens, ``add_bos_token``, ``chat_template``),
+        ``chat_template.jinja`` if present, and the ``eos_token_id`` lists of
+        ``generation_config.json`` / ``config.json``.
 
         Raises:
-          TokenizerError: directory or ``tokenizer.json`` missing or unreadable.
+          TokenizerError: the directory is missing; neither ``tokenizer.json`` nor
+            ``vocab.json`` + ``merges.txt`` exists; a file is unreadable; or the slow layout
+            cannot be built (see :func:`slow_bpe_tokenizer`).
         """
         d = Path(path)
         if not d.is_dir():
             raise TokenizerError(f"{d}: tokenizer directory does not exist")
         tj = d / "tokenizer.json"
-        if not tj.is_file():
-            raise TokenizerError(f"{tj}: file is missing")
-        try:
-            tok = _HFTokenizer.from_file(str(tj))
-        except Exception as e:
-            raise TokenizerError(f"{tj}: not a readable tokenizers file ({str(e)[:200]})") from None
+        if tj.is_file():
+            try:
+                tok = _HFTokenizer.from_file(str(tj))
+            except Exception as e:
+                raise TokenizerError(f"{tj}: not a readable tokenizers file ({str(e)[:200]})") from None
+        elif (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
+            tok = slow_bpe_tokenizer(d)
+        else:
+            raise TokenizerError(f"{tj}: file is missing (and there is no vocab.json + merges.txt "
+                                 f"slow tokenizer to build it from)")
         cfg = _read_json_opt(d / "tokenizer_config.json")
         template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates: use "default"
@@ -310,6 +324,100 @@ class Tokenizer:
                    pad_token=tok_at("padding_token_id"), chat_template=template, add_bos=add_bos)
 
 
+# ``tokenizer_class`` values (``Fast`` suffix stripped) whose vocab.json + merges.txt layout is
+# Qwen2's; None / the generic classes: no class recorded, read as Qwen2's.
+SLOW_QWEN2_CLASSES = (None, "Qwen2Tokenizer", "DreamTokenizer", "PreTrainedTokenizer")
+
+
+def slow_added_tokens(path) -> dict[int, dict]:
+    """Added tokens of a slow-tokenizer directory: ``{id: {"content": str, "special": bool,
+    "normalized": bool, "lstrip": bool, "rstrip": bool, "single_word": bool}}``.
+
+    Read from ``added_tokens.json`` (``{content: id}``; counted special) and the
+    ``added_tokens_decoder`` of ``tokenizer_config.json`` (``{"id": {"content", "special", ...}}``,
+    which wins for an id in both). Missing flags default to special, not normalized, no strip.
+
+    Raises:
+      TokenizerError: a file is not valid JSON or an entry is malformed.
+    """
+    d = Path(path)
+    out: dict[int, dict] = {}
+    flags = {"special": True, "normalized": False, "lstrip": False, "rstrip": False,
+             "single_word": False}
+    try:
+        for content, i in _read_json_opt(d / "added_tokens.json").items():
+            out[int(i)] = {"content": str(content), **flags}
+        decoder = _read_json_opt(d / "tokenizer_config.json").get("added_tokens_decoder") or {}
+        for i, t in decoder.items():
+            out[int(i)] = {"content": str(t["content"]),
+                           **{k: bool(t.get(k, v)) for k, v in flags.items()}}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise TokenizerError(f"{d}: malformed added token entry ({type(e).__name__}: {e})") from None
+    return out
+
+
+def slow_bpe_tokenizer(path) -> _HFTokenizer:
+    """Build, in memory, the fast tokenizer of a directory that ships a slow Qwen2-style one.
+
+    ``vocab.json`` + ``merges.txt`` become a byte-level BPE with NFC normalization, Qwen2's
+    pre-tokenizer split (:data:`QWEN2_SPLIT`, then byte-level mapping without a regex) and a
+    byte-level decoder -- what transformers' ``Qwen2Tokenizer`` does (Dream-v0 ships this layout:
+    Qwen2.5's tokenizer plus its mask token). The added tokens of :func:`slow_added_tokens` are
+    added in id order and must land on their recorded ids (special ones are matched whole and
+    skipped on decode). ``.save(path)`` of the result writes the equivalent ``tokenizer.json``.
+
+    Args:
+      path: directory holding ``vocab.json`` and ``merges.txt`` (plus optionally
+        ``added_tokens.json`` / ``tokenizer_config.json``).
+
+    Returns:
+      a ``tokenizers.Tokenizer`` whose ``get_vocab_size(with_added_tokens=True)`` counts the
+      BPE vocabulary and the added tokens.
+
+    Raises:
+      TokenizerError: ``vocab.json`` or ``merges.txt`` is missing or unreadable;
+        ``tokenizer_config.json`` names a ``tokenizer_class`` that is not Qwen2-style (see
+        :data:`SLOW_QWEN2_CLASSES`); an added token would not land on its recorded id (a gap
+        or a clash in the recorded ids).
+    """
+    d = Path(path)
+    vocab, merges = d / "vocab.json", d / "merges.txt"
+    for f in (vocab, merges):
+        if not f.is_file():
+            raise TokenizerError(f"{f}: file is missing (needed to build the slow BPE tokenizer)")
+    cls = _read_json_opt(d / "tokenizer_config.json").get("tokenizer_class")
+    base = cls[:-len("Fast")] if isinstance(cls, str) and cls.endswith("Fast") else cls
+    if base not in SLOW_QWEN2_CLASSES:
+        raise TokenizerError(
+            f"{d}: tokenizer_class {cls!r} with vocab.json + merges.txt is not supported "
+            f"(only Qwen2-style slow tokenizers: Qwen2Tokenizer, DreamTokenizer); "
+            f"save it as tokenizer.json instead")
+    try:
+        tok = _HFTokenizer(BPE.from_file(str(vocab), str(merges)))
+    except Exception as e:
+        raise TokenizerError(f"{d}: vocab.json + merges.txt are not a readable BPE "
+                             f"({str(e)[:200]})") from None
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    added = slow_added_tokens(d)
+    for i in sorted(added):  # in id order: a token not in vocab.json takes the next free id
+        t = added[i]
+        token = AddedToken(t["content"], special=t["special"], normalized=t["normalized"],
+                           lstrip=t["lstrip"], rstrip=t["rstrip"], single_word=t["single_word"])
+        if t["special"]:
+            tok.add_special_tokens([token])
+        else:
+            tok.add_tokens([token])
+        got = tok.token_to_id(t["content"])
+        if got != i:
+            raise TokenizerError(f"{d}: added token {t['content']!r} should have id {i}, got "
+                                 f"{got} (a gap or a clash in the recorded added-token ids)")
+    return tok
+
+
 def _read_json_opt(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -342,4 +450,5 @@ def load_tokenizer(path) -> Tokenizer:
     raise TokenizerError(f"{p}: neither a GGUF file nor part of a Hugging Face directory")
 
 
-__all__ = ["Tokenizer", "TokenizerError", "load_tokenizer", "QWEN2_SPLIT"]
+__all__ = ["Tokenizer", "TokenizerError", "load_tokenizer", "slow_bpe_tokenizer",
+           "slow_added_tokens", "QWEN2_SPLIT"]

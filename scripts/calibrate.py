@@ -14,6 +14,10 @@ runs are cached in ``--out-dir/records.npz`` so other strategies or sizes reuse 
 ``--model auto --weights DIR`` calibrates any LLaDA / Dream checkpoint directory (the family is
 read from its ``config.json``); a causal or AS-ARM checkpoint is a one-line error (exit 2), as
 are a bad checkpoint directory and a tokenizer that does not fit the model.
+
+``--dtype`` and ``--mesh`` load the model as ``scripts.generate`` does (``auto``: float32 on CPU,
+bfloat16 on GPU/TPU; ``DATAxMODEL`` shards it over a device mesh, :mod:`models.sharding`); a
+mesh that does not fit the devices or the model is a one-line error (exit 2).
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a masked-diffusion preset, or auto / hf-directory with --weights DIR "
                          "(a LLaDA / Dream directory or a diffusion jaxspec checkpoint)")
     ap.add_argument("--weights", default=None, help="override the preset's weight path")
+    ap.add_argument("--dtype", default="auto", help="parameter / activation dtype: auto "
+                    "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16")
+    ap.add_argument("--mesh", default=None, metavar="DATAxMODEL",
+                    help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
+                         "over 8 devices), as scripts.generate does: models.sharding")
     ap.add_argument("--prompts", type=int, default=20,
                     help="calibration prompts, taken from the end of HumanEval (default 20)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 10],
@@ -109,7 +118,13 @@ def main(argv=None) -> int:
 
             # hf-directory / auto: the family is read from --weights (LLaDA / Dream directories)
             require_family(args.model, args.weights, "dllm", "scripts.calibrate")
-            model, params, tok, _ = load_model(args.model, args.weights, log=log)
+            mesh = None
+            if args.mesh:  # MeshError (a ValueError): a bad spec or too few devices
+                from models.sharding import make_mesh
+
+                mesh = make_mesh(args.mesh)
+            model, params, tok, _ = load_model(args.model, args.weights, log=log,
+                                               dtype=args.dtype, mesh=mesh)
             probs = humaneval_problems()[-args.prompts:]
             prompts = [tok.encode(humaneval_prompt(p, tok)) for p in probs]
             recs, t0 = [], time.perf_counter()

@@ -215,7 +215,8 @@ def load_dream_dir(path) -> tuple[DiffusionConfig, dict]:
     src, where = _dir_source(d)
     if _layout(src.names) != "qwen2":
         raise _unknown_layout(where, src.names, "Dream")
-    qwen = dict(raw, model_type="qwen2")
+    # the body config; the mask id belongs to the DiffusionConfig, not to a causal SAR-SFT base
+    qwen = {k: v for k, v in raw.items() if k != "mask_token_id"} | {"model_type": "qwen2"}
     qwen.setdefault("attention_bias", True)  # Dream / Qwen2 q/k/v projections carry biases
     # _hf_config also merges generation_config.json eos ids; it reads config.json itself,
     # so feed the rewritten dict through ModelConfig directly and merge eos the same way.
