@@ -90,10 +90,13 @@ def test_mesh_errors():
 
 # ------------------------------------------------------------------- fake devices (subprocess)
 
-@pytest.mark.parametrize("devices,mesh", [(4, "1x4"), (8, "2x4")])
-def test_every_method_identical_on_a_mesh(devices, mesh):
-    rows = _worker(devices, "--mesh", mesh)
-    assert [r["method"] for r in rows] == list(METHODS)
+@pytest.mark.parametrize("devices,mesh,methods", [
+    (8, "2x4", "all"),                           # weights over 4 devices, prompts over 2
+    (4, "1x4", "sps,diffuspec,ssd,spiffy,assd-fused"),  # weights only; one per decoder kind
+])
+def test_every_method_identical_on_a_mesh(devices, mesh, methods):
+    rows = _worker(devices, "--mesh", mesh, "--methods", methods)
+    assert [r["method"] for r in rows] == (list(METHODS) if methods == "all" else methods.split(","))
     for r in rows:
         assert r["on_mesh"] and "model" in r["wq_spec"], r
         assert r["tokens"] and r["nfe"], r
