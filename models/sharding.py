@@ -165,6 +165,8 @@ def check_mesh(config, mesh: Mesh, batch: Optional[int] = None) -> None:
 
 def _rule_key(path: str) -> tuple[str, str]:
     """``(table key, suffix)`` of a parameter path: ``layers/wq_t`` -> ``("layers/wq", "_t")``."""
+    if path.endswith("_q_t"):  # int8 weights in the output-major decode layout
+        return path[:-4], "_t"
     for suffix in ("_t", "_q", "_s"):
         if path.endswith(suffix):
             return path[: -len(suffix)], suffix

@@ -407,6 +407,24 @@ def _order(systems: list, i: int) -> list:
     return systems[r:] + systems[:r]
 
 
+def _drift(system, outs: dict) -> dict:
+    """Row fields comparing ``system``'s outputs with the baseline's (``identical_share``,
+    ``first_divergence``: median over the differing prompts) and, for a system with a
+    ``quant_reference``, with that system's (``identical_to_quant_reference``; None when it
+    did not run or for the reference itself and for float systems)."""
+    o = outs[system.name]
+    div = [first_divergence(r.tokens, b.tokens) for b, r in zip(outs[BASELINE], o)]
+    qref = getattr(system, "quant_reference", None)
+    return {
+        "identical_share": _num(sum(d is None for d in div) / len(div), 4),
+        "first_divergence": (None if all(d is None for d in div)
+                             else statistics.median(d for d in div if d is not None)),
+        "identical_to_quant_reference": (
+            all(r.tokens == b.tokens for b, r in zip(outs[qref], o))
+            if qref in outs and qref != system.name else None),
+    }
+
+
 def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
                  num_params: Optional[int] = None, config: Optional[dict] = None,
                  progress: bool = True, bandwidth_reps: int = 5,
@@ -479,11 +497,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
         tps = [len(r.tokens) / max(r.seconds, 1e-9) for r in o]
         ratio = [b.seconds / max(r.seconds, 1e-9) for b, r in zip(ref, o)]
         proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
-        drafts = s.method.split("-")[0] != "ar"
-        div = [first_divergence(r.tokens, b.tokens) for b, r in zip(ref, o)]
-        qref = getattr(s, "quant_reference", None)
-        qref_same = (all(r.tokens == b.tokens for b, r in zip(outs[qref], o))
-                     if qref in outs and qref != s.name else None)
+        drafts = s.method != "ar"
         rows.append({
             "system": s.system, "method": s.method, "model": model_name,
             "prompts": len(o), "new_tokens": new,
@@ -494,10 +508,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
             "speedup_vs_baseline": _num(statistics.median(ratio), 3),
             "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
-            "identical_share": _num(sum(d is None for d in div) / len(div), 4),
-            "first_divergence": (None if all(d is None for d in div) else
-                                 statistics.median(d for d in div if d is not None)),
-            "identical_to_quant_reference": qref_same,
+            **_drift(s, outs),
             "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
             **mean_degeneracy([r.tokens for r in o]),
         })

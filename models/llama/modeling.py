@@ -21,7 +21,9 @@ Parameter tree (``variables["params"]``)::
     lm_head      (D, V)   only when ``tie_embeddings`` is False
 
 All matrices are stored input-major (``x @ w``), i.e. transposed relative to
-``torch.nn.Linear.weight``.
+``torch.nn.Linear.weight``. A weight-only int8 tree (:func:`models.quant.quantize_params`)
+holds ``name_q`` (int8, same shape) and ``name_s`` (float32 ``(L, out)``) instead of each of
+the seven projection matrices ``name`` (:data:`MATRICES`).
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class KVCache:
 
 def param_dtype(params):
     """The compute dtype of a ``CausalLM`` params tree (or ``{"params": tree}``): its token
-    embedding's dtype (float32 or bfloat16; :func:`models.registry.cast_params`)."""
+    embedding's dtype (float32 or bfloat16; :func:`models.registry.cast_params`). Int8
+    weight-only trees (:mod:`models.quant`) keep the embedding in the activation dtype, so this
+    is never int8 and the KV caches follow the activations."""
     return (params["params"] if "params" in params else params)["embed"].dtype
 
 
@@ -175,7 +179,12 @@ class CausalLM(nn.Module):
         embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size))
         stored = None if self.is_initializing() else self.variables["params"].get("layers")
         per_layer = isinstance(stored, (tuple, list))  # the decode layout, see unstack_layers
-        layers = tuple(stored) if per_layer else _Layers(c, name="layers")()
+        if per_layer:
+            layers = tuple(stored)
+        elif stored is not None and "wq" not in stored:  # stacked int8 weights (models.quant)
+            layers = dict(stored)
+        else:
+            layers = _Layers(c, name="layers")()
         final_norm = self.param("final_norm", nn.initializers.ones, (c.hidden_size,))
         lm_head = None
         if not c.tie_embeddings:
@@ -220,7 +229,7 @@ class CausalLM(nn.Module):
             if not per_layer:
                 return jax.lax.scan(block, carry, layers)[0]
             for i, lp in enumerate(layers):  # unrolled: no per-layer weight slicing
-                carry = block(carry[:3] + (jnp.array(i, jnp.int32),), lp)[0]
+                carry = block(carry[:3] + (jnp.array(i, jnp.int32),), _after(lp, carry[0]))[0]
             return carry
 
         li0 = jnp.array(0, jnp.int32)
@@ -240,6 +249,24 @@ class CausalLM(nn.Module):
 
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def _after(lp: dict, h: jax.Array) -> dict:
+    """``lp`` with its int8 matrices (:mod:`models.quant`) made data-dependent on the layer
+    input ``h``: ``q + z`` with ``z = int8(h[0] != h[0])``, which is 0 for every finite ``h``
+    (float ``x != x`` is not folded away). Float layers pass through unchanged.
+
+    Why: in the unrolled per-layer layout nothing orders the int8 -> float conversions
+    :func:`proj` needs, so XLA:CPU hoists all of them to the start of the program and
+    materialises every layer's converted weights at once (425 MB of temporaries for
+    SmolLM2-135M, a decode step 5-7x slower than float32). Tied to their layer's input, the
+    conversions of layer ``i`` wait for layer ``i`` and reuse one buffer of about one layer
+    (14 MB), as inside the ``lax.scan`` of the stacked layout."""
+    if not any(w.dtype == jnp.int8 for w in lp.values()):
+        return lp
+    v = h.reshape(-1)[0]
+    z = (v != v).astype(jnp.int8)
+    return {k: (w + z if w.dtype == jnp.int8 else w) for k, w in lp.items()}
 
 
 def unstack_layers(params, output_major: bool = False):
@@ -262,6 +289,8 @@ def unstack_layers(params, output_major: bool = False):
         ``torch.nn.Linear.weight``, under ``name + "_t"`` (see :func:`proj`): XLA:CPU's
         one-token matrix-vector product streams them faster, its few-token products
         (verification passes) slower, so AR loops use it and speculative loops do not.
+        Int8 matrices ``name + "_q"`` (:mod:`models.quant`) become ``name + "_q_t"``; their
+        scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
 
     Returns:
       A new dict; the per-layer arrays are ``L`` slices (or transposed slices) of the stacked
@@ -275,6 +304,8 @@ def unstack_layers(params, output_major: bool = False):
     def entry(name, w, i):
         if output_major and name in MATRICES:
             return name + "_t", w[i].T
+        if output_major and name.endswith("_q") and name[:-2] in MATRICES:  # int8 (models.quant)
+            return name + "_t", w[i].T
         return name, w[i]
 
     return {**params, "layers": tuple(dict(entry(k, v, i) for k, v in layers.items())
@@ -284,10 +315,24 @@ def unstack_layers(params, output_major: bool = False):
 def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
     """``x @ W`` for the layer weight ``name``: input-major ``lp[name]`` ``(in, out)``, or its
     output-major copy ``lp[name + "_t"]`` ``(out, in)`` in the CPU decode layout
-    (:func:`unstack_layers`), where XLA:CPU's matrix-vector product streams faster."""
+    (:func:`unstack_layers`), where XLA:CPU's matrix-vector product streams faster.
+
+    Weight-only int8 (:func:`models.quant.quantize_params`): ``lp[name + "_q"]`` int8
+    ``(in, out)`` (or ``lp[name + "_q_t"]`` ``(out, in)``) with float32 per-output-channel
+    scales ``lp[name + "_s"]`` ``(out,)`` gives ``(x @ q) * s``: the int8 matrix is the
+    product's operand, converted to the activation dtype, and the scale (in float32) multiplies
+    the ``(..., out)`` result, never the matrix. XLA:CPU runs the conversion as its own pass
+    (one layer at a time, :func:`_after`); GPU compilers can fuse it into the matmul. The result
+    has ``x``'s dtype."""
     if name in lp:
         return x @ lp[name]
-    return jnp.einsum("...i,oi->...o", x, lp[name + "_t"])
+    if name + "_t" in lp:
+        return jnp.einsum("...i,oi->...o", x, lp[name + "_t"])
+    if name + "_q" in lp:
+        y = x @ lp[name + "_q"].astype(x.dtype)
+    else:
+        y = jnp.einsum("...i,oi->...o", x, lp[name + "_q_t"].astype(x.dtype))
+    return (y.astype(jnp.float32) * lp[name + "_s"]).astype(x.dtype)
 
 
 def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> jax.Array:

@@ -34,32 +34,15 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from jaxspec.methods import METHODS, DecodeOptions
-    from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
+    from jaxspec.methods import METHODS
     from models.sharding import make_mesh, mesh_of, shard_params
+    from tests.test_methods import _inputs
 
     assert len(jax.devices()) == args.devices, jax.devices()
     mesh = make_mesh(args.mesh)
 
-    def inputs(family):
-        if family == "causal":
-            model, params = tiny_model(64, seed=0, mask_token_id=63)
-            return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
-                DecodeOptions(max_new_tokens=12, draft_length=4, draft_model=tiny_model(64, seed=1),
-                              dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
-                              k_min=2, eos_id=7)
-        if family == "dllm":
-            model, params = tiny_diffusion_model("llada")
-            return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
-                DecodeOptions(gen_length=16, block_length=8, draft_length=3)
-        model, params = tiny_xlnet(11, 1, n_head=4)
-        rng = np.random.default_rng(3)
-        tasks = []
-        for n in (9, 13):
-            m = rng.random(n) < 0.7
-            m[1] = True
-            tasks.append((rng.integers(0, 11, n).tolist(), m.tolist()))
-        return model, params, tasks, DecodeOptions(draft_length=3)
+    def inputs(family):  # the registry test's tiny settings; 4 XLNet heads split 4 ways
+        return _inputs(family, max_new_tokens=12, xlnet_heads=4)
 
     def sharded(opts):
         """Draft models in the options, sharded by their own rules."""

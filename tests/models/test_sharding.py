@@ -59,6 +59,7 @@ def test_causal_rules_megatron_layout():
     assert spec("layers/wq_t", (32, 32)) == P("model", None)
     assert spec("layers/w_down_t", (32, 64)) == P(None, "model")
     assert spec("layers/w_up_s", (64,)) == P("model")
+    assert spec("layers/wq_q_t", (32, 32)) == P("model", None)  # int8, output-major
     # a vocabulary the model axis does not divide is replicated
     assert partition_spec(cfg.replace(vocab_size=66), MESH, "embed", (66, 32)) == P(None, None)
 
