@@ -88,6 +88,9 @@ class DecodeOptions:
     proxy: Any = dataclasses.field(default=None, compare=False)
     k_min: int = 20
     eos_id: int = 0
+    cps: bool = True
+    adl: bool = True
+    refine_steps: int = 1
     confidence_softmax: str = "official"
 
     @property
@@ -190,16 +193,18 @@ def _space_drafter(o: DecodeOptions):
     return make
 
 
-def _diffuspec_drafter(cps: bool, adl: bool):
+def _diffuspec_drafter(specdiff: bool):
     def make_from(o: DecodeOptions):
         if o.dllm_drafter is None:
             raise ValueError("method 'diffuspec' / 'specdiff' needs a diffusion drafter: "
                              "--draft-model NAME (e.g. dream-smollm2-135m)")
         k = _draft_length(o, 30)
+        cps, adl = (False, False) if specdiff else (o.cps, o.adl)
         kmin = min(o.k_min, k) if adl else k
         dmodel, _ = o.dllm_drafter
-        return lambda config: DiffusionDrafter(dmodel, k, eos_id=o.eos_id, k_min=kmin, cps=cps,
-                                               adl=adl)
+        drafter = DiffusionDrafter(dmodel, k, eos_id=o.eos_id, k_min=kmin, cps=cps, adl=adl,
+                                   refine_steps=o.refine_steps)  # validates now
+        return lambda config: drafter
     return make_from
 
 
@@ -287,10 +292,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("space", "causal", "ar", "SPACE auto-correct decoding (a SAR-SFT model drafts in "
            "its own forward)", _causal_config(_space_drafter), _run_causal),
     Method("diffuspec", "causal", "ar", "DiffuSpec: a diffusion LM drafts a block, CPS + ADL, "
-           "point-mass verification", _causal_config(_diffuspec_drafter(True, True),
+           "point-mass verification", _causal_config(_diffuspec_drafter(False),
                                                     _diffuspec_params), _run_causal),
     Method("specdiff", "causal", "ar", "SpecDiff: a diffusion LM's argmax block, fixed length "
-           "(DiffuSpec without CPS and ADL)", _causal_config(_diffuspec_drafter(False, False),
+           "(DiffuSpec without CPS and ADL)", _causal_config(_diffuspec_drafter(True),
                                                              _diffuspec_params), _run_causal),
     Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
            _stepwise, diffusion_generate, _one_token_per_step),

@@ -54,6 +54,13 @@ Suite ``assd`` (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram, :mod:`jaxspec.be
         [--assd-k 5] [--assd-k-sweep 2 3 4 5 6 8] [--assd-seq-len 256] [--assd-mask-rate 0.95] \
         [--assd-temperature 1.0] [--assd-infill-tasks 20] [--assd-no-judge]
 
+Suite ``diffuspec`` (a diffusion LM drafts for a causal target, :mod:`jaxspec.bench.diffuspec`):
+
+    python -m scripts.benchmark --suite diffuspec [--model smollm2-135m-instruct] \
+        [--draft-model dream-smollm2-135m] [--limit 5] [--k-max 30] [--k-min 20] \
+        [--diffuspec-sets humaneval mt-bench news] [--diffuspec-fixed-k 5 10 20 30] \
+        [--diffuspec-refine-steps 1 2 4] [--no-ablations]
+
 Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
 
     python -m scripts.benchmark --suite space [--model smollm2-135m-space] \
@@ -150,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     xg.add_argument("--space-batches", nargs="*", type=int, default=None,
                     help="batch sizes (default 1 2 4 8 16; empty: skip)")
     xg.add_argument("--quality", default=None, help="JSON of the SAR model's quality figures")
+    fg = ap.add_argument_group("suite diffuspec (--draft-model: the diffusion drafter, default "
+                               "dream-smollm2-135m)")
+    fg.add_argument("--k-max", type=int, default=30, help="DiffuSpec's k_max (default 30)")
+    fg.add_argument("--k-min", type=int, default=20, help="DiffuSpec's k_min (default 20)")
+    fg.add_argument("--diffuspec-sets", nargs="+", default=None,
+                    help="prompt sets: humaneval humaneval-chat mt-bench news (default all)")
+    fg.add_argument("--diffuspec-fixed-k", nargs="*", type=int, default=None,
+                    help="Table 5 fixed draft lengths (default 5 10 20 30; empty: skip)")
+    fg.add_argument("--diffuspec-refine-steps", nargs="*", type=int, default=None,
+                    help="drafter refinement steps S (default 1 2 4; empty: skip)")
+    fg.add_argument("--no-ablations", action="store_true", help="skip the Table 2 CPS x ADL grid")
     from jaxspec.bench.assd import add_arguments as add_assd_arguments
 
     add_assd_arguments(ap)
@@ -309,6 +327,43 @@ def main_space(args, log) -> int:
     return _write(result, args.out or "results/space.json", write_results, markdown_report, log)
 
 
+def main_diffuspec(args, log) -> int:
+    """``--suite diffuspec``."""
+    from jaxspec.bench.common import PROMPT_SETS, BenchError
+    from jaxspec.bench.diffuspec import (FIXED_K, REFINE_STEPS, diffuspec_drafter_options,
+                                         markdown_report, run_diffuspec_suite, write_results)
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, load_model, require_family
+
+    try:
+        name = args.model or "smollm2-135m-instruct"
+        dname = args.draft_model or "dream-smollm2-135m"
+        if not 1 <= args.k_min <= args.k_max:
+            raise BenchError(f"need 1 <= --k-min <= --k-max, got {args.k_min} and {args.k_max}")
+        require_family(name, args.weights, "causal", "suite diffuspec")
+        require_family(dname, None, "dllm", "the diffuspec drafter (--draft-model)")
+        model, params, tok, _ = load_model(name, args.weights, log=log, dtype=args.dtype)
+        dmodel, dparams, dtok, _ = load_model(dname, log=log, dtype=args.dtype)
+        if not tok.same_vocabulary(dtok):
+            raise BenchError(f"drafter {dname!r} has a different tokenizer than {name!r} "
+                             f"({dtok.vocab_size} vs {tok.vocab_size} ids): DiffuSpec needs the "
+                             f"same vocabulary")
+        log("[diffuspec] fitting the 3-gram proxy on the stdlib training split")
+        drafter = diffuspec_drafter_options((dmodel, dparams), tok)
+        result = run_diffuspec_suite(
+            (model, params), drafter, tok, sets=args.diffuspec_sets or PROMPT_SETS,
+            limit=5 if args.limit is None else args.limit, k_max=args.k_max, k_min=args.k_min,
+            fixed_k=FIXED_K if args.diffuspec_fixed_k is None else args.diffuspec_fixed_k,
+            refine_steps=(REFINE_STEPS if args.diffuspec_refine_steps is None
+                          else args.diffuspec_refine_steps),
+            ablations=not args.no_ablations, max_new_tokens=args.max_new_tokens,
+            model_name=name, drafter_name=dname, progress=not args.no_progress, log=log)
+    except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return _write(result, args.out or "results/diffuspec.json", write_results, markdown_report, log)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.bench.common import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
@@ -321,7 +376,7 @@ def main(argv=None) -> int:
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
-        if args.quant != "none" and args.suite in ("assd", "space"):
+        if args.quant != "none" and args.suite in ("assd", "space", "diffuspec"):
             raise BenchError(f"--quant applies to suites ar, dllm, ssd and spiffy, not {args.suite}")
         if args.suite == "assd":
             from jaxspec.bench.assd import main_assd
@@ -339,6 +394,8 @@ def main(argv=None) -> int:
             return main_spiffy(args, log)
         if args.suite == "space":
             return main_space(args, log)
+        if args.suite == "diffuspec":
+            return main_diffuspec(args, log)
         args.model = args.model or "smollm2-135m-instruct"
         args.limit = 20 if args.limit is None else args.limit
         systems = parse_systems(args.systems)

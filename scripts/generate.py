@@ -15,7 +15,8 @@ reports).
 runs draft-model speculative sampling (:mod:`jaxspec.causal.sps`); the draft model must share
 the target's tokenizer (e.g. ``--model qwen2.5-coder-1.5b-instruct --draft-model
 qwen2.5-coder-0.5b-instruct``).
-``--method diffuspec --draft-model dream-smollm2-135m [--draft-length K_MAX (default 30)]``
+``--method diffuspec --draft-model dream-smollm2-135m [--draft-length K_MAX (default 30)]
+[--k-min 20] [--refine-steps S] [--no-cps] [--no-adl]``
 runs DiffuSpec (:mod:`jaxspec.causal.diffuspec`: one diffusion-LM forward drafts a block, CPS
 with a 3-gram proxy fitted on the tokenized stdlib, ADL; exact under sampling through
 point-mass verification); ``--method specdiff`` is its argmax, fixed-length baseline.
@@ -71,14 +72,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from jaxspec.methods import DEFAULT_GRAPH, METHODS, methods_of
 from scripts.common import compare_line
 
-ROOT = Path(__file__).resolve().parent.parent
 CAUSAL_METHODS = methods_of("causal")
 DIFFUSION_METHODS = methods_of("dllm")
 ASARM_METHODS = methods_of("asarm")
@@ -122,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "tokenizer, e.g. qwen2.5-coder-0.5b-instruct for the 1.5b target)")
     ap.add_argument("--draft-weights", default=None,
                     help="sps: GGUF file or HF directory of the draft model (overrides its preset)")
+    ap.add_argument("--k-min", type=int, default=20,
+                    help="diffuspec: ADL's shortest draft (default 20; --draft-length is k_max)")
+    ap.add_argument("--refine-steps", type=int, default=1,
+                    help="diffuspec / specdiff: drafter refinement steps S per draft (default 1)")
+    ap.add_argument("--no-cps", action="store_true",
+                    help="diffuspec: argmax drafts instead of the CPS path search (Table 2 ablation)")
+    ap.add_argument("--no-adl", action="store_true",
+                    help="diffuspec: fixed draft length k_max instead of ADL (Table 2 ablation)")
     ap.add_argument("--mask-groups", type=int, default=5,
                     help="space: k, candidates per step = [MASK] tokens per group (default 5)")
     ap.add_argument("--space-sampling", choices=("exact", "paper"), default="exact",
@@ -201,7 +208,9 @@ def _options(args, draft=None):
         block_length=args.block_length, steps=args.steps, remasking=args.remasking,
         tokens_per_step=args.tokens_per_step, threshold=args.threshold, cache=args.cache,
         alg_temp=args.alg_temp, confidence_softmax=args.confidence_softmax, tree=args.tree, graph=args.graph, epsilon=args.epsilon,
-        mask_groups=args.mask_groups, space_sampling=args.space_sampling, **(draft or {}))
+        mask_groups=args.mask_groups, space_sampling=args.space_sampling, k_min=args.k_min,
+        refine_steps=args.refine_steps, cps=not args.no_cps, adl=not args.no_adl,
+        **(draft or {}))
 
 
 def _check_method(args, preset):
@@ -287,16 +296,9 @@ def _draft_options(args, tok) -> dict:
                          f"vocabulary adapter is not built yet)")
     if args.method == "sps":
         return {"draft_model": (dmodel, dparams)}
-    from jaxspec.causal.diffuspec import NgramProxy
-    from jaxspec.training.config import load_config
-    from jaxspec.training.data import stdlib_tokens
+    from jaxspec.bench.diffuspec import diffuspec_drafter_options
 
-    eos = tok.eos_token_ids[0] if tok.eos_token_ids else 0
-    # the training split of dream-smollm2-135m's corpus (its held-out modules stay out)
-    holdout = load_config(ROOT / "configs/train/dream-smollm2-135m.yaml").data.holdout
-    train, _, _ = stdlib_tokens(tok, holdout, sep_id=eos)
-    return {"dllm_drafter": (dmodel, dparams), "eos_id": eos,
-            "proxy": NgramProxy.fit(train, tok.vocab_size)}
+    return diffuspec_drafter_options((dmodel, dparams), tok)
 
 
 def _texts(args, tok):

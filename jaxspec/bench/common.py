@@ -50,7 +50,7 @@ from jaxspec.core.runtime import layer_loop
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method, methods_of
 
-SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space")
+SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
@@ -95,6 +95,8 @@ class RunOutput:
       proposed: draft tokens offered for verification (0 for autoregressive systems).
       accepted: draft tokens accepted.
       compile_s: seconds spent compiling during this call (jaxspec only).
+      draft_nfe: draft-model forward passes (0 for model-free drafters; jaxspec only).
+      steps: decode-loop iterations after the prefill (jaxspec only; 0 = not recorded).
     """
 
     tokens: list[int]
@@ -103,6 +105,41 @@ class RunOutput:
     proposed: int = 0
     accepted: int = 0
     compile_s: float = 0.0
+    draft_nfe: int = 0
+    steps: int = 0
+
+
+# prompt sets of the space and diffuspec suites (suite_prompts)
+PROMPT_SETS = ("humaneval", "humaneval-chat", "mt-bench", "news")
+
+
+def suite_prompts(tok, sets: Sequence[str], limit: int, start: int = 0) -> dict[str, list[BenchPrompt]]:
+    """Token ids of the first ``limit`` prompts of each set (:data:`PROMPT_SETS`).
+
+    Raises:
+      BenchError: an unknown set name or ``limit < 1``.
+    """
+    from jaxspec.eval.datasets import (chat_prompt, humaneval_problems, humaneval_prompt,
+                                       lee_documents, mtbench_questions, summarize_prompt)
+
+    if limit < 1:
+        raise BenchError(f"--limit must be >= 1, got {limit}")
+    out = {}
+    for name in sets:
+        sl = slice(start, start + limit)
+        if name in ("humaneval", "humaneval-chat"):
+            texts = [(p["task_id"], humaneval_prompt(p, tok, name == "humaneval-chat"))
+                     for p in humaneval_problems()[sl]]
+        elif name == "mt-bench":
+            texts = [(f"mt-bench/{q['question_id']}", chat_prompt(q["turns"][0], tok))
+                     for q in mtbench_questions()[sl]]
+        elif name == "news":
+            texts = [(f"lee/{i}", summarize_prompt(d, tok))
+                     for i, d in list(enumerate(lee_documents()))[sl]]
+        else:
+            raise BenchError(f"unknown prompt set {name!r}; available: {', '.join(PROMPT_SETS)}")
+        out[name] = [BenchPrompt(t, tok.encode(x)) for t, x in texts]
+    return out
 
 
 def cut_output(tokens: Sequence[int], eos_ids: Sequence[int], max_new_tokens: int) -> list[int]:
@@ -215,7 +252,8 @@ class JaxspecSystem:
         s = res.stats
         return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
                          proposed=int(s.drafts_proposed.sum()), accepted=s.accepted_drafts,
-                         compile_s=res.compile_s)
+                         compile_s=res.compile_s, draft_nfe=int(s.draft_nfe.sum()),
+                         steps=int(s.steps.sum()))
 
 
 class TransformersSystem:
@@ -506,6 +544,10 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             "nfe_per_token": _num(nfe / max(new, 1)),
             "mat": _num(new / max(nfe, 1)),
             "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
+            "draft_nfe_per_token": _num(sum(r.draft_nfe for r in o) / max(new, 1)),
+            # accepted draft tokens per decode step (the bonus / correction token not counted)
+            "mean_accepted_length": (_num(accepted / max(sum(r.steps for r in o), 1), 3)
+                                     if drafts and any(r.steps for r in o) else None),
             "speedup_vs_baseline": _num(statistics.median(ratio), 3),
             "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
             **_drift(s, outs),

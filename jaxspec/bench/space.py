@@ -27,43 +27,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jaxspec.bench.common import (BenchError, BenchPrompt, JaxspecSystem, _num, machine_info,
-                                  markdown_table, run_ar_suite)
+from jaxspec.bench.common import (PROMPT_SETS, BenchError, BenchPrompt, JaxspecSystem, _num,
+                                  machine_info, markdown_table, run_ar_suite, suite_prompts)
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method
 
-PROMPT_SETS = ("humaneval", "humaneval-chat", "mt-bench", "news")
 K_SWEEP = (1, 2, 3, 4, 5, 6, 7, 8)
 BATCH_SIZES = (1, 2, 4, 8, 16)
-
-
-def suite_prompts(tok, sets: Sequence[str], limit: int, start: int = 0) -> dict[str, list[BenchPrompt]]:
-    """Token ids of the first ``limit`` prompts of each set (:data:`PROMPT_SETS`).
-
-    Raises:
-      BenchError: an unknown set name or ``limit < 1``.
-    """
-    from jaxspec.eval.datasets import (chat_prompt, humaneval_problems, humaneval_prompt,
-                                       lee_documents, mtbench_questions, summarize_prompt)
-
-    if limit < 1:
-        raise BenchError(f"--limit must be >= 1, got {limit}")
-    out = {}
-    for name in sets:
-        sl = slice(start, start + limit)
-        if name in ("humaneval", "humaneval-chat"):
-            texts = [(p["task_id"], humaneval_prompt(p, tok, name == "humaneval-chat"))
-                     for p in humaneval_problems()[sl]]
-        elif name == "mt-bench":
-            texts = [(f"mt-bench/{q['question_id']}", chat_prompt(q["turns"][0], tok))
-                     for q in mtbench_questions()[sl]]
-        elif name == "news":
-            texts = [(f"lee/{i}", summarize_prompt(d, tok))
-                     for i, d in list(enumerate(lee_documents()))[sl]]
-        else:
-            raise BenchError(f"unknown prompt set {name!r}; available: {', '.join(PROMPT_SETS)}")
-        out[name] = [BenchPrompt(t, tok.encode(x)) for t, x in texts]
-    return out
 
 
 def _median_tps(rows: list[dict], method: str) -> Optional[float]:

@@ -3,8 +3,8 @@ lattice (Eq. 6), causal-consistency path search (CPS, Eq. 7) and the adaptive dr
 controller (ADL, Eqs. 8-10), as static-shape jittable functions.
 
 :class:`DiffusionDrafter` puts them together as a :class:`jaxspec.core.drafters.Drafter`: a
-:class:`models.diffusion.modeling.DiffusionLM` proposes a block in one forward (``S = 1``),
-CPS picks the path, ADL sets the next ``k_t``, and the causal loop verifies with a
+:class:`models.diffusion.modeling.DiffusionLM` proposes a block in one forward (``S = 1``,
+the paper's default; ``refine_steps = S > 1`` runs Eq. 4's iterative refinement), CPS picks the path, ADL sets the next ``k_t``, and the causal loop verifies with a
 **point-mass** ``q``: the path is a deterministic function of the history, so accepting
 ``x`` with probability ``p(x)`` and resampling ``p`` without ``x`` on rejection is exact under
 sampling (the paper is exact only under greedy verification: Prop. 4.1, App. H).
@@ -243,12 +243,14 @@ class DiffusionDrafter:
       cps: causal-consistency path search on (off: argmax per position, SpecDiff).
       adl: adaptive draft length on (off: ``k_t = draft_length`` every step).
       tau [0.8], m_max [15], beam [3], lam [0.5], delta [10], rho [0.5]: Eqs. 6-10.
+      refine_steps: ``S`` [1], drafter forwards per proposal (Sec. 4.1, Eq. 4: each step
+        unmasks the most confident share of the block; :meth:`refine`).
 
-    State: :class:`DiffuSpecState`. NFE: one drafter forward per proposal (``S = 1``).
+    State: :class:`DiffuSpecState`. NFE: ``S`` drafter forwards per proposal.
 
     Raises:
       ValueError: ``k_max < 1``, ``k_min > k_max`` (with ADL), ``tau`` outside ``(0, 1]``, ``beam < 1``, ``m_max < 1``,
-        ``rho`` outside ``(0, 1]``, ``lam`` outside ``[0, 1]``.
+        ``rho`` outside ``(0, 1]``, ``lam`` outside ``[0, 1]``, ``refine_steps < 1``.
     """
 
     model: object
@@ -263,6 +265,7 @@ class DiffusionDrafter:
     lam: float = 0.5
     delta: float = 10.0
     rho: float = 0.5
+    refine_steps: int = 1
 
     name = "diffuspec"
 
@@ -274,7 +277,9 @@ class DiffusionDrafter:
                   (self.beam >= 1, f"beam width B must be >= 1, got {self.beam}"),
                   (self.m_max >= 1, f"M_max must be >= 1, got {self.m_max}"),
                   (0.0 < self.rho <= 1.0, f"rho must lie in (0, 1], got {self.rho}"),
-                  (0.0 <= self.lam <= 1.0, f"lambda must lie in [0, 1], got {self.lam}"))
+                  (0.0 <= self.lam <= 1.0, f"lambda must lie in [0, 1], got {self.lam}"),
+                  (self.refine_steps >= 1, f"refinement steps S must be >= 1, got "
+                   f"{self.refine_steps}"))
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
@@ -293,15 +298,22 @@ class DiffusionDrafter:
         return DiffuSpecState(adl=adl_init(B, float(k0)), k=jnp.full((B,), k0, jnp.int32),
                               gen=jnp.zeros((B,), jnp.int32))
 
-    def block_logprobs(self, dparams, ctx: DraftContext) -> jax.Array:
-        """One drafter forward over ``[context, k_max masks]``: float32 ``(B, k_max, V)``
-        log-probabilities of the draft positions (the mask token excluded)."""
+    def block_logprobs(self, dparams, ctx: DraftContext, draft: jax.Array | None = None) -> jax.Array:
+        """One drafter forward over ``[context, draft block]``: float32 ``(B, k_max, V)``
+        log-probabilities of the draft positions (the mask token excluded).
+
+        ``draft``: optional int32 ``(B, k_max)`` block contents (the mask id where still
+        masked, Eq. 4's ``y^(s-1)``); ``None`` is the all-mask block ``y^(0)``."""
         B, S = ctx.buffer.shape
         K, cfg = self.draft_length, self.model.config
         slot = jnp.arange(S)[None]
         L = ctx.length[:, None]
         draft_zone = (slot >= L) & (slot < L + K)
-        tokens = jnp.where(draft_zone, cfg.mask_token_id, ctx.buffer)
+        block = jnp.full((B, S), cfg.mask_token_id, jnp.int32)
+        if draft is not None:  # place draft[:, i] at slot L + i
+            idx = jnp.clip(slot - L, 0, K - 1)
+            block = jnp.take_along_axis(draft.astype(jnp.int32), idx, axis=1)
+        tokens = jnp.where(draft_zone, block, ctx.buffer)
         valid = (slot >= ctx.pad[:, None]) & (slot < L + K)
         positions = jnp.maximum(slot - ctx.pad[:, None], 0)
         first = ctx.length - (1 if cfg.head == "dream" else 0)  # raw row scoring slot L
@@ -310,14 +322,47 @@ class DiffusionDrafter:
         logits = logits.at[..., cfg.mask_token_id].set(-jnp.inf)
         return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
+    def refine(self, dparams, ctx: DraftContext, k_t: jax.Array) -> jax.Array:
+        """Iterative refinement (Sec. 4.1, Eq. 4) in ``S = refine_steps`` drafter forwards:
+        float32 ``(B, k_max, V)`` per-position log-probabilities, each position's row taken
+        from the forward in which it was unmasked.
+
+        Step ``s = 1..S`` unmasks the ``n_s`` still-masked positions among the first ``k_t``
+        with the highest confidence (max probability, [MASK] excluded) and fills them with
+        their argmax (Eq. 4, ``U_s`` = top by confidence); ``n_s = k_t // S + 1{s <= k_t mod
+        S}`` as LLaDA's ``get_num_transfer_tokens``, so the filled block equals greedy
+        low-confidence stepwise decoding of one ``k_t`` block in ``S`` steps with the
+        ``renormalized`` confidence rule. Positions past ``k_t`` keep the rows of the last
+        forward. ``S = 1`` is the single pass of :meth:`block_logprobs`."""
+        if self.refine_steps == 1:
+            return self.block_logprobs(dparams, ctx)
+        B, K = ctx.buffer.shape[0], self.draft_length
+        mask_id = self.model.config.mask_token_id
+        pos = jnp.arange(K)[None]
+        k_t = k_t.astype(jnp.int32)[:, None]
+        draft = jnp.full((B, K), mask_id, jnp.int32)
+        masked = jnp.ones((B, K), bool)
+        rows = None
+        for s in range(self.refine_steps):  # static S: one traced forward per step
+            logp = self.block_logprobs(dparams, ctx, None if s == 0 else draft)
+            rows = logp if rows is None else jnp.where(masked[..., None], logp, rows)
+            n_s = k_t // self.refine_steps + (s < k_t % self.refine_steps)  # LLaDA's schedule
+            conf = jnp.where(masked & (pos < k_t), jnp.max(logp, axis=-1), -jnp.inf)
+            rank = jnp.argsort(jnp.argsort(-conf, axis=-1), axis=-1)   # 0 = most confident
+            pick = (rank < n_s) & masked & (pos < k_t)
+            draft = jnp.where(pick, jnp.argmax(logp, axis=-1).astype(jnp.int32), draft)
+            masked = masked & ~pick
+        return rows
+
     def propose(self, params, state: DiffuSpecState, ctx: DraftContext, key, sample: bool):
-        """Draft, then CPS (or argmax), with length ``min(path length, k_t)``; ``q`` is
-        ``None`` (point masses) under greedy and sampled decoding alike."""
+        """Draft (``S`` refinement forwards), then CPS (or argmax), with length ``min(path
+        length, k_t)``; ``q`` is ``None`` (point masses) under greedy and sampled decoding
+        alike: the refinement (argmax fills) and CPS are deterministic in the history."""
         dparams, proxy = params
         B, K = ctx.buffer.shape[0], self.draft_length
-        logp = self.block_logprobs(dparams, ctx)                          # (B, K, V)
-        raw = jnp.argmax(logp, axis=-1).astype(jnp.int32)                 # (B, K)
         k_t = state.k
+        logp = self.refine(dparams, ctx, k_t)                             # (B, K, V)
+        raw = jnp.argmax(logp, axis=-1).astype(jnp.int32)                 # (B, K)
         pos = jnp.arange(K)[None]
         first_eos = jnp.min(jnp.where(raw == self.eos_id, pos, K), axis=-1)
         gen = jnp.minimum(first_eos, k_t)                                 # Eq. 8
@@ -332,7 +377,8 @@ class DiffusionDrafter:
         else:  # SpecDiff: argmax per position, fixed length
             tokens, length = raw, k_t
         return Draft(tokens=tokens, q=None, has_draft=jnp.ones((B,), bool),
-                     length=length.astype(jnp.int32), nfe=jnp.ones((B,), jnp.int32)), \
+                     length=length.astype(jnp.int32),
+                     nfe=jnp.full((B,), self.refine_steps, jnp.int32)), \
             state.replace(gen=gen.astype(jnp.int32))
 
     def update(self, params, state: DiffuSpecState, ctx: DraftContext, n_accepted):

@@ -110,6 +110,9 @@ def test_helpers():
     (["--suite", "ar", "--systems", "jaxspec/magic"], "unknown system"),
     (["--suite", "ar", "--model", "no-such-model"], "unknown model"),
     (["--suite", "ar", "--limit", "0"], "--limit"),
+    (["--suite", "diffuspec", "--draft-model", "smollm2-135m-instruct"], "takes masked-diffusion"),
+    (["--suite", "diffuspec", "--k-min", "40"], "--k-min <= --k-max"),
+    (["--suite", "diffuspec", "--quant", "int8"], "--quant applies"),
 ])
 def test_cli_errors(argv, msg, capsys):
     from scripts.benchmark import main

@@ -91,3 +91,54 @@ def test_adl_follows_eqs_8_to_10():
     assert float(st.gen[0]) == 23.0 and float(st.acc[0]) == 9.0 and int(k[0]) == 23
     st, k = adl_update(st, jnp.asarray([2]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30)
     assert int(k[0]) == 20  # gen 12.5 -> 13, clipped up to k_min
+
+
+@pytest.mark.parametrize("head", ["dream", "llada"])
+@pytest.mark.parametrize("steps", [2, 3, 6])
+def test_refinement_equals_stepwise_decoding_of_one_block(head, steps):
+    """S > 1 (Sec. 4.1, Eq. 4): the block the drafter fills in S forwards is the block greedy
+    low-confidence stepwise decoding (the dLLM reference, renormalized confidence) fills in S
+    steps, and each position's row is its logits at the step it was unmasked."""
+    from jaxspec.core.drafters import DraftContext
+    from jaxspec.causal.diffuspec import DiffusionDrafter
+    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
+    from jaxspec.testing.tiny import tiny_diffusion_model
+
+    model, params = tiny_diffusion_model(head, vocab=40, ctx=64)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, 39, 16)]
+    K = 6
+    ref = diffusion_generate(model, params, [prompt], DiffusionDecodeConfig(
+        gen_length=K, block_length=K, steps=steps, remasking="low_confidence",
+        confidence_softmax="renormalized"))
+    drafter = DiffusionDrafter(model, K, eos_id=0, k_min=K, refine_steps=steps)
+    buf = jnp.zeros((1, 32), jnp.int32).at[0, :16].set(jnp.asarray(prompt))
+    ctx = DraftContext(buffer=buf, length=jnp.asarray([16]), pad=jnp.asarray([0]),
+                       active=jnp.asarray([True]))
+    rows = drafter.refine(params, ctx, jnp.asarray([K]))
+    assert np.asarray(jnp.argmax(rows, -1))[0].tolist() == np.asarray(ref.full_tokens)[0].tolist()
+    one = DiffusionDrafter(model, K, eos_id=0, k_min=K)
+    first = np.asarray(ref.transfer_step)[0] == 0       # unmasked in the first forward
+    np.testing.assert_allclose(np.asarray(rows)[0][first],
+                               np.asarray(one.refine(params, ctx, jnp.asarray([K])))[0][first],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="refinement steps"):
+        DiffusionDrafter(model, K, eos_id=0, k_min=K, refine_steps=0)
+
+
+@pytest.mark.parametrize("cps,adl", [(True, False), (False, True)])
+def test_refined_and_ablated_diffuspec_is_greedy_identical_to_ar(cps, adl):
+    """The Table 2 ablations and S = 2 through the registry: tokens equal AR greedy, and the
+    drafter spends S forwards per proposal."""
+    import dataclasses
+
+    from jaxspec.methods import get_method
+    from tests.test_methods import _inputs
+
+    model, params, prompts, opts = _inputs("causal")
+    opts = dataclasses.replace(opts, refine_steps=2, cps=cps, adl=adl, draft_length=5)
+    m = get_method("diffuspec")
+    res = m.run(model, params, prompts, m.build(opts), seed=0)
+    ar = get_method("ar").run(model, params, prompts, get_method("ar").build(opts), seed=0)
+    assert res.tokens == ar.tokens
+    s = res.stats
+    assert (np.asarray(s.draft_nfe) == 2 * np.asarray(s.steps)).all()  # S forwards per step

@@ -1,0 +1,230 @@
+"""Benchmark suite ``diffuspec``: a diffusion LM drafts for a causal target (issue 13,
+``diffuspec-dlm-drafter.txt`` Sec. 5), all greedy, batch 1, in one process (wall-clock ratios
+are comparable within one run only).
+
+1. **Prompt sets** (:data:`jaxspec.bench.common.PROMPT_SETS`: HumanEval completion and chat,
+   MT-Bench first turns, "Summarize:" news): per set, interleaved prompt by prompt
+   (:func:`jaxspec.bench.common.run_ar_suite`), ``jaxspec/ar`` (baseline and reference),
+   ``jaxspec/ngram``, ``jaxspec/specdiff`` (argmax block, fixed ``k_max``: the paper's
+   SpecDiff row) and ``jaxspec/diffuspec`` (CPS + ADL).
+2. **Table 2 ablations** on the first set: CPS on/off x ADL on/off (:data:`ABLATIONS`).
+3. **Fixed-k sweep** (Table 5) on the first set: CPS on, ADL off, ``k`` in :data:`FIXED_K`.
+4. **Refinement steps** (Fig. 5a) on the first set: DiffuSpec with ``S`` in :data:`REFINE_STEPS`.
+
+Definitions (the paper's tables disagree on MAT; this suite uses one rule throughout):
+
+* **MAT** = generated tokens / target forwards, the prefill counted as one forward and the
+  bonus or correction token of every step counted (AR has MAT 1).
+* **mean accepted length** = accepted draft tokens / decode steps (the bonus not counted).
+* **draft NFE / token** = drafter forwards (``S`` per proposal) / generated tokens.
+
+Draft-model speculative sampling (SPS) and transformers' assisted generation run in the ``ar``
+suite on a causal pair (``--suite ar --model qwen2.5-coder-1.5b-instruct --draft-model
+qwen2.5-coder-0.5b-instruct --systems jaxspec/ar jaxspec/sps transformers/ar
+transformers/assisted``): their target is another model than this suite's.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from jaxspec.bench.common import (PROMPT_SETS, BenchError, JaxspecSystem, machine_info,
+                                  markdown_table, run_ar_suite, suite_prompts)
+
+# Table 2: label -> (cps, adl)
+ABLATIONS = {"diffuspec": (True, True), "cps-only": (True, False), "adl-only": (False, True),
+             "specdiff": (False, False)}
+FIXED_K = (5, 10, 20, 30)
+REFINE_STEPS = (1, 2, 4)
+
+
+def diffuspec_drafter_options(dllm_drafter, tok, *, proxy: bool = True) -> dict:
+    """The :class:`~jaxspec.methods.DecodeOptions` fields of a DiffuSpec drafter:
+    ``dllm_drafter``, ``eos_id`` (the target tokenizer's first EOS) and the Eq. 7 causal
+    ``proxy``, a hashed 3-gram (:class:`~jaxspec.causal.diffuspec.NgramProxy`) fitted on the
+    tokenized stdlib training split of ``dream-smollm2-135m`` (its held-out modules and the
+    benchmark prompts stay out; tokens cached by :func:`jaxspec.training.data.stdlib_tokens`).
+    ``proxy=False`` leaves it out (CPS then ranks by drafter log-probabilities alone)."""
+    from jaxspec.causal.diffuspec import NgramProxy
+    from jaxspec.training.config import load_config
+    from jaxspec.training.data import stdlib_tokens
+
+    eos = tok.eos_token_ids[0] if tok.eos_token_ids else 0
+    out = {"dllm_drafter": dllm_drafter, "eos_id": eos, "proxy": None}
+    if proxy:
+        cfg = Path(__file__).resolve().parents[2] / "configs/train/dream-smollm2-135m.yaml"
+        train, _, _ = stdlib_tokens(tok, load_config(cfg).data.holdout, sep_id=eos)
+        out["proxy"] = NgramProxy.fit(train, tok.vocab_size)
+    return out
+
+
+def _systems(target, drafter: dict, common: dict, variants: dict[str, dict]) -> list:
+    """``jaxspec/ar`` plus one DiffuSpec system per ``label -> DecodeOptions overrides``."""
+    model, params = target
+    out = [JaxspecSystem("ar", model, params, **common)]
+    for label, opts in variants.items():
+        method = "specdiff" if label == "specdiff" else "diffuspec"
+        out.append(JaxspecSystem(method, model, params, **common, options={**drafter, **opts},
+                                 label=label))
+    return out
+
+
+def _run(systems, prompts, *, progress, log, **fields) -> list[dict]:
+    res = run_ar_suite(systems, prompts, model_name="target", progress=progress, log=log)
+    for r in res["rows"]:
+        r.update(fields)
+    return res["rows"]
+
+
+def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PROMPT_SETS,
+                        limit: int = 5, k_max: int = 30, k_min: int = 20,
+                        fixed_k: Sequence[int] = FIXED_K, refine_steps: Sequence[int] = REFINE_STEPS,
+                        ablations: bool = True, max_new_tokens: int = 128,
+                        model_name: str = "smollm2-135m-instruct",
+                        drafter_name: str = "dream-smollm2-135m", config: Optional[dict] = None,
+                        progress: bool = True, log: Callable[[str], None] = lambda m: None) -> dict:
+    """The whole suite (module docstring).
+
+    Args:
+      target: ``(CausalLM, params)`` of the causal verifier.
+      drafter: the :class:`~jaxspec.methods.DecodeOptions` fields of the drafter:
+        ``dllm_drafter`` ``(DiffusionLM, params)`` with the target's vocabulary, ``proxy``
+        (:class:`~jaxspec.causal.diffuspec.NgramProxy` or None) and ``eos_id``.
+      tok: the target's tokenizer (chat template, EOS).
+      sets, limit: prompt sets and prompts per set.
+      k_max, k_min: DiffuSpec's draft-length range (paper: 30 / 20).
+      fixed_k: the Table 5 sweep (empty: skipped); refine_steps: the ``S`` sweep (empty:
+        skipped); ablations: run the Table 2 grid.
+
+    Returns:
+      ``{"suite": "diffuspec", "date", "machine", "model", "drafter", "config", "sets",
+      "ablations", "fixed_k", "refine_steps"}``; every row carries MAT, mean accepted length,
+      target / draft NFE per token, speedup vs AR, identity and degeneracy figures.
+
+    Raises:
+      BenchError: no drafter, ``k_min > k_max``, ``limit < 1`` or an unknown prompt set.
+    """
+    if drafter.get("dllm_drafter") is None:
+        raise BenchError("suite diffuspec needs a diffusion drafter (--draft-model NAME)")
+    if not 1 <= k_min <= k_max:
+        raise BenchError(f"need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
+    eos = tuple(tok.eos_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, draft_length=k_max)
+    drafter = {**drafter, "k_min": k_min}
+    prompt_sets = suite_prompts(tok, sets, limit)
+    first_name, first = next(iter(prompt_sets.items()))
+    kw = dict(progress=progress, log=log)
+    result: dict[str, Any] = {
+        "suite": "diffuspec",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(), "model": model_name, "drafter": drafter_name,
+        "config": dict(config or {}, limit=limit, k_max=k_max, k_min=k_min,
+                       max_new_tokens=max_new_tokens, sets=list(sets), fixed_k=list(fixed_k),
+                       refine_steps=list(refine_steps), ablations=ablations, temperature=0.0,
+                       ablation_set=first_name),
+    }
+    result["sets"] = {}
+    for name, prompts in prompt_sets.items():
+        log(f"[diffuspec] prompt set {name}: {len(prompts)} prompts")
+        model, params = target
+        systems = [JaxspecSystem("ar", model, params, **common),
+                   JaxspecSystem("ngram", model, params, **{**common, "draft_length": 8})]
+        systems += _systems(target, drafter, common, {"specdiff": {}, "diffuspec": {}})[1:]
+        result["sets"][name] = _run(systems, prompts, prompt_set=name, **kw)
+    result["ablations"] = (_run(_systems(target, drafter, common, {
+        label: {"cps": c, "adl": a} for label, (c, a) in ABLATIONS.items()}), first,
+        prompt_set=first_name, **kw) if ablations else [])
+    result["fixed_k"] = []
+    for k in fixed_k:  # one k per run: the static draft buffer is k wide
+        rows = _run(_systems(target, drafter, {**common, "draft_length": int(k)},
+                             {f"fixed-k{k}": {"adl": False}}), first, prompt_set=first_name, **kw)
+        result["fixed_k"] += [dict(r, k=int(k)) for r in rows if r["method"] != "ar"]
+    result["refine_steps"] = [dict(r, S=0 if r["method"] == "ar" else int(r["method"][1:]))
+                              for r in _run(_systems(target, drafter, common, {
+                                  f"S{s}": {"refine_steps": int(s)} for s in refine_steps}),
+                                  first, prompt_set=first_name, **kw)] if refine_steps else []
+    return result
+
+
+_COLUMNS = [
+    ("prompt_set", "set", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
+    ("new_tokens", "tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("speedup_vs_baseline", "speedup vs AR", "{:.2f}x"), ("mat", "MAT", "{:.2f}"),
+    ("mean_accepted_length", "accepted/step", "{:.2f}"), ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("nfe_per_token", "target NFE/token", "{:.3f}"), ("draft_nfe_per_token", "draft NFE/token", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
+    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+]
+
+
+def markdown_report(result: dict) -> str:
+    """The suite's markdown page: machine, the four tables, definitions and paper anchors."""
+    m, c = result["machine"], result["config"]
+    out = [f"# Benchmark suite `diffuspec` ({result['drafter']} -> {result['model']})", "",
+           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+           "Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
+    rows = [r for rs in result["sets"].values() for r in rs]
+    out += ["## Prompt sets (batch 1, greedy)", "", markdown_table({"rows": rows}, _COLUMNS), ""]
+    for key, title in (("ablations", "Table 2 ablations (CPS x ADL)"),
+                       ("fixed_k", "Fixed draft length, CPS on, ADL off (Table 5)"),
+                       ("refine_steps", "Drafter refinement steps S (Fig. 5a)")):
+        if result.get(key):
+            out += [f"## {title}, set `{c.get('ablation_set')}`", "",
+                    markdown_table({"rows": result[key]}, _COLUMNS), ""]
+    out += ["How to read this:", "",
+            "- `MAT` = generated tokens / target forwards (prefill counted, the bonus or "
+            "correction token of each step counted; AR = 1). `accepted/step` = accepted draft "
+            "tokens per decode step (bonus not counted). `draft NFE/token`: drafter forwards "
+            "(S per proposal) per generated token.",
+            "- Paper anchors (Dream-7B -> Qwen2.5-32B, A100): DiffuSpec MAT 6.99 / 3.08x, SPS "
+            "6.18 / 1.67x. Here drafter and target are both 135M: a drafter forward over the "
+            "whole context costs more than a target step, so MAT, not wall clock, is the "
+            "figure to compare.",
+            "- `identical`: tokens equal to AR greedy decoding of the target (lossless); "
+            "`distinct` / `rep. 4-gram` are the degeneracy figures of the outputs.", ""]
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict, out: Path) -> Path:
+    """MAT and speedup per method and set (left), MAT against fixed k (right)."""
+    from jaxspec.core.plotting import pyplot
+
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    sets = list(result["sets"])
+    methods = [r["method"] for r in result["sets"][sets[0]]] if sets else []
+    width = 0.8 / max(len(methods), 1)
+    for j, meth in enumerate(methods):
+        mats = [next((r["mat"] for r in result["sets"][s] if r["method"] == meth), 0) for s in sets]
+        a.bar([i + j * width for i in range(len(sets))], mats, width, label=meth)
+    a.set_xticks([i + 0.4 - width / 2 for i in range(len(sets))], sets, fontsize=8)
+    a.set_ylabel("MAT (tokens / target forward)")
+    a.legend(fontsize=8)
+    a.set_title("prompt sets")
+    fk = result.get("fixed_k") or []
+    if fk:
+        b.plot([r["k"] for r in fk], [r["mat"] for r in fk], "o-", label="MAT")
+        b.plot([r["k"] for r in fk], [r["speedup_vs_baseline"] for r in fk], "s-",
+               label="wall-clock speedup vs AR")
+        b.axhline(1.0, color="k", lw=0.8, ls="--")
+        b.set_xlabel("fixed draft length k (CPS on, ADL off)")
+        b.legend(fontsize=8)
+        b.set_title("fixed-k sweep")
+    fig.suptitle(f"DiffuSpec: {result['drafter']} -> {result['model']} "
+                 f"({result['machine'].get('cpu')})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_results(result: dict, out: Path) -> tuple[Path, Path]:
+    """JSON, markdown and chart (:func:`jaxspec.bench.common.write_results` with this suite's
+    report and plot)."""
+    from jaxspec.bench.common import write_results as write
+
+    return write(result, out, report=markdown_report, plot=plot,
+                 caption="MAT per prompt set and the fixed-k sweep")
