@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.causal.decode import generate as causal_generate
 from jaxspec.causal.diffuspec import DiffusionDrafter
+from jaxspec.causal.hetero import hetero_generate
 from jaxspec.causal.space import SPACE_SAMPLING, SpaceDrafter
 from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.drafters import NgramDrafter
@@ -91,6 +92,7 @@ class DecodeOptions:
     cps: bool = True
     adl: bool = True
     refine_steps: int = 1
+    vocab_adapter: Any = dataclasses.field(default=None, compare=False)
     confidence_softmax: str = "official"
 
     @property
@@ -139,12 +141,13 @@ class Method:
 
 # ----------------------------------------------------------------------------- causal
 
-def _causal_config(drafter_fn, params_fn=lambda o: ()):
+def _causal_config(drafter_fn, params_fn=lambda o: (), adapter: bool = False):
     def build(o: DecodeOptions):
         if o.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {o.max_new_tokens}")
         return {"sampling": o.sampling, "max_new_tokens": o.max_new_tokens,
-                "drafter": drafter_fn(o), "drafter_params": params_fn(o)}
+                "drafter": drafter_fn(o), "drafter_params": params_fn(o),
+                "adapter": o.vocab_adapter if adapter else None}
     return build
 
 
@@ -215,6 +218,14 @@ def _diffuspec_params(o: DecodeOptions):
 def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0):
     make = config["drafter"]
     drafter = None if make is None else make(model.config)
+    if config.get("adapter") is not None:  # a drafter of another vocabulary
+        target_tok, drafter_tok = config["adapter"]
+        return hetero_generate(model, params, prompts, drafter=drafter,
+                               drafter_params=config["drafter_params"],
+                               target_tokenizer=target_tok, drafter_tokenizer=drafter_tok,
+                               max_new_tokens=config["max_new_tokens"],
+                               sampling=config["sampling"], seed=seed, eos_ids=eos_ids,
+                               pad_id=pad_id)
     return causal_generate(model, params, prompts, max_new_tokens=config["max_new_tokens"],
                            sampling=config["sampling"], drafter=drafter,
                            drafter_params=config.get("drafter_params", ()), seed=seed,
@@ -293,10 +304,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "its own forward)", _causal_config(_space_drafter), _run_causal),
     Method("diffuspec", "causal", "ar", "DiffuSpec: a diffusion LM drafts a block, CPS + ADL, "
            "point-mass verification", _causal_config(_diffuspec_drafter(False),
-                                                    _diffuspec_params), _run_causal),
+                                                    _diffuspec_params, adapter=True), _run_causal),
     Method("specdiff", "causal", "ar", "SpecDiff: a diffusion LM's argmax block, fixed length "
            "(DiffuSpec without CPS and ADL)", _causal_config(_diffuspec_drafter(True),
-                                                             _diffuspec_params), _run_causal),
+                                                             _diffuspec_params, adapter=True), _run_causal),
     Method("stepwise", "dllm", "stepwise", "LLaDA/Dream stepwise unmasking (the dLLM reference)",
            _stepwise, diffusion_generate, _one_token_per_step),
     Method("fixed-k", "dllm", "stepwise", "fixed-k parallel unmasking (not lossless)",

@@ -189,6 +189,27 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json")
 
 
+def write_tokenizer(tok, out_dir) -> list[str]:
+    """Save a :class:`models.tokenizer.Tokenizer` (a byte-level BPE backend) into ``out_dir``
+    as ``tokenizer.json``, a ``tokenizer_config.json`` naming its ``bos_token`` /
+    ``eos_token`` / ``pad_token``, ``add_bos_token`` and ``chat_template``, and, when it has
+    end ids, a ``generation_config.json`` with all of them (``eos_token_id`` list: EOS, EOT,
+    EOM). Returns the file names written. Raises ``OSError`` when a file cannot be written."""
+    out = Path(out_dir)
+    tok.backend.save(str(out / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token,
+           "eos_token": tok.eos_token, "pad_token": tok.pad_token,
+           "add_bos_token": tok.add_bos, "chat_template": tok.chat_template}
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({k: v for k, v in cfg.items() if v is not None}, indent=2) + "\n")
+    written = ["tokenizer.json", "tokenizer_config.json"]
+    if tok.eos_token_ids:
+        (out / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": list(tok.eos_token_ids)}, indent=2) + "\n")
+        written.append("generation_config.json")
+    return written
+
+
 def copy_tokenizer(src, out_dir) -> list[str]:
     """Give the converted checkpoint ``out_dir`` the tokenizer of its source ``src``, so
     :func:`models.tokenizer.load_tokenizer` reads the same tokenizer from both.
@@ -197,10 +218,8 @@ def copy_tokenizer(src, out_dir) -> list[str]:
       :func:`models.tokenizer.load_tokenizer` reads it): every file of :data:`TOKENIZER_FILES`
       it has is copied.
     * ``src`` a GGUF file: the tokenizer embedded in it (:meth:`Tokenizer.from_gguf
-      <models.tokenizer.Tokenizer.from_gguf>`, a byte-level BPE) is saved as ``tokenizer.json``,
-      with a ``tokenizer_config.json`` naming its ``bos_token`` / ``eos_token`` / ``pad_token``,
-      ``add_bos_token`` and ``chat_template``, and a ``generation_config.json`` with every end
-      id (``eos_token_id`` list: EOS, EOT, EOM).
+      <models.tokenizer.Tokenizer.from_gguf>`, a byte-level BPE) is saved by
+      :func:`write_tokenizer`.
 
     Args:
       src: the conversion's source path.
@@ -222,19 +241,7 @@ def copy_tokenizer(src, out_dir) -> list[str]:
         with open(p, "rb") as f:
             magic = f.read(4)
         if p.suffix.lower() == ".gguf" or magic == GGUF_MAGIC:
-            tok = Tokenizer.from_gguf(p)
-            tok.backend.save(str(out / "tokenizer.json"))
-            cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token,
-                   "eos_token": tok.eos_token, "pad_token": tok.pad_token,
-                   "add_bos_token": tok.add_bos, "chat_template": tok.chat_template}
-            (out / "tokenizer_config.json").write_text(
-                json.dumps({k: v for k, v in cfg.items() if v is not None}, indent=2) + "\n")
-            written = ["tokenizer.json", "tokenizer_config.json"]
-            if tok.eos_token_ids:
-                (out / "generation_config.json").write_text(
-                    json.dumps({"eos_token_id": list(tok.eos_token_ids)}, indent=2) + "\n")
-                written.append("generation_config.json")
-            return written
+            return write_tokenizer(Tokenizer.from_gguf(p), out)
         if p.suffix.lower() not in (".safetensors", ".json"):
             return []
         p = p.parent

@@ -349,8 +349,9 @@ else:
     drafter, drafter_params, drafter_tok = dllm, dllm_params, dllm_tok
 verifier, verifier_params, verifier_tok = load(VERIFIER, "verifier")
 # The drafter proposes ids the verifier checks, so every verifier token must mean the same id
-# to the drafter. Dream's tokenizer is Qwen2.5's plus extra tokens (its [MASK]): a superset,
-# which scripts.generate (same_vocabulary: identical tokenizers) still refuses.
+# to the drafter. Dream's tokenizer is Qwen2.5's plus extra tokens (its [MASK]): a superset, so
+# the drafts need no translation and stay in one jitted loop (scripts.generate, which compares
+# tokenizers for identity, translates them through text instead: jaxspec.causal.hetero).
 verifier_vocab = verifier_tok.backend.get_vocab(with_added_tokens=True)
 drafter_vocab = drafter_tok.backend.get_vocab(with_added_tokens=True)
 differ = [t for t, i in verifier_vocab.items() if drafter_vocab.get(t) != i]

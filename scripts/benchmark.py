@@ -345,11 +345,10 @@ def main_diffuspec(args, log) -> int:
         model, params, tok, _ = load_model(name, args.weights, log=log, dtype=args.dtype)
         dmodel, dparams, dtok, _ = load_model(dname, log=log, dtype=args.dtype)
         if not tok.same_vocabulary(dtok):
-            raise BenchError(f"drafter {dname!r} has a different tokenizer than {name!r} "
-                             f"({dtok.vocab_size} vs {tok.vocab_size} ids): DiffuSpec needs the "
-                             f"same vocabulary")
+            log(f"[diffuspec] {dname} and {name} have different tokenizers: drafts are "
+                f"translated through text (jaxspec.causal.hetero)")
         log("[diffuspec] fitting the 3-gram proxy on the stdlib training split")
-        drafter = diffuspec_drafter_options((dmodel, dparams), tok)
+        drafter = diffuspec_drafter_options((dmodel, dparams), dtok, tok)
         result = run_diffuspec_suite(
             (model, params), drafter, tok, sets=args.diffuspec_sets or PROMPT_SETS,
             limit=5 if args.limit is None else args.limit, k_max=args.k_max, k_min=args.k_min,

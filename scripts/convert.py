@@ -2,6 +2,13 @@
 
     python -m scripts.convert --to jaxspec SRC OUT   # HF dir (Llama, Qwen2, LLaDA, Dream) or GGUF
     python -m scripts.convert --to hf SRC OUT        # jaxspec checkpoint -> HF layout
+    python -m scripts.convert --to hf PRESET OUT     # a preset as loaded, e.g. dream-smollm2-135m
+
+SRC may also name a preset (``models.registry``) that is not a path: it is loaded as
+``scripts.generate --model PRESET`` loads it (fetched base weights, a trained delta merged in)
+and written with its tokenizer, so ``--model auto --weights OUT`` runs the same model (e.g.
+``dream-smollm2-135m`` as a Dream directory). The XLNet presets (``asarm-small``) are already a
+file that ``--model auto --weights`` reads; they are refused with a line saying so.
 
 ``--to jaxspec`` streams: tensors are read one at a time and each assembled parameter is
 written to its own file at once (:func:`models.checkpoint.convert_streaming`), so a
@@ -29,11 +36,13 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="output directory")
     args = ap.parse_args(argv)
     from models.checkpoint import convert_streaming, copy_tokenizer, export_hf
-    from models.registry import load_any
+    from models.registry import is_preset, load_any
     from models.config import ConfigError
     from models.llama.params import WeightFileError
 
     src, out = Path(args.src), Path(args.out)
+    if not src.exists() and is_preset(args.src):
+        return _convert_preset(args.src, out, args.to)
     try:
         if not src.exists():
             raise WeightFileError(f"{src}: does not exist")
@@ -56,6 +65,33 @@ def main(argv=None) -> int:
     kind = type(config).__name__
     tok = f"; tokenizer: {', '.join(copied)}" if copied else ""
     print(f"converted {src} -> {path} ({args.to}, {kind}{tok})")
+    return 0
+
+
+def _convert_preset(name: str, out: Path, to: str) -> int:
+    """``--to jaxspec|hf PRESET OUT``: the preset as :func:`models.registry.load_model` loads
+    it, written whole (a 135M model: no streaming needed), with its tokenizer."""
+    from models.checkpoint import export_hf, save_checkpoint, write_tokenizer
+    from models.config import ConfigError
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, get_preset, load_model
+
+    try:
+        preset = get_preset(name)
+        if preset.format == "asarm":
+            raise PresetError(f"{name!r} is an XLNet AS-ARM whose checkpoint is already a file "
+                              f"--model auto --weights reads ({preset.checkpoint}); there is no "
+                              f"HF export of jaxspec XLNet weights")
+        if preset.format == "hf_dir":
+            raise PresetError(f"{name!r} names no model by itself: give the directory as SRC")
+        model, params, tok, _ = load_model(name)
+        path = (save_checkpoint if to == "jaxspec" else export_hf)(out, model.config, params)
+        written = write_tokenizer(tok, path)
+    except (PresetError, WeightFileError, ConfigError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"converted preset {name} -> {path} ({to}, {type(model.config).__name__}; "
+          f"tokenizer: {', '.join(written)})")
     return 0
 
 

@@ -281,24 +281,26 @@ def _mesh(args):
 def _draft_options(args, tok) -> dict:
     """The :class:`~jaxspec.methods.DecodeOptions` fields of ``--draft-model`` (empty without
     it): ``draft_model`` for SPS; ``dllm_drafter``, the 3-gram ``proxy`` (fitted on the
-    tokenized stdlib, cached) and ``eos_id`` for DiffuSpec / SpecDiff. ValueError when the
-    draft model's tokenizer differs from the target's ``tok``."""
+    tokenized stdlib, cached), ``eos_id`` and, for a drafter of another vocabulary, the
+    ``vocab_adapter`` for DiffuSpec / SpecDiff. ValueError when an SPS draft model's
+    tokenizer differs from the target's ``tok``."""
     if not args.draft_model:
         return {}
     from models.registry import load_model
 
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
                                           dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
-    if not tok.same_vocabulary(dtok):
-        raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
-                         f"the target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} "
-                         f"ids): {args.method} needs the same vocabulary (a heterogeneous-"
-                         f"vocabulary adapter is not built yet)")
     if args.method == "sps":
+        if not tok.same_vocabulary(dtok):
+            raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
+                             f"the target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} "
+                             f"ids): sps needs the same vocabulary (diffuspec translates drafts "
+                             f"between vocabularies; sps does not)")
         return {"draft_model": (dmodel, dparams)}
     from jaxspec.bench.diffuspec import diffuspec_drafter_options
 
-    return diffuspec_drafter_options((dmodel, dparams), tok)
+    # another vocabulary: drafts are translated through text (jaxspec.causal.hetero)
+    return diffuspec_drafter_options((dmodel, dparams), dtok, tok)
 
 
 def _texts(args, tok):

@@ -45,7 +45,7 @@ import numpy as np
 
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
+from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info, save_figure
 from jaxspec.bench.dllm import run_interleaved
 from jaxspec.core.plotting import pyplot
 from jaxspec.core.sampling import SamplingConfig
@@ -369,10 +369,7 @@ def plot_rows(result: dict, out: Path) -> Path:
     ax.set_xticks(x, [r["label"] for r in rows], fontsize=7, rotation=30)
     ax.legend(fontsize=8)
     ax.set_title(f"assd: {result['rows'][0]['model']}")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:

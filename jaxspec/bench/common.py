@@ -623,6 +623,30 @@ def markdown_table(result: dict, columns=None) -> str:
     return "\n".join(lines)
 
 
+MAT_DEFINITION = ("`MAT` = generated tokens / target forwards (prefill counted, the bonus or "
+                  "correction token of each step counted); AR has MAT 1.")
+
+
+def report_header(title: str, result: dict) -> list[str]:
+    """The first lines of a suite's markdown page: title, date / CPU / cores / jax, config."""
+    m, c = result["machine"], result.get("config") or {}
+    out = [f"# {title}", "",
+           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", ""]
+    return out + (["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""] if c else [])
+
+
+def save_figure(fig, out: Path, title: Optional[str] = None) -> Path:
+    """Give ``fig`` its (small) title, lay it out, write it to ``out`` as PNG and close it."""
+    from jaxspec.core.plotting import pyplot
+
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+    return out
+
+
 def markdown_report(result: dict) -> str:
     """Full markdown page: header, table, the memory-bandwidth ceiling and how to read it."""
     m, c, bw = result["machine"], result["config"], result.get("bandwidth")
@@ -693,10 +717,7 @@ def plot_per_prompt(result: dict, out: Path) -> Path:
     ax.set_title(f"suite {result['suite']}: {result['rows'][0]['model']}, greedy, batch 1 "
                  "(lines: medians)")
     ax.legend(fontsize=7, loc="upper left", ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def write_results(result: dict, out: Path, *, report: Callable[[dict], str] = None,

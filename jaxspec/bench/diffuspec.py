@@ -30,8 +30,10 @@ import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jaxspec.bench.common import (PROMPT_SETS, BenchError, JaxspecSystem, machine_info,
-                                  markdown_table, run_ar_suite, suite_prompts)
+from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, JaxspecSystem,
+                                  machine_info, markdown_table, report_header, run_ar_suite,
+                                  save_figure, suite_prompts)
+from jaxspec.core.runtime import resolve_layer_loop
 
 # Table 2: label -> (cps, adl)
 ABLATIONS = {"diffuspec": (True, True), "cps-only": (True, False), "adl-only": (False, True),
@@ -40,23 +42,30 @@ FIXED_K = (5, 10, 20, 30)
 REFINE_STEPS = (1, 2, 4)
 
 
-def diffuspec_drafter_options(dllm_drafter, tok, *, proxy: bool = True) -> dict:
+def diffuspec_drafter_options(dllm_drafter, drafter_tok, target_tok=None, *,
+                              proxy: bool = True) -> dict:
     """The :class:`~jaxspec.methods.DecodeOptions` fields of a DiffuSpec drafter:
-    ``dllm_drafter``, ``eos_id`` (the target tokenizer's first EOS) and the Eq. 7 causal
-    ``proxy``, a hashed 3-gram (:class:`~jaxspec.causal.diffuspec.NgramProxy`) fitted on the
+    ``dllm_drafter``, ``eos_id`` (the drafter tokenizer's first EOS, which the CPS lattice
+    keeps), the Eq. 7 causal ``proxy``, a hashed 3-gram
+    (:class:`~jaxspec.causal.diffuspec.NgramProxy`) over the drafter's ids fitted on the
     tokenized stdlib training split of ``dream-smollm2-135m`` (its held-out modules and the
-    benchmark prompts stay out; tokens cached by :func:`jaxspec.training.data.stdlib_tokens`).
-    ``proxy=False`` leaves it out (CPS then ranks by drafter log-probabilities alone)."""
+    benchmark prompts stay out; tokens cached by :func:`jaxspec.training.data.stdlib_tokens`),
+    and, when ``target_tok`` has another vocabulary than ``drafter_tok``, the
+    ``vocab_adapter`` pair that translates drafts through text
+    (:mod:`jaxspec.causal.hetero`). ``proxy=False`` leaves the proxy out (CPS then ranks by
+    drafter log-probabilities alone)."""
     from jaxspec.causal.diffuspec import NgramProxy
     from jaxspec.training.config import load_config
     from jaxspec.training.data import stdlib_tokens
 
-    eos = tok.eos_token_ids[0] if tok.eos_token_ids else 0
+    eos = drafter_tok.eos_token_ids[0] if drafter_tok.eos_token_ids else 0
     out = {"dllm_drafter": dllm_drafter, "eos_id": eos, "proxy": None}
+    if target_tok is not None and not target_tok.same_vocabulary(drafter_tok):
+        out["vocab_adapter"] = (target_tok, drafter_tok)
     if proxy:
         cfg = Path(__file__).resolve().parents[2] / "configs/train/dream-smollm2-135m.yaml"
-        train, _, _ = stdlib_tokens(tok, load_config(cfg).data.holdout, sep_id=eos)
-        out["proxy"] = NgramProxy.fit(train, tok.vocab_size)
+        train, _, _ = stdlib_tokens(drafter_tok, load_config(cfg).data.holdout, sep_id=eos)
+        out["proxy"] = NgramProxy.fit(train, drafter_tok.vocab_size)
     return out
 
 
@@ -124,7 +133,7 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
         "config": dict(config or {}, limit=limit, k_max=k_max, k_min=k_min,
                        max_new_tokens=max_new_tokens, sets=list(sets), fixed_k=list(fixed_k),
                        refine_steps=list(refine_steps), ablations=ablations, temperature=0.0,
-                       ablation_set=first_name),
+                       ablation_set=first_name, layer_loop=resolve_layer_loop()),
     }
     result["sets"] = {}
     for name, prompts in prompt_sets.items():
@@ -162,10 +171,9 @@ _COLUMNS = [
 
 def markdown_report(result: dict) -> str:
     """The suite's markdown page: machine, the four tables, definitions and paper anchors."""
-    m, c = result["machine"], result["config"]
-    out = [f"# Benchmark suite `diffuspec` ({result['drafter']} -> {result['model']})", "",
-           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
-           "Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
+    c = result["config"]
+    out = report_header(f"Benchmark suite `diffuspec` ({result['drafter']} -> {result['model']})",
+                        result)
     rows = [r for rs in result["sets"].values() for r in rs]
     out += ["## Prompt sets (batch 1, greedy)", "", markdown_table({"rows": rows}, _COLUMNS), ""]
     for key, title in (("ablations", "Table 2 ablations (CPS x ADL)"),
@@ -175,10 +183,9 @@ def markdown_report(result: dict) -> str:
             out += [f"## {title}, set `{c.get('ablation_set')}`", "",
                     markdown_table({"rows": result[key]}, _COLUMNS), ""]
     out += ["How to read this:", "",
-            "- `MAT` = generated tokens / target forwards (prefill counted, the bonus or "
-            "correction token of each step counted; AR = 1). `accepted/step` = accepted draft "
-            "tokens per decode step (bonus not counted). `draft NFE/token`: drafter forwards "
-            "(S per proposal) per generated token.",
+            f"- {MAT_DEFINITION} `accepted/step` = accepted draft tokens per decode step "
+            "(bonus not counted). `draft NFE/token`: drafter forwards (S per proposal) per "
+            "generated token.",
             "- Paper anchors (Dream-7B -> Qwen2.5-32B, A100): DiffuSpec MAT 6.99 / 3.08x, SPS "
             "6.18 / 1.67x. Here drafter and target are both 135M: a drafter forward over the "
             "whole context costs more than a target step, so MAT, not wall clock, is the "
@@ -213,12 +220,8 @@ def plot(result: dict, out: Path) -> Path:
         b.set_xlabel("fixed draft length k (CPS on, ADL off)")
         b.legend(fontsize=8)
         b.set_title("fixed-k sweep")
-    fig.suptitle(f"DiffuSpec: {result['drafter']} -> {result['model']} "
-                 f"({result['machine'].get('cpu')})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, f"DiffuSpec: {result['drafter']} -> {result['model']} "
+                                 f"({result['machine'].get('cpu')})")
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info
+from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info, save_figure
 from jaxspec.core.runtime import decode_layout
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
 from jaxspec.eval.metrics import mean_degeneracy
@@ -346,10 +346,7 @@ def plot_rows(result: dict, out: Path) -> Path:
     r0 = rows[0]
     fig.suptitle(f"dllm: {r0['model']}, gen {r0['gen_length']}, block {r0['block_length']}, "
                  f"{r0['prompts']} prompts")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:

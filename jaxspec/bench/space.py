@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jaxspec.bench.common import (PROMPT_SETS, BenchError, BenchPrompt, JaxspecSystem, _num,
-                                  machine_info, markdown_table, run_ar_suite, suite_prompts)
+from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, BenchPrompt,
+                                  JaxspecSystem, _num, machine_info, markdown_table,
+                                  report_header, run_ar_suite, save_figure, suite_prompts)
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method
 
@@ -176,10 +177,8 @@ _B_COLUMNS = [
 
 def markdown_report(result: dict) -> str:
     """The suite's markdown page: machine, quality figures, the three tables, how to read."""
-    m, c, q = result["machine"], result["config"], result.get("quality") or {}
-    out = [f"# Benchmark suite `space` ({result['model']})", "",
-           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
-           "Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
+    q = result.get("quality") or {}
+    out = report_header(f"Benchmark suite `space` ({result['model']})", result)
     if q:
         out += ["SAR model quality: " + ", ".join(f"`{k}={v}`" for k, v in q.items()), ""]
     rows = [r for s in result["sets"].values() for r in s["rows"]]
@@ -190,9 +189,8 @@ def markdown_report(result: dict) -> str:
     if result["batch"]:
         out += ["## Batch sizes (Table 3)", "", markdown_table({"rows": result["batch"]}, _B_COLUMNS), ""]
     out += ["How to read this:", "",
-            "- `MAT` = generated tokens / target forwards (prefill counted, the bonus or "
-            "correction token of each step counted); AR has MAT 1. Paper anchors (LLaMA-2-7B, "
-            "A800): MAT 3.54 / 3.18x on HumanEval, 2.23 / 1.92x on XSum.",
+            f"- {MAT_DEFINITION} Paper anchors (LLaMA-2-7B, A800): MAT 3.54 / 3.18x on "
+            "HumanEval, 2.23 / 1.92x on XSum.",
             "- `speedup vs SAR AR`: median per-prompt wall-clock ratio against AR on the same "
             "SAR model; `vs base AR`: median tokens/s against AR on the base model (what a "
             "user switching to the SAR model and SPACE gets).",
@@ -227,11 +225,7 @@ def plot(result: dict, out: Path) -> Path:
     b.set_ylabel("tokens / s (all requests)")
     b.legend()
     b.set_title("batch sizes")
-    fig.suptitle(f"SPACE on {result['model']} ({result['machine'].get('cpu')})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, f"SPACE on {result['model']} ({result['machine'].get('cpu')})")
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
+from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info, save_figure
 from jaxspec.bench.dllm import run_interleaved
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.dllm import (DiffusionDecodeConfig, SSDConfig, acceptance_limit, diffusion_generate,
@@ -218,10 +218,7 @@ def speedup_bars(rows: Sequence[dict], labels: Sequence[str], ylabel: str, title
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_rows(result: dict, out: Path) -> Path:

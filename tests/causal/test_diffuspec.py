@@ -31,7 +31,8 @@ def test_prune_lattice_eq6_keeps_eos():
 
 
 def _brute(tokens, lp, valid, ctx2, proxy, lam):
-    """Best Eq. 7 score over every lattice path, each cut after its first EOS."""
+    """Best mean Eq. 7 score per token over every lattice path, each cut after its first
+    EOS (the length-normalised ranking of :func:`cps_beam`)."""
     K, C = tokens.shape
     best, best_path = -np.inf, None
     for choice in itertools.product(range(C), repeat=K):
@@ -45,12 +46,12 @@ def _brute(tokens, lp, valid, ctx2, proxy, lam):
             hist.append(t)
             if t == EOS:
                 break
-        if s > best + 1e-6:
-            best, best_path = s, path
+        if s / len(path) > best + 1e-6:
+            best, best_path = s / len(path), path
     return best, best_path
 
 
-def test_cps_beam_with_a_wide_beam_finds_the_brute_force_optimum():
+def test_cps_beam_with_a_full_beam_finds_the_brute_force_optimum():
     rng = np.random.default_rng(0)
     V, K = 6, 4
     proxy = NgramProxy.fit(rng.integers(0, V, 400), V, bits=12)
@@ -61,7 +62,7 @@ def test_cps_beam_with_a_wide_beam_finds_the_brute_force_optimum():
         ctx2 = np.array([3, 4])
         want, want_path = _brute(tok, lp, ok, ctx2, proxy, 0.5)
         path, length = cps_beam(jnp.asarray(tok), jnp.asarray(lp), jnp.asarray(ok), jnp.asarray(ctx2),
-                                proxy, lam=0.5, beam=64, eos_id=EOS)
+                                proxy, lam=0.5, beam=256, eos_id=EOS)  # >= every path
         got = np.asarray(path)[:int(length)].tolist()
         assert got == want_path, (trial, got, want_path)
 
@@ -94,7 +95,7 @@ def test_adl_follows_eqs_8_to_10():
 
 
 @pytest.mark.parametrize("head", ["dream", "llada"])
-@pytest.mark.parametrize("steps", [2, 3, 6])
+@pytest.mark.parametrize("steps", [4, 6])  # K = 6: uneven (2, 2, 1, 1) and one per step
 def test_refinement_equals_stepwise_decoding_of_one_block(head, steps):
     """S > 1 (Sec. 4.1, Eq. 4): the block the drafter fills in S forwards is the block greedy
     low-confidence stepwise decoding (the dLLM reference, renormalized confidence) fills in S
@@ -142,3 +143,18 @@ def test_refined_and_ablated_diffuspec_is_greedy_identical_to_ar(cps, adl):
     assert res.tokens == ar.tokens
     s = res.stats
     assert (np.asarray(s.draft_nfe) == 2 * np.asarray(s.steps)).all()  # S forwards per step
+
+
+def test_cps_does_not_prefer_an_early_eos():
+    """Length normalisation: 30 positions whose top token has probability 0.6 (sum of logs
+    -15.3) against EOS at position 1 with probability 1e-6 (-13.8). Summed Eq. 7 scores would
+    return the one-token ``[EOS]`` draft; the mean per token keeps the content path."""
+    K, V = 30, 5
+    p = np.full((1, K, V), 0.1)
+    p[..., 1] = 0.6
+    p[..., EOS] = 1e-6
+    p /= p.sum(-1, keepdims=True)
+    tok, lp, ok = prune_lattice(jnp.log(jnp.asarray(p, jnp.float32)), 0.5, 3, EOS)
+    path, length = cps_beam(tok[0], lp[0], ok[0], jnp.asarray([2, 3]), None, lam=0.5, beam=3,
+                            eos_id=EOS)
+    assert int(length) == K and np.asarray(path).tolist() == [1] * K

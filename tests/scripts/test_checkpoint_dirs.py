@@ -70,6 +70,10 @@ def dirs(tiny_hf, tmp_path_factory):
     out["llada"] = _copy_tokenizer(llama.path, _write_llada_dir(llama, root / "llada"))
     _edit_config(out["llada"], max_sequence_length=CTX)
     out["dream"] = _copy_tokenizer(qwen.path, _write_dream_dir(qwen, root / "dream"))
+    # a Dream drafter with another tokenizer (320 ids, 20 more BPE merges): DiffuSpec drafts
+    # for the Qwen2 target through text (jaxspec.causal.hetero)
+    other = tiny_hf("qwen2", tied=True, max_position_embeddings=CTX, vocab_size=320)
+    out["dream_vocab320"] = _copy_tokenizer(other.path, _write_dream_dir(other, root / "dream320"))
 
     torch.manual_seed(0)
     cfg = transformers.XLNetConfig(vocab_size=300, d_model=32, n_layer=1, n_head=2, d_inner=64,
@@ -115,6 +119,8 @@ GEN_CASES = [  # (directory, method, extra flags); "{dream}" etc. are filled in 
                                      "--draft-length", "4"]),
     ("qwen2", "specdiff", CAUSAL + ["--draft-model", "hf-directory", "--draft-weights",
                                     "{dream}", "--draft-length", "4"]),
+    ("qwen2", "diffuspec", CAUSAL + ["--draft-model", "auto", "--draft-weights",
+                                     "{dream_vocab320}", "--draft-length", "4"]),
     ("sar", "space", CAUSAL + ["--mask-groups", "3"]),
     *[(d, m, DLLM + extra) for d in ("llada", "dream") for m, extra in (
         ("stepwise", []), ("fixed-k", ["--tokens-per-step", "2"]),
@@ -128,7 +134,8 @@ NOT_LOSSLESS = {"fixed-k", "threshold"}  # --compare reports, identity is not pr
 
 
 @pytest.mark.parametrize("name,method,extra", GEN_CASES,
-                         ids=[f"{d}-{m}" for d, m, _ in GEN_CASES])
+                         ids=[f"{d}-{m}" + ("-other-vocab" if "{dream_vocab320}" in x else "")
+                              for d, m, x in GEN_CASES])
 def test_generate_every_method_on_every_family(dirs, name, method, extra, capsys):
     """Every method of the family of ``DIR`` runs with ``--model auto --weights DIR``; the
     lossless ones print ``[compare] ... outputs: identical``."""
@@ -401,7 +408,7 @@ def test_family_detection(dirs, bad_dirs):
 
     fam = {k: weights_family(v) for k, v in dirs.items()}
     assert fam == {"qwen2": "causal", "llama": "causal", "llada": "dllm", "dream": "dllm",
-                   "xlnet": "asarm", "sar": "causal"}
+                   "dream_vocab320": "dllm", "xlnet": "asarm", "sar": "causal"}
     d = bad_dirs["no-arch", "any"][0]
     _edit_config(d, architectures=["XLNetLMHeadModel"])  # architectures alone decide
     try:

@@ -93,10 +93,10 @@ def test_fetch_unknown_model(capsys):
 @pytest.mark.real
 def test_real_ngram_identical_to_ar_on_humaneval(smollm2_gguf, capsys):
     """The demo's promise on the real model: greedy n-gram speculative decoding reproduces
-    AR greedy decoding token for token (HumanEval/0-1, 48 tokens, both fallbacks)."""
+    AR greedy decoding token for token (HumanEval/1, 48 tokens, both fallbacks)."""
     for fallback in ("none", "bigram"):
         rc = gen_cli.main(["--weights", str(smollm2_gguf), "--method", "ngram", "--compare",
-                           "--limit", "2", "--max-new-tokens", "48", "--fallback", fallback,
+                           "--start", "1", "--max-new-tokens", "48", "--fallback", fallback,
                            "--quiet"])
         out = capsys.readouterr().out
         assert rc == 0, out

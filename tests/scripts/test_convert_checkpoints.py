@@ -111,3 +111,40 @@ def test_space_model_survives_hf_export(tiny_qwen2, tmp_path, capsys):
     assert gen_cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a SAR-SFT model" in err[0], err
+
+
+@pytest.mark.real
+def test_a_preset_exported_as_a_directory_runs_with_model_auto(smollm2_gguf, tmp_path,
+                                                                  monkeypatch, capsys):
+    """``scripts.convert --to hf PRESET OUT`` writes the preset as loaded (here the random
+    ``dlm-tiny`` LLaDA with SmolLM2's tokenizer): the directory loads to the same parameters
+    and tokenizer, and SSD runs on it from the CLI identical to stepwise decoding. XLNet
+    presets are refused with one line."""
+    import numpy as np
+
+    from models.registry import load_model
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(smollm2_gguf.parent))
+    if smollm2_gguf.name != "SmolLM2-135M-Instruct.Q4_1.gguf":
+        pytest.skip("dlm-tiny reads the tokenizer from the cached smollm2 preset file")
+    out = tmp_path / "dlm-tiny-hf"
+    assert convert.main(["--to", "hf", "dlm-tiny", str(out)]) == 0
+    assert "converted preset dlm-tiny" in capsys.readouterr().out
+    model, params, tok, _ = load_model("dlm-tiny", log=lambda m: None)
+    model2, params2, tok2, _ = load_model("auto", str(out), log=lambda m: None)
+    assert model2.config == model.config
+    for a, b in zip(*(sorted(((k, np.asarray(v)) for k, v in p.items() if k != "layers"),
+                             key=lambda kv: kv[0]) for p in (params, params2))):
+        np.testing.assert_array_equal(a[1], b[1])
+    for name in params["layers"]:
+        np.testing.assert_array_equal(np.asarray(params["layers"][name]),
+                                      np.asarray(params2["layers"][name]))
+    _same_tokenizer(tok2, tok)
+    rc = gen_cli.main(["--model", "auto", "--weights", str(out), "--method", "ssd",
+                       "--gen-length", "16", "--block-length", "8", "--compare", "--quiet",
+                       "--prompt", "def f(x):"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "outputs: identical" in text, text
+    assert convert.main(["--to", "hf", "asarm-small", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "already a file" in err[0]
