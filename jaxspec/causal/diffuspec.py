@@ -15,13 +15,7 @@ sampling (the paper is exact only under greedy verification: Prop. 4.1, App. H).
 * **CPS** (:func:`cps_beam`, Eq. 7): left-to-right beam search of width ``B`` over the lattice
   with score ``sum_i lambda * l_dlm(pi_i) + (1 - lambda) * l_ng(pi_i | pi_<i, context)``; a beam
   that has placed EOS stops growing (its score is frozen), and the best beam's path and length
-  (up to and including its first EOS) are returned. Beams are ranked by their **mean** Eq. 7
-  score per placed token (length normalisation, as beam search with a length penalty of 1):
-  with raw sums a path that places EOS at position 1 (about -12 with EOS's low drafter and
-  proxy scores) beats every path that continues for 30 positions (about -2 per token), so the
-  search returned ``[EOS]`` drafts; measured on dream-smollm2-135m -> SmolLM2 (HumanEval/0-1,
-  128 tokens): MAT 1.20 with sums vs 3.00 for argmax drafts (``results/diffuspec.md``). The
-  paper states Eq. 7 as a sum and does not say how finished and live beams are compared. The causal proxy ``l_ng`` is any function
+  (up to and including its first EOS) are returned. The causal proxy ``l_ng`` is any function
   of (the two previous tokens, the candidate) -- here a hashed 3-gram table (:class:`NgramProxy`):
   inside a jitted loop the proxy must be array lookups, and hashing keeps a 3-gram model over a
   49k vocabulary in a fixed-size table.
@@ -98,7 +92,9 @@ class NgramProxy:
     ``log P(c | a, b) = log(l3 * f3(c | a, b) + l2 * f2(c | b) + l1 * f1(c))`` with relative
     frequencies from a token stream; 3-gram and 2-gram counts live in tables of ``2^bits``
     slots indexed by a 32-bit FNV-1a hash (colliding n-grams share counts: a proxy, not a
-    language model of record). The paper fits a KenLM 3-gram offline; inside a jitted loop
+    language model of record; each relative frequency is clipped to 1, since a colliding
+    count can exceed its context's: unclipped, ``log P`` reached +1.57 for " number number
+    number" with 2^20 slots over the 3.3M-token stdlib, and CPS drafted that loop). The paper fits a KenLM 3-gram offline; inside a jitted loop
     the proxy has to be array lookups, and hashing keeps a 3-gram model over a 49k vocabulary
     in a fixed-size table. Build with :meth:`fit`.
 
@@ -117,7 +113,7 @@ class NgramProxy:
     weights: tuple = flax.struct.field(pytree_node=False, default=(0.6, 0.3, 0.1))
 
     @classmethod
-    def fit(cls, stream: Sequence[int], vocab_size: int, bits: int = 20) -> "NgramProxy":
+    def fit(cls, stream: Sequence[int], vocab_size: int, bits: int = 22) -> "NgramProxy":
         """Counts of a token stream (e.g. the stdlib training split).
 
         Raises:
@@ -139,8 +135,10 @@ class NgramProxy:
         """``log P(c | a, b)`` elementwise over broadcastable int arrays (jittable)."""
         bits = int(np.log2(self.tri.shape[0]))
         l3, l2, l1 = self.weights
-        f3 = self.tri[_fnv((a, b, c), bits, jnp)] / jnp.maximum(self.tri_ctx[_fnv((a, b), bits, jnp)], 1.0)
-        f2 = self.bi[_fnv((b, c), bits, jnp)] / jnp.maximum(self.bi_ctx[b], 1.0)
+        # a hashed count may include colliding n-grams: a relative frequency is at most 1
+        f3 = jnp.minimum(self.tri[_fnv((a, b, c), bits, jnp)]
+                         / jnp.maximum(self.tri_ctx[_fnv((a, b), bits, jnp)], 1.0), 1.0)
+        f2 = jnp.minimum(self.bi[_fnv((b, c), bits, jnp)] / jnp.maximum(self.bi_ctx[b], 1.0), 1.0)
         return jnp.log(l3 * f3 + l2 * f2 + l1 * self.uni[c])
 
 
@@ -158,9 +156,8 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
         not searched (the paths stop there).
 
     Returns:
-      ``(path int32 (K,), length int32 ())``: the beam with the best mean Eq. 7 score per
-      placed token (module docstring), its tokens (after its first EOS, EOS repeated) and its
-      length up to and including that EOS (``K`` if none).
+      ``(path int32 (K,), length int32 ())``: the best beam's tokens (after its first EOS,
+      EOS repeated) and its length up to and including that EOS (``K`` if none).
     """
     K, C = tokens.shape
     w_ng = 0.0 if proxy is None else 1.0 - lam
@@ -180,15 +177,11 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
         if proxy is not None:
             step = step + w_ng * proxy.logprob(hist[:, :1], hist[:, 1:], cand[None, :])
         new = jnp.where(ok[None, :], score[:, None] + step, NEG)            # (B, C) live beams
-        new_len = jnp.full((beam, C), i + 1, jnp.float32)
-        # a finished beam has one continuation: itself (repeat EOS, score and length unchanged)
+        # a finished beam has one continuation: itself (repeat EOS, score unchanged)
         keep = jnp.full((beam, C), NEG).at[:, 0].set(score)
         new = jnp.where(done[:, None], keep, new)
-        new_len = jnp.where(done[:, None], jnp.maximum(length, 1)[:, None].astype(jnp.float32),
-                            new_len)
-        _, idx = jax.lax.top_k((new / new_len).reshape(-1), beam)         # rank by mean score
+        top, idx = jax.lax.top_k(new.reshape(-1), beam)
         b, c = idx // C, idx % C
-        top = new.reshape(-1)[idx]
         tok = jnp.where(done[b], eos_id, cand[c])
         paths = paths[b].at[:, i].set(tok)
         length = jnp.where(done[b], length[b], i + 1)
@@ -197,7 +190,7 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
         return paths, top, done, length, hist
 
     paths, score, done, length, hist = jax.lax.fori_loop(0, K, body, (paths, score, done, length, hist))
-    best = jnp.argmax(score / jnp.maximum(length, 1))
+    best = jnp.argmax(score)
     return paths[best], length[best]
 
 
