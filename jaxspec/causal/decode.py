@@ -321,6 +321,29 @@ class GenerationResult:
         return float(sum(len(t) for t in self.tokens) / max(self.run_s, 1e-9))
 
 
+def check_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  max_context: Optional[int] = None, overshoot: int = 0) -> list[int]:
+    """Validate a causal decoding request; returns the prompt lengths.
+
+    Raises:
+      DecodeInputError: no prompts or an empty one, ``max_new_tokens < 1``, ids outside the
+        vocabulary, or prompt + budget (+ ``overshoot`` draft positions) longer than the
+        context (``max_context``, default the model's ``max_position_embeddings``).
+    """
+    if not prompts:
+        raise DecodeInputError("no prompts given")
+    if max_new_tokens < 1:
+        raise DecodeInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    lens = check_prompts(prompts, model.config.vocab_size)
+    ctx = max_context or model.config.max_position_embeddings
+    if max(lens) + max_new_tokens + overshoot > ctx:
+        extra = f" + {overshoot} draft positions" if overshoot else ""
+        raise DecodeInputError(
+            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens{extra} exceeds the "
+            f"model's context of {ctx} tokens")
+    return lens
+
+
 def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), drafter: Optional[Drafter] = None,
              drafter_params: Any = (), seed: int = 0, eos_ids: Sequence[int] = (),
@@ -355,19 +378,9 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
       ValueError: the drafter's vocabulary differs from the model's.
     """
     cfg = model.config
-    if not prompts:
-        raise DecodeInputError("no prompts given")
-    if max_new_tokens < 1:
-        raise DecodeInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    lens = check_prompts(prompts, cfg.vocab_size)
-    ctx = max_context or cfg.max_position_embeddings
-    # a drafter whose query rows sit at later positions (SPACE's mask groups) says how far
-    over = int(getattr(drafter, "position_overshoot", 0))
-    if max(lens) + max_new_tokens + over > ctx:
-        extra = f" + {over} draft positions" if over else ""
-        raise DecodeInputError(
-            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens{extra} exceeds the "
-            f"model's context of {ctx} tokens")
+    # SPACE's mask-group queries sit at later positions: its drafter says how many
+    lens = check_request(model, prompts, max_new_tokens, max_context,
+                         int(getattr(drafter, "position_overshoot", 0)))
     if drafter is not None and getattr(drafter, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
         raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
                          f"target model has {cfg.vocab_size}")

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.causal.decode import (GenerationResult, LoopConfig, prefill, verify_step)
-from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, left_pad,
-                                    place_batch)
+from jaxspec.causal.decode import (GenerationResult, LoopConfig, check_request, prefill,
+                                   verify_step)
+from jaxspec.core.batching import cut_after_eos, left_pad, place_batch
 from jaxspec.core.drafters import Draft, DraftContext
 from jaxspec.core.runtime import decode_layout
 from jaxspec.core.sampling import SamplingConfig
@@ -190,16 +190,8 @@ def hetero_generate(model, params, prompts: Sequence[Sequence[int]], *, drafter,
       ValueError: a drafter whose proposals carry a draft distribution ``q`` (a sampled
         draft's q cannot be translated: only deterministic drafters are allowed).
     """
-    cfg_m = model.config
-    if not prompts:
-        raise DecodeInputError("no prompts given")
-    if max_new_tokens < 1:
-        raise DecodeInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    lens = check_prompts(prompts, cfg_m.vocab_size)
+    check_request(model, prompts, max_new_tokens)
     K = int(drafter.draft_length)
-    if max(lens) + max_new_tokens > cfg_m.max_position_embeddings:
-        raise DecodeInputError(f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens "
-                               f"exceeds the model's context of {cfg_m.max_position_embeddings} tokens")
     buf, pad = left_pad(prompts, bucket, pad_id)
     P = buf.shape[1]
     cfg = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
