@@ -647,6 +647,18 @@ def save_figure(fig, out: Path, title: Optional[str] = None) -> Path:
     return out
 
 
+def plot_k_sweep(ax, rows: list, xlabel: str, title: str) -> None:
+    """MAT and the wall-clock speedup vs AR of ``rows`` (each with ``k``, ``mat``,
+    ``speedup_vs_baseline``) against ``k`` on ``ax``, with the break-even line at 1."""
+    ks = [r["k"] for r in rows]
+    ax.plot(ks, [r["mat"] for r in rows], "o-", label="MAT")
+    ax.plot(ks, [r["speedup_vs_baseline"] for r in rows], "s-", label="wall-clock speedup vs AR")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+
+
 def markdown_report(result: dict) -> str:
     """Full markdown page: header, table, the memory-bandwidth ceiling and how to read it."""
     m, c, bw = result["machine"], result["config"], result.get("bandwidth")

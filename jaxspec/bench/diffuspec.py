@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, JaxspecSystem,
-                                  machine_info, markdown_table, report_header, run_ar_suite,
-                                  save_figure, suite_prompts)
+                                  machine_info, markdown_table, plot_k_sweep, report_header,
+                                  run_ar_suite, save_figure, suite_prompts)
 from jaxspec.core.runtime import resolve_layer_loop
 
 # Table 2: label -> (cps, adl)
@@ -213,13 +213,7 @@ def plot(result: dict, out: Path) -> Path:
     a.set_title("prompt sets")
     fk = result.get("fixed_k") or []
     if fk:
-        b.plot([r["k"] for r in fk], [r["mat"] for r in fk], "o-", label="MAT")
-        b.plot([r["k"] for r in fk], [r["speedup_vs_baseline"] for r in fk], "s-",
-               label="wall-clock speedup vs AR")
-        b.axhline(1.0, color="k", lw=0.8, ls="--")
-        b.set_xlabel("fixed draft length k (CPS on, ADL off)")
-        b.legend(fontsize=8)
-        b.set_title("fixed-k sweep")
+        plot_k_sweep(b, fk, "fixed draft length k (CPS on, ADL off)", "fixed-k sweep")
     return save_figure(fig, out, f"DiffuSpec: {result['drafter']} -> {result['model']} "
                                  f"({result['machine'].get('cpu')})")
 

@@ -29,7 +29,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, BenchPrompt,
                                   JaxspecSystem, _num, machine_info, markdown_table,
-                                  report_header, run_ar_suite, save_figure, suite_prompts)
+                                  plot_k_sweep, report_header, run_ar_suite, save_figure,
+                                  suite_prompts)
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method
 
@@ -209,13 +210,7 @@ def plot(result: dict, out: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     ks = [r for r in result["k_sweep"] if r["k"] > 0]
     if ks:
-        a.plot([r["k"] for r in ks], [r["mat"] for r in ks], "o-", label="MAT")
-        a.plot([r["k"] for r in ks], [r["speedup_vs_baseline"] for r in ks], "s-",
-               label="wall-clock speedup vs AR")
-        a.axhline(1.0, color="k", lw=0.8, ls="--")
-        a.set_xlabel("k (mask tokens per group)")
-        a.legend()
-        a.set_title("k ablation")
+        plot_k_sweep(a, ks, "k (mask tokens per group)", "k ablation")
     for method in ("ar", "space"):
         rs = [r for r in result["batch"] if r["method"] == method]
         if rs:
