@@ -154,3 +154,28 @@ def test_ngram_proxy_probabilities_stay_below_one_under_hash_collisions():
     px = NgramProxy.fit(rng.integers(0, V, 2000), V, bits=4)
     a, b, c = (jnp.asarray(rng.integers(0, V, 4000), jnp.int32) for _ in range(3))
     assert float(jnp.max(px.logprob(a, b, c))) <= 0.0
+
+
+def test_refined_drafts_keep_the_ar_distribution():
+    """S = 2 under sampling: the refined CPS path is still a deterministic function of the
+    history, verified as point masses, so the output has the AR distribution (the mutant
+    suite's setting: V = 6, EOS, padded batch, exact enumeration, 10^4 samples per prompt)."""
+    from jaxspec.causal.decode import generate
+    from jaxspec.causal.diffuspec import DiffusionDrafter
+    from jaxspec.testing.distribution import check_groups
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+    from tests.causal.test_decode import _exact_joint
+    from tests.causal.test_mutants import CFG, EOS as M_EOS, K, N, N_NEW, PROMPTS, SEED, V
+    from jaxspec.testing.tiny import tiny_model
+
+    target, tparams = tiny_model(V, seed=7, scale=6.0)
+    dream = DiffusionLM(DiffusionConfig(base=target.config, head="dream", mask_token_id=4))
+    proxy = NgramProxy.fit(np.random.default_rng(1).integers(0, V, 300), V, bits=10)
+    drafter = DiffusionDrafter(dream, K, eos_id=4, adl=False, refine_steps=2)
+    res = generate(target, tparams, [p for p in PROMPTS for _ in range(N)], max_new_tokens=N_NEW,
+                   sampling=CFG, drafter=drafter, drafter_params=(tparams, proxy), seed=SEED,
+                   bucket=8, eos_ids=(M_EOS,))
+    exact = [_exact_joint(target, tparams, p, N_NEW, CFG, eos=(M_EOS,)) for p in PROMPTS]
+    chk = check_groups([(res.tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
+    assert chk.passed, chk.why
+    assert (np.asarray(res.stats.draft_nfe) == 2 * np.asarray(res.stats.steps)).all()
