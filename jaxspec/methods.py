@@ -60,7 +60,10 @@ class DecodeOptions:
       dllm_drafter: DiffuSpec's drafter, a ``(DiffusionLM, params)`` pair with the target's
         vocabulary; proxy: its causal proxy (:class:`jaxspec.causal.diffuspec.NgramProxy` or
         None); k_min: ADL's lower clip (``draft_length`` is k_max, default 30); eos_id: the
-        EOS the CPS lattice keeps. Not compared or hashed.
+        EOS the CPS lattice keeps. Not compared or hashed. cps / adl: the Table 2 ablations;
+        refine_steps: S; drafter_cache: ``"none"`` (every drafter forward re-reads the
+        context, the paper's setting) or ``"prefix"`` (the drafter keeps the context's
+        keys / values, :class:`jaxspec.causal.diffuspec.DrafterCache`; same vocabulary only).
     """
 
     max_new_tokens: int = 128
@@ -92,6 +95,7 @@ class DecodeOptions:
     cps: bool = True
     adl: bool = True
     refine_steps: int = 1
+    drafter_cache: str = "none"
     vocab_adapter: Any = dataclasses.field(default=None, compare=False)
     confidence_softmax: str = "official"
 
@@ -204,9 +208,15 @@ def _diffuspec_drafter(specdiff: bool):
         k = _draft_length(o, 30)
         cps, adl = (False, False) if specdiff else (o.cps, o.adl)
         kmin = min(o.k_min, k) if adl else k
+        if o.drafter_cache not in ("none", "prefix"):
+            raise ValueError(f"drafter_cache must be 'none' or 'prefix', got {o.drafter_cache!r}")
+        if o.drafter_cache == "prefix" and o.vocab_adapter is not None:
+            raise ValueError("drafter_cache 'prefix' needs the target's vocabulary: a drafter of "
+                             "another vocabulary re-encodes its context every step")
         dmodel, _ = o.dllm_drafter
         drafter = DiffusionDrafter(dmodel, k, eos_id=o.eos_id, k_min=kmin, cps=cps, adl=adl,
-                                   refine_steps=o.refine_steps)  # validates now
+                                   refine_steps=o.refine_steps,
+                                   prefix_cache=o.drafter_cache == "prefix")  # validates now
         return lambda config: drafter
     return make_from
 

@@ -59,7 +59,7 @@ Suite ``diffuspec`` (a diffusion LM drafts for a causal target, :mod:`jaxspec.be
     python -m scripts.benchmark --suite diffuspec [--model smollm2-135m-instruct] \
         [--draft-model dream-smollm2-135m] [--limit 5] [--k-max 30] [--k-min 20] \
         [--diffuspec-sets humaneval mt-bench news] [--diffuspec-fixed-k 5 10 20 30] \
-        [--diffuspec-refine-steps 1 2 4] [--no-ablations]
+        [--diffuspec-refine-steps 1 2 4] [--no-ablations] [--drafter-cache none prefix]
 
 Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
 
@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--diffuspec-refine-steps", nargs="*", type=int, default=None,
                     help="drafter refinement steps S (default 1 2 4; empty: skip)")
     fg.add_argument("--no-ablations", action="store_true", help="skip the Table 2 CPS x ADL grid")
+    fg.add_argument("--drafter-cache", nargs="+", default=["none", "prefix"],
+                    choices=("none", "prefix"),
+                    help="drafter caches of the prompt-set rows (default: none prefix; prefix "
+                         "adds specdiff+prefix / diffuspec+prefix rows)")
     from jaxspec.bench.assd import add_arguments as add_assd_arguments
 
     add_assd_arguments(ap)
@@ -355,7 +359,8 @@ def main_diffuspec(args, log) -> int:
             fixed_k=FIXED_K if args.diffuspec_fixed_k is None else args.diffuspec_fixed_k,
             refine_steps=(REFINE_STEPS if args.diffuspec_refine_steps is None
                           else args.diffuspec_refine_steps),
-            ablations=not args.no_ablations, max_new_tokens=args.max_new_tokens,
+            ablations=not args.no_ablations, drafter_caches=args.drafter_cache,
+            max_new_tokens=args.max_new_tokens,
             model_name=name, drafter_name=dname, progress=not args.no_progress, log=log)
     except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

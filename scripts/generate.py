@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="diffuspec: argmax drafts instead of the CPS path search (Table 2 ablation)")
     ap.add_argument("--no-adl", action="store_true",
                     help="diffuspec: fixed draft length k_max instead of ADL (Table 2 ablation)")
+    ap.add_argument("--drafter-cache", choices=("none", "prefix"), default="none",
+                    help="diffuspec / specdiff: 'prefix' keeps the drafter's context keys / values "
+                         "(Fast-dLLM prefix cache; each drafter forward runs 2 k_max + 2 slots, "
+                         "drafts change, output does not); same vocabulary only")
     ap.add_argument("--mask-groups", type=int, default=5,
                     help="space: k, candidates per step = [MASK] tokens per group (default 5)")
     ap.add_argument("--space-sampling", choices=("exact", "paper"), default="exact",
@@ -210,7 +214,7 @@ def _options(args, draft=None):
         alg_temp=args.alg_temp, confidence_softmax=args.confidence_softmax, tree=args.tree, graph=args.graph, epsilon=args.epsilon,
         mask_groups=args.mask_groups, space_sampling=args.space_sampling, k_min=args.k_min,
         refine_steps=args.refine_steps, cps=not args.no_cps, adl=not args.no_adl,
-        **(draft or {}))
+        drafter_cache=args.drafter_cache, **(draft or {}))
 
 
 def _check_method(args, preset):

@@ -6,7 +6,9 @@ are comparable within one run only).
    MT-Bench first turns, "Summarize:" news): per set, interleaved prompt by prompt
    (:func:`jaxspec.bench.common.run_ar_suite`), ``jaxspec/ar`` (baseline and reference),
    ``jaxspec/ngram``, ``jaxspec/specdiff`` (argmax block, fixed ``k_max``: the paper's
-   SpecDiff row) and ``jaxspec/diffuspec`` (CPS + ADL).
+   SpecDiff row) and ``jaxspec/diffuspec`` (CPS + ADL); per drafter cache other than
+   ``none`` in ``drafter_caches`` also ``specdiff+CACHE`` and ``diffuspec+CACHE`` (``prefix``:
+   :class:`~jaxspec.causal.diffuspec.DrafterCache`; same vocabulary only).
 2. **Table 2 ablations** on the first set: CPS on/off x ADL on/off (:data:`ABLATIONS`).
 3. **Fixed-k sweep** (Table 5) on the first set: CPS on, ADL off, ``k`` in :data:`FIXED_K`.
 4. **Refinement steps** (Fig. 5a) on the first set: DiffuSpec with ``S`` in :data:`REFINE_STEPS`.
@@ -74,7 +76,7 @@ def _systems(target, drafter: dict, common: dict, variants: dict[str, dict]) -> 
     model, params = target
     out = [JaxspecSystem("ar", model, params, **common)]
     for label, opts in variants.items():
-        method = "specdiff" if label == "specdiff" else "diffuspec"
+        method = "specdiff" if label.startswith("specdiff") else "diffuspec"
         out.append(JaxspecSystem(method, model, params, **common, options={**drafter, **opts},
                                  label=label))
     return out
@@ -90,7 +92,8 @@ def _run(systems, prompts, *, progress, log, **fields) -> list[dict]:
 def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PROMPT_SETS,
                         limit: int = 5, k_max: int = 30, k_min: int = 20,
                         fixed_k: Sequence[int] = FIXED_K, refine_steps: Sequence[int] = REFINE_STEPS,
-                        ablations: bool = True, max_new_tokens: int = 128,
+                        ablations: bool = True, drafter_caches: Sequence[str] = ("none",),
+                        max_new_tokens: int = 128,
                         model_name: str = "smollm2-135m-instruct",
                         drafter_name: str = "dream-smollm2-135m", config: Optional[dict] = None,
                         progress: bool = True, log: Callable[[str], None] = lambda m: None) -> dict:
@@ -106,6 +109,9 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
       k_max, k_min: DiffuSpec's draft-length range (paper: 30 / 20).
       fixed_k: the Table 5 sweep (empty: skipped); refine_steps: the ``S`` sweep (empty:
         skipped); ablations: run the Table 2 grid.
+      drafter_caches: drafter caches of the prompt-set rows (``"none"``, ``"prefix"``); a
+        cache other than ``none`` adds ``specdiff+CACHE`` / ``diffuspec+CACHE`` rows (skipped,
+        with a log line, for a drafter of another vocabulary).
 
     Returns:
       ``{"suite": "diffuspec", "date", "machine", "model", "drafter", "config", "sets",
@@ -123,6 +129,13 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, draft_length=k_max)
     drafter = {**drafter, "k_min": k_min}
+    unknown = set(drafter_caches) - {"none", "prefix"}
+    if unknown:
+        raise BenchError(f"unknown drafter cache(s) {sorted(unknown)}: use none / prefix")
+    caches = [c for c in drafter_caches if c != "none"]
+    if caches and drafter.get("vocab_adapter") is not None:
+        log("[diffuspec] drafter caches need the target's vocabulary: skipped for this pair")
+        caches = []
     prompt_sets = suite_prompts(tok, sets, limit)
     first_name, first = next(iter(prompt_sets.items()))
     kw = dict(progress=progress, log=log)
@@ -133,6 +146,7 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
         "config": dict(config or {}, limit=limit, k_max=k_max, k_min=k_min,
                        max_new_tokens=max_new_tokens, sets=list(sets), fixed_k=list(fixed_k),
                        refine_steps=list(refine_steps), ablations=ablations, temperature=0.0,
+                       drafter_caches=["none"] + caches,
                        ablation_set=first_name, layer_loop=resolve_layer_loop()),
     }
     result["sets"] = {}
@@ -141,7 +155,11 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
         model, params = target
         systems = [JaxspecSystem("ar", model, params, **common),
                    JaxspecSystem("ngram", model, params, **{**common, "draft_length": 8})]
-        systems += _systems(target, drafter, common, {"specdiff": {}, "diffuspec": {}})[1:]
+        variants = {"specdiff": {}, "diffuspec": {}}
+        for c in caches:
+            variants.update({f"specdiff+{c}": {"drafter_cache": c},
+                             f"diffuspec+{c}": {"drafter_cache": c}})
+        systems += _systems(target, drafter, common, variants)[1:]
         result["sets"][name] = _run(systems, prompts, prompt_set=name, **kw)
     result["ablations"] = (_run(_systems(target, drafter, common, {
         label: {"cps": c, "adl": a} for label, (c, a) in ABLATIONS.items()}), first,

@@ -22,12 +22,20 @@ sampling (the paper is exact only under greedy verification: Prop. 4.1, App. H).
 * **ADL** (:func:`adl_update`, Eqs. 8-10): EMAs of the generated length (up to the raw draft's
   first EOS) and of the accepted length; ``k_{t+1} = clip(ceil(L_gen + delta * 1{L_acc >=
   L_gen}), k_min, k_max)``.
+* **Drafter prefix cache** (``prefix_cache=True``; Sec. 4.1 allows the Fast-dLLM prefix cache
+  because a draft need not be exact): the drafter keeps the keys / values of the context in
+  its own cache (:class:`DrafterCache`) and each forward runs only a window of ``2 k_max + 2``
+  slots -- the context tokens accepted since its last forward, the last context token again
+  and the ``k_max`` draft positions -- instead of the whole buffer. The context's keys /
+  values are those of the forward that last saw them (it attended to that step's masks), as in
+  Fast-dLLM's prefix cache; that changes the drafts, never the output: verification is exact
+  for any deterministic proposal.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import flax
 import jax
@@ -36,9 +44,10 @@ import numpy as np
 
 from jaxspec.core.drafters import Draft, DraftContext
 from models.diffusion.modeling import bidirectional_mask
+from models.llama.modeling import KVCache, init_cache, param_dtype
 
 __all__ = ["prune_lattice", "cps_beam", "NgramProxy", "ADLState", "adl_init", "adl_update",
-           "DiffuSpecState", "DiffusionDrafter"]
+           "DrafterCache", "DiffuSpecState", "DiffusionDrafter"]
 
 NEG = -1e30
 
@@ -222,13 +231,30 @@ def adl_update(state: ADLState, l_gen: jax.Array, l_acc: jax.Array, *, rho: floa
 # ----------------------------------------------------------------------------- the drafter
 
 @flax.struct.dataclass
+class DrafterCache:
+    """The drafter's prefix cache (``DiffusionDrafter(prefix_cache=True)``).
+
+    Attributes:
+      kv: the drafter's :class:`models.llama.modeling.KVCache`, ``S + 2 k_max + 2`` slots
+        (``S`` = the decoder's buffer width) in the buffer's slot layout.
+      cached: int32 ``(B,)``: slots ``[pad, cached)`` hold context keys / values; the next
+        forward's window starts at slot ``cached`` (always ``<= length - 1``).
+    """
+
+    kv: KVCache
+    cached: jax.Array
+
+
+@flax.struct.dataclass
 class DiffuSpecState:
-    """ADL state (:class:`ADLState`) plus the draft length in force ``k`` int32 ``(B,)`` and
-    this step's raw generated length ``gen`` int32 ``(B,)`` (Eq. 8, set by ``propose``)."""
+    """ADL state (:class:`ADLState`) plus the draft length in force ``k`` int32 ``(B,)``,
+    this step's raw generated length ``gen`` int32 ``(B,)`` (Eq. 8, set by ``propose``) and
+    the drafter's :class:`DrafterCache` (``None`` without ``prefix_cache``)."""
 
     adl: ADLState
     k: jax.Array
     gen: jax.Array
+    cache: Optional[DrafterCache] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,8 +274,13 @@ class DiffusionDrafter:
       tau [0.8], m_max [15], beam [3], lam [0.5], delta [10], rho [0.5]: Eqs. 6-10.
       refine_steps: ``S`` [1], drafter forwards per proposal (Sec. 4.1, Eq. 4: each step
         unmasks the most confident share of the block; :meth:`refine`).
+      prefix_cache: keep the context's keys / values in a drafter cache and run each forward
+        over a window of :attr:`window` slots (module docstring; off: every forward re-reads
+        the whole buffer, the paper's setting).
 
-    State: :class:`DiffuSpecState`. NFE: ``S`` drafter forwards per proposal.
+    State: :class:`DiffuSpecState`. NFE: ``S`` drafter forwards per proposal (with
+    ``prefix_cache``, plus one uncounted forward over the prompt in ``init_state``, as a draft
+    model's prefill in :mod:`jaxspec.causal.sps`).
 
     Raises:
       ValueError: ``k_max < 1``, ``k_min > k_max`` (with ADL), ``tau`` outside ``(0, 1]``, ``beam < 1``, ``m_max < 1``,
@@ -269,6 +300,7 @@ class DiffusionDrafter:
     delta: float = 10.0
     rho: float = 0.5
     refine_steps: int = 1
+    prefix_cache: bool = False
 
     name = "diffuspec"
 
@@ -295,11 +327,56 @@ class DiffusionDrafter:
     def context_length(self) -> int:
         return self.model.config.base.max_position_embeddings
 
+    @property
+    def window(self) -> int:
+        """Query slots of a cached forward: ``2 k_max + 2`` (at most ``k_max + 1`` tokens
+        accepted since the last forward, the last context token before them, ``k_max`` draft
+        positions)."""
+        return 2 * self.draft_length + 2
+
     def init_state(self, params, ctx: DraftContext) -> DiffuSpecState:
-        B = ctx.buffer.shape[0]
+        """ADL at ``k_min`` (``k_max`` without ADL); with ``prefix_cache``, one drafter forward
+        over the ``ctx.filled`` prefilled slots (bidirectional over the context) fills the
+        cache.
+
+        Raises:
+          ValueError: ``prefix_cache`` with a context that has no static ``filled`` width
+            (the cross-vocabulary loop rebuilds the drafter's context every step)."""
+        B, S = ctx.buffer.shape
         k0 = self.draft_length if not self.adl else self.k_min
-        return DiffuSpecState(adl=adl_init(B, float(k0)), k=jnp.full((B,), k0, jnp.int32),
-                              gen=jnp.zeros((B,), jnp.int32))
+        state = DiffuSpecState(adl=adl_init(B, float(k0)), k=jnp.full((B,), k0, jnp.int32),
+                               gen=jnp.zeros((B,), jnp.int32))
+        if not self.prefix_cache:
+            return state
+        if ctx.filled is None:
+            raise ValueError("DiffusionDrafter(prefix_cache=True) needs a decoder context with a "
+                             "static prefill width (ctx.filled); the cross-vocabulary loop has "
+                             "none: use prefix_cache=False there")
+        dparams = params[0]
+        kv = init_cache(self.model.config.base, B, S + self.window, param_dtype(dparams))
+        slots = jnp.broadcast_to(jnp.arange(ctx.filled, dtype=jnp.int32)[None], (B, ctx.filled))
+        _, kv = self._forward(dparams, ctx.buffer[:, :ctx.filled], slots, ctx, kv,
+                              jnp.zeros((B,), jnp.int32), ctx.length, None)
+        return state.replace(cache=DrafterCache(kv=kv, cached=ctx.length - 1))
+
+    def _forward(self, dparams, tokens, slots, ctx: DraftContext, kv, first_slot, key_end, rows):
+        """One drafter forward of ``tokens`` int32 ``(B, T)`` sitting at buffer ``slots``
+        ``(B, T)``; keys at slots ``[pad, key_end)`` are visible (bidirectional). With ``kv``
+        the new keys / values are written from ``first_slot`` and the cached slots are read
+        too. ``rows``: ``(start, n)`` raw LM-head rows (None: one row, for the keys / values
+        alone). Returns ``(logits, kv or None)``."""
+        positions = jnp.maximum(slots - ctx.pad[:, None], 0)
+        if kv is None:
+            valid = (slots >= ctx.pad[:, None]) & (slots < key_end[:, None])
+            return self.model.apply(dparams, tokens, positions, bidirectional_mask(valid),
+                                    rows=rows)
+        keys = jnp.arange(kv.size)[None, None, :]
+        mask = (((keys >= ctx.pad[:, None, None]) & (keys < key_end[:, None, None]))
+                | (keys == slots[:, :, None]))
+        if rows is None:  # only the keys / values are wanted: the head on one row
+            rows = (jnp.zeros_like(first_slot), 1)
+        return self.model.apply(dparams, tokens, positions, mask, cache=kv,
+                                cache_index=first_slot, rows=rows)
 
     def block_logprobs(self, dparams, ctx: DraftContext, draft: jax.Array | None = None) -> jax.Array:
         """One drafter forward over ``[context, draft block]``: float32 ``(B, k_max, V)``
@@ -307,23 +384,31 @@ class DiffusionDrafter:
 
         ``draft``: optional int32 ``(B, k_max)`` block contents (the mask id where still
         masked, Eq. 4's ``y^(s-1)``); ``None`` is the all-mask block ``y^(0)``."""
+        return self._block(dparams, ctx, draft, None)[0]
+
+    def _block(self, dparams, ctx: DraftContext, draft, cache: Optional[DrafterCache]):
+        """:meth:`block_logprobs` over the whole buffer (``cache`` None) or over the
+        :attr:`window` from ``cache.cached`` on; returns ``(logp, kv or None)``."""
         B, S = ctx.buffer.shape
         K, cfg = self.draft_length, self.model.config
-        slot = jnp.arange(S)[None]
         L = ctx.length[:, None]
-        draft_zone = (slot >= L) & (slot < L + K)
-        block = jnp.full((B, S), cfg.mask_token_id, jnp.int32)
+        if cache is None:
+            slots = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None], (B, S))
+            src, start = ctx.buffer, jnp.zeros((B,), jnp.int32)
+        else:
+            start = cache.cached
+            slots = start[:, None] + jnp.arange(self.window, dtype=jnp.int32)[None]
+            src = jnp.take_along_axis(jnp.pad(ctx.buffer, ((0, 0), (0, self.window))), slots, 1)
+        draft_zone = (slots >= L) & (slots < L + K)
+        block = jnp.full(slots.shape, cfg.mask_token_id, jnp.int32)
         if draft is not None:  # place draft[:, i] at slot L + i
-            idx = jnp.clip(slot - L, 0, K - 1)
-            block = jnp.take_along_axis(draft.astype(jnp.int32), idx, axis=1)
-        tokens = jnp.where(draft_zone, block, ctx.buffer)
-        valid = (slot >= ctx.pad[:, None]) & (slot < L + K)
-        positions = jnp.maximum(slot - ctx.pad[:, None], 0)
-        first = ctx.length - (1 if cfg.head == "dream" else 0)  # raw row scoring slot L
-        logits, _ = self.model.apply(dparams, tokens, positions, bidirectional_mask(valid),
-                                     rows=(first, K))
+            block = jnp.take_along_axis(draft.astype(jnp.int32), jnp.clip(slots - L, 0, K - 1), 1)
+        tokens = jnp.where(draft_zone, block, src)
+        first = ctx.length - (1 if cfg.head == "dream" else 0) - start  # raw row scoring slot L
+        logits, kv = self._forward(dparams, tokens, slots, ctx, None if cache is None else cache.kv,
+                                   start, ctx.length + K, (first, K))
         logits = logits.at[..., cfg.mask_token_id].set(-jnp.inf)
-        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), kv
 
     def refine(self, dparams, ctx: DraftContext, k_t: jax.Array) -> jax.Array:
         """Iterative refinement (Sec. 4.1, Eq. 4) in ``S = refine_steps`` drafter forwards:
@@ -337,17 +422,21 @@ class DiffusionDrafter:
         low-confidence stepwise decoding of one ``k_t`` block in ``S`` steps with the
         ``renormalized`` confidence rule. Positions past ``k_t`` keep the rows of the last
         forward. ``S = 1`` is the single pass of :meth:`block_logprobs`."""
+        return self._refine(dparams, ctx, k_t, None)[0]
+
+    def _refine(self, dparams, ctx: DraftContext, k_t: jax.Array, cache: Optional[DrafterCache]):
+        """:meth:`refine`, through the prefix cache when given: ``(rows, kv or None)``."""
         if self.refine_steps == 1:
-            return self.block_logprobs(dparams, ctx)
+            return self._block(dparams, ctx, None, cache)
         B, K = ctx.buffer.shape[0], self.draft_length
         mask_id = self.model.config.mask_token_id
         pos = jnp.arange(K)[None]
         k_t = k_t.astype(jnp.int32)[:, None]
         draft = jnp.full((B, K), mask_id, jnp.int32)
         masked = jnp.ones((B, K), bool)
-        rows = None
+        rows = kv = None
         for s in range(self.refine_steps):  # static S: one traced forward per step
-            logp = self.block_logprobs(dparams, ctx, None if s == 0 else draft)
+            logp, kv = self._block(dparams, ctx, None if s == 0 else draft, cache)
             rows = logp if rows is None else jnp.where(masked[..., None], logp, rows)
             n_s = k_t // self.refine_steps + (s < k_t % self.refine_steps)  # LLaDA's schedule
             conf = jnp.where(masked & (pos < k_t), jnp.max(logp, axis=-1), -jnp.inf)
@@ -355,16 +444,20 @@ class DiffusionDrafter:
             pick = (rank < n_s) & masked & (pos < k_t)
             draft = jnp.where(pick, jnp.argmax(logp, axis=-1).astype(jnp.int32), draft)
             masked = masked & ~pick
-        return rows
+        return rows, kv
 
     def propose(self, params, state: DiffuSpecState, ctx: DraftContext, key, sample: bool):
-        """Draft (``S`` refinement forwards), then CPS (or argmax), with length ``min(path
-        length, k_t)``; ``q`` is ``None`` (point masses) under greedy and sampled decoding
-        alike: the refinement (argmax fills) and CPS are deterministic in the history."""
+        """Draft (``S`` refinement forwards, through the prefix cache when on), then CPS (or
+        argmax), with length ``min(path length, k_t)``; ``q`` is ``None`` (point masses) under
+        greedy and sampled decoding alike: the refinement (argmax fills), the cache and CPS
+        are deterministic in the history."""
         dparams, proxy = params
         B, K = ctx.buffer.shape[0], self.draft_length
         k_t = state.k
-        logp = self.refine(dparams, ctx, k_t)                             # (B, K, V)
+        logp, kv = self._refine(dparams, ctx, k_t, state.cache)          # (B, K, V)
+        if state.cache is not None:  # the window's context keys stay; it restarts at length - 1
+            state = state.replace(cache=DrafterCache(kv=kv, cached=jnp.where(
+                ctx.active, ctx.length - 1, state.cache.cached)))
         raw = jnp.argmax(logp, axis=-1).astype(jnp.int32)                 # (B, K)
         pos = jnp.arange(K)[None]
         first_eos = jnp.min(jnp.where(raw == self.eos_id, pos, K), axis=-1)

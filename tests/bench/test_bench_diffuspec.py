@@ -28,9 +28,10 @@ def test_diffuspec_suite_on_tiny_models(tmp_path, monkeypatch):
                "proxy": NgramProxy.fit(tok.encode("".join(texts) * 3), 128, bits=12)}
     res = run_diffuspec_suite(target, drafter, tok, sets=("humaneval",), limit=2, k_max=6,
                               k_min=3, fixed_k=(4,), refine_steps=(2,), max_new_tokens=12,
-                              progress=False)
+                              drafter_caches=("none", "prefix"), progress=False)
     rows = {r["method"]: r for r in res["sets"]["humaneval"]}
-    assert set(rows) == {"ar", "ngram", "specdiff", "diffuspec"}
+    assert set(rows) == {"ar", "ngram", "specdiff", "diffuspec", "specdiff+prefix",
+                         "diffuspec+prefix"}
     assert all(r["identical_to_reference"] for r in rows.values())
     assert rows["ar"]["mat"] == 1.0 and rows["ar"]["draft_nfe_per_token"] == 0.0
     assert rows["diffuspec"]["draft_nfe_per_token"] > 0
@@ -60,3 +61,5 @@ def test_diffuspec_suite_bad_input():
         run_diffuspec_suite(target, {}, tok)
     with pytest.raises(BenchError, match="k_min <= k_max"):
         run_diffuspec_suite(target, {"dllm_drafter": object()}, tok, k_max=5, k_min=8)
+    with pytest.raises(BenchError, match="unknown drafter cache"):
+        run_diffuspec_suite(target, {"dllm_drafter": object()}, tok, drafter_caches=("dual",))

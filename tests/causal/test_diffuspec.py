@@ -125,17 +125,20 @@ def test_refinement_equals_stepwise_decoding_of_one_block(head, steps):
         DiffusionDrafter(model, K, eos_id=0, k_min=K, refine_steps=0)
 
 
-@pytest.mark.parametrize("cps,adl", [(True, False), (False, True)])
-def test_refined_and_ablated_diffuspec_is_greedy_identical_to_ar(cps, adl):
-    """The Table 2 ablations and S = 2 through the registry: tokens equal AR greedy, and the
-    drafter spends S forwards per proposal."""
+@pytest.mark.parametrize("cps,adl,cache", [(True, False, "none"), (False, True, "none"),
+                                           (True, True, "prefix")])
+def test_refined_and_ablated_diffuspec_is_greedy_identical_to_ar(cps, adl, cache):
+    """The Table 2 ablations, S = 2 and the drafter prefix cache through the registry (two
+    prompts of different lengths: left padding): tokens equal AR greedy, and the drafter
+    spends S forwards per proposal."""
     import dataclasses
 
     from jaxspec.methods import get_method
     from tests.test_methods import _inputs
 
     model, params, prompts, opts = _inputs("causal")
-    opts = dataclasses.replace(opts, refine_steps=2, cps=cps, adl=adl, draft_length=5)
+    opts = dataclasses.replace(opts, refine_steps=2, cps=cps, adl=adl, draft_length=5,
+                               drafter_cache=cache)
     m = get_method("diffuspec")
     res = m.run(model, params, prompts, m.build(opts), seed=0)
     ar = get_method("ar").run(model, params, prompts, get_method("ar").build(opts), seed=0)
@@ -156,10 +159,12 @@ def test_ngram_proxy_probabilities_stay_below_one_under_hash_collisions():
     assert float(jnp.max(px.logprob(a, b, c))) <= 0.0
 
 
-def test_refined_drafts_keep_the_ar_distribution():
-    """S = 2 under sampling: the refined CPS path is still a deterministic function of the
-    history, verified as point masses, so the output has the AR distribution (the mutant
-    suite's setting: V = 6, EOS, padded batch, exact enumeration, 10^4 samples per prompt)."""
+@pytest.mark.parametrize("steps,prefix_cache", [(2, False), (1, True)])
+def test_refined_drafts_keep_the_ar_distribution(steps, prefix_cache):
+    """S = 2, and the drafter prefix cache, under sampling: the refined CPS path (from cached
+    keys / values or not) is still a deterministic function of the history, verified as point
+    masses, so the output has the AR distribution (the mutant suite's setting: V = 6, EOS,
+    padded batch, exact enumeration, 10^4 samples per prompt)."""
     from jaxspec.causal.decode import generate
     from jaxspec.causal.diffuspec import DiffusionDrafter
     from jaxspec.testing.distribution import check_groups
@@ -171,11 +176,69 @@ def test_refined_drafts_keep_the_ar_distribution():
     target, tparams = tiny_model(V, seed=7, scale=6.0)
     dream = DiffusionLM(DiffusionConfig(base=target.config, head="dream", mask_token_id=4))
     proxy = NgramProxy.fit(np.random.default_rng(1).integers(0, V, 300), V, bits=10)
-    drafter = DiffusionDrafter(dream, K, eos_id=4, adl=False, refine_steps=2)
+    drafter = DiffusionDrafter(dream, K, eos_id=4, adl=False, refine_steps=steps,
+                               prefix_cache=prefix_cache)
     res = generate(target, tparams, [p for p in PROMPTS for _ in range(N)], max_new_tokens=N_NEW,
                    sampling=CFG, drafter=drafter, drafter_params=(tparams, proxy), seed=SEED,
                    bucket=8, eos_ids=(M_EOS,))
     exact = [_exact_joint(target, tparams, p, N_NEW, CFG, eos=(M_EOS,)) for p in PROMPTS]
     chk = check_groups([(res.tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
     assert chk.passed, chk.why
-    assert (np.asarray(res.stats.draft_nfe) == 2 * np.asarray(res.stats.steps)).all()
+    assert (np.asarray(res.stats.draft_nfe) == steps * np.asarray(res.stats.steps)).all()
+
+
+@pytest.mark.parametrize("head", ["dream", "llada"])
+def test_prefix_cache_window_over_an_empty_cache_equals_the_full_forward(head):
+    """The cached forward's plumbing (window slots, RoPE positions, key mask, the Dream
+    row offset, left padding, a partly filled block for S > 1): with nothing cached
+    (``cached = pad``) and the whole context inside the window, the drafter's block
+    log-probabilities equal the uncached forward over the whole buffer."""
+    from jaxspec.causal.diffuspec import DiffusionDrafter, DrafterCache
+    from jaxspec.core.drafters import DraftContext
+    from jaxspec.testing.tiny import tiny_diffusion_model
+    from models.llama.modeling import init_cache
+
+    model, params = tiny_diffusion_model(head, vocab=40, ctx=64)
+    K, S, L = 5, 24, 7
+    drafter = DiffusionDrafter(model, K, eos_id=0, k_min=K, prefix_cache=True)
+    assert drafter.window == 2 * K + 2 and L + K <= drafter.window  # pad 0: all of it fits
+    rng = np.random.default_rng(3)
+    pad = np.array([0, 2])
+    buf = np.zeros((2, S), np.int32)
+    for b in range(2):
+        buf[b, pad[b]:L] = rng.integers(1, 39, L - pad[b])
+    ctx = DraftContext(buffer=jnp.asarray(buf), length=jnp.full((2,), L, jnp.int32),
+                       pad=jnp.asarray(pad, jnp.int32), active=jnp.ones((2,), bool))
+    cache = DrafterCache(kv=init_cache(model.config.base, 2, S + drafter.window),
+                         cached=jnp.asarray(pad, jnp.int32))
+    draft = jnp.where(jnp.arange(K)[None] % 2 == 0, model.config.mask_token_id,
+                      jnp.asarray(rng.integers(1, 39, (2, K)), jnp.int32))
+    for d in (None, draft):
+        got, kv = drafter._block(params, ctx, d, cache)
+        want = drafter.block_logprobs(params, ctx, d)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+        assert kv.size == S + drafter.window
+
+
+def test_prefix_cache_is_refused_without_a_static_context_and_across_vocabularies():
+    """The cross-vocabulary loop rebuilds the drafter's context every step: a prefix cache
+    would be stale, so both the drafter and the registry say so."""
+    import dataclasses
+
+    from jaxspec.causal.diffuspec import DiffusionDrafter
+    from jaxspec.core.drafters import DraftContext
+    from jaxspec.methods import get_method
+    from tests.test_methods import _inputs
+
+    model, params, _, opts = _inputs("causal")
+    dmodel, dparams = opts.dllm_drafter
+    ctx = DraftContext(buffer=jnp.zeros((1, 16), jnp.int32), length=jnp.asarray([4]),
+                       pad=jnp.asarray([0]), active=jnp.asarray([True]))
+    with pytest.raises(ValueError, match="static prefill width"):
+        DiffusionDrafter(dmodel, 4, eos_id=7, k_min=2, prefix_cache=True).init_state(
+            (dparams, None), ctx)
+    with pytest.raises(ValueError, match="another vocabulary"):
+        get_method("diffuspec").build(dataclasses.replace(opts, drafter_cache="prefix",
+                                                          vocab_adapter=(object(), object())))
+    with pytest.raises(ValueError, match="drafter_cache"):
+        get_method("diffuspec").build(dataclasses.replace(opts, drafter_cache="dual"))
