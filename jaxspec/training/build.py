@@ -17,11 +17,15 @@ import jax
 import optax
 
 from jaxspec.training.config import TrainConfig, TrainConfigError
-from jaxspec.training.data import PackedDataset, stdlib_tokens
+from jaxspec.training.data import DataError, PackedDataset, stdlib_tokens
+from jaxspec.training.distill import MixedWindows, distill_stream, read_distill
 from jaxspec.training.sft import SFTMixDataset, stdlib_sft
 from models.llama.modeling import CausalLM
 from models.registry import build_scratch, load_model
 from models.scratch import diffusion_model
+
+
+SOURCES = ("stdlib", "stdlib-sft", "stdlib+distill")
 
 
 def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
@@ -50,14 +54,18 @@ def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
 
 def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: print(m, file=sys.stderr)):
     """``(train, val, meta)`` from ``cfg.data``: :class:`PackedDataset` windows for source
-    ``stdlib``, :class:`jaxspec.training.sft.SFTMixDataset` for ``stdlib-sft``.
+    ``stdlib``, :class:`jaxspec.training.sft.SFTMixDataset` for ``stdlib-sft``,
+    :class:`jaxspec.training.distill.MixedWindows` for ``stdlib+distill`` (held-out: the
+    file's ``val`` rows mixed the same way, or the plain held-out windows if it has none).
 
     Raises:
-      TrainConfigError: unknown source, or no tokenizer.
+      TrainConfigError: unknown source, no tokenizer, or ``stdlib+distill`` without a
+        readable ``data.distill`` file.
     """
-    if cfg.data.source not in ("stdlib", "stdlib-sft"):
-        raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected 'stdlib' "
-                               f"or 'stdlib-sft'")
+    if cfg.data.source not in SOURCES:
+        raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected one of "
+                               f"{', '.join(SOURCES)}")
+    rows = _distill_rows(cfg) if cfg.data.source == "stdlib+distill" else []  # fail fast
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
     sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0
@@ -69,10 +77,43 @@ def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: pr
     windows = PackedDataset(train, T, seed), PackedDataset(val, T, seed)
     if cfg.data.source == "stdlib":
         return (*windows, meta)
+    if cfg.data.source == "stdlib+distill":
+        return _distill_data(cfg, rows, windows, sep, drop, meta)
     sft = stdlib_sft(tokenizer, cfg.data.holdout, seq_len=T, eos_id=sep, drop_ids=drop, log=log)
     f = cfg.data.sft_fraction
     return (SFTMixDataset(*sft["train"], windows[0], f, seed),
             SFTMixDataset(*sft["val"], windows[1], f, seed), {**meta, "sft": sft["meta"]})
+
+
+def _distill_rows(cfg: TrainConfig) -> list[dict]:
+    """The rows of ``data.distill``; TrainConfigError when there are none."""
+    path = cfg.data.distill
+    try:
+        rows = read_distill(path) if path else []
+    except DataError as e:
+        raise TrainConfigError(f"data.distill: {e}") from None
+    if not rows:
+        raise TrainConfigError(f"data.source stdlib+distill needs data.distill: a file written "
+                               f"by scripts.distill with at least one row (got {path!r})")
+    return rows
+
+
+def _distill_data(cfg: TrainConfig, rows: list[dict], windows, sep: int, drop, meta: dict):
+    """The ``stdlib+distill`` datasets (:func:`build_data`)."""
+    path = cfg.data.distill
+    T, f, seed = cfg.data.seq_len, cfg.data.distill_fraction, cfg.train.seed
+    out, stats = [], {}
+    for split, plain in zip(("train", "val"), windows):
+        part = [r for r in rows if r.get("split", "train") == split]
+        stats[split] = {"rows": len(part), "answer_tokens": sum(len(r["answer"]) for r in part)}
+        if not part:
+            out.append(plain)
+            continue
+        try:
+            out.append(MixedWindows(plain, PackedDataset(distill_stream(part, sep, drop), T, seed), f))
+        except DataError as e:
+            raise TrainConfigError(f"data.distill {path}: {e}") from None
+    return out[0], out[1], {**meta, "distill": {"path": str(path), "fraction": f, **stats}}
 
 
 def make_optimizer(cfg: TrainConfig):

@@ -45,14 +45,19 @@ class DataSection:
     """``source``: ``"stdlib"`` (plain windows, :mod:`jaxspec.training.data`) or
     ``"stdlib-sft"`` (the v2 diffusion recipe: LLaDA-SFT-style function samples with EOS
     padding mixed with plain windows, :mod:`jaxspec.training.sft`; ``sft_fraction`` of the
-    samples are SFT). ``batch_size`` sequences per micro-batch of ``seq_len`` tokens;
-    ``holdout``: validation modules."""
+    samples are SFT) or ``"stdlib+distill"`` (SPACE self-distillation: windows of the base
+    model's own answers, the JSON-lines file ``distill`` written by ``scripts.distill``,
+    interleaved with plain windows, ``distill_fraction`` of them distilled;
+    :mod:`jaxspec.training.distill`). ``batch_size`` sequences per micro-batch of ``seq_len``
+    tokens; ``holdout``: validation modules."""
 
     source: str = "stdlib"
     seq_len: int = 128
     batch_size: int = 8
     holdout: tuple = ()
     sft_fraction: float = 0.5
+    distill: Optional[str] = None
+    distill_fraction: float = 0.5
 
 
 OBJECTIVES = ("diffusion", "asarm", "sar")

@@ -157,6 +157,17 @@ def stdlib_sft(tokenizer, holdout: Sequence[str], *, seq_len: int, eos_id: int,
     return {"train": (train, tp), "val": (val, vp), "meta": meta}
 
 
+def interleave(k: int, fraction: float) -> tuple[bool, int]:
+    """Where global sample ``k`` of an even interleave of two sources comes from: ``(True,
+    floor(k f))`` (the second source, its index) iff ``floor((k + 1) f) > floor(k f)``, else
+    ``(False, k - floor(k f))``; ``f`` = ``fraction``, exactly ``f`` of every batch in the
+    long run."""
+    before = int(np.floor(k * fraction))
+    if int(np.floor((k + 1) * fraction)) > before:
+        return True, before
+    return False, k - before
+
+
 class SFTMixDataset:
     """SFT samples interleaved with plain windows; batches ``int32 (n, 2, T)`` = ``[tokens,
     response mask]``, a pure function of ``(seed, step)``.
@@ -205,12 +216,12 @@ class SFTMixDataset:
     def sample(self, k: int) -> np.ndarray:
         """Global sample ``k``: ``int32 (2, T)``."""
         T = self.seq_len
-        before = int(np.floor(k * self.f))
-        if int(np.floor((k + 1) * self.f)) > before:
-            i = self._sft_index(before)
+        sft, j = interleave(k, self.f)
+        if sft:
+            i = self._sft_index(j)
             resp = (np.arange(T) >= self.prompt_len[i]).astype(np.int32)
             return np.stack([self.tokens[i].astype(np.int32), resp])
-        w = k - before
+        w = j
         n = self.windows.num_sequences
         row = self.windows.seqs[self.windows._perm(w // n)[w % n]].astype(np.int32)
         return np.stack([row, np.ones(T, np.int32)])
@@ -226,4 +237,4 @@ class SFTMixDataset:
         return [self.batch(i, batch_size) for i in range(num)]
 
 
-__all__ = ["function_samples", "pack_samples", "stdlib_sft", "SFTMixDataset"]
+__all__ = ["function_samples", "pack_samples", "stdlib_sft", "interleave", "SFTMixDataset"]

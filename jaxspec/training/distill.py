@@ -1,0 +1,198 @@
+"""Self-distillation data for SPACE's SAR-SFT (issue 12; ``space-parallel-auto-correct-decoding.txt``
+Sec. 3.1 fine-tunes on instruction data; here the base model's *own* answers stand in for it, so
+the SAR model's autoregressive behaviour stays close to the base model's).
+
+1. **Prompts** (:func:`distill_prompts`), from the stdlib functions of the training split
+   (:func:`jaxspec.training.sft.function_samples`; the held-out modules give the validation
+   prompts, HumanEval and MT-Bench are never used):
+
+   * ``"chat"``: the chat template around "Write the body of this Python function:" and the
+     function's decorators, signature and docstring;
+   * ``"code"``: the signature and docstring as plain text, to be continued as code.
+
+2. **Answers** (:func:`self_distill`): the base model's greedy continuation of every prompt
+   (jaxspec AR decoding, :func:`jaxspec.causal.decode.generate`, batched), appended to a
+   JSON-lines file one prompt at a time, so an interrupted run resumes where it stopped.
+
+3. **Stream** (:func:`distill_stream`): ``prompt + answer + EOS`` of every row, concatenated into
+   one token stream that :class:`jaxspec.training.data.PackedDataset` cuts into windows, and
+   :class:`MixedWindows` interleaves those windows with the plain stdlib windows
+   (``data.source: stdlib+distill``, ``data.distill``, ``data.distill_fraction``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from jaxspec.training.data import (DataError, PackedDataset, split_files, stdlib_files,
+                                   stdlib_root)
+from jaxspec.training.sft import function_samples, interleave
+
+__all__ = ["INSTRUCTION", "distill_prompts", "self_distill", "read_distill", "distill_stream",
+           "MixedWindows"]
+
+INSTRUCTION = "Write the body of this Python function:\n\n```python\n{code}```"
+
+
+def distill_prompts(tokenizer, holdout: Sequence[str], *, split: str = "train", n: int = 1000,
+                    chat_fraction: float = 0.5, seed: int = 0, max_prompt_chars: int = 1500,
+                    root: Optional[Path] = None) -> list[dict]:
+    """``n`` prompts (dicts ``{"kind": "chat" | "code", "split", "text", "source": file}``)
+    from the stdlib functions of one split, drawn without replacement in a seeded order; about
+    ``chat_fraction`` of them use the chat template (module docstring).
+
+    Raises:
+      DataError: ``split`` not ``train`` / ``val``, ``chat_fraction`` outside ``[0, 1]``, a
+        tokenizer without a chat template while chat prompts are asked for, or no function
+        with a docstring in the split.
+    """
+    if split not in ("train", "val"):
+        raise DataError(f"split must be 'train' or 'val', got {split!r}")
+    if not 0.0 <= chat_fraction <= 1.0:
+        raise DataError(f"chat_fraction must lie in [0, 1], got {chat_fraction}")
+    if chat_fraction > 0 and not getattr(tokenizer, "chat_template", None):
+        raise DataError("chat prompts need a tokenizer with a chat template (or chat_fraction 0)")
+    root = Path(root) if root is not None else stdlib_root()
+    train_f, val_f = split_files(stdlib_files(root), list(holdout))
+    heads = []
+    for f in (train_f if split == "train" else val_f):
+        pairs, _ = function_samples((root / f).read_text(encoding="utf-8", errors="replace"))
+        heads += [(f"{f}", p) for p, _ in pairs if len(p) <= max_prompt_chars]
+    if not heads:
+        raise DataError(f"no stdlib function with a docstring in the {split} split")
+    rng = np.random.default_rng([seed, 0 if split == "train" else 1])
+    order = rng.permutation(len(heads))[:n]
+    chat = rng.random(len(order)) < chat_fraction
+    out = []
+    for i, c in zip(order, chat):
+        src, code = heads[int(i)]
+        text = (tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTION.format(
+            code=code)}]) if c else code)
+        out.append({"kind": "chat" if c else "code", "split": split, "text": text,
+                    "source": src})
+    return out
+
+
+def read_distill(path) -> list[dict]:
+    """The rows of a distillation file (JSON lines ``{"i", "kind", "split", "source",
+    "prompt", "answer"}``; ids as lists). A truncated last line (an interrupted write) is ignored.
+
+    Raises:
+      DataError: a line that is not JSON before the last one."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    rows = []
+    for j, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if j == len(lines) - 1:
+                break
+            raise DataError(f"{path}: line {j + 1} is not JSON") from None
+    return rows
+
+
+def self_distill(model, params, tokenizer, prompts: Sequence[dict], out, *,
+                 max_new_tokens: int = 192, batch: int = 8, seed: int = 0, progress: bool = True,
+                 log=lambda m: print(m, file=sys.stderr)) -> list[dict]:
+    """The base model's greedy answers to ``prompts`` (:func:`distill_prompts`), appended to the
+    JSON-lines file ``out``; prompts already answered there (by index ``i``) are skipped, so a
+    rerun resumes. Batches of ``batch`` prompts share one compiled AR loop (left padding).
+
+    Args:
+      model, params: the causal base model (:class:`models.llama.modeling.CausalLM`).
+      tokenizer: its tokenizer (``encode``, ``eos_token_ids``, ``pad_token_id``).
+      prompts: the prompt dicts; out: the file path.
+      max_new_tokens: answer budget (answers stop at EOS, which is not stored).
+
+    Returns:
+      every row of ``out`` after the run (:func:`read_distill`).
+
+    Raises:
+      DecodeInputError: a prompt longer than the model's context minus the budget.
+    """
+    from tqdm.auto import tqdm
+
+    from jaxspec.causal.decode import generate
+    from jaxspec.core.sampling import SamplingConfig
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["i"] for r in read_distill(out)}
+    todo = [i for i in range(len(prompts)) if i not in done]
+    if done:
+        log(f"[distill] {len(done)} of {len(prompts)} prompts already answered in {out}")
+    eos = tuple(tokenizer.eos_token_ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    with out.open("a") as f, tqdm(total=len(prompts), initial=len(prompts) - len(todo),
+                                  disable=not progress, desc="distill") as bar:
+        for s in range(0, len(todo), batch):
+            idx = todo[s:s + batch]
+            ids = [tokenizer.encode(prompts[i]["text"]) for i in idx]
+            res = generate(model, params, ids, max_new_tokens=max_new_tokens,
+                           sampling=SamplingConfig(), seed=seed, eos_ids=eos, pad_id=pad)
+            for i, p, a in zip(idx, ids, res.tokens):
+                a = [int(t) for t in a if int(t) not in eos]
+                f.write(json.dumps({"i": i, "kind": prompts[i]["kind"],
+                                    "split": prompts[i].get("split", "train"),
+                                    "source": prompts[i]["source"], "prompt": p,
+                                    "answer": a}) + "\n")
+            f.flush()
+            bar.update(len(idx))
+    return read_distill(out)
+
+
+def distill_stream(rows: Iterable[dict], eos_id: int, drop_ids: Iterable[int] = (),
+                   dtype=np.int32) -> np.ndarray:
+    """``prompt + answer + EOS`` of every row, concatenated: a 1-D token stream (ids in
+    ``drop_ids``, e.g. the [MASK] id, removed).
+
+    Raises:
+      DataError: no rows."""
+    drop = set(int(i) for i in drop_ids)
+    parts = [[t for t in r["prompt"] + r["answer"] if t not in drop] + [eos_id] for r in rows]
+    if not parts:
+        raise DataError("the distillation file has no rows")
+    return np.concatenate([np.asarray(p, np.int64) for p in parts]).astype(dtype)
+
+
+class MixedWindows:
+    """Windows of two :class:`jaxspec.training.data.PackedDataset` streams with one
+    ``seq_len``, interleaved: global sample ``k`` comes from ``b`` iff ``floor((k + 1) f) >
+    floor(k f)`` (``f`` = ``fraction``), as :class:`jaxspec.training.sft.SFTMixDataset`; each
+    source is walked through its own epoch permutations. Batches ``int32 (n, T)``, a pure
+    function of the step (exact resume).
+
+    Raises:
+      DataError: different ``seq_len`` or a fraction outside ``[0, 1]``.
+    """
+
+    def __init__(self, a: PackedDataset, b: PackedDataset, fraction: float):
+        if a.seq_len != b.seq_len:
+            raise DataError(f"mixed windows need one seq_len, got {a.seq_len} and {b.seq_len}")
+        if not 0.0 <= float(fraction) <= 1.0:
+            raise DataError(f"distill_fraction must lie in [0, 1], got {fraction}")
+        self.a, self.b, self.f, self.seq_len = a, b, float(fraction), a.seq_len
+
+    def sample(self, k: int) -> np.ndarray:
+        """Global sample ``k``: ``int32 (T,)``."""
+        from_b, j = interleave(k, self.f)
+        src = self.b if from_b else self.a
+        n = src.num_sequences
+        return src.seqs[src._perm(j // n)[j % n]].astype(np.int32)
+
+    def batch(self, step: int, samples_per_step: int) -> np.ndarray:
+        """``int32 (samples_per_step, T)`` batch of ``step``."""
+        k0 = step * samples_per_step
+        return np.stack([self.sample(k) for k in range(k0, k0 + samples_per_step)])
+
+    def fixed_batches(self, num: int, batch_size: int) -> list[np.ndarray]:
+        """``num`` evaluation batches (the first samples, in order of ``k``)."""
+        return [self.batch(i, batch_size) for i in range(num)]

@@ -1,0 +1,74 @@
+"""Self-distillation data for SPACE's SAR-SFT: the base model's greedy answers to stdlib prompts.
+
+    python -m scripts.distill --config configs/train/smollm2-135m-space-distill.yaml \
+        [--prompts 2000] [--val-prompts 64] [--max-new-tokens 192] [--batch 8] \
+        [--chat-fraction 0.5] [--out FILE] [--no-progress]
+
+The model is the config's ``model.preset`` (the SAR model's base), the prompts come from the
+stdlib functions of the config's training split (``--val-prompts`` from its held-out modules),
+and the answers are appended to ``--out`` (default: the config's ``data.distill``) as JSON lines
+(:mod:`jaxspec.training.distill`). Rerunning the same command resumes: prompts already answered
+are skipped. Exit code 2 with one ``error:`` line on a bad config or argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m scripts.distill", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="configs/train/NAME.yaml (a SAR config)")
+    ap.add_argument("--prompts", type=int, default=2000, help="training prompts (default 2000)")
+    ap.add_argument("--val-prompts", type=int, default=64,
+                    help="held-out prompts, from the config's hold-out modules (default 64)")
+    ap.add_argument("--max-new-tokens", type=int, default=192, help="answer budget (default 192)")
+    ap.add_argument("--batch", type=int, default=8, help="prompts per decode batch (default 8)")
+    ap.add_argument("--chat-fraction", type=float, default=0.5,
+                    help="share of prompts in the chat template (the rest: code continuation)")
+    ap.add_argument("--seed", type=int, default=0, help="prompt order seed")
+    ap.add_argument("--out", default=None, help="JSON-lines file (default: the config's data.distill)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from jaxspec.core.batching import DecodeInputError
+    from jaxspec.training.config import TrainConfigError, load_config
+    from jaxspec.training.data import DataError
+    from jaxspec.training.distill import distill_prompts, self_distill
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, load_model
+
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    try:
+        for name in ("prompts", "val_prompts", "max_new_tokens", "batch"):
+            if getattr(args, name) < (0 if name == "val_prompts" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be >= "
+                                 f"{0 if name == 'val_prompts' else 1}, got {getattr(args, name)}")
+        cfg = load_config(args.config)
+        out = args.out or cfg.data.distill
+        if not out:
+            raise TrainConfigError(f"{args.config} has no data.distill: pass --out FILE")
+        if cfg.model.init != "preset" or not cfg.model.preset:
+            raise TrainConfigError("self-distillation needs model.init: preset (the base model)")
+        model, params, tok, _ = load_model(cfg.model.preset, log=log)
+        kw = dict(chat_fraction=args.chat_fraction, seed=args.seed)
+        prompts = distill_prompts(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
+        if args.val_prompts:
+            prompts += distill_prompts(tok, cfg.data.holdout, split="val", n=args.val_prompts, **kw)
+        rows = self_distill(model, params, tok, prompts, out, max_new_tokens=args.max_new_tokens,
+                            batch=args.batch, progress=not args.no_progress, log=log)
+    except (TrainConfigError, DataError, PresetError, WeightFileError, DecodeInputError,
+            ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    answered = sum(len(r["answer"]) for r in rows)
+    log(f"[distill] {len(rows)} rows ({answered} answer tokens) in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
