@@ -18,7 +18,12 @@ with the methods' order rotating (:func:`jaxspec.bench.dllm.run_interleaved`). P
 * ``seconds`` (median per sequence), ``speedup`` (median per-sequence wall-clock ratio to
   sequential), acceptance rate and tokens per iteration;
 * ``ppl_p_value`` / ``entropy_p_value``: Welch's t-test (unequal variances) of the per-sequence
-  values against sequential's; Theorem 2 predicts no significant difference.
+  values against sequential's; Theorem 2 predicts no significant difference. The test needs
+  independent samples: every (row, sequence) pair samples with its own seed
+  (:func:`row_seed`). Until 2026-11-25 a row used one seed for all its sequences, so every
+  sequence of a row drew the same Gumbel noise per step (common random numbers across
+  sequences): the row means were unbiased but shared one noise draw, and two runs of the same
+  decoder differed "significantly" (issue 14's entropy question, ``results/assd-ppl-100``).
 
 **k sweep** (Table 5): ASSD at every ``k`` of ``k_sweep`` on the same sequences: NFE per token,
 speedup and the two p-values.
@@ -160,7 +165,7 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
                    judge: Optional[Callable[[Sequence[Sequence[int]]], list]] = None,
                    mask_rate: float = 0.95, k: int = 5, k_sweep: Sequence[int] = K_SWEEP,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   seed: int = 0, bucket: int = 64,
+                   seed: int = 0, mask_seed: Optional[int] = None, bucket: int = 64,
                    infill_tasks: Sequence = (), tokenizer=None,
                    to_model: Optional[Callable[[Sequence[int]], list]] = None,
                    infill_temperature: float = 0.0, sandbox_timeout: float = 10.0,
@@ -185,8 +190,11 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
       cache: ``"none"`` or ``"content"`` (the content-stream KV cache), for every row alike.
       methods: the main rows after sequential (default: ASSD, ASSD-ngram, fused ASSD and
         fused ASSD-ngram, all at ``k``).
-      seed: the generation rows use ``seed * 1000 + row index`` (independent samples); the
-        infilling rows use ``seed`` (the same draw for sequential and ASSD).
+      seed: the generation rows sample sequence ``i`` of row ``j`` with :func:`row_seed`
+        ``(seed, j, i)`` (independent samples); the infilling rows use ``seed`` (the same draw
+        for sequential and ASSD).
+      mask_seed: seed of the evaluation masks (sequence ``i`` uses ``mask_seed * 100003 +
+        i``); None: ``seed``. Fix it to compare runs of different ``seed`` on the same masks.
       max_len: the model's context for the infilling rows (a longer template is an error).
       temperature, top_k, top_p: the sampling configuration of every generation row.
       infill_tasks: :class:`jaxspec.eval.tasks.LineTask` items (empty: no infilling rows); needs
@@ -208,19 +216,22 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
     to_mod = to_model or (lambda ids: [int(i) for i in ids])
     sampling = SamplingConfig(temperature, top_k, top_p)
     seqs = [[int(t) for t in s] for s in sequences]
-    masks = {f"seq{i}": random_mask(len(s), mask_rate, seed * 100003 + i) for i, s in enumerate(seqs)}
+    ms = seed if mask_seed is None else mask_seed
+    masks = {f"seq{i}": random_mask(len(s), mask_rate, ms * 100003 + i) for i, s in enumerate(seqs)}
     prompts = [BenchPrompt(f"seq{i}", s) for i, s in enumerate(seqs)]
 
     mask_of = {id(p.ids): masks[p.task_id] for p in prompts}
+    index_of = {id(p.ids): i for i, p in enumerate(prompts)}
     runs: dict = {}
     main = [("sequential", None)] + [(m, k) for m in methods]
     keys = main + [("assd", kk) for kk in k_sweep if kk != k]
     for j, (method, kk) in enumerate(keys):
-        # each row samples with its own seed, so the rows are independent samples (as the
-        # Welch tests against sequential assume); row j uses seed * 1000 + j
-        def run(ids, method=method, kk=kk, row_seed=seed * 1000 + j):
+        # every (row, sequence) pair samples with its own seed: independent samples within
+        # and across rows, as the Welch tests against sequential assume
+        def run(ids, method=method, kk=kk, j=j):
             return assd_generate(model, params, [ids], [mask_of[id(ids)]], method=method,
-                                 k=kk or 1, sampling=sampling, seed=row_seed, bucket=bucket,
+                                 k=kk or 1, sampling=sampling,
+                                 seed=row_seed(seed, j, index_of[id(ids)]), bucket=bucket,
                                  suppress=suppress, cache=cache)
         runs[(method, kk)] = run
     outs, compile_s = run_interleaved(runs, prompts, max(len(s) for s in seqs), progress,
@@ -378,6 +389,13 @@ def write_results(result: dict, out: Path) -> tuple[Path, Path]:
                                caption="NFE per token and wall-clock speedup")
 
 
+def row_seed(seed: int, row: int, sequence: int) -> int:
+    """The sampling seed of ``row`` (a method of the table) on evaluation ``sequence`` of a
+    run with ``seed``: ``numpy.random.SeedSequence([seed, row, sequence])``'s first 32-bit
+    word, distinct for every triple in practice."""
+    return int(np.random.SeedSequence([seed, row, sequence]).generate_state(1)[0])
+
+
 # --------------------------------------------------------------------------- CLI
 def add_arguments(ap) -> None:
     """The ``--assd-*`` options of ``python -m scripts.benchmark --suite assd``."""
@@ -389,7 +407,11 @@ def add_arguments(ap) -> None:
                    help="tokens per evaluation sequence (default 256)")
     g.add_argument("--assd-mask-rate", type=float, default=0.95, help="share of tokens infilled")
     g.add_argument("--assd-temperature", type=float, default=1.0, help="sampling temperature")
-    g.add_argument("--assd-seed", type=int, default=0)
+    g.add_argument("--assd-seed", type=int, default=0,
+                   help="sampling seed (each row and sequence samples with its own seed from it)")
+    g.add_argument("--assd-mask-seed", type=int, default=None,
+                   help="seed of the evaluation masks (default: --assd-seed); fix it to compare "
+                        "runs of different --assd-seed on the same masks")
     g.add_argument("--assd-infill-tasks", type=int, default=20,
                    help="HumanEval single-line infilling tasks (0: none)")
     g.add_argument("--assd-infill-temperature", type=float, default=0.0)
@@ -454,14 +476,18 @@ def main_assd(args, log) -> int:
                   "temperature": args.assd_temperature, "seed": args.assd_seed,
                   "holdout": list(holdout), "judge": None if judge is None else "smollm2-135m-instruct",
                   "infill_tasks": len(tasks), "infill_temperature": args.assd_infill_temperature,
-                  "context": asarm.max_len, "row_seeds": "seed * 1000 + row index",
+                  "mask_seed": (args.assd_seed if args.assd_mask_seed is None
+                                else args.assd_mask_seed),
+                  "context": asarm.max_len,
+                  "row_seeds": "SeedSequence([seed, row index, sequence index])",
                   "batch": 1, "suppressed_ids": list(suppress), "methods": list(args.assd_methods),
                   "cache": args.assd_cache}
         result = run_assd_suite(asarm.model, asarm.params, seqs, model_name=name,
                                 to_external=asarm.to_external, judge=judge,
                                 mask_rate=args.assd_mask_rate, k=args.assd_k,
                                 k_sweep=args.assd_k_sweep, temperature=args.assd_temperature,
-                                seed=args.assd_seed, infill_tasks=tasks,
+                                seed=args.assd_seed, mask_seed=args.assd_mask_seed,
+                                infill_tasks=tasks,
                                 tokenizer=asarm.tokenizer, to_model=asarm.to_model,
                                 infill_temperature=args.assd_infill_temperature, config=config,
                                 max_len=asarm.max_len, suppress=suppress, cache=args.assd_cache,
