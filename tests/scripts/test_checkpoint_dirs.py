@@ -118,7 +118,7 @@ GEN_CASES = [  # (directory, method, extra flags); "{dream}" etc. are filled in 
     ("qwen2", "diffuspec", CAUSAL + ["--draft-model", "auto", "--draft-weights", "{dream}",
                                      "--draft-length", "4"]),
     ("qwen2", "specdiff", CAUSAL + ["--draft-model", "hf-directory", "--draft-weights",
-                                    "{dream}", "--draft-length", "4"]),
+                                    "{dream}", "--draft-length", "4", "--drafter-cache", "prefix"]),
     ("qwen2", "diffuspec", CAUSAL + ["--draft-model", "auto", "--draft-weights",
                                      "{dream_vocab320}", "--draft-length", "4"]),
     ("sar", "space", CAUSAL + ["--mask-groups", "3"]),
@@ -417,3 +417,14 @@ def test_family_detection(dirs, bad_dirs):
         _edit_config(d, architectures=None)
     with pytest.raises(ConfigError, match="unknown architecture"):
         weights_family(bad_dirs["unknown-arch", "any"][0])
+
+
+def test_drafter_cache_across_vocabularies_one_line_exit_2(dirs, capsys):
+    """The drafter prefix cache needs the target's vocabulary (the cross-vocabulary loop
+    re-encodes the drafter's context every step): one line, exit 2."""
+    argv = ["--model", "auto", "--weights", str(dirs["qwen2"]), "--method", "diffuspec",
+            "--draft-model", "auto", "--draft-weights", str(dirs["dream_vocab320"]),
+            "--drafter-cache", "prefix", *CAUSAL, "--quiet"]
+    assert gen_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "another vocabulary" in err and "\n" not in err
