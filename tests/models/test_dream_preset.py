@@ -26,6 +26,9 @@ def test_preset_fields_and_committed_delta_hash():
     assert p.delta == "checkpoints/dream-smollm2-135m/delta.safetensors"
     assert sha256_of(presets.delta_path(p)) == p.sha256
     assert NAME in presets.available()
+    v2 = get_preset("dream-smollm2-135m-v2")  # issue 15's partial v2 delta, same base and head
+    assert (v2.base, v2.head, v2.mask_token_id) == (p.base, p.head, p.mask_token_id)
+    assert sha256_of(presets.delta_path(v2)) == v2.sha256
 
 
 @pytest.fixture
