@@ -44,10 +44,12 @@ def main(argv=None) -> int:
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
-        for name in ("prompts", "val_prompts", "max_new_tokens", "batch"):
-            if getattr(args, name) < (0 if name == "val_prompts" else 1):
-                raise ValueError(f"--{name.replace('_', '-')} must be >= "
-                                 f"{0 if name == 'val_prompts' else 1}, got {getattr(args, name)}")
+        for flag, value, least in (("--prompts", args.prompts, 1),
+                                   ("--val-prompts", args.val_prompts, 0),
+                                   ("--max-new-tokens", args.max_new_tokens, 1),
+                                   ("--batch", args.batch, 1)):
+            if value < least:
+                raise ValueError(f"{flag} must be >= {least}, got {value}")
         cfg = load_config(args.config)
         out = args.out or cfg.data.distill
         if not out:
