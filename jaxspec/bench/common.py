@@ -606,6 +606,20 @@ _COLUMNS = [
 ]
 
 
+# Columns of :func:`jaxspec.eval.metrics.answer_degeneracy` (diffusion suites): degeneracy of the
+# text before the first EOS, the answer length and the EOS-tail share.
+ANSWER_COLUMNS = (
+    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("longest_run", "longest run", "{}"), ("answer_tokens", "answer tokens", "{:.1f}"),
+    ("eos_share", "EOS share", "{:.2f}"),
+)
+ANSWER_NOTE = ("- `distinct`, `rep. 4-gram`, `longest run`: degeneracy of the text before each "
+               "output's first EOS (a looping model agrees with itself and inflates acceptance); "
+               "`answer tokens`: its mean length; `EOS share`: share of the generated positions "
+               "that hold EOS, the tail an instruct dLLM pads its blocks with. EOS tails are easy "
+               "to accept and decode, as in the papers' figures: read speedups beside this share.")
+
+
 def markdown_table(result: dict, columns=None) -> str:
     """The rows of a result document as a GitHub markdown table; ``columns`` is a list of
     ``(key, header, format)`` (default: the ``ar`` suite's). ``None`` prints ``-``, booleans

@@ -25,7 +25,8 @@ Figures per row:
   where each forward the loop issued (the full pass at a block's first step, the cached
   window passes after it) is timed alone as a jitted call on the same shapes
   (:func:`forward_costs`);
-* degeneracy figures (:func:`jaxspec.eval.metrics.mean_degeneracy`) of the EOS-cut outputs.
+* degeneracy figures of the text before each output's first EOS, the mean answer length and
+  the share of EOS positions (:func:`jaxspec.eval.metrics.answer_degeneracy`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info, save_figure
 from jaxspec.core.runtime import decode_layout
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
-from jaxspec.eval.metrics import mean_degeneracy
+from jaxspec.eval.metrics import answer_degeneracy
 from models.diffusion.modeling import bidirectional_mask
 from models.llama.modeling import init_cache
 
@@ -256,7 +257,7 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
             "loop_overhead": (_num(statistics.median(overhead[c]), 4)
                               if m == "stepwise" and overhead[c] else None),
             "compile_s": _num(compile_s[(m, c)], 2),
-            **mean_degeneracy([r.tokens[0] for r in o]),
+            **answer_degeneracy([r.full_tokens[0] for r in o], eos, gen_length),
         }
         rows.append(row)
     per_prompt = []
@@ -288,8 +289,7 @@ _COLUMNS = [
     ("speedup_vs_stepwise", "vs stepwise", "{:.2f}x"),
     ("speedup_vs_reference", "vs none/stepwise", "{:.2f}x"),
     ("identical_fraction", "identical", "{:.2f}"), ("loop_overhead", "loop overhead", "{:+.1%}"),
-    ("compile_s", "compile s", "{:.1f}"), ("distinct_token_share", "distinct", "{:.2f}"),
-    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"), ("longest_run", "longest run", "{}"),
+    ("compile_s", "compile s", "{:.1f}"), *bench.ANSWER_COLUMNS,
 ]
 
 
@@ -317,8 +317,7 @@ def markdown_report(result: dict) -> str:
                     "- `fwd tokens` = query tokens pushed through the model per prompt; "
                     "`loop overhead` = decode wall clock over the sum of its forwards, each "
                     "timed alone on the same shapes (stepwise rows).",
-                    "- `distinct`, `rep. 4-gram`, `longest run`: degeneracy of the (EOS-cut) "
-                    "outputs; numbers from a looping model say little."]
+                    bench.ANSWER_NOTE]
     return "\n".join(out) + "\n"
 
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from jaxspec.eval.metrics import degeneracy
+from jaxspec.eval.metrics import eos_completion_figures
 from jaxspec.training.sft import stdlib_sft
 
 V2_GATE_RULE = {"repeated_ngram_rate_max": 0.3, "distinct_token_share_min": 0.3,
@@ -47,31 +47,6 @@ def heldout_function_prompts(tokenizer, holdout: Sequence[str], n: int, *, seq_l
                          f"{n} requested")
     idx = np.unique(np.linspace(0, len(plen) - 1, n).astype(int))
     return [toks[i, :plen[i]].astype(int).tolist() for i in idx]
-
-
-def eos_completion_figures(completions: Sequence[Sequence[int]], eos_ids: Sequence[int],
-                           budget: int) -> dict:
-    """Figures of completions (``int`` id lists of ``budget`` tokens, EOS tails included).
-
-    Returns ``{"per_completion": [...], "mean": {...}}``: per completion the answer length
-    (tokens before the first EOS), whether an EOS occurs within ``budget``, the share of
-    EOS positions in the whole completion, and the degeneracy figures
-    (:func:`jaxspec.eval.metrics.degeneracy`) of the text before the first EOS; means of all
-    of them (``ends_with_eos`` as a share)."""
-    eos = set(int(e) for e in eos_ids)
-    rows = []
-    for c in completions:
-        c = [int(t) for t in c][:budget]
-        first = next((i for i, t in enumerate(c) if t in eos), None)
-        answer = c if first is None else c[:first]
-        rows.append({"answer_tokens": len(answer), "ends_with_eos": first is not None,
-                     "eos_share": sum(t in eos for t in c) / max(len(c), 1),
-                     **degeneracy(answer)})
-    keys = ("answer_tokens", "eos_share", "distinct_token_share", "repeated_ngram_rate",
-            "longest_run")
-    mean = {k: float(np.mean([r[k] for r in rows])) if rows else 0.0 for k in keys}
-    mean["ends_with_eos"] = float(np.mean([r["ends_with_eos"] for r in rows])) if rows else 0.0
-    return {"per_completion": rows, "mean": mean}
 
 
 def v2_gate_checks(mean: dict, rule: Optional[dict] = None) -> list[dict]:

@@ -55,6 +55,51 @@ def mean_degeneracy(rows: Sequence[Sequence[int]], n: int = 4) -> dict[str, floa
     }
 
 
+def eos_completion_figures(completions: Sequence[Sequence[int]], eos_ids: Sequence[int],
+                           budget: int) -> dict:
+    """Figures of completions (``int`` id lists of ``budget`` tokens, EOS tails included).
+
+    Returns ``{"per_completion": [...], "mean": {...}}``: per completion the answer length
+    (tokens before the first EOS), whether an EOS occurs within ``budget``, the share of
+    EOS positions in the whole completion, and the degeneracy figures
+    (:func:`jaxspec.eval.metrics.degeneracy`) of the text before the first EOS; means of all
+    of them (``ends_with_eos`` as a share)."""
+    eos = {int(e) for e in eos_ids}
+    rows = []
+    for c in completions:
+        c = [int(t) for t in c][:budget]
+        first = next((i for i, t in enumerate(c) if t in eos), None)
+        answer = c if first is None else c[:first]
+        rows.append({"answer_tokens": len(answer), "ends_with_eos": first is not None,
+                     "eos_share": sum(t in eos for t in c) / max(len(c), 1),
+                     **degeneracy(answer)})
+    keys = ("answer_tokens", "eos_share", "distinct_token_share", "repeated_ngram_rate",
+            "longest_run")
+    mean = {k: float(np.mean([r[k] for r in rows])) if rows else 0.0 for k in keys}
+    mean["ends_with_eos"] = float(np.mean([r["ends_with_eos"] for r in rows])) if rows else 0.0
+    return {"per_completion": rows, "mean": mean}
+
+
+def answer_degeneracy(completions: Sequence[Sequence[int]], eos_ids: Sequence[int],
+                      budget: int) -> dict[str, float]:
+    """Row figures of a diffusion benchmark (issue 15): :func:`degeneracy` of the text before
+    each completion's first EOS (means; ``longest_run`` the max), the mean answer length
+    ``answer_tokens`` and the mean share of EOS positions ``eos_share`` (the EOS tail that
+    instruct dLLMs pad a block with, easy to accept, reported apart from the answer).
+
+    Args:
+      completions: every generated position of each completion (``budget`` ids, no cut).
+      eos_ids: the EOS ids; budget: the generation length.
+    """
+    figs = eos_completion_figures(completions, eos_ids, budget)
+    mean = figs["mean"]
+    return {"distinct_token_share": round(mean["distinct_token_share"], 4),
+            "repeated_ngram_rate": round(mean["repeated_ngram_rate"], 4),
+            "longest_run": max((r["longest_run"] for r in figs["per_completion"]), default=0),
+            "answer_tokens": round(mean["answer_tokens"], 2),
+            "eos_share": round(mean["eos_share"], 4)}
+
+
 def shannon_entropy(tokens: Sequence[int]) -> float:
     """ASSD paper Eq. 22: ``-sum_x f(x) log2 f(x)`` over the token frequencies ``f`` of one sequence (bits)."""
     t = np.asarray(tokens)

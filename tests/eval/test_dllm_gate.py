@@ -7,6 +7,7 @@ import pytest
 
 from jaxspec.eval.dllm_gate import (eos_completion_figures, heldout_function_prompts,
                                     stepwise_completions, v2_gate_checks)
+from jaxspec.eval.metrics import answer_degeneracy
 from jaxspec.eval.quality import completion_program
 from jaxspec.testing.tiny import CharTok, tiny_diffusion_model
 
@@ -30,6 +31,17 @@ def test_figures_are_computed_before_the_first_eos():
     assert [c["passed"] for c in checks] == [True, True, False]
     good = eos_completion_figures([answer + [EOS] * 2] * 5, [EOS], budget=8)["mean"]
     assert all(c["passed"] for c in v2_gate_checks(good))
+
+
+def test_benchmark_row_figures_split_the_answer_from_the_eos_tail():
+    """The diffusion suites' degeneracy columns read only the answer; the EOS tail is its own
+    column (issue 15). A looping answer must not be hidden by a long clean EOS tail."""
+    loop_then_eos = [3, 4, 3, 4, 3, 4, EOS, EOS]
+    row = answer_degeneracy([[5, 6, 7, 8, 9, 10, EOS, EOS], loop_then_eos], [EOS], budget=8)
+    assert row["answer_tokens"] == 6 and row["eos_share"] == 0.25
+    assert row["repeated_ngram_rate"] == pytest.approx((0 + 1 / 3) / 2, abs=1e-4)
+    assert row["distinct_token_share"] == pytest.approx((1 + 2 / 6) / 2, abs=1e-4)
+    assert row["longest_run"] == 1  # the EOS run of the tail is not counted
 
 
 def test_heldout_prompts_are_signatures_and_docstrings():
