@@ -23,12 +23,13 @@ def test_preset_fields_and_committed_delta_hash():
     p = get_preset(NAME)
     assert (p.format, p.base, p.head, p.mask_token_id) == ("delta", "smollm2-135m-instruct", "dream", 16)
     assert p.is_diffusion and not get_preset("smollm2-135m-instruct").is_diffusion
-    assert p.delta == "checkpoints/dream-smollm2-135m/delta.safetensors"
+    assert p.delta == "checkpoints/dream-smollm2-135m-v2/delta.safetensors"  # v2 is the default
     assert sha256_of(presets.delta_path(p)) == p.sha256
     assert NAME in presets.available()
-    v2 = get_preset("dream-smollm2-135m-v2")  # issue 15's partial v2 delta, same base and head
-    assert (v2.base, v2.head, v2.mask_token_id) == (p.base, p.head, p.mask_token_id)
-    assert sha256_of(presets.delta_path(v2)) == v2.sha256
+    v1 = get_preset("dream-smollm2-135m-v1")  # issue 15: v1 stays loadable, same base and head
+    assert v1.delta == "checkpoints/dream-smollm2-135m/delta.safetensors"
+    assert (v1.base, v1.head, v1.mask_token_id) == (p.base, p.head, p.mask_token_id)
+    assert sha256_of(presets.delta_path(v1)) == v1.sha256 != p.sha256
 
 
 @pytest.fixture

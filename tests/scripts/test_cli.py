@@ -17,7 +17,7 @@ from scripts import generate as gen_cli
     (["--temperature", "-0.5"], "temperature must be >= 0"),
     (["--temperature", "1", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
     (["--temperature", "1", "--top-p", "0"], "top_p must lie in (0, 1]"),
-    (["--model", "gpt5"], "unknown model 'gpt5'; available: asarm-small, auto, dlm-tiny, dream-smollm2-135m, dream-smollm2-135m-v2, hf-directory,"),
+    (["--model", "gpt5"], "unknown model 'gpt5'; available: asarm-small, auto, dlm-tiny, dream-smollm2-135m, dream-smollm2-135m-v1, hf-directory,"),
     (["--model", "hf-directory"], "needs --weights PATH"),
     (["--model", "auto"], "needs --weights PATH"),
     (["--model", "asarm-small"], "any-order (XLNet AS-ARM) model: give a template with --infill"),
