@@ -20,6 +20,12 @@ from jaxspec.testing.hf import TinyHF, build_tiny_hf, write_tiny_gguf
 enable_persistent_cache(os.environ.get("JAXSPEC_TEST_COMPILE_CACHE")
                         or Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compile")
 
+# The scan layer loop: a 30-layer model compiles in a fraction of the unrolled loop's time (the
+# CPU default). Both layouts compute the same tokens (tests/core/test_layer_layout.py sets each
+# explicitly; the real golden smollm2/ar-greedy runs unrolled), so the rest of the suite, and
+# the CLI subprocesses it starts, use scan. $JAXSPEC_LAYER_LOOP set by the caller wins.
+os.environ.setdefault("JAXSPEC_LAYER_LOOP", "scan")
+
 
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):

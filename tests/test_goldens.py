@@ -237,6 +237,19 @@ def _real(name: str):
     return _REAL_MODELS[name]
 
 
+def _with_layer_loop(loop: str, fn, *args):
+    """``fn(*args)`` with ``$JAXSPEC_LAYER_LOOP`` set to ``loop`` (restored afterwards)."""
+    before = os.environ.get("JAXSPEC_LAYER_LOOP")
+    os.environ["JAXSPEC_LAYER_LOOP"] = loop
+    try:
+        return fn(*args)
+    finally:
+        if before is None:
+            os.environ.pop("JAXSPEC_LAYER_LOOP")
+        else:
+            os.environ["JAXSPEC_LAYER_LOOP"] = before
+
+
 def real_cases() -> dict:
     cases = {}
     texts = ["def fibonacci(n):\n", "import os\n\ndef list_files(path):\n"]
@@ -246,7 +259,9 @@ def real_cases() -> dict:
         return run_causal(model, params, [tok.encode(t) for t in texts],
                           dict(eos_ids=tuple(tok.eos_token_ids), **kw))
 
-    cases["smollm2/ar-greedy"] = lambda: causal(dict(max_new_tokens=32))
+    # the CPU's default decode layout (the test suite runs scan; tests/conftest.py)
+    cases["smollm2/ar-greedy"] = lambda: _with_layer_loop("unrolled", causal,
+                                                          dict(max_new_tokens=32))
     cases["smollm2/ngram-greedy"] = lambda: causal(dict(max_new_tokens=32, draft_length=6))
     cases["smollm2/ngram-sampled"] = lambda: causal(dict(max_new_tokens=24, draft_length=4,
                                                          temperature=0.7, top_p=0.95, seed=3))

@@ -252,6 +252,7 @@ print("MESH-OK")
 """
 
 
+@pytest.mark.slow  # `make test-all`; tests/models/test_sharding.py runs SSD on a mesh in `make test`
 def test_multi_device_verification_matches_one_device():
     """4 fake CPU devices (a fresh process: the device count is fixed at JAX start-up): the
     verification batch sharded over a draft mesh, and the weights split over it too, give the

@@ -91,6 +91,7 @@ def test_mesh_errors():
 
 # ------------------------------------------------------------------- fake devices (subprocess)
 
+@pytest.mark.slow  # 5 min on 2 cores: `make test-all`; test_sampling_identical_on_a_mesh stays
 def test_every_method_identical_on_a_mesh():
     """All registry methods, weights over 4 fake devices and prompts over 2 (a weights-only
     ``1xN`` mesh is the same program with a data axis of 1; ``test_cli_mesh`` runs ``2x2``
