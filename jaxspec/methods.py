@@ -16,6 +16,7 @@ Every ``run`` returns a result with ``.tokens`` (per row) and ``.stats``
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.asarm.assd import assd_generate
@@ -28,6 +29,7 @@ from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
                           load_graph, spiffy_generate, ssd_generate)
+from jaxspec.dllm.spiffy import DraftGraph
 
 FAMILIES = ("causal", "dllm", "asarm")
 DEFAULT_GRAPH = "configs/graphs/dream-smollm2-135m/D10.json"
@@ -276,7 +278,23 @@ def _ssd(o: DecodeOptions):
 
 
 def _spiffy(o: DecodeOptions):
-    return SpiffyConfig(o.diffusion(), load_graph(o.graph or DEFAULT_GRAPH))
+    if o.graph:
+        return SpiffyConfig(o.diffusion(), load_graph(o.graph))
+    return SpiffyConfig(o.diffusion(), default_graph(o.block_length))
+
+
+def default_graph(block_length: int):
+    """The default draft graph (:data:`DEFAULT_GRAPH`, calibrated at block 32) without the
+    formulas that name a position rank above ``block_length``: they cannot be drafted in a
+    smaller block. Their descendants name it too, so the rest is still a valid graph (Eqs.
+    6-8), and any graph keeps Spiffy lossless. A graph given by name is never pruned (a
+    rank above the block length is an error there)."""
+    g = load_graph(Path(__file__).resolve().parents[1] / DEFAULT_GRAPH)  # any working dir
+    keep = [n for n, f in enumerate(g.formulas) if max(i for i, _ in f) <= block_length]
+    if len(keep) == len(g.formulas):
+        return g
+    return DraftGraph(tuple(g.formulas[n] for n in keep),
+                      tuple(g.counts[n] for n in keep) if g.counts else (), g.meta)
 
 
 def _spiffy_reference(o: DecodeOptions) -> DecodeOptions:

@@ -119,7 +119,7 @@ GEN_LENGTH = _env("GEN_LENGTH", 256, int)  # dLLM generated positions
 BLOCK_LENGTH = _env("BLOCK_LENGTH", 32, int)
 CACHE = _env("CACHE", "dual")              # none | dual (SSD and Spiffy; the reference uses the same)
 SSD_DRAFT_LENGTH = _env("SSD_DRAFT_LENGTH", 3, int)
-SPIFFY_GRAPH = _env("SPIFFY_GRAPH", "")    # "" = configs/graphs/dream-smollm2-135m/D10.json
+SPIFFY_GRAPH = _env("SPIFFY_GRAPH", "")    # "" = the default graph (D10), pruned to the block
 MAX_NEW_TOKENS = _env("MAX_NEW_TOKENS", 256, int)  # causal generation budget
 DIFFUSPEC_K_MAX = _env("DIFFUSPEC_K_MAX", 30, int)
 DIFFUSPEC_K_MIN = _env("DIFFUSPEC_K_MIN", 20, int)
@@ -184,7 +184,7 @@ import numpy as np
 
 from jaxspec.core.runtime import enable_persistent_cache
 from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
-from jaxspec.methods import DEFAULT_GRAPH, DecodeOptions, get_method, reference_run
+from jaxspec.methods import DecodeOptions, get_method, reference_run
 from models.checkpoint import CONFIG_FILE, is_native
 from models.config import ModelConfig
 from models.diffusion.params import llada_model_config
@@ -317,7 +317,7 @@ dllm, dllm_params, dllm_tok = load(DLLM, "dllm")
 dllm_prompts = prompts_of(dllm_tok)
 dllm_options = DecodeOptions(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, cache=CACHE,
                              draft_length=SSD_DRAFT_LENGTH,
-                             graph=SPIFFY_GRAPH or str(REPO_ROOT / DEFAULT_GRAPH))
+                             graph=SPIFFY_GRAPH or None)
 dllm_refs = {}
 label = Path(DLLM).name
 ssd_result, stepwise_result = run_with_reference("ssd", dllm, dllm_params, dllm_tok, dllm_prompts,

@@ -106,3 +106,16 @@ def test_unknown_and_wrong_family():
     model, params = tiny_model(64, seed=0)  # no [MASK] token: not a SAR-SFT model
     with pytest.raises(ValueError, match="needs a SAR-SFT model"):
         get_method("space").run(model, params, [[1, 2]], get_method("space").build(DecodeOptions()))
+
+
+def test_default_graph_is_pruned_to_the_block():
+    """The default graph (calibrated at block 32) loses the formulas a smaller block cannot
+    draft, and stays a valid graph (every kept formula's parent kept)."""
+    from jaxspec.methods import DEFAULT_GRAPH, default_graph
+    from jaxspec.dllm.spiffy import load_graph
+
+    full = load_graph(DEFAULT_GRAPH)
+    assert default_graph(32).formulas == full.formulas
+    small = default_graph(4)
+    assert small.formulas and all(i <= 4 for f in small.formulas for i, _ in f)
+    assert set(small.formulas) == {f for f in full.formulas if max(i for i, _ in f) <= 4}
