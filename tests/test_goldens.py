@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from unittest import mock
 from pathlib import Path
 
 import numpy as np
@@ -237,19 +238,6 @@ def _real(name: str):
     return _REAL_MODELS[name]
 
 
-def _with_layer_loop(loop: str, fn, *args):
-    """``fn(*args)`` with ``$JAXSPEC_LAYER_LOOP`` set to ``loop`` (restored afterwards)."""
-    before = os.environ.get("JAXSPEC_LAYER_LOOP")
-    os.environ["JAXSPEC_LAYER_LOOP"] = loop
-    try:
-        return fn(*args)
-    finally:
-        if before is None:
-            os.environ.pop("JAXSPEC_LAYER_LOOP")
-        else:
-            os.environ["JAXSPEC_LAYER_LOOP"] = before
-
-
 def real_cases() -> dict:
     cases = {}
     texts = ["def fibonacci(n):\n", "import os\n\ndef list_files(path):\n"]
@@ -260,8 +248,11 @@ def real_cases() -> dict:
                           dict(eos_ids=tuple(tok.eos_token_ids), **kw))
 
     # the CPU's default decode layout (the test suite runs scan; tests/conftest.py)
-    cases["smollm2/ar-greedy"] = lambda: _with_layer_loop("unrolled", causal,
-                                                          dict(max_new_tokens=32))
+    def unrolled(kw):
+        with mock.patch.dict(os.environ, {"JAXSPEC_LAYER_LOOP": "unrolled"}):
+            return causal(kw)
+
+    cases["smollm2/ar-greedy"] = lambda: unrolled(dict(max_new_tokens=32))
     cases["smollm2/ngram-greedy"] = lambda: causal(dict(max_new_tokens=32, draft_length=6))
     cases["smollm2/ngram-sampled"] = lambda: causal(dict(max_new_tokens=24, draft_length=4,
                                                          temperature=0.7, top_p=0.95, seed=3))

@@ -62,7 +62,7 @@ def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str, str]]:
 
 
 def speed_figures(o: Sequence, ref: Sequence, gen_length: int, compile_s: float,
-                  drafted: bool, eos_ids: Sequence[int] = ()) -> dict[str, Any]:
+                  drafted: bool, eos_ids: Sequence[int]) -> dict[str, Any]:
     """The figures of one benchmark row (module docstring) from its per-prompt results ``o``
     and its reference's ``ref`` (same prompts, batch 1), the degeneracy figures on the text
     before the first of ``eos_ids``; shared with the ``spiffy`` suite."""

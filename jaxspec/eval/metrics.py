@@ -91,13 +91,13 @@ def answer_degeneracy(completions: Sequence[Sequence[int]], eos_ids: Sequence[in
       completions: every generated position of each completion (``budget`` ids, no cut).
       eos_ids: the EOS ids; budget: the generation length.
     """
-    figs = eos_completion_figures(completions, eos_ids, budget)
-    mean = figs["mean"]
-    return {"distinct_token_share": round(mean["distinct_token_share"], 4),
-            "repeated_ngram_rate": round(mean["repeated_ngram_rate"], 4),
-            "longest_run": max((r["longest_run"] for r in figs["per_completion"]), default=0),
-            "answer_tokens": round(mean["answer_tokens"], 2),
-            "eos_share": round(mean["eos_share"], 4)}
+    eos = {int(e) for e in eos_ids}
+    rows = [[int(t) for t in c][:budget] for c in completions]
+    answers = [next((r[:i] for i, t in enumerate(r) if t in eos), r) for r in rows]
+    n = max(len(rows), 1)
+    return {**mean_degeneracy(answers),
+            "answer_tokens": round(sum(map(len, answers)) / n, 2),
+            "eos_share": round(sum(sum(t in eos for t in r) / max(len(r), 1) for r in rows) / n, 4)}
 
 
 def shannon_entropy(tokens: Sequence[int]) -> float:
