@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxspec.testing.cover import pairwise_cover
+
 GOLDEN_DIR = Path(__file__).resolve().parent / "goldens"
 
 # ----------------------------------------------------------------------------- adapters
@@ -151,9 +153,12 @@ CAUSAL_PROMPTS = [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]]
 DLLM_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]]
 
 
-def tiny_cases() -> dict:
-    """name -> zero-argument function returning the case's record."""
+def tiny_cases(factors: dict | None = None) -> dict:
+    """name -> zero-argument function returning the case's record. ``factors``, if given,
+    receives name -> {option: value} for the cases of the dllm / ssd / spiffy cross-products
+    (see :func:`covered_cases`)."""
     cases = {}
+    factors = {} if factors is None else factors
     samp = dict(temperature=0.8, top_k=20, top_p=0.9)
     for name, kw in {
         "ar-greedy": dict(max_new_tokens=24),
@@ -175,8 +180,10 @@ def tiny_cases() -> dict:
                     if head == "dream" and mode == "sampled" and cache == "prefix":
                         continue
                     kw = dict(gen_length=16, block_length=8, steps=16, cache=cache, **rkw, **mkw)
-                    cases[f"dllm/{head}-{rule}-{cache}-{mode}"] = (
+                    name = f"dllm/{head}-{rule}-{cache}-{mode}"
+                    cases[name] = (
                         lambda head=head, kw=kw: run_dllm(*_tiny_dllm(head), DLLM_PROMPTS, kw, 3))
+                    factors[name] = dict(head=head, rule=rule, cache=cache, mode=mode)
     for name, kw in {
         "entropy-dream": dict(remasking="entropy", schedule="dream"),
         "topk_margin": dict(remasking="topk_margin"),
@@ -197,17 +204,21 @@ def tiny_cases() -> dict:
             for cache in ("none", "dual"):
                 for mode, mkw in (("greedy", {}), ("sampled", dict(temperature=0.8))):
                     kw = dict(gen_length=16, block_length=8, steps=16, cache=cache, **mkw)
-                    cases[f"ssd/{head}-{tree}-{cache}-{mode}"] = (
+                    name = f"ssd/{head}-{tree}-{cache}-{mode}"
+                    cases[name] = (
                         lambda head=head, kw=kw, tree=tree: run_ssd(
                             *_tiny_dllm(head), DLLM_PROMPTS, kw, 3, tree, 3))
+                    factors[name] = dict(head=head, tree=tree, cache=cache, mode=mode)
     for head in ("llada", "dream"):
         for rule, rkw in rules.items():
             for cache in ("none", "dual"):
                 for mode, mkw in (("greedy", {}), ("sampled", dict(temperature=0.8))):
                     kw = dict(gen_length=16, block_length=8, steps=16, cache=cache, **rkw, **mkw)
-                    cases[f"spiffy/{head}-{rule}-{cache}-{mode}"] = (
+                    name = f"spiffy/{head}-{rule}-{cache}-{mode}"
+                    cases[name] = (
                         lambda head=head, kw=kw: run_spiffy(
                             *_tiny_dllm(head), DLLM_PROMPTS, kw, _tiny_graph(), 3))
+                    factors[name] = dict(head=head, rule=rule, cache=cache, mode=mode)
 
     rng = np.random.default_rng(7)
     toks, masks = [], []
@@ -304,14 +315,44 @@ def _jsonable(x):
     return json.loads(json.dumps(x))
 
 
-_TINY = tiny_cases()
+_FACTORS: dict = {}
+_TINY = tiny_cases(_FACTORS)
 
 
-@pytest.mark.parametrize("name", sorted(_TINY))
+def covered_cases() -> set:
+    """The tiny cases ``make test`` runs: every case outside the dllm / ssd / spiffy
+    cross-products, and from each product a pairwise-covering subset (every pair of option
+    values, e.g. ``cache=dual`` with ``mode=sampled``, still runs once; 33 -> 9, 16 -> 6 and
+    24 -> 7 cases). ``make test-all`` runs the whole product (the others are marked slow)."""
+    keep = set(_TINY) - set(_FACTORS)
+    for family in {n.split("/")[0] for n in _FACTORS}:
+        keep |= set(pairwise_cover({n: f for n, f in _FACTORS.items()
+                                    if n.startswith(family + "/")}))
+    return keep
+
+
+_COVERED = covered_cases()
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=() if n in _COVERED else pytest.mark.slow) for n in sorted(_TINY)])
 def test_tiny_golden(name):
     want = _load("tiny")[name]
     got = _jsonable(_TINY[name]())
     assert got == want, f"{name}: output differs from the recorded golden"
+
+
+def test_covered_subset_keeps_every_option_pair():
+    """The subset ``make test`` runs still pairs every option value with every other one
+    (the property :func:`covered_cases` promises), and it is a real subset."""
+    from itertools import combinations
+
+    for family in ("dllm", "ssd", "spiffy"):
+        full = {n: f for n, f in _FACTORS.items() if n.startswith(family + "/")}
+        kept = {n: f for n, f in full.items() if n in _COVERED}
+        assert 0 < len(kept) < len(full)
+        pairs = lambda fs: {p for f in fs for p in combinations(sorted(f.items()), 2)}
+        assert pairs(kept.values()) == pairs(full.values()), family
 
 
 @pytest.mark.real

@@ -18,6 +18,7 @@ import pytest
 
 from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, diffusion_generate, ssd_generate
 from jaxspec.dllm.ssd import tree_inclusion
+from jaxspec.testing.cover import pairwise_cover
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from models.llama.modeling import init_params
@@ -41,8 +42,16 @@ CASES = [(h, cache, tree, n, kw)
          for kw in ({}, {"temperature": 0.8})]
 
 
-@pytest.mark.parametrize("head,cache,tree,n,kw", CASES,
-                         ids=[f"{h}-{c}-{t}{n}-{'T' if kw else 'greedy'}" for h, c, t, n, kw in CASES])
+_IDS = [f"{h}-{c}-{t}{n}-{'T' if kw else 'greedy'}" for h, c, t, n, kw in CASES]
+# `make test` runs a pairwise-covering subset of the 24 (every pair of option values once);
+# `make test-all` runs them all (jaxspec.testing.cover)
+_COVERED = set(pairwise_cover({i: dict(head=h, cache=c, tree=f"{t}{n}", mode=bool(kw))
+                               for i, (h, c, t, n, kw) in zip(_IDS, CASES)}))
+
+
+@pytest.mark.parametrize("head,cache,tree,n,kw", [
+    pytest.param(*case, id=i, marks=() if i in _COVERED else pytest.mark.slow)
+    for i, case in zip(_IDS, CASES)])
 def test_identical_to_stepwise(head, cache, tree, n, kw):
     model, params = MODELS[head]
     d = DiffusionDecodeConfig(16, 4, 16, cache=cache, **kw)
@@ -222,6 +231,7 @@ def test_acceptance_limit():
 _MESH_SCRIPT = r"""
 import numpy as np, jax
 from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, ssd_generate, draft_mesh, shard_params
+from jaxspec.testing.cover import pairwise_cover
 from tests.dllm.test_dllm import MODELS, PROMPTS
 assert len(jax.devices()) == 4, jax.devices()
 for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-order")):
