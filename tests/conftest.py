@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import jax
 import pytest
 
 from jaxspec.core.runtime import enable_persistent_cache
@@ -25,6 +26,16 @@ enable_persistent_cache(os.environ.get("JAXSPEC_TEST_COMPILE_CACHE")
 # explicitly; the real golden smollm2/ar-greedy runs unrolled), so the rest of the suite, and
 # the CLI subprocesses it starts, use scan. $JAXSPEC_LAYER_LOOP set by the caller wins.
 os.environ.setdefault("JAXSPEC_LAYER_LOOP", "scan")
+
+# Tiny-model tests spend most of their time compiling, so the suite compiles with XLA's
+# optimisations mostly off (JAX's ``jax_disable_most_optimizations``: LLVM -O0, no expensive
+# passes); measured on the 2-core AMD machine, 22 tiny SSD / golden / distribution tests took
+# 174 s instead of 250 s. Tests marked ``real`` run the normal optimised build, which is faster
+# for a 135M model (a real golden: 24 s vs 30 s) and is what users run. Every golden passes
+# either way; $JAX_DISABLE_MOST_OPTIMIZATIONS set by the caller wins (CLI subprocesses inherit it).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+jax.config.update("jax_disable_most_optimizations",  # jax read the variable on import above
+                  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "yes", "on"))
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +91,24 @@ def smollm2_gguf() -> Path:
     if not Path(p).is_file():
         pytest.skip(f"JAXSPEC_SMOLLM2_GGUF={p} does not exist")
     return Path(p)
+
+
+@pytest.fixture(autouse=True)
+def _optimised_build_for_real_models(request, monkeypatch):
+    """Tests marked ``real`` compile with XLA's normal optimisations (see the top of this
+    file), in this process and in the CLI subprocesses they start."""
+    if request.node.get_closest_marker("real") is None:
+        yield
+        return
+    import jax
+
+    before = jax.config.jax_disable_most_optimizations
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(autouse=True, scope="module")
