@@ -102,7 +102,7 @@ def _optimised_build_for_real_models(request, monkeypatch):
         return
     import jax
 
-    before = jax.config.jax_disable_most_optimizations
+    before = jax.config.values["jax_disable_most_optimizations"]
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     jax.config.update("jax_disable_most_optimizations", False)
     try:
