@@ -103,6 +103,7 @@ def _sampled(n: int = N):
     return res
 
 
+@pytest.mark.optimised  # 10^4 sampled rows: run-time-bound
 def test_sampled_distribution_equals_ar(exact):
     res = _sampled()
     chk = check_groups([(res.tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
@@ -111,6 +112,7 @@ def test_sampled_distribution_equals_ar(exact):
     assert 0.05 < s.accepted_drafts / s.drafts_proposed.sum() < 0.95  # accepts and rejects
 
 
+@pytest.mark.optimised  # 10^4 sampled rows: run-time-bound
 def test_negative_control_resampling_from_p_is_rejected(exact, monkeypatch):
     @dataclasses.dataclass(frozen=True)
     class FromP(hetero.ExternalDrafts):
