@@ -103,8 +103,6 @@ def _optimised_build_for_real_models(request, monkeypatch):
     if not any(request.node.get_closest_marker(m) for m in ("real", "optimised")):
         yield
         return
-    import jax
-
     before = jax.config.values["jax_disable_most_optimizations"]
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     jax.config.update("jax_disable_most_optimizations", False)

@@ -231,7 +231,6 @@ def test_acceptance_limit():
 _MESH_SCRIPT = r"""
 import numpy as np, jax
 from jaxspec.dllm import DiffusionDecodeConfig, SSDConfig, ssd_generate, draft_mesh, shard_params
-from jaxspec.testing.cover import pairwise_cover
 from tests.dllm.test_dllm import MODELS, PROMPTS
 assert len(jax.devices()) == 4, jax.devices()
 for head, cache, tree in (("llada", "none", "chain"), ("dream", "dual", "mix-order")):
