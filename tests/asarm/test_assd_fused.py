@@ -245,19 +245,17 @@ def test_negative_control_drafts_not_from_q_rejected():
     assert not chk.passed and chk.p_value < 1e-6, chk.why
 
 
-@pytest.fixture(scope="module")
-def fused_variant_checks():
-    """Every verifier variant on its own block of 10^4 rows of the 5-masked task (one compile
-    per method, :func:`jaxspec.testing.mutants.inject_assd`)."""
+@functools.lru_cache(maxsize=None)
+def fused_variant_checks(method):
+    """Every verifier variant on its own block of 10^4 rows of the 5-masked task, for one fused
+    method (one compile, :func:`jaxspec.testing.mutants.inject_assd`). Cached per method, not a
+    module fixture: each xdist worker then computes only the methods of the tests it runs."""
     joint = exact_joint(V3, tuple(PROMPT3), tuple(MASK3), S3)
     variants = tuple(m for m in MUTANTS + EQUIVALENT if not m.needs_raw)
-    out = {}
-    for method in FUSED:
-        with inject_assd(variants, rows_per=R):
-            x, _ = _samples(V3, PROMPT3, MASK3, S3, method, 3, seed=12, rows=R * len(variants))
-        for j, m in enumerate(variants):
-            out[(method, m.name)] = check_distribution(x[j * R:(j + 1) * R], joint)
-    return out, variants
+    with inject_assd(variants, rows_per=R):
+        x, _ = _samples(V3, PROMPT3, MASK3, S3, method, 3, seed=12, rows=R * len(variants))
+    return {m.name: check_distribution(x[j * R:(j + 1) * R], joint)
+            for j, m in enumerate(variants)}, variants
 
 
 # the fused loop's draft slots past L hold no sample of their q (zeros on the first call,
@@ -266,12 +264,12 @@ _FUSED_BUGS = ("ignore-draft-len",)
 
 
 @pytest.mark.parametrize("method", FUSED)
-def test_fused_mutants_rejected_and_equivalents_accepted(fused_variant_checks, method):
+def test_fused_mutants_rejected_and_equivalents_accepted(method):
     """Mutation check (issue 17) for the fused loops: every wrong verifier is rejected, the
     still-exact variants are accepted."""
-    checks, variants = fused_variant_checks
+    checks, variants = fused_variant_checks(method)
     for m in variants:
-        chk = checks[(method, m.name)]
+        chk = checks[m.name]
         exact = m.lossless and m.name not in _FUSED_BUGS
         print(f"{method}/{m.name}: {chk.why}")
         assert chk.passed == exact, f"{method}/{m.name}: {chk.why}"

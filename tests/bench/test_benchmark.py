@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxspec.bench.common import (DEFAULT_SYSTEMS, SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
-                           cut_output, load_transformers_model, n_params, parse_systems,
-                           run_ar_suite, write_results)
+                           cut_output, load_transformers_model, matvec_bandwidth, n_params,
+                           parse_systems, run_ar_suite, write_results)
 from models.llama.modeling import CausalLM
 from models.llama.params import load_hf_dir
 from models.tokenizer import load_tokenizer
@@ -251,3 +251,12 @@ def test_spiffy_suite_on_tiny_model(tmp_path):
         parse_rows(["3:sometimes"])
     with pytest.raises(BenchError, match="no draft graph"):
         run_spiffy_suite(model, params, prompts, model_name="m", graphs={}, rows=[(3, "stepwise")])
+
+
+def test_matvec_bandwidth_matrix_is_capped():
+    """The ceiling's matrix is model-sized up to ``max_bytes`` and no larger (a 1.5B model's
+    6.2 GB copy ran a 24 GB machine out of memory after an ``ar`` run)."""
+    small = matvec_bandwidth(100_000, reps=1, rows=100)
+    assert small["matrix_bytes"] == 4 * 100_000
+    capped = matvec_bandwidth(10**9, reps=1, rows=100, max_bytes=400_000)
+    assert capped["matrix_bytes"] == 400_000 and capped["gb_per_s"] > 0

@@ -12,13 +12,14 @@ import copy
 import json
 import shutil
 
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from models.llama.modeling import CausalLM, init_cache
-from models.llama.params import WeightFileError, load_gguf, load_hf_dir, load_weights
+from models.llama.params import WeightFileError, gguf_config, load_gguf, load_hf_dir, load_weights
 from models.tokenizer import Tokenizer, load_tokenizer
 
 torch = pytest.importorskip("torch")
@@ -274,20 +275,28 @@ N_NEW = 32
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
+def smol_tok(smollm2_gguf):
+    """(our config, our tokenizer, HF tokenizer) for SmolLM2: no weights, so the tokenizer
+    tests do not make an xdist worker load both models."""
+    cfg = gguf_config(gguf.GGUFReader(str(smollm2_gguf), "r"), str(smollm2_gguf))
+    tok = Tokenizer.from_gguf(smollm2_gguf)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent),
+                                                        gguf_file=smollm2_gguf.name)
+    return cfg, tok, hf_tok
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf, smol_tok):
     """(our config, our params, our tokenizer, HF model, HF tokenizer) for SmolLM2."""
     cfg, params = load_gguf(smollm2_gguf)
-    tok = Tokenizer.from_gguf(smollm2_gguf)
-    kw = dict(gguf_file=smollm2_gguf.name)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), **kw)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), dtype=torch.float32, **kw).eval()
-    return cfg, params, tok, hf, hf_tok
+        str(smollm2_gguf.parent), dtype=torch.float32, gguf_file=smollm2_gguf.name).eval()
+    return cfg, params, smol_tok[1], hf, smol_tok[2]
 
 
 @pytest.mark.real
-def test_smollm2_tokenizer_matches_transformers(smol):
-    cfg, _, tok, _, hf_tok = smol
+def test_smollm2_tokenizer_matches_transformers(smol_tok):
+    cfg, tok, hf_tok = smol_tok
     assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id) == (49152, 1, (2,), 2)
     assert cfg.eos_token_ids == tok.eos_token_ids
     msgs = [{"role": "user", "content": PROMPT}]
@@ -305,11 +314,11 @@ def test_smollm2_tokenizer_matches_transformers(smol):
 
 
 @pytest.mark.real
-def test_smollm2_digit_rule(smol):
+def test_smollm2_digit_rule(smol_tok):
     """llama.cpp's ``smollm`` pre-tokenizer (and SmolLM2's tokenizer.json) isolates digits
     *before* the GPT-2 regex, so a whitespace run before a digit stays one piece. transformers'
     GGUF tokenizer applies only the GPT-2 regex here and splits it differently."""
-    tok = smol[2]
+    tok = smol_tok[1]
     ids = tok.encode("x =  1")
     assert [tok.id_to_token(i) for i in ids] == ["x", "Ġ=", "ĠĠ", "1"]
 
