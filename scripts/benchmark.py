@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "tokenizer as --model)")
     ap.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="device of the transformers peers: auto = cuda when JAX runs on a GPU "
+                         "and torch sees one, else cpu")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     dg = ap.add_argument_group("suites dllm and ssd")
     dg.add_argument("--gen-length", type=int, default=256)
@@ -372,7 +375,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.bench.common import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
                                TransformersSystem, load_transformers_model, markdown_report,
-                               n_params, parse_systems, run_ar_suite, write_results)
+                               n_params, parse_systems, run_ar_suite, torch_device,
+                               write_results)
     from jaxspec.causal.decode import DecodeInputError
     from models.llama.params import WeightFileError
     from models.registry import (PresetError, fetch, get_preset, is_preset, load_model,
@@ -420,6 +424,7 @@ def main(argv=None) -> int:
             raise PresetError(f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)")
         model, params, tok, preset = load_model(args.model, str(path), log=log, dtype=args.dtype,
                                                 quant=args.quant)
+        from models.llama.modeling import param_dtype
 
         from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
@@ -454,23 +459,24 @@ def main(argv=None) -> int:
                                           min_ngram=args.min_ngram, options=opts, **common))
             else:
                 if hf is None:
-                    from models.llama.modeling import param_dtype
-
                     tdtype = str(param_dtype(params))
-                    log(f"[bench] loading {path} into transformers ({tdtype})")
-                    hf = load_transformers_model(path, threads=args.threads, dtype=tdtype)
+                    tdev = torch_device(args.torch_device)
+                    log(f"[bench] loading {path} into transformers ({tdtype}, {tdev})")
+                    hf = load_transformers_model(path, threads=args.threads, dtype=tdtype,
+                                                 device=tdev)
                 assistant = None
                 if method == "assisted":
-                    log(f"[bench] loading {draft[2]} into transformers ({tdtype})")
+                    log(f"[bench] loading {draft[2]} into transformers ({tdtype}, {tdev})")
                     assistant = load_transformers_model(draft[2], threads=args.threads,
-                                                        dtype=tdtype)
+                                                        dtype=tdtype, device=tdev)
                 objs.append(TransformersSystem(method, hf, max_ngram=args.max_ngram,
                                                assistant=assistant, **common))
         config = {**vars(args), "systems": systems, "weights": str(path), "eos_ids": list(eos),
                   "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
+                  "torch_device": str(next(hf.parameters()).device) if hf is not None else None,
                   "prompt_tokens_max": longest}
         result = run_ar_suite(objs, prompts, model_name=args.model, num_params=n_params(params),
-                              config=config, progress=not args.no_progress,
+                              param_dtype=str(param_dtype(params)), config=config, progress=not args.no_progress,
                               decode=lambda ids: tok.decode(ids, skip_special_tokens=False), log=log)
     except (BenchError, PresetError, WeightFileError, DecodeInputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

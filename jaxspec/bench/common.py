@@ -302,7 +302,8 @@ class TransformersSystem:
 
     def run(self, ids: Sequence[int]) -> RunOutput:
         torch = self.torch
-        x = torch.tensor([list(ids)], dtype=torch.long)
+        dev = next(self.model.parameters()).device
+        x = torch.tensor([list(ids)], dtype=torch.long, device=dev)
         mask = torch.ones_like(x)
         self._calls.clear()
         t0 = time.perf_counter()
@@ -310,6 +311,8 @@ class TransformersSystem:
             extra = {} if self.assistant is None else {"assistant_model": self.assistant}
             out = self.model.generate(input_ids=x, attention_mask=mask,
                                       generation_config=self.gen_config, **extra)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
         wall = time.perf_counter() - t0
         calls = list(self._calls)
         tokens = cut_output(out[0, x.shape[1]:].tolist(), self.eos_ids, self.max_new)
@@ -340,13 +343,38 @@ def _forward_log(hf_model) -> list[int]:
     return log
 
 
-def load_transformers_model(path, *, threads: Optional[int] = None, dtype: str = "float32"):
-    """A PyTorch causal LM from the same weights: a GGUF file
-    (``from_pretrained(dir, gguf_file=name)``) or an HF directory, in ``dtype`` (``"float32"``
-    or ``"bfloat16"``). Sets torch's thread count to ``threads`` (default: all cores).
+def torch_device(choice: str = "auto") -> str:
+    """The transformers peers' device: ``"cpu"``, ``"cuda"``, or for ``"auto"`` ``"cuda"`` when
+    JAX runs on a GPU and torch sees a CUDA device (the peer runs where jaxspec runs), else
+    ``"cpu"``.
 
     Raises:
-      BenchError: transformers/torch missing or the weights cannot be loaded by transformers.
+      BenchError: an unknown choice."""
+    if choice in ("cpu", "cuda"):
+        return choice
+    if choice != "auto":
+        raise BenchError(f"torch device must be auto, cpu or cuda, got {choice!r}")
+    import jax
+
+    if jax.default_backend() != "gpu":
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_transformers_model(path, *, threads: Optional[int] = None, dtype: str = "float32",
+                            device: str = "cpu"):
+    """A PyTorch causal LM from the same weights: a GGUF file
+    (``from_pretrained(dir, gguf_file=name)``) or an HF directory, in ``dtype`` (``"float32"``
+    or ``"bfloat16"``), on ``device`` (``"cpu"`` or ``"cuda"``: the peer of jaxspec on a GPU).
+    Sets torch's thread count to ``threads`` (default: all cores).
+
+    Raises:
+      BenchError: transformers/torch missing, ``device="cuda"`` without a CUDA device, or the
+        weights cannot be loaded by transformers.
     """
     try:
         import torch
@@ -364,7 +392,11 @@ def load_transformers_model(path, *, threads: Optional[int] = None, dtype: str =
         model = AutoModelForCausalLM.from_pretrained(src, **kw)
     except Exception as e:  # noqa: BLE001 - any loader failure is a one-line error for the CLI
         raise BenchError(f"transformers cannot load {p}: {' '.join(str(e).split())[:300]}") from None
-    return model.to(torch.float32).eval()
+    if device not in ("cpu", "cuda"):
+        raise BenchError(f"torch device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("torch device cuda asked for, but torch sees no CUDA device")
+    return model.to(device=device, dtype=getattr(torch, str(dtype))).eval()
 
 
 # ----------------------------------------------------------------------------- bandwidth
@@ -412,6 +444,34 @@ def matvec_bandwidth(num_params: int, reps: int = 5, rows: int = 4096,
             "gb_per_s": nbytes / best / 1e9}
 
 
+def device_matvec_bandwidth(num_params: int, dtype: str = "float32", reps: int = 20,
+                            rows: int = 4096, max_bytes: int = MATVEC_MAX_BYTES) -> dict[str, float]:
+    """:func:`matvec_bandwidth` on JAX's default device (a GPU or TPU): ``W @ x`` jitted, for
+    ``W`` of ``dtype`` ``(rows, ceil(num_params / rows))`` held on the device, capped at
+    ``max_bytes`` (1 GiB: far past any accelerator's L2 cache). One untimed product (the
+    compile), then ``reps`` timed ones, each waited for (``block_until_ready``). Same return
+    keys as :func:`matvec_bandwidth`."""
+    import jax
+    import jax.numpy as jnp
+
+    itemsize = int(np.dtype(jnp.dtype(dtype)).itemsize)
+    cols = max(1, -(-min(int(num_params), int(max_bytes) // itemsize) // rows))
+    w = jnp.full((rows, cols), 1e-3, dtype)
+    x = jnp.ones((cols,), dtype)
+    f = jax.jit(lambda a, b: a @ b)
+    f(w, x).block_until_ready()
+    times = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        f(w, x).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    nbytes = rows * cols * itemsize
+    del w
+    return {"matrix_bytes": nbytes, "matvec_s": best, "matvec_median_s": statistics.median(times),
+            "gb_per_s": nbytes / best / 1e9}
+
+
 # ----------------------------------------------------------------------------- the suite
 
 
@@ -436,6 +496,8 @@ def machine_info() -> dict[str, Any]:
         import jax
 
         info["jax_backend"] = jax.default_backend()
+        if info["jax_backend"] != "cpu":
+            info["accelerator"] = jax.devices()[0].device_kind
     except Exception:  # noqa: BLE001
         pass
     return info
@@ -471,7 +533,8 @@ def _drift(system, outs: dict) -> dict:
 
 
 def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
-                 num_params: Optional[int] = None, config: Optional[dict] = None,
+                 num_params: Optional[int] = None, param_dtype: str = "float32",
+                 config: Optional[dict] = None,
                  progress: bool = True, bandwidth_reps: int = 5,
                  decode: Optional[Callable[[list[int]], str]] = None,
                  log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
@@ -484,6 +547,9 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
       prompts: the prompts, in order.
       model_name: recorded in every row.
       num_params: target parameter count, for the memory-bandwidth ceiling (skipped if None).
+      param_dtype: the target's weight dtype (its bytes per parameter set the ceiling). On CPU
+        the ceiling's rate is a numpy float32 product (:func:`matvec_bandwidth`), on an
+        accelerator a jitted product in ``param_dtype`` (:func:`device_matvec_bandwidth`).
       config: recorded as ``config``.
       progress: show a progress bar over prompts (stderr).
       bandwidth_reps: timed matrix-vector products for the bandwidth ceiling.
@@ -579,9 +645,15 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
 
     bandwidth = None
     if num_params:
-        bw = matvec_bandwidth(num_params, reps=bandwidth_reps)
-        model_bytes = 4 * int(num_params)
-        bandwidth = {"num_params": int(num_params), "model_bytes_f32": model_bytes,
+        import jax
+
+        on_cpu = jax.default_backend() == "cpu"
+        bw = (matvec_bandwidth(num_params, reps=bandwidth_reps) if on_cpu
+              else device_matvec_bandwidth(num_params, param_dtype, reps=4 * bandwidth_reps))
+        model_bytes = int(np.dtype(jax.numpy.dtype(param_dtype)).itemsize) * int(num_params)
+        bandwidth = {"num_params": int(num_params), "param_dtype": str(param_dtype),
+                     "device": jax.default_backend(), "model_bytes": model_bytes,
+                     "model_bytes_f32": 4 * int(num_params),
                      "matvec_matrix_bytes": int(bw["matrix_bytes"]),
                      "matvec_gb_per_s": _num(bw["gb_per_s"], 2),
                      "matvec_ms": _num(bw["matvec_s"] * 1e3, 2),
@@ -685,18 +757,23 @@ def markdown_report(result: dict) -> str:
     """Full markdown page: header, table, the memory-bandwidth ceiling and how to read it."""
     m, c, bw = result["machine"], result["config"], result.get("bandwidth")
     out = [f"# Benchmark suite `{result['suite']}`", "",
-           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')} · "
-           f"torch {m.get('torch')} · transformers {m.get('transformers')}", ""]
+           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores"
+           + (f" · {m['accelerator']}" if m.get("accelerator") else "")
+           + f" · jax {m.get('jax')} · torch {m.get('torch')} · transformers {m.get('transformers')}",
+           ""]
     if c:
         out += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
     out += [markdown_table(result), ""]
     if bw:
-        out += [f"**Memory-bandwidth ceiling for batch-1 float32 decoding: "
-                f"{bw['bandwidth_bound_tokens_per_s']:.1f} tokens/s** ({bw['model_bytes_f32'] / 1e9:.3g} GB "
-                f"of float32 weights read at {bw['matvec_gb_per_s']:.1f} GB/s, the rate of a "
+        dt = bw.get("param_dtype", "float32")
+        where = "" if bw.get("device", "cpu") == "cpu" else f" on the {bw['device'].upper()}"
+        out += [f"**Memory-bandwidth ceiling for batch-1 {dt} decoding{where}: "
+                f"{bw['bandwidth_bound_tokens_per_s']:.1f} tokens/s** "
+                f"({bw.get('model_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB "
+                f"of {dt} weights read at {bw['matvec_gb_per_s']:.1f} GB/s, the rate of a "
                 f"matrix-vector product over a "
-                f"{bw.get('matvec_matrix_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB float32 "
-                f"matrix: fastest of several passes {bw['matvec_ms']:.1f} ms, "
+                f"{bw.get('matvec_matrix_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB {dt} "
+                f"matrix: fastest of several passes {bw['matvec_ms']:.2f} ms, "
                 f"median {bw['matvec_median_ms']:.1f} ms). A decoder that "
                 f"runs one target forward per token cannot beat it; speculative decoding can, "
                 f"because one forward verifies several tokens.", ""]

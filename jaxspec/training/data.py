@@ -1,6 +1,8 @@
 """Training data: the Python standard library as a token stream, packed and batched by step.
 
-Corpus: every ``*.py`` file under ``sysconfig.get_paths()["stdlib"]`` except test
+Corpus: every ``*.py`` file under ``sysconfig.get_paths()["stdlib"]`` (or ``$JAXSPEC_STDLIB_ROOT``,
+e.g. a copy of another Python's stdlib, to build the same corpus on a machine whose interpreter
+differs, such as a GPU image with a newer Python) except test
 directories (``test``, ``tests``, ``idle_test``) and ``site-packages``, in sorted path order.
 Each file is tokenized on its own (no special tokens added) and followed by one separator id
 (``<|endoftext|>`` for SmolLM2); the files are concatenated into one stream per split.
@@ -42,7 +44,17 @@ class DataError(ValueError):
 
 
 def stdlib_root() -> Path:
-    """The running interpreter's standard-library directory."""
+    """The standard-library directory of the corpus: ``$JAXSPEC_STDLIB_ROOT`` when set (a copy
+    of another interpreter's stdlib), else the running interpreter's.
+
+    Raises:
+      DataError: ``$JAXSPEC_STDLIB_ROOT`` is set but is not a directory.
+    """
+    env = os.environ.get("JAXSPEC_STDLIB_ROOT")
+    if env:
+        if not Path(env).is_dir():
+            raise DataError(f"JAXSPEC_STDLIB_ROOT={env} is not a directory")
+        return Path(env)
     return Path(sysconfig.get_paths()["stdlib"])
 
 

@@ -260,3 +260,21 @@ def test_matvec_bandwidth_matrix_is_capped():
     assert small["matrix_bytes"] == 4 * 100_000
     capped = matvec_bandwidth(10**9, reps=1, rows=100, max_bytes=400_000)
     assert capped["matrix_bytes"] == 400_000 and capped["gb_per_s"] > 0
+
+
+def test_device_matvec_bandwidth_counts_the_dtypes_bytes():
+    """The accelerator ceiling's matrix holds ``num_params`` scalars of the weight dtype (2 bytes
+    for bfloat16), capped like the CPU one; the peers' device follows JAX's backend."""
+    from jaxspec.bench.common import BenchError, device_matvec_bandwidth, torch_device
+
+    bf = device_matvec_bandwidth(100_000, "bfloat16", reps=1, rows=100)
+    assert bf["matrix_bytes"] == 2 * 100_000 and bf["gb_per_s"] > 0
+    f32 = device_matvec_bandwidth(10**9, "float32", reps=1, rows=100, max_bytes=400_000)
+    assert f32["matrix_bytes"] == 400_000
+    import jax
+
+    if jax.default_backend() == "cpu":
+        assert torch_device("auto") == "cpu"
+    assert torch_device("cuda") == "cuda"
+    with pytest.raises(BenchError, match="torch device"):
+        torch_device("tpu")

@@ -83,7 +83,7 @@ def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path
     out = tmp_path / "d.jsonl"
     self_distill(model, params, tok, prompts[:3], out, max_new_tokens=12, batch=2, progress=False)
     rows = self_distill(model, params, tok, prompts, out, max_new_tokens=12, batch=2,
-                        progress=False)
+                        bucket=8, progress=False)                          # shortest first
     assert sorted(r["i"] for r in rows) == [0, 1, 2, 3, 4]                 # no row twice
     assert len(out.read_text().splitlines()) == 5
     for r in rows:                                                         # alone, unpadded

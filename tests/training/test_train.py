@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.training.data import PackedDataset, is_heldout, module_name, split_files, stdlib_files
+from jaxspec.training.data import (DataError, PackedDataset, is_heldout, module_name, split_files,
+                                   stdlib_files, stdlib_root)
 from jaxspec.training.config import LoraSection, TrainConfig, TrainConfigError, config_from_dict, load_config
 from jaxspec.training.loop import train
 from jaxspec.training.objectives import diffusion_loss, init_delta, masked_diffusion_loss
@@ -242,6 +243,22 @@ def test_stdlib_split_and_module_names():
     cfg = load_config(ROOT / "configs/train/dlm-tiny.yaml")
     train_f, val_f = split_files(files, cfg.data.holdout)
     assert val_f and not set(train_f) & set(val_f)
+
+
+def test_stdlib_root_override(tmp_path, monkeypatch):
+    """``$JAXSPEC_STDLIB_ROOT`` replaces the interpreter's stdlib (a copy of another Python's,
+    for the same corpus on a GPU image); a path that is no directory is a DataError."""
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("x = 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text("y = 2\n")
+    (tmp_path / "abc.py").write_text("z = 3\n")
+    monkeypatch.setenv("JAXSPEC_STDLIB_ROOT", str(tmp_path))
+    assert stdlib_root() == tmp_path
+    assert stdlib_files() == [Path("abc.py"), Path("json/__init__.py")]
+    monkeypatch.setenv("JAXSPEC_STDLIB_ROOT", str(tmp_path / "missing"))
+    with pytest.raises(DataError, match="JAXSPEC_STDLIB_ROOT"):
+        stdlib_root()
 
 
 def test_configs_load_and_reject_unknown_keys():
