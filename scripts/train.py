@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop after this many steps (the schedule still spans train.steps)")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="wall-clock budget: stop cleanly (checkpoint, delta) at the first step "
+                         "past it; --resume continues the same schedule")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override any config value (repeatable; VALUE parsed as YAML)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -55,7 +58,10 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, overrides)
         out = Path(args.out) if args.out else Path(
             os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec")) / "runs" / cfg.name
+        if args.max_minutes is not None and args.max_minutes <= 0:
+            raise TrainConfigError(f"--max-minutes must be > 0, got {args.max_minutes}")
         res = train(cfg, out, resume=args.resume, stop_after=args.stop_after,
+                    max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
                     progress=not args.no_progress)
     except (TrainConfigError, DataError, PresetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -63,7 +69,8 @@ def main(argv=None) -> int:
     times = res["step_times"]
     steady = times[1:] if len(times) > 1 else times
     sps = sum(steady) / len(steady) if steady else float("nan")
-    summary = {"out": str(out), "step": res["step"], "wall_s": round(res["wall_s"], 2),
+    summary = {"out": str(out), "step": res["step"], "stopped_early": res["stopped_early"],
+               "wall_s": round(res["wall_s"], 2),
                "first_step_s (compile)": round(times[0], 2) if times else None,
                "sec_per_step": round(sps, 3), "tokens_per_step": res["tokens_per_step"],
                "tokens_per_sec": round(res["tokens_per_step"] / sps, 1) if steady else None}

@@ -289,19 +289,22 @@ def _save(mngr, step: int, trainable, opt_state) -> None:
     mngr.wait_until_finished()  # the next step donates these buffers
 
 
-def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar):
+def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
+               deadline: Optional[float] = None):
     """Steps ``start .. end - 1``: one update each; train rows of ``metrics.jsonl`` every
     ``log_every`` steps and at ``end``, eval rows every ``eval_every`` steps and at the last
     step of the schedule, checkpoints every ``ckpt_every`` steps (or ``ckpt_every_s``
-    seconds) and at ``end``.
+    seconds) and at ``end``. Past ``deadline`` (a ``time.perf_counter()`` value) the run ends
+    at the step in hand as if it were ``end`` (train row, eval row, checkpoint).
 
-    Returns ``(trainable, opt_state, losses {step: loss}, step_times)``."""
+    Returns ``(trainable, opt_state, losses {step: loss}, step_times, steps done)``."""
     c = run.cfg.train
     accum, bs, T = run.cfg.optim.grad_accum, run.cfg.data.batch_size, run.cfg.data.seq_len
     losses: dict[int, float] = {}
     step_times = []
     t_last, last_logged = time.perf_counter(), start
     t_saved = time.perf_counter()
+    done = start
     for s in range(start, end):
         t0 = time.perf_counter()
         sd = s + c.data_offset  # data / masking step (the lr schedule counts s)
@@ -309,8 +312,11 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar):
         batch = batch.reshape(accum, bs, *batch.shape[1:])  # (.., T) or SFT (.., 2, T)
         trainable, opt_state, stats = run.step_fn(trainable, opt_state, run.base,
                                                   jnp.asarray(batch), jnp.int32(sd))
+        jax.block_until_ready(stats)  # the step is done: the clock below counts it
         done = s + 1
-        if done % c.log_every == 0 or done == end:
+        spent = deadline is not None and time.perf_counter() >= deadline and done < end
+        last = done == end or spent
+        if done % c.log_every == 0 or last:
             stats = {k: float(v) for k, v in stats.items()}
             now = time.perf_counter()
             sps = (now - t_last) / (done - last_logged)
@@ -322,24 +328,25 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar):
             mf.flush()
             losses[done] = stats["loss"]
             bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['masked_acc']:.3f}")
-        else:
-            jax.block_until_ready(stats)
         step_times.append(time.perf_counter() - t0)
         bar.update(1)
-        if run.val_batches and (done % c.eval_every == 0 or done == c.steps):
+        if run.val_batches and (done % c.eval_every == 0 or done == c.steps or spent):
             rec = {"kind": "eval", "step": done,
                    **_evaluate(run.eval_fn, trainable, run.base, run.val_batches)}
             mf.write(json.dumps(rec) + "\n")
             mf.flush()
         timed = c.ckpt_every_s is not None and time.perf_counter() - t_saved >= c.ckpt_every_s
-        if done % c.ckpt_every == 0 or done == end or timed:
+        if done % c.ckpt_every == 0 or last or timed:
             _save(run.mngr, done, trainable, opt_state)
             t_saved = time.perf_counter()
-    return trainable, opt_state, losses, step_times
+        if spent:
+            break
+    return trainable, opt_state, losses, step_times, done
 
 
 def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Optional[int] = None,
-          datasets=None, model_and_params=None, progress: bool = True,
+          max_seconds: Optional[float] = None, datasets=None, model_and_params=None,
+          progress: bool = True,
           log=lambda m: print(m, file=sys.stderr)) -> dict:
     """Train (or resume) per ``cfg``; writes under ``out_dir``:
 
@@ -359,6 +366,10 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
       resume: continue from the latest checkpoint in ``out_dir`` (fresh start if none).
       stop_after: stop once this many steps are done (simulates an interruption; the
         schedule still spans ``cfg.train.steps``).
+      max_seconds: wall-clock budget of the step loop (compilation included): the first
+        step that ends past it is the last (metrics, eval row, checkpoint, delta as at the
+        end), so a session with a time limit (Colab, a lent GPU) stops cleanly and
+        ``resume`` continues the same schedule exactly.
       datasets: optional ``(train, val)`` :class:`jaxspec.training.data.PackedDataset` (tests);
         default builds the corpus of ``cfg.data``.
       model_and_params: optional ``(DiffusionLM, params)`` replacing :func:`build_model`.
@@ -405,15 +416,19 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
     bar = tqdm(total=cfg.train.steps, initial=start, disable=not progress, desc=cfg.name,
                dynamic_ncols=True)
     t_run = time.perf_counter()
+    deadline = None if max_seconds is None else t_run + float(max_seconds)
     with mpath.open("a") as mf:
-        trainable, opt_state, losses, step_times = _run_steps(run, trainable, opt_state, start,
-                                                              end, mf, bar)
+        trainable, opt_state, losses, step_times, done = _run_steps(
+            run, trainable, opt_state, start, end, mf, bar, deadline)
     bar.close()
     mngr.wait_until_finished()
     mngr.close()
     wall = time.perf_counter() - t_run
     plot_metrics(mpath, out / "loss.png", cfg.name)
-    result = {"step": max(end, start), "trainable": trainable, "losses": losses, "wall_s": wall,
+    if done < end:
+        log(f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
+            f"(--resume continues)")
+    result = {"step": max(done, start), "stopped_early": done < end, "trainable": trainable, "losses": losses, "wall_s": wall,
               "step_times": step_times, "tokens_per_step": run.tokens_per_step}
     _export(cfg, out, result, model.config, vocab)
     return result

@@ -209,6 +209,26 @@ def test_exact_resume_after_interruption(straight_run, tmp_path):
     assert key(rows_a) == key(rows_b)
 
 
+def test_time_budget_stops_cleanly_and_resumes_exactly(straight_run, tmp_path):
+    """``max_seconds`` (``scripts.train --max-minutes``): a spent budget ends the run after the
+    step in hand with a checkpoint and an eval row; ``resume`` then finishes the same schedule
+    and reproduces the straight run."""
+    cfg, _, straight = straight_run
+    data = tiny_data()
+    part = train(cfg, tmp_path / "t", datasets=data, model_and_params=tiny_model(cfg),
+                 max_seconds=0.0, progress=False, log=lambda m: None)
+    assert part["step"] == 1 and part["stopped_early"]
+    assert (tmp_path / "t" / "checkpoints" / "1").is_dir()
+    rows = [json.loads(l) for l in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 1), ("eval", 1)]
+    resumed = train(cfg, tmp_path / "t", datasets=data, model_and_params=tiny_model(cfg),
+                    resume=True, progress=False, log=lambda m: None)
+    assert resumed["step"] == K and not resumed["stopped_early"]
+    assert {**part["losses"], **resumed["losses"]} == straight["losses"]
+    for a, b in zip(jax.tree.leaves(straight["trainable"]), jax.tree.leaves(resumed["trainable"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_resume_from_periodic_checkpoint_redoes_lost_steps(straight_run, tmp_path):
     """A hard crash between checkpoints: only the periodic checkpoint (step 15) survives."""
     import shutil
