@@ -258,8 +258,8 @@ class JaxspecSystem:
 
 class TransformersSystem:
     """``transformers/ar``, ``transformers/prompt-lookup`` or ``transformers/assisted``
-    (assisted generation with ``assistant`` as the draft model, ``draft_length`` tokens per
-    step, constant schedule: the SPS peer): greedy ``model.generate`` on our token ids (batch
+    (assisted generation with ``assistant`` as the draft model, exactly ``draft_length`` tokens
+    per step: constant schedule, no confidence-threshold early stop; the SPS peer): greedy ``model.generate`` on our token ids (batch
     1), stopping on the same EOS ids and budget.
 
     Target forwards are counted with a forward pre-hook on the model; the query length of each
@@ -292,8 +292,14 @@ class TransformersSystem:
             self.gen_config.prompt_lookup_num_tokens = int(draft_length)
             self.gen_config.max_matching_ngram_size = int(max_ngram)
         if method == "assisted":
-            self.gen_config.num_assistant_tokens = int(draft_length)
-            self.gen_config.num_assistant_tokens_schedule = "constant"
+            # transformers reads these from the *assistant's* generation config (its
+            # AssistedCandidateGenerator copies assistant_model.generation_config); left alone,
+            # the assistant drafts up to its default 20 tokens and stops early below its
+            # confidence threshold (0.4), so the draft length would not be K
+            ag = assistant.generation_config
+            ag.num_assistant_tokens = int(draft_length)
+            ag.num_assistant_tokens_schedule = "constant"
+            ag.assistant_confidence_threshold = 0.0
         self._calls = _forward_log(hf_model)
 
     @property
@@ -472,6 +478,28 @@ def device_matvec_bandwidth(num_params: int, dtype: str = "float32", reps: int =
             "gb_per_s": nbytes / best / 1e9}
 
 
+def bandwidth_ceiling(num_params: int, param_dtype: str = "float32", reps: int = 5) -> dict[str, Any]:
+    """The batch-1 decoding ceiling of a model of ``num_params`` weights in ``param_dtype``:
+    every weight read once per token at the rate of a matrix-vector product on the device JAX
+    runs on (:func:`matvec_bandwidth` on CPU, :func:`device_matvec_bandwidth` on an
+    accelerator). Returns the ``bandwidth`` block of the ``ar`` suite's result document
+    (``bandwidth_bound_tokens_per_s`` = rate / model bytes)."""
+    import jax
+
+    on_cpu = jax.default_backend() == "cpu"
+    bw = (matvec_bandwidth(num_params, reps=reps) if on_cpu
+          else device_matvec_bandwidth(num_params, param_dtype, reps=4 * reps))
+    model_bytes = int(np.dtype(jax.numpy.dtype(param_dtype)).itemsize) * int(num_params)
+    return {"num_params": int(num_params), "param_dtype": str(param_dtype),
+            "device": jax.default_backend(), "model_bytes": model_bytes,
+            "model_bytes_f32": 4 * int(num_params),
+            "matvec_matrix_bytes": int(bw["matrix_bytes"]),
+            "matvec_gb_per_s": _num(bw["gb_per_s"], 2),
+            "matvec_ms": _num(bw["matvec_s"] * 1e3, 2),
+            "matvec_median_ms": _num(bw["matvec_median_s"] * 1e3, 2),
+            "bandwidth_bound_tokens_per_s": _num(bw["gb_per_s"] * 1e9 / model_bytes, 2)}
+
+
 # ----------------------------------------------------------------------------- the suite
 
 
@@ -643,22 +671,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             entry["reference_output"] = decode(ref[i].tokens)
         per_prompt.append(entry)
 
-    bandwidth = None
-    if num_params:
-        import jax
-
-        on_cpu = jax.default_backend() == "cpu"
-        bw = (matvec_bandwidth(num_params, reps=bandwidth_reps) if on_cpu
-              else device_matvec_bandwidth(num_params, param_dtype, reps=4 * bandwidth_reps))
-        model_bytes = int(np.dtype(jax.numpy.dtype(param_dtype)).itemsize) * int(num_params)
-        bandwidth = {"num_params": int(num_params), "param_dtype": str(param_dtype),
-                     "device": jax.default_backend(), "model_bytes": model_bytes,
-                     "model_bytes_f32": 4 * int(num_params),
-                     "matvec_matrix_bytes": int(bw["matrix_bytes"]),
-                     "matvec_gb_per_s": _num(bw["gb_per_s"], 2),
-                     "matvec_ms": _num(bw["matvec_s"] * 1e3, 2),
-                     "matvec_median_ms": _num(bw["matvec_median_s"] * 1e3, 2),
-                     "bandwidth_bound_tokens_per_s": _num(bw["gb_per_s"] * 1e9 / model_bytes, 2)}
+    bandwidth = bandwidth_ceiling(num_params, param_dtype, bandwidth_reps) if num_params else None
     return {
         "suite": "ar",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -92,6 +92,27 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert "| system |" in text and "jaxspec | ngram" in text and "ceiling" in text
 
 
+def test_transformers_assisted_drafts_exactly_k_tokens(tiny_llama, tiny_qwen2):
+    """The SPS peer drafts K tokens per step: transformers reads the draft length, schedule and
+    confidence threshold from the assistant's generation config, so the system sets them there
+    (left at the assistant's defaults it drafted up to 20 tokens, or stopped early)."""
+    pytest.importorskip("torch")
+    tok = load_tokenizer(tiny_llama.path)
+    hf = load_transformers_model(tiny_llama.path, threads=1)
+    sys_ = TransformersSystem("assisted", hf, max_new_tokens=30, eos_ids=(), pad_id=0,
+                              draft_length=3,
+                              assistant=load_transformers_model(tiny_qwen2.path, threads=1))
+    out = sys_.run(tok.encode(TEXTS[0]))
+    calls = list(sys_._calls)
+    assert len(out.tokens) == 30 and len(calls) >= 2
+    # the prompt's pass holds the prompt + K candidates, every later one the last token + K
+    # candidates, except the last K passes, whose candidates the token budget cuts short
+    n = len(tok.encode(TEXTS[0]))
+    assert calls[0] == n + 3 and all(1 <= c <= 4 for c in calls[1:])
+    assert calls[1:-3] and all(c == 4 for c in calls[1:-3])
+    assert out.proposed == 3 + sum(c - 1 for c in calls[1:])
+
+
 def test_helpers():
     assert cut_output([5, 6, 2, 7], [2], 10) == [5, 6, 2]
     assert cut_output([5, 6, 7, 8], [2], 3) == [5, 6, 7]
