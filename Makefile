@@ -13,7 +13,9 @@ PYTEST_ARGS ?=
 # AMD EPYC: 786 passed in 29 min 22 s (stop 24); CI of stops 25 and 26 took 56-57 min on a slower
 # machine of the same kind. Since then: the slow marker, the scan layer loop, XLA optimisations
 # off for tiny-model tests and pairwise-covering subsets of the golden cross-products; fresh
-# clone on that slower machine (2026-11-26): 702 passed, pytest 28 min 25 s, make test 30 min 45 s.
+# clone on that slower machine (2026-11-26): 702 passed, pytest 28 min 25 s, make test 30 min 45 s;
+# CI of stop 28: 1,996 s. Fresh clone 2026-11-26 (stop 29, AMD EPYC): 699 passed, pytest 24 min
+# 55 s, make test 27 min 1 s; since then three real-weight CLI tests (80 s) are marked slow.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup weights demo test test-all bench clean

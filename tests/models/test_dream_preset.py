@@ -148,6 +148,7 @@ def test_merged_params_differ_from_base_exactly_in_the_delta(smollm2_gguf):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # `make test-all`: the CLI path of stepwise on real weights (21 s); the real goldens run the decoder
 def test_real_cli_stepwise(smollm2_gguf, capsys):
     rc = gen_cli.main(["--model", NAME, "--weights", str(smollm2_gguf), "--method", "stepwise",
                        "--gen-length", "16", "--block-length", "8", "--prompt", "def add(a, b):"])
@@ -160,6 +161,7 @@ def test_real_cli_stepwise(smollm2_gguf, capsys):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # `make test-all`: 32 s; the chain tree with the dual cache is a real golden in `make test`
 def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
     """SSD on the real adapted model reproduces stepwise decoding through the CLI (a short
     prompt, no cache, mix-order; the chain tree with the dual cache is a real golden case)."""
@@ -173,6 +175,7 @@ def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # `make test-all`: 27 s; SSD's identity is tested on tiny models and a real golden
 def test_dlm_tiny_preset_ssd(smollm2_gguf, monkeypatch, capsys):
     """The random ``dlm-tiny`` preset (SmolLM2 tokenizer from the cache) decodes with SSD."""
     monkeypatch.setenv("JAXSPEC_CACHE", str(smollm2_gguf.parent))
