@@ -15,7 +15,9 @@ PYTEST_ARGS ?=
 # off for tiny-model tests and pairwise-covering subsets of the golden cross-products; fresh
 # clone on that slower machine (2026-11-26): 702 passed, pytest 28 min 25 s, make test 30 min 45 s;
 # CI of stop 28: 1,996 s. Fresh clone 2026-11-26 (stop 29, AMD EPYC): 699 passed, pytest 24 min
-# 55 s, make test 27 min 1 s; since then three real-weight CLI tests (80 s) are marked slow.
+# 55 s, make test 27 min 1 s; then three real-weight CLI tests (80 s) marked slow, and a second
+# fresh clone the same day: 696 passed, pytest 28 min 0 s, make test 29 min 56 s (53 min of CPU
+# against 48 for the first: the machine ran slower, not the suite).
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup weights demo test test-all bench clean
