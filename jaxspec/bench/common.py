@@ -259,8 +259,8 @@ class JaxspecSystem:
 class TransformersSystem:
     """``transformers/ar``, ``transformers/prompt-lookup`` or ``transformers/assisted``
     (assisted generation with ``assistant`` as the draft model, exactly ``draft_length`` tokens
-    per step: constant schedule, no confidence-threshold early stop; the SPS peer): greedy ``model.generate`` on our token ids (batch
-    1), stopping on the same EOS ids and budget.
+    per step: constant schedule, no confidence-threshold early stop; the SPS peer): greedy
+    ``model.generate`` on our token ids (batch 1), stopping on the same EOS ids and budget.
 
     Target forwards are counted with a forward pre-hook on the model; the query length of each
     call after the first gives the number of candidates it verified.
@@ -437,15 +437,20 @@ def matvec_bandwidth(num_params: int, reps: int = 5, rows: int = 4096,
     cols = max(1, -(-min(int(num_params), int(max_bytes) // 4) // rows))
     w = np.full((rows, cols), 1e-3, np.float32)
     x = np.ones((cols,), np.float32)
-    w @ x
+    return _time_products(lambda: w @ x, int(w.nbytes), reps)
+
+
+def _time_products(product: Callable[[], Any], nbytes: int, reps: int) -> dict[str, float]:
+    """One untimed ``product()``, then ``reps`` timed ones (each must return when its result
+    is ready); the rate is ``nbytes`` over the fastest. The return dict of
+    :func:`matvec_bandwidth`."""
+    product()
     times = []
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()
-        w @ x
+        product()
         times.append(time.perf_counter() - t0)
     best = min(times)
-    nbytes = int(w.nbytes)
-    del w
     return {"matrix_bytes": nbytes, "matvec_s": best, "matvec_median_s": statistics.median(times),
             "gb_per_s": nbytes / best / 1e9}
 
@@ -465,17 +470,7 @@ def device_matvec_bandwidth(num_params: int, dtype: str = "float32", reps: int =
     w = jnp.full((rows, cols), 1e-3, dtype)
     x = jnp.ones((cols,), dtype)
     f = jax.jit(lambda a, b: a @ b)
-    f(w, x).block_until_ready()
-    times = []
-    for _ in range(max(1, reps)):
-        t0 = time.perf_counter()
-        f(w, x).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    nbytes = rows * cols * itemsize
-    del w
-    return {"matrix_bytes": nbytes, "matvec_s": best, "matvec_median_s": statistics.median(times),
-            "gb_per_s": nbytes / best / 1e9}
+    return _time_products(lambda: f(w, x).block_until_ready(), rows * cols * itemsize, reps)
 
 
 def bandwidth_ceiling(num_params: int, param_dtype: str = "float32", reps: int = 5) -> dict[str, Any]:
