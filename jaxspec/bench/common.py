@@ -23,7 +23,10 @@ compilation happens there and is reported as ``compile_s``); then, for each prom
 every system decodes it (the order rotates from prompt to prompt), so slow drift or noise of
 the machine hits all systems alike. Per-prompt throughput is ``new tokens / wall-clock
 seconds`` of that call; rows quote the median over prompts, and ``speedup_vs_baseline`` is
-the median over prompts of ``baseline seconds / system seconds``.
+the median over prompts of ``baseline seconds / system seconds``. With the bandwidth ceiling
+(``num_params``), each AR system also decodes every prompt with a one-token budget right after
+its full run: the time to the first token (``ttft_s``), and ``decode_tokens_per_s``, the rate of
+the decode steps alone, which is what the ceiling bounds.
 
 Everything here works on already-loaded models and already-encoded prompts, so tests can run
 it on tiny random models; :mod:`scripts.benchmark` adds presets, HumanEval and the CLI.
@@ -32,6 +35,7 @@ it on tiny random models; :mod:`scripts.benchmark` adds presets, HumanEval and t
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import gc
@@ -234,20 +238,29 @@ class JaxspecSystem:
         self.system, self.method = "jaxspec", label or method
         self.model, self.params = model, quantized_params(params) if self.quant else params
         self.entry = get_method(name, "causal")
-        self.config = self.entry.build(DecodeOptions(
+        self.options = DecodeOptions(
             max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
             min_ngram=min_ngram, fallback="bigram" if base == "ngram-bigram" else "none",
-            **(options or {})))
+            **(options or {}))
+        self.config = self.entry.build(self.options)
+        self._budget_configs = {int(max_new_tokens): self.config}
         self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
     @property
     def name(self) -> str:
         return f"{self.system}/{self.method}"
 
-    def run(self, ids: Sequence[int]) -> RunOutput:
+    def run(self, ids: Sequence[int], max_new_tokens: Optional[int] = None) -> RunOutput:
+        """Decode ``ids``; ``max_new_tokens`` overrides the budget (e.g. 1 for the time to
+        the first token: another compiled loop, since the buffer size changes)."""
+        budget = self.options.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if budget not in self._budget_configs:
+            self._budget_configs[budget] = self.entry.build(
+                dataclasses.replace(self.options, max_new_tokens=budget))
         with layer_loop(self.loop) if self.loop else contextlib.nullcontext():
             t0 = time.perf_counter()
-            res = self.entry.run(self.model, self.params, [list(ids)], self.config, **self.kw)
+            res = self.entry.run(self.model, self.params, [list(ids)],
+                                 self._budget_configs[budget], **self.kw)
         wall = time.perf_counter() - t0 - res.compile_s
         s = res.stats
         return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
@@ -306,22 +319,29 @@ class TransformersSystem:
     def name(self) -> str:
         return f"{self.system}/{self.method}"
 
-    def run(self, ids: Sequence[int]) -> RunOutput:
+    def run(self, ids: Sequence[int], max_new_tokens: Optional[int] = None) -> RunOutput:
+        """Decode ``ids``; ``max_new_tokens`` overrides the budget (e.g. 1 for the time to
+        the first token)."""
         torch = self.torch
         dev = next(self.model.parameters()).device
         x = torch.tensor([list(ids)], dtype=torch.long, device=dev)
         mask = torch.ones_like(x)
+        budget = self.max_new if max_new_tokens is None else int(max_new_tokens)
+        gen_config = self.gen_config
+        if budget != self.max_new:
+            gen_config = copy.deepcopy(self.gen_config)
+            gen_config.max_new_tokens = budget
         self._calls.clear()
         t0 = time.perf_counter()
         with torch.inference_mode():
             extra = {} if self.assistant is None else {"assistant_model": self.assistant}
             out = self.model.generate(input_ids=x, attention_mask=mask,
-                                      generation_config=self.gen_config, **extra)
+                                      generation_config=gen_config, **extra)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         wall = time.perf_counter() - t0
         calls = list(self._calls)
-        tokens = cut_output(out[0, x.shape[1]:].tolist(), self.eos_ids, self.max_new)
+        tokens = cut_output(out[0, x.shape[1]:].tolist(), self.eos_ids, budget)
         nfe = len(calls)
         proposed = accepted = 0
         if self.method in ("prompt-lookup", "assisted") and calls:
@@ -555,6 +575,25 @@ def _drift(system, outs: dict) -> dict:
     }
 
 
+def _measures_ttft(system) -> bool:
+    """Whether the ``ar`` suite times ``system``'s first token: the autoregressive systems
+    (``ar``, ``ar-scan``, ``ar-int8``, transformers ``ar``), whose decode steps the bandwidth
+    ceiling bounds."""
+    return system.method == "ar" or system.method.startswith("ar-")
+
+
+def _decode_rate(outs: Sequence[RunOutput], ttft: Optional[Sequence[float]]) -> dict:
+    """``ttft_s`` (median seconds of a one-token run: prefill + first token) and
+    ``decode_tokens_per_s`` (median over prompts of ``(new - 1) / (seconds - ttft)``: the
+    decode steps alone, the rate the bandwidth ceiling bounds); None when not measured."""
+    if not ttft:
+        return {"ttft_s": None, "decode_tokens_per_s": None}
+    rates = [(len(o.tokens) - 1) / (o.seconds - t) for o, t in zip(outs, ttft)
+             if len(o.tokens) > 1 and o.seconds > t]
+    return {"ttft_s": _num(statistics.median(ttft), 4),
+            "decode_tokens_per_s": _num(statistics.median(rates), 3) if rates else None}
+
+
 def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
                  num_params: Optional[int] = None, param_dtype: str = "float32",
                  config: Optional[dict] = None,
@@ -570,6 +609,9 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
       prompts: the prompts, in order.
       model_name: recorded in every row.
       num_params: target parameter count, for the memory-bandwidth ceiling (skipped if None).
+        With it, the AR systems (:func:`_measures_ttft`) also run every prompt with a one-token
+        budget, for the time to the first token and the rate of the decode steps alone
+        (:func:`_decode_rate`), which the ceiling bounds.
       param_dtype: the target's weight dtype (its bytes per parameter set the ceiling). On CPU
         the ceiling's rate is a numpy float32 product (:func:`matvec_bandwidth`), on an
         accelerator a jitted product in ``param_dtype`` (:func:`device_matvec_bandwidth`).
@@ -594,10 +636,15 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
         raise BenchError(f"the baseline {BASELINE} must be among the systems")
     compile_s = {n: 0.0 for n in names}
 
-    # warm-up: one generation per system (compiles jaxspec's first bucket), not timed
+    # warm-up: one generation per system (compiles jaxspec's first bucket), not timed; the
+    # AR systems also compile their one-token budget (time to first token, not counted)
     for s in systems:
         log(f"[bench] warm-up {s.name}")
         compile_s[s.name] += s.run(prompts[0].ids).compile_s
+        if num_params and _measures_ttft(s):
+            s.run(prompts[0].ids, max_new_tokens=1)
+    ttft: dict[str, list[float]] = {s.name: [] for s in systems
+                                    if num_params and _measures_ttft(s)}
 
     outs: dict[str, list[RunOutput]] = {n: [] for n in names}
     bar = None
@@ -612,6 +659,8 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
                 o = s.run(p.ids)
                 compile_s[s.name] += o.compile_s
                 outs[s.name].append(o)
+                if s.name in ttft:
+                    ttft[s.name].append(s.run(p.ids, max_new_tokens=1).seconds)
             if bar is not None:
                 bar.set_postfix_str(" ".join(
                     f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
@@ -648,6 +697,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
             **_drift(s, outs),
             "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
+            **_decode_rate(o, ttft.get(s.name)),
             **mean_degeneracy([r.tokens for r in o]),
         })
     for i, p in enumerate(prompts):
@@ -657,6 +707,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             same = o.tokens == ref[i].tokens
             entry["systems"][n] = {
                 "new_tokens": len(o.tokens), "seconds": _num(o.seconds, 5),
+                "ttft_s": _num(ttft[n][i], 5) if n in ttft else None,
                 "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
                 "target_nfe": o.target_nfe, "identical_to_reference": same,
                 "first_divergence": first_divergence(o.tokens, ref[i].tokens)}
@@ -684,6 +735,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
 _COLUMNS = [
     ("system", "system", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
     ("new_tokens", "new tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"), ("ttft_s", "TTFT s", "{:.3f}"),
     ("mean_tokens_per_s", "mean tok/s", "{:.1f}"), ("speedup_vs_baseline", "speedup", "{:.2f}x"),
     ("nfe_per_token", "NFE/token", "{:.3f}"), ("mat", "MAT", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
@@ -761,6 +813,17 @@ def plot_k_sweep(ax, rows: list, xlabel: str, title: str) -> None:
     ax.set_title(title)
 
 
+def _ceiling_shares(result: dict) -> str:
+    """`` jaxspec/ar's decode steps reach X% of it ...``: each AR system's decode rate (and
+    end-to-end rate) as a share of the bandwidth ceiling; empty without decode rates."""
+    bound = result.get("bandwidth_bound_tokens_per_s")
+    parts = [f"`{r['system']}/{r['method']}` {100 * r['decode_tokens_per_s'] / bound:.0f}% "
+             f"(end to end, prefill included: {100 * r['median_tokens_per_s'] / bound:.0f}%)"
+             for r in result.get("rows", ()) if bound and r.get("decode_tokens_per_s")]
+    return (" Decode steps alone (`decode tok/s`) reach, of this ceiling: " + "; ".join(parts)
+            + ".") if parts else ""
+
+
 def markdown_report(result: dict) -> str:
     """Full markdown page: header, table, the memory-bandwidth ceiling and how to read it."""
     m, c, bw = result["machine"], result["config"], result.get("bandwidth")
@@ -784,7 +847,7 @@ def markdown_report(result: dict) -> str:
                 f"matrix: fastest of several passes {bw['matvec_ms']:.2f} ms, "
                 f"median {bw['matvec_median_ms']:.1f} ms). A decoder that "
                 f"runs one target forward per token cannot beat it; speculative decoding can, "
-                f"because one forward verifies several tokens.", ""]
+                f"because one forward verifies several tokens." + _ceiling_shares(result), ""]
     out += [
         "How to read this:",
         "",
@@ -794,6 +857,10 @@ def markdown_report(result: dict) -> str:
         "- `median tok/s` is the median over prompts of new tokens / wall-clock seconds; "
         "`speedup` is the median over prompts of the per-prompt wall-clock ratio against "
         f"`{BASELINE}` of this same run.",
+        "- `decode tok/s` (AR systems) is the median over prompts of (new tokens - 1) / "
+        "(seconds - TTFT), where `TTFT s` is the wall-clock time of the same call with a "
+        "one-token budget (prefill and first token; its compile not counted): the rate of the "
+        "decode steps alone, which the bandwidth ceiling bounds.",
         "- `NFE/token` counts target-model forward passes (the prompt pass included) per "
         "generated token, hardware-independent; `MAT` is its inverse, tokens per forward. "
         "`acceptance` is accepted / verified draft tokens: `jaxspec/ngram` and transformers' "

@@ -83,6 +83,16 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
     assert rows["transformers/prompt-lookup"]["nfe_per_token"] <= 1.0
+    # the AR systems' time to first token and decode-step rate (what the ceiling bounds)
+    for name, r in rows.items():
+        ar = name.split("/")[1] in ("ar", "ar-scan")
+        assert (r["ttft_s"] is not None) == ar and (r["decode_tokens_per_s"] is not None) == ar
+        if ar:
+            assert r["ttft_s"] > 0 and r["decode_tokens_per_s"] > 0, name
+    assert "decode tok/s" in md.read_text() and "Decode steps alone" in md.read_text()
+    for s in (systems[0], systems[3]):  # a one-token budget gives the full run's first token
+        one = s.run(prompts[1].ids, max_new_tokens=1)
+        assert one.tokens == s.run(prompts[1].ids).tokens[:1] and one.target_nfe == 1, s.name
 
     assert [p["task_id"] for p in doc["per_prompt"]] == ["tiny/0", "tiny/1"]
     for p in doc["per_prompt"]:

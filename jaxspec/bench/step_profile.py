@@ -1,0 +1,152 @@
+"""Probe: where one batch-1 KV-cached decode step's milliseconds go, on this machine (issue 16).
+
+    python -m jaxspec.bench.step_profile [--reps 30] [--cache 384] [--new 128]
+
+SmolLM2-135M shapes with random float32 weights (the timing does not depend on the values).
+Every row is a separately jitted program, timed after two untimed calls, all rows interleaved
+round-robin so a drifting machine hits them alike; the table gives the median and the fastest
+milliseconds of ``--reps`` calls. Rows:
+
+* ``step, <layout>``: one cached forward of one token (what the AR loop runs per token), with
+  the KV cache of ``--cache`` slots, in the layouts of :func:`jaxspec.core.runtime.decode_layout`
+  (stacked weights with the ``lax.scan`` layer loop; per-layer input-major; per-layer
+  output-major, the CPU AR layout);
+* ``products only``: the 210 layer matrix-vector products and the tied LM head of the same
+  step, chained through a cheap nonlinearity and nothing else (no attention, norms, RoPE or
+  cache): what XLA's dot kernels cost on these shapes;
+* ``LM head only``: the ``(49152, 576)`` tied-head product;
+* ``numpy ...``: numpy's matrix-vector product over the same weights, per matrix and as one
+  matrix of the same bytes; the latter is the ``ar`` benchmark's bandwidth ceiling;
+* ``AR loop, per token``: :func:`jaxspec.causal.decode.generate` (AR, ``--new`` tokens of a
+  16-token prompt) divided by the generated tokens, compile excluded; it adds prefill,
+  sampling, the while loop and bookkeeping to the step.
+
+The last column is the weight bytes a row streams divided by its fastest time. Compare rows of
+one run only: the CPU kind and its load change between machines (README "Performance notes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.bench.quant_matmul import SMOLLM2, _step
+from jaxspec.causal.decode import generate
+from jaxspec.core.runtime import layer_loop
+from models.llama import modeling as M
+
+
+def _products(config, output_major: bool):
+    """A jitted chain of the step's matrix-vector products (and the tied head) alone."""
+    def f(params, x):
+        for lp in params["layers"]:
+            q = M.proj(x, lp, "wq")
+            kv = M.proj(x, lp, "wk") + M.proj(x, lp, "wv")
+            a = q + jnp.tile(kv, config.hidden_size // kv.shape[-1]) * 1e-3
+            h = x + M.proj(a, lp, "wo")
+            g = M.proj(h, lp, "w_gate") * M.proj(h, lp, "w_up")
+            x = jnp.tanh(h + M.proj(g, lp, "w_down"))
+        return M.lm_logits(x, params["embed"], None).argmax(-1)
+    return jax.jit(f)
+
+
+def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> dict:
+    """``{name: (callable, args, weight bytes streamed)}`` of every jitted row."""
+    params = M.init_params(config, seed)
+    om = M.unstack_layers(params, True)
+    layer_bytes = sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"]))
+    head_bytes = params["embed"].nbytes
+    tokens = jnp.full((1, 1), 5, jnp.int32)
+    cache = M.init_cache(config, 1, S)
+    step = _step(config, 1, S)
+    x = jnp.ones((1, config.hidden_size), jnp.float32)
+    head = jax.jit(lambda e, x: M.lm_logits(x, e, None).argmax(-1))
+    total = layer_bytes + head_bytes
+    return {
+        "step, stacked + lax.scan": (step, (params, cache, tokens), total),
+        "step, per-layer input-major": (step, (M.unstack_layers(params), cache, tokens), total),
+        "step, per-layer output-major (CPU AR layout)": (step, (om, cache, tokens), total),
+        "products only, output-major": (_products(config, True), (om, x), total),
+        "LM head only": (head, (params["embed"], x), head_bytes),
+    }, params
+
+
+def _numpy_rows(params) -> dict:
+    """numpy matrix-vector products over the same weights: per matrix, and one matrix."""
+    mats = [np.ascontiguousarray(np.asarray(w[i]).T)
+            for name, w in params["layers"].items() if name in M.MATRICES
+            for i in range(w.shape[0])] + [np.asarray(params["embed"])]
+    nbytes = sum(m.nbytes for m in mats)
+    vecs = {n: np.ones(n, np.float32) for n in {m.shape[1] for m in mats}}
+    one = np.ones((nbytes // 4 // 576, 576), np.float32)
+    x = np.ones(576, np.float32)
+    return {"numpy, per matrix": (lambda: [m @ vecs[m.shape[1]] for m in mats], (), nbytes),
+            "numpy, one matrix of the same bytes (the ar ceiling)": (lambda: one @ x, (), nbytes)}
+
+
+def _loop_row(config, params, new: int):
+    """Per-token time of the AR decode loop (compile excluded by an untimed first call)."""
+    model = M.CausalLM(config)
+    prompt = [[(7 * i) % 1000 + 3 for i in range(16)]]
+
+    def run():
+        with layer_loop("auto"):
+            return generate(model, params, prompt, max_new_tokens=new, eos_ids=())
+    run()
+    return run
+
+
+def measure(rows: dict, reps: int) -> dict:
+    """Median and fastest milliseconds per row, calls interleaved round-robin."""
+    times = {n: [] for n in rows}
+    for f, a, _ in rows.values():
+        for _ in range(2):
+            jax.block_until_ready(f(*a))
+    for _ in range(reps):
+        for n, (f, a, _) in rows.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*a))
+            times[n].append((time.perf_counter() - t0) * 1e3)
+    return {n: (statistics.median(t), min(t)) for n, t in times.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxspec.bench.step_profile",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=30, help="timed calls per row (default 30)")
+    ap.add_argument("--cache", type=int, default=384, help="KV-cache slots (default 384)")
+    ap.add_argument("--new", type=int, default=128, help="AR loop tokens (default 128)")
+    args = ap.parse_args(argv)
+    if args.reps < 1 or args.cache < 128 or args.new < 1:
+        ap.error("--reps and --new must be >= 1 and --cache >= 128 (the probe writes slot 100)")
+    rows, params = cases(S=args.cache)
+    rows.update(_numpy_rows(params))
+    loop = _loop_row(SMOLLM2, params, args.new)
+    rows["AR loop (generate), whole run"] = (loop, (), 0)
+    res = measure(rows, args.reps)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"{cpu}, {jax.devices()[0].device_kind}, jax {jax.__version__}, {args.reps} "
+          f"interleaved reps, SmolLM2-135M shapes, float32, cache {args.cache} slots\n")
+    print("| row | median ms | fastest ms | GB/s (weights / fastest) |\n|---|---|---|---|")
+    for n, (med, best) in res.items():
+        nbytes = rows[n][2]
+        if n.startswith("AR loop"):
+            n, med, best = f"AR loop, per token ({args.new} new)", med / args.new, best / args.new
+            nbytes = rows["numpy, per matrix"][2]
+        print(f"| {n} | {med:.2f} | {best:.2f} | {nbytes / best / 1e6:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
