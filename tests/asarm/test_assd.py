@@ -327,7 +327,7 @@ def assd_variant_checks(method):
             for j, m in enumerate(ASSD_VARIANTS)}
 
 
-@pytest.mark.parametrize("method", ["assd", "assd-ngram"])
+@pytest.mark.parametrize("method", ["assd", pytest.param("assd-ngram", marks=pytest.mark.slow)])
 def test_assd_mutants_rejected_and_equivalents_accepted(method):
     """Mutation check (issue 17): the distribution test rejects every wrong verifier and
     accepts the equivalent variants, for self-drafted ASSD and ASSD-ngram (one test per method:

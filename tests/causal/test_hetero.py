@@ -112,6 +112,7 @@ def test_sampled_distribution_equals_ar(exact):
     assert 0.05 < s.accepted_drafts / s.drafts_proposed.sum() < 0.95  # accepts and rejects
 
 
+@pytest.mark.slow  # the test's power (30 s): make test-all; the exact test above stays
 @pytest.mark.optimised  # 10^4 sampled rows: run-time-bound
 def test_negative_control_resampling_from_p_is_rejected(exact, monkeypatch):
     @dataclasses.dataclass(frozen=True)

@@ -193,6 +193,7 @@ def test_real_code_accepted(suite, method):
 _UNSEEN = {("diffuspec", "bonus-from-residual")}
 
 
+@pytest.mark.slow  # a power check of the distribution test (28 s): make test-all
 def test_diffuspec_bonus_from_residual_seen_on_a_smaller_vocabulary():
     """The open finding above, settled: on a vocabulary of 3 (the drafter never drafts id 2,
     its mask and lattice EOS), temperature 1, k = 2 and 4 new tokens, every third draft chain
@@ -223,7 +224,15 @@ def test_diffuspec_bonus_from_residual_seen_on_a_smaller_vocabulary():
     assert not mutant.passed and mutant.p_value < 1e-10, mutant.why
 
 
-@pytest.mark.parametrize("method", METHODS)
+# the verifier-level suites of the model-free (ngram: point-mass and bigram q) and the
+# model-based (table: real q, adaptive k_t) drafters run in ``make test``; those of sps, space
+# and diffuspec (the same verifier behind other drafters, 200 s of CPU together) in
+# ``make test-all``. Every method's real code keeps its distribution test above.
+FAST_MUTANT_SUITES = ("ngram", "table")
+
+
+@pytest.mark.parametrize("method", [m if m in FAST_MUTANT_SUITES else
+                                    pytest.param(m, marks=pytest.mark.slow) for m in METHODS])
 def test_every_mutant_rejected_and_equivalent_accepted(suite, method):
     """Every mutant of the shared chain verifier is rejected, and every equivalent variant
     accepted, by the distribution test on ``method``'s outputs. All variants of a method come
