@@ -355,8 +355,14 @@ def test_covered_subset_keeps_every_option_pair():
         assert pairs(kept.values()) == pairs(full.values()), family
 
 
+# the real Spiffy golden (90 s, mostly compiling the draft-graph loop) runs in make test-all;
+# make test keeps the tiny Spiffy goldens and the real Dream goldens of the same model
+_SLOW_REAL = ("dream/spiffy-D5-stepwise-dual",)
+
+
 @pytest.mark.real
-@pytest.mark.parametrize("name", sorted(real_cases()))
+@pytest.mark.parametrize("name", [n if n not in _SLOW_REAL else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(real_cases())])
 def test_real_golden(name, smollm2_gguf):
     want = _load("real")[name]
     got = _jsonable(real_cases()[name]())

@@ -82,7 +82,7 @@ def _patched(proj=None, hint=True):
         M.proj, M._after = old
 
 
-def _step(config, T, S, proj=None, hint=True):
+def _step(config, T, S, proj=None, hint=True, donate=False):
     model = M.CausalLM(config)
 
     def f(params, cache, tokens):
@@ -93,7 +93,7 @@ def _step(config, T, S, proj=None, hint=True):
                                         cache_index=jnp.array([100], jnp.int32))
         return logits[:, -1].argmax(-1), cache
 
-    return jax.jit(f)
+    return jax.jit(f, donate_argnums=(1,) if donate else ())  # donate: the cache, in place
 
 
 def cases(config=SMOLLM2, T=1, S=256, seed=0):

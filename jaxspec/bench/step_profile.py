@@ -23,12 +23,27 @@ milliseconds of ``--reps`` calls. Rows:
 
 The last column is the weight bytes a row streams divided by its fastest time. Compare rows of
 one run only: the CPU kind and its load change between machines (README "Performance notes").
+
+``--trace`` then profiles ten calls of the CPU AR layout's step (KV cache donated, as in the
+loop) with :mod:`jax.profiler` and XLA:CPU's per-operation trace events
+(``--xla_cpu_enable_xprof_traceme``, set before the backend starts), and prints the
+milliseconds per step of each kind of compiled operation: ``dot`` (the matrix-vector
+products), ``copy_dot_fusion`` (the tied LM head), ``copy_bitcast_fusion`` (copies, e.g. keys
+and values moved out of the cache for the attention products), ``ynn_fusion`` (small products
+handed to YNNPACK), and so on.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
+import json
+import os
 import platform
+import re
+import tempfile
 import statistics
 import time
 
@@ -77,15 +92,16 @@ def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> dict:
     }, params
 
 
-def _numpy_rows(params) -> dict:
-    """numpy matrix-vector products over the same weights: per matrix, and one matrix."""
+def _numpy_rows(params, hidden: int = 576) -> dict:
+    """numpy matrix-vector products over the same weights: per matrix, and one matrix of
+    ``hidden`` columns."""
     mats = [np.ascontiguousarray(np.asarray(w[i]).T)
             for name, w in params["layers"].items() if name in M.MATRICES
             for i in range(w.shape[0])] + [np.asarray(params["embed"])]
     nbytes = sum(m.nbytes for m in mats)
     vecs = {n: np.ones(n, np.float32) for n in {m.shape[1] for m in mats}}
-    one = np.ones((nbytes // 4 // 576, 576), np.float32)
-    x = np.ones(576, np.float32)
+    one = np.ones((nbytes // 4 // hidden, hidden), np.float32)
+    x = np.ones(hidden, np.float32)
     return {"numpy, per matrix": (lambda: [m @ vecs[m.shape[1]] for m in mats], (), nbytes),
             "numpy, one matrix of the same bytes (the ar ceiling)": (lambda: one @ x, (), nbytes)}
 
@@ -100,6 +116,43 @@ def _loop_row(config, params, new: int):
             return generate(model, params, prompt, max_new_tokens=new, eos_ids=())
     run()
     return run
+
+
+_RUNTIME_EVENTS = ("ThunkExecutor", "Pjit", "Common", "Parse", "Handle", "Allocate", "$", "end: ")
+
+
+def trace_breakdown(config=SMOLLM2, S: int = 384, calls: int = 10) -> list[tuple[str, float, float]]:
+    """``[(operation kind, ms per step, operations per step)]``, largest first, of the CPU AR
+    layout's one-token step (module docstring, ``--trace``). Needs ``XLA_FLAGS`` to contain
+    ``--xla_cpu_enable_xprof_traceme=true`` before JAX's backend starts.
+
+    Raises:
+      RuntimeError: the flag is missing, or the trace holds no per-operation events."""
+    if "xla_cpu_enable_xprof_traceme=true" not in os.environ.get("XLA_FLAGS", ""):
+        raise RuntimeError("set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true before JAX starts")
+    params = M.unstack_layers(M.init_params(config, 0), True)
+    step = _step(config, 1, S, donate=True)
+    cache, tokens = M.init_cache(config, 1, S), jnp.full((1, 1), 5, jnp.int32)
+    for _ in range(3):
+        out, cache = step(params, cache, tokens)
+        out.block_until_ready()
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.profiler.start_trace(tmp)
+        for _ in range(calls):
+            out, cache = step(params, cache, tokens)
+            out.block_until_ready()
+        jax.profiler.stop_trace()
+        files = glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True)
+        events = json.load(gzip.open(files[0]))["traceEvents"] if files else []
+    us, n = collections.defaultdict(float), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and not e["name"].startswith(_RUNTIME_EVENTS):
+            kind = re.sub(r"[.\d]+$", "", e["name"])
+            us[kind] += e["dur"]
+            n[kind] += 1
+    if not us:
+        raise RuntimeError("the profile has no XLA:CPU operation events")
+    return sorted(((k, v / calls / 1e3, n[k] / calls) for k, v in us.items()), key=lambda r: -r[1])
 
 
 def measure(rows: dict, reps: int) -> dict:
@@ -122,11 +175,16 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30, help="timed calls per row (default 30)")
     ap.add_argument("--cache", type=int, default=384, help="KV-cache slots (default 384)")
     ap.add_argument("--new", type=int, default=128, help="AR loop tokens (default 128)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also print the per-operation breakdown of the AR layout's step")
     args = ap.parse_args(argv)
+    if args.trace:  # XLA reads its flags when the backend starts, which no code here did yet
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_cpu_enable_xprof_traceme=true").strip()
     if args.reps < 1 or args.cache < 128 or args.new < 1:
         ap.error("--reps and --new must be >= 1 and --cache >= 128 (the probe writes slot 100)")
     rows, params = cases(S=args.cache)
-    rows.update(_numpy_rows(params))
+    rows.update(_numpy_rows(params, SMOLLM2.hidden_size))
     loop = _loop_row(SMOLLM2, params, args.new)
     rows["AR loop (generate), whole run"] = (loop, (), 0)
     res = measure(rows, args.reps)
@@ -145,6 +203,11 @@ def main(argv=None) -> int:
             n, med, best = f"AR loop, per token ({args.new} new)", med / args.new, best / args.new
             nbytes = rows["numpy, per matrix"][2]
         print(f"| {n} | {med:.2f} | {best:.2f} | {nbytes / best / 1e6:.1f} |")
+    if args.trace:
+        print("\n| operation kind (XLA:CPU trace, CPU AR layout, cache donated) | ms / step | "
+              "per step |\n|---|---|---|")
+        for kind, ms, count in trace_breakdown(S=args.cache)[:15]:
+            print(f"| {kind} | {ms:.2f} | {count:g} |")
     return 0
 
 

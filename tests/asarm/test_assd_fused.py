@@ -263,10 +263,10 @@ def fused_variant_checks(method):
 _FUSED_BUGS = ("ignore-draft-len",)
 
 
-# assd-fused-ngram's mutant suite (26 s) runs in make test-all: the same fused verifier as
-# assd-fused, with the n-gram drafts of assd-ngram (whose suite is also in make test-all)
-@pytest.mark.parametrize("method", [m if m == "assd-fused" else
-                                    pytest.param(m, marks=pytest.mark.slow) for m in FUSED])
+# the fused mutant suites (40-70 s of CPU each) run in make test-all; make test keeps the fused
+# loops' distribution tests and negative control
+@pytest.mark.slow
+@pytest.mark.parametrize("method", FUSED)
 def test_fused_mutants_rejected_and_equivalents_accepted(method):
     """Mutation check (issue 17) for the fused loops: every wrong verifier is rejected, the
     still-exact variants are accepted."""

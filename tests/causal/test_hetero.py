@@ -4,7 +4,7 @@ two-letter token) drafts for a tiny causal target.
 
 * :func:`translate_draft` re-segments the context/draft boundary as the target would;
 * greedy output is identical to AR greedy decoding (padded batch, EOS);
-* sampled output has the AR distribution (exact enumeration, 10^4 samples per prompt), and
+* sampled output has the AR distribution (exact enumeration, 5,000 samples per prompt), and
   the negative control that resamples from ``p`` after a rejection is rejected;
 * the registry runs it when ``vocab_adapter`` is set.
 """
@@ -105,8 +105,9 @@ def _sampled(n: int = N):
 
 @pytest.mark.optimised  # 10^4 sampled rows: run-time-bound
 def test_sampled_distribution_equals_ar(exact):
-    res = _sampled()
-    chk = check_groups([(res.tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
+    n = N // 2  # 5,000 per prompt (116 s at 10^4 in make test); the false-rejection rate is alpha's
+    res = _sampled(n)
+    chk = check_groups([(res.tokens[i * n:(i + 1) * n], ex) for i, ex in enumerate(exact)])
     assert chk.passed, chk.why
     s = res.stats
     assert 0.05 < s.accepted_drafts / s.drafts_proposed.sum() < 0.95  # accepts and rejects
