@@ -594,6 +594,52 @@ def _decode_rate(outs: Sequence[RunOutput], ttft: Optional[Sequence[float]]) -> 
             "decode_tokens_per_s": _num(statistics.median(rates), 3) if rates else None}
 
 
+def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_first: bool,
+                      progress: bool, log: Callable[[str], None]):
+    """The ``ar`` suite's protocol (module docstring): one untimed warm-up generation per
+    system, then every prompt by every system in rotating order; with ``time_first`` the AR
+    systems also rerun each prompt with a one-token budget right after.
+
+    Returns ``(outputs {name: [RunOutput per prompt]}, first-token seconds {name: [...]} of
+    the AR systems, compile seconds {name: float})``."""
+    names = [s.name for s in systems]
+    compile_s = {n: 0.0 for n in names}
+    # the warm-up compiles jaxspec's first bucket; the AR systems' one-token budget too (its
+    # compile is not counted)
+    for s in systems:
+        log(f"[bench] warm-up {s.name}")
+        compile_s[s.name] += s.run(prompts[0].ids).compile_s
+        if time_first and _measures_ttft(s):
+            s.run(prompts[0].ids, max_new_tokens=1)
+    ttft: dict[str, list[float]] = {s.name: [] for s in systems
+                                    if time_first and _measures_ttft(s)}
+    outs: dict[str, list[RunOutput]] = {n: [] for n in names}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="prompts", unit="prompt", leave=True)
+    try:
+        for i, p in enumerate(prompts):
+            gc.collect()
+            for s in _order(systems, i):
+                o = s.run(p.ids)
+                compile_s[s.name] += o.compile_s
+                outs[s.name].append(o)
+                if s.name in ttft:
+                    ttft[s.name].append(s.run(p.ids, max_new_tokens=1).seconds)
+            if bar is not None:
+                bar.set_postfix_str(" ".join(
+                    f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
+                    f"{len(outs[n][-1].tokens) / max(outs[n][-1].seconds, 1e-9):.1f}"
+                    for n in names))
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return outs, ttft, compile_s
+
+
 def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
                  num_params: Optional[int] = None, param_dtype: str = "float32",
                  config: Optional[dict] = None,
@@ -634,42 +680,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
     names = [s.name for s in systems]
     if BASELINE not in names:
         raise BenchError(f"the baseline {BASELINE} must be among the systems")
-    compile_s = {n: 0.0 for n in names}
-
-    # warm-up: one generation per system (compiles jaxspec's first bucket), not timed; the
-    # AR systems also compile their one-token budget (time to first token, not counted)
-    for s in systems:
-        log(f"[bench] warm-up {s.name}")
-        compile_s[s.name] += s.run(prompts[0].ids).compile_s
-        if num_params and _measures_ttft(s):
-            s.run(prompts[0].ids, max_new_tokens=1)
-    ttft: dict[str, list[float]] = {s.name: [] for s in systems
-                                    if num_params and _measures_ttft(s)}
-
-    outs: dict[str, list[RunOutput]] = {n: [] for n in names}
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompts), desc="prompts", unit="prompt", leave=True)
-    try:
-        for i, p in enumerate(prompts):
-            gc.collect()
-            for s in _order(systems, i):
-                o = s.run(p.ids)
-                compile_s[s.name] += o.compile_s
-                outs[s.name].append(o)
-                if s.name in ttft:
-                    ttft[s.name].append(s.run(p.ids, max_new_tokens=1).seconds)
-            if bar is not None:
-                bar.set_postfix_str(" ".join(
-                    f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
-                    f"{len(outs[n][-1].tokens) / max(outs[n][-1].seconds, 1e-9):.1f}"
-                    for n in names))
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    outs, ttft, compile_s = _interleaved_runs(systems, prompts, bool(num_params), progress, log)
 
     ref = outs[BASELINE]
     rows, per_prompt = [], []

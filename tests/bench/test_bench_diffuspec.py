@@ -15,6 +15,7 @@ from jaxspec.causal.diffuspec import NgramProxy
 from jaxspec.testing.tiny import CharTok, tiny_diffusion_model, tiny_model
 
 
+@pytest.mark.slow  # 60 s on a slow 2-core machine: make test-all (the decoders' own tests stay)
 def test_diffuspec_suite_on_tiny_models(tmp_path, monkeypatch):
     import jaxspec.bench.diffuspec as suite
 

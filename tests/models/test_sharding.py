@@ -91,7 +91,7 @@ def test_mesh_errors():
 
 # ------------------------------------------------------------------- fake devices (subprocess)
 
-@pytest.mark.slow  # 5 min on 2 cores: `make test-all`; test_sampling_identical_on_a_mesh stays
+@pytest.mark.slow  # 5 min on 2 cores: `make test-all`
 def test_every_method_identical_on_a_mesh():
     """All registry methods, weights over 4 fake devices and prompts over 2 (a weights-only
     ``1xN`` mesh is the same program with a data axis of 1; ``test_cli_mesh`` runs ``2x2``
@@ -103,6 +103,7 @@ def test_every_method_identical_on_a_mesh():
         assert r["tokens"] and r["nfe"], r
 
 
+@pytest.mark.slow  # 50 s: `make test-all`; make test keeps the mesh CLI and shard-by-shard loading
 def test_sampling_identical_on_a_mesh():
     # one per decoder loop (causal, dLLM, AS-ARM); sps / space sample in the same causal loop
     rows = _worker(8, "--mesh", "2x4", "--temperature", "0.9", "--methods", "ngram,ssd,assd")
