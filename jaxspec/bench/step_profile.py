@@ -44,14 +44,13 @@ import os
 import platform
 import re
 import tempfile
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench.quant_matmul import SMOLLM2, _step
+from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate
 from jaxspec.core.runtime import layer_loop
 from models.llama import modeling as M
@@ -156,17 +155,9 @@ def trace_breakdown(config=SMOLLM2, S: int = 384, calls: int = 10) -> list[tuple
 
 
 def measure(rows: dict, reps: int) -> dict:
-    """Median and fastest milliseconds per row, calls interleaved round-robin."""
-    times = {n: [] for n in rows}
-    for f, a, _ in rows.values():
-        for _ in range(2):
-            jax.block_until_ready(f(*a))
-    for _ in range(reps):
-        for n, (f, a, _) in rows.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*a))
-            times[n].append((time.perf_counter() - t0) * 1e3)
-    return {n: (statistics.median(t), min(t)) for n, t in times.items()}
+    """Median and fastest milliseconds per row, calls interleaved round-robin
+    (:func:`jaxspec.bench.quant_matmul.measure`)."""
+    return interleaved_ms({n: (f, a) for n, (f, a, _) in rows.items()}, reps)
 
 
 def main(argv=None) -> int:
