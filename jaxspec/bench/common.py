@@ -242,8 +242,7 @@ class JaxspecSystem:
             max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
             min_ngram=min_ngram, fallback="bigram" if base == "ngram-bigram" else "none",
             **(options or {}))
-        self.config = self.entry.build(self.options)
-        self._budget_configs = {int(max_new_tokens): self.config}
+        self._budget_configs: dict[int, Any] = {}  # generation budget -> built method config
         self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
     @property
@@ -518,17 +517,20 @@ def bandwidth_ceiling(num_params: int, param_dtype: str = "float32", reps: int =
 # ----------------------------------------------------------------------------- the suite
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU model, core count and library versions."""
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core count and library versions."""
+    info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                             "platform": platform.platform()}
     for mod in ("jax", "jaxlib", "flax", "numpy", "torch", "transformers"):
         try:

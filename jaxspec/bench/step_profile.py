@@ -41,7 +41,6 @@ import glob
 import gzip
 import json
 import os
-import platform
 import re
 import tempfile
 
@@ -49,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.bench.common import cpu_model
 from jaxspec.bench.quant_matmul import SMOLLM2, _step
 from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate
@@ -56,8 +56,9 @@ from jaxspec.core.runtime import layer_loop
 from models.llama import modeling as M
 
 
-def _products(config, output_major: bool):
-    """A jitted chain of the step's matrix-vector products (and the tied head) alone."""
+def _products(config):
+    """A jitted chain of the step's matrix-vector products (and the tied head) alone, in
+    whichever layer layout its params come in (:func:`models.llama.modeling.proj`)."""
     def f(params, x):
         for lp in params["layers"]:
             q = M.proj(x, lp, "wq")
@@ -70,8 +71,9 @@ def _products(config, output_major: bool):
     return jax.jit(f)
 
 
-def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> dict:
-    """``{name: (callable, args, weight bytes streamed)}`` of every jitted row."""
+def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
+    """``({name: (callable, args, weight bytes streamed)}, params)``: every jitted row, and the
+    random stacked parameters they share."""
     params = M.init_params(config, seed)
     om = M.unstack_layers(params, True)
     layer_bytes = sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"]))
@@ -86,7 +88,7 @@ def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> dict:
         "step, stacked + lax.scan": (step, (params, cache, tokens), total),
         "step, per-layer input-major": (step, (M.unstack_layers(params), cache, tokens), total),
         "step, per-layer output-major (CPU AR layout)": (step, (om, cache, tokens), total),
-        "products only, output-major": (_products(config, True), (om, x), total),
+        "products only, output-major": (_products(config), (om, x), total),
         "LM head only": (head, (params["embed"], x), head_bytes),
     }, params
 
@@ -179,13 +181,7 @@ def main(argv=None) -> int:
     loop = _loop_row(SMOLLM2, params, args.new)
     rows["AR loop (generate), whole run"] = (loop, (), 0)
     res = measure(rows, args.reps)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    print(f"{cpu}, {jax.devices()[0].device_kind}, jax {jax.__version__}, {args.reps} "
+    print(f"{cpu_model()}, {jax.devices()[0].device_kind}, jax {jax.__version__}, {args.reps} "
           f"interleaved reps, SmolLM2-135M shapes, float32, cache {args.cache} slots\n")
     print("| row | median ms | fastest ms | GB/s (weights / fastest) |\n|---|---|---|---|")
     for n, (med, best) in res.items():

@@ -103,7 +103,7 @@ def _sampled(n: int = N):
     return res
 
 
-@pytest.mark.optimised  # 10^4 sampled rows: run-time-bound
+@pytest.mark.optimised  # 5,000 sampled rows per prompt: run-time-bound
 def test_sampled_distribution_equals_ar(exact):
     n = N // 2  # 5,000 per prompt (116 s at 10^4 in make test); the false-rejection rate is alpha's
     res = _sampled(n)
