@@ -189,6 +189,15 @@ def _write(result, out, write_results, markdown_report, log) -> int:
     return 0
 
 
+def _run_config(args, model_name: str, limit: int, params) -> dict:
+    """The head of a diffusion suite's recorded config: model, prompts, and the dtype and
+    quantization the model actually runs in (``--dtype auto`` resolves per backend)."""
+    from models.llama.modeling import param_dtype
+
+    return {"model": model_name, "limit": limit, "start": args.start,
+            "dtype": str(param_dtype(params)), "quant": args.quant}
+
+
 def _diffusion_setup(args, log, default_limit: int):
     """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
     from jaxspec.bench.common import BenchError, BenchPrompt
@@ -224,7 +233,7 @@ def main_ssd(args, log) -> int:
         block = 8 if args.block_length is None else args.block_length
         model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 2)
         eos = tuple(tok.eos_token_ids)
-        config = {"model": model_name, "limit": limit, "start": args.start,
+        config = {**_run_config(args, model_name, limit, params),
                   "gen_length": args.gen_length, "block_length": block,
                   "rows": [f"{n}:{t}:{c}" for n, t, c in rows], "remasking": args.remasking,
                   "chat": args.chat, "eos_ids": list(eos), "batch": 1, "temperature": 0.0,
@@ -255,7 +264,7 @@ def main_spiffy(args, log) -> int:
         block = 32 if args.block_length is None else args.block_length
         model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 2)
         eos = tuple(tok.eos_token_ids)
-        config = {"model": model_name, "limit": limit, "start": args.start,
+        config = {**_run_config(args, model_name, limit, params),
                   "gen_length": args.gen_length, "block_length": block, "cache": args.cache,
                   "rows": [f"{D}:{r}" for D, r in rows], "graph_dir": args.graph_dir,
                   "remasking": args.remasking, "chat": args.chat, "eos_ids": list(eos),
@@ -286,7 +295,7 @@ def main_dllm(args, log) -> int:
         methods = args.methods or list(DLLM_METHODS)
         block = 32 if args.block_length is None else args.block_length
         caches = args.caches or list(CACHES)
-        config = {"model": model_name, "limit": limit, "start": args.start,
+        config = {**_run_config(args, model_name, limit, params),
                   "gen_length": args.gen_length, "block_length": block,
                   "methods": methods, "caches": caches, "remasking": args.remasking,
                   "chat": args.chat, "eos_ids": list(eos), "batch": 1, "temperature": 0.0,

@@ -327,10 +327,8 @@ _COLUMNS = [
 
 def markdown_report(result: dict) -> str:
     """Markdown page of an ``assd`` result: Table 1 rows, the Table 5 k sweep, infilling."""
-    m = result["machine"]
     r0 = result["rows"][0]
-    lines = ["# Benchmark suite `assd`", "",
-             f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+    lines = [*bench.report_header("Benchmark suite `assd`", result),
              f"Model `{r0['model']}`, {r0['sequences']} sequences of ~{r0['seq_len']} tokens, "
              f"{r0['mask_rate']:.0%} masked (~{r0['masked_tokens']} tokens infilled per sequence), "
              f"temperature {r0['temperature']}, batch 1. Reference: sequential decoding (one "

@@ -794,11 +794,15 @@ MAT_DEFINITION = ("`MAT` = generated tokens / target forwards (prefill counted, 
                   "correction token of each step counted); AR has MAT 1.")
 
 
-def report_header(title: str, result: dict) -> list[str]:
-    """The first lines of a suite's markdown page: title, date / CPU / cores / jax, config."""
+def report_header(title: str, result: dict, *, peers: bool = False) -> list[str]:
+    """The first lines of a suite's markdown page: title; date / CPU / cores / accelerator (when
+    JAX ran on one) / jax, plus torch and transformers when ``peers`` (suites that time the
+    transformers peers); and the config."""
     m, c = result["machine"], result.get("config") or {}
-    out = [f"# {title}", "",
-           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", ""]
+    line = (f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores"
+            + (f" · {m['accelerator']}" if m.get("accelerator") else "") + f" · jax {m.get('jax')}"
+            + (f" · torch {m.get('torch')} · transformers {m.get('transformers')}" if peers else ""))
+    out = [f"# {title}", "", line, ""]
     return out + (["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""] if c else [])
 
 
@@ -839,14 +843,8 @@ def _ceiling_shares(result: dict) -> str:
 
 def markdown_report(result: dict) -> str:
     """Full markdown page: header, table, the memory-bandwidth ceiling and how to read it."""
-    m, c, bw = result["machine"], result["config"], result.get("bandwidth")
-    out = [f"# Benchmark suite `{result['suite']}`", "",
-           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores"
-           + (f" · {m['accelerator']}" if m.get("accelerator") else "")
-           + f" · jax {m.get('jax')} · torch {m.get('torch')} · transformers {m.get('transformers')}",
-           ""]
-    if c:
-        out += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
+    bw = result.get("bandwidth")
+    out = report_header(f"Benchmark suite `{result['suite']}`", result, peers=True)
     out += [markdown_table(result), ""]
     if bw:
         dt = bw.get("param_dtype", "float32")

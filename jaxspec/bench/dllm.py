@@ -48,7 +48,7 @@ from jaxspec.core.runtime import decode_layout
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
 from jaxspec.eval.metrics import answer_degeneracy
 from models.diffusion.modeling import bidirectional_mask
-from models.llama.modeling import init_cache
+from models.llama.modeling import init_cache, param_dtype
 
 DLLM_METHODS = ("stepwise", "fixed-2", "fixed-4", "threshold-0.9")
 
@@ -114,7 +114,7 @@ def forward_costs(model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *,
     widths = {L} if cfg.cache == "dual" else set(prefix_widths(P, cfg)[0])
     S_c = S if cfg.cache == "dual" else prefix_widths(P, cfg)[1]
     full_mask = jnp.pad(bidirectional_mask(valid), ((0, 0), (0, 0), (0, S_c - S)))
-    cache0 = init_cache(model.config.base, 1, S_c)
+    cache0 = init_cache(model.config.base, 1, S_c, param_dtype(params))   # the loop's dtype
     full = jax.jit(lambda p, t, c: model.apply(p, t, pos, full_mask, cache=c, cache_index=row0,
                                                shift=False, rows=(row0 + P, L)))
     out = {"full": _median_time(lambda *a: full(*a)[0], (params, tokens, cache0), reps)}
@@ -295,15 +295,11 @@ _COLUMNS = [
 
 def markdown_report(result: dict) -> str:
     """Markdown page of a ``dllm`` result: header, table and how to read it."""
-    m, c = result["machine"], result["config"]
     r0 = result["rows"][0]
-    out = ["# Benchmark suite `dllm`", "",
-           f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+    out = [*bench.report_header("Benchmark suite `dllm`", result),
            f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1), gen length "
            f"{r0['gen_length']}, block {r0['block_length']}, remasking `{r0['remasking']}`, "
            "greedy.", ""]
-    if c:
-        out += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""]
     out += [bench.markdown_table(result, _COLUMNS), "", "How to read this:", "",
                     "- `stepwise` transfers one token per step (steps = gen length); `fixed-K` "
                     "K per step; `threshold-T` every position with confidence >= T (at least "

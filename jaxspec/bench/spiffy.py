@@ -142,10 +142,8 @@ _COLUMNS = [
 
 def markdown_report(result: dict) -> str:
     """Markdown page of a ``spiffy`` result (Spiffy Tables 1-2 style)."""
-    m = result["machine"]
     r0 = result["rows"][0]
-    lines = ["# Benchmark suite `spiffy`", "",
-             f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+    lines = [*bench.report_header("Benchmark suite `spiffy`", result),
              f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
              f"length {r0['gen_length']}, block {r0['block_length']}, cache `{r0['cache']}`, "
              f"remasking `{r0['remasking']}`. Reference of every row: the decoder with the same "

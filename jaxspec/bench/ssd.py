@@ -175,10 +175,8 @@ _COLUMNS = [
 
 def markdown_report(result: dict) -> str:
     """Markdown page of an ``ssd`` result: SSD Table 1 style rows and the Table 2 analysis."""
-    m = result["machine"]
     r0 = result["rows"][0]
-    lines = ["# Benchmark suite `ssd`", "",
-             f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores · jax {m.get('jax')}", "",
+    lines = [*bench.report_header("Benchmark suite `ssd`", result),
              f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
              f"length {r0['gen_length']}, block {r0['block_length']}, remasking "
              f"`{r0['remasking']}`. Reference of every row: one-token-per-step stepwise decoding "

@@ -189,6 +189,38 @@ def test_dllm_suite_on_tiny_model(tmp_path):
     assert "| stepwise | dual |" in md.read_text()
 
 
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_dllm_forward_costs_in_bfloat16(cache):
+    """The lone forwards behind ``loop overhead`` run in the model's own dtype: with bfloat16
+    parameters (the GPU default) the cache they fill is bfloat16 too (a float32 cache broke the
+    layer scan's carry on an H100, the first GPU run of the suite)."""
+    import jax.numpy as jnp
+
+    from jaxspec.bench.dllm import forward_costs, method_config
+    from models.registry import cast_params
+    from tests.dllm.test_dllm import MODELS
+
+    model, params = MODELS["llada"]
+    cfg = method_config("stepwise", gen_length=8, block_length=4, cache=cache)
+    costs = forward_costs(model, cast_params(params, jnp.bfloat16), 5, cfg, reps=1)
+    assert costs["full"] > 0 and len(costs) >= 2 and all(v > 0 for v in costs.values())
+
+
+def test_report_header_names_the_accelerator():
+    """Every suite's page names the accelerator JAX ran on, and only the peer suites torch."""
+    from jaxspec.bench.common import report_header
+
+    res = {"date": "d", "machine": {"cpu": "Xeon", "cores": 16, "jax": "0.11.2",
+                                    "accelerator": "NVIDIA H100 80GB HBM3", "torch": "2.11"},
+           "config": {"dtype": "bfloat16"}}
+    line = report_header("t", res)[2]
+    assert line == "d · Xeon · 16 cores · NVIDIA H100 80GB HBM3 · jax 0.11.2"
+    assert "torch 2.11" in report_header("t", res, peers=True)[2]
+    assert report_header("t", res)[4] == "Config: `dtype=bfloat16`"
+    res["machine"].pop("accelerator")
+    assert report_header("t", res)[2] == "d · Xeon · 16 cores · jax 0.11.2"
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["--suite", "dllm", "--model", "smollm2-135m-instruct"], "causal"),
     (["--suite", "dllm", "--limit", "0"], "--limit"),
