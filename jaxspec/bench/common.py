@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.core.batching import cut_after_eos
-from jaxspec.core.runtime import layer_loop
+from jaxspec.core.runtime import layer_loop, verify_layout
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method, methods_of
 
@@ -58,8 +58,8 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-int8",
-    "jaxspec/ngram-int8", "transformers/ar",
+    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
+    "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
     "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
@@ -69,10 +69,12 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
               "transformers/assisted")
 # jaxspec/<method>-scan: the same decoder with the stacked weights and the lax.scan layer loop
 # (jaxspec.core.runtime.layer_loop), to show what the CPU decode layout buys; on request only
+# jaxspec/<method>-om: verification passes on output-major weights
+# (jaxspec.core.runtime.verify_layout), to measure that per-CPU choice; on request only
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
-ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-int8",
-                           "jaxspec/ngram-int8")
+ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
+                           "jaxspec/ar-int8", "jaxspec/ngram-int8")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
@@ -217,7 +219,8 @@ def quantized_params(params):
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
     ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` runs the method
-    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-int8`` runs it on
+    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-om`` under
+    :func:`jaxspec.core.runtime.verify_layout` ``("output-major")``; ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
     adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
@@ -229,7 +232,8 @@ class JaxspecSystem:
         self.quant = "int8" if method.endswith("-int8") else None
         base = method.removesuffix("-int8")
         self.loop = "scan" if base.endswith("-scan") else None
-        name = base.removesuffix("-scan")
+        self.verify = "output-major" if base.endswith("-om") else None
+        name = base.removesuffix("-scan").removesuffix("-om")
         # the system whose tokens this one must equal in its own quantization (losslessness)
         self.quant_reference = QUANT_REFERENCE if self.quant else None
         name = "ngram" if name == "ngram-bigram" else name
@@ -256,7 +260,8 @@ class JaxspecSystem:
         if budget not in self._budget_configs:
             self._budget_configs[budget] = self.entry.build(
                 dataclasses.replace(self.options, max_new_tokens=budget))
-        with layer_loop(self.loop) if self.loop else contextlib.nullcontext():
+        with (layer_loop(self.loop) if self.loop else contextlib.nullcontext(),
+              verify_layout(self.verify) if self.verify else contextlib.nullcontext()):
             t0 = time.perf_counter()
             res = self.entry.run(self.model, self.params, [list(ids)],
                                  self._budget_configs[budget], **self.kw)

@@ -1,6 +1,6 @@
 """Probe: where one batch-1 KV-cached decode step's milliseconds go, on this machine (issue 16).
 
-    python -m jaxspec.bench.step_profile [--reps 30] [--cache 384] [--new 128]
+    python -m jaxspec.bench.step_profile [--reps 30] [--cache 384] [--new 128] [--rows T ...]
 
 SmolLM2-135M shapes with random float32 weights (the timing does not depend on the values).
 Every row is a separately jitted program, timed after two untimed calls, all rows interleaved
@@ -20,6 +20,9 @@ milliseconds of ``--reps`` calls. Rows:
 * ``AR loop, per token``: :func:`jaxspec.causal.decode.generate` (AR, ``--new`` tokens of a
   16-token prompt) divided by the generated tokens, compile excluded; it adds prefill,
   sampling, the while loop and bookkeeping to the step.
+
+``--rows T ...`` adds, per ``T``, forwards of ``T`` query rows (:func:`verify_rows`): what a
+verification pass of ``T - 1`` drafts costs beside the one-token step.
 
 The last column is the weight bytes a row streams divided by its fastest time. Compare rows of
 one run only: the CPU kind and its load change between machines (README "Performance notes").
@@ -93,18 +96,47 @@ def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
     }, params
 
 
+def _numpy_mats(params) -> list:
+    """Every projection matrix and the head as contiguous output-major numpy arrays."""
+    return [np.ascontiguousarray(np.asarray(w[i]).T)
+            for name, w in params["layers"].items() if name in M.MATRICES
+            for i in range(w.shape[0])] + [np.asarray(params["embed"])]
+
+
 def _numpy_rows(params, hidden: int = 576) -> dict:
     """numpy matrix-vector products over the same weights: per matrix, and one matrix of
     ``hidden`` columns."""
-    mats = [np.ascontiguousarray(np.asarray(w[i]).T)
-            for name, w in params["layers"].items() if name in M.MATRICES
-            for i in range(w.shape[0])] + [np.asarray(params["embed"])]
+    mats = _numpy_mats(params)
     nbytes = sum(m.nbytes for m in mats)
     vecs = {n: np.ones(n, np.float32) for n in {m.shape[1] for m in mats}}
     one = np.ones((nbytes // 4 // hidden, hidden), np.float32)
     x = np.ones(hidden, np.float32)
     return {"numpy, per matrix": (lambda: [m @ vecs[m.shape[1]] for m in mats], (), nbytes),
             "numpy, one matrix of the same bytes (the ar ceiling)": (lambda: one @ x, (), nbytes)}
+
+
+def verify_rows(config, params, tokens, S: int = 384) -> dict:
+    """Rows for forwards of ``T`` query rows, each ``T`` in ``tokens``: what a speculative
+    decoder's verification pass of ``T - 1`` drafts costs against the one-token step. Per
+    ``T``: the cached step and the products alone, in the per-layer input-major (stored) and
+    output-major layouts (:func:`jaxspec.core.runtime.verify_layout` picks between them), and
+    numpy's products over the same matrices (per matrix, ``T`` columns)."""
+    im, om = M.unstack_layers(params), M.unstack_layers(params, True)
+    cache = M.init_cache(config, 1, S)
+    mats = _numpy_mats(params)
+    nbytes = sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+    out = {}
+    for T in tokens:
+        step, prods = _step(config, T, S), _products(config)
+        toks, x = jnp.full((1, T), 5, jnp.int32), jnp.ones((T, config.hidden_size), jnp.float32)
+        cols = {n: np.ones((n, T), np.float32) for n in {m.shape[1] for m in mats}}
+        out |= {f"{T} rows: step, input-major": (step, (im, cache, toks), nbytes),
+                f"{T} rows: step, output-major": (step, (om, cache, toks), nbytes),
+                f"{T} rows: products only, input-major": (prods, (im, x), nbytes),
+                f"{T} rows: products only, output-major": (prods, (om, x), nbytes),
+                f"{T} rows: numpy, per matrix": (
+                    lambda cols=cols: [m @ cols[m.shape[1]] for m in mats], (), nbytes)}
+    return out
 
 
 def _loop_row(config, params, new: int):
@@ -168,16 +200,21 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30, help="timed calls per row (default 30)")
     ap.add_argument("--cache", type=int, default=384, help="KV-cache slots (default 384)")
     ap.add_argument("--new", type=int, default=128, help="AR loop tokens (default 128)")
+    ap.add_argument("--rows", type=int, nargs="*", default=[], metavar="T",
+                    help="also time forwards of T query rows (a verification pass of T - 1 "
+                         "drafts), e.g. --rows 1 2 9")
     ap.add_argument("--trace", action="store_true",
                     help="also print the per-operation breakdown of the AR layout's step")
     args = ap.parse_args(argv)
     if args.trace:  # XLA reads its flags when the backend starts, which no code here did yet
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_cpu_enable_xprof_traceme=true").strip()
-    if args.reps < 1 or args.cache < 128 or args.new < 1:
-        ap.error("--reps and --new must be >= 1 and --cache >= 128 (the probe writes slot 100)")
+    if args.reps < 1 or args.cache < 128 or args.new < 1 or any(t < 1 for t in args.rows):
+        ap.error("--reps, --new and --rows must be >= 1 and --cache >= 128 (the probe writes "
+                 "slot 100)")
     rows, params = cases(S=args.cache)
     rows.update(_numpy_rows(params, SMOLLM2.hidden_size))
+    rows.update(verify_rows(SMOLLM2, params, args.rows, args.cache))
     loop = _loop_row(SMOLLM2, params, args.new)
     rows["AR loop (generate), whole run"] = (loop, (), 0)
     res = measure(rows, args.reps)

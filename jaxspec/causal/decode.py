@@ -43,7 +43,7 @@ import numpy as np
 from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, is_eos,
                                     left_pad, place_batch)
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
-from jaxspec.core.runtime import decode_layout, run_compiled
+from jaxspec.core.runtime import decode_layout, resolve_verify_layout, run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
@@ -392,9 +392,10 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     buf, pad = left_pad(prompts, bucket, pad_id)
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    # one-token AR steps run fastest on output-major weights, verification passes on the
-    # stored layout (README "Performance notes")
-    args = (decode_layout(params, output_major=drafter is None), decode_layout(drafter_params),
+    # one-token AR steps run fastest on output-major weights; verification passes on the
+    # layout resolve_verify_layout picks, per CPU (README "Performance notes")
+    om = drafter is None or resolve_verify_layout() == "output-major"
+    args = (decode_layout(params, output_major=om), decode_layout(drafter_params),
             *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)

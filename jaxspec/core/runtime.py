@@ -115,7 +115,8 @@ def clear_compiled() -> int:
 # ----------------------------------------------------------------------------- layer layout
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")
-_LAYER_LOOP_OVERRIDE: list = []  # set by the layer_loop context manager
+VERIFY_LAYOUTS = ("stored", "output-major")
+_OVERRIDES: dict[str, list] = {"layer loop": [], "verify layout": []}  # innermost context last
 _CAUSAL_LAYER_KEYS = frozenset(MATRICES)
 
 
@@ -127,6 +128,26 @@ def _is_causal_layers(layers) -> bool:
 _UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
 
 
+def _setting(what: str, name: str | None, env: str, choices: tuple, default: str) -> str:
+    """``name``, else the innermost context of ``what``, else ``$env``, else ``default``;
+    checked against ``choices`` (ValueError names the setting and the choices)."""
+    stack = _OVERRIDES[what]
+    name = name or (stack[-1] if stack else None) or os.environ.get(env, default)
+    if name not in choices:
+        raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(choices)}")
+    return name
+
+
+@contextlib.contextmanager
+def _override(what: str, name: str, check):
+    check(name)
+    _OVERRIDES[what].append(name)
+    try:
+        yield
+    finally:
+        _OVERRIDES[what].pop()
+
+
 def resolve_layer_loop(layer_loop: str | None = None) -> str:
     """``"scan"`` or ``"unrolled"``: the argument, else the innermost :func:`layer_loop`
     context, else ``$JAXSPEC_LAYER_LOOP``, else ``"auto"``, which is ``"unrolled"`` on the CPU
@@ -135,16 +156,12 @@ def resolve_layer_loop(layer_loop: str | None = None) -> str:
     Raises:
       ValueError: an unknown name.
     """
-    name = (layer_loop or (_LAYER_LOOP_OVERRIDE[-1] if _LAYER_LOOP_OVERRIDE else None)
-            or os.environ.get("JAXSPEC_LAYER_LOOP", "auto"))
-    if name not in LAYER_LOOPS:
-        raise ValueError(f"unknown layer loop {name!r}; choose one of {', '.join(LAYER_LOOPS)}")
+    name = _setting("layer loop", layer_loop, "JAXSPEC_LAYER_LOOP", LAYER_LOOPS, "auto")
     if name == "auto":
         return "unrolled" if jax.default_backend() == "cpu" else "scan"
     return name
 
 
-@contextlib.contextmanager
 def layer_loop(name: str):
     """``with layer_loop("scan"): ...`` decodes with that layer loop (:func:`resolve_layer_loop`)
     inside the block, e.g. to compare the two in one run (``jaxspec/ar-scan`` in the ``ar``
@@ -153,12 +170,32 @@ def layer_loop(name: str):
     Raises:
       ValueError: an unknown name.
     """
-    resolve_layer_loop(name)
-    _LAYER_LOOP_OVERRIDE.append(name)
-    try:
-        yield
-    finally:
-        _LAYER_LOOP_OVERRIDE.pop()
+    return _override("layer loop", name, resolve_layer_loop)
+
+
+def resolve_verify_layout(layout: str | None = None) -> str:
+    """Weight layout of the target in speculative decoding's verification passes with the
+    unrolled layer loop: ``"stored"`` (input-major, the default) or ``"output-major"`` (the AR
+    loop's layout, :func:`decode_layout`). The argument, else the innermost
+    :func:`verify_layout` context, else ``$JAXSPEC_VERIFY_LAYOUT``, else ``"stored"``. Which is
+    faster for a ``K + 1``-row pass depends on the CPU (README "Performance notes"); the
+    decoded tokens do not (up to float32 rounding). Ignored by the ``scan`` loop.
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    return _setting("verify layout", layout, "JAXSPEC_VERIFY_LAYOUT", VERIFY_LAYOUTS, "stored")
+
+
+def verify_layout(name: str):
+    """``with verify_layout("output-major"): ...`` verifies drafts on output-major weights
+    inside the block (:func:`resolve_verify_layout`; ``jaxspec/ngram-om`` in the ``ar``
+    benchmark).
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    return _override("verify layout", name, resolve_verify_layout)
 
 
 def _unstacked_layers(layers: dict, output_major: bool) -> tuple:

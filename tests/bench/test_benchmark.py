@@ -43,7 +43,8 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
                TransformersSystem("assisted", hf, **common,
                                   assistant=load_transformers_model(tiny_qwen2.path, threads=1)),
                JaxspecSystem("ar-scan", model, params, **common),
-               JaxspecSystem("ngram-scan", model, params, **common)]
+               JaxspecSystem("ngram-scan", model, params, **common),
+               JaxspecSystem("ngram-om", model, params, **common)]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
                        config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
                        decode=tok.decode)
@@ -58,7 +59,8 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert doc["bandwidth_bound_tokens_per_s"] > 0
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
     assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted",
-                                                  "jaxspec/ar-scan", "jaxspec/ngram-scan"]
+                                                  "jaxspec/ar-scan", "jaxspec/ngram-scan",
+                                                  "jaxspec/ngram-om"]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
         assert r["prompts"] == 2 and r["model"] == "tiny-llama"
@@ -79,6 +81,9 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert rows["jaxspec/ar-scan"]["identical_to_reference"]
     assert rows["jaxspec/ngram-scan"]["identical_to_reference"]
     assert rows["jaxspec/ngram-scan"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]
+    # and so does verification on output-major weights
+    assert rows["jaxspec/ngram-om"]["identical_to_reference"]
+    assert rows["jaxspec/ngram-om"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]
     # the repeated prompts give the drafters matches: fewer forwards than tokens
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1

@@ -32,6 +32,25 @@ def test_rows_run_and_layouts_agree():
     assert res["products"][1] > 0
 
 
+def test_verify_rows_agree_across_layouts():
+    """The T-row forwards give the same tokens in both layouts, and numpy's products have
+    the shapes of T columns."""
+    rows, params = sp.cases(TINY, S=128)
+    vr = sp.verify_rows(TINY, params, [1, 3], S=128)
+    assert len(vr) == 10
+    for T in (1, 3):
+        a = np.asarray(vr[f"{T} rows: step, input-major"][0](*vr[f"{T} rows: step, input-major"][1])[0])
+        b = np.asarray(vr[f"{T} rows: step, output-major"][0](*vr[f"{T} rows: step, output-major"][1])[0])
+        np.testing.assert_array_equal(a, b)
+        f, args, _ = vr[f"{T} rows: products only, output-major"]
+        g, gargs, _ = vr[f"{T} rows: products only, input-major"]
+        np.testing.assert_array_equal(np.asarray(f(*args)), np.asarray(g(*gargs)))
+        assert np.asarray(f(*args)).shape == (T,)
+        prods = vr[f"{T} rows: numpy, per matrix"][0]()
+        assert all(p.shape[1] == T for p in prods)
+    assert sp.measure({"v": vr["3 rows: step, output-major"]}, reps=1)["v"][1] > 0
+
+
 def test_trace_breakdown_names_the_flag_it_needs(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     with pytest.raises(RuntimeError, match="xla_cpu_enable_xprof_traceme"):

@@ -12,7 +12,8 @@ import pytest
 
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import NgramDrafter
-from jaxspec.core.runtime import decode_layout, resolve_layer_loop
+from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_verify_layout,
+                                  verify_layout)
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
@@ -90,6 +91,46 @@ def test_decoders_identical_with_either_layer_loop(monkeypatch, sampled):
                       drafter=NgramDrafter(3, 64))
         runs[loop] = (ar.tokens, ng.tokens)
     assert runs["scan"] == runs["unrolled"]
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_verification_identical_in_either_verify_layout(monkeypatch, sampled):
+    """``verify_layout("output-major")`` hands the speculative loop output-major target weights
+    (the AR loop always gets them; drafter trees never) and decodes the same tokens."""
+    import jaxspec.causal.decode as D
+
+    real, seen = D.decode_layout, []
+
+    def spy(tree, *a, output_major=False, **k):
+        seen.append(output_major)
+        return real(tree, *a, output_major=output_major, **k)
+
+    monkeypatch.setattr(D, "decode_layout", spy)
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
+    model, params = tiny_model()
+    kw = dict(max_new_tokens=12, seed=3, drafter=NgramDrafter(3, 64),
+              sampling=SamplingConfig(temperature=1.0 if sampled else 0.0))
+    prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 6]]
+    stored = generate(model, params, prompts, **kw)
+    with verify_layout("output-major"):
+        om = generate(model, params, prompts, **kw)
+    generate(model, params, prompts, max_new_tokens=4)   # AR: output-major in any setting
+    assert seen == [False, False, True, False, True, False]  # (target, drafter) per call
+    assert om.tokens == stored.tokens
+    assert (om.stats.target_nfe == stored.stats.target_nfe).all()
+
+
+def test_unknown_verify_layout_is_a_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="unknown verify layout 'fast'"):
+        resolve_verify_layout("fast")
+    with pytest.raises(ValueError, match="unknown verify layout"):
+        with verify_layout("fast"):
+            pass
+    assert resolve_verify_layout() == "stored"
+    monkeypatch.setenv("JAXSPEC_VERIFY_LAYOUT", "output-major")
+    assert resolve_verify_layout() == "output-major"
+    with verify_layout("stored"):
+        assert resolve_verify_layout() == "stored"
 
 
 def test_diffusion_decoder_identical_with_either_layer_loop(monkeypatch):
