@@ -369,6 +369,15 @@ def test_real_golden(name, smollm2_gguf):
     assert got == want, f"{name}: output differs from the recorded golden"
 
 
+def test_real_ngram_golden_is_the_ar_golden():
+    """The recorded real n-gram goldens (greedy, bigram fallback) hold AR's greedy tokens, so
+    the golden tests above also check losslessness on the real weights; a re-recording with a
+    lossy drafter would fail here."""
+    real = _load("real")
+    assert real["smollm2/ngram-greedy"]["tokens"] == real["smollm2/ar-greedy"]["tokens"]
+    assert all(len(t) == 32 for t in real["smollm2/ar-greedy"]["tokens"])
+
+
 def record(kinds, only: tuple = ()) -> None:
     """Record the goldens of ``kinds``; with ``only`` (name prefixes) re-record just the cases
     whose name starts with one of them and keep every other recorded value as it is."""
