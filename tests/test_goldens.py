@@ -355,9 +355,10 @@ def test_covered_subset_keeps_every_option_pair():
         assert pairs(kept.values()) == pairs(full.values()), family
 
 
-# the real Spiffy golden (90 s, mostly compiling the draft-graph loop) runs in make test-all;
-# make test keeps the tiny Spiffy goldens and the real Dream goldens of the same model
-_SLOW_REAL = ("dream/spiffy-D5-stepwise-dual",)
+# the real Spiffy golden (90 s, mostly compiling the draft-graph loop) and the two sampled real
+# goldens of n-gram and fixed-2 / prefix (about 120 s) run in make test-all; make test keeps the
+# tiny goldens (sampled ones included) and the greedy real goldens of the same models
+_SLOW_REAL = ("dream/spiffy-D5-stepwise-dual", "smollm2/ngram-sampled", "dream/fixed2-prefix-sampled")
 
 
 @pytest.mark.real

@@ -114,7 +114,10 @@ def test_theorem1_nfe_bound_and_accounting(method):
             np.testing.assert_array_equal(seq[m], inf)
 
 
-@pytest.mark.parametrize("method", FUSED)
+# assd-fused-ngram's greedy identity runs in make test-all; make test keeps its exact
+# distribution tests below (the same queries, sampled)
+@pytest.mark.parametrize("method", [m if m == "assd-fused" else pytest.param(m, marks=pytest.mark.slow)
+                                    for m in FUSED])
 def test_greedy_identical_to_sequential(method):
     """k = 1, 3 and 8 (k = 1 has one draft group, 8 runs past most spans; the sampled
     Theorem 1 test covers k = 1..6), also with two suppressed ids, on a model with varied
