@@ -55,7 +55,7 @@ from jaxspec.bench.common import cpu_model
 from jaxspec.bench.quant_matmul import SMOLLM2, _step
 from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate
-from jaxspec.core.runtime import layer_loop
+from jaxspec.core.runtime import decode_layout, layer_loop
 from models.llama import modeling as M
 
 
@@ -74,22 +74,32 @@ def _products(config):
     return jax.jit(f)
 
 
+def _layouts(params) -> tuple:
+    """The per-layer input-major and output-major trees of stacked ``params``, split once per
+    tree (:func:`jaxspec.core.runtime.decode_layout` caches them)."""
+    return (decode_layout(params, "unrolled"), decode_layout(params, "unrolled", output_major=True))
+
+
+def _weight_bytes(params) -> int:
+    """Bytes of the layer weights and the (tied) head: what one forward streams."""
+    return sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+
+
 def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
     """``({name: (callable, args, weight bytes streamed)}, params)``: every jitted row, and the
     random stacked parameters they share."""
     params = M.init_params(config, seed)
-    om = M.unstack_layers(params, True)
-    layer_bytes = sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"]))
+    im, om = _layouts(params)
     head_bytes = params["embed"].nbytes
     tokens = jnp.full((1, 1), 5, jnp.int32)
     cache = M.init_cache(config, 1, S)
     step = _step(config, 1, S)
     x = jnp.ones((1, config.hidden_size), jnp.float32)
     head = jax.jit(lambda e, x: M.lm_logits(x, e, None).argmax(-1))
-    total = layer_bytes + head_bytes
+    total = _weight_bytes(params)
     return {
         "step, stacked + lax.scan": (step, (params, cache, tokens), total),
-        "step, per-layer input-major": (step, (M.unstack_layers(params), cache, tokens), total),
+        "step, per-layer input-major": (step, (im, cache, tokens), total),
         "step, per-layer output-major (CPU AR layout)": (step, (om, cache, tokens), total),
         "products only, output-major": (_products(config), (om, x), total),
         "LM head only": (head, (params["embed"], x), head_bytes),
@@ -121,10 +131,10 @@ def verify_rows(config, params, tokens, S: int = 384) -> dict:
     ``T``: the cached step and the products alone, in the per-layer input-major (stored) and
     output-major layouts (:func:`jaxspec.core.runtime.verify_layout` picks between them), and
     numpy's products over the same matrices (per matrix, ``T`` columns)."""
-    im, om = M.unstack_layers(params), M.unstack_layers(params, True)
+    im, om = _layouts(params)
     cache = M.init_cache(config, 1, S)
     mats = _numpy_mats(params)
-    nbytes = sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+    nbytes = _weight_bytes(params)
     out = {}
     for T in tokens:
         step, prods = _step(config, T, S), _products(config)
