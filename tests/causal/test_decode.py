@@ -152,6 +152,26 @@ def test_sampling_distribution_exact(cfg, k):
         assert st.accept_hist[:, k + 1].sum() > 0, name  # all k accepted: bonus tokens drawn
 
 
+def test_sampling_distribution_exact_with_output_major_verification(monkeypatch):
+    """The unrolled layer loop with verification on output-major weights
+    (:func:`jaxspec.core.runtime.verify_layout`) samples the enumerated joint distribution too
+    (the suite otherwise runs the scan loop, where the layout setting does not apply)."""
+    from jaxspec.core.runtime import verify_layout
+
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
+    V, k, N = 6, 3, 10_000
+    cfg = SamplingConfig(temperature=1.0)
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    with verify_layout("output-major"):
+        res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
+                       drafter=NgramDrafter(k, V, max_ngram=2, min_ngram=1), seed=11, bucket=8)
+    chk = check_distribution(res.tokens, exact)
+    assert chk.passed, chk.why
+    assert 0.02 < res.stats.acceptance_rate < 0.95
+
+
 def test_seed_reproducible():
     model, params = tiny_model(64, seed=8)
     cfg = SamplingConfig(temperature=1.0, top_p=0.95)

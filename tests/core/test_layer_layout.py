@@ -114,9 +114,12 @@ def test_verification_identical_in_either_verify_layout(monkeypatch, sampled):
     stored = generate(model, params, prompts, **kw)
     with verify_layout("output-major"):
         om = generate(model, params, prompts, **kw)
-    generate(model, params, prompts, max_new_tokens=4)   # AR: output-major in any setting
+    ar = generate(model, params, prompts, max_new_tokens=12, seed=3,
+                  sampling=kw["sampling"])           # AR: output-major in any setting
     assert seen == [False, False, True, False, True, False]  # (target, drafter) per call
     assert om.tokens == stored.tokens
+    if not sampled:  # greedy: token for token the reference decoder's output
+        assert om.tokens == ar.tokens
     assert (om.stats.target_nfe == stored.stats.target_nfe).all()
 
 
