@@ -49,6 +49,9 @@ class DecodeOptions:
       temperature, top_k, top_p: the target distribution (0 = greedy; 0 / 1.0 = off).
       draft_length: k (n-gram default 8, SPS 5, SSD 3, ASSD 5).
       max_ngram, min_ngram, fallback: n-gram drafter (``"none"`` or ``"bigram"``).
+      gate: n-gram cost gate (:func:`jaxspec.causal.decode.tune_verification`): ``"auto"``
+        (measured on the CPU's unrolled loop, off on GPU/TPU), ``"off"``, or the cost of a
+        verification pass in one-token steps (a number >= 1).
       gen_length, block_length, steps, remasking, tokens_per_step, threshold, cache,
       alg_temp, confidence_softmax: masked-diffusion decoding
       (:class:`jaxspec.dllm.DiffusionDecodeConfig`).
@@ -76,6 +79,7 @@ class DecodeOptions:
     max_ngram: int = 3
     min_ngram: int = 2
     fallback: str = "none"
+    gate: Any = "auto"
     gen_length: int = 64
     block_length: int = 8
     steps: Optional[int] = None
@@ -152,9 +156,22 @@ def _causal_config(drafter_fn, params_fn=lambda o: (), adapter: bool = False):
         if o.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {o.max_new_tokens}")
         return {"sampling": o.sampling, "max_new_tokens": o.max_new_tokens,
-                "drafter": drafter_fn(o), "drafter_params": params_fn(o),
+                "drafter": drafter_fn(o), "drafter_params": params_fn(o), "gate": _gate(o),
                 "adapter": o.vocab_adapter if adapter else None}
     return build
+
+
+def _gate(o: DecodeOptions):
+    g = o.gate
+    if isinstance(g, str) and g not in ("auto", "off"):
+        try:
+            g = float(g)
+        except ValueError:
+            raise ValueError(f"unknown --gate {o.gate!r}; expected auto, off or a verification "
+                             "pass cost >= 1 (one-token steps)") from None
+    if not isinstance(g, str) and not g >= 1.0:
+        raise ValueError(f"--gate must be >= 1 (one-token steps), got {g}")
+    return g
 
 
 def _draft_length(o: DecodeOptions, default: int) -> int:
@@ -241,7 +258,7 @@ def _run_causal(model, params, prompts, config, *, seed=0, eos_ids=(), pad_id=0)
     return causal_generate(model, params, prompts, max_new_tokens=config["max_new_tokens"],
                            sampling=config["sampling"], drafter=drafter,
                            drafter_params=config.get("drafter_params", ()), seed=seed,
-                           eos_ids=eos_ids, pad_id=pad_id)
+                           eos_ids=eos_ids, pad_id=pad_id, gate=config.get("gate", "off"))
 
 
 # ----------------------------------------------------------------------------- dllm

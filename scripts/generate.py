@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
                     help="when no suffix matches: 'none' runs a plain AR step, 'bigram' drafts "
                          "from the ASSD Eq. 23 context bigram model")
+    ap.add_argument("--gate", default="auto",
+                    help="ngram: verify drafts only while their expected accepted length pays "
+                         "for the verification pass: auto (the pass cost measured on the CPU; "
+                         "off on GPU/TPU), off, or the pass cost in one-token steps (lossless "
+                         "either way)")
     dg = ap.add_argument_group("masked-diffusion decoding (diffusion models only)")
     dg.add_argument("--gen-length", type=int, default=64, help="generated positions")
     dg.add_argument("--block-length", type=int, default=8, help="semi-autoregressive block size")
@@ -187,7 +192,16 @@ def stats_line(label, res, degen) -> str:
     return (f"[{label}] tokens={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
             f"MAT={s.mat:.2f} acceptance={acc} tokens/s={res.tokens_per_s:.1f} "
             f"run={res.run_s:.2f}s compile={res.compile_s:.1f}s "
-            f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}")
+            f"distinct={degen['distinct_token_share']:.2f} rep4={degen['repeated_ngram_rate']:.2f}"
+            + tuning_note(getattr(res, "settings", {})))
+
+
+def tuning_note(settings: dict) -> str:
+    """The per-machine choices of a speculative decode (verification layout, gate cost)."""
+    out = f" verify-layout={settings['verify_layout']}" if "verify_layout" in settings else ""
+    if "verify_cost" in settings:
+        out += f" gate-cost={settings['verify_cost']:.2f}"
+    return out
 
 
 def diffusion_stats_line(label, res, degen) -> str:
@@ -208,7 +222,7 @@ def _options(args, draft=None):
     return DecodeOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, draft_length=args.draft_length, max_ngram=args.max_ngram,
-        min_ngram=args.min_ngram, fallback=args.fallback, gen_length=args.gen_length,
+        min_ngram=args.min_ngram, fallback=args.fallback, gate=args.gate, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, remasking=args.remasking,
         tokens_per_step=args.tokens_per_step, threshold=args.threshold, cache=args.cache,
         alg_temp=args.alg_temp, confidence_softmax=args.confidence_softmax, tree=args.tree, graph=args.graph, epsilon=args.epsilon,

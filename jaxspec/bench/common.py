@@ -59,7 +59,7 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
     "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
-    "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
+    "jaxspec/ngram-stored", "jaxspec/ngram-nogate", "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
     "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
@@ -69,12 +69,13 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
               "transformers/assisted")
 # jaxspec/<method>-scan: the same decoder with the stacked weights and the lax.scan layer loop
 # (jaxspec.core.runtime.layer_loop), to show what the CPU decode layout buys; on request only
-# jaxspec/<method>-om: verification passes on output-major weights
-# (jaxspec.core.runtime.verify_layout), to measure that per-CPU choice; on request only
+# jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
+# (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
+# jaxspec/ngram-nogate: the n-gram drafter without its cost gate (DecodeOptions.gate "off")
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
 ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
-                           "jaxspec/ar-int8", "jaxspec/ngram-int8")
+                           "jaxspec/ngram-stored", "jaxspec/ngram-nogate", "jaxspec/ar-int8", "jaxspec/ngram-int8")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
@@ -103,6 +104,8 @@ class RunOutput:
       compile_s: seconds spent compiling during this call (jaxspec only).
       draft_nfe: draft-model forward passes (0 for model-free drafters; jaxspec only).
       steps: decode-loop iterations after the prefill (jaxspec only; 0 = not recorded).
+      settings: the decoder's per-machine choices (verification layout, gate cost;
+        :func:`jaxspec.causal.decode.tune_verification`), jaxspec speculative systems only.
     """
 
     tokens: list[int]
@@ -113,6 +116,7 @@ class RunOutput:
     compile_s: float = 0.0
     draft_nfe: int = 0
     steps: int = 0
+    settings: dict = dataclasses.field(default_factory=dict)
 
 
 # prompt sets of the space and diffuspec suites (suite_prompts)
@@ -219,8 +223,9 @@ def quantized_params(params):
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
     ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` runs the method
-    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-om`` under
-    :func:`jaxspec.core.runtime.verify_layout` ``("output-major")``; ``<method>-int8`` runs it on
+    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-om`` / ``-stored``
+    under :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
+    ``ngram-nogate`` without the n-gram cost gate; ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
     adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
@@ -232,8 +237,11 @@ class JaxspecSystem:
         self.quant = "int8" if method.endswith("-int8") else None
         base = method.removesuffix("-int8")
         self.loop = "scan" if base.endswith("-scan") else None
-        self.verify = "output-major" if base.endswith("-om") else None
-        name = base.removesuffix("-scan").removesuffix("-om")
+        self.verify = {"-om": "output-major", "-stored": "stored"}.get(
+            next((x for x in ("-om", "-stored") if base.endswith(x)), ""))
+        gate = "off" if base.endswith("-nogate") else "auto"
+        name = base.removesuffix("-scan").removesuffix("-om").removesuffix("-stored")
+        name = name.removesuffix("-nogate")
         # the system whose tokens this one must equal in its own quantization (losslessness)
         self.quant_reference = QUANT_REFERENCE if self.quant else None
         name = "ngram" if name == "ngram-bigram" else name
@@ -245,7 +253,7 @@ class JaxspecSystem:
         self.options = DecodeOptions(
             max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
             min_ngram=min_ngram, fallback="bigram" if base == "ngram-bigram" else "none",
-            **(options or {}))
+            gate=gate, **(options or {}))
         self._budget_configs: dict[int, Any] = {}  # generation budget -> built method config
         self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
@@ -270,6 +278,7 @@ class JaxspecSystem:
         return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
                          proposed=int(s.drafts_proposed.sum()), accepted=s.accepted_drafts,
                          compile_s=res.compile_s, draft_nfe=int(s.draft_nfe.sum()),
+                         settings=dict(getattr(res, "settings", {})),
                          steps=int(s.steps.sum()))
 
 
@@ -715,6 +724,8 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
             **_drift(s, outs),
             "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
+            "verify_layout": o[-1].settings.get("verify_layout"),
+            "gate_cost": o[-1].settings.get("verify_cost"),
             **_decode_rate(o, ttft.get(s.name)),
             **mean_degeneracy([r.tokens for r in o]),
         })
@@ -727,7 +738,8 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
                 "new_tokens": len(o.tokens), "seconds": _num(o.seconds, 5),
                 "ttft_s": _num(ttft[n][i], 5) if n in ttft else None,
                 "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
-                "target_nfe": o.target_nfe, "identical_to_reference": same,
+                "target_nfe": o.target_nfe, "proposed": o.proposed, "accepted": o.accepted,
+                "identical_to_reference": same,
                 "first_divergence": first_divergence(o.tokens, ref[i].tokens)}
             if decode is not None and not same:
                 entry["systems"][n]["output"] = decode(o.tokens)
@@ -759,7 +771,8 @@ _COLUMNS = [
     ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
     ("identical_share", "ident. share", "{:.2f}"), ("first_divergence", "1st diff", "{:g}"),
     ("identical_to_quant_reference", "= int8 AR", "{}"),
-    ("compile_s", "compile s", "{:.1f}"), ("distinct_token_share", "distinct", "{:.2f}"),
+    ("compile_s", "compile s", "{:.1f}"), ("verify_layout", "verify layout", "{}"),
+    ("gate_cost", "gate cost", "{:.2f}"), ("distinct_token_share", "distinct", "{:.2f}"),
     ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"), ("longest_run", "longest run", "{}"),
 ]
 

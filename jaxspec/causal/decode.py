@@ -33,6 +33,7 @@ phases (:func:`prefill`, :func:`target_pass`, :func:`accept`, :func:`commit`) ->
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Optional, Sequence
 
 import flax
@@ -42,14 +43,16 @@ import numpy as np
 
 from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, is_eos,
                                     left_pad, place_batch)
-from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
-from jaxspec.core.runtime import decode_layout, resolve_verify_layout, run_compiled
+from jaxspec.core.drafters import CostGate, Draft, DraftContext, Drafter, DraftQueries, NgramDrafter
+from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_verify_layout,
+                                  run_compiled)
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
 from models.llama.modeling import init_cache, param_dtype
 
-__all__ = ["DecodeInputError", "GenerationResult", "LoopConfig", "DecodeState", "generate"]
+__all__ = ["DecodeInputError", "GenerationResult", "LoopConfig", "DecodeState", "generate",
+           "pass_seconds", "tune_verification"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +300,87 @@ def decode_loop(params, drafter_params, prompt: jax.Array, pad: jax.Array, key: 
 _decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
 
 
+# ----------------------------------------------------------------------------- verification costs
+
+def _lone_pass(params, feed, first_slot, pad, cache, *, model, S):
+    return model_pass(model, params, feed, first_slot, pad, cache, S)[0]
+
+
+_pass_jit = jax.jit(_lone_pass, static_argnames=("model", "S"))
+_PASS_SECONDS: dict = {}
+
+
+def pass_seconds(model, params, B: int, S: int, T: int, output_major: bool,
+                 reps: int = 5) -> float:
+    """Seconds of one KV-cached target pass of ``T`` query rows (batch ``B``, ``S``-slot cache,
+    the decode layout with ``output_major`` matrices: :func:`decode_layout`), the fastest of
+    ``reps`` timed calls after one warm-up. Cached per process by model, dtype, parameter
+    tree structure, ``B``, ``T`` and layout (``S`` is the first caller's: the layouts differ
+    in their weight products, not in attention), so a benchmark or a long session measures
+    once. Compiling the pass costs seconds (about 3-6 s for SmolLM2-135M, unrolled)."""
+    key = (model, str(param_dtype(params)), jax.tree_util.tree_structure(params), int(B),
+           int(T), bool(output_major))
+    if key not in _PASS_SECONDS:
+        args = (decode_layout(params, output_major=output_major), jnp.zeros((B, T), jnp.int32),
+                jnp.full((B,), S - T, jnp.int32), jnp.zeros((B,), jnp.int32),
+                init_cache(model.config, B, S, param_dtype(params)))
+        statics = dict(model=model, S=int(S))
+        _PASS_SECONDS[key] = min(run_compiled(_pass_jit, args, statics)[2]
+                                 for _ in range(reps + 1))
+    return _PASS_SECONDS[key]
+
+
+GATES = ("auto", "off")
+
+
+def tune_verification(model, params, drafter: Drafter, B: int, S: int,
+                      gate: "str | float" = "off") -> tuple[Drafter, bool, dict]:
+    """The per-machine choices of a speculative decode (README "Verification passes on the
+    CPU"): the weight layout of the verification passes (:func:`resolve_verify_layout`;
+    ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
+    keeps the faster) and the cost gate (:class:`jaxspec.core.drafters.CostGate`).
+
+    Args:
+      gate: ``"off"``; a float, the cost of a ``k + 1``-row pass in one-token steps (>= 1);
+        or ``"auto"``: measured (:func:`pass_seconds`, in the chosen layout) for an
+        :class:`~jaxspec.core.drafters.NgramDrafter` under the unrolled (CPU) layer loop, off
+        otherwise (a draft model's own cost is not saved by the gate, and on GPU/TPU a
+        ``k + 1``-row pass costs about one step).
+
+    Returns:
+      ``(drafter, possibly wrapped in the gate; output_major: bool; settings: dict)`` with
+      ``settings`` naming the layout, the measured seconds and the gate's ``verify_cost``.
+
+    Raises:
+      ValueError: an unknown gate or layout name, a gate cost below 1.
+    """
+    if not isinstance(gate, (int, float)) and gate not in GATES:
+        raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
+                         "(one-token steps)")
+    layout = resolve_verify_layout()
+    unrolled = resolve_layer_loop() == "unrolled"
+    T = drafter.draft_length + 1
+    settings: dict = {}
+    if unrolled and layout == "auto":
+        costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")
+                 for name in ("stored", "output-major")}
+        layout = min(costs, key=costs.get)
+        settings["verify_s"] = costs
+    layout = "stored" if layout == "auto" else layout
+    settings["verify_layout"] = layout if unrolled else "stacked"
+    om = unrolled and layout == "output-major"
+    if gate == "auto":
+        gate = "off"
+        if unrolled and isinstance(drafter, NgramDrafter):
+            gate = (pass_seconds(model, params, B, S, T, om)
+                    / pass_seconds(model, params, B, S, 1, om))
+            gate = round(max(gate, 1.0), 2)  # the loop compiles once per value
+    if gate != "off":
+        drafter = CostGate(drafter, float(gate))
+        settings["verify_cost"] = float(gate)
+    return drafter, om, settings
+
+
 # ----------------------------------------------------------------------------- host wrapper
 
 @dataclasses.dataclass
@@ -309,12 +393,14 @@ class GenerationResult:
       stats: :class:`jaxspec.core.stats.DecodeStats`.
       compile_s: seconds spent compiling (0 when a cached executable was reused).
       run_s: wall-clock seconds of the decode itself (excluding compilation).
+      settings: the per-machine choices :func:`tune_verification` made (empty for AR).
     """
 
     tokens: list[list[int]]
     stats: DecodeStats
     compile_s: float
     run_s: float
+    settings: dict = dataclasses.field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -347,8 +433,8 @@ def check_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
 def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), drafter: Optional[Drafter] = None,
              drafter_params: Any = (), seed: int = 0, eos_ids: Sequence[int] = (),
-             pad_id: int = 0, bucket: int = 64,
-             max_context: Optional[int] = None) -> GenerationResult:
+             pad_id: int = 0, bucket: int = 64, max_context: Optional[int] = None,
+             gate: "str | float" = "off") -> GenerationResult:
     """Generate continuations for a batch of prompts (AR, or speculative with ``drafter``).
 
     Args:
@@ -368,14 +454,19 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
       pad_id: filler for left padding (never attended).
       bucket: prompt lengths are rounded up to a multiple of this.
       max_context: the model's context length (defaults to ``config.max_position_embeddings``).
+      gate: verify drafts only while they pay for the pass (:func:`tune_verification`:
+        ``"off"``, ``"auto"`` or a pass cost in one-token steps). Lossless either way.
 
     Returns:
       :class:`GenerationResult`; ``stats.draft_nfe`` counts the drafter's forward passes.
+      With a drafter, the target's verification layout (:func:`resolve_verify_layout`;
+      ``"auto"`` is timed on the first call per model and batch size) and the gate's pass
+      cost are in ``settings``; their one-time timing is counted in ``compile_s``.
 
     Raises:
       DecodeInputError: empty prompt list or prompt, ``max_new_tokens < 1``, ids outside the
         vocabulary, or prompt + budget longer than the target's (or a draft model's) context.
-      ValueError: the drafter's vocabulary differs from the model's.
+      ValueError: the drafter's vocabulary differs from the model's; an unknown gate.
     """
     cfg = model.config
     # SPACE's mask-group queries sit at later positions: its drafter says how many
@@ -390,11 +481,17 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
             f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens + {drafter.draft_length} "
             f"drafts exceeds the draft model's context of {dctx} tokens")
     buf, pad = left_pad(prompts, bucket, pad_id)
+    om, settings, tune_s = drafter is None, {}, 0.0
+    if drafter is not None:
+        # one-token AR steps run fastest on output-major weights; verification passes on
+        # the layout tune_verification picks, per CPU (README "Performance notes")
+        t0 = time.perf_counter()
+        S = buf.shape[1] + max_new_tokens + drafter.draft_length + 1 + int(
+            getattr(drafter, "query_slots", 0))
+        drafter, om, settings = tune_verification(model, params, drafter, len(prompts), S, gate)
+        tune_s = time.perf_counter() - t0
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    # one-token AR steps run fastest on output-major weights; verification passes on the
-    # layout resolve_verify_layout picks, per CPU (README "Performance notes")
-    om = drafter is None or resolve_verify_layout() == "output-major"
     args = (decode_layout(params, output_major=om), decode_layout(drafter_params),
             *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
@@ -405,4 +502,5 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         reference="ar", target_nfe=nfe, draft_nfe=dnfe, steps=steps,
         accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=loop.k,
         drafts_proposed=proposed)
-    return GenerationResult(tokens=rows, stats=stats, compile_s=compile_s, run_s=run_s)
+    return GenerationResult(tokens=rows, stats=stats, compile_s=compile_s + tune_s, run_s=run_s,
+                            settings=settings)

@@ -54,6 +54,13 @@ et al. 2024 "context n-grams"; prompt lookup decoding):
    argmax of ``c`` is used; under sampling ``x_i ~ c(. | x_cond)`` and ``q_i = c(. | x_cond)``
    (Alg. 2 lines 7-8). A token never seen followed by another gets a point mass on itself.
 
+**Cost gate** (:class:`CostGate`): wraps a drafter and withholds its drafts while they are
+not expected to pay for their verification. On a GPU a ``K + 1``-row target pass costs about
+as much as a one-token step; on a 2-core CPU it costs 1.8-2.4 of them (README "Verification
+passes on the CPU"), so a draft that is accepted rarely makes decoding slower than AR. The
+gate decides from the past only (acceptance so far), so the verifier's output distribution
+is untouched: it is as lossless as the drafter it wraps.
+
 All shapes are static: the context is a fixed-size buffer with per-row valid ranges
 ``[pad, length)``.
 """
@@ -298,3 +305,122 @@ class NgramDrafter:
             cond = tok
         q = jnp.stack(qs) if sample else jnp.zeros((k, 1), jnp.float32)
         return jnp.stack(drafts), q, has_draft
+
+
+@flax.struct.dataclass
+class GateState:
+    """:class:`CostGate`'s state, per row (float32 / int32 / bool ``(B,)``).
+
+    Attributes:
+      inner: the wrapped drafter's state.
+      alpha: running (exponentially weighted) rate at which the first draft token is right.
+      beta: running mean of accepted drafts over verifications that accepted at least one.
+      first: the last proposal's first draft token; had: the row had a draft then.
+      start: ``ctx.length`` when it was proposed (the slot of the next emitted token).
+      verified: bool ``()``: the loop verified that proposal (some active row passed the gate).
+    """
+
+    inner: Any
+    alpha: jax.Array
+    beta: jax.Array
+    first: jax.Array
+    had: jax.Array
+    start: jax.Array
+    verified: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CostGate:
+    """A :class:`Drafter` that passes on ``drafter``'s drafts only while they pay for their
+    verification (module docstring, "Cost gate").
+
+    A verification pass of ``k + 1`` rows costs ``verify_cost`` one-token steps and yields
+    ``1 + E[accepted]`` tokens; a one-token step yields one. So a row asks for verification
+    (``has_draft``) when ``alpha * beta > verify_cost - 1``, with ``E[accepted]`` estimated as
+    ``alpha * beta``: ``alpha`` the rate at which the first draft token is right, ``beta`` the
+    mean accepted length when it is. Both are exponentially weighted (``decay`` per
+    observation) and start optimistic (1 and ``k``), so decoding starts by drafting.
+    ``alpha`` is observed on every step where the row had a draft: after a verification as
+    ``n_accepted >= 1``; after a one-token step as "the emitted token equals the first draft
+    token", which for a point-mass draft is the same event, so a row whose drafts become good
+    again is switched back on. ``beta`` is observed after verifications only.
+
+    The loop verifies when *any* active row asks (:func:`jaxspec.causal.decode.step`); the
+    gate mirrors that rule to know which observation it got. Decisions use the past only, so
+    greedy output equals AR's and sampled output keeps the target distribution (tests:
+    ``tests/core/test_cost_gate.py``). The wrapped drafter's own cost is paid every step: the
+    gate saves target rows, so it suits cheap drafters (:class:`NgramDrafter`).
+
+    Attributes:
+      drafter: the wrapped drafter (no draft queries).
+      verify_cost: a ``k + 1``-row target pass in one-token steps (>= 1; measured by
+        :func:`jaxspec.causal.decode.verify_costs`). 1 never withholds a draft.
+      decay: weight of the old estimate per observation, in ``[0, 1)``.
+
+    Raises:
+      ValueError: ``verify_cost < 1``, ``decay`` outside ``[0, 1)``, or a drafter with draft
+        queries (SPACE drafts inside the verification pass itself).
+    """
+
+    drafter: Any
+    verify_cost: float
+    decay: float = 0.75
+
+    def __post_init__(self):
+        if not self.verify_cost >= 1.0:
+            raise ValueError(f"verify_cost must be >= 1 (one-token steps), got {self.verify_cost}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+        if hasattr(self.drafter, "draft_queries"):
+            raise ValueError(f"{self.drafter.name} drafts inside the verification pass (draft "
+                             "queries): a cost gate cannot skip it")
+
+    @property
+    def name(self) -> str:
+        return self.drafter.name
+
+    @property
+    def draft_length(self) -> int:
+        return self.drafter.draft_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.drafter.vocab_size
+
+    def __getattr__(self, attr):
+        # the loop's optional drafter attributes (resample, context_length, ...) are the
+        # wrapped drafter's; draft_queries is refused in __post_init__
+        if attr.startswith("__") or attr == "drafter":
+            raise AttributeError(attr)
+        return getattr(self.drafter, attr)
+
+    def init_state(self, params, ctx: DraftContext) -> GateState:
+        B = ctx.length.shape[0]
+        return GateState(inner=self.drafter.init_state(params, ctx),
+                         alpha=jnp.ones((B,), jnp.float32),
+                         beta=jnp.full((B,), float(self.draft_length), jnp.float32),
+                         first=jnp.zeros((B,), jnp.int32), had=jnp.zeros((B,), bool),
+                         start=ctx.length, verified=jnp.array(False))
+
+    def propose(self, params, state: GateState, ctx: DraftContext, key: jax.Array, sample: bool):
+        """The wrapped drafter's proposal with ``has_draft`` cleared on rows whose expected
+        accepted length does not pay for ``verify_cost``."""
+        draft, inner = self.drafter.propose(params, state.inner, ctx, key, sample)
+        worth = state.alpha * state.beta > self.verify_cost - 1.0
+        has = draft.has_draft & worth
+        had = draft.has_draft & (draft.length > 0)
+        return draft.replace(has_draft=has), state.replace(
+            inner=inner, first=draft.tokens[:, 0], had=had, start=ctx.length,
+            verified=jnp.any(has & ctx.active))
+
+    def update(self, params, state: GateState, ctx: DraftContext, n_accepted: jax.Array):
+        """Tell the wrapped drafter, then update ``alpha`` / ``beta`` on rows that had a draft."""
+        inner = self.drafter.update(params, state.inner, ctx, n_accepted)
+        seen = state.had & ctx.active
+        emitted = jnp.take_along_axis(ctx.buffer, state.start[:, None], axis=1)[:, 0]
+        right = jnp.where(state.verified, n_accepted >= 1, emitted == state.first)
+        d = self.decay
+        alpha = jnp.where(seen, d * state.alpha + (1 - d) * right, state.alpha)
+        beta = jnp.where(seen & state.verified & (n_accepted >= 1),
+                         d * state.beta + (1 - d) * n_accepted, state.beta)
+        return state.replace(inner=inner, alpha=alpha, beta=beta)

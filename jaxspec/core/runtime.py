@@ -115,7 +115,7 @@ def clear_compiled() -> int:
 # ----------------------------------------------------------------------------- layer layout
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")
-VERIFY_LAYOUTS = ("stored", "output-major")
+VERIFY_LAYOUTS = ("auto", "stored", "output-major")
 _OVERRIDES: dict[str, list] = {"layer loop": [], "verify layout": []}  # innermost context last
 _CAUSAL_LAYER_KEYS = frozenset(MATRICES)
 
@@ -175,16 +175,18 @@ def layer_loop(name: str):
 
 def resolve_verify_layout(layout: str | None = None) -> str:
     """Weight layout of the target in speculative decoding's verification passes with the
-    unrolled layer loop: ``"stored"`` (input-major, the default) or ``"output-major"`` (the AR
-    loop's layout, :func:`decode_layout`). The argument, else the innermost
-    :func:`verify_layout` context, else ``$JAXSPEC_VERIFY_LAYOUT``, else ``"stored"``. Which is
-    faster for a ``K + 1``-row pass depends on the CPU (README "Performance notes"); the
-    decoded tokens do not (up to float32 rounding). Ignored by the ``scan`` loop.
+    unrolled layer loop: ``"stored"`` (input-major), ``"output-major"`` (the AR loop's layout,
+    :func:`decode_layout`) or ``"auto"`` (the default: the decoder times one ``K + 1``-row
+    pass in both layouts on first use and keeps the faster,
+    :func:`jaxspec.causal.decode.verify_costs`). The argument, else the innermost
+    :func:`verify_layout` context, else ``$JAXSPEC_VERIFY_LAYOUT``, else ``"auto"``. Which is
+    faster depends on the CPU (README "Performance notes"); the decoded tokens do not (up to
+    float32 rounding). Ignored by the ``scan`` loop.
 
     Raises:
       ValueError: an unknown name.
     """
-    return _setting("verify layout", layout, "JAXSPEC_VERIFY_LAYOUT", VERIFY_LAYOUTS, "stored")
+    return _setting("verify layout", layout, "JAXSPEC_VERIFY_LAYOUT", VERIFY_LAYOUTS, "auto")
 
 
 def verify_layout(name: str):

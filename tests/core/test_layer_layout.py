@@ -111,7 +111,8 @@ def test_verification_identical_in_either_verify_layout(monkeypatch, sampled):
     kw = dict(max_new_tokens=12, seed=3, drafter=NgramDrafter(3, 64),
               sampling=SamplingConfig(temperature=1.0 if sampled else 0.0))
     prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 6]]
-    stored = generate(model, params, prompts, **kw)
+    with verify_layout("stored"):
+        stored = generate(model, params, prompts, **kw)
     with verify_layout("output-major"):
         om = generate(model, params, prompts, **kw)
     ar = generate(model, params, prompts, max_new_tokens=12, seed=3,
@@ -129,7 +130,7 @@ def test_unknown_verify_layout_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="unknown verify layout"):
         with verify_layout("fast"):
             pass
-    assert resolve_verify_layout() == "stored"
+    assert resolve_verify_layout() == "auto"
     monkeypatch.setenv("JAXSPEC_VERIFY_LAYOUT", "output-major")
     assert resolve_verify_layout() == "output-major"
     with verify_layout("stored"):

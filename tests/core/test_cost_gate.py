@@ -1,0 +1,200 @@
+"""The n-gram cost gate (:class:`jaxspec.core.drafters.CostGate`) and the per-machine choices of
+:func:`jaxspec.causal.decode.tune_verification`: the gate is lossless (greedy identity with AR
+while it switches between verification and one-token steps; the enumerated joint under
+sampling), its estimates follow its documented rule, and ``"auto"`` picks the timed layout."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec.causal.decode as D
+from jaxspec.causal.decode import generate, tune_verification
+from jaxspec.core.drafters import CostGate, DraftContext, NgramDrafter
+from jaxspec.core.runtime import layer_loop, verify_layout
+from jaxspec.core.sampling import SamplingConfig
+from jaxspec.testing.distribution import check_distribution
+from jaxspec.testing.tiny import tiny_model
+
+from tests.causal.test_decode import _exact_joint, _prompts
+
+
+def _verifications(stats, k):
+    return stats.drafts_proposed // k  # every verification sends k drafts (n-gram: fixed k)
+
+
+@pytest.mark.parametrize("cost", [1.0, 2.0, 3.5])
+def test_gated_greedy_equals_ar_and_switches(cost):
+    """Greedy output is AR's token for token at every gate cost. Cost 1 never withholds a
+    draft (the ungated run's stats exactly); cost 2 and 3.5 withhold some (fewer
+    verifications than ungated) and still verify some, so both branches and the switch back
+    (``alpha`` observed on one-token steps) run."""
+    model, params = tiny_model(64, seed=4)
+    k = 4
+    ng = NgramDrafter(k, 64, max_ngram=3, min_ngram=1)
+    totals = np.zeros(2, int)  # verifications: gated, ungated
+    for prompt in _prompts(64, seed=2):
+        ar = generate(model, params, [prompt], max_new_tokens=40, bucket=16)
+        plain = generate(model, params, [prompt], max_new_tokens=40, bucket=16, drafter=ng)
+        gated = generate(model, params, [prompt], max_new_tokens=40, bucket=16,
+                         drafter=ng, gate=cost)
+        assert gated.tokens == ar.tokens == plain.tokens
+        assert gated.settings["verify_cost"] == cost
+        v_gated, v_plain = _verifications(gated.stats, k), _verifications(plain.stats, k)
+        assert (v_gated <= v_plain).all()
+        if cost == 1.0:
+            assert (gated.stats.target_nfe == plain.stats.target_nfe).all()
+            assert (v_gated == v_plain).all()
+        totals += [int(v_gated.sum()), int(v_plain.sum())]
+    if cost > 1.0:  # some drafts withheld, some still verified
+        assert 0 < totals[0] < totals[1], totals
+
+
+def test_gate_withholds_and_resumes_on_one_prompt():
+    """A prompt that repeats a phrase after a stretch of noise: the gate turns drafting off
+    during the noise and back on once the first drafted token is right again."""
+    model, params = tiny_model(64, seed=4)
+    rng = np.random.default_rng(5)
+    phrase = rng.integers(0, 64, 6).tolist()
+    prompt = phrase * 4 + rng.integers(0, 64, 30).tolist() + phrase * 3
+    k = 4
+    ng = NgramDrafter(k, 64, max_ngram=3, min_ngram=1)
+    ar = generate(model, params, [prompt], max_new_tokens=48, bucket=16)
+    plain = generate(model, params, [prompt], max_new_tokens=48, bucket=16, drafter=ng)
+    gated = generate(model, params, [prompt], max_new_tokens=48, bucket=16, drafter=ng,
+                     gate=2.0)
+    assert gated.tokens == ar.tokens
+    v_gated, v_plain = int(_verifications(gated.stats, k)[0]), int(_verifications(plain.stats, k)[0])
+    steps = int(gated.stats.steps[0])
+    assert 0 < v_gated < v_plain, (v_gated, v_plain)
+    assert v_gated < steps  # one-token steps happened between verifications
+
+
+def test_gated_batch_rows_equal_single_rows():
+    model, params = tiny_model(64, seed=4)
+    prompts = _prompts(64, seed=3)
+    ng = NgramDrafter(3, 64, max_ngram=3, min_ngram=1)
+    batch = generate(model, params, prompts, max_new_tokens=20, bucket=16, drafter=ng, gate=2.5)
+    for i, p in enumerate(prompts):
+        single = generate(model, params, [p], max_new_tokens=20, bucket=16)
+        assert single.tokens[0] == batch.tokens[i]
+
+
+@pytest.mark.parametrize("cost", [1.6, 6.0])
+def test_gated_sampling_distribution_exact(cost):
+    """Sampled n-gram decoding behind the gate matches the enumerated joint. At cost 6 no
+    draft is ever verified (``alpha * beta <= k < cost - 1``): every step is a one-token step
+    inside the speculative loop, with the drafter and the gate's bookkeeping running."""
+    V, k, N = 6, 3, 10_000
+    cfg = SamplingConfig(temperature=1.0)
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
+                   drafter=NgramDrafter(k, V, max_ngram=2, min_ngram=1), seed=11, bucket=8,
+                   gate=cost)
+    chk = check_distribution(res.tokens, exact)
+    assert chk.passed, chk.why
+    if cost > k + 1:
+        assert int(res.stats.drafts_proposed.sum()) == 0
+    else:
+        assert 0.02 < res.stats.acceptance_rate < 0.95
+
+
+def test_gate_estimates_follow_the_rule():
+    """``update`` against the docstring's rule, by hand: after a verification ``alpha`` sees
+    ``n >= 1`` and ``beta`` sees ``n`` where ``n >= 1``; after a one-token step ``alpha`` sees
+    "emitted == first draft" and ``beta`` is kept; rows without a draft or inactive keep both."""
+    g = CostGate(NgramDrafter(4, 16), verify_cost=2.0, decay=0.5)
+    buf = jnp.asarray([[1, 2, 3, 7, 0], [1, 2, 3, 9, 0], [1, 2, 3, 7, 0], [1, 2, 3, 7, 0]],
+                      jnp.int32)
+    ctx = DraftContext(buffer=buf, length=jnp.full((4,), 3, jnp.int32), pad=jnp.zeros(4, jnp.int32),
+                       active=jnp.array([True, True, True, False]))
+    st = g.init_state((), ctx).replace(first=jnp.full((4,), 7, jnp.int32),
+                                       had=jnp.array([True, True, False, True]),
+                                       start=jnp.full((4,), 3, jnp.int32))
+    # a one-token step: rows 0 (emitted 7 == first) and 1 (9 != 7) observe alpha
+    one = g.update((), st.replace(verified=jnp.array(False)), ctx, jnp.zeros(4, jnp.int32))
+    np.testing.assert_allclose(one.alpha, [1.0, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(one.beta, [4.0] * 4)
+    # a verification: row 0 accepted 2, row 1 accepted 0
+    ver = g.update((), st.replace(verified=jnp.array(True)), ctx, jnp.array([2, 0, 3, 3]))
+    np.testing.assert_allclose(ver.alpha, [1.0, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(ver.beta, [3.0, 4.0, 4.0, 4.0])
+    # propose withholds where alpha * beta <= cost - 1 = 1
+    ctx2 = ctx.replace(buffer=jnp.asarray([[1, 2, 1, 2, 1]] * 4, jnp.int32),
+                       length=jnp.full((4,), 5, jnp.int32), active=jnp.ones(4, bool))
+    low = ver.replace(alpha=jnp.array([1.0, 0.2, 0.3, 0.9]), beta=jnp.array([2.0, 4.0, 2.0, 1.0]))
+    draft, st2 = g.propose((), low, ctx2, jax.random.PRNGKey(0), False)
+    np.testing.assert_array_equal(draft.has_draft, [True, False, False, False])
+    assert bool(st2.verified) and st2.had.all()
+
+
+def test_gate_bad_settings_are_clear_errors():
+    ng = NgramDrafter(3, 64)
+    with pytest.raises(ValueError, match="verify_cost must be >= 1"):
+        CostGate(ng, 0.5)
+    with pytest.raises(ValueError, match="decay must be in"):
+        CostGate(ng, 2.0, decay=1.0)
+    model, params = tiny_model(64)
+    with pytest.raises(ValueError, match="unknown gate 'fast'"):
+        generate(model, params, [[1, 2, 3]], max_new_tokens=4, drafter=ng, gate="fast")
+    from jaxspec.methods import DecodeOptions, get_method
+    entry = get_method("ngram", "causal")
+    with pytest.raises(ValueError, match="unknown --gate 'fast'"):
+        entry.build(DecodeOptions(gate="fast"))
+    with pytest.raises(ValueError, match="--gate must be >= 1"):
+        entry.build(DecodeOptions(gate="0.5"))
+    assert entry.build(DecodeOptions(gate="2.5"))["gate"] == 2.5
+
+
+def test_space_drafter_refused_by_the_gate():
+    class Queries:
+        name, draft_length, vocab_size = "space", 3, 64
+
+        def draft_queries(self, *a):
+            raise AssertionError
+
+    with pytest.raises(ValueError, match="draft queries"):
+        CostGate(Queries(), 2.0)
+
+
+def test_tune_verification_picks_the_faster_layout(monkeypatch):
+    """``"auto"`` keeps the layout whose timed ``k + 1``-row pass was faster, and the auto gate
+    is that pass's cost over a one-token pass in the chosen layout (fake timings); under the
+    scan loop nothing is timed and the gate is off."""
+    model, params = tiny_model(64)
+    ng = NgramDrafter(4, 64)
+    calls = []
+
+    def fake(model, params, B, S, T, output_major, reps=5):
+        calls.append((T, output_major))
+        return {(5, False): 0.050, (5, True): 0.040, (1, True): 0.025, (1, False): 0.030}[
+            (T, output_major)]
+
+    monkeypatch.setattr(D, "pass_seconds", fake)
+    with layer_loop("unrolled"):
+        drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
+        assert om and settings["verify_layout"] == "output-major"
+        assert isinstance(drafter, CostGate) and drafter.verify_cost == 1.6
+        assert settings["verify_s"] == {"stored": 0.050, "output-major": 0.040}
+        with verify_layout("stored"):
+            drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="off")
+        assert not om and drafter is ng and settings == {"verify_layout": "stored"}
+    calls.clear()
+    with layer_loop("scan"):
+        drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
+    assert drafter is ng and not om and calls == [] and settings == {"verify_layout": "stacked"}
+
+
+def test_pass_seconds_times_once_per_key():
+    model, params = tiny_model(64)
+    with layer_loop("unrolled"):
+        a = D.pass_seconds(model, params, 1, 32, 3, True, reps=1)
+        n = len(D._PASS_SECONDS)
+        b = D.pass_seconds(model, params, 1, 48, 3, True, reps=1)   # S is not in the key
+        assert a == b > 0 and len(D._PASS_SECONDS) == n
+        D.pass_seconds(model, params, 1, 32, 4, True, reps=1)
+        assert len(D._PASS_SECONDS) == n + 1
