@@ -49,8 +49,9 @@ class DecodeOptions:
       temperature, top_k, top_p: the target distribution (0 = greedy; 0 / 1.0 = off).
       draft_length: k (n-gram default 8, SPS 5, SSD 3, ASSD 5).
       max_ngram, min_ngram, fallback: n-gram drafter (``"none"`` or ``"bigram"``).
-      gate: n-gram cost gate (:func:`jaxspec.causal.decode.tune_verification`): ``"auto"``
-        (measured on the CPU's unrolled loop, off on GPU/TPU), ``"off"``, or the cost of a
+      gate: n-gram cost gate (:func:`jaxspec.causal.decode.tune_verification`): ``"off"``
+        (the default: it bought nothing measurable, README "Verification tuned per machine"),
+        ``"auto"`` (measured on the CPU's unrolled loop, off on GPU/TPU), or the cost of a
         verification pass in one-token steps (a number >= 1).
       gen_length, block_length, steps, remasking, tokens_per_step, threshold, cache,
       alg_temp, confidence_softmax: masked-diffusion decoding
@@ -79,7 +80,7 @@ class DecodeOptions:
     max_ngram: int = 3
     min_ngram: int = 2
     fallback: str = "none"
-    gate: Any = "auto"
+    gate: Any = "off"
     gen_length: int = 64
     block_length: int = 8
     steps: Optional[int] = None

@@ -141,11 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fallback", choices=("none", "bigram"), default="none",
                     help="when no suffix matches: 'none' runs a plain AR step, 'bigram' drafts "
                          "from the ASSD Eq. 23 context bigram model")
-    ap.add_argument("--gate", default="auto",
+    ap.add_argument("--gate", default="off",
                     help="ngram: verify drafts only while their expected accepted length pays "
-                         "for the verification pass: auto (the pass cost measured on the CPU; "
-                         "off on GPU/TPU), off, or the pass cost in one-token steps (lossless "
-                         "either way)")
+                         "for the verification pass: off (default), auto (the pass cost "
+                         "measured on the CPU; off on GPU/TPU) or the pass cost in one-token "
+                         "steps (lossless either way)")
     dg = ap.add_argument_group("masked-diffusion decoding (diffusion models only)")
     dg.add_argument("--gen-length", type=int, default=64, help="generated positions")
     dg.add_argument("--block-length", type=int, default=8, help="semi-autoregressive block size")

@@ -59,7 +59,7 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
     "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
-    "jaxspec/ngram-stored", "jaxspec/ngram-nogate", "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
+    "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
     "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
@@ -71,11 +71,11 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
 # (jaxspec.core.runtime.layer_loop), to show what the CPU decode layout buys; on request only
 # jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
 # (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
-# jaxspec/ngram-nogate: the n-gram drafter without its cost gate (DecodeOptions.gate "off")
+# jaxspec/ngram-gate: the n-gram drafter behind its cost gate (DecodeOptions.gate "auto")
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
 ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
-                           "jaxspec/ngram-stored", "jaxspec/ngram-nogate", "jaxspec/ar-int8", "jaxspec/ngram-int8")
+                           "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
@@ -225,7 +225,7 @@ class JaxspecSystem:
     ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` runs the method
     under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-om`` / ``-stored``
     under :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
-    ``ngram-nogate`` without the n-gram cost gate; ``<method>-int8`` runs it on
+    ``ngram-gate`` with the n-gram cost gate (``gate="auto"``); ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
     adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
@@ -239,9 +239,9 @@ class JaxspecSystem:
         self.loop = "scan" if base.endswith("-scan") else None
         self.verify = {"-om": "output-major", "-stored": "stored"}.get(
             next((x for x in ("-om", "-stored") if base.endswith(x)), ""))
-        gate = "off" if base.endswith("-nogate") else "auto"
+        gate = "auto" if base.endswith("-gate") else "off"
         name = base.removesuffix("-scan").removesuffix("-om").removesuffix("-stored")
-        name = name.removesuffix("-nogate")
+        name = name.removesuffix("-gate")
         # the system whose tokens this one must equal in its own quantization (losslessness)
         self.quant_reference = QUANT_REFERENCE if self.quant else None
         name = "ngram" if name == "ngram-bigram" else name

@@ -44,7 +44,8 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
                                   assistant=load_transformers_model(tiny_qwen2.path, threads=1)),
                JaxspecSystem("ar-scan", model, params, **common),
                JaxspecSystem("ngram-scan", model, params, **common),
-               JaxspecSystem("ngram-om", model, params, **common)]
+               JaxspecSystem("ngram-om", model, params, **common),
+               JaxspecSystem("ngram-gate", model, params, **common)]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
                        config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
                        decode=tok.decode)
@@ -60,7 +61,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
     assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted",
                                                   "jaxspec/ar-scan", "jaxspec/ngram-scan",
-                                                  "jaxspec/ngram-om"]
+                                                  "jaxspec/ngram-om", "jaxspec/ngram-gate"]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
         assert r["prompts"] == 2 and r["model"] == "tiny-llama"
@@ -84,6 +85,11 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     # and so does verification on output-major weights
     assert rows["jaxspec/ngram-om"]["identical_to_reference"]
     assert rows["jaxspec/ngram-om"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]
+    # the rows record the decoder's per-machine choices; under the suite's scan loop the
+    # weights stay stacked and the auto gate is off (it is measured on the unrolled loop only)
+    assert rows["jaxspec/ngram-gate"]["identical_to_reference"]
+    assert rows["jaxspec/ngram-gate"]["verify_layout"] == "stacked"
+    assert rows["jaxspec/ngram-gate"]["gate_cost"] is None and rows["jaxspec/ar"]["verify_layout"] is None
     # the repeated prompts give the drafters matches: fewer forwards than tokens
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
