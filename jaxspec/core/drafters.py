@@ -182,6 +182,40 @@ def context_bigram(tokens: jax.Array, known: jax.Array, cond: jax.Array,
     return dist, total
 
 
+def bigram_pair_counts(tokens: jax.Array, known: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """For every adjacent known pair ``(x_j, x_{j+1})`` of one row, how often that bigram occurs
+    among the row's known pairs: the counts of :func:`context_bigram`, indexed by position
+    instead of by token, so greedy drafting needs no ``V``-sized array.
+
+    Args:
+      tokens: int32 ``(S,)``; known: bool ``(S,)`` (as in :func:`context_bigram`).
+
+    Returns:
+      ``(valid bool (S-1,), counts int32 (S-1,))``: ``valid[j]`` = positions ``j`` and ``j+1``
+      are known; ``counts[j]`` = number of valid ``i`` with the same bigram (0 where invalid).
+    """
+    valid = known[:-1] & known[1:]
+    same = ((tokens[:-1, None] == tokens[None, :-1]) & (tokens[1:, None] == tokens[None, 1:])
+            & valid[:, None] & valid[None, :])
+    return valid, jnp.sum(same, axis=0, dtype=jnp.int32)
+
+
+def context_bigram_argmax(tokens: jax.Array, valid: jax.Array, counts: jax.Array,
+                          cond: jax.Array) -> jax.Array:
+    """``argmax_a c(a | cond)`` of :func:`context_bigram` (ASSD Eq. 23) without its dense
+    ``(V,)`` distribution: the most frequent known successor of ``cond``, the smallest token id
+    among equally frequent ones (``jnp.argmax``'s first maximum), and ``cond`` itself when it
+    has no known successor (the point mass). ``valid`` / ``counts`` come from
+    :func:`bigram_pair_counts`; ``tokens`` int32 ``(S,)``, ``cond`` int32 ``()``. Returns int32
+    ``()``. Greedy n-gram drafting uses it: the dense form costs about 11% of a SmolLM2-135M
+    decode step on a 2-core CPU (``V = 49152``, ``k`` times per step)."""
+    succ = tokens[1:]
+    cand = valid & (tokens[:-1] == cond)
+    best = jnp.max(jnp.where(cand, counts, -1))
+    first = jnp.min(jnp.where(cand & (counts == best), succ, jnp.iinfo(jnp.int32).max))
+    return jnp.where(jnp.any(cand), first, cond).astype(jnp.int32)
+
+
 def context_unigram(tokens: jax.Array, known: jax.Array, vocab_size: int) -> jax.Array:
     """Unigram frequencies of the known tokens of one row, float32 ``(V,)`` (uniform when
     nothing is known): ASSD's draft distribution for a position with no left neighbour."""
@@ -284,20 +318,23 @@ class NgramDrafter:
         has_draft = found
         idx = jnp.arange(buf.shape[0])
         known = (idx >= pad) & (idx < L)
+        if not sample:
+            valid, counts = bigram_pair_counts(buf, known)
         for t in range(k):
             # suffix-match copy (periodic continuation into the drafts themselves)
             pos = src + t
             prev = jnp.stack(drafts) if drafts else jnp.zeros((1,), jnp.int32)
             copy_tok = jnp.where(pos < L, buf[jnp.minimum(pos, buf.shape[0] - 1)],
                                  prev[jnp.clip(pos - L, 0, max(t - 1, 0))])
-            # bigram fallback (Eq. 23)
-            c, tot = context_bigram(buf, known, cond, V)
-            if t == 0 and self.bigram_fallback:
-                has_draft = has_draft | (tot > 0)
+            # bigram fallback (Eq. 23); greedy needs only its argmax, without the (V,) array
             if sample:
+                c, tot = context_bigram(buf, known, cond, V)
                 big_tok = jax.random.categorical(keys[t], jnp.log(c)).astype(jnp.int32)
             else:
-                big_tok = jnp.argmax(c).astype(jnp.int32)
+                big_tok = context_bigram_argmax(buf, valid, counts, cond)
+                tot = jnp.sum(valid & (buf[:-1] == cond))
+            if t == 0 and self.bigram_fallback:
+                has_draft = has_draft | (tot > 0)
             tok = jnp.where(found, copy_tok, big_tok).astype(jnp.int32)
             if sample:
                 qs.append(jnp.where(found, jax.nn.one_hot(tok, V), c))

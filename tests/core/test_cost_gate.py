@@ -198,3 +198,4 @@ def test_pass_seconds_times_once_per_key():
         assert a == b > 0 and len(D._PASS_SECONDS) == n
         D.pass_seconds(model, params, 1, 32, 4, True, reps=1)
         assert len(D._PASS_SECONDS) == n + 1
+

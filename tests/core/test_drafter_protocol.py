@@ -5,6 +5,7 @@ identical to AR, sampled output distributed as AR's (exact enumeration), NFE acc
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -84,3 +85,27 @@ def test_sampled_distribution_equals_ar():
     assert chk.passed, chk.why
     assert 0.05 < res.stats.acceptance_rate < 0.95
     assert res.stats.accept_hist[:, k + 1].sum() > 0  # bonus tokens were drawn
+
+
+def test_greedy_bigram_argmax_equals_the_dense_argmax():
+    """:func:`context_bigram_argmax` (greedy n-gram drafting) is ``argmax`` of the dense Eq. 23
+    distribution :func:`context_bigram` on random rows: repeated tokens (ties between
+    successors), unknown stretches, and conditioning tokens never seen followed (point mass)."""
+    from jaxspec.core.drafters import bigram_pair_counts, context_bigram, context_bigram_argmax
+
+    V, S = 7, 40
+    rng = np.random.default_rng(0)
+    dense = jax.jit(lambda t, kn, c: jnp.argmax(context_bigram(t, kn, c, V)[0]))
+    fast = jax.jit(lambda t, kn, c: context_bigram_argmax(t, *bigram_pair_counts(t, kn), c))
+    checked = {"tie": 0, "none": 0}
+    for _ in range(200):
+        toks = jnp.asarray(rng.integers(0, V, S), jnp.int32)
+        lo, hi = sorted(rng.integers(0, S, 2))
+        known = jnp.asarray((np.arange(S) >= lo) & (np.arange(S) < hi + 1))
+        for cond in range(V):
+            c = jnp.int32(cond)
+            assert int(fast(toks, known, c)) == int(dense(toks, known, c)), (toks, lo, hi, cond)
+            dist = np.asarray(context_bigram(toks, known, c, V)[0])
+            checked["tie"] += int((dist == dist.max()).sum() > 1)
+            checked["none"] += int(context_bigram(toks, known, c, V)[1] == 0)
+    assert checked["tie"] > 50 and checked["none"] > 50, checked
