@@ -9,29 +9,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 MODEL  ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
-# pytest-xdist workers; with the shared XLA compile cache (tests/conftest.py). Fresh clone, 2-core
-# AMD EPYC: 786 passed in 29 min 22 s (stop 24); CI of stops 25 and 26 took 56-57 min on a slower
-# machine of the same kind. Since then: the slow marker, the scan layer loop, XLA optimisations
-# off for tiny-model tests and pairwise-covering subsets of the golden cross-products; fresh
-# clone on that slower machine (2026-11-26): 702 passed, pytest 28 min 25 s, make test 30 min 45 s;
-# CI of stop 28: 1,996 s. Fresh clone 2026-11-26 (stop 29, AMD EPYC): 699 passed, pytest 24 min
-# 55 s, make test 27 min 1 s; then three real-weight CLI tests (80 s) marked slow, and a second
-# fresh clone the same day: 696 passed, pytest 28 min 0 s, make test 29 min 56 s (53 min of CPU
-# against 48 for the first: the machine ran slower, not the suite). CI of stop 28: 1,877 s. Stop
-# 30: the mutant suites of sps / space / diffuspec / assd-ngram / assd-fused-ngram and two
-# power checks (about 290 s of CPU) moved to make test-all; every method keeps its real-code
-# distribution test here. Fresh clone on a slower AMD EPYC (memory at 19 GB/s, 2026-11-26): 689
-# passed, pytest 30 min 23 s, make test 32 min 49 s (59 min of CPU). Then the ngram and fused
-# ASSD mutant suites and the real Spiffy golden (about 190 s) moved to make test-all too, and the
-# hetero distribution test samples 5,000 rows per prompt instead of 10^4: fresh clone 688 passed,
-# pytest 28 min 33 s, make test 31 min 10 s (56 min of CPU). Then the diffuspec suite test and
-# the sampled mesh test (about 110 s) moved to make test-all: fresh clone 686 passed, pytest 28 min
-# 0 s, make test 30 min 46 s (55 min of CPU) on that machine. Stop 31, same kind of machine, with
-# seven new tests: 693 passed, make test 31 min 1 s (55.6 min of CPU); then the real n-gram CLI
-# test moved to make test-all (the real goldens now assert n-gram == AR) and a second fresh clone
-# ran 693 passed, make test 32 min 51 s (59.2 min of CPU: the machine ran slower). Then two sampled
-# real goldens and assd-fused-ngram's greedy identity test (about 175 s of CPU in an older timing;
-# tiny sampled goldens and its exact-distribution tests stay) moved to make test-all: 690 tests.
+# pytest-xdist workers; with the shared XLA compile cache (tests/conftest.py). What keeps make test
+# near 30 minutes on 2 cores: the slow marker (multi-device meshes over every method, the costliest
+# mutant suites, sampled real goldens: make test-all), the scan layer loop, XLA optimisations off
+# for tiny-model tests, pairwise-covering subsets of the golden cross-products. Fresh-clone times
+# on the slower 2-core AMD EPYC (memory 19 GB/s): 686-693 passed in 30 min 46 s - 32 min 51 s
+# (55-59 min of CPU; stops 30-31); CI of stop 30: 1,849 s. Timings of this stop are in the
+# closing note of issue 16.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup weights demo test test-all bench clean

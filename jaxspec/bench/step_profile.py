@@ -1,6 +1,7 @@
 """Probe: where one batch-1 KV-cached decode step's milliseconds go, on this machine (issue 16).
 
     python -m jaxspec.bench.step_profile [--reps 30] [--cache 384] [--new 128] [--rows T ...]
+                                         [--loops] [--trace]
 
 SmolLM2-135M shapes with random float32 weights (the timing does not depend on the values).
 Every row is a separately jitted program, timed after two untimed calls, all rows interleaved
@@ -20,6 +21,11 @@ milliseconds of ``--reps`` calls. Rows:
 * ``AR loop, per token``: :func:`jaxspec.causal.decode.generate` (AR, ``--new`` tokens of a
   16-token prompt) divided by the generated tokens, compile excluded; it adds prefill,
   sampling, the while loop and bookkeeping to the step.
+
+``--loops`` adds ``n-gram loop, drafts withheld, per token``: the n-gram decode loop with a
+cost gate that withholds every draft (:func:`withheld_ngram`), so each step drafts and then
+runs the same one-token pass as the AR loop; the difference is what drafting and the
+speculative loop cost per step, which a prompt whose drafts are rarely accepted pays.
 
 ``--rows T ...`` adds, per ``T``, forwards of ``T`` query rows (:func:`verify_rows`): what a
 verification pass of ``T - 1`` drafts costs beside the one-token step.
@@ -55,6 +61,7 @@ from jaxspec.bench.common import cpu_model
 from jaxspec.bench.quant_matmul import SMOLLM2, _step
 from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate
+from jaxspec.core.drafters import CostGate, NgramDrafter
 from jaxspec.core.runtime import decode_layout, layer_loop
 from models.llama import modeling as M
 
@@ -149,16 +156,26 @@ def verify_rows(config, params, tokens, S: int = 384) -> dict:
     return out
 
 
-def _loop_row(config, params, new: int):
-    """Per-token time of the AR decode loop (compile excluded by an untimed first call)."""
+def _loop_row(config, params, new: int, drafter=None):
+    """Per-token time of the decode loop, AR or with ``drafter`` (compile excluded by an
+    untimed first call)."""
     model = M.CausalLM(config)
-    prompt = [[(7 * i) % 1000 + 3 for i in range(16)]]
+    prompt = [[(7 * i) % min(1000, config.vocab_size - 3) + 3 for i in range(16)]]
 
     def run():
         with layer_loop("auto"):
-            return generate(model, params, prompt, max_new_tokens=new, eos_ids=())
+            return generate(model, params, prompt, max_new_tokens=new, eos_ids=(),
+                            drafter=drafter)
     run()
     return run
+
+
+def withheld_ngram(config, k: int = 8) -> CostGate:
+    """The n-gram drafter (``k`` drafts, no fallback) behind a cost gate that withholds every
+    draft (cost ``k + 2`` > the most a draft can be expected to yield): each step drafts and
+    then runs a one-token target pass, so its loop minus the AR loop is the drafter's and the
+    speculative loop's own per-step cost (``--loops``)."""
+    return CostGate(NgramDrafter(k, config.vocab_size, bigram_fallback=False), float(k + 2))
 
 
 _RUNTIME_EVENTS = ("ThunkExecutor", "Pjit", "Common", "Parse", "Handle", "Allocate", "$", "end: ")
@@ -213,6 +230,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, nargs="*", default=[], metavar="T",
                     help="also time forwards of T query rows (a verification pass of T - 1 "
                          "drafts), e.g. --rows 1 2 9")
+    ap.add_argument("--loops", action="store_true",
+                    help="also time the n-gram decode loop with every draft withheld (per token: "
+                         "the drafter's and the speculative loop's own cost over the AR loop)")
     ap.add_argument("--trace", action="store_true",
                     help="also print the per-operation breakdown of the AR layout's step")
     args = ap.parse_args(argv)
@@ -227,14 +247,18 @@ def main(argv=None) -> int:
     rows.update(verify_rows(SMOLLM2, params, args.rows, args.cache))
     loop = _loop_row(SMOLLM2, params, args.new)
     rows["AR loop (generate), whole run"] = (loop, (), 0)
+    if args.loops:
+        rows["n-gram loop, drafts withheld, whole run"] = (
+            _loop_row(SMOLLM2, params, args.new, withheld_ngram(SMOLLM2)), (), 0)
     res = measure(rows, args.reps)
     print(f"{cpu_model()}, {jax.devices()[0].device_kind}, jax {jax.__version__}, {args.reps} "
           f"interleaved reps, SmolLM2-135M shapes, float32, cache {args.cache} slots\n")
     print("| row | median ms | fastest ms | GB/s (weights / fastest) |\n|---|---|---|---|")
     for n, (med, best) in res.items():
         nbytes = rows[n][2]
-        if n.startswith("AR loop"):
-            n, med, best = f"AR loop, per token ({args.new} new)", med / args.new, best / args.new
+        if n.endswith("whole run"):
+            n = n.replace(" (generate)", "").replace("whole run", f"per token ({args.new} new)")
+            med, best = med / args.new, best / args.new
             nbytes = rows["numpy, per matrix"][2]
         print(f"| {n} | {med:.2f} | {best:.2f} | {nbytes / best / 1e6:.1f} |")
     if args.trace:

@@ -55,3 +55,15 @@ def test_trace_breakdown_names_the_flag_it_needs(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     with pytest.raises(RuntimeError, match="xla_cpu_enable_xprof_traceme"):
         sp.trace_breakdown(TINY, S=128)
+
+
+def test_withheld_ngram_loop_is_the_ar_loop_plus_drafting():
+    """``--loops``: the n-gram loop behind a gate that withholds every draft verifies nothing
+    (no proposals, one target pass per token) and decodes AR's tokens, so its time over the
+    AR loop's is drafting and loop overhead alone."""
+    params = sp.M.init_params(TINY, 0)
+    ar = sp._loop_row(TINY, params, 24)()
+    ng = sp._loop_row(TINY, params, 24, sp.withheld_ngram(TINY))()
+    assert ng.tokens == ar.tokens and len(ar.tokens[0]) == 24
+    assert int(ng.stats.drafts_proposed.sum()) == 0
+    assert (ng.stats.target_nfe == ar.stats.target_nfe).all()
