@@ -3,7 +3,7 @@ masked-diffusion LM (stepwise, fixed-k or threshold unmasking).
 
     python -m scripts.generate --model smollm2-135m-instruct --method ngram \
         [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] \
-        [--seed S] [--draft-length K] [--fallback none|bigram] [--chat] [--weights PATH]
+        [--seed S] [--draft-length K] [--fallback none|bigram] [--gate off|auto|COST] [--chat] [--weights PATH]
         [--dtype auto|float32|bfloat16] [--quant none|int8] [--compare]
 
 ``--quant int8`` decodes with weight-only int8 projection matrices (:mod:`models.quant`); the
