@@ -331,6 +331,12 @@ def pass_seconds(model, params, B: int, S: int, T: int, output_major: bool,
 
 
 GATES = ("auto", "off")
+# "auto" times both layouts only for targets up to this size: each layout is a per-layer copy
+AUTO_LAYOUT_MAX_BYTES = 2 << 30
+
+
+def _nbytes(tree) -> int:
+    return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree))
 
 
 def tune_verification(model, params, drafter: Drafter, B: int, S: int,
@@ -338,7 +344,8 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     """The per-machine choices of a speculative decode (README "Verification passes on the
     CPU"): the weight layout of the verification passes (:func:`resolve_verify_layout`;
     ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
-    keeps the faster) and the cost gate (:class:`jaxspec.core.drafters.CostGate`).
+    keeps the faster; for weights over :data:`AUTO_LAYOUT_MAX_BYTES` it takes ``"stored"``
+    untimed, since each timed layout holds a per-layer copy) and the cost gate (:class:`jaxspec.core.drafters.CostGate`).
 
     Args:
       gate: ``"off"``; a float, the cost of a ``k + 1``-row pass in one-token steps (>= 1);
@@ -361,6 +368,8 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     unrolled = resolve_layer_loop() == "unrolled"
     T = drafter.draft_length + 1
     settings: dict = {}
+    if unrolled and layout == "auto" and _nbytes(params) > AUTO_LAYOUT_MAX_BYTES:
+        layout = "stored"  # timing both would hold two more per-layer copies of the weights
     if unrolled and layout == "auto":
         costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")
                  for name in ("stored", "output-major")}

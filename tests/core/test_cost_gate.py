@@ -199,3 +199,14 @@ def test_pass_seconds_times_once_per_key():
         D.pass_seconds(model, params, 1, 32, 4, True, reps=1)
         assert len(D._PASS_SECONDS) == n + 1
 
+
+
+def test_auto_layout_untimed_for_large_weights(monkeypatch):
+    """Weights over AUTO_LAYOUT_MAX_BYTES take the stored layout without timing (each timed
+    layout would keep another per-layer copy of a large model)."""
+    model, params = tiny_model(64)
+    monkeypatch.setattr(D, "AUTO_LAYOUT_MAX_BYTES", 1000)
+    monkeypatch.setattr(D, "pass_seconds", lambda *a, **k: pytest.fail("timed a large model"))
+    with layer_loop("unrolled"):
+        drafter, om, settings = tune_verification(model, params, NgramDrafter(3, 64), 1, 64)
+    assert not om and settings == {"verify_layout": "stored"}
