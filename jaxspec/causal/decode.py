@@ -25,9 +25,15 @@ query rows to every target pass, the prefill included. They are written after th
 verification rows, which therefore never see them (causal mask), and their logits go to the
 drafter's ``absorb`` after the acceptance.
 
+Per-machine choices (:func:`tune_verification`, before the loop compiles): the weight layout
+of the verification passes, timed once per process (``JAXSPEC_VERIFY_LAYOUT=auto``), and the
+optional cost gate that verifies drafts only while they pay for the pass. Neither changes the
+output distribution.
+
 The module reads top to bottom: :class:`LoopConfig` (statics) -> :class:`DecodeState` ->
 phases (:func:`prefill`, :func:`target_pass`, :func:`accept`, :func:`commit`) ->
-:func:`step` -> :func:`decode_loop` -> the host wrapper :func:`generate`.
+:func:`step` -> :func:`decode_loop` -> the per-machine choices (:func:`pass_seconds`,
+:func:`tune_verification`) -> the host wrapper :func:`generate`.
 """
 
 from __future__ import annotations
@@ -345,7 +351,8 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     CPU"): the weight layout of the verification passes (:func:`resolve_verify_layout`;
     ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
     keeps the faster; for weights over :data:`AUTO_LAYOUT_MAX_BYTES` it takes ``"stored"``
-    untimed, since each timed layout holds a per-layer copy) and the cost gate (:class:`jaxspec.core.drafters.CostGate`).
+    untimed, since each timed layout holds a per-layer copy) and the cost gate
+    (:class:`jaxspec.core.drafters.CostGate`).
 
     Args:
       gate: ``"off"``; a float, the cost of a ``k + 1``-row pass in one-token steps (>= 1);
