@@ -74,6 +74,7 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
 # jaxspec/ngram-gate: the n-gram drafter behind its cost gate (DecodeOptions.gate "auto")
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
+_VERIFY_SUFFIXES = {"-om": "output-major", "-stored": "stored"}
 ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
                            "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
@@ -237,11 +238,11 @@ class JaxspecSystem:
         self.quant = "int8" if method.endswith("-int8") else None
         base = method.removesuffix("-int8")
         self.loop = "scan" if base.endswith("-scan") else None
-        self.verify = {"-om": "output-major", "-stored": "stored"}.get(
-            next((x for x in ("-om", "-stored") if base.endswith(x)), ""))
+        self.verify = next((v for x, v in _VERIFY_SUFFIXES.items() if base.endswith(x)), None)
         gate = "auto" if base.endswith("-gate") else "off"
-        name = base.removesuffix("-scan").removesuffix("-om").removesuffix("-stored")
-        name = name.removesuffix("-gate")
+        name = base
+        for suffix in ("-scan", *_VERIFY_SUFFIXES, "-gate"):
+            name = name.removesuffix(suffix)
         # the system whose tokens this one must equal in its own quantization (losslessness)
         self.quant_reference = QUANT_REFERENCE if self.quant else None
         name = "ngram" if name == "ngram-bigram" else name

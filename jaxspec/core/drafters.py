@@ -332,8 +332,9 @@ class NgramDrafter:
                 big_tok = jax.random.categorical(keys[t], jnp.log(c)).astype(jnp.int32)
             else:
                 big_tok = context_bigram_argmax(buf, valid, counts, cond)
-                tot = jnp.sum(valid & (buf[:-1] == cond))
             if t == 0 and self.bigram_fallback:
+                if not sample:  # the last token has a known successor
+                    tot = jnp.sum(valid & (buf[:-1] == cond))
                 has_draft = has_draft | (tot > 0)
             tok = jnp.where(found, copy_tok, big_tok).astype(jnp.int32)
             if sample:
@@ -391,7 +392,7 @@ class CostGate:
     Attributes:
       drafter: the wrapped drafter (no draft queries).
       verify_cost: a ``k + 1``-row target pass in one-token steps (>= 1; measured by
-        :func:`jaxspec.causal.decode.verify_costs`). 1 never withholds a draft.
+        :func:`jaxspec.causal.decode.tune_verification`). 1 never withholds a draft.
       decay: weight of the old estimate per observation, in ``[0, 1)``.
 
     Raises:

@@ -178,7 +178,7 @@ def resolve_verify_layout(layout: str | None = None) -> str:
     unrolled layer loop: ``"stored"`` (input-major), ``"output-major"`` (the AR loop's layout,
     :func:`decode_layout`) or ``"auto"`` (the default: the decoder times one ``K + 1``-row
     pass in both layouts on first use and keeps the faster,
-    :func:`jaxspec.causal.decode.verify_costs`). The argument, else the innermost
+    :func:`jaxspec.causal.decode.tune_verification`). The argument, else the innermost
     :func:`verify_layout` context, else ``$JAXSPEC_VERIFY_LAYOUT``, else ``"auto"``. Which is
     faster depends on the CPU (README "Performance notes"); the decoded tokens do not (up to
     float32 rounding). Ignored by the ``scan`` loop.
