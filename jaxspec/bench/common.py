@@ -58,7 +58,8 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
+    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-unrolled",
+    "jaxspec/ngram-unrolled", "jaxspec/ngram-om",
     "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
     "transformers/prompt-lookup", "transformers/assisted")
 BASELINE = "jaxspec/ar"
@@ -67,15 +68,18 @@ BASELINE = "jaxspec/ar"
 # drafter, jaxspec/space a SAR-SFT target
 NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/specdiff",
               "transformers/assisted")
-# jaxspec/<method>-scan: the same decoder with the stacked weights and the lax.scan layer loop
-# (jaxspec.core.runtime.layer_loop), to show what the CPU decode layout buys; on request only
+# jaxspec/<method>-scan / -unrolled: the same decoder under the lax.scan layer loop on stacked
+# weights / the unrolled per-layer loop (jaxspec.core.runtime.layer_loop) instead of the
+# device's default ("auto": unrolled on CPU, scan elsewhere), to show what each buys; on request
 # jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
 # (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
 # jaxspec/ngram-gate: the n-gram drafter behind its cost gate (DecodeOptions.gate "auto")
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
 _VERIFY_SUFFIXES = {"-om": "output-major", "-stored": "stored"}
-ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ngram-om",
+_LOOP_SUFFIXES = {"-scan": "scan", "-unrolled": "unrolled"}
+ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-unrolled",
+                           "jaxspec/ngram-unrolled", "jaxspec/ngram-om",
                            "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
@@ -223,8 +227,8 @@ def quantized_params(params):
 
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
-    ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` runs the method
-    under :func:`jaxspec.core.runtime.layer_loop` ``("scan")``; ``<method>-om`` / ``-stored``
+    ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` / ``-unrolled`` runs the
+    method under :func:`jaxspec.core.runtime.layer_loop` ``("scan")`` / ``("unrolled")``; ``<method>-om`` / ``-stored``
     under :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
     ``ngram-gate`` with the n-gram cost gate (``gate="auto"``); ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
@@ -237,11 +241,11 @@ class JaxspecSystem:
                  label: Optional[str] = None):
         self.quant = "int8" if method.endswith("-int8") else None
         base = method.removesuffix("-int8")
-        self.loop = "scan" if base.endswith("-scan") else None
+        self.loop = next((v for x, v in _LOOP_SUFFIXES.items() if base.endswith(x)), None)
         self.verify = next((v for x, v in _VERIFY_SUFFIXES.items() if base.endswith(x)), None)
         gate = "auto" if base.endswith("-gate") else "off"
         name = base
-        for suffix in ("-scan", *_VERIFY_SUFFIXES, "-gate"):
+        for suffix in (*_LOOP_SUFFIXES, *_VERIFY_SUFFIXES, "-gate"):
             name = name.removesuffix(suffix)
         # the system whose tokens this one must equal in its own quantization (losslessness)
         self.quant_reference = QUANT_REFERENCE if self.quant else None
@@ -594,7 +598,7 @@ def _drift(system, outs: dict) -> dict:
 
 def _measures_ttft(system) -> bool:
     """Whether the ``ar`` suite times ``system``'s first token: the autoregressive systems
-    (``ar``, ``ar-scan``, ``ar-int8``, transformers ``ar``), whose decode steps the bandwidth
+    (``ar``, ``ar-scan``, ``ar-unrolled``, ``ar-int8``, transformers ``ar``), whose decode steps the bandwidth
     ceiling bounds."""
     return system.method == "ar" or system.method.startswith("ar-")
 

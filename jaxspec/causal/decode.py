@@ -51,7 +51,7 @@ from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eo
                                     left_pad, place_batch)
 from jaxspec.core.drafters import CostGate, Draft, DraftContext, Drafter, DraftQueries, NgramDrafter
 from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_verify_layout,
-                                  run_compiled)
+                                  run_compiled, tree_nbytes)
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
@@ -341,10 +341,6 @@ GATES = ("auto", "off")
 AUTO_LAYOUT_MAX_BYTES = 2 << 30
 
 
-def _nbytes(tree) -> int:
-    return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree))
-
-
 def tune_verification(model, params, drafter: Drafter, B: int, S: int,
                       gate: "str | float" = "off") -> tuple[Drafter, bool, dict]:
     """The per-machine choices of a speculative decode (README "Verification passes on the
@@ -372,10 +368,10 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
         raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
                          "(one-token steps)")
     layout = resolve_verify_layout()
-    unrolled = resolve_layer_loop() == "unrolled"
+    unrolled = resolve_layer_loop(nbytes=tree_nbytes(params)) == "unrolled"
     T = drafter.draft_length + 1
     settings: dict = {}
-    if unrolled and layout == "auto" and _nbytes(params) > AUTO_LAYOUT_MAX_BYTES:
+    if unrolled and layout == "auto" and tree_nbytes(params) > AUTO_LAYOUT_MAX_BYTES:
         layout = "stored"  # timing both would hold two more per-layer copies of the weights
     if unrolled and layout == "auto":
         costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")
@@ -387,7 +383,7 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     om = unrolled and layout == "output-major"
     if gate == "auto":
         gate = "off"
-        if unrolled and isinstance(drafter, NgramDrafter):
+        if unrolled and jax.default_backend() == "cpu" and isinstance(drafter, NgramDrafter):
             gate = (pass_seconds(model, params, B, S, T, om)
                     / pass_seconds(model, params, B, S, 1, om))
             gate = round(max(gate, 1.0), 2)  # the loop compiles once per value

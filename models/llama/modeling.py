@@ -43,11 +43,16 @@ class KVCache:
     """Key/value cache for all layers.
 
     Attributes:
-      k, v: float arrays ``(num_layers, B, S, num_kv_heads, head_dim)``; slot ``s`` of row
-        ``b`` holds the key/value of the token written there. Slots are addressed by the
-        caller (``cache_index``) and read through the attention ``mask``: stale slots (e.g.
-        after rejected draft tokens) are harmless as long as the mask hides them, so
-        rolling back is just resetting the caller's length pointer (see :func:`rollback`).
+      k: float array ``(num_layers, B, num_kv_heads, S, head_dim)``; v: float array
+        ``(num_layers, B, num_kv_heads, head_dim, S)``. Both are head-major and ``v`` is
+        slot-minor, so the two attention products read a layer's slots as stored: XLA:CPU
+        copied the slot-major layout's values transposed (issue 16; 0.5 ms of a 24 ms
+        SmolLM2-135M step on a 2-core AMD EPYC).
+        Slot ``s`` of row ``b`` holds the key/value of the token written there. Slots are
+        addressed by the caller (``cache_index``) and read through the attention ``mask``:
+        stale slots (e.g. after rejected draft tokens) are harmless as long as the mask hides
+        them, so rolling back is just resetting the caller's length pointer (see
+        :func:`rollback`).
     """
 
     k: jax.Array
@@ -55,7 +60,7 @@ class KVCache:
 
     @property
     def size(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def param_dtype(params):
@@ -67,9 +72,11 @@ def param_dtype(params):
 
 
 def init_cache(config: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> KVCache:
-    """Zero cache of ``size`` slots per row. Shapes ``(L, batch, size, K, Dh)``."""
-    shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    """Zero cache of ``size`` slots per row: keys ``(L, batch, K, size, Dh)``, values
+    ``(L, batch, K, Dh, size)`` (:class:`KVCache`)."""
+    L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
+    return KVCache(k=jnp.zeros((L, batch, K, size, Dh), dtype),
+                   v=jnp.zeros((L, batch, K, Dh, size), dtype))
 
 
 def rollback(lengths: jax.Array, new_lengths: jax.Array) -> jax.Array:
@@ -104,18 +111,23 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
 
 
-def _write_cache(cache_arr: jax.Array, new: jax.Array, layer: jax.Array,
-                 index: jax.Array) -> jax.Array:
-    """Write ``new`` ``(B, T, K, Dh)`` into layer ``layer`` of ``cache_arr`` ``(L, B, S, K, Dh)``
-    at per-row slot offsets ``index`` ``(B,)``. In-place inside jit (no cache copy)."""
-    B = new.shape[0]
-    if B == 1:  # one contiguous update, the common decoding case
-        return jax.lax.dynamic_update_slice(
-            cache_arr, new[None].astype(cache_arr.dtype), (layer, 0, index[0], 0, 0))
-    T = new.shape[1]
+def _write_cache(cache_arr: jax.Array, new: jax.Array, layer: jax.Array, index: jax.Array,
+                 slot_minor: bool = False) -> jax.Array:
+    """Write ``new`` ``(B, T, K, Dh)`` into layer ``layer`` of ``cache_arr`` at per-row slot
+    offsets ``index`` ``(B,)``: keys ``(L, B, K, S, Dh)``, or with ``slot_minor`` values
+    ``(L, B, K, Dh, S)`` (:class:`KVCache`). In-place inside jit (no cache copy)."""
+    B, T = new.shape[:2]
+    if B == 1:  # one contiguous update per head, the common decoding case
+        upd = jnp.moveaxis(new, 1, -1 if slot_minor else 2)[None].astype(cache_arr.dtype)
+        start = (layer, 0, 0, 0, index[0]) if slot_minor else (layer, 0, 0, index[0], 0)
+        return jax.lax.dynamic_update_slice(cache_arr, upd, start)
     rows = jnp.arange(B)[:, None]
     slots = index[:, None] + jnp.arange(T)[None, :]
-    return cache_arr.at[layer, rows, slots].set(new.astype(cache_arr.dtype))
+    heads = (slice(None),) * (2 if slot_minor else 1)
+    idx = (layer, rows, *heads, slots)
+    # the advanced indices (layer, rows, slots) are split by the sliced axes, so NumPy's rules
+    # put their broadcast shape (B, T) first: the value is ``new`` as given, (B, T, K, Dh)
+    return cache_arr.at[idx].set(new.astype(cache_arr.dtype))
 
 
 class _Layers(nn.Module):
@@ -211,15 +223,15 @@ class CausalLM(nn.Module):
             v = v.reshape(B, T, K, Dh)
             if kc_all is not None:
                 kc_all = _write_cache(kc_all, k, li, cache_index)
-                vc_all = _write_cache(vc_all, v, li, cache_index)
+                vc_all = _write_cache(vc_all, v, li, cache_index, slot_minor=True)
                 keys = jax.lax.dynamic_index_in_dim(kc_all, li, 0, keepdims=False)
                 vals = jax.lax.dynamic_index_in_dim(vc_all, li, 0, keepdims=False)
-            else:
-                keys, vals = k, v
+            else:  # no cache: the T new keys and values, laid out like a cache's
+                keys, vals = jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1))
             qg = q.reshape(B, T, K, G, Dh)
-            s = jnp.einsum("btkgd,bskd->bkgts", qg, keys) * scale + bias
+            s = jnp.einsum("btkgd,bksd->bkgts", qg, keys) * scale + bias
             w = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(vals.dtype)
-            o = jnp.einsum("bkgts,bskd->btkgd", w, vals).reshape(B, T, H * Dh)
+            o = jnp.einsum("bkgts,bkds->btkgd", w, vals).reshape(B, T, H * Dh)
             h = h + proj(o, lp, "wo")
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
             h = h + proj(jax.nn.silu(proj(m, lp, "w_gate")) * proj(m, lp, "w_up"), lp, "w_down")

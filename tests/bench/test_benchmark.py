@@ -44,6 +44,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
                                   assistant=load_transformers_model(tiny_qwen2.path, threads=1)),
                JaxspecSystem("ar-scan", model, params, **common),
                JaxspecSystem("ngram-scan", model, params, **common),
+               JaxspecSystem("ngram-unrolled", model, params, **common),
                JaxspecSystem("ngram-om", model, params, **common),
                JaxspecSystem("ngram-gate", model, params, **common)]
     res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
@@ -61,6 +62,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
     assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted",
                                                   "jaxspec/ar-scan", "jaxspec/ngram-scan",
+                                                  "jaxspec/ngram-unrolled",
                                                   "jaxspec/ngram-om", "jaxspec/ngram-gate"]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
@@ -82,6 +84,9 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert rows["jaxspec/ar-scan"]["identical_to_reference"]
     assert rows["jaxspec/ngram-scan"]["identical_to_reference"]
     assert rows["jaxspec/ngram-scan"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]
+    # and so does the unrolled per-layer loop (the tests' default loop is the scan)
+    assert rows["jaxspec/ngram-unrolled"]["identical_to_reference"]
+    assert rows["jaxspec/ngram-unrolled"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]
     # and so does verification on output-major weights
     assert rows["jaxspec/ngram-om"]["identical_to_reference"]
     assert rows["jaxspec/ngram-om"]["nfe_per_token"] == rows["jaxspec/ngram"]["nfe_per_token"]

@@ -12,13 +12,14 @@ import pytest
 
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import NgramDrafter
+from jaxspec.core import runtime
 from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_verify_layout,
                                   verify_layout)
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
-from models.llama.modeling import init_cache, unstack_layers
+from models.llama.modeling import _write_cache, init_cache, unstack_layers
 
 
 @pytest.mark.parametrize("output_major", [False, True])
@@ -68,6 +69,43 @@ def test_decode_layout_walks_trees_and_leaves_xlnet_alone():
     leaves = jax.tree_util.tree_leaves(xparams)
     assert all(x is y for x, y in zip(jax.tree_util.tree_leaves(decode_layout(xparams, "unrolled")),
                                       leaves))
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_cache_writes_land_in_the_head_major_slots(B):
+    """Keys ``(L, B, K, S, Dh)`` and slot-minor values ``(L, B, K, Dh, S)``: a write of ``T``
+    new rows at per-row offsets lands where a NumPy loop puts it, and nowhere else."""
+    L, K, S, Dh, T, layer = 3, 2, 10, 4, 3, 1
+    new = np.random.default_rng(B).normal(size=(B, T, K, Dh)).astype(np.float32)
+    index = np.array([2, 5, 0][:B], np.int32)
+    keys, vals = np.zeros((L, B, K, S, Dh), np.float32), np.zeros((L, B, K, Dh, S), np.float32)
+    for b in range(B):
+        for t in range(T):
+            keys[layer, b, :, index[b] + t, :] = new[b, t]
+            vals[layer, b, :, :, index[b] + t] = new[b, t]
+    got_k = _write_cache(jnp.zeros(keys.shape), jnp.asarray(new), jnp.int32(layer), jnp.asarray(index))
+    got_v = _write_cache(jnp.zeros(vals.shape), jnp.asarray(new), jnp.int32(layer),
+                         jnp.asarray(index), slot_minor=True)
+    np.testing.assert_array_equal(got_k, keys)
+    np.testing.assert_array_equal(got_v, vals)
+
+
+def test_auto_layer_loop_unrolls_small_weights_on_gpu(monkeypatch):
+    """``auto``: unrolled on CPU; on a GPU only for weights up to AUTO_UNROLL_MAX_BYTES (the
+    per-layer copy doubles their memory); scan on TPU. decode_layout weighs the tree."""
+    _, params = tiny_model()
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert resolve_layer_loop("auto") == "unrolled"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert resolve_layer_loop("auto", nbytes=1000) == "unrolled"
+    assert resolve_layer_loop("auto", nbytes=runtime.AUTO_UNROLL_MAX_BYTES + 1) == "scan"
+    assert resolve_layer_loop("auto") == "scan"  # size unknown: the loop that needs no copy
+    assert resolve_layer_loop("unrolled", nbytes=10 ** 12) == "unrolled"  # asked for: kept
+    assert isinstance(decode_layout(params, "auto")["layers"], tuple)
+    monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", runtime.tree_nbytes(params) - 1)
+    assert decode_layout(params, "auto") is params
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert resolve_layer_loop("auto", nbytes=1000) == "scan"
 
 
 def test_unknown_layer_loop_is_a_clear_error(monkeypatch):
