@@ -37,9 +37,10 @@ one run only: the CPU kind and its load change between machines (README "Perform
 loop) with :mod:`jax.profiler` and XLA:CPU's per-operation trace events
 (``--xla_cpu_enable_xprof_traceme``, set before the backend starts), and prints the
 milliseconds per step of each kind of compiled operation: ``dot`` (the matrix-vector
-products), ``copy_dot_fusion`` (the tied LM head), ``copy_bitcast_fusion`` (copies, e.g. keys
-and values moved out of the cache for the attention products), ``ynn_fusion`` (small products
-handed to YNNPACK), and so on.
+products), ``copy_dot_fusion`` (the tied LM head), ``slice_bitcast_fusion`` (each layer's
+slots cut out of the stacked KV cache), ``copy_bitcast_fusion`` (other copies; before the
+head-major cache of :class:`models.llama.modeling.KVCache`, keys and values transposed for the
+attention products), ``ynn_fusion`` (small products handed to YNNPACK), and so on.
 """
 
 from __future__ import annotations
