@@ -55,7 +55,7 @@ from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_ver
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
-from models.llama.modeling import init_cache, param_dtype
+from models.llama.modeling import grow_cache, init_cache, param_dtype
 
 __all__ = ["DecodeInputError", "GenerationResult", "LoopConfig", "DecodeState", "generate",
            "pass_seconds", "tune_verification"]
@@ -187,9 +187,13 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt)
     slots = jnp.zeros((B,), jnp.int32)
     queries = cfg.drafter.draft_queries(P - 1 - pad, 0) if cfg.queries else None
+    # the prompt pass attends over the slots it writes only (P, plus the draft queries'), not
+    # the whole S-slot buffer; the cache then grows to S (slots keep their places)
+    S_p = P + (0 if queries is None else queries.tokens.shape[1])
     logits, qlogits, cache = target_pass(cfg, params, prompt, slots, pad,
-                                         init_cache(cfg.model.config, B, S, param_dtype(params)),
-                                         S, queries)
+                                         init_cache(cfg.model.config, B, S_p, param_dtype(params)),
+                                         S_p, queries)
+    cache = grow_cache(cache, S)
     key, k0 = jax.random.split(key)
     first = sample_from_logits(k0, logits[:, -1], cfg.sampling)
     buffer = buffer.at[:, P].set(first)

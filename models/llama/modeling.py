@@ -79,6 +79,20 @@ def init_cache(config: ModelConfig, batch: int, size: int, dtype=jnp.float32) ->
                    v=jnp.zeros((L, batch, K, Dh, size), dtype))
 
 
+def grow_cache(cache: KVCache, size: int) -> KVCache:
+    """``cache`` with zero slots appended up to ``size`` slots per row (keys' axis 3, values'
+    axis 4): a prompt pass runs on a cache of the prompt's slots, so its attention reads only
+    those, and the decode loop continues in the grown one (the slots are where they were).
+
+    Raises:
+      ValueError: ``size`` is smaller than the cache."""
+    extra = size - cache.size
+    if extra < 0:
+        raise ValueError(f"cannot grow a {cache.size}-slot cache to {size} slots")
+    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
+    return KVCache(k=pad(cache.k, 3), v=pad(cache.v, 4))
+
+
 def rollback(lengths: jax.Array, new_lengths: jax.Array) -> jax.Array:
     """Roll a cache back to ``new_lengths`` valid slots per row.
 

@@ -19,7 +19,7 @@ from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
-from models.llama.modeling import _write_cache, init_cache, unstack_layers
+from models.llama.modeling import KVCache, _write_cache, grow_cache, init_cache, unstack_layers
 
 
 @pytest.mark.parametrize("output_major", [False, True])
@@ -88,6 +88,21 @@ def test_cache_writes_land_in_the_head_major_slots(B):
                          jnp.asarray(index), slot_minor=True)
     np.testing.assert_array_equal(got_k, keys)
     np.testing.assert_array_equal(got_v, vals)
+
+
+def test_grow_cache_keeps_every_slot_in_place():
+    """The prompt pass's small cache grows to the loop's: slots keep their places, new ones are
+    zero; shrinking is refused."""
+    rng = np.random.default_rng(0)
+    k = rng.normal(size=(2, 1, 3, 5, 4)).astype(np.float32)
+    v = rng.normal(size=(2, 1, 3, 4, 5)).astype(np.float32)
+    big = grow_cache(KVCache(k=jnp.asarray(k), v=jnp.asarray(v)), 9)
+    assert big.size == 9 and big.k.shape == (2, 1, 3, 9, 4) and big.v.shape == (2, 1, 3, 4, 9)
+    np.testing.assert_array_equal(big.k[:, :, :, :5], k)
+    np.testing.assert_array_equal(big.v[..., :5], v)
+    assert not np.any(big.k[:, :, :, 5:]) and not np.any(big.v[..., 5:])
+    with pytest.raises(ValueError, match="cannot grow a 9-slot cache to 4 slots"):
+        grow_cache(big, 4)
 
 
 def test_auto_layer_loop_unrolls_small_weights_on_gpu(monkeypatch):
