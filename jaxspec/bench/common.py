@@ -70,7 +70,8 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
               "transformers/assisted")
 # jaxspec/<method>-scan / -unrolled: the same decoder under the lax.scan layer loop on stacked
 # weights / the unrolled per-layer loop (jaxspec.core.runtime.layer_loop) instead of the
-# device's default ("auto": unrolled on CPU, scan elsewhere), to show what each buys; on request
+# device's default ("auto": unrolled on CPU and, up to 2 GiB of weights, on GPU), to show what
+# each buys; on request
 # jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
 # (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
 # jaxspec/ngram-gate: the n-gram drafter behind its cost gate (DecodeOptions.gate "auto")
@@ -227,9 +228,10 @@ def quantized_params(params):
 
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
-    ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` / ``-unrolled`` runs the
-    method under :func:`jaxspec.core.runtime.layer_loop` ``("scan")`` / ``("unrolled")``; ``<method>-om`` / ``-stored``
-    under :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
+    ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` / ``-unrolled``
+    runs the method under :func:`jaxspec.core.runtime.layer_loop` ``("scan")`` /
+    ``("unrolled")``; ``<method>-om`` / ``-stored`` under
+    :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
     ``ngram-gate`` with the n-gram cost gate (``gate="auto"``); ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
     adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
@@ -598,8 +600,8 @@ def _drift(system, outs: dict) -> dict:
 
 def _measures_ttft(system) -> bool:
     """Whether the ``ar`` suite times ``system``'s first token: the autoregressive systems
-    (``ar``, ``ar-scan``, ``ar-unrolled``, ``ar-int8``, transformers ``ar``), whose decode steps the bandwidth
-    ceiling bounds."""
+    (``ar``, ``ar-scan``, ``ar-unrolled``, ``ar-int8``, transformers ``ar``), whose decode
+    steps the bandwidth ceiling bounds."""
     return system.method == "ar" or system.method.startswith("ar-")
 
 

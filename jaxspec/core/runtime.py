@@ -241,12 +241,13 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
     variables ``{"params": ...}``, or any nest of dicts / tuples / lists holding them, e.g. a
     drafter's ``(dllm_params, proxy)``) into the layout the decode loops run fastest with
     (:func:`resolve_layer_loop`): per-layer weights (:func:`models.llama.modeling.unstack_layers`)
-    for ``"unrolled"``, unchanged for ``"scan"`` (``"auto"`` weighs the whole ``tree``). XLNet and other trees pass through. The
-    model computes the same function in every layout (up to float32 rounding); only the
-    compiled loop differs. ``output_major`` (unrolled only) also transposes the projection
-    matrices, faster for one-token steps (the AR loop) and slower for verification passes.
-    Int8 weight-only trees (:func:`models.quant.quantize_params`) are split the same way (their
-    ``_q`` matrices transposed to ``_q_t`` when ``output_major``; scales shared).
+    for ``"unrolled"``, unchanged for ``"scan"`` (``"auto"`` weighs the whole ``tree``). XLNet
+    and other trees pass through. The model computes the same function in every layout (up to
+    float32 rounding); only the compiled loop differs. ``output_major`` (unrolled only) also
+    transposes the projection matrices, faster for one-token steps (the AR loop) and slower
+    for verification passes. Int8 weight-only trees (:func:`models.quant.quantize_params`) are
+    split the same way (their ``_q`` matrices transposed to ``_q_t`` when ``output_major``;
+    scales shared).
 
     Raises:
       ValueError: unknown ``layer_loop``.

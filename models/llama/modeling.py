@@ -89,8 +89,9 @@ def grow_cache(cache: KVCache, size: int) -> KVCache:
     extra = size - cache.size
     if extra < 0:
         raise ValueError(f"cannot grow a {cache.size}-slot cache to {size} slots")
-    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
-    return KVCache(k=pad(cache.k, 3), v=pad(cache.v, 4))
+    def grow(x, slot_axis):
+        return jnp.pad(x, [(0, extra if a == slot_axis else 0) for a in range(x.ndim)])
+    return KVCache(k=grow(cache.k, 3), v=grow(cache.v, 4))
 
 
 def rollback(lengths: jax.Array, new_lengths: jax.Array) -> jax.Array:

@@ -83,7 +83,8 @@ def test_cache_writes_land_in_the_head_major_slots(B):
         for t in range(T):
             keys[layer, b, :, index[b] + t, :] = new[b, t]
             vals[layer, b, :, :, index[b] + t] = new[b, t]
-    got_k = _write_cache(jnp.zeros(keys.shape), jnp.asarray(new), jnp.int32(layer), jnp.asarray(index))
+    got_k = _write_cache(jnp.zeros(keys.shape), jnp.asarray(new), jnp.int32(layer),
+                         jnp.asarray(index))
     got_v = _write_cache(jnp.zeros(vals.shape), jnp.asarray(new), jnp.int32(layer),
                          jnp.asarray(index), slot_minor=True)
     np.testing.assert_array_equal(got_k, keys)
