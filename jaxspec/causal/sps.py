@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jaxspec.causal.decode import model_pass
 from jaxspec.core.drafters import Draft, DraftContext
 from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
-from models.llama.modeling import init_cache, param_dtype
+from models.llama.modeling import grow_cache, init_cache, param_dtype
 
 __all__ = ["DraftModelDrafter"]
 
@@ -96,10 +96,11 @@ class DraftModelDrafter:
             raise ValueError("DraftModelDrafter.init_state needs ctx.filled (the static "
                              "prefill width)")
         B, S = ctx.buffer.shape
-        start = jnp.zeros((B,), jnp.int32)
-        _, cache = model_pass(self.model, params, ctx.buffer[:, :ctx.filled], start, ctx.pad,
-                              init_cache(self.model.config, B, S, param_dtype(params)), S)
-        return cache
+        start, n = jnp.zeros((B,), jnp.int32), ctx.filled
+        # attends over the filled slots only, then grows to the buffer's S (decode.prefill)
+        _, cache = model_pass(self.model, params, ctx.buffer[:, :n], start, ctx.pad,
+                              init_cache(self.model.config, B, n, param_dtype(params)), n)
+        return grow_cache(cache, S)
 
     def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
         """Nothing to do: the next proposal re-feeds the slots the cache lacks (module
