@@ -372,10 +372,11 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
         raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
                          "(one-token steps)")
     layout = resolve_verify_layout()
-    unrolled = resolve_layer_loop(nbytes=tree_nbytes(params)) == "unrolled"
+    nbytes = tree_nbytes(params)
+    unrolled = resolve_layer_loop(nbytes=nbytes) == "unrolled"
     T = drafter.draft_length + 1
     settings: dict = {}
-    if unrolled and layout == "auto" and tree_nbytes(params) > AUTO_LAYOUT_MAX_BYTES:
+    if unrolled and layout == "auto" and nbytes > AUTO_LAYOUT_MAX_BYTES:
         layout = "stored"  # timing both would hold two more per-layer copies of the weights
     if unrolled and layout == "auto":
         costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")

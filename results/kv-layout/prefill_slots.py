@@ -21,16 +21,17 @@ from jaxspec.bench.quant_matmul import SMOLLM2  # noqa: E402
 from models.llama import modeling as M  # noqa: E402
 
 
-def prompt_pass(P: int, S: int):
+def prompt_pass(P: int, attend: int, S: int):
+    """The jitted prompt pass over a cache of ``attend`` slots, grown to the loop's ``S``."""
     model = M.CausalLM(SMOLLM2)
 
     def f(params, tokens):
         pos = jnp.arange(P, dtype=jnp.int32)[None]
-        mask = jnp.arange(S)[None, None, :] <= pos[..., None]
+        mask = jnp.arange(attend)[None, None, :] <= pos[..., None]
         logits, cache = model.apply({"params": params}, tokens, pos, mask,
-                                    cache=M.init_cache(SMOLLM2, 1, S),
+                                    cache=M.init_cache(SMOLLM2, 1, attend),
                                     cache_index=jnp.zeros((1,), jnp.int32))
-        return logits[:, -1].argmax(-1), M.grow_cache(cache, max(S, P))
+        return logits[:, -1].argmax(-1), M.grow_cache(cache, S)
     return jax.jit(f)
 
 
@@ -45,23 +46,24 @@ def main():
     params = M.unstack_layers(M.init_params(SMOLLM2, 0), True)
     tok = jnp.full((1, P), 5, jnp.int32)
     print(f"{cpu_model()} · jax {jax.__version__} · prompt {P} tokens · {a.reps} interleaved calls")
-    print("\n| attended slots | ms (fastest / median) | vs the prompt's slots (median) |")
-    print("|---|---|---|")
-    sizes = [P] + [P + n + a.k + 1 for n in a.max_new]
-    fs = {S: prompt_pass(P, S) for S in sizes}
-    ts = {S: [] for S in sizes}
+    print("\n| max_new | loop cache slots | before: attend all, ms (fastest / median) | now: attend "
+          "the prompt's, then grow, ms (fastest / median) | median ratio |")
+    print("|---|---|---|---|---|")
+    runs = {}
+    for n in a.max_new:
+        S = P + n + a.k + 1
+        runs[n, "before"], runs[n, "now"] = prompt_pass(P, S, S), prompt_pass(P, P, S)
+    ts = {key: [] for key in runs}
     for r in range(a.reps + 2):
-        for S in (sizes if r % 2 else sizes[::-1]):
+        for key in (list(runs) if r % 2 else list(runs)[::-1]):
             t = time.perf_counter()
-            fs[S](params, tok)[0].block_until_ready()
+            runs[key](params, tok)[0].block_until_ready()
             if r >= 2:
-                ts[S].append(time.perf_counter() - t)
-    base = np.median(ts[P])
-    for S in sizes:
-        t = np.array(ts[S]) * 1e3
-        label = f"{S} (the prompt's)" if S == P else f"{S} (max_new {S - P - a.k - 1})"
-        print(f"| {label} | {t.min():.1f} / {np.median(t):.1f} | {np.median(t) / 1e3 / base:.2f}x |")
-
+                ts[key].append(time.perf_counter() - t)
+    for n in a.max_new:
+        b, w = (np.array(ts[n, x]) * 1e3 for x in ("before", "now"))
+        print(f"| {n} | {P + n + a.k + 1} | {b.min():.1f} / {np.median(b):.1f} | "
+              f"{w.min():.1f} / {np.median(w):.1f} | {np.median(b) / np.median(w):.2f}x |")
 
 if __name__ == "__main__":
     main()
