@@ -306,8 +306,11 @@ def _draft_options(args, tok) -> dict:
         return {}
     from models.registry import load_model
 
+    from jaxspec.core.runtime import decode_layout_in_place
+
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
                                           dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
+    dparams = decode_layout_in_place(dparams)  # one copy of the weights on a GPU
     if args.method == "sps":
         if not tok.same_vocabulary(dtok):
             raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
@@ -388,6 +391,7 @@ def main(argv=None) -> int:
     from jaxspec.eval.metrics import mean_degeneracy
     from jaxspec.methods import reference_run
     from models.llama.params import WeightFileError
+    from jaxspec.core.runtime import decode_layout_in_place
     from models.registry import PresetError, get_preset, load_model
 
     try:
@@ -397,6 +401,9 @@ def main(argv=None) -> int:
             method.build(_options(args))
         model, params, tok, preset = load_model(args.model, args.weights, dtype=args.dtype,
                                                 mesh=_mesh(args), quant=args.quant)
+        # on a GPU the decoders' unrolled layer loop reads per-layer weights: split them once,
+        # in place, instead of holding a stacked and a per-layer copy (README "GPU")
+        params = decode_layout_in_place(params)
         options = _options(args, _draft_options(args, tok))
         config = method.build(options)
         ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)

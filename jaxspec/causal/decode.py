@@ -50,8 +50,8 @@ import numpy as np
 from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, is_eos,
                                     left_pad, place_batch)
 from jaxspec.core.drafters import CostGate, Draft, DraftContext, Drafter, DraftQueries, NgramDrafter
-from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_verify_layout,
-                                  run_compiled, tree_nbytes)
+from jaxspec.core.runtime import (decode_layout, resolve_verify_layout,
+                                  run_compiled, split_bytes, split_layout, tree_layer_loop)
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
@@ -351,7 +351,8 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     CPU"): the weight layout of the verification passes (:func:`resolve_verify_layout`;
     ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
     keeps the faster; for weights over :data:`AUTO_LAYOUT_MAX_BYTES` it takes ``"stored"``
-    untimed, since each timed layout holds a per-layer copy) and the cost gate
+    untimed, since each timed layout holds a per-layer copy, and so it does for a tree split in
+    place, :func:`jaxspec.core.runtime.decode_layout_in_place`) and the cost gate
     (:class:`jaxspec.core.drafters.CostGate`).
 
     Args:
@@ -372,12 +373,12 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
         raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
                          "(one-token steps)")
     layout = resolve_verify_layout()
-    nbytes = tree_nbytes(params)
-    unrolled = resolve_layer_loop(nbytes=nbytes) == "unrolled"
+    unrolled = tree_layer_loop(params) == "unrolled"
     T = drafter.draft_length + 1
     settings: dict = {}
-    if unrolled and layout == "auto" and nbytes > AUTO_LAYOUT_MAX_BYTES:
+    if unrolled and layout == "auto" and split_bytes(params) > AUTO_LAYOUT_MAX_BYTES:
         layout = "stored"  # timing both would hold two more per-layer copies of the weights
+    layout = split_layout(params) or layout  # split in place: the one layout there is
     if unrolled and layout == "auto":
         costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")
                  for name in ("stored", "output-major")}

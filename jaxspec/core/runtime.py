@@ -25,7 +25,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from models.llama.modeling import MATRICES, unstack_layers
+from models.llama.modeling import MATRICES, layer_entry, unstack_layers
 
 _EXECUTABLES: dict = {}
 
@@ -121,10 +121,13 @@ _CAUSAL_LAYER_KEYS = frozenset(MATRICES)
 
 
 def _is_causal_layers(layers) -> bool:
-    """Whether a stacked ``layers`` dict is a Llama/Qwen2 body's: every projection matrix is
-    present as float (``wq``) or int8 (``wq_q`` with ``wq_s``, :mod:`models.quant`)."""
+    """Whether a stacked ``layers`` dict (or one layer's dict) is a Llama/Qwen2 body's: every
+    projection matrix is present as float (``wq``, or ``wq_t`` output-major) or int8 (``wq_q``
+    or ``wq_q_t``, with ``wq_s``, :mod:`models.quant`)."""
     return isinstance(layers, Mapping) and all(
-        m in layers or (m + "_q" in layers and m + "_s" in layers) for m in _CAUSAL_LAYER_KEYS)
+        m in layers or m + "_t" in layers
+        or ((m + "_q" in layers or m + "_q_t" in layers) and m + "_s" in layers)
+        for m in _CAUSAL_LAYER_KEYS)
 _UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
 
 
@@ -148,18 +151,41 @@ def _override(what: str, name: str, check):
         _OVERRIDES[what].pop()
 
 
-# "auto" unrolls the layer loop on a GPU only for weights up to this size: the per-layer copy
-# (decode_layout) doubles the weights' memory, which a large model on a GPU may not have
+# "auto" on a GPU unrolls the layer loop when the per-layer copy decode_layout makes is at most
+# this size, or when the device's bytes in use plus the copy stay within AUTO_UNROLL_MEMORY_SHARE
+# of its memory (the rest is left to KV caches and temporaries); a tree split in place
+# (decode_layout_in_place) needs no copy
 AUTO_UNROLL_MAX_BYTES = 2 << 30
+AUTO_UNROLL_MEMORY_SHARE = 0.5
+
+
+def device_memory() -> tuple[int, int] | None:
+    """``(bytes in use, bytes limit)`` of the first device, or None where the backend does not
+    report them (the CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    used, limit = stats.get("bytes_in_use"), stats.get("bytes_limit")
+    return None if used is None or not limit else (int(used), int(limit))
+
+
+def _copy_fits(nbytes: int) -> bool:
+    """Whether a per-layer copy of ``nbytes`` fits the GPU rule of :func:`resolve_layer_loop`."""
+    if nbytes <= AUTO_UNROLL_MAX_BYTES:
+        return True
+    mem = device_memory()
+    return mem is not None and mem[0] + nbytes <= AUTO_UNROLL_MEMORY_SHARE * mem[1]
 
 
 def resolve_layer_loop(layer_loop: str | None = None, nbytes: int | None = None) -> str:
     """``"scan"`` or ``"unrolled"``: the argument, else the innermost :func:`layer_loop`
     context, else ``$JAXSPEC_LAYER_LOOP``, else ``"auto"``. ``"auto"`` is ``"unrolled"`` on
-    the CPU backend; on a GPU ``"unrolled"`` for weights of ``nbytes`` (bytes, given) up to
-    :data:`AUTO_UNROLL_MAX_BYTES` and ``"scan"`` above it or when ``nbytes`` is None; and
-    ``"scan"`` on TPU (not measured there). Measured on an H200 (README "GPU"), the unrolled
-    loop ran SmolLM2-135M AR 1.24x (float32) / 1.29x (bfloat16) faster than the scan.
+    the CPU backend; on a GPU ``"unrolled"`` when the per-layer copy of ``nbytes`` (bytes, the
+    stacked layer weights :func:`split_bytes` counts; 0 for a tree already split) is at most
+    :data:`AUTO_UNROLL_MAX_BYTES` or fits the device's free memory (bytes in use + ``nbytes``
+    within :data:`AUTO_UNROLL_MEMORY_SHARE` of its limit, :func:`device_memory`), else
+    ``"scan"`` (also when ``nbytes`` is None); and ``"scan"`` on TPU (not measured there).
+    Measured on an H100 in bfloat16 (README "GPU: the layer loop as the model grows"), the
+    unrolled loop decoded 1.46x (SmolLM2-135M), 2.69x (1.7B shapes) and 2.54x (Qwen2.5-7B
+    shapes) faster than the scan.
 
     Raises:
       ValueError: an unknown name.
@@ -167,8 +193,8 @@ def resolve_layer_loop(layer_loop: str | None = None, nbytes: int | None = None)
     name = _setting("layer loop", layer_loop, "JAXSPEC_LAYER_LOOP", LAYER_LOOPS, "auto")
     if name == "auto":
         backend = jax.default_backend()
-        small = nbytes is not None and nbytes <= AUTO_UNROLL_MAX_BYTES
-        return "unrolled" if backend == "cpu" or (backend == "gpu" and small) else "scan"
+        fits = nbytes is not None and _copy_fits(nbytes)
+        return "unrolled" if backend == "cpu" or (backend == "gpu" and fits) else "scan"
     return name
 
 
@@ -215,18 +241,26 @@ def verify_layout(name: str):
     return _override("verify layout", name, resolve_verify_layout)
 
 
-def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
-    """Per-layer dicts of a stacked ``layers`` dict, cached per stacked tree (by identity of
-    its arrays, held weakly) and layout, so repeated decodes with the same weights split them
-    once."""
+def _cached_split(layers: dict, output_major: bool) -> tuple | None:
+    """The cached per-layer copy of a stacked ``layers`` dict in that layout, or None."""
     leaves = [layers[k] for k in sorted(layers)]
     for refs, om, out in _UNSTACKED:
         if om == output_major and len(refs) == len(leaves) and all(
                 r() is x for r, x in zip(refs, leaves)):
             return out
+    return None
+
+
+def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
+    """Per-layer dicts of a stacked ``layers`` dict, cached per stacked tree (by identity of
+    its arrays, held weakly) and layout, so repeated decodes with the same weights split them
+    once."""
+    out = _cached_split(layers, output_major)
+    if out is not None:
+        return out
     out = unstack_layers({"layers": layers}, output_major)["layers"]
     try:
-        refs = [weakref.ref(x) for x in leaves]
+        refs = [weakref.ref(layers[k]) for k in sorted(layers)]
     except TypeError:  # numpy arrays and tracers: no caching
         return out
     _UNSTACKED.append((refs, output_major, out))
@@ -236,33 +270,142 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     return out
 
 
-def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool = False) -> Any:
-    """Put every Llama/Qwen2-layout parameter tree inside ``tree`` (a params dict, linen
-    variables ``{"params": ...}``, or any nest of dicts / tuples / lists holding them, e.g. a
-    drafter's ``(dllm_params, proxy)``) into the layout the decode loops run fastest with
-    (:func:`resolve_layer_loop`): per-layer weights (:func:`models.llama.modeling.unstack_layers`)
-    for ``"unrolled"``, unchanged for ``"scan"`` (``"auto"`` weighs the whole ``tree``). XLNet
-    and other trees pass through. The model computes the same function in every layout (up to
-    float32 rounding); only the compiled loop differs. ``output_major`` (unrolled only) also
-    transposes the projection matrices, faster for one-token steps (the AR loop) and slower
-    for verification passes. Int8 weight-only trees (:func:`models.quant.quantize_params`) are
-    split the same way (their ``_q`` matrices transposed to ``_q_t`` when ``output_major``;
-    scales shared).
-
-    Raises:
-      ValueError: unknown ``layer_loop``.
-    """
-    if resolve_layer_loop(layer_loop, tree_nbytes(tree)) == "scan":
-        return tree
-
+def _map_bodies(tree: Any, fn: Callable[[dict], Any]) -> Any:
+    """``tree`` with ``fn(stacked layers dict)`` in place of the ``layers`` of every stacked
+    Llama/Qwen2-layout body inside it (a params dict, linen variables ``{"params": ...}``, or
+    any nest of dicts / tuples / lists holding them); everything else is shared, not copied."""
     def walk(x):
         if isinstance(x, Mapping):
             layers = x.get("layers")
             if _is_causal_layers(layers):
-                return {**x, "layers": _unstacked_layers(dict(layers), output_major)}
+                return {**x, "layers": fn(dict(layers))}
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):
             return type(x)(walk(v) for v in x)
         return x
 
     return walk(tree)
+
+
+def _bodies(tree: Any):
+    """Every Llama/Qwen2-layout ``layers`` entry inside ``tree``: stacked dicts and split
+    (per-layer tuple) bodies alike."""
+    if isinstance(tree, Mapping):
+        layers = tree.get("layers")
+        if _is_causal_layers(layers) or (isinstance(layers, (tuple, list)) and layers
+                                         and all(map(_is_causal_layers, layers))):
+            yield layers
+            return
+        for v in tree.values():
+            yield from _bodies(v)
+    elif isinstance(tree, (tuple, list)) and not hasattr(tree, "_fields"):
+        for v in tree:
+            yield from _bodies(v)
+
+
+def split_bytes(tree: Any, output_major: bool | None = None) -> int:
+    """Bytes of the stacked Llama/Qwen2 layer weights in ``tree`` (0 for a tree already split
+    in place); with ``output_major`` given, only of those without a cached per-layer copy in
+    that layout: what :func:`decode_layout` would add now."""
+    return sum(tree_nbytes(b) for b in _bodies(tree) if isinstance(b, Mapping) and (
+        output_major is None or _cached_split(dict(b), output_major) is None))
+
+
+def split_layout(tree: Any) -> str | None:
+    """``"output-major"`` or ``"stored"``: the layout of the first body of ``tree`` split in
+    place (:func:`decode_layout_in_place`), or None when it holds none."""
+    for body in _bodies(tree):
+        if not isinstance(body, Mapping):
+            return "output-major" if any(k.endswith("_t") for k in body[0]) else "stored"
+    return None
+
+
+def is_split(tree: Any) -> bool:
+    """Whether ``tree`` holds a body split in place (:func:`decode_layout_in_place`)."""
+    return split_layout(tree) is not None
+
+
+def tree_layer_loop(tree: Any, layer_loop: str | None = None, output_major: bool = False) -> str:
+    """The layer loop the decoders run on ``tree``: ``"unrolled"`` when it holds a body split
+    in place (:func:`is_split`; its model has no stacked weights to scan, so any setting runs
+    unrolled), else :func:`resolve_layer_loop` weighing the per-layer copy in the
+    ``output_major`` layout that is not cached yet (:func:`split_bytes`), so a copy made by
+    an earlier decode is reused even when a second one would not fit.
+
+    Raises:
+      ValueError: unknown ``layer_loop``.
+    """
+    if is_split(tree):
+        return "unrolled"
+    return resolve_layer_loop(layer_loop, split_bytes(tree, output_major))
+
+
+def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool = False) -> Any:
+    """Put every Llama/Qwen2-layout parameter tree inside ``tree`` (a params dict, linen
+    variables ``{"params": ...}``, or any nest of dicts / tuples / lists holding them, e.g. a
+    drafter's ``(dllm_params, proxy)``) into the layout the decode loops run fastest with
+    (:func:`resolve_layer_loop`): per-layer weights (:func:`models.llama.modeling.unstack_layers`)
+    for ``"unrolled"``, unchanged for ``"scan"`` (``"auto"`` weighs the copy,
+    :func:`split_bytes`). XLNet and other trees, and trees already split
+    (:func:`decode_layout_in_place`), pass through. The model computes the same function in
+    every layout (up to float32 rounding); only the compiled loop differs. ``output_major``
+    (unrolled only) also transposes the projection matrices, faster for one-token steps (the
+    AR loop) and slower for verification passes. Int8 weight-only trees
+    (:func:`models.quant.quantize_params`) are split the same way (their ``_q`` matrices
+    transposed to ``_q_t`` when ``output_major``; scales shared).
+
+    Raises:
+      ValueError: unknown ``layer_loop``.
+    """
+    if tree_layer_loop(tree, layer_loop, output_major) == "scan":
+        return tree
+    return _map_bodies(tree, lambda layers: _unstacked_layers(layers, output_major))
+
+
+def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
+                           output_major: bool = True) -> Any:
+    """The one-copy decode layout for accelerators: on a GPU (any backend but the CPU) whose
+    layer loop (:func:`resolve_layer_loop`, with no copy to pay) is ``"unrolled"``, every
+    stacked Llama/Qwen2 body in ``tree`` is split into per-layer arrays, **deleting each
+    stacked array once its slices are made**, so the device holds the weights once (plus,
+    while splitting, one stacked array: the largest, e.g. 3.8 GB of a 15 GB Qwen2.5-7B in
+    bfloat16). :func:`decode_layout` then passes the result through, and every decoder runs
+    its unrolled layer loop on it, in this one layout: ``output_major`` (the default; the AR
+    loop's layout, :func:`models.llama.modeling.unstack_layers`) or input-major. On an H100
+    in bfloat16 the AR loop ran 1.42x (SmolLM2-135M) and 1.58x (1.7B shapes) faster on
+    output-major than on input-major per-layer weights (README "GPU: the layer loop as the
+    model grows"). Elsewhere ``tree`` is returned unchanged: on the CPU the decoders make and
+    cache the AR loop's output-major and the verification passes' layouts per call
+    (:func:`decode_layout`), and with the ``scan`` loop (the TPU default) the stacked tree is
+    what runs.
+
+    Use it where the stacked tree is not needed again, e.g. right after loading
+    (``scripts.generate`` does): the ``scan`` loop, training and checkpoint conversion need
+    stacked weights, and ``tree``'s stacked arrays are deleted (reading them raises JAX's
+    "Array has been deleted" error). Host (numpy) arrays are split into views, not deleted.
+
+    Returns:
+      the tree with per-layer bodies (the same object when nothing was split).
+
+    Raises:
+      ValueError: unknown ``layer_loop``.
+    """
+    if jax.default_backend() == "cpu" or resolve_layer_loop(layer_loop, 0) != "unrolled":
+        return tree
+    if not split_bytes(tree):
+        return tree
+
+    def split(layers: dict) -> tuple:
+        n = next(iter(layers.values())).shape[0]
+        out: list[dict] = [{} for _ in range(n)]
+        for name in sorted(layers, key=lambda k: layers[k].nbytes):  # smallest first
+            w = layers[name]
+            parts = [layer_entry(name, w, i, output_major) for i in range(n)]
+            jax.block_until_ready([part for _, part in parts])
+            for per_layer, (key, part) in zip(out, parts):
+                per_layer[key] = part
+            if isinstance(w, jax.Array):
+                w.delete()
+        return tuple(out)
+
+    return _map_bodies(tree, split)

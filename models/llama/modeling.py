@@ -28,7 +28,7 @@ the seven projection matrices ``name`` (:data:`MATRICES`).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import flax
 import flax.linen as nn
@@ -327,16 +327,18 @@ def unstack_layers(params, output_major: bool = False):
     if isinstance(layers, (tuple, list)):
         return params
     n = next(iter(layers.values())).shape[0]
+    return {**params, "layers": tuple(dict(layer_entry(k, v, i, output_major)
+                                           for k, v in layers.items()) for i in range(n))}
 
-    def entry(name, w, i):
-        if output_major and name in MATRICES:
-            return name + "_t", w[i].T
-        if output_major and name.endswith("_q") and name[:-2] in MATRICES:  # int8 (models.quant)
-            return name + "_t", w[i].T
-        return name, w[i]
 
-    return {**params, "layers": tuple(dict(entry(k, v, i) for k, v in layers.items())
-                                      for i in range(n))}
+def layer_entry(name: str, stacked, i: int, output_major: bool = False) -> tuple[str, Any]:
+    """``(name, array)`` of layer ``i``'s entry ``name`` of a stacked ``layers`` dict in the
+    per-layer layout of :func:`unstack_layers`: ``stacked[i]``, or for a projection matrix
+    (float, or int8 ``_q`` of :mod:`models.quant`) with ``output_major`` its transpose under
+    ``name + "_t"``."""
+    if output_major and (name in MATRICES or (name.endswith("_q") and name[:-2] in MATRICES)):
+        return name + "_t", stacked[i].T
+    return name, stacked[i]
 
 
 def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:

@@ -19,7 +19,8 @@ from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
-from models.llama.modeling import KVCache, _write_cache, grow_cache, init_cache, unstack_layers
+from models.llama.modeling import (KVCache, _write_cache, grow_cache, init_cache, layer_entry,
+                                  unstack_layers)
 
 
 @pytest.mark.parametrize("output_major", [False, True])
@@ -106,22 +107,71 @@ def test_grow_cache_keeps_every_slot_in_place():
         grow_cache(big, 4)
 
 
-def test_auto_layer_loop_unrolls_small_weights_on_gpu(monkeypatch):
-    """``auto``: unrolled on CPU; on a GPU only for weights up to AUTO_UNROLL_MAX_BYTES (the
-    per-layer copy doubles their memory); scan on TPU. decode_layout weighs the tree."""
+def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
+    """``auto``: unrolled on CPU; on a GPU when the per-layer copy is small or fits the
+    device's free memory (within AUTO_UNROLL_MEMORY_SHARE of it), and for a tree already split
+    in place; scan on TPU. decode_layout weighs the stacked layer weights (split_bytes)."""
     _, params = tiny_model()
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert resolve_layer_loop("auto") == "unrolled"
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(runtime, "device_memory", lambda: None)  # a backend without stats
+    big = runtime.AUTO_UNROLL_MAX_BYTES + 1
     assert resolve_layer_loop("auto", nbytes=1000) == "unrolled"
-    assert resolve_layer_loop("auto", nbytes=runtime.AUTO_UNROLL_MAX_BYTES + 1) == "scan"
+    assert resolve_layer_loop("auto", nbytes=big) == "scan"
     assert resolve_layer_loop("auto") == "scan"  # size unknown: the loop that needs no copy
     assert resolve_layer_loop("unrolled", nbytes=10 ** 12) == "unrolled"  # asked for: kept
+    gib = 1 << 30
+    monkeypatch.setattr(runtime, "device_memory", lambda: (15 * gib, 80 * gib))  # a 7B, H100
+    assert resolve_layer_loop("auto", nbytes=15 * gib) == "unrolled"
+    assert resolve_layer_loop("auto", nbytes=26 * gib) == "scan"  # 41 GiB > half of 80
+    assert runtime.split_bytes(params) == runtime.tree_nbytes(params["layers"])
+    assert runtime.split_bytes({"params": params, "x": np.zeros(3)}) == runtime.split_bytes(params)
     assert isinstance(decode_layout(params, "auto")["layers"], tuple)
-    monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", runtime.tree_nbytes(params) - 1)
+    monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", 0)
+    monkeypatch.setattr(runtime, "_UNSTACKED", [])  # no copy made yet
+    monkeypatch.setattr(runtime, "device_memory",
+                        lambda: (gib, gib + runtime.split_bytes(params) - 1))
     assert decode_layout(params, "auto") is params
+    # a copy an earlier decode made is reused even when a second one would not fit
+    made = decode_layout(params, "unrolled", output_major=True)["layers"]
+    assert decode_layout(params, "auto", output_major=True)["layers"] is made
+    assert runtime.split_bytes(params, output_major=True) == 0
+    split = unstack_layers(params)
+    assert runtime.split_bytes(split) == 0 and runtime.tree_layer_loop(split) == "unrolled"
+    assert runtime.tree_layer_loop(params) == "scan"
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert resolve_layer_loop("auto", nbytes=1000) == "scan"
+    assert runtime.tree_layer_loop(split, "scan") == "unrolled"  # nothing stacked to scan
+
+
+def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monkeypatch):
+    """On a GPU (faked) the stacked layer weights are split into per-layer arrays and deleted;
+    every decoder then runs on the one copy: greedy AR and n-gram outputs equal the stacked
+    tree's, and verification runs on the split layout untimed. On the CPU nothing changes."""
+    model, params = tiny_model(layers=3)
+    keep = jax.tree_util.tree_map(jnp.array, params)  # an independent stacked copy
+    assert runtime.decode_layout_in_place(params, "unrolled") is params  # CPU: the loops split
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert runtime.decode_layout_in_place(params, "scan") is params
+    stacked = params["layers"]["w_up"]
+    split = runtime.decode_layout_in_place({"params": params}, "unrolled")["params"]
+    assert stacked.is_deleted() and not params["embed"].is_deleted()
+    assert split["embed"] is params["embed"] and len(split["layers"]) == 3
+    for i in range(3):  # output-major by default: the AR loop's layout
+        for name, w in keep["layers"].items():
+            key, want = layer_entry(name, w, i, output_major=True)
+            np.testing.assert_array_equal(split["layers"][i][key], want)
+    assert "wq_t" in split["layers"][0] and runtime.split_layout(split) == "output-major"
+    assert runtime.decode_layout_in_place(split, "unrolled") is split  # nothing left to split
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3]]
+    kw = dict(max_new_tokens=12, eos_ids=())
+    ref = generate(model, keep, prompts, **kw).tokens
+    assert generate(model, split, prompts, **kw).tokens == ref
+    res = generate(model, split, prompts, drafter=NgramDrafter(3, 64), **kw)
+    assert res.tokens == ref
+    assert res.settings["verify_layout"] == "output-major" and "verify_s" not in res.settings
 
 
 def test_unknown_layer_loop_is_a_clear_error(monkeypatch):
