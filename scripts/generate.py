@@ -296,6 +296,14 @@ def _mesh(args):
     return make_mesh(args.mesh)
 
 
+def _output_major(method) -> bool:
+    """The layout the target's weights are split in on a GPU: output-major for AR and for an
+    output-major verification layout, else stored (input-major)."""
+    from jaxspec.core.runtime import resolve_verify_layout
+
+    return method.name == "ar" or resolve_verify_layout() == "output-major"
+
+
 def _draft_options(args, tok) -> dict:
     """The :class:`~jaxspec.methods.DecodeOptions` fields of ``--draft-model`` (empty without
     it): ``draft_model`` for SPS; ``dllm_drafter``, the 3-gram ``proxy`` (fitted on the
@@ -310,7 +318,7 @@ def _draft_options(args, tok) -> dict:
 
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
                                           dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
-    dparams = decode_layout_in_place(dparams)  # one copy of the weights on a GPU
+    dparams = decode_layout_in_place(dparams, output_major=False)  # one copy on a GPU
     if args.method == "sps":
         if not tok.same_vocabulary(dtok):
             raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "
@@ -402,8 +410,10 @@ def main(argv=None) -> int:
         model, params, tok, preset = load_model(args.model, args.weights, dtype=args.dtype,
                                                 mesh=_mesh(args), quant=args.quant)
         # on a GPU the decoders' unrolled layer loop reads per-layer weights: split them once,
-        # in place, instead of holding a stacked and a per-layer copy (README "GPU")
-        params = decode_layout_in_place(params)
+        # in place, instead of holding a stacked and a per-layer copy (README "GPU"); AR runs
+        # fastest on output-major matrices, the other decoders read the stored layout unless
+        # an output-major verification layout is asked for
+        params = decode_layout_in_place(params, output_major=_output_major(method))
         options = _options(args, _draft_options(args, tok))
         config = method.build(options)
         ref_method, ref_cfg = reference_run(method, options) if args.compare else (None, None)

@@ -351,8 +351,9 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     CPU"): the weight layout of the verification passes (:func:`resolve_verify_layout`;
     ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
     keeps the faster; for weights over :data:`AUTO_LAYOUT_MAX_BYTES` it takes ``"stored"``
-    untimed, since each timed layout holds a per-layer copy, and so it does for a tree split in
-    place, :func:`jaxspec.core.runtime.decode_layout_in_place`) and the cost gate
+    untimed, since each timed layout holds a per-layer copy; a tree split in place,
+    :func:`jaxspec.core.runtime.decode_layout_in_place`, verifies on its own layout, untimed)
+    and the cost gate
     (:class:`jaxspec.core.drafters.CostGate`).
 
     Args:
@@ -367,7 +368,8 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
       ``settings`` naming the layout, the measured seconds and the gate's ``verify_cost``.
 
     Raises:
-      ValueError: an unknown gate or layout name, a gate cost below 1.
+      ValueError: an unknown gate or layout name, a gate cost below 1, or a verify layout
+        other than the one the target's weights were split in place in.
     """
     if not isinstance(gate, (int, float)) and gate not in GATES:
         raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
@@ -378,7 +380,12 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     settings: dict = {}
     if unrolled and layout == "auto" and split_bytes(params) > AUTO_LAYOUT_MAX_BYTES:
         layout = "stored"  # timing both would hold two more per-layer copies of the weights
-    layout = split_layout(params) or layout  # split in place: the one layout there is
+    split = split_layout(params)  # split in place: the one layout there is
+    if split and layout not in ("auto", split):
+        raise ValueError(f"verify layout {layout!r} asked for, but the target's weights were "
+                         f"split in place as {split!r} (decode_layout_in_place): split them "
+                         f"with output_major={layout == 'output-major'} or leave the layout auto")
+    layout = split or layout
     if unrolled and layout == "auto":
         costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")
                  for name in ("stored", "output-major")}
@@ -511,7 +518,10 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         tune_s = time.perf_counter() - t0 if len(_PASS_SECONDS) > timed else 0.0
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    args = (decode_layout(params, output_major=om), decode_layout(drafter_params),
+    # the loop tune_verification settled on (a copy's fit is weighed once, for one layout)
+    layer_loop = None if drafter is None else (
+        "scan" if settings["verify_layout"] == "stacked" else "unrolled")
+    args = (decode_layout(params, layer_loop, output_major=om), decode_layout(drafter_params),
             *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)

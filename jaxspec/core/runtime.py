@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+import psutil
 
 from models.llama.modeling import MATRICES, layer_entry, unstack_layers
 
@@ -151,40 +152,53 @@ def _override(what: str, name: str, check):
         _OVERRIDES[what].pop()
 
 
-# "auto" on a GPU unrolls the layer loop when the per-layer copy decode_layout makes is at most
-# this size, or when the device's bytes in use plus the copy stay within AUTO_UNROLL_MEMORY_SHARE
-# of its memory (the rest is left to KV caches and temporaries); a tree split in place
+# "auto" unrolls the layer loop when the per-layer copy decode_layout makes is at most this
+# size, or when the device's bytes in use plus the copy stay within AUTO_UNROLL_MEMORY_SHARE of
+# its memory limit (an accelerator's; the rest is left to KV caches and temporaries) or within
+# AUTO_UNROLL_HOST_SHARE of the host's RAM (the CPU); a tree split in place
 # (decode_layout_in_place) needs no copy
 AUTO_UNROLL_MAX_BYTES = 2 << 30
 AUTO_UNROLL_MEMORY_SHARE = 0.5
+AUTO_UNROLL_HOST_SHARE = 0.8
 
 
 def device_memory() -> tuple[int, int] | None:
-    """``(bytes in use, bytes limit)`` of the first device, or None where the backend does not
-    report them (the CPU)."""
-    stats = jax.devices()[0].memory_stats() or {}
+    """``(bytes in use, bytes limit)`` of the first device: an accelerator's allocator
+    statistics, or on the CPU the host's RAM (total minus available, total; psutil); None
+    where an accelerator does not report them."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        ram = psutil.virtual_memory()
+        return int(ram.total - ram.available), int(ram.total)
+    stats = device.memory_stats() or {}
     used, limit = stats.get("bytes_in_use"), stats.get("bytes_limit")
     return None if used is None or not limit else (int(used), int(limit))
 
 
 def _copy_fits(nbytes: int) -> bool:
-    """Whether a per-layer copy of ``nbytes`` fits the GPU rule of :func:`resolve_layer_loop`."""
+    """Whether a per-layer copy of ``nbytes`` fits the rule of :func:`resolve_layer_loop`."""
     if nbytes <= AUTO_UNROLL_MAX_BYTES:
         return True
     mem = device_memory()
-    return mem is not None and mem[0] + nbytes <= AUTO_UNROLL_MEMORY_SHARE * mem[1]
+    cpu = jax.default_backend() == "cpu"
+    share = AUTO_UNROLL_HOST_SHARE if cpu else AUTO_UNROLL_MEMORY_SHARE
+    return mem is not None and mem[0] + nbytes <= share * mem[1]
 
 
 def resolve_layer_loop(layer_loop: str | None = None, nbytes: int | None = None) -> str:
     """``"scan"`` or ``"unrolled"``: the argument, else the innermost :func:`layer_loop`
     context, else ``$JAXSPEC_LAYER_LOOP``, else ``"auto"``. ``"auto"`` is ``"unrolled"`` on
-    the CPU backend; on a GPU ``"unrolled"`` when the per-layer copy of ``nbytes`` (bytes, the
-    stacked layer weights :func:`split_bytes` counts; 0 for a tree already split) is at most
+    the CPU and a GPU when the per-layer copy of ``nbytes`` (bytes, the stacked layer weights
+    :func:`split_bytes` counts; 0 for a tree already split) is at most
     :data:`AUTO_UNROLL_MAX_BYTES` or fits the device's free memory (bytes in use + ``nbytes``
-    within :data:`AUTO_UNROLL_MEMORY_SHARE` of its limit, :func:`device_memory`), else
-    ``"scan"`` (also when ``nbytes`` is None); and ``"scan"`` on TPU (not measured there).
+    within :data:`AUTO_UNROLL_MEMORY_SHARE` of its limit, :func:`device_memory`; on the CPU
+    within :data:`AUTO_UNROLL_HOST_SHARE` of the host's RAM), else ``"scan"``; when ``nbytes``
+    is None, ``"unrolled"`` on the CPU and ``"scan"`` on a GPU; and ``"scan"`` on TPU (not
+    measured there). On the CPU the scan decoded SmolLM2-1.7B shapes (float32) 3.0x slower
+    than the unrolled loop (``results/gpu/layer-loop/cpu-size-sweep.json``): it is the
+    fallback that needs no copy, not a fast path.
     Measured on an H100 in bfloat16 (README "GPU: the layer loop as the model grows"), the
-    unrolled loop decoded 1.46x (SmolLM2-135M), 2.69x (1.7B shapes) and 2.54x (Qwen2.5-7B
+    unrolled loop decoded 1.41x (SmolLM2-135M), 2.64x (1.7B shapes) and 2.55x (Qwen2.5-7B
     shapes) faster than the scan.
 
     Raises:
@@ -193,8 +207,10 @@ def resolve_layer_loop(layer_loop: str | None = None, nbytes: int | None = None)
     name = _setting("layer loop", layer_loop, "JAXSPEC_LAYER_LOOP", LAYER_LOOPS, "auto")
     if name == "auto":
         backend = jax.default_backend()
+        if backend == "cpu" and nbytes is None:
+            return "unrolled"
         fits = nbytes is not None and _copy_fits(nbytes)
-        return "unrolled" if backend == "cpu" or (backend == "gpu" and fits) else "scan"
+        return "unrolled" if backend in ("cpu", "gpu") and fits else "scan"
     return name
 
 
@@ -222,7 +238,9 @@ def resolve_verify_layout(layout: str | None = None) -> str:
     :func:`jaxspec.causal.decode.tune_verification`). The argument, else the innermost
     :func:`verify_layout` context, else ``$JAXSPEC_VERIFY_LAYOUT``, else ``"auto"``. Which is
     faster depends on the CPU (README "Performance notes"); the decoded tokens do not (up to
-    float32 rounding). Ignored by the ``scan`` loop.
+    float32 rounding). Ignored by the ``scan`` loop. A tree split in place
+    (:func:`decode_layout_in_place`) has one layout: ``"auto"`` takes it, and asking for the
+    other is a ValueError in :func:`jaxspec.causal.decode.tune_verification`.
 
     Raises:
       ValueError: an unknown name.
@@ -251,6 +269,10 @@ def _cached_split(layers: dict, output_major: bool) -> tuple | None:
     return None
 
 
+def _deleted(x) -> bool:
+    return isinstance(x, jax.Array) and x.is_deleted()
+
+
 def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     """Per-layer dicts of a stacked ``layers`` dict, cached per stacked tree (by identity of
     its arrays, held weakly) and layout, so repeated decodes with the same weights split them
@@ -263,6 +285,9 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
         refs = [weakref.ref(layers[k]) for k in sorted(layers)]
     except TypeError:  # numpy arrays and tracers: no caching
         return out
+    # copies of stacked trees that are gone (collected, or split in place) are dropped
+    _UNSTACKED[:] = [e for e in _UNSTACKED
+                     if all(r() is not None and not _deleted(r()) for r in e[0])]
     _UNSTACKED.append((refs, output_major, out))
     # at most four per-layer copies stay alive: enough for a target in both layouts (AR and
     # speculative loops) plus a draft model, so comparing decoders does not re-split weights
@@ -330,10 +355,11 @@ def tree_layer_loop(tree: Any, layer_loop: str | None = None, output_major: bool
     in place (:func:`is_split`; its model has no stacked weights to scan, so any setting runs
     unrolled), else :func:`resolve_layer_loop` weighing the per-layer copy in the
     ``output_major`` layout that is not cached yet (:func:`split_bytes`), so a copy made by
-    an earlier decode is reused even when a second one would not fit.
+    an earlier decode is reused even when a second one would not fit. (A tree mixing split
+    and stacked bodies counts as split: its stacked bodies are copied unchecked.)
 
     Raises:
-      ValueError: unknown ``layer_loop``.
+      ValueError: unknown ``layer_loop`` (for a tree with no split body).
     """
     if is_split(tree):
         return "unrolled"
@@ -363,39 +389,52 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
 
 
 def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
-                           output_major: bool = True) -> Any:
-    """The one-copy decode layout for accelerators: on a GPU (any backend but the CPU) whose
-    layer loop (:func:`resolve_layer_loop`, with no copy to pay) is ``"unrolled"``, every
-    stacked Llama/Qwen2 body in ``tree`` is split into per-layer arrays, **deleting each
-    stacked array once its slices are made**, so the device holds the weights once (plus,
-    while splitting, one stacked array: the largest, e.g. 3.8 GB of a 15 GB Qwen2.5-7B in
-    bfloat16). :func:`decode_layout` then passes the result through, and every decoder runs
-    its unrolled layer loop on it, in this one layout: ``output_major`` (the default; the AR
-    loop's layout, :func:`models.llama.modeling.unstack_layers`) or input-major. On an H100
-    in bfloat16 the AR loop ran 1.42x (SmolLM2-135M) and 1.58x (1.7B shapes) faster on
-    output-major than on input-major per-layer weights (README "GPU: the layer loop as the
-    model grows"). Elsewhere ``tree`` is returned unchanged: on the CPU the decoders make and
-    cache the AR loop's output-major and the verification passes' layouts per call
-    (:func:`decode_layout`), and with the ``scan`` loop (the TPU default) the stacked tree is
-    what runs.
+                           output_major: bool = True, force: bool = False) -> Any:
+    """The one-copy decode layout: where the layer loop (:func:`resolve_layer_loop`, with no
+    copy to pay) is ``"unrolled"``, every stacked Llama/Qwen2 body in ``tree`` is split into
+    per-layer arrays, **deleting each stacked array once its slices are made**, so the device
+    holds the weights once (plus, while splitting, one stacked array: the largest, e.g.
+    3.8 GB of a 15 GB Qwen2.5-7B in bfloat16). :func:`decode_layout` then passes the result
+    through, and every decoder runs its unrolled layer loop on it, in this one layout:
+    ``output_major`` (the default; the AR loop's layout, :func:`models.llama.modeling.
+    unstack_layers`) or input-major. On an H100 in bfloat16 the AR loop ran 1.39x
+    (SmolLM2-135M) and 1.58x (1.7B shapes) faster on output-major than on input-major
+    per-layer weights (README "GPU: the layer loop as the model grows").
+
+    On a GPU it always splits. On the CPU it splits only when a per-layer copy would not fit
+    the host's RAM (the rule of :func:`resolve_layer_loop`) or when ``force``: otherwise the
+    decoders make and cache their own copies per call (:func:`decode_layout`), so the AR loop
+    runs output-major and speculative decoders time the verification layout for this CPU.
+    With the ``scan`` loop (the TPU default) the stacked tree is what runs, and it is
+    returned unchanged.
 
     Use it where the stacked tree is not needed again, e.g. right after loading
-    (``scripts.generate`` does): the ``scan`` loop, training and checkpoint conversion need
+    (``scripts.generate`` does, output-major for AR and for an output-major verification
+    layout, stored otherwise): the ``scan`` loop, training and checkpoint conversion need
     stacked weights, and ``tree``'s stacked arrays are deleted (reading them raises JAX's
-    "Array has been deleted" error). Host (numpy) arrays are split into views, not deleted.
+    "Array has been deleted" error; if the split fails part-way, e.g. out of memory, some of
+    them already are). A per-layer copy a decoder already made in this layout is kept instead
+    of splitting again. Host (numpy) arrays are split into views, not deleted.
 
     Returns:
       the tree with per-layer bodies (the same object when nothing was split).
 
     Raises:
-      ValueError: unknown ``layer_loop``.
+      ValueError: unknown ``layer_loop`` (when ``tree`` has stacked layer weights).
     """
-    if jax.default_backend() == "cpu" or resolve_layer_loop(layer_loop, 0) != "unrolled":
+    nbytes = split_bytes(tree)
+    if not nbytes or resolve_layer_loop(layer_loop, 0) != "unrolled":
         return tree
-    if not split_bytes(tree):
+    if jax.default_backend() == "cpu" and not force and _copy_fits(nbytes):
         return tree
 
     def split(layers: dict) -> tuple:
+        cached = _cached_split(layers, output_major)  # a decode's copy: keep it, drop the rest
+        if cached is not None:
+            for w in layers.values():
+                if isinstance(w, jax.Array):
+                    w.delete()
+            return cached
         n = next(iter(layers.values())).shape[0]
         out: list[dict] = [{} for _ in range(n)]
         for name in sorted(layers, key=lambda k: layers[k].nbytes):  # smallest first

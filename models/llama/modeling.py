@@ -8,7 +8,7 @@ Every call takes explicit ``positions`` and an explicit boolean attention ``mask
 same forward serves plain causal passes, KV-cached incremental steps, and draft-verification
 passes with arbitrary (tree / permuted) masks. Layer weights are stacked along a leading
 axis and the layers run in one ``lax.scan`` (compiles once per layer shape instead of
-unrolling 30 layers). Decode loops on CPU pass the per-layer layout of
+unrolling 30 layers). Decode loops on the CPU and GPUs pass the per-layer layout of
 :func:`unstack_layers` instead, which unrolls the layers (faster per step there).
 
 Parameter tree (``variables["params"]``)::
@@ -305,8 +305,9 @@ def unstack_layers(params, output_major: bool = False):
     Why (README "Performance notes"; SmolLM2-135M, AMD EPYC, 2 cores): inside ``lax.scan``
     XLA:CPU copies each layer's weight slice out of the stacked array before the
     matrix-vector product (a ``dynamic-slice`` fusion), so a batch-1 decode step moves the
-    layer weights three times instead of once. Accelerators fuse the slice into the matmul, so
-    there the stacked layout and the scan (one compiled layer body) are kept
+    layer weights three times instead of once. XLA:GPU copies the slices too (on an H100 the
+    unrolled loop decoded 1.41x-2.64x faster, README "GPU: the layer loop as the model
+    grows"); the TPU keeps the stacked layout and the scan, unmeasured
     (:func:`jaxspec.core.runtime.decode_layout`).
 
     Args:
@@ -315,7 +316,8 @@ def unstack_layers(params, output_major: bool = False):
       output_major: store the seven projection matrices transposed, ``(out, in)`` like
         ``torch.nn.Linear.weight``, under ``name + "_t"`` (see :func:`proj`): XLA:CPU's
         one-token matrix-vector product streams them faster, its few-token products
-        (verification passes) slower, so AR loops use it and speculative loops do not.
+        (verification passes) slower on some CPUs, so AR loops use it and speculative loops
+        time both (:func:`jaxspec.causal.decode.tune_verification`).
         Int8 matrices ``name + "_q"`` (:mod:`models.quant`) become ``name + "_q_t"``; their
         scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
 
@@ -343,7 +345,7 @@ def layer_entry(name: str, stacked, i: int, output_major: bool = False) -> tuple
 
 def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
     """``x @ W`` for the layer weight ``name``: input-major ``lp[name]`` ``(in, out)``, or its
-    output-major copy ``lp[name + "_t"]`` ``(out, in)`` in the CPU decode layout
+    output-major copy ``lp[name + "_t"]`` ``(out, in)`` in the AR decode layout
     (:func:`unstack_layers`), where XLA:CPU's matrix-vector product streams faster.
 
     Weight-only int8 (:func:`models.quant.quantize_params`): ``lp[name + "_q"]`` int8

@@ -114,6 +114,10 @@ def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
     _, params = tiny_model()
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert resolve_layer_loop("auto") == "unrolled"
+    gib = 1 << 30
+    monkeypatch.setattr(runtime, "device_memory", lambda: (10 * gib, 24 * gib))  # host RAM
+    assert resolve_layer_loop("auto", nbytes=9 * gib) == "unrolled"
+    assert resolve_layer_loop("auto", nbytes=10 * gib) == "scan"  # 20 GiB > 0.8 of 24
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(runtime, "device_memory", lambda: None)  # a backend without stats
     big = runtime.AUTO_UNROLL_MAX_BYTES + 1
@@ -121,7 +125,6 @@ def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
     assert resolve_layer_loop("auto", nbytes=big) == "scan"
     assert resolve_layer_loop("auto") == "scan"  # size unknown: the loop that needs no copy
     assert resolve_layer_loop("unrolled", nbytes=10 ** 12) == "unrolled"  # asked for: kept
-    gib = 1 << 30
     monkeypatch.setattr(runtime, "device_memory", lambda: (15 * gib, 80 * gib))  # a 7B, H100
     assert resolve_layer_loop("auto", nbytes=15 * gib) == "unrolled"
     assert resolve_layer_loop("auto", nbytes=26 * gib) == "scan"  # 41 GiB > half of 80
@@ -172,6 +175,16 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
     res = generate(model, split, prompts, drafter=NgramDrafter(3, 64), **kw)
     assert res.tokens == ref
     assert res.settings["verify_layout"] == "output-major" and "verify_s" not in res.settings
+    # on the CPU it splits when a copy would not fit the host's RAM (or when forced)
+    _, small = tiny_model(layers=2)
+    monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", 0)
+    monkeypatch.setattr(runtime, "device_memory", lambda: (1 << 30, 1 << 33))
+    assert runtime.decode_layout_in_place(small, "unrolled") is small  # fits: per-call copies
+    monkeypatch.setattr(runtime, "device_memory", lambda: (1 << 30, 1 << 30))  # RAM full
+    assert resolve_layer_loop("auto", nbytes=runtime.split_bytes(small)) == "scan"
+    assert runtime.is_split(runtime.decode_layout_in_place(small, "auto"))
+    _, other = tiny_model(layers=2)
+    assert runtime.is_split(runtime.decode_layout_in_place(other, "unrolled", force=True))
 
 
 def test_unknown_layer_loop_is_a_clear_error(monkeypatch):
@@ -249,3 +262,31 @@ def test_diffusion_decoder_identical_with_either_layer_loop(monkeypatch):
         monkeypatch.setenv("JAXSPEC_LAYER_LOOP", loop)
         out[loop] = diffusion_generate(model, params, [[3, 4, 5], [6]], cfg, seed=1).full_tokens
     np.testing.assert_array_equal(out["scan"], out["unrolled"])
+
+
+def test_split_in_place_reuses_a_decode_copy_and_fixes_the_verify_layout(monkeypatch):
+    """A per-layer copy a decode already made is kept by the in-place split (no second copy);
+    an int8 tree splits like a float one (``_q_t`` matrices, shared scales) and decodes the
+    same tokens; a verify layout other than the split one is a clear error."""
+    from models.quant import quantize_params
+
+    model, params = tiny_model(layers=2)
+    made = decode_layout(params, "unrolled", output_major=True)["layers"]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    split = runtime.decode_layout_in_place(params, "unrolled")
+    assert split["layers"] is made and params["layers"]["wq"].is_deleted()
+
+    _, fresh = tiny_model(layers=2)
+    qp = quantize_params(fresh)
+    keep = jax.tree_util.tree_map(jnp.array, qp)
+    qsplit = runtime.decode_layout_in_place(qp, "unrolled")
+    assert runtime.split_layout(qsplit) == "output-major" and "wq_q_t" in qsplit["layers"][0]
+    assert qp["layers"]["wq_q"].is_deleted() and runtime.split_bytes(qsplit) == 0
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    prompts, kw = [[5, 6, 7, 5, 6, 7, 5, 6]], dict(max_new_tokens=10, eos_ids=())
+    ref = generate(model, keep, prompts, **kw).tokens
+    assert generate(model, qsplit, prompts, **kw).tokens == ref
+    with verify_layout("stored"), pytest.raises(ValueError, match="split in place as 'output-maj"):
+        generate(model, qsplit, prompts, drafter=NgramDrafter(3, 64), **kw)
+    with verify_layout("output-major"):
+        assert generate(model, qsplit, prompts, drafter=NgramDrafter(3, 64), **kw).tokens == ref

@@ -16,11 +16,13 @@ these layer loops, in this order:
 * ``auto`` (with ``--auto``): what ``layer_loop="auto"`` picks for the stacked tree
   (:func:`jaxspec.core.runtime.resolve_layer_loop`: unrolled when the copy fits);
 * ``split in place``: :func:`jaxspec.core.runtime.decode_layout_in_place` (what
-  ``scripts.generate`` does on a GPU): per-layer weights, the stacked ones deleted, one copy.
+  ``scripts.generate`` does on a GPU; forced on the CPU, where it splits only when a copy
+  would not fit the RAM): per-layer weights, the stacked ones deleted, one copy.
 
 Per loop: compile seconds, the median of ``--reps`` timed decodes as tokens per second, the
 compiled program's temporary bytes (``memory_analysis``), the device's bytes in use after the
-runs (the weights, and the per-layer copy where there is one), and whether the tokens equal the
+runs (the weights, and the per-layer copy where there is one; on the CPU the host's RAM in use
+by all processes), and whether the tokens equal the
 ``scan`` row's. Copies are freed before the next model.
 """
 
@@ -71,8 +73,9 @@ def random_params(config: ModelConfig, dtype, seed: int = 0):
 
 
 def _in_use() -> int | None:
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("bytes_in_use")
+    """The device's bytes in use (on the CPU: the host's RAM in use, all processes)."""
+    mem = runtime.device_memory()
+    return None if mem is None else mem[0]
 
 
 def _temp_bytes() -> int | None:
@@ -134,7 +137,8 @@ def main(argv=None) -> int:
                 gc.collect()  # auto weighs the copy against the memory in use
             if loop == "split in place":
                 runtime._UNSTACKED.clear()
-                params = runtime.decode_layout_in_place(params, "unrolled")
+                gc.collect()
+                params = runtime.decode_layout_in_place(params, "unrolled", force=True)
             row = run_loop(loop, config, params, args.new, args.reps)
             row["identical_to_scan"] = row["tokens"] == rows[0]["tokens"] if rows else True
             row["wall_s"] = round(time.perf_counter() - t0, 1)
