@@ -312,9 +312,8 @@ def _draft_options(args, tok) -> dict:
     tokenizer differs from the target's ``tok``."""
     if not args.draft_model:
         return {}
-    from models.registry import load_model
-
     from jaxspec.core.runtime import decode_layout_in_place
+    from models.registry import load_model
 
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
                                           dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
@@ -396,10 +395,10 @@ def main(argv=None) -> int:
 
         return infill_cli(args)
     from jaxspec.core.batching import DecodeInputError
+    from jaxspec.core.runtime import decode_layout_in_place
     from jaxspec.eval.metrics import mean_degeneracy
     from jaxspec.methods import reference_run
     from models.llama.params import WeightFileError
-    from jaxspec.core.runtime import decode_layout_in_place
     from models.registry import PresetError, get_preset, load_model
 
     try:

@@ -70,8 +70,8 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
               "transformers/assisted")
 # jaxspec/<method>-scan / -unrolled: the same decoder under the lax.scan layer loop on stacked
 # weights / the unrolled per-layer loop (jaxspec.core.runtime.layer_loop) instead of the
-# device's default ("auto": unrolled on CPU and, up to 2 GiB of weights, on GPU), to show what
-# each buys; on request
+# device's default ("auto": unrolled on CPU and GPU when the per-layer copy fits the memory),
+# to show what each buys; on request
 # jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
 # (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
 # jaxspec/ngram-gate: the n-gram drafter behind its cost gate (DecodeOptions.gate "auto")

@@ -295,15 +295,22 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     return out
 
 
-def _map_bodies(tree: Any, fn: Callable[[dict], Any]) -> Any:
-    """``tree`` with ``fn(stacked layers dict)`` in place of the ``layers`` of every stacked
-    Llama/Qwen2-layout body inside it (a params dict, linen variables ``{"params": ...}``, or
-    any nest of dicts / tuples / lists holding them); everything else is shared, not copied."""
+def _is_body(layers) -> bool:
+    """A Llama/Qwen2 body's ``layers``: a stacked dict, or a split tuple of per-layer dicts."""
+    return _is_causal_layers(layers) or (isinstance(layers, (tuple, list)) and bool(layers)
+                                         and all(map(_is_causal_layers, layers)))
+
+
+def _map_bodies(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` with ``fn(layers)`` in place of the ``layers`` of every Llama/Qwen2-layout body
+    inside it (stacked dict or split tuple; in a params dict, linen variables
+    ``{"params": ...}``, or any nest of dicts / tuples / lists holding them); everything else
+    is shared, not copied."""
     def walk(x):
         if isinstance(x, Mapping):
             layers = x.get("layers")
-            if _is_causal_layers(layers):
-                return {**x, "layers": fn(dict(layers))}
+            if _is_body(layers):
+                return {**x, "layers": fn(layers)}
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):
             return type(x)(walk(v) for v in x)
@@ -312,20 +319,17 @@ def _map_bodies(tree: Any, fn: Callable[[dict], Any]) -> Any:
     return walk(tree)
 
 
-def _bodies(tree: Any):
+def _stacked(fn: Callable[[dict], Any]) -> Callable[[Any], Any]:
+    """``fn`` for stacked bodies (given as a plain dict); split bodies pass through."""
+    return lambda layers: fn(dict(layers)) if isinstance(layers, Mapping) else layers
+
+
+def _bodies(tree: Any) -> list:
     """Every Llama/Qwen2-layout ``layers`` entry inside ``tree``: stacked dicts and split
     (per-layer tuple) bodies alike."""
-    if isinstance(tree, Mapping):
-        layers = tree.get("layers")
-        if _is_causal_layers(layers) or (isinstance(layers, (tuple, list)) and layers
-                                         and all(map(_is_causal_layers, layers))):
-            yield layers
-            return
-        for v in tree.values():
-            yield from _bodies(v)
-    elif isinstance(tree, (tuple, list)) and not hasattr(tree, "_fields"):
-        for v in tree:
-            yield from _bodies(v)
+    found: list = []
+    _map_bodies(tree, lambda layers: found.append(layers) or layers)
+    return found
 
 
 def split_bytes(tree: Any, output_major: bool | None = None) -> int:
@@ -385,7 +389,7 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
     """
     if tree_layer_loop(tree, layer_loop, output_major) == "scan":
         return tree
-    return _map_bodies(tree, lambda layers: _unstacked_layers(layers, output_major))
+    return _map_bodies(tree, _stacked(lambda layers: _unstacked_layers(layers, output_major)))
 
 
 def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
@@ -447,4 +451,4 @@ def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
                 w.delete()
         return tuple(out)
 
-    return _map_bodies(tree, split)
+    return _map_bodies(tree, _stacked(split))
