@@ -150,8 +150,9 @@ def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
 
 def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monkeypatch):
     """On a GPU (faked) the stacked layer weights are split into per-layer arrays and deleted;
-    every decoder then runs on the one copy: greedy AR and n-gram outputs equal the stacked
-    tree's, and verification runs on the split layout untimed. On the CPU nothing changes."""
+    every decoder then runs on the one copy: greedy AR and n-gram outputs, and sampled n-gram
+    outputs of one seed, equal the stacked tree's, and verification runs on the split layout
+    untimed. On the CPU nothing changes."""
     model, params = tiny_model(layers=3)
     keep = jax.tree_util.tree_map(jnp.array, params)  # an independent stacked copy
     assert runtime.decode_layout_in_place(params, "unrolled") is params  # CPU: the loops split
@@ -175,6 +176,10 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
     res = generate(model, split, prompts, drafter=NgramDrafter(3, 64), **kw)
     assert res.tokens == ref
     assert res.settings["verify_layout"] == "output-major" and "verify_s" not in res.settings
+    # sampled: the same draws as on the stacked tree (whose distribution test_decode checks)
+    samp = dict(kw, sampling=SamplingConfig(temperature=1.0), seed=3, drafter=NgramDrafter(3, 64))
+    assert (generate(model, split, prompts, **samp).tokens
+            == generate(model, keep, prompts, **samp).tokens)
     # on the CPU it splits when a copy would not fit the host's RAM (or when forced)
     _, small = tiny_model(layers=2)
     monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", 0)
