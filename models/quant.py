@@ -40,7 +40,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from models.llama.modeling import MATRICES
+from models.llama.modeling import MATRICES, QKV_FUSED, has_projection
 
 QUANTS = ("none", "int8")
 """``--quant`` values: ``"none"`` keeps the weights as they are, ``"int8"`` is
@@ -102,7 +102,7 @@ def _quantize_layer(lp: Mapping) -> dict:
         if k in MATRICES:  # input-major (in, out), stacked or not
             q, s = quantize_matrix(v, axis=-2)
             out[k + Q_SUFFIX], out[k + S_SUFFIX] = q, s
-        elif k.endswith(T_SUFFIX) and k[:-len(T_SUFFIX)] in MATRICES:  # output-major (out, in)
+        elif k.endswith(T_SUFFIX) and k[:-len(T_SUFFIX)] in MATRICES + (QKV_FUSED,):  # (out, in)
             name = k[:-len(T_SUFFIX)]
             q, s = quantize_matrix(v, axis=-1)
             out[name + Q_SUFFIX + T_SUFFIX], out[name + S_SUFFIX] = q, s
@@ -143,7 +143,7 @@ def quantize_params(params, scheme: str = "int8", dtype: Optional[jnp.dtype] = N
     if is_quantized(tree):
         raise QuantError("the parameters are already quantized")
     if not dicts or not all(isinstance(d, Mapping) and all(
-            m in d or m + T_SUFFIX in d for m in MATRICES) for d in dicts):
+            has_projection(d, m) for m in MATRICES) for d in dicts):
         raise QuantError("weight-only int8 applies to Llama / Qwen2-layout models (causal and "
                          "masked-diffusion); this parameter tree has no such layer matrices")
     if isinstance(layers, (tuple, list)):

@@ -47,6 +47,9 @@ _CAUSAL = {
     "layers/bk": ("kv_heads",),
     "layers/bv": ("kv_heads",),
     "layers/wo": ("heads", "embed"),
+    # q/k/v fused in the output-major decode layout (modeling.fuse_qkv): never split (trees
+    # laid out over several devices are not fused)
+    "layers/wqkv": ("embed", "qkv"),
     "layers/w_gate": ("embed", "mlp"),
     "layers/w_up": ("embed", "mlp"),
     "layers/w_down": ("mlp", "embed"),

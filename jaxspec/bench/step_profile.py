@@ -12,7 +12,8 @@ milliseconds of ``--reps`` calls. Rows:
   the KV cache of ``--cache`` slots, in the layouts of :func:`jaxspec.core.runtime.decode_layout`
   (stacked weights with the ``lax.scan`` layer loop; per-layer input-major; per-layer
   output-major, the CPU AR layout);
-* ``products only``: the 210 layer matrix-vector products and the tied LM head of the same
+* ``products only``: the layer matrix-vector products (150 in the output-major layout, whose
+  q/k/v are fused: :func:`models.llama.modeling.fuse_qkv`) and the tied LM head of the same
   step, chained through a cheap nonlinearity and nothing else (no attention, norms, RoPE or
   cache): what XLA's dot kernels cost on these shapes;
 * ``LM head only``: the ``(49152, 576)`` tied-head product;
@@ -72,8 +73,9 @@ def _products(config):
     whichever layer layout its params come in (:func:`models.llama.modeling.proj`)."""
     def f(params, x):
         for lp in params["layers"]:
-            q = M.proj(x, lp, "wq")
-            kv = M.proj(x, lp, "wk") + M.proj(x, lp, "wv")
+            q, k, v = M.qkv_proj(x, lp, config.num_heads * config.head_dim,
+                                 config.num_kv_heads * config.head_dim)
+            kv = k + v
             a = q + jnp.tile(kv, config.hidden_size // kv.shape[-1]) * 1e-3
             h = x + M.proj(a, lp, "wo")
             g = M.proj(h, lp, "w_gate") * M.proj(h, lp, "w_up")

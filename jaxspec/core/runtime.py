@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import psutil
 
-from models.llama.modeling import MATRICES, layer_entry, unstack_layers
+from models.llama.modeling import MATRICES, fuse_qkv, has_projection, layer_entry, unstack_layers
 
 _EXECUTABLES: dict = {}
 
@@ -118,17 +118,13 @@ def clear_compiled() -> int:
 LAYER_LOOPS = ("auto", "scan", "unrolled")
 VERIFY_LAYOUTS = ("auto", "stored", "output-major")
 _OVERRIDES: dict[str, list] = {"layer loop": [], "verify layout": []}  # innermost context last
-_CAUSAL_LAYER_KEYS = frozenset(MATRICES)
 
 
 def _is_causal_layers(layers) -> bool:
     """Whether a stacked ``layers`` dict (or one layer's dict) is a Llama/Qwen2 body's: every
-    projection matrix is present as float (``wq``, or ``wq_t`` output-major) or int8 (``wq_q``
-    or ``wq_q_t``, with ``wq_s``, :mod:`models.quant`)."""
-    return isinstance(layers, Mapping) and all(
-        m in layers or m + "_t" in layers
-        or ((m + "_q" in layers or m + "_q_t" in layers) and m + "_s" in layers)
-        for m in _CAUSAL_LAYER_KEYS)
+    projection matrix is present in one of its layouts
+    (:func:`models.llama.modeling.has_projection`)."""
+    return isinstance(layers, Mapping) and all(has_projection(layers, m) for m in MATRICES)
 _UNSTACKED: list = []  # [(weakrefs of the stacked leaves, unstacked layers tuple)], newest last
 
 
@@ -379,8 +375,9 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
     :func:`split_bytes`). XLNet and other trees, and trees already split
     (:func:`decode_layout_in_place`), pass through. The model computes the same function in
     every layout (up to float32 rounding); only the compiled loop differs. ``output_major``
-    (unrolled only) also transposes the projection matrices, faster for one-token steps (the
-    AR loop) and slower for verification passes. Int8 weight-only trees
+    (unrolled only) also transposes the projection matrices and fuses q/k/v into one
+    (:func:`models.llama.modeling.fuse_qkv`), faster for one-token steps (the AR loop) and
+    slower for verification passes. Int8 weight-only trees
     (:func:`models.quant.quantize_params`) are split the same way (their ``_q`` matrices
     transposed to ``_q_t`` when ``output_major``; scales shared).
 
@@ -449,6 +446,6 @@ def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
                 per_layer[key] = part
             if isinstance(w, jax.Array):
                 w.delete()
-        return tuple(out)
+        return tuple(map(fuse_qkv, out)) if output_major else tuple(out)
 
     return _map_bodies(tree, _stacked(split))

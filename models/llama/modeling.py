@@ -228,9 +228,7 @@ class CausalLM(nn.Module):
         def block(carry, lp):
             h, kc_all, vc_all, li = carry
             a = rms_norm(h, lp["attn_norm"], c.rms_norm_eps)
-            q = proj(a, lp, "wq")
-            k = proj(a, lp, "wk")
-            v = proj(a, lp, "wv")
+            q, k, v = qkv_proj(a, lp, H * Dh, K * Dh)
             if c.qkv_bias:
                 q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
             q = apply_rope(q.reshape(B, T, H, Dh), cos, sin)
@@ -249,7 +247,11 @@ class CausalLM(nn.Module):
             o = jnp.einsum("bkgts,bkds->btkgd", w, vals).reshape(B, T, H * Dh)
             h = h + proj(o, lp, "wo")
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
-            h = h + proj(jax.nn.silu(proj(m, lp, "w_gate")) * proj(m, lp, "w_up"), lp, "w_down")
+            if "w_gate_up_t" in lp:
+                g, u = jnp.split(proj(m, lp, "w_gate_up"), 2, axis=-1)
+            else:
+                g, u = proj(m, lp, "w_gate"), proj(m, lp, "w_up")
+            h = h + proj(jax.nn.silu(g) * u, lp, "w_down")
             return (h, kc_all, vc_all, li + 1), None
 
         def run_layers(carry):
@@ -276,6 +278,9 @@ class CausalLM(nn.Module):
 
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+QKV = ("wq", "wk", "wv")
+#: the name of the q/k/v matrices fused into one in the output-major decode layout (fuse_qkv)
+QKV_FUSED = "wqkv"
 
 
 def _after(lp: dict, h: jax.Array) -> dict:
@@ -314,10 +319,11 @@ def unstack_layers(params, output_major: bool = False):
       params: a ``CausalLM`` params tree with stacked ``layers`` (already unstacked trees are
         returned as they are). Works on host arrays and inside ``jit``.
       output_major: store the seven projection matrices transposed, ``(out, in)`` like
-        ``torch.nn.Linear.weight``, under ``name + "_t"`` (see :func:`proj`): XLA:CPU's
-        one-token matrix-vector product streams them faster, its few-token products
-        (verification passes) slower on some CPUs, so AR loops use it and speculative loops
-        time both (:func:`jaxspec.causal.decode.tune_verification`).
+        ``torch.nn.Linear.weight``, under ``name + "_t"`` (see :func:`proj`), with q/k/v
+        fused into one ``wqkv_t`` (:func:`fuse_qkv`): XLA:CPU's one-token matrix-vector
+        product streams them faster, its few-token products (verification passes) slower on
+        some CPUs, so AR loops use it and speculative loops time both
+        (:func:`jaxspec.causal.decode.tune_verification`).
         Int8 matrices ``name + "_q"`` (:mod:`models.quant`) become ``name + "_q_t"``; their
         scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
 
@@ -329,8 +335,9 @@ def unstack_layers(params, output_major: bool = False):
     if isinstance(layers, (tuple, list)):
         return params
     n = next(iter(layers.values())).shape[0]
-    return {**params, "layers": tuple(dict(layer_entry(k, v, i, output_major)
-                                           for k, v in layers.items()) for i in range(n))}
+    per_layer = (dict(layer_entry(k, v, i, output_major) for k, v in layers.items())
+                 for i in range(n))
+    return {**params, "layers": tuple(map(fuse_qkv, per_layer) if output_major else per_layer)}
 
 
 def layer_entry(name: str, stacked, i: int, output_major: bool = False) -> tuple[str, Any]:
@@ -341,6 +348,45 @@ def layer_entry(name: str, stacked, i: int, output_major: bool = False) -> tuple
     if output_major and (name in MATRICES or (name.endswith("_q") and name[:-2] in MATRICES)):
         return name + "_t", stacked[i].T
     return name, stacked[i]
+
+
+def _sharded(x) -> bool:
+    """Whether ``x`` is a concrete array laid out over more than one device."""
+    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and len(x.sharding.device_set) > 1)
+
+
+def fuse_qkv(lp: dict) -> dict:
+    """One layer's output-major dict (:func:`unstack_layers`) with ``wq_t``, ``wk_t`` and
+    ``wv_t`` replaced by their row concatenation ``wqkv_t`` ``((H + 2K) * Dh, D)`` (int8:
+    ``wqkv_q_t`` and the concatenated per-row scales ``wqkv_s``); other dicts unchanged, and
+    so are arrays laid out over several devices (their heads are split over the model axis,
+    :mod:`models.sharding`, and a fused matrix would mix them).
+
+    Why (README "Performance notes"): XLA:CPU's matrix-vector kernel splits a product into
+    tasks of at least 2^19 multiply-adds, so SmolLM2-135M's ``576 x 576`` and ``192 x 576``
+    products run on one thread (about 14 GB/s on a 2-core AMD EPYC) and the fused
+    ``960 x 576`` one on two (about 24 GB/s). The model computes the same q, k and v."""
+    for suffix in ("_t", "_q_t"):
+        names = [m + suffix for m in QKV]
+        if not all(n in lp for n in names) or any(_sharded(lp[n]) for n in names):
+            continue
+        scales = [m + "_s" for m in QKV] if suffix == "_q_t" else []
+        out = {k: v for k, v in lp.items() if k not in names and k not in scales}
+        out[QKV_FUSED + suffix] = jnp.concatenate([lp[n] for n in names], axis=0)
+        if scales:
+            out[QKV_FUSED + "_s"] = jnp.concatenate([lp[n] for n in scales], axis=0)
+        return out
+    return lp
+
+
+def has_projection(lp, name: str) -> bool:
+    """Whether a (stacked or one layer's) ``layers`` dict holds projection ``name`` in any
+    decode layout: float ``name`` / ``name + "_t"``, int8 ``name + "_q"`` / ``name + "_q_t"``
+    with scales ``name + "_s"`` (:mod:`models.quant`), or for q/k/v fused (:func:`fuse_qkv`)."""
+    names = [name] + ([QKV_FUSED] if name in QKV else [])
+    return any(n in lp or n + "_t" in lp
+               or ((n + "_q" in lp or n + "_q_t" in lp) and n + "_s" in lp) for n in names)
 
 
 def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
@@ -364,6 +410,15 @@ def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
     else:
         y = jnp.einsum("...i,oi->...o", x, lp[name + "_q_t"].astype(x.dtype))
     return (y.astype(jnp.float32) * lp[name + "_s"]).astype(x.dtype)
+
+
+def qkv_proj(x: jax.Array, lp: dict, q_dim: int, kv_dim: int) -> tuple:
+    """``(q (..., q_dim), k (..., kv_dim), v (..., kv_dim))`` of ``x`` ``(..., D)``: one
+    product over the fused ``wqkv`` (:func:`fuse_qkv`) split at ``q_dim`` and
+    ``q_dim + kv_dim``, else three :func:`proj` products."""
+    if QKV_FUSED + "_t" in lp or QKV_FUSED + "_q_t" in lp:
+        return tuple(jnp.split(proj(x, lp, QKV_FUSED), (q_dim, q_dim + kv_dim), axis=-1))
+    return proj(x, lp, "wq"), proj(x, lp, "wk"), proj(x, lp, "wv")
 
 
 def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> jax.Array:

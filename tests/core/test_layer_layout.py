@@ -33,6 +33,10 @@ def test_unrolled_forward_equals_scanned(arch, output_major):
         np.testing.assert_array_equal(per_layer["layers"][1]["w_up_t"],
                                       params["layers"]["w_up"][1].T)
         assert "w_up" not in per_layer["layers"][1]
+        # q/k/v fused into one (out, in) matrix (modeling.fuse_qkv): their rows in order
+        want = jnp.concatenate([params["layers"][m][1].T for m in ("wq", "wk", "wv")], axis=0)
+        np.testing.assert_array_equal(per_layer["layers"][1]["wqkv_t"], want)
+        assert not {"wq_t", "wk_t", "wv_t", "wq", "wk", "wv"} & per_layer["layers"][1].keys()
     else:
         np.testing.assert_array_equal(per_layer["layers"][1]["wq"], params["layers"]["wq"][1])
     B, T, S = 2, 5, 12
@@ -162,11 +166,12 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
     split = runtime.decode_layout_in_place({"params": params}, "unrolled")["params"]
     assert stacked.is_deleted() and not params["embed"].is_deleted()
     assert split["embed"] is params["embed"] and len(split["layers"]) == 3
-    for i in range(3):  # output-major by default: the AR loop's layout
-        for name, w in keep["layers"].items():
-            key, want = layer_entry(name, w, i, output_major=True)
-            np.testing.assert_array_equal(split["layers"][i][key], want)
-    assert "wq_t" in split["layers"][0] and runtime.split_layout(split) == "output-major"
+    want = unstack_layers(keep, output_major=True)["layers"]  # the AR loop's layout
+    for got, ref in zip(split["layers"], want, strict=True):
+        assert got.keys() == ref.keys()
+        for key in ref:
+            np.testing.assert_array_equal(got[key], ref[key])
+    assert "wqkv_t" in split["layers"][0] and runtime.split_layout(split) == "output-major"
     assert runtime.decode_layout_in_place(split, "unrolled") is split  # nothing left to split
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3]]
@@ -285,7 +290,7 @@ def test_split_in_place_reuses_a_decode_copy_and_fixes_the_verify_layout(monkeyp
     qp = quantize_params(fresh)
     keep = jax.tree_util.tree_map(jnp.array, qp)
     qsplit = runtime.decode_layout_in_place(qp, "unrolled")
-    assert runtime.split_layout(qsplit) == "output-major" and "wq_q_t" in qsplit["layers"][0]
+    assert runtime.split_layout(qsplit) == "output-major" and "wqkv_q_t" in qsplit["layers"][0]
     assert qp["layers"]["wq_q"].is_deleted() and runtime.split_bytes(qsplit) == 0
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     prompts, kw = [[5, 6, 7, 5, 6, 7, 5, 6]], dict(max_new_tokens=10, eos_ids=())

@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
+    from jaxspec.core.runtime import decode_layout
     from jaxspec.methods import METHODS
     from models.sharding import make_mesh, mesh_of, shard_params
     from tests.test_methods import _inputs
@@ -79,9 +80,13 @@ def main(argv=None) -> int:
         sp = shard_params(model.config, params, mesh)
         many = m.run(model, sp, inp, m.build(sharded(opts)), seed=3)
         spec = str(sp["layers"]["wq" if m.family != "asarm" else "q"].sharding.spec)
+        # the AR loop's output-major layout keeps q/k/v apart on a mesh (modeling.fuse_qkv)
+        fused = (None if m.family == "asarm" else
+                 "wqkv_t" in decode_layout(sp, "unrolled", output_major=True)["layers"][0])
         print(json.dumps({"method": name, "tokens": rows(one) == rows(many),
                           "nfe": nfe(one) == nfe(many), "mesh": dict(mesh.shape),
-                          "on_mesh": mesh_of(sp) is not None, "wq_spec": spec}), flush=True)
+                          "on_mesh": mesh_of(sp) is not None, "wq_spec": spec,
+                          "fused_on_mesh": fused}), flush=True)
     return 0
 
 

@@ -95,6 +95,11 @@ def test_layouts_give_the_same_int8_logits():
         assert isinstance(tree["layers"], tuple) and is_quantized(tree)
         np.testing.assert_allclose(_forward(model, tree), ref, rtol=0, atol=1e-5)
     assert decode_layout(qp, "scan") is qp
+    # fusing q/k/v (output-major) commutes with per-output-channel quantization
+    a, b = unstack_layers(qp, output_major=True), quantize_params(unstack_layers(params, True))
+    for key in ("wqkv_q_t", "wqkv_s"):
+        np.testing.assert_array_equal(a["layers"][0][key], b["layers"][0][key])
+    assert "wq_s" not in a["layers"][0] and a["layers"][0]["wqkv_q_t"].dtype == jnp.int8
 
 
 def test_int8_speculative_decoding_identical_to_int8_ar():

@@ -101,6 +101,7 @@ def test_every_method_identical_on_a_mesh():
     for r in rows:
         assert r["on_mesh"] and "model" in r["wq_spec"], r
         assert r["tokens"] and r["nfe"], r
+        assert not r["fused_on_mesh"], r  # q/k/v heads stay split over the model axis
 
 
 @pytest.mark.slow  # 50 s: `make test-all`; make test keeps the mesh CLI and shard-by-shard loading
