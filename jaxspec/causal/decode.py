@@ -273,11 +273,16 @@ def _no_draft(B: int) -> Draft:
 # ----------------------------------------------------------------------------- step and loop
 
 def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeState) -> DecodeState:
-    """One decode-loop iteration: draft, verify (or a plain AR step), tell the drafter."""
+    """One decode-loop iteration: draft, verify (or a plain AR step), tell the drafter.
+
+    ``params`` is the pair ``(verify, one_token)``: the target's weights in the layout of its
+    verification passes and in the layout of its one-token AR steps (the same tree, or its
+    output-major copy: :func:`tune_verification`). Both compute the same model."""
+    verify_params, step_params = params
     B = st.buffer.shape[0]
     kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
     if cfg.drafter is None:
-        return verify_step(cfg, params, st, _no_draft(B), kv, pad)
+        return verify_step(cfg, step_params, st, _no_draft(B), kv, pad)
     ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
     draft, dstate = cfg.drafter.propose(drafter_params, st.drafter_state, ctx, kd,
                                         not cfg.sampling.greedy)
@@ -286,8 +291,8 @@ def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeStat
     # less and verifying nothing is trivially lossless. The drafter's NFE is spent anyway.
     no_draft = _no_draft(B).replace(nfe=draft.nfe)
     st = jax.lax.cond(jnp.any(draft.has_draft & ~st.done),
-                      lambda s: verify_step(cfg, params, s, draft, kv, pad),
-                      lambda s: verify_step(cfg, params, s, no_draft, kv, pad), st)
+                      lambda s: verify_step(cfg, verify_params, s, draft, kv, pad),
+                      lambda s: verify_step(cfg, step_params, s, no_draft, kv, pad), st)
     n_accepted = jnp.maximum(st.length - ctx.length - 1, 0)
     ctx = ctx.replace(buffer=st.buffer, length=st.length)
     return st.replace(drafter_state=cfg.drafter.update(drafter_params, st.drafter_state, ctx,
@@ -297,10 +302,11 @@ def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeStat
 def decode_loop(params, drafter_params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
                 cfg: LoopConfig):
     """The jitted program: prefill + ``lax.while_loop`` of :func:`step` until every row is
-    done. Returns ``(tokens (B, max_new), n_new, target_nfe, draft_nfe, steps, hist,
+    done. ``params`` is :func:`step`'s ``(verify, one_token)`` pair; the prompt pass runs on
+    the first. Returns ``(tokens (B, max_new), n_new, target_nfe, draft_nfe, steps, hist,
     proposed)``."""
     P = prompt.shape[1]
-    st = prefill(cfg, params, drafter_params, prompt, pad, key)
+    st = prefill(cfg, params[0], drafter_params, prompt, pad, key)
     st = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                             lambda s: step(cfg, params, drafter_params, pad, s), st)
     return (st.buffer[:, P:P + cfg.max_new], st.n_new, st.target_nfe, st.draft_nfe, st.steps,
@@ -352,9 +358,13 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
     keeps the faster; for weights over :data:`AUTO_LAYOUT_MAX_BYTES` it takes ``"stored"``
     untimed, since each timed layout holds a per-layer copy; a tree split in place,
-    :func:`jaxspec.core.runtime.decode_layout_in_place`, verifies on its own layout, untimed)
-    and the cost gate
-    (:class:`jaxspec.core.drafters.CostGate`).
+    :func:`jaxspec.core.runtime.decode_layout_in_place`, verifies on its own layout, untimed),
+    the layout of the loop's one-token steps (the steps with no draft to verify:
+    ``settings["step_layout"]``; output-major, the AR loop's faster layout, unless the tree
+    is split in place, its weights exceed :data:`AUTO_LAYOUT_MAX_BYTES`, or the drafter
+    appends draft queries to every pass), and the cost gate
+    (:class:`jaxspec.core.drafters.CostGate`; its pass cost is the verification pass over a
+    one-token step in their layouts).
 
     Args:
       gate: ``"off"``; a float, the cost of a ``k + 1``-row pass in one-token steps (>= 1);
@@ -364,8 +374,9 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
         ``k + 1``-row pass costs about one step).
 
     Returns:
-      ``(drafter, possibly wrapped in the gate; output_major: bool; settings: dict)`` with
-      ``settings`` naming the layout, the measured seconds and the gate's ``verify_cost``.
+      ``(drafter, possibly wrapped in the gate; output_major: bool, the verification
+      layout; settings: dict)`` with ``settings`` naming the two layouts, the measured
+      seconds and the gate's ``verify_cost``.
 
     Raises:
       ValueError: an unknown gate or layout name, a gate cost below 1, or a verify layout
@@ -394,11 +405,17 @@ def tune_verification(model, params, drafter: Drafter, B: int, S: int,
     layout = "stored" if layout == "auto" else layout
     settings["verify_layout"] = layout if unrolled else "stacked"
     om = unrolled and layout == "output-major"
+    # one-token steps (no draft to verify) on output-major weights, the AR loop's layout: a
+    # second per-layer copy unless split in place or large; not with draft queries (SPACE),
+    # whose every pass has several rows
+    step_om = om or (unrolled and not split and not hasattr(drafter, "draft_queries")
+                     and split_bytes(params) <= AUTO_LAYOUT_MAX_BYTES)
+    settings["step_layout"] = ("output-major" if step_om else "stored") if unrolled else "stacked"
     if gate == "auto":
         gate = "off"
         if unrolled and jax.default_backend() == "cpu" and isinstance(drafter, NgramDrafter):
             gate = (pass_seconds(model, params, B, S, T, om)
-                    / pass_seconds(model, params, B, S, 1, om))
+                    / pass_seconds(model, params, B, S, 1, step_om))
             gate = round(max(gate, 1.0), 2)  # the loop compiles once per value
     if gate != "off":
         drafter = CostGate(drafter, float(gate))
@@ -485,7 +502,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     Returns:
       :class:`GenerationResult`; ``stats.draft_nfe`` counts the drafter's forward passes.
       With a drafter, the target's verification layout (:func:`resolve_verify_layout`;
-      ``"auto"`` is timed on the first call per model and batch size) and the gate's pass
+      ``"auto"`` is timed on the first call per model and batch size), the layout of its
+      one-token steps (``step_layout``, :func:`tune_verification`) and the gate's pass
       cost are in ``settings``; their one-time timing is counted in ``compile_s``.
 
     Raises:
@@ -507,6 +525,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
             f"drafts exceeds the draft model's context of {dctx} tokens")
     buf, pad = left_pad(prompts, bucket, pad_id)
     om, settings, tune_s = drafter is None, {}, 0.0
+    step_om = om
     if drafter is not None:
         # one-token AR steps run fastest on output-major weights; verification passes on
         # the layout tune_verification picks, per CPU (README "Performance notes")
@@ -516,12 +535,16 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         drafter, om, settings = tune_verification(model, params, drafter, len(prompts), S, gate)
         # counted like compilation when passes were timed (a cached choice costs nothing)
         tune_s = time.perf_counter() - t0 if len(_PASS_SECONDS) > timed else 0.0
+        step_om = settings["step_layout"] == "output-major"
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
     # the loop tune_verification settled on (a copy's fit is weighed once, for one layout)
     layer_loop = None if drafter is None else (
         "scan" if settings["verify_layout"] == "stacked" else "unrolled")
-    args = (decode_layout(params, layer_loop, output_major=om), decode_layout(drafter_params),
+    verify_tree = decode_layout(params, layer_loop, output_major=om)
+    step_tree = (verify_tree if step_om == om
+                 else decode_layout(params, layer_loop, output_major=step_om))
+    args = ((verify_tree, step_tree), decode_layout(drafter_params),
             *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)

@@ -180,13 +180,19 @@ def test_tune_verification_picks_the_faster_layout(monkeypatch):
         assert om and settings["verify_layout"] == "output-major"
         assert isinstance(drafter, CostGate) and drafter.verify_cost == 1.6
         assert settings["verify_s"] == {"stored": 0.050, "output-major": 0.040}
+        assert settings["step_layout"] == "output-major"
         with verify_layout("stored"):
             drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="off")
-        assert not om and drafter is ng and settings == {"verify_layout": "stored"}
+            assert not om and drafter is ng
+            assert settings == {"verify_layout": "stored", "step_layout": "output-major"}
+            # the gate weighs the stored verification pass against an output-major step
+            drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
+            assert not om and drafter.verify_cost == 2.0
     calls.clear()
     with layer_loop("scan"):
         drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
-    assert drafter is ng and not om and calls == [] and settings == {"verify_layout": "stacked"}
+    assert drafter is ng and not om and calls == []
+    assert settings == {"verify_layout": "stacked", "step_layout": "stacked"}
 
 
 def test_pass_seconds_times_once_per_key():
@@ -209,4 +215,4 @@ def test_auto_layout_untimed_for_large_weights(monkeypatch):
     monkeypatch.setattr(D, "pass_seconds", lambda *a, **k: pytest.fail("timed a large model"))
     with layer_loop("unrolled"):
         drafter, om, settings = tune_verification(model, params, NgramDrafter(3, 64), 1, 64)
-    assert not om and settings == {"verify_layout": "stored"}
+    assert not om and settings == {"verify_layout": "stored", "step_layout": "stored"}

@@ -13,8 +13,8 @@ import pytest
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core import runtime
-from jaxspec.core.runtime import (decode_layout, resolve_layer_loop, resolve_verify_layout,
-                                  verify_layout)
+from jaxspec.core.runtime import (decode_layout, layer_loop, resolve_layer_loop,
+                                  resolve_verify_layout, verify_layout)
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
@@ -244,11 +244,46 @@ def test_verification_identical_in_either_verify_layout(monkeypatch, sampled):
         om = generate(model, params, prompts, **kw)
     ar = generate(model, params, prompts, max_new_tokens=12, seed=3,
                   sampling=kw["sampling"])           # AR: output-major in any setting
-    assert seen == [False, False, True, False, True, False]  # (target, drafter) per call
+    # per call: the target's verification layout, its one-token step layout when it differs
+    # (output-major, the AR loop's), the drafter's
+    assert seen == [False, True, False, True, False, True, False]
     assert om.tokens == stored.tokens
     if not sampled:  # greedy: token for token the reference decoder's output
         assert om.tokens == ar.tokens
     assert (om.stats.target_nfe == stored.stats.target_nfe).all()
+
+
+def test_one_token_steps_of_a_speculative_loop_run_on_the_ar_layout(monkeypatch):
+    """With stored-layout verification, the n-gram loop's steps without a draft run on the
+    output-major weights (fused q/k/v) and its verification passes on the stored ones; the
+    tokens are the AR loop's. Split in place, or with draft queries, one layout serves both."""
+    import jaxspec.causal.decode as D
+
+    real, traced = D.verify_step, []
+
+    def spy(cfg, params, st, draft, key, pad):
+        traced.append((draft.tokens.shape[1], "wqkv_t" in params["layers"][0]))
+        return real(cfg, params, st, draft, key, pad)
+
+    monkeypatch.setattr(D, "verify_step", spy)
+    runtime.clear_compiled()
+    model, params = tiny_model(layers=2)
+    prompts, kw = [[1, 2, 3, 1, 2, 3, 1], [5, 6]], dict(max_new_tokens=12, eos_ids=())
+    with layer_loop("unrolled"), verify_layout("stored"):
+        ng = generate(model, params, prompts, drafter=NgramDrafter(3, 64), **kw)
+        assert ng.settings["step_layout"] == "output-major"
+        assert sorted(set(traced)) == [(0, True), (3, False)]
+        traced.clear()
+        assert generate(model, params, prompts, **kw).tokens == ng.tokens
+        assert set(traced) == {(0, True)}  # AR: every step output-major
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    split = runtime.decode_layout_in_place(params, "unrolled", output_major=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    traced.clear()
+    res = generate(model, split, prompts, drafter=NgramDrafter(3, 64), **kw)
+    assert res.settings["step_layout"] == "stored" and set(traced) == {(0, False), (3, False)}
+    assert res.tokens == ng.tokens
+    runtime.clear_compiled()
 
 
 def test_unknown_verify_layout_is_a_clear_error(monkeypatch):

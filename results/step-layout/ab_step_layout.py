@@ -1,0 +1,96 @@
+"""The n-gram loop's one-token steps on the AR layout against the verification layout,
+interleaved in one process on the real SmolLM2-135M-Instruct weights (issue 16).
+
+    python results/step-layout/ab_step_layout.py [--limit 8] [--reps 2] [--out FILE]
+
+Both arms verify drafts on the stored (input-major) per-layer weights
+(``verify_layout("stored")``, what the ``ar`` suite's timing picked on this CPU). They differ in
+the steps that find no draft to verify (:func:`jaxspec.causal.decode.step`): on the same
+stored weights (what the loop did before ``settings["step_layout"]``), or on the output-major
+weights with fused q/k/v (the AR loop's layout, now the default). Greedy, draft length 8,
+n-grams 2-3, no bigram fallback (the suite's ``jaxspec/ngram``), 128 new tokens, HumanEval
+prompts. The tokens must be identical between the arms and to AR decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+
+import jaxspec.causal.decode as D
+from jaxspec.bench.common import cpu_model, suite_prompts
+from jaxspec.core.drafters import NgramDrafter
+from jaxspec.core.runtime import layer_loop, verify_layout
+from models.registry import load_model
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
+    prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
+    drafter = NgramDrafter(8, model.config.vocab_size, max_ngram=3, min_ngram=2,
+                           bigram_fallback=False)
+    kw = dict(max_new_tokens=args.new, eos_ids=(2,))
+    default_max = D.AUTO_LAYOUT_MAX_BYTES
+
+    def run(arm, ids):
+        # 0 bytes: no second per-layer copy, so the one-token steps keep the stored weights
+        D.AUTO_LAYOUT_MAX_BYTES = 0 if arm == "stored" else default_max
+        try:
+            return D.generate(model, params, [ids], drafter=drafter, **kw)
+        finally:
+            D.AUTO_LAYOUT_MAX_BYTES = default_max
+
+    arms = ("stored", "output-major")
+    secs = {a: [] for a in arms}
+    ratios = []  # per prompt: median stored seconds over median output-major seconds
+    same, steps, no_draft = True, 0, 0
+    with layer_loop("unrolled"), verify_layout("stored"):
+        for i, ids in enumerate(prompts):
+            ref = D.generate(model, params, [ids], **kw).tokens  # AR
+            outs = {}
+            for a in arms:  # warm-up and compile, then the check
+                res = run(a, ids)
+                assert res.settings["step_layout"] == a, res.settings
+                outs[a] = res.tokens
+            same &= outs["stored"] == outs["output-major"] == ref
+            steps += int(res.stats.target_nfe[0]) - 1
+            no_draft += int(res.stats.target_nfe[0]) - 1 - int(res.stats.drafts_proposed[0]) // 8
+            mine = {a: [] for a in arms}
+            for r in range(args.reps):
+                for a in (arms if (i + r) % 2 == 0 else arms[::-1]):
+                    t0 = time.perf_counter()
+                    run(a, ids)
+                    mine[a].append(time.perf_counter() - t0)
+            for a in arms:
+                secs[a] += mine[a]
+            ratios.append(statistics.median(mine["stored"]) / statistics.median(mine[arms[1]]))
+            print(f"prompt {i}: {len(ref[0])} tokens", flush=True)
+    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy n-gram "
+             f"(k = 8), {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
+             f"interleaved reps; identical to AR in both arms: {'yes' if same else 'NO'}; "
+             f"{no_draft} of {steps} loop steps had no draft ({no_draft / max(steps, 1):.0%})", "",
+             "| one-token steps on | seconds per prompt, median | fastest | "
+             "median of per-prompt speedups |", "|---|---|---|---|"]
+    for a, t in secs.items():
+        ratio = 1.0 if a == "stored" else statistics.median(ratios)
+        lines.append(f"| {a} weights | {statistics.median(t):.2f} | {min(t):.2f} | "
+                     f"{ratio:.2f}x |")
+    lines += ["", "per-prompt speedups: " + ", ".join(f"{r:.2f}" for r in ratios)]
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
