@@ -389,6 +389,18 @@ def decode_layout(tree: Any, layer_loop: str | None = None, output_major: bool =
     return _map_bodies(tree, _stacked(lambda layers: _unstacked_layers(layers, output_major)))
 
 
+def _fused_in_place(lp: dict) -> dict:
+    """:func:`models.llama.modeling.fuse_qkv` of one layer's dict, deleting the separate q/k/v
+    arrays once the fused one exists (so fusing holds one layer's q/k/v twice at most)."""
+    fused = fuse_qkv(lp)
+    if fused is not lp:
+        jax.block_until_ready(fused)
+        for key in lp.keys() - fused.keys():
+            if isinstance(lp[key], jax.Array):
+                lp[key].delete()
+    return fused
+
+
 def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
                            output_major: bool = True, force: bool = False) -> Any:
     """The one-copy decode layout: where the layer loop (:func:`resolve_layer_loop`, with no
@@ -446,6 +458,6 @@ def decode_layout_in_place(tree: Any, layer_loop: str | None = None,
                 per_layer[key] = part
             if isinstance(w, jax.Array):
                 w.delete()
-        return tuple(map(fuse_qkv, out)) if output_major else tuple(out)
+        return tuple(_fused_in_place(lp) for lp in out) if output_major else tuple(out)
 
     return _map_bodies(tree, _stacked(split))

@@ -247,11 +247,7 @@ class CausalLM(nn.Module):
             o = jnp.einsum("bkgts,bkds->btkgd", w, vals).reshape(B, T, H * Dh)
             h = h + proj(o, lp, "wo")
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
-            if "w_gate_up_t" in lp:
-                g, u = jnp.split(proj(m, lp, "w_gate_up"), 2, axis=-1)
-            else:
-                g, u = proj(m, lp, "w_gate"), proj(m, lp, "w_up")
-            h = h + proj(jax.nn.silu(g) * u, lp, "w_down")
+            h = h + proj(jax.nn.silu(proj(m, lp, "w_gate")) * proj(m, lp, "w_up"), lp, "w_down")
             return (h, kc_all, vc_all, li + 1), None
 
         def run_layers(carry):
