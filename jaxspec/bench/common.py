@@ -831,6 +831,15 @@ def report_header(title: str, result: dict, *, peers: bool = False) -> list[str]
     return out + (["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""] if c else [])
 
 
+def emit_lines(lines: Sequence[str], out: Optional[str] = None) -> None:
+    """Print a probe's markdown ``lines`` and, with ``out``, write them to that file too (the
+    one-off scripts under ``results/``)."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if out:
+        Path(out).write_text(text)
+
+
 def save_figure(fig, out: Path, title: Optional[str] = None) -> Path:
     """Give ``fig`` its (small) title, lay it out, write it to ``out`` as PNG and close it."""
     from jaxspec.core.plotting import pyplot

@@ -19,7 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxspec.bench.common import cpu_model
+from jaxspec.bench.common import cpu_model, emit_lines
 from jaxspec.causal.decode import generate
 from models.llama import modeling as M
 from models.registry import load_model
@@ -72,10 +72,7 @@ def main(argv=None) -> int:
     for n, t in ms.items():
         lines.append(f"| {n} | {statistics.median(t):.2f} | {min(t):.2f} | "
                      f"{base / statistics.median(t):.2f}x |")
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    emit_lines(lines, args.out)
     return 0 if same else 1
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 import time
 
 import jax
@@ -75,9 +76,8 @@ def main(argv=None) -> int:
         lines.append(f"| {name} | {predicted_tasks(m, k)} | {nbytes / med / 1e9:.1f} | "
                      f"{nbytes / best / 1e9:.1f} | {threads:.2f} |")
         print(lines[-1], flush=True)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    if args.out:  # the rows were printed as they came
+        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
     return 0
 
 

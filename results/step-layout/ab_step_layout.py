@@ -21,7 +21,7 @@ import time
 import jax
 
 import jaxspec.causal.decode as D
-from jaxspec.bench.common import cpu_model, suite_prompts
+from jaxspec.bench.common import cpu_model, emit_lines, suite_prompts
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.runtime import layer_loop, verify_layout
 from models.registry import load_model
@@ -85,10 +85,7 @@ def main(argv=None) -> int:
         lines.append(f"| {a} weights | {statistics.median(t):.2f} | {min(t):.2f} | "
                      f"{ratio:.2f}x |")
     lines += ["", "per-prompt speedups: " + ", ".join(f"{r:.2f}" for r in ratios)]
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    emit_lines(lines, args.out)
     return 0 if same else 1
 
 
