@@ -317,7 +317,8 @@ def _draft_options(args, tok) -> dict:
 
     dmodel, dparams, dtok, _ = load_model(args.draft_model, args.draft_weights,
                                           dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
-    dparams = decode_layout_in_place(dparams, output_major=False)  # one copy on a GPU
+    # one copy on a GPU; an SPS draft model drafts in one-token steps: the AR layout
+    dparams = decode_layout_in_place(dparams, output_major=args.method == "sps")
     if args.method == "sps":
         if not tok.same_vocabulary(dtok):
             raise ValueError(f"draft model {args.draft_model!r} has a different tokenizer than "

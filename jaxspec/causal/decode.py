@@ -490,7 +490,9 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         :class:`~jaxspec.core.drafters.NgramDrafter`. When no active row has a draft the
         step falls back to a single-token AR pass.
       drafter_params: the drafter's parameters (a draft model's weights; ``()`` for none),
-        a traced argument of the compiled loop.
+        a traced argument of the compiled loop, in the decode layout
+        (:func:`jaxspec.core.runtime.decode_layout`; output-major for a drafter that sets
+        ``one_token_steps``, :mod:`jaxspec.core.drafters`).
       seed: PRNG seed; the same seed reproduces a run exactly.
       eos_ids: tokens that end a row.
       pad_id: filler for left padding (never attended).
@@ -544,8 +546,10 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     verify_tree = decode_layout(params, layer_loop, output_major=om)
     step_tree = (verify_tree if step_om == om
                  else decode_layout(params, layer_loop, output_major=step_om))
-    args = ((verify_tree, step_tree), decode_layout(drafter_params),
-            *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
+    draft_tree = decode_layout(drafter_params,
+                               output_major=bool(getattr(drafter, "one_token_steps", False)))
+    args = ((verify_tree, step_tree), draft_tree, *place_batch(params, buf, pad),
+            jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)
     rows = cut_after_eos(toks, loop.eos_ids, budget=np.minimum(n_new, max_new_tokens))

@@ -73,6 +73,9 @@ class DraftModelDrafter:
     sampling: SamplingConfig = SamplingConfig()
 
     name = "sps"
+    # k - 1 of its k draft forwards per step are one-token steps: the AR loop's weight layout
+    # (output-major, fused q/k/v) runs them faster (jaxspec.core.drafters, "Drafter weight layout")
+    one_token_steps = True
 
     def __post_init__(self):
         if int(self.draft_length) < 1:

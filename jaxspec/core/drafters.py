@@ -39,6 +39,12 @@ and nothing sees them, so the verification rows are unchanged. ``absorb`` receiv
 logits after the step's acceptance (``n_accepted`` drafts) and keeps what the next
 ``propose`` needs.
 
+**Drafter weight layout (optional).** A drafter whose forwards are mostly one-token steps (a
+draft model drafting token by token, :class:`jaxspec.causal.sps.DraftModelDrafter`) sets the
+class attribute ``one_token_steps = True``; :func:`jaxspec.causal.decode.generate` then hands
+it its weights in the AR loop's output-major decode layout
+(:func:`jaxspec.core.runtime.decode_layout`) instead of the stored one.
+
 **Context n-gram drafter** (:class:`NgramDrafter`): model-free drafts from the sequence
 decoded so far (ASSD paper, Appendix E.5, Algorithm 2, run in left-to-right order; Stewart
 et al. 2024 "context n-grams"; prompt lookup decoding):

@@ -286,6 +286,30 @@ def test_one_token_steps_of_a_speculative_loop_run_on_the_ar_layout(monkeypatch)
     runtime.clear_compiled()
 
 
+def test_sps_draft_model_drafts_on_the_ar_layout(monkeypatch):
+    """An SPS draft model (``one_token_steps``) gets its weights output-major with fused
+    q/k/v, and SPS stays token-identical to AR."""
+    from jaxspec.causal.sps import DraftModelDrafter
+
+    real, traced = DraftModelDrafter.propose, []
+
+    def spy(self, params, *a, **k):
+        traced.append("wqkv_t" in params["layers"][0])
+        return real(self, params, *a, **k)
+
+    monkeypatch.setattr(DraftModelDrafter, "propose", spy)
+    runtime.clear_compiled()
+    model, params = tiny_model(layers=2)
+    dmodel, dparams = tiny_model(layers=1, seed=5)
+    prompts, kw = [[1, 2, 3, 1, 2, 3, 1], [5, 6]], dict(max_new_tokens=10, eos_ids=())
+    with layer_loop("unrolled"):
+        sps = generate(model, params, prompts, drafter=DraftModelDrafter(dmodel, 3),
+                       drafter_params=dparams, **kw)
+        assert traced == [True]
+        assert sps.tokens == generate(model, params, prompts, **kw).tokens
+    runtime.clear_compiled()
+
+
 def test_unknown_verify_layout_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="unknown verify layout 'fast'"):
         resolve_verify_layout("fast")
