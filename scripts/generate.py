@@ -197,8 +197,11 @@ def stats_line(label, res, degen) -> str:
 
 
 def tuning_note(settings: dict) -> str:
-    """The per-machine choices of a speculative decode (verification layout, gate cost)."""
+    """The per-machine choices of a speculative decode (verification layout, the layout of
+    its one-token steps, gate cost)."""
     out = f" verify-layout={settings['verify_layout']}" if "verify_layout" in settings else ""
+    if settings.get("step_layout", settings.get("verify_layout")) != settings.get("verify_layout"):
+        out += f" step-layout={settings['step_layout']}"
     if "verify_cost" in settings:
         out += f" gate-cost={settings['verify_cost']:.2f}"
     return out

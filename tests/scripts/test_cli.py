@@ -66,6 +66,15 @@ def test_generate_tiny_compare(tiny_llama, capsys):
     assert "[ngram] tokens=" in out and "NFE=" in out and "MAT=" in out
 
 
+def test_tuning_note_names_the_step_layout_when_it_differs():
+    note = gen_cli.tuning_note({"verify_layout": "stored", "step_layout": "output-major",
+                                "verify_cost": 1.5})
+    assert note == " verify-layout=stored step-layout=output-major gate-cost=1.50"
+    assert gen_cli.tuning_note({"verify_layout": "stacked", "step_layout": "stacked"}) == (
+        " verify-layout=stacked")
+    assert gen_cli.tuning_note({}) == ""
+
+
 def test_generate_sps_compare(tiny_llama, tiny_qwen2, capsys):
     """SPS from the CLI: a tiny Qwen2 drafts for a tiny Llama (same tokenizer), greedy
     output identical to AR."""
