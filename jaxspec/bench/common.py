@@ -474,10 +474,19 @@ def matvec_bandwidth(num_params: int, reps: int = 5, rows: int = 4096,
       ``{"matrix_bytes", "matvec_s" (fastest seconds), "matvec_median_s", "gb_per_s"
       (1e9 bytes / s at the fastest product)}``.
     """
+    product, nbytes = matvec_probe(num_params, rows, max_bytes)
+    return _time_products(product, nbytes, reps)
+
+
+def matvec_probe(num_params: int, rows: int = 4096,
+                 max_bytes: int = MATVEC_MAX_BYTES) -> tuple[Callable[[], Any], int]:
+    """``(product, matrix bytes)``: a numpy ``W @ x`` over the float32 matrix of
+    :func:`matvec_bandwidth` (allocated once, here), to time whenever the machine's rate is
+    wanted, e.g. after every prompt of the ``ar`` suite (:func:`run_ar_suite`)."""
     cols = max(1, -(-min(int(num_params), int(max_bytes) // 4) // rows))
     w = np.full((rows, cols), 1e-3, np.float32)
     x = np.ones((cols,), np.float32)
-    return _time_products(lambda: w @ x, int(w.nbytes), reps)
+    return (lambda: w @ x), int(w.nbytes)
 
 
 def _time_products(product: Callable[[], Any], nbytes: int, reps: int) -> dict[str, float]:
@@ -611,17 +620,43 @@ def _decode_rate(outs: Sequence[RunOutput], ttft: Optional[Sequence[float]]) -> 
     decode steps alone, the rate the bandwidth ceiling bounds); None when not measured."""
     if not ttft:
         return {"ttft_s": None, "decode_tokens_per_s": None}
-    rates = [(len(o.tokens) - 1) / (o.seconds - t) for o, t in zip(outs, ttft)
-             if len(o.tokens) > 1 and o.seconds > t]
+    rates = [r for r in _decode_rates(outs, ttft) if r is not None]
     return {"ttft_s": _num(statistics.median(ttft), 4),
             "decode_tokens_per_s": _num(statistics.median(rates), 3) if rates else None}
 
 
+def _decode_rates(outs: Sequence[RunOutput], ttft: Sequence[float]) -> list[Optional[float]]:
+    """Per prompt, ``(new - 1) / (seconds - ttft)`` tokens/s, or None where it is undefined
+    (one token, or a first token that took the whole call)."""
+    return [(len(o.tokens) - 1) / (o.seconds - t) if len(o.tokens) > 1 and o.seconds > t
+            else None for o, t in zip(outs, ttft)]
+
+
+def _paired_share(outs: Sequence[RunOutput], ttft: Optional[Sequence[float]],
+                  matvec_s: Sequence[float], matrix_bytes: int, model_bytes: int) -> Optional[float]:
+    """Median over prompts of a system's decode rate over the bandwidth ceiling timed right
+    after that prompt (``matrix_bytes / matvec_s[i]`` bytes/s over the model's bytes): the
+    ceiling share with the machine's drift paired out. None without both measurements."""
+    if not ttft or len(matvec_s) != len(outs):
+        return None
+    shares = [rate * model_bytes * t / matrix_bytes
+              for rate, t in zip(_decode_rates(outs, ttft), matvec_s) if rate is not None]
+    return _num(statistics.median(shares), 3) if shares else None
+
+
+def _on_cpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_first: bool,
-                      progress: bool, log: Callable[[str], None]):
+                      progress: bool, log: Callable[[str], None],
+                      between: Optional[Callable[[], None]] = None):
     """The ``ar`` suite's protocol (module docstring): one untimed warm-up generation per
     system, then every prompt by every system in rotating order; with ``time_first`` the AR
-    systems also rerun each prompt with a one-token budget right after.
+    systems also rerun each prompt with a one-token budget right after; ``between`` is called
+    after each prompt's systems.
 
     Returns ``(outputs {name: [RunOutput per prompt]}, first-token seconds {name: [...]} of
     the AR systems, compile seconds {name: float})``."""
@@ -651,6 +686,8 @@ def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_fi
                 outs[s.name].append(o)
                 if s.name in ttft:
                     ttft[s.name].append(s.run(p.ids, max_new_tokens=1).seconds)
+            if between is not None:
+                between()
             if bar is not None:
                 bar.set_postfix_str(" ".join(
                     f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
@@ -703,7 +740,17 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
     names = [s.name for s in systems]
     if BASELINE not in names:
         raise BenchError(f"the baseline {BASELINE} must be among the systems")
-    outs, ttft, compile_s = _interleaved_runs(systems, prompts, bool(num_params), progress, log)
+    # on the CPU the ceiling's product is also timed after every prompt, to pair each prompt's
+    # decode rate with the machine's rate at that moment (a shared machine drifts)
+    matvec_s: list[float] = []
+    probe, matrix_bytes = (matvec_probe(num_params) if num_params and _on_cpu() else (None, 0))
+
+    def time_probe():  # one untimed product (other libraries' threads settle), fastest of 3
+        matvec_s.append(_time_products(probe, matrix_bytes, 3)["matvec_s"])
+
+    outs, ttft, compile_s = _interleaved_runs(systems, prompts, bool(num_params), progress, log,
+                                              between=time_probe if probe else None)
+    model_bytes = int(np.dtype(param_dtype).itemsize) * int(num_params or 0)
 
     ref = outs[BASELINE]
     rows, per_prompt = [], []
@@ -734,6 +781,8 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             "verify_layout": o[-1].settings.get("verify_layout"),
             "gate_cost": o[-1].settings.get("verify_cost"),
             **_decode_rate(o, ttft.get(s.name)),
+            "decode_share_paired": _paired_share(o, ttft.get(s.name), matvec_s, matrix_bytes,
+                                                 model_bytes),
             **mean_degeneracy([r.tokens for r in o]),
         })
     for i, p in enumerate(prompts):
@@ -755,6 +804,10 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
         per_prompt.append(entry)
 
     bandwidth = bandwidth_ceiling(num_params, param_dtype, bandwidth_reps) if num_params else None
+    if bandwidth is not None and matvec_s:
+        bandwidth["matvec_per_prompt_ms"] = [_num(t * 1e3, 2) for t in matvec_s]
+        bandwidth["matvec_per_prompt_gb_per_s_median"] = _num(
+            matrix_bytes / statistics.median(matvec_s) / 1e9, 2)
     return {
         "suite": "ar",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -871,8 +924,15 @@ def _ceiling_shares(result: dict) -> str:
     parts = [f"`{r['system']}/{r['method']}` {100 * r['decode_tokens_per_s'] / bound:.0f}% "
              f"(end to end, prefill included: {100 * r['median_tokens_per_s'] / bound:.0f}%)"
              for r in result.get("rows", ()) if bound and r.get("decode_tokens_per_s")]
+    paired = [f"`{r['system']}/{r['method']}` {100 * r['decode_share_paired']:.0f}%"
+              for r in result.get("rows", ()) if r.get("decode_share_paired")]
+    bw = result.get("bandwidth") or {}
+    note = (" Paired with the same product timed right after each prompt (fastest of 3; median "
+            f"{bw.get('matvec_per_prompt_gb_per_s_median')} GB/s; the machine's rate drifts "
+            "during a run), the median over prompts of decode rate / that prompt's ceiling: "
+            + "; ".join(paired) + ".") if paired else ""
     return (" Decode steps alone (`decode tok/s`) reach, of this ceiling: " + "; ".join(parts)
-            + ".") if parts else ""
+            + "." + note) if parts else ""
 
 
 def markdown_report(result: dict) -> str:

@@ -24,6 +24,17 @@ TEXTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
          "for i in range(10):\n    print(i * 2)\nfor i in range(10):\n"]
 
 
+def test_paired_ceiling_share_is_each_prompts_rate_over_its_own_ceiling():
+    from jaxspec.bench.common import RunOutput, _paired_share
+
+    outs = [RunOutput([1] * 11, 1.1, 11), RunOutput([1] * 21, 2.1, 21), RunOutput([1], 0.5, 1)]
+    ttft = [0.1, 0.1, 0.4]  # decode rates 10 and 10 tok/s; undefined for the one-token output
+    # a 1e9-byte product in 0.5 s and 0.25 s over a 1e8-byte model: ceilings 20 and 40 tok/s
+    assert _paired_share(outs, ttft, [0.5, 0.25, 0.1], 10 ** 9, 10 ** 8) == 0.375
+    assert _paired_share(outs, None, [0.5, 0.25, 0.1], 10 ** 9, 10 ** 8) is None
+    assert _paired_share(outs, ttft, [0.5], 10 ** 9, 10 ** 8) is None  # not timed per prompt
+
+
 def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     pytest.importorskip("torch")
     config, params = load_hf_dir(tiny_llama.path)
@@ -59,6 +70,10 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
             "bandwidth_bound_tokens_per_s"} <= set(doc)
     assert doc["suite"] == "ar" and doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
     assert doc["bandwidth_bound_tokens_per_s"] > 0
+    # the ceiling's product was also timed after each prompt, and paired with the decode rates
+    assert len(doc["bandwidth"]["matvec_per_prompt_ms"]) == len(prompts)
+    assert doc["bandwidth"]["matvec_per_prompt_gb_per_s_median"] > 0
+    assert "Paired with the same product" in md.read_text()
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
     assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted",
                                                   "jaxspec/ar-scan", "jaxspec/ngram-scan",
@@ -71,6 +86,7 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
         assert r["speedup_vs_baseline"] > 0
         assert (r["compile_s"] >= 0) if r["system"] == "jaxspec" else (r["compile_s"] is None)
     base = rows["jaxspec/ar"]
+    assert base["decode_share_paired"] > 0 and rows["jaxspec/ngram"]["decode_share_paired"] is None
     assert base["nfe_per_token"] == 1.0 and base["speedup_vs_baseline"] == 1.0
     assert base["acceptance_rate"] is None and base["compile_s"] > 0
     assert rows["transformers/ar"]["nfe_per_token"] == 1.0
