@@ -700,6 +700,42 @@ def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_fi
     return outs, ttft, compile_s
 
 
+def _suite_row(s, outs: dict, model_name: str, compile_s: dict, ttft: Optional[Sequence[float]],
+               paired: Optional[float]) -> dict[str, Any]:
+    """One system's row of the ``ar`` suite (:func:`run_ar_suite`) from every system's
+    outputs ``outs`` (the baseline's included), its first-token seconds and paired ceiling
+    share."""
+    o, ref = outs[s.name], outs[BASELINE]
+    new = sum(len(r.tokens) for r in o)
+    nfe = sum(r.target_nfe for r in o)
+    tps = [len(r.tokens) / max(r.seconds, 1e-9) for r in o]
+    ratio = [b.seconds / max(r.seconds, 1e-9) for b, r in zip(ref, o)]
+    proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
+    drafts = s.method != "ar"
+    return {
+        "system": s.system, "method": s.method, "model": model_name,
+        "prompts": len(o), "new_tokens": new,
+        "median_tokens_per_s": _num(statistics.median(tps), 3),
+        "mean_tokens_per_s": _num(statistics.fmean(tps), 3),
+        "nfe_per_token": _num(nfe / max(new, 1)),
+        "mat": _num(new / max(nfe, 1)),
+        "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
+        "draft_nfe_per_token": _num(sum(r.draft_nfe for r in o) / max(new, 1)),
+        # accepted draft tokens per decode step (the bonus / correction token not counted)
+        "mean_accepted_length": (_num(accepted / max(sum(r.steps for r in o), 1), 3)
+                                 if drafts and any(r.steps for r in o) else None),
+        "speedup_vs_baseline": _num(statistics.median(ratio), 3),
+        "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
+        **_drift(s, outs),
+        "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
+        "verify_layout": o[-1].settings.get("verify_layout"),
+        "gate_cost": o[-1].settings.get("verify_cost"),
+        **_decode_rate(o, ttft),
+        "decode_share_paired": paired,
+        **mean_degeneracy([r.tokens for r in o]),
+    }
+
+
 def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
                  num_params: Optional[int] = None, param_dtype: str = "float32",
                  config: Optional[dict] = None,
@@ -753,38 +789,10 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
     model_bytes = int(np.dtype(param_dtype).itemsize) * int(num_params or 0)
 
     ref = outs[BASELINE]
-    rows, per_prompt = [], []
-    for s in systems:
-        o = outs[s.name]
-        new = sum(len(r.tokens) for r in o)
-        nfe = sum(r.target_nfe for r in o)
-        tps = [len(r.tokens) / max(r.seconds, 1e-9) for r in o]
-        ratio = [b.seconds / max(r.seconds, 1e-9) for b, r in zip(ref, o)]
-        proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
-        drafts = s.method != "ar"
-        rows.append({
-            "system": s.system, "method": s.method, "model": model_name,
-            "prompts": len(o), "new_tokens": new,
-            "median_tokens_per_s": _num(statistics.median(tps), 3),
-            "mean_tokens_per_s": _num(statistics.fmean(tps), 3),
-            "nfe_per_token": _num(nfe / max(new, 1)),
-            "mat": _num(new / max(nfe, 1)),
-            "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
-            "draft_nfe_per_token": _num(sum(r.draft_nfe for r in o) / max(new, 1)),
-            # accepted draft tokens per decode step (the bonus / correction token not counted)
-            "mean_accepted_length": (_num(accepted / max(sum(r.steps for r in o), 1), 3)
-                                     if drafts and any(r.steps for r in o) else None),
-            "speedup_vs_baseline": _num(statistics.median(ratio), 3),
-            "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
-            **_drift(s, outs),
-            "compile_s": _num(compile_s[s.name], 2) if s.system == "jaxspec" else None,
-            "verify_layout": o[-1].settings.get("verify_layout"),
-            "gate_cost": o[-1].settings.get("verify_cost"),
-            **_decode_rate(o, ttft.get(s.name)),
-            "decode_share_paired": _paired_share(o, ttft.get(s.name), matvec_s, matrix_bytes,
-                                                 model_bytes),
-            **mean_degeneracy([r.tokens for r in o]),
-        })
+    rows = [_suite_row(s, outs, model_name, compile_s, ttft.get(s.name),
+                       _paired_share(outs[s.name], ttft.get(s.name), matvec_s, matrix_bytes,
+                                     model_bytes)) for s in systems]
+    per_prompt = []
     for i, p in enumerate(prompts):
         entry: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "systems": {}}
         for n in names:
@@ -882,6 +890,43 @@ def report_header(title: str, result: dict, *, peers: bool = False) -> list[str]
             + (f" · torch {m.get('torch')} · transformers {m.get('transformers')}" if peers else ""))
     out = [f"# {title}", "", line, ""]
     return out + (["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""] if c else [])
+
+
+def ab_seconds(run: Callable[[str, Any], Any], arms: Sequence[str], inputs: Sequence,
+               reps: int) -> tuple[dict[str, list[float]], list[float]]:
+    """The two-arm A/B protocol of the ``results/`` probe scripts: for every input, ``reps``
+    rounds that time ``run(arm, input)`` once per arm, the arms' order alternating from round
+    to round and input to input (compile first: nothing here is untimed).
+
+    Returns:
+      ``({arm: wall-clock seconds of every call}, per input: the first arm's median seconds
+      over the second's, i.e. the second arm's speedup)``."""
+    secs: dict[str, list[float]] = {a: [] for a in arms}
+    ratios = []
+    for i, x in enumerate(inputs):
+        mine: dict[str, list[float]] = {a: [] for a in arms}
+        for r in range(reps):
+            for a in (arms if (i + r) % 2 == 0 else arms[::-1]):
+                t0 = time.perf_counter()
+                run(a, x)
+                mine[a].append(time.perf_counter() - t0)
+        for a in arms:
+            secs[a] += mine[a]
+        ratios.append(statistics.median(mine[arms[0]]) / statistics.median(mine[arms[1]]))
+    return secs, ratios
+
+
+def ab_table(secs: dict[str, list[float]], ratios: Sequence[float], label: str,
+             name: Callable[[str], str] = str) -> list[str]:
+    """Markdown lines of an :func:`ab_seconds` result: per arm the median and fastest seconds
+    per call and the median of the per-input speedups (1.00x for the first arm)."""
+    first = next(iter(secs))
+    lines = [f"| {label} | seconds per prompt, median | fastest | median of per-prompt speedups |",
+             "|---|---|---|---|"]
+    for a, t in secs.items():
+        ratio = 1.0 if a == first else statistics.median(ratios)
+        lines.append(f"| {name(a)} | {statistics.median(t):.2f} | {min(t):.2f} | {ratio:.2f}x |")
+    return lines + ["", "per-prompt speedups: " + ", ".join(f"{r:.2f}" for r in ratios)]
 
 
 def emit_lines(lines: Sequence[str], out: Optional[str] = None) -> None:

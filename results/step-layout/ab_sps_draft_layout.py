@@ -13,12 +13,10 @@ in both. 128 new tokens, HumanEval prompts; tokens must be identical to AR in bo
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 
-from jaxspec.bench.common import cpu_model, emit_lines, suite_prompts
+from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
 from jaxspec.causal.decode import generate
 from jaxspec.causal.sps import DraftModelDrafter
 from jaxspec.core.runtime import layer_loop, verify_layout
@@ -45,31 +43,16 @@ def main(argv=None) -> int:
             DraftModelDrafter.one_token_steps = True
 
     arms = ("stored", "output-major")
-    ratios, secs, same = [], {a: [] for a in arms}, True
+    same = True
     with layer_loop("unrolled"), verify_layout("stored"):
-        for i, ids in enumerate(prompts):
+        for ids in prompts:  # the check, which also compiles both arms
             ref = generate(model, params, [ids], max_new_tokens=args.new, eos_ids=(2,)).tokens
-            same &= all(run(a, ids).tokens == ref for a in arms)  # also compiles both
-            mine = {a: [] for a in arms}
-            for r in range(args.reps):
-                for a in (arms if (i + r) % 2 == 0 else arms[::-1]):
-                    t0 = time.perf_counter()
-                    run(a, ids)
-                    mine[a].append(time.perf_counter() - t0)
-            for a in arms:
-                secs[a] += mine[a]
-            ratios.append(statistics.median(mine["stored"]) / statistics.median(mine[arms[1]]))
-            print(f"prompt {i}: {len(ref[0])} tokens, speedup {ratios[-1]:.2f}", flush=True)
+            same &= all(run(a, ids).tokens == ref for a in arms)
+        secs, ratios = ab_seconds(run, arms, prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32 drafting for "
              f"itself (SPS, k = 5, greedy), {args.new} new tokens, {len(prompts)} HumanEval prompts "
              f"x {args.reps} interleaved reps; identical to AR in both arms: "
-             f"{'yes' if same else 'NO'}", "",
-             "| draft model's weights | seconds per prompt, median | fastest | "
-             "median of per-prompt speedups |", "|---|---|---|---|"]
-    for a, t in secs.items():
-        ratio = 1.0 if a == "stored" else statistics.median(ratios)
-        lines.append(f"| {a} | {statistics.median(t):.2f} | {min(t):.2f} | {ratio:.2f}x |")
-    lines += ["", "per-prompt speedups: " + ", ".join(f"{r:.2f}" for r in ratios)]
+             f"{'yes' if same else 'NO'}", ""] + ab_table(secs, ratios, "draft model's weights")
     emit_lines(lines, args.out)
     return 0 if same else 1
 

@@ -15,13 +15,11 @@ prompts. The tokens must be identical between the arms and to AR decoding.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 
 import jaxspec.causal.decode as D
-from jaxspec.bench.common import cpu_model, emit_lines, suite_prompts
+from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.runtime import layer_loop, verify_layout
 from models.registry import load_model
@@ -50,41 +48,24 @@ def main(argv=None) -> int:
             D.AUTO_LAYOUT_MAX_BYTES = default_max
 
     arms = ("stored", "output-major")
-    secs = {a: [] for a in arms}
-    ratios = []  # per prompt: median stored seconds over median output-major seconds
     same, steps, no_draft = True, 0, 0
     with layer_loop("unrolled"), verify_layout("stored"):
-        for i, ids in enumerate(prompts):
+        for ids in prompts:  # the check, which also compiles both arms
             ref = D.generate(model, params, [ids], **kw).tokens  # AR
             outs = {}
-            for a in arms:  # warm-up and compile, then the check
+            for a in arms:
                 res = run(a, ids)
                 assert res.settings["step_layout"] == a, res.settings
                 outs[a] = res.tokens
             same &= outs["stored"] == outs["output-major"] == ref
             steps += int(res.stats.target_nfe[0]) - 1
             no_draft += int(res.stats.target_nfe[0]) - 1 - int(res.stats.drafts_proposed[0]) // 8
-            mine = {a: [] for a in arms}
-            for r in range(args.reps):
-                for a in (arms if (i + r) % 2 == 0 else arms[::-1]):
-                    t0 = time.perf_counter()
-                    run(a, ids)
-                    mine[a].append(time.perf_counter() - t0)
-            for a in arms:
-                secs[a] += mine[a]
-            ratios.append(statistics.median(mine["stored"]) / statistics.median(mine[arms[1]]))
-            print(f"prompt {i}: {len(ref[0])} tokens", flush=True)
+        secs, ratios = ab_seconds(run, arms, prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy n-gram "
              f"(k = 8), {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
              f"interleaved reps; identical to AR in both arms: {'yes' if same else 'NO'}; "
-             f"{no_draft} of {steps} loop steps had no draft ({no_draft / max(steps, 1):.0%})", "",
-             "| one-token steps on | seconds per prompt, median | fastest | "
-             "median of per-prompt speedups |", "|---|---|---|---|"]
-    for a, t in secs.items():
-        ratio = 1.0 if a == "stored" else statistics.median(ratios)
-        lines.append(f"| {a} weights | {statistics.median(t):.2f} | {min(t):.2f} | "
-                     f"{ratio:.2f}x |")
-    lines += ["", "per-prompt speedups: " + ", ".join(f"{r:.2f}" for r in ratios)]
+             f"{no_draft} of {steps} loop steps had no draft ({no_draft / max(steps, 1):.0%})", ""]
+    lines += ab_table(secs, ratios, "one-token steps on", lambda a: f"{a} weights")
     emit_lines(lines, args.out)
     return 0 if same else 1
 

@@ -35,6 +35,27 @@ def test_paired_ceiling_share_is_each_prompts_rate_over_its_own_ceiling():
     assert _paired_share(outs, ttft, [0.5], 10 ** 9, 10 ** 8) is None  # not timed per prompt
 
 
+def test_ab_protocol_alternates_the_arms_and_pairs_the_ratios(monkeypatch):
+    """``ab_seconds`` times every arm ``reps`` times per input in alternating order and pairs
+    the medians per input; ``ab_table`` reports them (a fake clock: no timing asserted)."""
+    import jaxspec.bench.common as C
+
+    clock, calls = iter(range(1000)), []
+    monkeypatch.setattr(C.time, "perf_counter", lambda: next(clock))
+
+    def run(arm, x):  # arm "a" costs 1 tick more per call than arm "b" (ticks between reads)
+        calls.append((arm, x))
+        if arm == "a":
+            next(clock)
+
+    secs, ratios = C.ab_seconds(run, ("a", "b"), ["p", "q"], reps=2)
+    assert calls == [("a", "p"), ("b", "p"), ("b", "p"), ("a", "p"),
+                     ("b", "q"), ("a", "q"), ("a", "q"), ("b", "q")]
+    assert secs == {"a": [2, 2, 2, 2], "b": [1, 1, 1, 1]} and ratios == [2.0, 2.0]
+    lines = C.ab_table(secs, ratios, "arm", lambda a: a.upper())
+    assert lines[2] == "| A | 2.00 | 2.00 | 1.00x |" and lines[3] == "| B | 1.00 | 1.00 | 2.00x |"
+
+
 def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     pytest.importorskip("torch")
     config, params = load_hf_dir(tiny_llama.path)
