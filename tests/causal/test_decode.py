@@ -152,10 +152,13 @@ def test_sampling_distribution_exact(cfg, k):
         assert st.accept_hist[:, k + 1].sum() > 0, name  # all k accepted: bonus tokens drawn
 
 
-def test_sampling_distribution_exact_with_output_major_verification(monkeypatch):
+@pytest.mark.parametrize("layout", ["output-major", "stored"])
+def test_sampling_distribution_exact_with_output_major_verification(monkeypatch, layout):
     """The unrolled layer loop with verification on output-major weights
     (:func:`jaxspec.core.runtime.verify_layout`) samples the enumerated joint distribution too
-    (the suite otherwise runs the scan loop, where the layout setting does not apply)."""
+    (the suite otherwise runs the scan loop, where the layout setting does not apply); so
+    does verification on the stored weights with the one-token steps on output-major ones
+    (two weight trees in one loop, ``settings["step_layout"]``)."""
     from jaxspec.core.runtime import verify_layout
 
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
@@ -164,9 +167,10 @@ def test_sampling_distribution_exact_with_output_major_verification(monkeypatch)
     model, params = tiny_model(V, seed=7, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
-    with verify_layout("output-major"):
+    with verify_layout(layout):
         res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
                        drafter=NgramDrafter(k, V, max_ngram=2, min_ngram=1), seed=11, bucket=8)
+    assert (res.settings["verify_layout"], res.settings["step_layout"]) == (layout, "output-major")
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     assert 0.02 < res.stats.acceptance_rate < 0.95
