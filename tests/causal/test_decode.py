@@ -176,6 +176,29 @@ def test_sampling_distribution_exact_with_output_major_verification(monkeypatch,
     assert 0.02 < res.stats.acceptance_rate < 0.95
 
 
+def test_sps_sampling_distribution_exact_with_the_draft_model_on_the_ar_layout(monkeypatch):
+    """SPS under the unrolled loop: the draft model drafts on output-major weights
+    (``one_token_steps``) while the target verifies on stored ones; the samples still follow
+    the enumerated joint (the mutation suite runs SPS under the scan loop)."""
+    from jaxspec.causal.sps import DraftModelDrafter
+    from jaxspec.core.runtime import verify_layout
+
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
+    V, k, N = 6, 3, 10_000
+    cfg = SamplingConfig(temperature=1.0)
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    dmodel, dparams = tiny_model(V, layers=1, seed=3, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    with verify_layout("stored"):
+        res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
+                       drafter=DraftModelDrafter(dmodel, k, cfg), drafter_params=dparams,
+                       seed=11, bucket=8)
+    chk = check_distribution(res.tokens, exact)
+    assert chk.passed, chk.why
+    assert 0.02 < res.stats.acceptance_rate < 0.95
+
+
 def test_seed_reproducible():
     model, params = tiny_model(64, seed=8)
     cfg = SamplingConfig(temperature=1.0, top_p=0.95)
