@@ -19,8 +19,9 @@ from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
-from models.llama.modeling import (KVCache, _write_cache, grow_cache, init_cache, layer_entry,
-                                  unstack_layers)
+from models.llama import modeling
+from models.llama.modeling import (KVCache, _write_cache, gemv_blocks, grow_cache, init_cache,
+                                  layer_entry, output_major_product, unstack_layers)
 
 
 @pytest.mark.parametrize("output_major", [False, True])
@@ -57,6 +58,48 @@ def test_unrolled_forward_equals_scanned(arch, output_major):
     np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(ca.k, cb.k, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(ca.v, cb.v, rtol=2e-5, atol=2e-5)
+
+
+def test_gemv_blocks_only_for_one_task_one_row_products_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", 4)
+    assert gemv_blocks(1, 576, 576, "cpu") == 4        # SmolLM2-135M wo: one XLA:CPU task
+    assert gemv_blocks(2, 576, 576, "cpu") == 1        # two rows: a matrix-matrix product
+    assert gemv_blocks(1, 960, 576, "cpu") == 1        # fused q/k/v: already two tasks
+    assert gemv_blocks(1, 578, 576, "cpu") == 1        # blocks must divide the rows
+    assert gemv_blocks(1, 576, 576, "gpu") == 1
+    monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", 1)
+    assert gemv_blocks(1, 576, 576, "cpu") == 1
+
+
+@pytest.mark.parametrize("lead", [(1,), (1, 1), (3,)])
+def test_one_row_product_in_row_blocks_equals_the_plain_product(monkeypatch, lead):
+    monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", 4)
+    kx, kw = jax.random.split(jax.random.PRNGKey(3))
+    x = jax.random.normal(kx, lead + (96,), jnp.float32)
+    w_t = jax.random.normal(kw, (64, 96), jnp.float32)
+    got = jax.jit(output_major_product)(x, w_t)
+    assert got.shape == lead + (64,)
+    np.testing.assert_allclose(got, np.asarray(x) @ np.asarray(w_t).T, rtol=1e-5, atol=1e-5)
+    hlo = jax.jit(output_major_product).lower(x, w_t).compile().as_text()
+    # one row: a batched product over 4 row blocks; several rows: the plain product
+    assert ("lhs_batch_dims={0}" in hlo) == (lead != (3,))
+
+
+def test_one_token_step_identical_tokens_with_and_without_row_blocks(monkeypatch):
+    """Every one-row product of the tiny model is a one-task shape, so its AR loop runs each of
+    them in row blocks; greedy AR on the output-major tree equals the stacked scan's."""
+    model, params = tiny_model(layers=2)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
+    outs = {}
+    for blocks in (1, 4):
+        monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", blocks)
+        runtime.clear_compiled()
+        outs[blocks] = [generate(model, params, [p], max_new_tokens=12).tokens for p in prompts]
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "scan")
+    runtime.clear_compiled()
+    scan = [generate(model, params, [p], max_new_tokens=12).tokens for p in prompts]
+    assert outs[1] == outs[4] == scan
 
 
 def test_decode_layout_walks_trees_and_leaves_xlnet_alone():
