@@ -2,73 +2,61 @@
 plain matrix-vector product, interleaved in one process on the real SmolLM2-135M-Instruct
 weights (issue 16).
 
-    python results/matvec-tasks/ab_wo_blocks.py [--blocks 1 2 4] [--reps 8] [--new 128] [--out FILE]
+    python results/matvec-tasks/ab_wo_blocks.py [--blocks 1 4] [--limit 8] [--reps 3] [--out FILE]
 
 Each arm sets :data:`models.llama.modeling.ONE_TASK_BLOCKS` (1 = the plain product), compiles
-the AR loop (:func:`jaxspec.causal.decode.generate`, batch 1, greedy) and keeps its executables;
-the timed calls swap each arm's executables into the compile cache
-(:mod:`jaxspec.core.runtime`), so every arm runs the program it was compiled with. The tokens
-must be identical; each repetition runs the arms in alternating order.
+the AR loop (:func:`jaxspec.causal.decode.generate`, batch 1, greedy, 128 new tokens, HumanEval
+prompts) and keeps its executables; every timed call swaps its arm's executables into the
+compile cache (:mod:`jaxspec.core.runtime`), so each arm runs the program it was compiled
+with. The arms' tokens must be identical.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 
-from jaxspec.bench.common import cpu_model, emit_lines
+from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
 from jaxspec.causal.decode import generate
 from jaxspec.core import runtime
 from models.llama import modeling as M
 from models.registry import load_model
 
-PROMPTS = ['def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-           'def is_palindrome(s: str) -> bool:\n    """Check whether s reads the same backwards."""\n',
-           'from typing import List\n\n\ndef mean(xs: List[float]) -> float:\n']
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--blocks", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--blocks", type=int, nargs=2, default=[1, 4])
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     tree = M.unstack_layers(params, output_major=True)
-    prompts = [tok.encode(p) for p in PROMPTS]
-    kw = dict(max_new_tokens=args.new, eos_ids=())
+    prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
+    kw = dict(max_new_tokens=args.new, eos_ids=(2,))
     exes, outs = {}, {}
-    for b in args.blocks:
+    for b in args.blocks:  # the check, which also compiles each arm
         M.ONE_TASK_BLOCKS = b
         jax.clear_caches()
         runtime._EXECUTABLES.clear()
-        outs[b] = [generate(model, tree, [p], **kw).tokens for p in prompts]
+        outs[b] = [generate(model, tree, [ids], **kw).tokens for ids in prompts]
         exes[b] = dict(runtime._EXECUTABLES)
     same = len({str(o) for o in outs.values()}) == 1
-    ms = {b: [] for b in args.blocks}
-    order = list(args.blocks)
-    for r in range(args.reps):
-        for b in (order if r % 2 == 0 else order[::-1]):
-            runtime._EXECUTABLES.clear()
-            runtime._EXECUTABLES.update(exes[b])
-            for p in prompts:
-                t0 = time.perf_counter()
-                generate(model, tree, [p], **kw)
-                ms[b].append((time.perf_counter() - t0) / args.new * 1e3)
-    base = statistics.median(ms[order[0]])
+
+    def run(b, ids):
+        runtime._EXECUTABLES.clear()
+        runtime._EXECUTABLES.update(exes[b])
+        return generate(model, tree, [ids], **kw)
+
+    secs, ratios = ab_seconds(run, tuple(args.blocks), prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
-             f"{args.new} new tokens, {len(prompts)} prompts x {args.reps} interleaved reps; "
-             f"identical tokens: {'yes' if same else 'NO'}", "",
-             "| one-task products (`wo`, 576 x 576) | ms / token median | fastest | median speedup |",
-             "|---|---|---|---|"]
-    for b, t in ms.items():
-        name = "plain matrix-vector product" if b == 1 else f"batched over {b} row blocks"
-        lines.append(f"| {name} | {statistics.median(t):.2f} | {min(t):.2f} | "
-                     f"{base / statistics.median(t):.2f}x |")
+             f"{args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} interleaved "
+             f"reps; identical tokens: {'yes' if same else 'NO'}", ""]
+    lines += ab_table(secs, ratios, "one-task products (`wo`, 576 x 576)",
+                      lambda b: "plain matrix-vector product" if b == 1
+                      else f"batched over {b} row blocks")
     emit_lines(lines, args.out)
     return 0 if same else 1
 
