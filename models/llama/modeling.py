@@ -435,7 +435,7 @@ def output_major_product(x: jax.Array, w_t: jax.Array) -> jax.Array:
     A one-row product that XLA:CPU would give a single task (:func:`gemv_blocks`) runs as a
     batched product over ``b`` blocks of ``m / b`` output rows instead, which XLA:CPU spreads
     over its threads: a chain of SmolLM2-135M ``wo`` products streamed 23-25 GB/s against 16
-    on a 2-core AMD EPYC (README, "the one-task products"). Same sums per output, so the
+    on a 2-core AMD EPYC (README, "`wo` in row blocks"). Same sums per output, so the
     result equals the plain product up to float rounding order."""
     m, k = w_t.shape
     rows = math.prod(x.shape[:-1])

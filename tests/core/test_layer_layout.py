@@ -85,21 +85,31 @@ def test_one_row_product_in_row_blocks_equals_the_plain_product(monkeypatch, lea
     assert ("lhs_batch_dims={0}" in hlo) == (lead != (3,))
 
 
-def test_one_token_step_identical_tokens_with_and_without_row_blocks(monkeypatch):
-    """Every one-row product of the tiny model is a one-task shape, so its AR loop runs each of
-    them in row blocks; greedy AR on the output-major tree equals the stacked scan's."""
+@pytest.mark.parametrize("sampled", [False, True])
+def test_one_token_steps_identical_with_and_without_row_blocks(monkeypatch, sampled):
+    """Every one-row product of the tiny model is a one-task shape, so at batch 1 its AR loop
+    and the n-gram loop's one-token steps run each of them in row blocks: the tokens equal the
+    plain products' (greedy, and sampled with the same seeds), and greedy AR equals the stacked
+    scan's."""
     model, params = tiny_model(layers=2)
-    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9]]
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9) if sampled else SamplingConfig()
+    drafters = {"ar": None, "ngram": NgramDrafter(3, 64, max_ngram=2, min_ngram=1)}
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
     outs = {}
     for blocks in (1, 4):
         monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", blocks)
         runtime.clear_compiled()
-        outs[blocks] = [generate(model, params, [p], max_new_tokens=12).tokens for p in prompts]
-    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "scan")
-    runtime.clear_compiled()
-    scan = [generate(model, params, [p], max_new_tokens=12).tokens for p in prompts]
-    assert outs[1] == outs[4] == scan
+        outs[blocks] = {(name, seed, i): generate(model, params, [p], max_new_tokens=12,
+                                                   sampling=cfg, drafter=d, seed=seed).tokens
+                        for name, d in drafters.items() for seed in (0, 1, 2)
+                        for i, p in enumerate(prompts)}
+    assert outs[1] == outs[4]
+    if not sampled:
+        monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "scan")
+        runtime.clear_compiled()
+        scan = [generate(model, params, [p], max_new_tokens=12).tokens for p in prompts]
+        assert [outs[4][("ar", 0, i)] for i in range(len(prompts))] == scan
 
 
 def test_decode_layout_walks_trees_and_leaves_xlnet_alone():
