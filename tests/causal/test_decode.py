@@ -176,6 +176,39 @@ def test_sampling_distribution_exact_with_output_major_verification(monkeypatch,
     assert 0.02 < res.stats.acceptance_rate < 0.95
 
 
+@pytest.mark.parametrize("method", ["ar", "ngram"])
+def test_sampling_distribution_exact_at_batch_1_with_row_blocked_products(monkeypatch, method):
+    """At batch 1 every one-token step's products of the tiny model run in row blocks
+    (:func:`models.llama.modeling.output_major_product`; the many-row tests above take the
+    plain product): 10,000 batch-1 decodes, one seed each, of AR and n-gram on the unrolled
+    loop (one-token steps on the output-major layout) sample the enumerated joint."""
+    from models.llama import modeling
+
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
+    V, k, N = 6, 3, 10_000
+    cfg = SamplingConfig(temperature=1.0)
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    c = model.config
+    # the tiny model's one-row products are all one-task shapes, so all of them run in blocks
+    assert all(modeling.gemv_blocks(1, m, kk, "cpu") == modeling.ONE_TASK_BLOCKS > 1
+               for m, kk in [((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.hidden_size),
+                             (c.hidden_size, c.num_heads * c.head_dim),
+                             (c.intermediate_size, c.hidden_size),
+                             (c.hidden_size, c.intermediate_size)])
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    drafter = NgramDrafter(k, V, max_ngram=2, min_ngram=1) if method == "ngram" else None
+    toks, proposed = [], 0
+    for seed in range(N):
+        res = generate(model, params, [prompt], max_new_tokens=k + 2, sampling=cfg,
+                       drafter=drafter, seed=seed, bucket=8)
+        toks += res.tokens
+        proposed += int(res.stats.drafts_proposed.sum())
+    chk = check_distribution(toks, exact)
+    assert chk.passed, chk.why
+    assert (proposed > 0) == (method == "ngram")
+
+
 def test_sps_sampling_distribution_exact_with_the_draft_model_on_the_ar_layout(monkeypatch):
     """SPS under the unrolled loop: the draft model drafts on output-major weights
     (``one_token_steps``) while the target verifies on stored ones; the samples still follow
