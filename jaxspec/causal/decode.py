@@ -128,17 +128,18 @@ def write_rows(buffer: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Ar
 
 
 def model_pass(model, params, feed: jax.Array, first_slot: jax.Array, pad: jax.Array, cache,
-               S: int):
+               S: int, last_rows: Optional[int] = None):
     """One KV-cached forward of a causal LM over ``feed int32 (B, T)`` written into its
     ``S``-slot cache from slot ``first_slot (B,)``, in the loop's slot layout (RoPE position
     of slot ``s`` is ``s - pad``). Used for the target and for a draft model
     (:mod:`jaxspec.causal.sps`).
 
-    Returns ``(logits float32 (B, T, V), cache)``."""
+    Returns ``(logits float32 (B, T, V), cache)``; with ``last_rows`` (static) the logits of
+    the last ``last_rows`` rows only, ``(B, last_rows, V)`` (the LM head skips the others)."""
     q_slots = first_slot[:, None] + jnp.arange(feed.shape[1], dtype=jnp.int32)[None]
     positions = jnp.maximum(q_slots - pad[:, None], 0)  # padding slots sit at position 0
     return model.apply({"params": params}, feed, positions, causal_mask(q_slots, pad, S),
-                       cache=cache, cache_index=first_slot)
+                       cache=cache, cache_index=first_slot, last_rows=last_rows)
 
 
 def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
@@ -158,14 +159,17 @@ def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
 
 def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
                 pad: jax.Array, cache, S: int, queries: Optional[DraftQueries] = None,
-                n_drafts: int = 0):
+                n_drafts: int = 0, last_only: bool = False):
     """One KV-cached target forward of ``feed (B, T)`` = ``[context, last token, d_1..d_kk]``
     (``kk = n_drafts``) written from slot ``first_slot``, with the drafter's
     :class:`~jaxspec.core.drafters.DraftQueries` appended when given.
 
-    Returns ``(logits float32 (B, T, V), query_logits (B, E, V) or None, cache)``."""
+    Returns ``(logits float32 (B, T, V), query_logits (B, E, V) or None, cache)``; with
+    ``last_only`` (static; the prompt pass) ``logits`` holds the feed's last row only,
+    ``(B, 1, V)``, and the LM head skips the rows before it."""
     if queries is None:
-        logits, cache = model_pass(cfg.model, params, feed, first_slot, pad, cache, S)
+        logits, cache = model_pass(cfg.model, params, feed, first_slot, pad, cache, S,
+                                   1 if last_only else None)
         return logits, None, cache
     T, E = feed.shape[1], queries.tokens.shape[1]
     q_slots = first_slot[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
@@ -174,7 +178,9 @@ def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
     mask = jnp.concatenate([causal_mask(q_slots, pad, S),
                             query_mask(last_slot, pad, S, n_drafts, queries)], axis=1)
     logits, cache = cfg.model.apply({"params": params}, jnp.concatenate([feed, queries.tokens], 1),
-                                    positions, mask, cache=cache, cache_index=first_slot)
+                                    positions, mask, cache=cache, cache_index=first_slot,
+                                    last_rows=E + 1 if last_only else None)
+    T = 1 if last_only else T
     return logits[:, :T], logits[:, T:], cache
 
 
@@ -188,11 +194,12 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     slots = jnp.zeros((B,), jnp.int32)
     queries = cfg.drafter.draft_queries(P - 1 - pad, 0) if cfg.queries else None
     # the prompt pass attends over the slots it writes only (P, plus the draft queries'), not
-    # the whole S-slot buffer; the cache then grows to S (slots keep their places)
+    # the whole S-slot buffer; the cache then grows to S (slots keep their places). Its LM head
+    # multiplies the last prompt row (and the queries) only: the other rows' logits are unused
     S_p = P + (0 if queries is None else queries.tokens.shape[1])
     logits, qlogits, cache = target_pass(cfg, params, prompt, slots, pad,
                                          init_cache(cfg.model.config, B, S_p, param_dtype(params)),
-                                         S_p, queries)
+                                         S_p, queries, last_only=True)
     cache = grow_cache(cache, S)
     key, k0 = jax.random.split(key)
     first = sample_from_logits(k0, logits[:, -1], cfg.sampling)

@@ -193,16 +193,25 @@ class CausalLM(nn.Module):
       cache: optional :class:`KVCache`.
       cache_index: ``int32 (B,)`` write offset per row (required with ``cache``).
       return_hidden: if True return the final hidden states ``(B, T, D)`` instead of logits.
+      last_rows: static ``int`` or None: return the logits (or hidden states) of the last
+        ``last_rows`` rows only, ``(B, last_rows, V)``; the LM head then multiplies only those
+        rows. A prompt pass that needs the last row's logits skips the head's other ``T - 1``
+        rows, about a fifth of the multiply-adds of a 192-token SmolLM2-135M prompt (README
+        "The prompt pass computes one row of logits"). None (default): all ``T`` rows.
 
     Returns:
       ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None.
+
+    Raises:
+      ValueError: ``cache`` without ``cache_index``; ``last_rows`` outside ``1..T``.
     """
 
     config: ModelConfig
 
     @nn.compact
     def __call__(self, tokens, positions, mask, cache: Optional[KVCache] = None,
-                 cache_index=None, return_hidden: bool = False):
+                 cache_index=None, return_hidden: bool = False,
+                 last_rows: Optional[int] = None):
         c = self.config
         embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size))
         stored = None if self.is_initializing() else self.variables["params"].get("layers")
@@ -219,6 +228,9 @@ class CausalLM(nn.Module):
             lm_head = self.param("lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size))
 
         B, T = tokens.shape
+        if last_rows is not None and not 1 <= last_rows <= T:
+            raise ValueError(f"last_rows must be between 1 and the {T} input rows, got "
+                             f"{last_rows}")
         H, K, Dh = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // K
         x = jnp.take(embed, tokens, axis=0)
@@ -268,6 +280,8 @@ class CausalLM(nn.Module):
         else:
             x, _, _, _ = run_layers((x, None, None, li0))
             new_cache = None
+        if last_rows is not None:
+            x = x[:, T - last_rows:]
         x = rms_norm(x, final_norm, c.rms_norm_eps)
         if return_hidden:
             return x, new_cache

@@ -24,6 +24,38 @@ from models.llama.modeling import (KVCache, _write_cache, gemv_blocks, grow_cach
                                   layer_entry, output_major_product, unstack_layers)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied / tied LM head
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_last_rows_are_the_full_passes_last_rows(per_layer, arch):
+    """``last_rows`` (the prompt pass's LM head over the rows it needs) returns the full
+    pass's last rows, hidden states and logits, and leaves the cache as the full pass does."""
+    model, params = tiny_model(layers=2, arch=arch)
+    assert ("lm_head" in params) == (arch == "llama")
+    params = unstack_layers(params) if per_layer else params
+    B, T, S = 2, 7, 10
+    tok = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, 64)
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    mask = jnp.broadcast_to(jnp.arange(S)[None, :] <= jnp.arange(T)[:, None], (B, T, S))
+    args = (tok, pos, mask)
+    kw = dict(cache=init_cache(model.config, B, S), cache_index=jnp.zeros((B,), jnp.int32))
+    run = jax.jit(lambda p, n: model.apply({"params": p}, *args, **kw, last_rows=n),
+                  static_argnums=1)
+    full, cache = run(params, None)
+    for n in (1, 3, T):
+        part, c = run(params, n)
+        assert part.shape == (B, n, model.config.vocab_size)
+        np.testing.assert_allclose(part, full[:, T - n:], rtol=1e-5, atol=1e-5)
+        # the layers are the full pass's (XLA may fuse them differently: rounding)
+        np.testing.assert_allclose(c.k, cache.k, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(c.v, cache.v, rtol=1e-5, atol=1e-5)
+    hid, _ = model.apply({"params": params}, *args, **kw, return_hidden=True)
+    part, _ = model.apply({"params": params}, *args, **kw, return_hidden=True, last_rows=2)
+    np.testing.assert_allclose(part, hid[:, -2:], rtol=1e-6, atol=1e-6)
+    for bad in (0, T + 1):
+        with pytest.raises(ValueError, match="last_rows must be between 1 and the 7 input rows"):
+            model.apply({"params": params}, *args, **kw, last_rows=bad)
+
+
 @pytest.mark.parametrize("output_major", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_unrolled_forward_equals_scanned(arch, output_major):
