@@ -925,7 +925,8 @@ def ab_table(secs: dict[str, list[float]], ratios: Sequence[float], label: str,
              "|---|---|---|---|"]
     for a, t in secs.items():
         ratio = 1.0 if a == first else statistics.median(ratios)
-        lines.append(f"| {name(a)} | {statistics.median(t):.2f} | {min(t):.2f} | {ratio:.2f}x |")
+        f = ".3f" if statistics.median(t) < 1 else ".2f"  # sub-second calls: milliseconds
+        lines.append(f"| {name(a)} | {statistics.median(t):{f}} | {min(t):{f}} | {ratio:.2f}x |")
     return lines + ["", "per-prompt speedups: " + ", ".join(f"{r:.2f}" for r in ratios)]
 
 
