@@ -180,8 +180,8 @@ def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
     logits, cache = cfg.model.apply({"params": params}, jnp.concatenate([feed, queries.tokens], 1),
                                     positions, mask, cache=cache, cache_index=first_slot,
                                     last_rows=E + 1 if last_only else None)
-    T = 1 if last_only else T
-    return logits[:, :T], logits[:, T:], cache
+    rows = 1 if last_only else T  # the feed's rows among the returned logits
+    return logits[:, :rows], logits[:, rows:], cache
 
 
 def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax.Array,
