@@ -54,6 +54,9 @@ def test_ab_protocol_alternates_the_arms_and_pairs_the_ratios(monkeypatch):
     assert secs == {"a": [2, 2, 2, 2], "b": [1, 1, 1, 1]} and ratios == [2.0, 2.0]
     lines = C.ab_table(secs, ratios, "arm", lambda a: a.upper())
     assert lines[2] == "| A | 2.00 | 2.00 | 1.00x |" and lines[3] == "| B | 1.00 | 1.00 | 2.00x |"
+    # sub-second calls (a prompt pass) keep three decimals: milliseconds
+    lines = C.ab_table({"a": [0.245, 0.238], "b": [0.209]}, [1.17], "arm")
+    assert lines[2] == "| a | 0.241 | 0.238 | 1.00x |" and lines[3] == "| b | 0.209 | 0.209 | 1.17x |"
 
 
 def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
