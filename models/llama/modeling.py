@@ -435,7 +435,11 @@ def gemv_blocks(rows: int, m: int, k: int, backend: Optional[str] = None) -> int
     """Row blocks for ``x (rows, k) @ w_t.T`` with ``w_t`` ``(m, k)`` in
     :func:`output_major_product`: :data:`ONE_TASK_BLOCKS` when XLA:CPU would run the product
     as one task on one thread (one row, ``m * k`` under :data:`GEMV_TASK_FMAS`; SmolLM2-135M's
-    ``576 x 576`` ``wo``) and the blocks divide ``m``; else 1. ``backend`` defaults to JAX's."""
+    ``576 x 576`` ``wo``) and the blocks divide ``m``; else 1. ``backend`` defaults to JAX's.
+
+    One row only: with many rows fed by an RMSNorm, XLA:CPU (jaxlib 0.10.2) fuses the norm, the
+    broadcast over the blocks and the batched product into one YNNPACK fusion that returns NaN
+    from 4,096 rows on (``results/matvec-tasks/ynn_fusion_repro.py``)."""
     b = ONE_TASK_BLOCKS
     if (rows != 1 or b <= 1 or m * k >= GEMV_TASK_FMAS or m % b
             or (backend or jax.default_backend()) != "cpu"):
