@@ -50,7 +50,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.core.batching import cut_after_eos
-from jaxspec.core.runtime import layer_loop, verify_layout
+from jaxspec.core.runtime import (clear_compiled, compiled_snapshot, layer_loop, use_compiled,
+                                  verify_layout)
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import DecodeOptions, get_method, methods_of
 
@@ -914,6 +915,32 @@ def ab_seconds(run: Callable[[str, Any], Any], arms: Sequence[str], inputs: Sequ
             secs[a] += mine[a]
         ratios.append(statistics.median(mine[arms[0]]) / statistics.median(mine[arms[1]]))
     return secs, ratios
+
+
+def compile_arms(arms: Sequence, switch: Callable[[Any], None],
+                 first_run: Callable[[Any], Any]) -> tuple[dict, dict]:
+    """The compile step of the ``results/`` A/B probes whose arms differ in the code they trace
+    (a module constant, a wrapped function): per arm, ``switch(arm)``, drop every compiled
+    program (:func:`jaxspec.core.runtime.clear_compiled`), call ``first_run(arm)`` (which
+    compiles; untimed) and keep the compile cache. The last arm's switch stays in effect.
+
+    Returns:
+      ``({arm: first_run's result}, {arm: its executables})``; :func:`run_arm` runs an arm on
+      its own executables."""
+    outs, programs = {}, {}
+    for arm in arms:
+        switch(arm)
+        clear_compiled()
+        outs[arm] = first_run(arm)
+        programs[arm] = compiled_snapshot()
+    return outs, programs
+
+
+def run_arm(programs: dict, arm, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with ``arm``'s executables (:func:`compile_arms`) as the compile
+    cache, so the call runs the program that arm compiled."""
+    use_compiled(programs[arm])
+    return fn(*args, **kwargs)
 
 
 def ab_table(secs: dict[str, list[float]], ratios: Sequence[float], label: str,

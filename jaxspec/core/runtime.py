@@ -113,6 +113,19 @@ def clear_compiled() -> int:
     return n
 
 
+def compiled_snapshot() -> dict:
+    """A copy of the compile cache (the executables :func:`run_compiled` keeps), so an A/B
+    probe whose arms trace different code can compile each arm once and swap its programs back
+    in before timing it (:func:`use_compiled`; :func:`jaxspec.bench.common.compile_arms`)."""
+    return dict(_EXECUTABLES)
+
+
+def use_compiled(snapshot: dict) -> None:
+    """Make ``snapshot`` (:func:`compiled_snapshot`) the compile cache."""
+    _EXECUTABLES.clear()
+    _EXECUTABLES.update(snapshot)
+
+
 # ----------------------------------------------------------------------------- layer layout
 
 LAYER_LOOPS = ("auto", "scan", "unrolled")

@@ -17,9 +17,9 @@ import argparse
 
 import jax
 
-from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
+from jaxspec.bench.common import (ab_seconds, ab_table, compile_arms, cpu_model, emit_lines,
+                                  run_arm, suite_prompts)
 from jaxspec.causal.decode import generate
-from jaxspec.core import runtime
 from models.llama import modeling as M
 from models.registry import load_model
 
@@ -36,19 +36,16 @@ def main(argv=None) -> int:
     tree = M.unstack_layers(params, output_major=True)
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
     kw = dict(max_new_tokens=args.new, eos_ids=(2,))
-    exes, outs = {}, {}
-    for b in args.blocks:  # the check, which also compiles each arm
+    def switch(b):
         M.ONE_TASK_BLOCKS = b
-        jax.clear_caches()
-        runtime._EXECUTABLES.clear()
-        outs[b] = [generate(model, tree, [ids], **kw).tokens for ids in prompts]
-        exes[b] = dict(runtime._EXECUTABLES)
+
+    # the check, which also compiles each arm
+    outs, exes = compile_arms(args.blocks, switch, lambda b: [
+        generate(model, tree, [ids], **kw).tokens for ids in prompts])
     same = len({str(o) for o in outs.values()}) == 1
 
     def run(b, ids):
-        runtime._EXECUTABLES.clear()
-        runtime._EXECUTABLES.update(exes[b])
-        return generate(model, tree, [ids], **kw)
+        return run_arm(exes, b, generate, model, tree, [ids], **kw)
 
     secs, ratios = ab_seconds(run, tuple(args.blocks), prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "

@@ -19,9 +19,9 @@ import argparse
 
 import jax
 
-from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
+from jaxspec.bench.common import (ab_seconds, ab_table, compile_arms, cpu_model, emit_lines,
+                                  run_arm, suite_prompts)
 from jaxspec.causal import decode
-from jaxspec.core import runtime
 from models.llama import modeling as M
 from models.registry import load_model
 
@@ -46,22 +46,19 @@ def main(argv=None) -> int:
     def every_row(*a, last_only=False, **k):
         return library(*a, **k)
 
+    def switch(arm):
+        decode.target_pass = every_row if arm == "all rows" else library
+
     for new in args.new:
         kw = dict(max_new_tokens=new, eos_ids=(2,))
-        exes, outs = {}, {}
-        for arm in ARMS:  # the check, which also compiles each arm
-            decode.target_pass = every_row if arm == "all rows" else library
-            jax.clear_caches()
-            runtime._EXECUTABLES.clear()
-            outs[arm] = [generate_tokens(model, tree, ids, kw) for ids in prompts]
-            exes[arm] = dict(runtime._EXECUTABLES)
+        # the check, which also compiles each arm
+        outs, exes = compile_arms(ARMS, switch, lambda arm: [
+            decode.generate(model, tree, [ids], **kw).tokens for ids in prompts])
         decode.target_pass = library
         same = outs[ARMS[0]] == outs[ARMS[1]]
 
         def run(arm, ids):
-            runtime._EXECUTABLES.clear()
-            runtime._EXECUTABLES.update(exes[arm])
-            return decode.generate(model, tree, [ids], **kw)
+            return run_arm(exes, arm, decode.generate, model, tree, [ids], **kw)
 
         secs, ratios = ab_seconds(run, ARMS, prompts, args.reps)
         lines += [f"**{new} new token{'s' if new > 1 else ''}** (identical tokens: "
@@ -69,10 +66,6 @@ def main(argv=None) -> int:
         lines += ab_table(secs, ratios, "prompt pass's LM head") + [""]
     emit_lines(lines, args.out)
     return 0
-
-
-def generate_tokens(model, tree, ids, kw):
-    return decode.generate(model, tree, [ids], **kw).tokens
 
 
 if __name__ == "__main__":

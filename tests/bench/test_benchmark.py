@@ -59,6 +59,36 @@ def test_ab_protocol_alternates_the_arms_and_pairs_the_ratios(monkeypatch):
     assert lines[2] == "| a | 0.241 | 0.238 | 1.00x |" and lines[3] == "| b | 0.209 | 0.209 | 1.17x |"
 
 
+_ARM_SCALE = {"now": 1.0}
+
+
+def _scaled(x):
+    return x * _ARM_SCALE["now"]  # read at trace time: each arm compiles its own constant
+
+
+def test_compile_arms_keeps_each_arms_program():
+    """``compile_arms`` compiles one program per arm (whose code differs by a traced module
+    value) and ``run_arm`` runs an arm on its own, whatever the last switch left in place."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxspec.bench.common as C
+    from jaxspec.core.runtime import run_compiled
+
+    jitted, x = jax.jit(_scaled), jnp.ones(3)
+
+    def switch(arm):
+        _ARM_SCALE["now"] = {"a": 2.0, "b": 3.0}[arm]
+
+    outs, programs = C.compile_arms(("a", "b"), switch,
+                                    lambda arm: float(run_compiled(jitted, (x,), {})[0][0]))
+    assert outs == {"a": 2.0, "b": 3.0} and _ARM_SCALE["now"] == 3.0
+    for arm, want in (("a", 2.0), ("b", 3.0), ("a", 2.0)):
+        out, compile_s, _ = C.run_arm(programs, arm, run_compiled, jitted, (x,), {})
+        assert float(out[0]) == want and compile_s == 0.0
+    _ARM_SCALE["now"] = 1.0
+
+
 def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     pytest.importorskip("torch")
     config, params = load_hf_dir(tiny_llama.path)
