@@ -151,7 +151,7 @@ import numpy as np
 from jaxspec.core.batching import bucket_length, place_batch
 from jaxspec.core.drafters import context_bigram, context_unigram
 from jaxspec.core.runtime import run_compiled
-from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
+from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
 from models.xlnet.modeling import XLNetCache, XLNetLM, density_masks, init_cache
@@ -549,7 +549,7 @@ def draw(cfg: LoopConfig, key: jax.Array, logits: jax.Array):
     """Drafts from ``logits (B, K, V)``: ``(tokens int32 (B, K), q)`` with the argmax and
     ``q = None`` (greedy), else independent samples and ``q`` the processed probabilities."""
     if cfg.sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+        return argmax(logits), None
     q = target_probs(logits, cfg.sampling)
     return sample_from_probs(key, q), q
 
@@ -570,7 +570,7 @@ def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax
         left_tok = jnp.take_along_axis(st.tokens, jnp.maximum(left, 0)[:, None], 1)[:, 0]
         prev = tokens[-1] if tokens else left_tok
         c = dist(st.tokens, known, jnp.where(left_known | (i == 0), left_tok, prev), left >= 0)
-        tokens.append(jnp.argmax(c, axis=-1).astype(jnp.int32) if cfg.sampling.greedy
+        tokens.append(argmax(c) if cfg.sampling.greedy
                       else sample_from_probs(jax.random.fold_in(key, i), c))
         qs.append(c)
     return Drafts(tokens=jnp.stack(tokens, axis=1), q=jnp.stack(qs, axis=1), logits=None,

@@ -65,6 +65,7 @@ from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import CostGate, NgramDrafter
 from jaxspec.core.runtime import decode_layout, layer_loop
+from jaxspec.core.sampling import argmax
 from models.llama import modeling as M
 
 
@@ -80,7 +81,7 @@ def _products(config):
             h = x + M.proj(a, lp, "wo")
             g = M.proj(h, lp, "w_gate") * M.proj(h, lp, "w_up")
             x = jnp.tanh(h + M.proj(g, lp, "w_down"))
-        return M.lm_logits(x, params["embed"], None).argmax(-1)
+        return argmax(M.lm_logits(x, params["embed"], None))
     return jax.jit(f)
 
 
@@ -105,7 +106,7 @@ def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
     cache = M.init_cache(config, 1, S)
     step = _step(config, 1, S)
     x = jnp.ones((1, config.hidden_size), jnp.float32)
-    head = jax.jit(lambda e, x: M.lm_logits(x, e, None).argmax(-1))
+    head = jax.jit(lambda e, x: argmax(M.lm_logits(x, e, None)))
     total = _weight_bytes(params)
     return {
         "step, stacked + lax.scan": (step, (params, cache, tokens), total),

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.core.drafters import Draft, DraftContext
+from jaxspec.core.sampling import argmax
 from models.diffusion.modeling import bidirectional_mask
 from models.llama.modeling import KVCache, init_cache, param_dtype
 
@@ -442,7 +443,7 @@ class DiffusionDrafter:
             conf = jnp.where(masked & (pos < k_t), jnp.max(logp, axis=-1), -jnp.inf)
             rank = jnp.argsort(jnp.argsort(-conf, axis=-1), axis=-1)   # 0 = most confident
             pick = (rank < n_s) & masked & (pos < k_t)
-            draft = jnp.where(pick, jnp.argmax(logp, axis=-1).astype(jnp.int32), draft)
+            draft = jnp.where(pick, argmax(logp), draft)
             masked = masked & ~pick
         return rows, kv
 
@@ -458,7 +459,7 @@ class DiffusionDrafter:
         if state.cache is not None:  # the window's context keys stay; it restarts at length - 1
             state = state.replace(cache=DrafterCache(kv=kv, cached=jnp.where(
                 ctx.active, ctx.length - 1, state.cache.cached)))
-        raw = jnp.argmax(logp, axis=-1).astype(jnp.int32)                 # (B, K)
+        raw = argmax(logp)                                                # (B, K)
         pos = jnp.arange(K)[None]
         first_eos = jnp.min(jnp.where(raw == self.eos_id, pos, K), axis=-1)
         gen = jnp.minimum(first_eos, k_t)                                 # Eq. 8

@@ -60,7 +60,7 @@ import numpy as np
 
 from jaxspec.causal.decode import GenerationResult, generate
 from jaxspec.core.drafters import Draft, DraftContext, DraftQueries
-from jaxspec.core.sampling import SamplingConfig, target_probs
+from jaxspec.core.sampling import SamplingConfig, argmax, target_probs
 
 __all__ = ["SPACE_SAMPLING", "SpaceDrafter", "SpaceState", "mask_groups", "pick_group",
            "space_generate"]
@@ -135,7 +135,7 @@ class SpaceDrafter:
         """Keep mask group ``n_accepted`` as the next candidates (Algorithm 1 lines 23-24)."""
         rows = pick_group(logits, n_accepted, self.draft_length)
         if self.sampling.greedy:
-            return state.replace(tokens=jnp.argmax(rows, axis=-1).astype(jnp.int32))
+            return state.replace(tokens=argmax(rows))
         return state.replace(q=target_probs(rows, self.sampling))
 
     def propose(self, params, state: "SpaceState", ctx: DraftContext, key: jax.Array,

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from jaxspec.causal.decode import model_pass
 from jaxspec.core.drafters import Draft, DraftContext
-from jaxspec.core.sampling import SamplingConfig, sample_from_probs, target_probs
+from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
 from models.llama.modeling import grow_cache, init_cache, param_dtype
 
 __all__ = ["DraftModelDrafter"]
@@ -154,6 +154,6 @@ class DraftModelDrafter:
         """One draft token per row from float32 ``logits (B, V)``: ``(token (B,), q (B, V) or
         None)``."""
         if not sample:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+            return argmax(logits), None
         q = target_probs(logits, self.sampling)
         return sample_from_probs(key, q).astype(jnp.int32), q

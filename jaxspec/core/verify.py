@@ -35,7 +35,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxspec.core.sampling import sample_from_probs
+from jaxspec.core.sampling import argmax, sample_from_probs
 
 
 def accepted_prefix(accept: jax.Array) -> jax.Array:
@@ -65,7 +65,7 @@ def verify_greedy(target_logits: jax.Array, draft: jax.Array, *,
       last row's argmax, never to be used).
     """
     k = draft.shape[1]
-    am = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # (B, k+1) or (B, k)
+    am = argmax(target_logits)                   # (B, k+1) or (B, k)
     ok = am[:, :k] == draft
     within = _within(draft_len, k)
     if within is not None:

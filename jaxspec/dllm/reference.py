@@ -75,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.sampling import filter_top_k_top_p
+from jaxspec.core.sampling import argmax, filter_top_k_top_p
 from jaxspec.dllm.config import DiffusionDecodeConfig, structural
 
 ENTROPY_EPS = 1e-10  # Dream's epsilon inside log(p + eps)
@@ -306,9 +306,9 @@ def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_
     blk, scaled = processed_logits(raw, rule)
     filtered = cfg.top_k > 0 or cfg.top_p < 1.0
     if rule.sampled:
-        x0 = jnp.argmax(scaled - jnp.log(-jnp.log(u_tok)), axis=-1).astype(jnp.int32)
+        x0 = argmax(scaled - jnp.log(-jnp.log(u_tok)))
     else:
-        x0 = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+        x0 = argmax(scaled)
     dream_filtered = filtered and cfg.remasking != "low_confidence"
     if cfg.confidence_softmax == "official":   # the confidence softmax keeps the [MASK] logit
         # scaled is read again only by Dream's filtered rules: skip the second sort otherwise
