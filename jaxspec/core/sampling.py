@@ -97,9 +97,9 @@ def target_probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return jnp.exp(process_logits(logits, cfg))
 
 
-# argmax reduces at most this many elements (4M) in one piece: XLA:CPU materializes two temporaries
-# of the input's size, and past about 4M elements (16 MB) each call ran 5x slower
-ARGMAX_PIECE = 1 << 22
+# argmax reduces at most this many elements (2M) in one piece: XLA:CPU materializes two
+# temporaries of the input's size, and from about 4M elements (16 MB) on a call ran 4-5x slower
+ARGMAX_PIECE = 1 << 21
 
 
 def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
@@ -114,8 +114,9 @@ def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
     Why: XLA:CPU (jaxlib 0.10.2) lowers ``argmax`` to a variadic (value, index) reduction that
     it runs as a scalar loop. Here the max is one reduction and the first index holding it
     (or a NaN) a float32 min-reduction, both vectorized: over ``(1, 32, 49152)`` float32
-    logits (one masked-diffusion block) 3.7 ms for ``jnp.argmax`` against 1.0 ms
-    (``results/argmax/ab_argmax.md``). Arrays over :data:`ARGMAX_PIECE` elements are reduced
+    logits (one masked-diffusion block) 3.6 ms for ``jnp.argmax`` against 0.7 ms, medians on a
+    2-core AMD EPYC (``results/argmax/micro.md``; the dual-cache dLLM loop ran 1.04x faster,
+    ``ab_argmax.md``). Arrays over :data:`ARGMAX_PIECE` elements are reduced
     in pieces of whole slices.
 
     Args:
