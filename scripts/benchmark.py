@@ -384,7 +384,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.bench.common import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
                                TransformersSystem, load_transformers_model, markdown_report,
-                               n_params, parse_systems, run_ar_suite, torch_device,
+                               parse_systems, run_ar_suite, streamed_params, torch_device,
                                write_results)
     from jaxspec.causal.decode import DecodeInputError
     from models.llama.params import WeightFileError
@@ -484,7 +484,7 @@ def main(argv=None) -> int:
                   "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
                   "torch_device": str(next(hf.parameters()).device) if hf is not None else None,
                   "prompt_tokens_max": longest}
-        result = run_ar_suite(objs, prompts, model_name=args.model, num_params=n_params(params),
+        result = run_ar_suite(objs, prompts, model_name=args.model, num_params=streamed_params(params),
                               param_dtype=str(param_dtype(params)), config=config, progress=not args.no_progress,
                               decode=lambda ids: tok.decode(ids, skip_special_tokens=False), log=log)
     except (BenchError, PresetError, WeightFileError, DecodeInputError, ValueError) as e:

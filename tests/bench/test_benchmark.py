@@ -11,7 +11,7 @@ import pytest
 
 from jaxspec.bench.common import (DEFAULT_SYSTEMS, SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
                            cut_output, load_transformers_model, matvec_bandwidth, n_params,
-                           parse_systems, run_ar_suite, write_results)
+                           parse_systems, run_ar_suite, streamed_params, write_results)
 from models.llama.modeling import CausalLM
 from models.llama.params import load_hf_dir
 from models.tokenizer import load_tokenizer
@@ -427,3 +427,14 @@ def test_device_matvec_bandwidth_counts_the_dtypes_bytes():
     assert torch_device("cuda") == "cuda"
     with pytest.raises(BenchError, match="torch device"):
         torch_device("tpu")
+
+
+def test_streamed_params_leave_out_an_untied_embedding_table():
+    """The ceiling's bytes: a decode step gathers one row of an untied embedding table but
+    reads a tied one whole (it is the LM head)."""
+    layers = {"wq": np.zeros((2, 8, 8), np.float32)}
+    tied = {"embed": np.zeros((100, 8), np.float32), "final_norm": np.zeros(8), "layers": layers}
+    untied = {**tied, "lm_head": np.zeros((8, 100), np.float32)}
+    assert streamed_params(tied) == n_params(tied) == 800 + 8 + 128
+    assert n_params(untied) == 1736
+    assert streamed_params(untied) == 1736 - 800
