@@ -116,8 +116,8 @@ def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
     (or a NaN) a float32 min-reduction, both vectorized: over ``(1, 32, 49152)`` float32
     logits (one masked-diffusion block) 3.6 ms for ``jnp.argmax`` against 0.7 ms, medians on a
     2-core AMD EPYC (``results/argmax/micro.md``; the dual-cache dLLM loop ran 1.04x faster,
-    ``ab_argmax.md``). Arrays over :data:`ARGMAX_PIECE` elements are reduced
-    in pieces of whole slices.
+    ``ab_argmax.md``). Arrays over :data:`ARGMAX_PIECE` elements are reduced in pieces of
+    whole slices. On other backends (GPU, TPU; not measured there) it is ``jnp.argmax``.
 
     Args:
       x: array ``(..., N, ...)`` of any real dtype.
@@ -133,6 +133,8 @@ def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
     if x.ndim == 0 or not -x.ndim <= axis < x.ndim or x.shape[axis] == 0:
         raise ValueError(f"argmax: axis {axis} out of range or empty for an array of shape "
                          f"{x.shape}")
+    if jax.default_backend() != "cpu":
+        return jnp.argmax(x, axis=axis).astype(jnp.int32)
     x = jnp.moveaxis(x, axis, -1)
     lead, n = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, n)

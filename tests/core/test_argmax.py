@@ -54,6 +54,16 @@ def test_argmax_in_pieces_is_jnp_argmax(name, monkeypatch):
             np.testing.assert_array_equal(np.asarray(argmax(x, axis)), _reference(x, axis))
 
 
+def test_argmax_off_the_cpu_is_jnp_argmax(monkeypatch):
+    """GPU / TPU keep jnp.argmax (the two-reduction form was measured on XLA:CPU only)."""
+    x, seen = _cases()["ties"], []
+    want = _reference(x, 1)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jnp, "argmax", lambda x, axis: seen.append(axis) or np.argmax(x, axis))
+    np.testing.assert_array_equal(np.asarray(argmax(x, 1)), want)
+    assert seen == [1]
+
+
 def test_argmax_picks_the_first_of_tied_maxima():
     x = jnp.asarray([[0.0, 2.0, 1.0, 2.0], [5.0, 5.0, 5.0, 5.0], [-jnp.inf] * 4])
     np.testing.assert_array_equal(np.asarray(argmax(x)), [1, 0, 0])
