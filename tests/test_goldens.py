@@ -129,6 +129,51 @@ def _committed_graph(D: int):
     return load_graph(root / "configs" / "graphs" / "dream-smollm2-135m-v1" / f"D{D}.json")
 
 
+def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2):
+    """``(model, params, inputs, options)`` of one family's tiny setting (also used by
+    ``tests/models/sharding_worker.py``)."""
+    from jaxspec.methods import DecodeOptions
+    from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
+
+    if family == "causal":
+        model, params = tiny_model(64, seed=0, mask_token_id=63)  # a [MASK] for space
+        # draft models for the methods that take one (sps: causal; diffuspec, specdiff: a
+        # diffusion LM); the others ignore them
+        return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
+            DecodeOptions(max_new_tokens=max_new_tokens, draft_length=4,
+                          draft_model=tiny_model(64, seed=1),
+                          dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
+                          k_min=2, eos_id=7)
+    if family == "dllm":
+        model, params = tiny_diffusion_model("llada")
+        return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
+            DecodeOptions(gen_length=16, block_length=8, draft_length=3)
+    model, params = tiny_xlnet(11, 1, n_head=xlnet_heads)
+    rng = np.random.default_rng(3)
+    tasks = []
+    for n in (9, 13):
+        m = rng.random(n) < 0.7
+        m[1] = True
+        tasks.append((rng.integers(0, 11, n).tolist(), m.tolist()))
+    return model, params, tasks, DecodeOptions(draft_length=3)
+
+
+
+def run_registered(name: str, temperature: float, seed: int = 3) -> dict:
+    """One registered method through the registry on its family's tiny setting
+    (:func:`family_inputs`): the guard for the methods the per-family cases above miss."""
+    import dataclasses
+
+    from jaxspec.methods import get_method
+
+    method = get_method(name)
+    model, params, inputs, opts = family_inputs(method.family)
+    opts = dataclasses.replace(opts, temperature=temperature,
+                               top_k=20 if temperature else 0, top_p=0.9 if temperature else 1.0)
+    r = method.run(model, params, inputs, method.build(opts), seed=seed)
+    return {"tokens": r.tokens, "stats": _stats_record(r.stats)}
+
+
 # ----------------------------------------------------------------------------- tiny cases
 
 def _tiny_causal():
@@ -233,6 +278,11 @@ def tiny_cases(factors: dict | None = None) -> dict:
                           ("topk-topp", dict(temperature=0.7, top_k=6, top_p=0.9, seed=6))):
             kw = dict(method=method, k=3, **mkw)
             cases[f"assd/{method}-{mode}"] = (lambda kw=kw: run_assd(*_tiny_xlnet(), toks, masks, kw))
+    # the causal methods with a draft model (no per-family case above), through the registry
+    for method in ("sps", "space", "diffuspec", "specdiff"):
+        for mode, temp in (("greedy", 0.0), ("sampled", 0.9)):
+            cases[f"registry/{method}-{mode}"] = (
+                lambda method=method, temp=temp: run_registered(method, temp))
     return cases
 
 

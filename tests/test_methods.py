@@ -12,36 +12,12 @@ import pytest
 
 from jaxspec.methods import FAMILIES, METHODS, DecodeOptions, MethodError, get_method, \
     methods_of, reference_run
-from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 
-from tests.test_goldens import _tiny_graph
-
+from tests.test_goldens import _tiny_graph, family_inputs
 
 
-def _inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2):
-    """``(model, params, inputs, options)`` of one family's tiny setting (also used by
-    ``tests/models/sharding_worker.py``)."""
-    if family == "causal":
-        model, params = tiny_model(64, seed=0, mask_token_id=63)  # a [MASK] for space
-        # draft models for the methods that take one (sps: causal; diffuspec, specdiff: a
-        # diffusion LM); the others ignore them
-        return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
-            DecodeOptions(max_new_tokens=max_new_tokens, draft_length=4,
-                          draft_model=tiny_model(64, seed=1),
-                          dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
-                          k_min=2, eos_id=7)
-    if family == "dllm":
-        model, params = tiny_diffusion_model("llada")
-        return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
-            DecodeOptions(gen_length=16, block_length=8, draft_length=3)
-    model, params = tiny_xlnet(11, 1, n_head=xlnet_heads)
-    rng = np.random.default_rng(3)
-    tasks = []
-    for n in (9, 13):
-        m = rng.random(n) < 0.7
-        m[1] = True
-        tasks.append((rng.integers(0, 11, n).tolist(), m.tolist()))
-    return model, params, tasks, DecodeOptions(draft_length=3)
+
+_inputs = family_inputs  # the goldens' adapter; kept for sharding_worker / test_diffuspec
 
 
 def _rows(result):
