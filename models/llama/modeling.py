@@ -196,8 +196,8 @@ class CausalLM(nn.Module):
       last_rows: static ``int`` or None: return the logits (or hidden states) of the last
         ``last_rows`` rows only, ``(B, last_rows, V)``; the LM head then multiplies only those
         rows. A prompt pass that needs the last row's logits skips the head's other ``T - 1``
-        rows, about a fifth of the multiply-adds of a 192-token SmolLM2-135M prompt (README
-        "The prompt pass computes one row of logits"). None (default): all ``T`` rows.
+        rows, about a fifth of the multiply-adds of a 192-token SmolLM2-135M prompt (see
+        docs/performance.md, "The prompt pass computes one row of logits"). None: all ``T``.
 
     Returns:
       ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None.
@@ -318,12 +318,12 @@ def unstack_layers(params, output_major: bool = False):
     copied. :class:`CausalLM` accepts both layouts and computes the same function; with
     per-layer weights it unrolls the layer loop instead of a ``lax.scan``.
 
-    Why (README "Performance notes"; SmolLM2-135M, AMD EPYC, 2 cores): inside ``lax.scan``
+    Why (docs/performance.md; SmolLM2-135M, AMD EPYC, 2 cores): inside ``lax.scan``
     XLA:CPU copies each layer's weight slice out of the stacked array before the
     matrix-vector product (a ``dynamic-slice`` fusion), so a batch-1 decode step moves the
     layer weights three times instead of once. XLA:GPU copies the slices too (on an H100 the
-    unrolled loop decoded 1.41x-2.64x faster, README "GPU: the layer loop as the model
-    grows"); the TPU keeps the stacked layout and the scan, unmeasured
+    unrolled loop decoded 1.41x-2.64x faster, docs/performance.md, "GPU: the layer loop as the
+    model grows"); the TPU keeps the stacked layout and the scan, unmeasured
     (:func:`jaxspec.core.runtime.decode_layout`).
 
     Args:
@@ -374,7 +374,7 @@ def fuse_qkv(lp: dict) -> dict:
     so are arrays laid out over several devices (their heads are split over the model axis,
     :mod:`models.sharding`, and a fused matrix would mix them).
 
-    Why (README "Performance notes"): XLA:CPU's matrix-vector kernel splits a product into
+    Why (docs/performance.md): XLA:CPU's matrix-vector kernel splits a product into
     tasks of at least 2^19 multiply-adds, so SmolLM2-135M's ``576 x 576`` and ``192 x 576``
     products run on one thread (about 14 GB/s on a 2-core AMD EPYC) and the fused
     ``960 x 576`` one on two (about 24 GB/s). The model computes the same q, k and v."""
@@ -439,7 +439,7 @@ def gemv_blocks(rows: int, m: int, k: int, backend: Optional[str] = None) -> int
 
     One row only: with many rows fed by an RMSNorm, XLA:CPU (jaxlib 0.10.2) fuses the norm, the
     broadcast over the blocks and the batched product into one YNNPACK fusion that returns NaN
-    from 4,096 rows on (``results/matvec-tasks/ynn_fusion_repro.py``)."""
+    from 4,096 rows on (``benchmarks/probes/matvec-tasks/ynn_fusion_repro.py``)."""
     b = ONE_TASK_BLOCKS
     if (rows != 1 or b <= 1 or m * k >= GEMV_TASK_FMAS or m % b
             or (backend or jax.default_backend()) != "cpu"):
@@ -453,7 +453,7 @@ def output_major_product(x: jax.Array, w_t: jax.Array) -> jax.Array:
     A one-row product that XLA:CPU would give a single task (:func:`gemv_blocks`) runs as a
     batched product over ``b`` blocks of ``m / b`` output rows instead, which XLA:CPU spreads
     over its threads: a chain of SmolLM2-135M ``wo`` products streamed 23-25 GB/s against 16
-    on a 2-core AMD EPYC (README, "`wo` in row blocks"). Same sums per output, so the
+    on a 2-core AMD EPYC (docs/performance.md, "`wo` in row blocks"). Same sums per output, so the
     result equals the plain product up to float rounding order."""
     m, k = w_t.shape
     rows = math.prod(x.shape[:-1])

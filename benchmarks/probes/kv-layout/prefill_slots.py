@@ -1,11 +1,11 @@
-"""What a prompt pass costs against the cache size it attends over (issue 16): one
+"""What a prompt pass costs against the cache size it attends over: one
 SmolLM2-135M forward of ``P`` prompt rows written from slot 0 (random float32 weights,
 per-layer output-major layout as the CPU AR loop runs it), with a cache of exactly ``P`` slots
 (what ``jaxspec.causal.decode.prefill`` now uses, then ``grow_cache``) and with the decode
 loop's ``P + max_new + k + 1`` slots (what it used before), interleaved in one process. Run from
 the repository root:
 
-    python results/kv-layout/prefill_slots.py --prompt 128 --max-new 128 512 1024
+    python benchmarks/probes/kv-layout/prefill_slots.py --prompt 128 --max-new 128 512 1024
 """
 import argparse
 import sys

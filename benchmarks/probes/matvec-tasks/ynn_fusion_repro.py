@@ -1,7 +1,7 @@
 """Why the row-blocked product is kept to one-row products: an XLA:CPU (jaxlib 0.10.2) fusion that
-returns NaN (issue 16, README "`wo` in row blocks").
+returns NaN (docs/performance.md, "`wo` in row blocks").
 
-    python results/matvec-tasks/ynn_fusion_repro.py [--out FILE]
+    python benchmarks/probes/matvec-tasks/ynn_fusion_repro.py [--out FILE]
 
 The row-blocked form of :func:`models.llama.modeling.output_major_product` broadcasts the input
 rows over ``b`` blocks and runs one batched product. Generalized to many rows and fed by an

@@ -1,4 +1,4 @@
-"""Seed spread of sequential vs ASSD / ASSD-ngram judged PPL on the 16 sequences and masks of results/assd.json (run from the repository root: .venv/bin/python results/assd-seeds/check.py; writes /tmp/seedcheck.json)."""
+"""Seed spread of sequential vs ASSD / ASSD-ngram judged PPL on the 16 sequences and masks of results/assd.json (run from the repository root: .venv/bin/python benchmarks/probes/assd-seeds/check.py; writes /tmp/seedcheck.json)."""
 import json, sys, numpy as np
 from scipy import stats
 from models.registry import load_asarm

@@ -1,7 +1,7 @@
 """SPS with the draft model's weights in the AR loop's layout (output-major, fused q/k/v)
-against the stored layout, interleaved in one process (issue 16).
+against the stored layout, interleaved in one process.
 
-    python results/step-layout/ab_sps_draft_layout.py [--limit 4] [--reps 3] [--out FILE]
+    python benchmarks/probes/step-layout/ab_sps_draft_layout.py [--limit 4] [--reps 3] [--out FILE]
 
 SmolLM2-135M-Instruct drafts for itself (the only SmolLM2 size the machine holds): greedy,
 draft length 5, so every draft is accepted and each step runs the draft model's 2-row pass and

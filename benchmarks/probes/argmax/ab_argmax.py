@@ -1,8 +1,8 @@
 """``jnp.argmax`` against :func:`jaxspec.core.sampling.argmax` (two vectorizable reductions,
-the library's since this change; issue 16): alone on logits-shaped arrays, and inside the
+the library's since this change): alone on logits-shaped arrays, and inside the
 decode loops on real weights, interleaved in one process.
 
-    python results/argmax/ab_argmax.py [--parts micro dllm ar] [--reps 3] [--caches dual]
+    python benchmarks/probes/argmax/ab_argmax.py [--parts micro dllm ar] [--reps 3] [--caches dual]
         [--gen-length 64] [--dllm-reps 8] [--out FILE]
 
 ``micro``: both functions jitted on float32 ``(rows, V)`` normal logits, ``V`` = 49,152

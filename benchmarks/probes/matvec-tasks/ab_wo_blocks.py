@@ -1,8 +1,9 @@
 """The AR loop with the one-task ``wo`` product as a batched product over row blocks against the
 plain matrix-vector product, interleaved in one process on the real SmolLM2-135M-Instruct
-weights (issue 16).
+weights.
 
-    python results/matvec-tasks/ab_wo_blocks.py [--blocks 1 4] [--limit 8] [--reps 3] [--out FILE]
+    python benchmarks/probes/matvec-tasks/ab_wo_blocks.py [--blocks 1 4] [--limit 8] [--reps 3]
+        [--out FILE]
 
 Each arm sets :data:`models.llama.modeling.ONE_TASK_BLOCKS` (1 = the plain product), compiles
 the AR loop (:func:`jaxspec.causal.decode.generate`, batch 1, greedy, 128 new tokens, HumanEval

@@ -1,6 +1,7 @@
-"""Layer loops on an accelerator as the model grows: speed and memory (issue 16).
+"""Layer loops on an accelerator as the model grows: speed and memory.
 
-    python results/gpu/layer-loop/size_sweep.py [--models smollm2-135m smollm2-1.7b qwen2.5-7b]
+    python benchmarks/probes/gpu/layer-loop/size_sweep.py
+        [--models smollm2-135m smollm2-1.7b qwen2.5-7b]
         [--new 128] [--reps 3] [--dtype bfloat16] [--out results/gpu/layer-loop/size-sweep.json]
 
 Random weights in the shapes of each named model (the timing does not depend on the values),

@@ -1,11 +1,11 @@
 """The library's one-token SmolLM2-135M step (random float32 weights, per-layer output-major,
 384-slot cache donated) under one ``XLA_FLAGS`` setting: median / fastest ms of 40 calls, the
-greedy token, and how many slot slices and YNNPACK fusions the compiled step holds (issue 16).
-One process per setting, so run it per flag (README "What did not help: the cache's slot
-slices"):
+greedy token, and how many slot slices and YNNPACK fusions the compiled step holds.
+One process per setting, so run it per flag (docs/performance.md, "The cache's slot slices,
+again"):
 
     for f in "" "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise" ...; do
-      XLA_FLAGS="$f" python results/kv-slices/ynn_flags.py; done
+      XLA_FLAGS="$f" python benchmarks/probes/kv-slices/ynn_flags.py; done
 """
 import os
 import re

@@ -1,7 +1,7 @@
-"""The prompt pass alone, with the LM head over every row against the last row only (issue 16,
-README "The prompt pass computes one row of logits").
+"""The prompt pass alone, with the LM head over every row against the last row only
+(docs/performance.md, "The prompt pass computes one row of logits").
 
-    python results/prompt-head/pass_alone.py [P ...]     # default 128 192
+    python benchmarks/probes/prompt-head/pass_alone.py [P ...]     # default 128 192
 
 SmolLM2-135M shapes, random float32 weights in the per-layer stored layout, batch 1: a P-token
 prompt written into a P-slot cache, then the greedy first token, either from the full

@@ -1,7 +1,7 @@
 """The n-gram loop's one-token steps on the AR layout against the verification layout,
-interleaved in one process on the real SmolLM2-135M-Instruct weights (issue 16).
+interleaved in one process on the real SmolLM2-135M-Instruct weights.
 
-    python results/step-layout/ab_step_layout.py [--limit 8] [--reps 2] [--out FILE]
+    python benchmarks/probes/step-layout/ab_step_layout.py [--limit 8] [--reps 2] [--out FILE]
 
 Both arms verify drafts on the stored (input-major) per-layer weights
 (``verify_layout("stored")``, what the ``ar`` suite's timing picked on this CPU). They differ in

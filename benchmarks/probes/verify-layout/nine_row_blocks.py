@@ -1,9 +1,9 @@
 """Chains of the SmolLM2-135M layer products (output-major, fused q/k/v; 150 matrices, random
 float32) at T query rows, plain and as batched products over 4 / 16 / 64 blocks of output rows
-(the one-row ``wo`` trick of README "`wo` in row blocks", tried on verification-sized passes;
-issue 16). 8 interleaved calls each; median / fastest ms and GB/s of the fastest.
+(the one-row ``wo`` trick of docs/performance.md, "`wo` in row blocks", tried on
+verification-sized passes). 8 interleaved calls each; median / fastest ms and GB/s of the fastest.
 
-    python results/verify-layout/nine_row_blocks.py [T]     # default 9; 1 for the one-row chain
+    python benchmarks/probes/verify-layout/nine_row_blocks.py [T]  # default 9; 1: the one-row chain
 """
 import statistics
 import sys

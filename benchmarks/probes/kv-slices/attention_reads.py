@@ -1,7 +1,7 @@
 """Can the one-token step's attention read the KV cache without cutting each layer's slots out
-of the stacked buffer? (issue 16; README "What did not help": the cache's slot slices)
+of the stacked buffer? (docs/performance.md, "The cache's slot slices, again")
 
-    python results/kv-slices/attention_reads.py [--slots 384] [--reps 30] [--steps 32]
+    python benchmarks/probes/kv-slices/attention_reads.py [--slots 384] [--reps 30] [--steps 32]
 
 XLA:CPU's trace of the AR step shows 60 ``slice_bitcast_fusion`` a step (each layer's keys and
 values copied out of the stacked ``(L, B, K, S, Dh)`` / ``(L, B, K, Dh, S)`` cache for the

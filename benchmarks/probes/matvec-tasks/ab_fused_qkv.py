@@ -1,7 +1,7 @@
 """The AR loop with q/k/v fused into one product against three products, interleaved in one
-process on the real SmolLM2-135M-Instruct weights (issue 16).
+process on the real SmolLM2-135M-Instruct weights.
 
-    python results/matvec-tasks/ab_fused_qkv.py [--reps 8] [--new 128] [--out FILE]
+    python benchmarks/probes/matvec-tasks/ab_fused_qkv.py [--reps 8] [--new 128] [--out FILE]
 
 Both trees are the per-layer output-major decode layout
 (:func:`models.llama.modeling.unstack_layers`), one with ``wqkv_t`` (the default since this

@@ -1,7 +1,9 @@
 """Ways to write SmolLM2-135M's one-task ``wo`` product (``576 x 576``, one input row) on
-XLA:CPU, and the row blocking on the two-task shapes (issue 16; README "`wo` in row blocks").
+XLA:CPU, and the row blocking on the two-task shapes (docs/performance.md, "`wo` in row
+blocks").
 
-    python results/matvec-tasks/wo_variants.py [--reps 15] [--out results/matvec-tasks/wo_variants.md]
+    python benchmarks/probes/matvec-tasks/wo_variants.py [--reps 15]
+        [--out results/matvec-tasks/wo_variants.md]
 
 Each variant times a jitted chain of dependent products over distinct matrices (about 300 MB,
 as :mod:`tasks`), all variants interleaved call by call; GB/s of the weights read and the

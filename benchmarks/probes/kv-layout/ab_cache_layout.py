@@ -1,10 +1,10 @@
-"""A/B of the KV-cache layout (issue 16): one KV-cached SmolLM2-135M forward (random float32
+"""A/B of the KV-cache layout: one KV-cached SmolLM2-135M forward (random float32
 weights, per-layer output-major layout as the CPU AR loop runs it, cache donated) with the cache
 layout of commit ``--old`` (``(L, B, S, K, Dh)`` keys and values) against the working tree's
 (head-major keys ``(L, B, K, S, Dh)``, slot-minor values ``(L, B, K, Dh, S)``), interleaved in
 one process. Run from the repository root:
 
-    python results/kv-layout/ab_cache_layout.py --old c5d0dd1 --shapes 1x384 1x1024 9x384 32x384
+    python benchmarks/probes/kv-layout/ab_cache_layout.py --old c5d0dd1 --shapes 1x384 1x1024 9x384 32x384
 """
 import argparse
 import importlib.util

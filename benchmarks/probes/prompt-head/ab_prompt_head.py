@@ -1,8 +1,9 @@
 """The prompt pass with the LM head over every prompt row against the last row only (the
 default since this change), interleaved in one process on the real SmolLM2-135M-Instruct
-weights (issue 16).
+weights.
 
-    python results/prompt-head/ab_prompt_head.py [--limit 8] [--reps 3] [--new 1 128] [--out FILE]
+    python benchmarks/probes/prompt-head/ab_prompt_head.py [--limit 8] [--reps 3] [--new 1 128]
+        [--out FILE]
 
 Arm ``all rows`` runs :func:`jaxspec.causal.decode.prefill` with the old head: the module's
 ``target_pass`` is wrapped so the prompt pass asks for every row's logits (the loop still

@@ -1,20 +1,20 @@
-"""Paired comparison of the two 100-sequence ASSD runs (issue 17, item 5; issue 14).
+"""Paired comparison of the two 100-sequence ASSD runs in ``results/assd-ppl-100/``.
 
 Run 0 (``assd.json``): sequential, assd, assd-ngram, assd-fused, assd-fused-ngram, row seeds
 ``0 * 1000 + i``. Run 1 (``seed1/assd.json``): sequential and assd-fused, row seeds
 ``1000 + i``. Both on the same 100 held-out sequences, so each comparison pairs the two
 methods' figures sequence by sequence (log gen-PPL and entropy), paired t and Wilcoxon.
 Same-decoder pairs (sequential run 1 vs run 0, fused run 1 vs run 0) show how far two runs of
-one decoder drift apart. Writes ``paired.md`` next to this file.
+one decoder drift apart. Writes ``results/assd-ppl-100/paired.md``.
 
-    python results/assd-ppl-100/paired.py
+    python benchmarks/probes/assd-ppl-100/paired.py
 
 These two runs share one seed per row across all sequences (the suite's rule before
 2026-11-25), so their per-sequence values are not independent and the p-values below are not
 calibrated: see ``results/assd-seeds-fixed/`` for the runs with one seed per (row, sequence),
 compared by the same script:
 
-    python results/assd-ppl-100/paired.py results/assd-seeds-fixed/run0/assd.json \
+    python benchmarks/probes/assd-ppl-100/paired.py results/assd-seeds-fixed/run0/assd.json \
         results/assd-seeds-fixed/run1/assd.json results/assd-seeds-fixed/paired.md "TITLE"
 """
 import json
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[3] / "results" / "assd-ppl-100"  # the data
 ARGS = sys.argv[1:]
 PATH0, PATH1 = (Path(a) for a in ARGS[:2]) if ARGS else (HERE / "assd.json", HERE / "seed1" / "assd.json")
 OUT = Path(ARGS[2]) if len(ARGS) > 2 else HERE / "paired.md"

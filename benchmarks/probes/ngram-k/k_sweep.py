@@ -1,16 +1,17 @@
 """n-gram speculative decoding's draft length on the CPU: AR and n-gram with K = 2 .. 8 drafts,
 with and without the cost gate, interleaved in one process on the real SmolLM2-135M-Instruct
-weights (issue 16: a 9-row verification pass costs about two one-token steps on these CPUs, so
+weights (a 9-row verification pass costs about two one-token steps on these CPUs, so
 the default K = 8 may not be the fastest here).
 
-    python results/ngram-k/k_sweep.py [--ks 2 3 4 6 8] [--limit 8] [--reps 2] [--out-dir DIR]
+    python benchmarks/probes/ngram-k/k_sweep.py [--ks 2 3 4 6 8] [--limit 8] [--reps 2]
+        [--out-dir DIR]
 
 Systems are the ``ar`` suite's (:class:`jaxspec.bench.common.JaxspecSystem`: greedy, batch 1,
 128 new tokens, HumanEval prompts, CPU decode layout, the verification layout timed per K).
 Every prompt runs ``--reps`` rounds, each timing every system once in a rotating order;
-compilation happens in an untimed first round. Writes ``k_sweep.md`` (median tok/s, median of
-per-prompt speedups over AR, MAT, acceptance, identical to AR, the outputs' degeneracy) and
-``k_sweep.png`` (MAT and speedup against K).
+compilation happens in an untimed first round. Writes ``results/ngram-k/k_sweep.md`` (median
+tok/s, median of per-prompt speedups over AR, MAT, acceptance, identical to AR, the outputs'
+degeneracy) and ``k_sweep.png`` (MAT and speedup against K).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from jaxspec.core.plotting import pyplot
 from jaxspec.eval.metrics import mean_degeneracy
 from models.registry import load_model
 
+RESULTS = Path(__file__).resolve().parents[3] / "results" / "ngram-k"  # the outputs live there
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -34,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--out-dir", default=str(Path(__file__).parent))
+    ap.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args(argv)
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]

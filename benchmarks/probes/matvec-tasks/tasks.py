@@ -1,6 +1,6 @@
-"""How many threads XLA:CPU gives a one-token matrix-vector product, per shape (issue 16).
+"""How many threads XLA:CPU gives a one-token matrix-vector product, per shape.
 
-    python results/matvec-tasks/tasks.py [--reps 15] [--out results/matvec-tasks/tasks.md]
+    python benchmarks/probes/matvec-tasks/tasks.py [--reps 15] [--out results/matvec-tasks/tasks.md]
 
 XLA:CPU lowers a matrix-vector product to its tiled GEMV kernel and splits the output rows into
 ``min(ceil(m / ceil(2**19 / k)), 8)`` tasks: at least 2^19 multiply-adds per task (XLA's
