@@ -90,13 +90,19 @@ from pathlib import Path
 def build_parser() -> argparse.ArgumentParser:
     from jaxspec.bench.common import SUITES, SYSTEMS
 
+    from scripts.common import add_compile_cache_flag
+
     ap = argparse.ArgumentParser(prog="python -m scripts.benchmark", description=__doc__.split("\n")[0])
     ap.add_argument("--suite", required=True, help=f"benchmark suite: {', '.join(SUITES)}")
     ap.add_argument("--limit", type=int, default=None,
                     help="number of HumanEval prompts (default 20 for ar, 3 for dllm)")
     ap.add_argument("--start", type=int, default=0, help="first HumanEval problem index")
-    ap.add_argument("--out", default=None, help="result JSON (default results/SUITE.json); "
-                    "the markdown table goes next to it")
+    ap.add_argument("--out", default=None, help="result JSON (default: a new scratch file "
+                    "runs/bench/SUITE-YYYYmmdd-HHMMSS.json); the markdown table and the chart go "
+                    "next to it. An existing file (e.g. the committed results/SUITE.json) is "
+                    "replaced only with --overwrite")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --out file (and its .md / .png)")
     ap.add_argument("--model", default=None, help="model preset name (default "
                     "smollm2-135m-instruct for ar, dream-smollm2-135m for dllm)")
     ap.add_argument("--weights", default=None, help="GGUF file or HF directory (overrides the preset)")
@@ -124,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="device of the transformers peers: auto = cuda when JAX runs on a GPU "
                          "and torch sees one, else cpu")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compile_cache_flag(ap)
     dg = ap.add_argument_group("suites dllm and ssd")
     dg.add_argument("--gen-length", type=int, default=256)
     dg.add_argument("--block-length", type=int, default=None,
@@ -179,6 +186,168 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_assd_arguments(ap)
     return ap
+
+
+HUMANEVAL_PROBLEMS = 164  # the prompt pool of suites ar, dllm, ssd and spiffy
+
+
+def _at_least(flag: str, value, least) -> None:
+    from jaxspec.bench.common import BenchError
+
+    if value is not None and value < least:
+        raise BenchError(f"{flag} must be >= {least}, got {value}")
+
+
+def resolve_out(args, now: float | None = None) -> Path:
+    """The result JSON of this run, checked before anything loads.
+
+    No ``--out``: a new scratch file ``runs/bench/<suite>-<YYYYmmdd-HHMMSS>.json`` (committed
+    results are written only on purpose). An existing file needs ``--overwrite``. The folder is
+    created and a probe file written and removed in it, so an unwritable ``--out`` fails now,
+    not after the run.
+
+    Raises:
+      BenchError: ``--out`` is not a ``.json`` path, exists without ``--overwrite``, or its
+        folder cannot be created or written.
+    """
+    import tempfile
+    import time
+
+    from jaxspec.bench.common import BenchError
+
+    if args.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        out = Path("runs") / "bench" / f"{args.suite}-{stamp}.json"
+    else:
+        out = Path(args.out)
+        if out.suffix != ".json":
+            raise BenchError(f"--out must name a .json file (the .md and .png go next to it), "
+                             f"got {args.out}")
+    if out.is_dir():
+        raise BenchError(f"--out {out} is a directory; name a .json file")
+    if not args.overwrite:
+        for f in (out, out.with_suffix(".md")):
+            if f.exists():
+                raise BenchError(f"--out {out}: {f} exists; pass --overwrite to replace it, or "
+                                 f"leave out --out (results go to runs/bench/)")
+    for parent in (out.parent, *out.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise BenchError(f"--out {out}: {parent} is not a directory")
+            break
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.stem}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise BenchError(f"--out {out}: cannot write into {out.parent} "
+                         f"({e.strerror or e})") from None
+    return out
+
+
+def validate_args(args) -> None:
+    """Every check that needs no model, run before anything loads (exit 2 on failure):
+    ranges of the numeric flags, names of suites / systems / methods / caches / presets, the
+    decode configs of the dllm rows, and ``--out`` (:func:`resolve_out`; ``args.out`` becomes
+    the resolved path).
+
+    Raises:
+      BenchError / PresetError / ValueError: the first bad value, in one line.
+    """
+    from jaxspec.bench.common import PROMPT_SETS, SUITES, BenchError, parse_systems
+    from models.registry import DTYPES, REPO_ROOT, get_preset, is_preset
+
+    if args.suite not in SUITES:
+        raise BenchError(f"unknown suite {args.suite!r}; available: {', '.join(SUITES)}")
+    if args.dtype not in DTYPES:
+        raise BenchError(f"unknown --dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
+    if args.quant not in ("none", "int8"):
+        raise BenchError(f"unknown --quant {args.quant!r}; choose none or int8")
+    _at_least("--limit", args.limit, 1)
+    if not 0 <= args.start < HUMANEVAL_PROBLEMS:
+        raise BenchError(f"--start must lie in [0, {HUMANEVAL_PROBLEMS - 1}] (HumanEval has "
+                         f"{HUMANEVAL_PROBLEMS} problems), got {args.start}")
+    for flag, value, least in (("--max-new-tokens", args.max_new_tokens, 1),
+                               ("--draft-length", args.draft_length, 1),
+                               ("--min-ngram", args.min_ngram, 1),
+                               ("--gen-length", args.gen_length, 1),
+                               ("--block-length", args.block_length, 1),
+                               ("--overhead-reps", args.overhead_reps, 0),
+                               ("--threads", args.threads, 1),
+                               ("--mask-groups", args.mask_groups, 1),
+                               ("--assd-k", args.assd_k, 1),
+                               ("--assd-seq-len", args.assd_seq_len, 2),
+                               ("--assd-infill-tasks", args.assd_infill_tasks, 0)):
+        _at_least(flag, value, least)
+    if args.max_ngram < args.min_ngram:
+        raise BenchError(f"--max-ngram must be >= --min-ngram, got {args.max_ngram} < "
+                         f"{args.min_ngram}")
+    if args.suite == "diffuspec" and not 1 <= args.k_min <= args.k_max:
+        raise BenchError(f"need 1 <= --k-min <= --k-max, got {args.k_min} and {args.k_max}")
+    for flag, values in (("--space-k-sweep", args.space_k_sweep),
+                         ("--space-batches", args.space_batches),
+                         ("--diffuspec-fixed-k", args.diffuspec_fixed_k),
+                         ("--diffuspec-refine-steps", args.diffuspec_refine_steps),
+                         ("--assd-k-sweep", args.assd_k_sweep)):
+        for v in values or ():
+            _at_least(flag, v, 1)
+    for flag, values in (("--space-sets", args.space_sets),
+                         ("--diffuspec-sets", args.diffuspec_sets)):
+        bad = sorted(set(values or ()) - set(PROMPT_SETS))
+        if bad:
+            raise BenchError(f"unknown {flag} {bad[0]!r}; available: {', '.join(PROMPT_SETS)}")
+    if args.suite == "assd":
+        from jaxspec.bench.assd import MAIN_METHODS
+
+        if not 0.0 < args.assd_mask_rate <= 1.0:
+            raise BenchError(f"--assd-mask-rate must lie in (0, 1], got {args.assd_mask_rate}")
+        for flag, t in (("--assd-temperature", args.assd_temperature),
+                        ("--assd-infill-temperature", args.assd_infill_temperature)):
+            if not 0.0 <= t < float("inf"):
+                raise BenchError(f"{flag} must be a finite value >= 0, got {t}")
+        bad = sorted(set(args.assd_methods) - set(MAIN_METHODS))
+        if bad:
+            raise BenchError(f"unknown --assd-methods {bad[0]!r}; available: "
+                             f"{', '.join(MAIN_METHODS)}")
+    if args.suite == "ar":
+        parse_systems(args.systems)
+    if args.suite in ("dllm", "ssd", "spiffy"):
+        from jaxspec.dllm import REMASKING
+
+        if args.remasking not in REMASKING:
+            raise BenchError(f"unknown --remasking {args.remasking!r}; available: "
+                             f"{', '.join(REMASKING)}")
+    if args.suite == "dllm":
+        from jaxspec.bench.dllm import DLLM_METHODS, method_config
+        from jaxspec.dllm import CACHES
+
+        bad = sorted(set(args.caches or ()) - set(CACHES))
+        if bad:
+            raise BenchError(f"unknown cache policy {bad[0]!r}; expected {', '.join(CACHES)}")
+        block = 32 if args.block_length is None else args.block_length
+        for m in args.methods or DLLM_METHODS:
+            for c in args.caches or CACHES:
+                method_config(m, gen_length=args.gen_length, block_length=block, cache=c,
+                              remasking=args.remasking)
+    if args.suite == "ssd":
+        from jaxspec.bench.ssd import parse_rows
+
+        parse_rows(args.ssd_rows)
+    if args.suite == "spiffy":
+        from jaxspec.bench.spiffy import parse_rows
+
+        parse_rows(args.spiffy_rows)
+        graph_dir = Path(args.graph_dir)
+        if not graph_dir.is_dir() and not graph_dir.is_absolute() \
+                and (REPO_ROOT / graph_dir).is_dir():
+            args.graph_dir = str(REPO_ROOT / graph_dir)  # the packaged graphs (installed wheel)
+    for flag, name in (("--model", args.model), ("--draft-model", args.draft_model),
+                       ("--base-model", args.base_model if args.suite == "space" else None)):
+        if name is not None and (flag != "--model" or args.suite != "assd" or is_preset(name)):
+            get_preset(name)  # PresetError: unknown name, lists the presets
+    if args.weights is not None and not Path(args.weights).exists():
+        raise BenchError(f"--weights {args.weights} does not exist")
+    args.out = str(resolve_out(args))
 
 
 def _write(result, out, write_results, markdown_report, log) -> int:
@@ -247,7 +416,7 @@ def main_ssd(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _write(result, args.out or "results/ssd.json", write_results, markdown_report, log)
+    return _write(result, args.out, write_results, markdown_report, log)
 
 
 def main_spiffy(args, log) -> int:
@@ -278,7 +447,7 @@ def main_spiffy(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _write(result, args.out or "results/spiffy.json", write_results, markdown_report, log)
+    return _write(result, args.out, write_results, markdown_report, log)
 
 
 def main_dllm(args, log) -> int:
@@ -309,7 +478,7 @@ def main_dllm(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _write(result, args.out or "results/dllm.json", write_results, markdown_report, log)
+    return _write(result, args.out, write_results, markdown_report, log)
 
 
 def main_space(args, log) -> int:
@@ -340,7 +509,7 @@ def main_space(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _write(result, args.out or "results/space.json", write_results, markdown_report, log)
+    return _write(result, args.out, write_results, markdown_report, log)
 
 
 def main_diffuspec(args, log) -> int:
@@ -377,7 +546,7 @@ def main_diffuspec(args, log) -> int:
     except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _write(result, args.out or "results/diffuspec.json", write_results, markdown_report, log)
+    return _write(result, args.out, write_results, markdown_report, log)
 
 
 def main(argv=None) -> int:
@@ -391,8 +560,12 @@ def main(argv=None) -> int:
     from models.registry import (PresetError, fetch, get_preset, is_preset, load_model,
                                  require_family)
 
+    from scripts.common import setup_compile_cache
+
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
+        validate_args(args)  # before any model loads: exit 2 with one line
+        setup_compile_cache(args)
         if args.quant != "none" and args.suite in ("assd", "space", "diffuspec"):
             raise BenchError(f"--quant applies to suites ar, dllm, ssd and spiffy, not {args.suite}")
         if args.suite == "assd":
@@ -491,7 +664,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    return _write(result, args.out or f"results/{args.suite}.json", write_results,
+    return _write(result, args.out, write_results,
                   markdown_report, log)
 
 

@@ -1108,8 +1108,23 @@ def write_results(result: dict, out: Path, *, report: Callable[[dict], str] = No
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    png = (plot or plot_per_prompt)(result, out.with_suffix(".png"))
+    text = json.dumps(result, indent=2) + "\n"
+    _replace_atomically(out, lambda tmp: tmp.write_text(text))
+    png = out.with_suffix(".png")
+    _replace_atomically(png, lambda tmp: (plot or plot_per_prompt)(result, tmp))
     md = out.with_suffix(".md")
-    md.write_text((report or markdown_report)(result) + f"\n![{caption}]({png.name})\n")
+    text = (report or markdown_report)(result) + f"\n![{caption}]({png.name})\n"
+    _replace_atomically(md, lambda tmp: tmp.write_text(text))
     return out, md
+
+
+def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` to a temporary file beside ``path`` (same suffix), then rename it over
+    ``path``: a reader, or a run that fails half-way, never sees a half-written file."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

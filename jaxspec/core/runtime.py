@@ -26,6 +26,7 @@ import jax
 import numpy as np
 import psutil
 
+from jaxspec.core.compile_cache import enable_persistent_cache, ensure_persistent_cache
 from models.llama.modeling import MATRICES, fuse_qkv, has_projection, layer_entry, unstack_layers
 
 _EXECUTABLES: dict = {}
@@ -67,6 +68,7 @@ def run_compiled(jitted: Callable, args: tuple, statics: dict) -> tuple[Any, flo
     compile_s = 0.0
     exe = _EXECUTABLES.get(key)
     if exe is None:
+        ensure_persistent_cache()  # on by default (jaxspec.core.compile_cache)
         t0 = time.perf_counter()
         exe = jitted.lower(*args, **statics).compile()
         compile_s = time.perf_counter() - t0
@@ -74,35 +76,6 @@ def run_compiled(jitted: Callable, args: tuple, statics: dict) -> tuple[Any, flo
     t0 = time.perf_counter()
     out = jax.block_until_ready(exe(*args))
     return out, compile_s, time.perf_counter() - t0
-
-
-def enable_persistent_cache(directory: str | os.PathLike | None = None,
-                            min_compile_s: float = 0.2) -> str | None:
-    """Keep compiled XLA programs on disk (JAX's persistent compilation cache), so a second
-    process decoding the same shapes loads them instead of compiling (the CPU decode layout's
-    unrolled loops take seconds to compile; README "Performance notes").
-
-    Args:
-      directory: where; default: the directory already configured in this process (e.g. by
-        the test suite), else ``$JAXSPEC_COMPILE_CACHE``, else ``~/.cache/jaxspec/xla``.
-        ``"off"`` (argument or variable) disables the cache.
-      min_compile_s: programs that compiled faster than this are not stored.
-
-    Returns:
-      The directory used, or None when disabled. Loaded programs report a ``compile_s`` of
-      the load time in :func:`run_compiled`.
-    """
-    if directory is None and jax.config.jax_compilation_cache_dir:
-        return jax.config.jax_compilation_cache_dir
-    where = str(directory or os.environ.get("JAXSPEC_COMPILE_CACHE", "")
-                or os.path.join(os.path.expanduser("~"), ".cache", "jaxspec", "xla"))
-    if where.lower() == "off":
-        return None
-    os.makedirs(where, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", where)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return where
 
 
 def clear_compiled() -> int:
