@@ -2,7 +2,7 @@
 # make test  - set up .venv, fetch the default weights, run the test suite (without the tests
 #              marked slow: multi-device meshes over every method, the costliest mutants)
 # make test-all - the same with the slow tests
-# make bench - run the benchmark suites (writes results/*.json and *.md)
+# make bench - run the ar benchmark suite (replaces results/ar.json and .md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -20,9 +20,11 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: setup weights demo test test-all bench clean
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package to the versions the suite is tested with (pyproject.toml
+# keeps the ranges a user's `pip install` accepts): `make test` is reproducible
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -43,7 +45,7 @@ test-all: weights
 		$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 bench: weights
-	$(BIN)/python -m scripts.benchmark --suite ar --out results/ar.json
+	$(BIN)/python -m scripts.benchmark --suite ar --out results/ar.json --overwrite
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -42,34 +42,43 @@ cells below are the ones that are tested. Edit them in `notebooks/make_notebook.
 """
 
 INSTALL = """\
-# 1. Install jaxspec. Skipped when JAXSPEC_NOTEBOOK_TEST is set (the test suite) or when
-#    jaxspec is already importable (a local Jupyter started from the repository's .venv).
+# 1. Install jaxspec (not editable) with the extra of this runtime: [tpu] on a TPU, [cuda] on
+#    an NVIDIA GPU. From a wheel (JAXSPEC_WHEEL: path or URL of jaxspec-*.whl) or from a clone
+#    of the repository (REPO_URL, cloned to REPO_DIR). Skipped when JAXSPEC_NOTEBOOK_TEST is set
+#    (the test suite) or when jaxspec is already importable (a Jupyter started from a .venv).
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
+WHEEL = os.environ.get("JAXSPEC_WHEEL", "")  # e.g. /content/jaxspec-0.1.0-py3-none-any.whl
 REPO_URL = os.environ.get("JAXSPEC_REPO_URL", "")  # git URL of your copy of the jaxspec repository
 REPO_DIR = os.environ.get("JAXSPEC_REPO_DIR", "/content/jaxspec")
+PIP_ARGS = os.environ.get("JAXSPEC_PIP_ARGS", "").split()  # more pip options, e.g. --no-deps
 
 if os.environ.get("JAXSPEC_NOTEBOOK_TEST") or importlib.util.find_spec("jaxspec") is not None:
     print("jaxspec is importable: install skipped")
 else:
-    if not os.path.isdir(REPO_DIR):
-        if not REPO_URL:
-            raise RuntimeError("set REPO_URL (or $JAXSPEC_REPO_URL) to the git URL of jaxspec, "
-                               "or clone it to REPO_DIR yourself")
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, REPO_DIR], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", REPO_DIR], check=True)
-    # jaxspec pins jax; on a TPU runtime also install the libtpu that matches the pin
-    if importlib.util.find_spec("libtpu") is not None or os.path.exists("/dev/accel0") \\
-            or os.path.isdir("/dev/vfio"):
-        from importlib.metadata import version
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                        f"jax[tpu]=={version('jax')}"], check=True)
-    sys.path.insert(0, REPO_DIR)  # the editable install's path hook only reaches new interpreters
-    importlib.invalidate_caches()
+    if WHEEL:
+        target = WHEEL
+    else:
+        if not os.path.isdir(REPO_DIR):
+            if not REPO_URL:
+                raise RuntimeError("set JAXSPEC_WHEEL to a jaxspec wheel, or REPO_URL (or "
+                                   "$JAXSPEC_REPO_URL) to the git URL of jaxspec, or clone it "
+                                   "to REPO_DIR yourself")
+            subprocess.run(["git", "clone", "--depth", "1", REPO_URL, REPO_DIR], check=True)
+        target = REPO_DIR
+    tpu = (importlib.util.find_spec("libtpu") is not None or os.path.exists("/dev/accel0")
+           or os.path.isdir("/dev/vfio"))
+    gpu = shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+    extra = "[tpu]" if tpu else "[cuda]" if gpu else ""
+    print("installing", target + extra)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *PIP_ARGS, target + extra],
+                   check=True)
+    importlib.invalidate_caches()  # the new packages are importable in this kernel now
 """
 
 DEVICES = """\

@@ -26,12 +26,19 @@ import argparse
 import json
 import sys
 import time
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 
+HUMANEVAL_PROBLEMS = 164
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from scripts.common import add_compile_cache_flag
+
     ap = argparse.ArgumentParser(prog="python -m scripts.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="dream-smollm2-135m",
@@ -60,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", default="configs/graphs/dream-smollm2-135m")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse --out-dir/records.npz instead of decoding again")
+    add_compile_cache_flag(ap)
     return ap
 
 
@@ -77,18 +85,28 @@ def _load_records(path: Path):
 
     if not path.exists():
         raise FileNotFoundError(f"--reuse: {path} does not exist; run without --reuse first")
-    z = np.load(path)
-    n = len({k.split("_")[0] for k in z.files})
-    return [CalibrationRecord(z[f"{i}_transfer_step"], z[f"{i}_tokens"], z[f"{i}_rank"],
-                              z[f"{i}_top"], z[f"{i}_ok"], int(z[f"{i}_block_length"]))
-            for i in range(n)]
+    fields = ("transfer_step", "tokens", "rank", "top", "ok", "block_length")
+    try:
+        if not zipfile.is_zipfile(path):  # np.load would read it as a pickle and say so
+            raise ValueError("not an .npz archive")
+        with np.load(path, allow_pickle=False) as z:
+            n = len({k.split("_")[0] for k in z.files})
+            missing = [f"{i}_{f}" for i in range(n) for f in fields if f"{i}_{f}" not in z.files]
+            if not n or missing:
+                raise ValueError(f"missing arrays {missing[:3]}" if missing else "no records")
+            return [CalibrationRecord(z[f"{i}_transfer_step"], z[f"{i}_tokens"], z[f"{i}_rank"],
+                                      z[f"{i}_top"], z[f"{i}_ok"], int(z[f"{i}_block_length"]))
+                    for i in range(n)]
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
+        raise ValueError(f"--reuse: {path} is corrupt or not a records file of scripts.calibrate "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); delete "
+                         f"it and run without --reuse") from None
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.core.runtime import enable_persistent_cache
+    from scripts.common import setup_compile_cache
 
-    enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     from jaxspec.dllm import DiffusionDecodeConfig
     from jaxspec.dllm.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,
@@ -96,21 +114,40 @@ def main(argv=None) -> int:
 
     out = Path(args.out_dir)
     try:
-        if args.prompts < 1:
-            raise ValueError("the calibration set has no samples (--prompts must be >= 1)")
-        if args.lookahead < 1 or min(args.sizes) < 1:
-            raise ValueError("--lookahead and every --sizes value must be >= 1")
+        # every check that needs no model first (exit 2, one line)
+        if not 1 <= args.prompts <= HUMANEVAL_PROBLEMS:
+            raise ValueError(f"--prompts must lie in [1, {HUMANEVAL_PROBLEMS}] (the calibration "
+                             f"prompts come from HumanEval's {HUMANEVAL_PROBLEMS}), got "
+                             f"{args.prompts}")
+        for flag, value in (("--lookahead", args.lookahead), ("--sizes", min(args.sizes)),
+                            ("--max-vocab-rank", args.max_vocab_rank), ("--batch", args.batch)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        from models.registry import DTYPES, get_preset, is_preset
+
+        if args.dtype not in DTYPES:
+            raise ValueError(f"unknown --dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if not args.reuse:
+            if not is_preset(args.model):
+                get_preset(args.model)  # PresetError: unknown model, lists the presets
+            if args.weights is not None and not Path(args.weights).exists():
+                raise ValueError(f"--weights {args.weights} does not exist")
         decode = DiffusionDecodeConfig(args.gen_length, args.block_length, args.gen_length,
                                        remasking=args.remasking, cache=args.cache)
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out-dir {out} is a file, not a directory")
         rec_path = out / "records.npz"
+        recs = _load_records(rec_path) if args.reuse else None  # a corrupt file fails now
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out-dir {out}: cannot create it ({e.strerror or e})") from None
+        setup_compile_cache(args)
         meta = {"model": args.model, "prompts": args.prompts, "gen_length": args.gen_length,
                 "block_length": args.block_length, "cache": args.cache,
                 "remasking": args.remasking, "lookahead": args.lookahead,
                 "calibration_set": f"HumanEval/{164 - args.prompts}..163"}
-        if args.reuse:
-            recs = _load_records(rec_path)
-        else:
+        if not args.reuse:
             from tqdm import tqdm
 
             from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt

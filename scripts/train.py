@@ -1,4 +1,4 @@
-"""Train a masked-diffusion LM (from scratch or as a LoRA adaptation) on the Python stdlib.
+"""Train a model on the Python stdlib: a masked-diffusion LM, an AS-ARM or a SAR model.
 
     python -m scripts.train --config configs/train/dlm-tiny.yaml [--out DIR] [--steps N]
         [--resume] [--stop-after N] [--set section.key=value ...] [--no-progress]
@@ -26,6 +26,8 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from scripts.common import add_compile_cache_flag
+
     ap = argparse.ArgumentParser(prog="python -m scripts.train", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="configs/train/NAME.yaml")
     ap.add_argument("--out", default=None, help="output directory (default: cache/runs/NAME)")
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override any config value (repeatable; VALUE parsed as YAML)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compile_cache_flag(ap)
     return ap
 
 
@@ -48,18 +51,26 @@ def main(argv=None) -> int:
     from jaxspec.training.config import TrainConfigError, load_config
     from jaxspec.training.loop import train
     from models.registry import PresetError
+    from scripts.common import setup_compile_cache
 
     try:
+        # every check that needs no model or data first (exit 2, one line)
         overrides = list(args.set)
         if args.steps is not None:
             if args.steps < 1:
                 raise TrainConfigError(f"--steps must be >= 1, got {args.steps}")
             overrides.append(f"train.steps={args.steps}")
+        if args.stop_after is not None and args.stop_after < 1:
+            raise TrainConfigError(f"--stop-after must be >= 1, got {args.stop_after}")
+        if args.max_minutes is not None and not 0 < args.max_minutes < float("inf"):
+            raise TrainConfigError(f"--max-minutes must be a finite value > 0, got "
+                                   f"{args.max_minutes}")
         cfg = load_config(args.config, overrides)
         out = Path(args.out) if args.out else Path(
             os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec")) / "runs" / cfg.name
-        if args.max_minutes is not None and args.max_minutes <= 0:
-            raise TrainConfigError(f"--max-minutes must be > 0, got {args.max_minutes}")
+        if out.exists() and not out.is_dir():
+            raise TrainConfigError(f"--out {out} is a file, not a directory")
+        setup_compile_cache(args)
         res = train(cfg, out, resume=args.resume, stop_after=args.stop_after,
                     max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
                     progress=not args.no_progress)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -155,12 +156,69 @@ _SECTIONS = {"model": ModelSection, "data": DataSection, "objective": ObjectiveS
              "asarm": AsarmSection}
 
 
-def config_from_dict(d: dict) -> TrainConfig:
-    """Build a :class:`TrainConfig`; lists become tuples.
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               tuple: "a list"}
+
+# (section, key) -> (least, greatest): values outside are an error (None: unbounded)
+_RANGES = {("train", "steps"): (1, None), ("train", "ckpt_every"): (1, None),
+           ("train", "eval_every"): (1, None), ("train", "eval_batches"): (0, None),
+           ("train", "log_every"): (1, None), ("train", "keep_checkpoints"): (1, None),
+           ("data", "seq_len"): (2, None), ("data", "batch_size"): (1, None),
+           ("data", "sft_fraction"): (0, 1), ("data", "distill_fraction"): (0, 1),
+           ("optim", "warmup_steps"): (0, None), ("optim", "grad_accum"): (1, None),
+           ("optim", "min_lr_ratio"): (0, 1), ("optim", "weight_decay"): (0, None),
+           ("lora", "rank"): (1, None)}
+
+
+def _typed(sec: str, key: str, value, hint):
+    """``value`` checked against the field's type ``hint`` (``int``, ``float``, ``bool``,
+    ``str``, ``tuple`` or ``Optional`` of one); lists become tuples, integers and numeric
+    strings (YAML reads ``3e-4`` as a string) become floats for float fields.
 
     Raises:
-      TrainConfigError: unknown section or key.
+      TrainConfigError: a value of another type, naming the key and the expected type.
     """
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union and type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if isinstance(value, list):
+        value = tuple(value)
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          bool: lambda v: isinstance(v, bool),
+          str: lambda v: isinstance(v, str),
+          tuple: lambda v: isinstance(v, tuple)}.get(hint)
+    if ok is None:
+        return value
+    if hint is float and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if not ok(value):
+        raise TrainConfigError(f"{sec}.{key} must be {_TYPE_NAMES[hint]}, got {value!r}")
+    if hint is float:
+        value = float(value)
+    lo, hi = _RANGES.get((sec, key), (None, None))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        where = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise TrainConfigError(f"{sec}.{key} must be {where}, got {value!r}")
+    return value
+
+
+def config_from_dict(d: dict) -> TrainConfig:
+    """Build a :class:`TrainConfig`; lists become tuples, every value is checked against its
+    field's type and, for counts and fractions, its range.
+
+    Raises:
+      TrainConfigError: unknown section or key, a section that is not a mapping, a value of
+        the wrong type or out of range (one line naming ``section.key`` and what it must be).
+    """
+    if d is not None and not isinstance(d, dict):
+        raise TrainConfigError(f"a training config must be a mapping of sections, got "
+                               f"{type(d).__name__}")
     d = dict(d or {})
     kw: dict[str, Any] = {"name": str(d.pop("name", "unnamed"))}
     for sec, val in d.items():
@@ -169,12 +227,16 @@ def config_from_dict(d: dict) -> TrainConfig:
         if val is None:
             kw[sec] = None
             continue
+        if not isinstance(val, dict):
+            raise TrainConfigError(f"config section {sec!r} must be a mapping of keys, got "
+                                   f"{val!r}")
         cls = _SECTIONS[sec]
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(val) - names)
         if bad:
             raise TrainConfigError(f"unknown key(s) {bad} in section {sec!r}; expected {sorted(names)}")
-        kw[sec] = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in val.items()})
+        hints = typing.get_type_hints(cls)
+        kw[sec] = cls(**{k: _typed(sec, k, v, hints[k]) for k, v in val.items()})
     cfg = TrainConfig(**kw)
     if cfg.objective.kind not in OBJECTIVES:
         raise TrainConfigError(f"unknown objective.kind {cfg.objective.kind!r}; expected one of {OBJECTIVES}")
@@ -204,7 +266,15 @@ def load_config(path, overrides: Sequence[str] = ()) -> TrainConfig:
     path = Path(path)
     if not path.is_file():
         raise TrainConfigError(f"config file {path} not found")
-    d = yaml.safe_load(path.read_text()) or {}
+    try:
+        d = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise TrainConfigError(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrainConfigError(f"cannot read config file {path}: {e}") from None
+    if not isinstance(d, dict):
+        raise TrainConfigError(f"{path} must hold a mapping of sections (name, model, data, "
+                               f"...), got {type(d).__name__}")
     for ov in overrides:
         if "=" not in ov or "." not in ov.split("=", 1)[0]:
             raise TrainConfigError(f"override {ov!r} is not of the form section.key=value")
@@ -212,8 +282,21 @@ def load_config(path, overrides: Sequence[str] = ()) -> TrainConfig:
         sec, key = k.split(".", 1)
         if d.get(sec) is None:
             d[sec] = {}
-        d[sec][key] = yaml.safe_load(v)
+        if not isinstance(d[sec], dict):
+            raise TrainConfigError(f"override {ov!r}: section {sec!r} is not a mapping")
+        try:
+            d[sec][key] = yaml.safe_load(v)
+        except yaml.YAMLError as e:
+            raise TrainConfigError(f"override {ov!r}: the value is not valid YAML: "
+                                   f"{_yaml_problem(e)}") from None
     return config_from_dict(d)
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error in one line: what and where (line and column, 1-based)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark else what
 
 
 __all__ = ["TrainConfigError", "ModelSection", "LoraSection", "DataSection", "OBJECTIVES",
