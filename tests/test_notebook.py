@@ -7,7 +7,7 @@ SAR model with a ``[MASK]`` id) are passed to the notebook through its ``JAXSPEC
 variables, and the notebook is executed by nbclient in a kernel of this interpreter. Every method
 (SSD, Spiffy, DiffuSpec, SPACE) must be identical to its reference, and the memory the notebook
 reports must be the loaded models' real parameter bytes. The committed notebook must equal what
-``notebooks/make_notebook.py`` writes (outputs empty), and the README's memory table script must
+``notebooks/make_notebook.py`` writes (outputs empty), and the docs' memory table script must
 count the parameters the model code builds.
 """
 
@@ -170,7 +170,7 @@ def test_notebook_runs_every_method_identical_to_its_reference(checkpoints, tmp_
 
 
 def test_memory_table_counts_the_model_code_parameters():
-    """The README table's script: parameter counts from ``jax.eval_shape`` of the model equal
+    """The memory table's script: parameter counts from ``jax.eval_shape`` of the model equal
     the closed formula (checked inside ``rows``) and the published sizes; a 28-head model
     cannot be split over 8 devices, so its 8-device mesh is 2x4."""
     table = {r["model"]: r for r in _script("memory_table").rows()}

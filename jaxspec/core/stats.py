@@ -1,4 +1,4 @@
-"""The statistics record every decoder returns (DESIGN.md, "Conventions")."""
+"""The statistics record every decoder returns (docs/design.md, "Decode loops and their state")."""
 
 from __future__ import annotations
 

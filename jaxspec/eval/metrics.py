@@ -1,7 +1,7 @@
 """Output-quality figures reported next to every acceptance / speedup number.
 
 A collapsed model (one token repeated) agrees with itself and inflates acceptance rates, so
-DESIGN.md requires degeneracy figures beside each such number.
+the docs report degeneracy figures beside each such number (docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one distribution test of the losslessness contract (DESIGN.md): do samples of a
+"""The one distribution test of the losslessness contract (docs/design.md): do samples of a
 sampled decoder follow an exactly enumerated distribution?
 
 Every sampled method is tested the same way: enumerate the exact joint distribution of its

@@ -1,6 +1,6 @@
 """AS-ARM training: the teacher-forced joint loss of ASSD (Eq. 7) on the XLNet of models/xlnet/modeling.py.
 
-Source: Guo & Ermon, ``../shared/papers/assd-any-subset-speculative-decoding.txt``.
+Source: Guo & Ermon, arXiv:2504.20456 (docs/methods/assd.md).
 
 Objective (Eq. 7, Eq. 2, Appendix E.2): per sequence of ``N`` tokens draw a prompt length
 ``m`` and an order ``sigma`` following the recursive binary lattice (Eq. 4): take a uniform

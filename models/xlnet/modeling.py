@@ -1,7 +1,7 @@
 """XLNet with two-stream relative attention, as a pure-functional JAX model (AS-ARM body).
 
 An any-subset autoregressive model (AS-ARM; Guo & Ermon, "Reviving Any-Subset Autoregressive
-Models ... Any-Subset Speculative Decoding", ``../shared/papers/assd-any-subset-speculative-decoding.txt``,
+Models ... Any-Subset Speculative Decoding", arXiv:2504.20456,
 Sec. 4 and Appendix D) needs two things from one network: parallel prediction of any set of
 masked positions from the visible tokens (Fig. 1a) and the density of a whole sequence under
 a permuted-causal order in one pass (Fig. 1b, Eq. 6). XLNet (Yang et al. 2019) provides both

@@ -1,7 +1,7 @@
 """Spiffy: lossless speculative decoding of masked-diffusion LMs with directed draft graphs.
 
 Source: "Spiffy: Multiplying Diffusion LLM Acceleration via Lossless Speculative Decoding"
-(``../shared/papers/spiffy-draft-graphs-dllm.txt``).
+(Agrawal et al., arXiv:2509.18085; docs/methods/spiffy.md).
 
 * :mod:`jaxspec.dllm.spiffy.graph`: draft graphs (Sec. 4.3, Eqs. 6-8): :class:`DraftGraph`,
   :func:`load_graph`, :func:`save_graph`, :func:`plot_graph` (Fig. 4).
