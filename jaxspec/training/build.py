@@ -19,13 +19,17 @@ import optax
 from jaxspec.training.config import TrainConfig, TrainConfigError
 from jaxspec.training.data import DataError, PackedDataset, stdlib_tokens
 from jaxspec.training.distill import MixedWindows, distill_stream, read_distill
-from jaxspec.training.sft import SFTMixDataset, stdlib_sft
+from jaxspec.training.sft import SFTMixDataset, distill_samples, stdlib_sft
 from models.llama.modeling import CausalLM
 from models.registry import build_scratch, load_model
 from models.scratch import diffusion_model
 
 
-SOURCES = ("stdlib", "stdlib-sft", "stdlib+distill")
+SOURCES = ("stdlib", "stdlib-sft", "stdlib+distill", "stdlib-sft+distill")
+
+# the answer budget of the committed self-distillation file (``scripts.distill
+# --max-new-tokens``, default 192): an answer this long was cut there, not ended by the model
+DISTILL_ANSWER_CAP = 192
 
 
 def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
@@ -56,16 +60,25 @@ def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: pr
     """``(train, val, meta)`` from ``cfg.data``: :class:`PackedDataset` windows for source
     ``stdlib``, :class:`jaxspec.training.sft.SFTMixDataset` for ``stdlib-sft``,
     :class:`jaxspec.training.distill.MixedWindows` for ``stdlib+distill`` (held-out: the
-    file's ``val`` rows mixed the same way, or the plain held-out windows if it has none).
+    file's ``val`` rows mixed the same way, or the plain held-out windows if it has none), and
+    for ``stdlib-sft+distill`` a three-way :class:`SFTMixDataset`: ``distill_fraction`` of the
+    samples are the distillation file's answers as SFT rows
+    (:func:`jaxspec.training.sft.distill_samples`, answer budget ``DISTILL_ANSWER_CAP``),
+    ``sft_fraction`` stdlib function samples, the rest plain windows (held-out: the file's
+    ``val`` rows and the held-out modules, mixed the same way).
 
     Raises:
-      TrainConfigError: unknown source, no tokenizer, or ``stdlib+distill`` without a
-        readable ``data.distill`` file.
+      TrainConfigError: unknown source, no tokenizer, a distill source without a readable
+        ``data.distill`` file, or ``sft_fraction + distill_fraction > 1``.
     """
     if cfg.data.source not in SOURCES:
         raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected one of "
                                f"{', '.join(SOURCES)}")
-    rows = _distill_rows(cfg) if cfg.data.source == "stdlib+distill" else []  # fail fast
+    three = cfg.data.source == "stdlib-sft+distill"
+    if three and cfg.data.sft_fraction + cfg.data.distill_fraction > 1.0:
+        raise TrainConfigError(f"data.sft_fraction + data.distill_fraction must be <= 1, got "
+                               f"{cfg.data.sft_fraction} + {cfg.data.distill_fraction}")
+    rows = _distill_rows(cfg) if cfg.data.source.endswith("distill") else []  # fail fast
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
     sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0
@@ -81,8 +94,39 @@ def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: pr
         return _distill_data(cfg, rows, windows, sep, drop, meta)
     sft = stdlib_sft(tokenizer, cfg.data.holdout, seq_len=T, eos_id=sep, drop_ids=drop, log=log)
     f = cfg.data.sft_fraction
+    if three:
+        return _sft_distill_data(cfg, rows, sft, windows, sep, mask_token_id, meta)
     return (SFTMixDataset(*sft["train"], windows[0], f, seed),
             SFTMixDataset(*sft["val"], windows[1], f, seed), {**meta, "sft": sft["meta"]})
+
+
+def _sft_distill_data(cfg: TrainConfig, rows: list[dict], sft: dict, windows, sep: int,
+                      mask_token_id: int, meta: dict):
+    """The ``stdlib-sft+distill`` datasets (:func:`build_data`): per split, an outer
+    :class:`SFTMixDataset` of distilled SFT rows (``distill_fraction``) around an inner one of
+    stdlib function samples and plain windows (``sft_fraction / (1 - distill_fraction)`` of
+    the inner samples). Only the [MASK] id is removed from the distilled rows: the chat
+    template's special tokens stay, as the model sees them at inference."""
+    T, seed = cfg.data.seq_len, cfg.train.seed
+    fd, fs = cfg.data.distill_fraction, cfg.data.sft_fraction
+    inner_f = min(fs / (1.0 - fd), 1.0) if fd < 1.0 else 0.0
+    out, stats = [], {}
+    for split, plain in zip(("train", "val"), windows):
+        inner = SFTMixDataset(*sft[split], plain, inner_f, seed)
+        part = [r for r in rows if r.get("split", "train") == split]
+        toks, plen, st = distill_samples(part, T, sep, answer_cap=DISTILL_ANSWER_CAP,
+                                         drop_ids=(mask_token_id,))
+        stats[split] = st
+        if len(plen) == 0:
+            if split == "train":
+                raise TrainConfigError(f"data.distill {cfg.data.distill}: no train row gives "
+                                       f"an SFT sample of seq_len {T}")
+            out.append(inner)
+            continue
+        out.append(SFTMixDataset(toks, plen, inner, fd, seed + 1))
+    return out[0], out[1], {**meta, "sft": sft["meta"],
+                            "distill": {"path": str(cfg.data.distill), "fraction": fd,
+                                        "answer_cap": DISTILL_ANSWER_CAP, **stats}}
 
 
 def _distill_rows(cfg: TrainConfig) -> list[dict]:

@@ -80,14 +80,24 @@ def distill_prompts(tokenizer, holdout: Sequence[str], *, split: str = "train", 
 
 def read_distill(path) -> list[dict]:
     """The rows of a distillation file (JSON lines ``{"i", "kind", "split", "source",
-    "prompt", "answer"}``; ids as lists). A truncated last line (an interrupted write) is ignored.
+    "prompt", "answer"}``; ids as lists; gzip-compressed when the name ends with ``.gz``). A
+    truncated last line (an interrupted write) is ignored.
 
     Raises:
-      DataError: a line that is not JSON before the last one."""
+      DataError: a line that is not JSON before the last one, or a ``.gz`` file that is not
+        gzip."""
     path = Path(path)
     if not path.is_file():
         return []
-    lines = path.read_text().splitlines()
+    if path.suffix == ".gz":
+        import gzip
+
+        try:
+            lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: not a complete gzip file ({e})") from None
+    else:
+        lines = path.read_text().splitlines()
     rows = []
     for j, line in enumerate(lines):
         try:

@@ -18,6 +18,14 @@ one EOS), are skipped and counted. The same hold-out module split as the plain w
 ``sft_fraction``), as a pure function of ``(seed, step)`` (exact resume). A batch is
 ``int32 (n, 2, T)``: row 0 the tokens, row 1 the response mask (all ones for plain windows, whose
 loss then reduces to the pre-training loss divided by ``T``; :func:`jaxspec.training.objectives.diffusion_loss`).
+
+:func:`distill_samples` turns self-distillation rows (the base model's own greedy answers,
+:mod:`jaxspec.training.distill`) into the same kind of sample: prompt unmasked, the answer as
+the response. An answer ends with EOS only where the base model ended it: answers cut at the
+generation budget get no EOS (see the function for how they are kept or dropped). Nesting two
+:class:`SFTMixDataset` (the outer one's ``windows`` being the inner mix) gives a three-way mix
+of distilled answers, stdlib function samples and plain windows (``data.source:
+stdlib-sft+distill``, :func:`jaxspec.training.build.build_data`).
 """
 
 from __future__ import annotations
@@ -86,6 +94,57 @@ def pack_samples(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: 
     if not rows:
         return np.zeros((0, seq_len), dtype), np.zeros((0,), np.int32), too_long
     return np.stack(rows).astype(dtype), np.asarray(plens, np.int32), too_long
+
+
+def distill_samples(rows: Sequence[dict], seq_len: int, eos_id: int, *, answer_cap: int,
+                    drop_ids: Iterable[int] = (), dtype=np.int32
+                    ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Self-distillation rows -> SFT rows ``(tokens (N, T), prompt_len int32 (N,), stats)``.
+
+    A row ``{"prompt": ids, "answer": ids}`` (:func:`jaxspec.training.distill.self_distill`
+    stores the answer without its EOS, and stops at ``answer_cap`` new tokens) becomes:
+
+    * **ended** (``len(answer) < answer_cap``: the base model emitted EOS) and ``prompt +
+      answer + EOS`` fits ``T``: ``prompt + answer + EOS``, EOS padding to ``T``
+      (:func:`pack_samples`);
+    * **open** (the answer was cut at ``answer_cap``, or an ended answer does not fit) and
+      ``prompt + answer`` fills ``T``: its first ``T`` tokens, no EOS: the text goes on past
+      the row, so the row must not teach an end there;
+    * otherwise (a cut answer too short to fill the row, or a prompt of ``T`` tokens or more)
+      dropped and counted: padding it with EOS would teach a false end.
+
+    The response (masked at training time) starts at ``prompt_len``. Ids in ``drop_ids``
+    (e.g. the [MASK] id) are removed from prompt and answer first.
+
+    Returns:
+      tokens ``dtype (N, T)``, prompt lengths ``int32 (N,)``, and ``stats``: ``{"rows",
+      "ended", "open", "dropped_cut_short", "dropped_prompt_too_long", "response_tokens"}``.
+    """
+    if answer_cap < 1:
+        raise DataError(f"answer_cap must be >= 1, got {answer_cap}")
+    drop = frozenset(int(i) for i in drop_ids)
+    ended, opened = [], []
+    n_short = n_long_prompt = 0
+    for r in rows:
+        p = [int(t) for t in r["prompt"] if int(t) not in drop]
+        a = [int(t) for t in r["answer"] if int(t) not in drop]
+        if not p or len(p) >= seq_len:
+            n_long_prompt += 1
+        elif len(r["answer"]) < answer_cap and len(p) + len(a) + 1 <= seq_len and a:
+            ended.append((p, a))
+        elif len(p) + len(a) >= seq_len:
+            opened.append((p, a[:seq_len - len(p)]))
+        else:
+            n_short += 1
+    t1, p1, _ = pack_samples(ended, seq_len, eos_id, dtype)
+    # one token longer, then cut: the row is prompt + answer exactly, the EOS falls off
+    t2, p2, _ = pack_samples(opened, seq_len + 1, eos_id, dtype)
+    tokens = np.concatenate([t1, t2[:, :seq_len]])
+    plen = np.concatenate([p1, p2]).astype(np.int32)
+    stats = {"rows": len(rows), "ended": int(len(p1)), "open": int(len(p2)),
+             "dropped_cut_short": n_short, "dropped_prompt_too_long": n_long_prompt,
+             "response_tokens": int(seq_len * len(plen) - plen.sum())}
+    return tokens, plen, stats
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -180,7 +239,8 @@ class SFTMixDataset:
     Args:
       tokens: ``(N, T)`` SFT rows; prompt_len: ``(N,)`` prompt lengths (response starts there).
       windows: a :class:`PackedDataset` of plain windows with the same ``seq_len`` (None when
-        ``sft_fraction`` is 1).
+        ``sft_fraction`` is 1), or another :class:`SFTMixDataset` (a nested mix: its sample
+        ``k - floor(k f)`` fills the non-SFT places).
       sft_fraction: share of SFT samples in ``[0, 1]``.
       seed: permutation seed.
 
@@ -222,6 +282,8 @@ class SFTMixDataset:
             resp = (np.arange(T) >= self.prompt_len[i]).astype(np.int32)
             return np.stack([self.tokens[i].astype(np.int32), resp])
         w = j
+        if isinstance(self.windows, SFTMixDataset):  # a nested mix: its own sample k
+            return self.windows.sample(w)
         n = self.windows.num_sequences
         row = self.windows.seqs[self.windows._perm(w // n)[w % n]].astype(np.int32)
         return np.stack([row, np.ones(T, np.int32)])
@@ -237,4 +299,5 @@ class SFTMixDataset:
         return [self.batch(i, batch_size) for i in range(num)]
 
 
-__all__ = ["function_samples", "pack_samples", "stdlib_sft", "interleave", "SFTMixDataset"]
+__all__ = ["function_samples", "pack_samples", "distill_samples", "stdlib_sft", "interleave",
+           "SFTMixDataset"]
