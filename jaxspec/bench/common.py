@@ -1,4 +1,4 @@
-"""Side-by-side benchmark machinery (DESIGN.md, "Benchmark results").
+"""Side-by-side benchmark machinery (docs/results.md).
 
 The ``ar`` suite compares greedy batch-1 decoding of one causal model by several *systems*:
 
@@ -755,7 +755,7 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
                  progress: bool = True, bandwidth_reps: int = 5,
                  decode: Optional[Callable[[list[int]], str]] = None,
                  log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Run the ``ar`` suite and return the result document (see DESIGN.md).
+    """Run the ``ar`` suite and return the result document (docs/results.md).
 
     Args:
       systems: objects with ``system``, ``method``, ``name`` and ``run(ids) -> RunOutput``

