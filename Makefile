@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # closing note of issue 16.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup weights demo test test-all bench clean
+.PHONY: setup weights demo test test-all bench device-pack device-bench clean
 
 # constraints.txt pins every package to the versions the suite is tested with (pyproject.toml
 # keeps the ranges a user's `pip install` accepts): `make test` is reproducible
@@ -46,6 +46,14 @@ test-all: weights
 
 bench: weights
 	$(BIN)/python -m scripts.benchmark --suite ar --out results/ar.json --overwrite
+
+# device-pack: here, pack weights / wheels / prompts into device_pack/ (scripts.device_bench)
+# device-bench: on a lent GPU (its image's python3), verify the pack and run every suite in 540 s
+device-pack: weights
+	$(BIN)/python -m scripts.device_bench pack
+
+device-bench:
+	$(PYTHON) -m scripts.device_bench run --budget-s 540
 
 clean:
 	rm -rf $(VENV) .pytest_cache

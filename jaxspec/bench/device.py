@@ -1,0 +1,1113 @@
+"""One prepared benchmark run for a lent accelerator: pack, unpack, verify, run plan.
+
+A lent GPU machine has no network, receives the working tree plus at most 64 MiB per call
+(:data:`CARRY_MAX_BYTES`, the tree included), gives back at most 8 files of at most 16 MiB,
+and runs one command for at most 10 minutes. So everything the run needs is packed here on the
+CPU machine (:func:`build_pack`) into an ignored folder, and the device run
+(:func:`run_device_bench`) unpacks and checks it, then times every registered method
+(:mod:`jaxspec.methods`) on the test vehicles within a time budget, writing each suite's
+results as the suite ends and re-bundling them into one file under ``$OUT``.
+
+Pack layout (``device_pack/`` by default)::
+
+    manifest.json        artifacts (each split into parts <= 60 MiB, sha256 per part and per
+                         whole file), vehicles, prompts, wheels, sizes
+    parts/<artifact>.NN  the parts
+    wheels/*.whl         Python packages the device image lacks
+    prompts.json         prompt token ids (so the device needs no tokenizer or data set)
+
+The method registry is reached through one adapter (:class:`Registry`), so a change of the
+registry's API touches one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+MiB = 1 << 20
+PART_MAX_BYTES = 60 * MiB
+CARRY_MAX_BYTES = 64 * MiB
+PACK_DIR = "device_pack"
+MANIFEST = "manifest.json"
+PROMPTS = "prompts.json"
+PACK_FORMAT = 1
+# Suites of the device run, in the order they run, with their share of the time budget
+# (time a suite leaves unused passes on to the next).
+SUITE_SHARES = {"methods-causal": 0.30, "methods-dllm": 0.25, "methods-asarm": 0.10,
+                "peers": 0.20, "projection": 0.15}
+SUITES = tuple(SUITE_SHARES)
+# What the device image lacks (/work/.library/device/KINDS.md lists its packages: jax 0.11.2,
+# flax, optax, orbax, chex, safetensors, tokenizers, transformers 5.17, torch 2.11 are there).
+# gguf reads the SmolLM2 weight file, for jaxspec and for transformers' GGUF loader alike.
+DEVICE_WHEELS = ("gguf==0.19.0",)
+
+
+class PackError(ValueError):
+    """A pack that cannot be built, is incomplete, or fails its sha256 check (one line)."""
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+class Registry:
+    """The one adapter between the device run and :mod:`jaxspec.methods` (its public
+    functions ``methods_of``, ``get_method`` and ``run``)."""
+
+    @staticmethod
+    def methods(family: str) -> tuple[str, ...]:
+        """Names of the registered methods of ``family`` (``causal``, ``dllm``, ``asarm``)."""
+        from jaxspec.methods import methods_of
+
+        return tuple(methods_of(family))
+
+    @staticmethod
+    def reference(name: str) -> str:
+        """The method ``name`` is lossless against (Spiffy: the decoder it accelerates,
+        stepwise with the run's one-token-per-step options)."""
+        from jaxspec.methods import get_method
+
+        return get_method(name).reference
+
+    @staticmethod
+    def lossless(name: str) -> bool:
+        """Whether ``name`` is lossless against its reference."""
+        from jaxspec.methods import get_method
+
+        return bool(get_method(name).lossless)
+
+    @staticmethod
+    def run(name: str, family: str, model, params, inputs: Sequence, options: dict, *,
+            seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0):
+        """Run method ``name`` with ``options`` (:meth:`jaxspec.methods.Method.configure`);
+        returns the registry's result (``.tokens``, ``.stats``, ``.compile_s``)."""
+        from jaxspec.methods import get_method, run
+
+        m = get_method(name, family)
+        return run(m, model, params, inputs, m.configure(options, strict=False), seed=seed,
+                   eos_ids=tuple(eos_ids), pad_id=pad_id)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def sha256_file(path: Path, chunk: int = 4 * MiB) -> str:
+    """Hex sha256 of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def split_file(src: Path, pack_dir: Path, name: str, dest: str,
+               part_max: int = PART_MAX_BYTES) -> dict:
+    """Split ``src`` into parts of at most ``part_max`` bytes under ``pack_dir/parts``.
+
+    Returns the manifest entry ``{name, dest, size, sha256, parts: [{file, size, sha256}]}``
+    (``dest``: where :func:`unpack` puts the joined file, relative to its target folder).
+
+    Raises:
+      PackError: ``part_max`` outside 1..60 MiB or a missing source file.
+    """
+    if not 1 <= part_max <= PART_MAX_BYTES:
+        raise PackError(f"part size must be 1..{PART_MAX_BYTES} bytes, got {part_max}")
+    src = Path(src)
+    if not src.is_file():
+        raise PackError(f"cannot pack {src}: no such file")
+    parts_dir = pack_dir / "parts"
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    whole = hashlib.sha256()
+    parts = []
+    with open(src, "rb") as f:
+        i = 0
+        while True:
+            block = f.read(part_max)
+            if not block and i > 0:
+                break
+            whole.update(block)
+            rel = f"parts/{name}.{i:02d}"
+            (pack_dir / rel).write_bytes(block)
+            parts.append({"file": rel, "size": len(block),
+                          "sha256": hashlib.sha256(block).hexdigest()})
+            i += 1
+            if len(block) < part_max:
+                break
+    return {"name": name, "dest": dest, "size": src.stat().st_size,
+            "sha256": whole.hexdigest(), "parts": parts}
+
+
+def read_manifest(pack_dir: Path) -> dict:
+    """The pack's manifest.
+
+    Raises:
+      PackError: no manifest (run ``python -m scripts.device_bench pack`` first), or one of
+        another format."""
+    path = Path(pack_dir) / MANIFEST
+    if not path.is_file():
+        raise PackError(f"no pack at {pack_dir} (missing {MANIFEST}); build it with "
+                        "`python -m scripts.device_bench pack`")
+    m = json.loads(path.read_text())
+    if m.get("format") != PACK_FORMAT:
+        raise PackError(f"{path}: pack format {m.get('format')!r}, expected {PACK_FORMAT}")
+    return m
+
+
+def _find_part(rel: str, dirs: Sequence[Path]) -> Optional[Path]:
+    for d in dirs:
+        if (Path(d) / rel).is_file():
+            return Path(d) / rel
+    return None
+
+
+def verify_pack(pack_dir: Path, stage_dirs: Sequence[Path] = ()) -> dict:
+    """Check that every part of every artifact and every wheel is present with its size and
+    sha256. Parts are looked for in ``pack_dir`` first, then in ``stage_dirs`` (where
+    earlier calls of a multi-call plan left theirs: :func:`stage_parts`).
+
+    Returns the manifest.
+
+    Raises:
+      PackError: one line naming the first missing or corrupt file and the two digests.
+    """
+    m = read_manifest(pack_dir)
+    dirs = [Path(pack_dir), *map(Path, stage_dirs)]
+    files = [(p, a["name"]) for a in m["artifacts"] for p in a["parts"]]
+    files += [(w, "wheels") for w in m.get("wheels", [])]
+    files += [(m["prompts"], "prompts")]
+    for entry, what in files:
+        path = _find_part(entry["file"], dirs)
+        if path is None:
+            where = ", ".join(map(str, dirs))
+            raise PackError(f"{what}: part {entry['file']} missing from {where}")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise PackError(f"{what}: {path} has {size} bytes, the manifest says {entry['size']}")
+        got = sha256_file(path)
+        if got != entry["sha256"]:
+            raise PackError(f"{what}: {path} fails its sha256 check (got {got[:16]}..., "
+                            f"manifest {entry['sha256'][:16]}...)")
+    return m
+
+
+def unpack(pack_dir: Path, dest: Path, stage_dirs: Sequence[Path] = (),
+           manifest: Optional[dict] = None) -> dict[str, Path]:
+    """Join each artifact's parts into ``dest / artifact["dest"]`` and check the whole file's
+    sha256 (after :func:`verify_pack` has checked the parts; it runs here unless
+    ``manifest`` is given). A file already there with the right sha256 is kept.
+
+    Returns ``{artifact name: joined path}``.
+
+    Raises:
+      PackError: as :func:`verify_pack`, or a joined file whose sha256 differs.
+    """
+    m = manifest or verify_pack(pack_dir, stage_dirs)
+    dirs = [Path(pack_dir), *map(Path, stage_dirs)]
+    out = {}
+    for a in m["artifacts"]:
+        path = Path(dest) / a["dest"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not (path.is_file() and path.stat().st_size == a["size"]
+                and sha256_file(path) == a["sha256"]):
+            tmp = path.with_name(path.name + ".joining")
+            with open(tmp, "wb") as f:
+                for p in a["parts"]:
+                    with open(_find_part(p["file"], dirs), "rb") as src:
+                        shutil.copyfileobj(src, f, 4 * MiB)
+            got = sha256_file(tmp)
+            if got != a["sha256"]:
+                tmp.unlink()
+                raise PackError(f"{a['name']}: joined file fails its sha256 check (got "
+                                f"{got[:16]}..., manifest {a['sha256'][:16]}...)")
+            tmp.replace(path)
+        out[a["name"]] = path
+    return out
+
+
+def stage_parts(pack_dir: Path, stage_dir: Path) -> list[str]:
+    """Copy the parts present in ``pack_dir`` (checked against the manifest part by part) to
+    ``stage_dir``, outside the working tree: what one call of a multi-call plan does, so the
+    last call finds every part (:func:`verify_pack` ``stage_dirs``). Returns the copied parts.
+
+    Raises:
+      PackError: a part that is present but corrupt."""
+    m = read_manifest(pack_dir)
+    copied = []
+    for a in m["artifacts"]:
+        for p in a["parts"]:
+            src = Path(pack_dir) / p["file"]
+            if not src.is_file():
+                continue
+            if sha256_file(src) != p["sha256"]:
+                raise PackError(f"{a['name']}: {src} fails its sha256 check")
+            dst = Path(stage_dir) / p["file"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            copied.append(p["file"])
+    return copied
+
+
+def install_wheels(pack_dir: Path, target: Path, manifest: dict) -> list[str]:
+    """``pip install --no-index --no-deps --target target`` the pack's wheels and put
+    ``target`` first on ``sys.path`` (the device has no network). Returns the wheel names.
+
+    Raises:
+      PackError: pip fails (its last line is quoted)."""
+    wheels = [str(Path(pack_dir) / w["file"]) for w in manifest.get("wheels", [])]
+    if not wheels:
+        return []
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target),
+                        *wheels], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise PackError(f"pip could not install the pack's wheels: {last}")
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(target)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return [Path(w).name for w in wheels]
+
+
+def download_wheels(specs: Sequence[str], dest: Path) -> list[Path]:
+    """``pip download`` ``specs`` as CPython 3.12 x86-64 wheels without dependencies (the
+    device image's interpreter; /work/.library/device/README.md) into ``dest``.
+
+    Raises:
+      PackError: pip finds no matching wheel (its last line is quoted)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    plats = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
+                                         "manylinux2014_x86_64", "any")]
+    before = set(dest.glob("*.whl"))
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", "--python-version", "3.12", "--implementation",
+                        "cp", *plats, "-d", str(dest), *specs], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise PackError(f"pip download {' '.join(specs)} failed: {last}")
+    return sorted(set(dest.glob("*.whl")) - before) or sorted(before)
+
+
+def travel_bytes(repo: Path) -> int:
+    """Bytes of the working tree a device call sends: tracked files plus untracked files
+    git does not ignore (``git ls-files -co --exclude-standard``), the carried paths not
+    included."""
+    r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo,
+                       capture_output=True, check=True)
+    total = 0
+    for name in r.stdout.decode().split("\0"):
+        p = Path(repo) / name
+        if name and p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+    return total
+
+
+def carry_plan(manifest: dict, tree_bytes: int, limit: int = CARRY_MAX_BYTES) -> dict:
+    """Which pack files go in which device call. Every call sends the tree (``tree_bytes``);
+    the last call also carries the manifest, prompts and wheels and runs the bench; earlier
+    calls carry parts only and stage them outside the tree (:func:`stage_parts`), which works
+    while the machine stays warm between the calls (30 s idle).
+
+    Returns ``{"calls": [[relative paths]...], "call_bytes": [...], "fits": bool,
+    "reason": str}``; ``fits`` is False when the tree alone or one part leaves no room."""
+    room = limit - tree_bytes
+    fixed = [manifest["prompts"], *manifest.get("wheels", [])]
+    fixed_bytes = sum(f["size"] for f in fixed) + 64 * 1024  # + manifest
+    parts = [p for a in manifest["artifacts"] for p in a["parts"]]
+    if room <= fixed_bytes:
+        return {"calls": [], "call_bytes": [], "fits": False,
+                "reason": f"the working tree alone is {tree_bytes / MiB:.1f} MiB of the "
+                          f"{limit / MiB:.0f} MiB a call carries: shrink it by at least "
+                          f"{(tree_bytes + fixed_bytes - limit) / MiB + 1:.1f} MiB first"}
+    big = [p for p in parts if p["size"] > room]
+    if big:
+        return {"calls": [], "call_bytes": [], "fits": False,
+                "reason": f"part {big[0]['file']} ({big[0]['size'] / MiB:.1f} MiB) does not fit "
+                          f"beside the {tree_bytes / MiB:.1f} MiB tree; pack smaller parts"}
+    calls, sizes, cur, cur_b = [], [], [], 0
+    for p in sorted(parts, key=lambda p: -p["size"]):  # first fit, largest first
+        for i, c in enumerate(calls):
+            if sizes[i] + p["size"] <= room:
+                c.append(p["file"])
+                sizes[i] += p["size"]
+                break
+        else:
+            calls.append([p["file"]])
+            sizes.append(p["size"])
+    # the run call: the one with the most room left takes the fixed files
+    last = min(range(len(calls)), key=lambda i: sizes[i]) if calls else None
+    if last is None or sizes[last] + fixed_bytes > room:
+        calls.append([])
+        sizes.append(0)
+        last = len(calls) - 1
+    calls[last] += [MANIFEST, fixed[0]["file"]] + [w["file"] for w in fixed[1:]]
+    sizes[last] += fixed_bytes
+    order = [i for i in range(len(calls)) if i != last] + [last]
+    return {"calls": [calls[i] for i in order],
+            "call_bytes": [sizes[i] + tree_bytes for i in order], "fits": True,
+            "reason": f"{len(calls)} call(s), the last one runs the bench"}
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def save_params(params, path: Path) -> None:
+    """Write a parameter tree (nested dicts of arrays) as one safetensors file, keys joined
+    with ``/``."""
+    import numpy as np
+    from flax.traverse_util import flatten_dict
+    from safetensors.numpy import save_file
+
+    flat = flatten_dict(dict(params), sep="/")
+    save_file({k: np.asarray(v) for k, v in flat.items()}, str(path))
+
+
+def load_params(path: Path):
+    """The parameter tree :func:`save_params` wrote (numpy arrays in nested dicts)."""
+    from flax.traverse_util import unflatten_dict
+    from safetensors.numpy import load_file
+
+    return unflatten_dict(load_file(str(path)), sep="/")
+
+
+# ----------------------------------------------------------------------------- the budget
+
+
+@dataclasses.dataclass
+class Budget:
+    """Wall-clock budget of one device run (seconds from ``start``), shared out by suite
+    (:data:`SUITE_SHARES`; time a suite leaves unused passes on). A step runs only when its
+    estimate fits the suite's time left; otherwise it is skipped and says why."""
+
+    total_s: float
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    reserve_s: float = 5.0  # kept back for writing results and the bundle
+
+    def left(self) -> float:
+        """Seconds left of the whole run, the reserve subtracted."""
+        return self.total_s - self.reserve_s - (time.perf_counter() - self.start)
+
+    def suite_deadline(self, suite: str, suites: Sequence[str]) -> float:
+        """Seconds from now the suite may use: its share of what is left, in proportion to
+        the shares of the suites still to run (itself included)."""
+        shares = [SUITE_SHARES.get(s, 0.1) for s in suites[suites.index(suite):]]
+        return max(0.0, self.left() * SUITE_SHARES.get(suite, 0.1) / sum(shares))
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def write_suite(result: dict, out_dir: Path, *, plot: bool = True) -> list[Path]:
+    """Write one suite's ``<suite>.json`` and ``.md`` (and ``.png`` with ``plot``) under
+    ``out_dir``. The markdown header names the accelerator, driver, JAX and torch."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / result["suite"]
+    paths = [base.with_suffix(".json")]
+    paths[0].write_text(json.dumps(result, indent=2, default=str) + "\n")
+    png = None
+    if plot and result.get("rows"):
+        try:
+            png = plot_suite(result, base.with_suffix(".png"))
+            paths.append(png)
+        except Exception as e:  # noqa: BLE001 - a failed chart must not lose the numbers
+            result.setdefault("notes", []).append(f"chart not drawn: {e}")
+    md = base.with_suffix(".md")
+    md.write_text(markdown_suite(result) + (f"\n![rows]({png.name})\n" if png else ""))
+    return paths + [md]
+
+
+def machine_header(machine: dict) -> str:
+    """One line: date-free machine facts for a report header."""
+    keys = [("accelerator", "{}"), ("driver", "driver {}"), ("cpu", "{}"), ("cores", "{} cores"),
+            ("jax", "jax {}"), ("jax_backend", "backend {}"), ("torch", "torch {}"),
+            ("transformers", "transformers {}")]
+    return " · ".join(f.format(machine[k]) for k, f in keys if machine.get(k) is not None)
+
+
+_MD_COLUMNS = [
+    ("vehicle", "vehicle", "{}"), ("method", "method", "{}"), ("batch", "batch", "{}"),
+    ("temperature", "T", "{:g}"), ("new_tokens", "new tokens", "{}"),
+    ("seconds", "seconds", "{:.3f}"), ("tokens_per_s", "tok/s", "{:.1f}"),
+    ("speedup_vs_reference", "speedup", "{:.2f}x"), ("nfe", "NFE", "{}"), ("mat", "MAT", "{:.2f}"),
+    ("nfe_ratio", "NFE ratio", "{:.2f}x"), ("identical_to_reference", "identical", "{}"),
+    ("compile_s", "compile s", "{:.1f}"), ("skipped", "skipped / error", "{}"),
+]
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[tuple]) -> list[str]:
+    """Rows as a GitHub markdown table (``None`` -> ``-``, booleans yes / NO); only the
+    columns some row has."""
+    cols = [c for c in columns if any(r.get(c[0]) is not None for r in rows)]
+    out = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for k, _, fmt in cols:
+            v = r.get(k)
+            cells.append("-" if v is None else ("yes" if v else "NO") if isinstance(v, bool)
+                         else fmt.format(v) if not isinstance(v, str) else v.replace("|", "/"))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def markdown_suite(result: dict) -> str:
+    """The markdown page of one suite of the device run."""
+    lines = [f"# Device bench: `{result['suite']}`", "",
+             f"{result['date']} · {machine_header(result['machine'])}", ""]
+    if result.get("config"):
+        lines += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in result["config"].items()), ""]
+    if result.get("title"):
+        lines += [result["title"], ""]
+    lines += markdown_table(result.get("rows", []), result.get("columns") or _MD_COLUMNS)
+    lines += [""] + [f"- {n}" for n in result.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def plot_suite(result: dict, out: Path) -> Path:
+    """Bar chart of each measured row's speedup over its reference (or tok/s)."""
+    from jaxspec.bench.common import save_figure
+    from jaxspec.core.plotting import pyplot
+
+    rows = [r for r in result["rows"] if r.get("speedup_vs_reference") or r.get("tokens_per_s")]
+    key = "speedup_vs_reference" if any(r.get("speedup_vs_reference") for r in rows) \
+        else "tokens_per_s"
+    rows = [r for r in rows if r.get(key)]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(rows) + 2), 3.8))
+    labels = [f"{r.get('method')} b{r.get('batch', '')} T{r.get('temperature', '')}" for r in rows]
+    ax.bar(range(len(rows)), [r[key] for r in rows])
+    ax.set_xticks(range(len(rows)), labels, rotation=75, fontsize=6)
+    ax.set_ylabel(key.replace("_", " "))
+    if key == "speedup_vs_reference":
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    return save_figure(fig, out, f"{result['suite']} ({machine_header(result['machine'])})")
+
+
+def bundle(out_dir: Path, target: Path, names: Sequence[str]) -> Path:
+    """Tar the suites' files (``<name>.json/.md/.png`` under ``out_dir``) into one gzip file,
+    written to a temporary name and renamed (a run cut off mid-write leaves the previous
+    bundle whole): one of the 8 files a device call returns."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tf:
+        for n in names:
+            for ext in (".json", ".md", ".png"):
+                p = Path(out_dir) / f"{n}{ext}"
+                if p.is_file():
+                    tf.add(p, arcname=p.name)
+    tmp.replace(target)
+    return target
+
+
+def collect(bundle_path: Path, out_dir: Path) -> list[Path]:
+    """Extract a bundle a device run returned into ``out_dir`` (e.g. ``results/gpu``); only
+    plain ``.json`` / ``.md`` / ``.png`` members without folders are accepted.
+
+    Raises:
+      PackError: a member of another kind or with a path."""
+    out = []
+    with tarfile.open(bundle_path, "r:gz") as tf:
+        for m in tf.getmembers():
+            kinds = (".json", ".md", ".png")
+            if not m.isfile() or "/" in m.name or Path(m.name).suffix not in kinds:
+                raise PackError(f"{bundle_path}: unexpected member {m.name!r}")
+            tf.extract(m, out_dir, filter="data")
+            out.append(Path(out_dir) / m.name)
+    return out
+
+
+def device_machine_info() -> dict:
+    """:func:`jaxspec.bench.common.machine_info` plus the GPU's driver version and name
+    (``nvidia-smi``), when there is one."""
+    from jaxspec.bench.common import machine_info
+
+    info = machine_info()
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and r.stdout.strip():
+            name, driver, mem = [x.strip() for x in r.stdout.strip().splitlines()[0].split(",")]
+            info.update(gpu=name, driver=driver, gpu_memory=mem)
+            info.setdefault("accelerator", name)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return info
+
+
+def now_iso() -> str:
+    """The current UTC time, seconds precision."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), wall-clock seconds)``."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- vehicles
+
+# The smoke vehicles' vocabulary when transformers cannot build the tiny HF model (the HF one
+# has 300 ids: jaxspec.testing.hf.TINY_DIMS).
+SMOKE_VOCAB = 64
+# Real vehicles: presets whose weights are the SmolLM2 GGUF (packed) plus deltas and the
+# AS-ARM checkpoint committed in the tree.
+REAL_VEHICLES = {"causal": "smollm2-135m-instruct", "space": "smollm2-135m-space",
+                 "dllm": "dream-smollm2-135m", "asarm": "asarm-small"}
+REAL_GGUF_PRESET = "smollm2-135m-instruct"
+
+
+@dataclasses.dataclass
+class Vehicle:
+    """A loaded test vehicle: model, params, the family it runs, and the ids that end or pad
+    its outputs; ``hf_path`` is the same weights for transformers (causal vehicles)."""
+
+    name: str
+    family: str
+    model: Any
+    params: Any
+    eos_ids: tuple = ()
+    pad_id: int = 0
+    hf_path: Optional[Path] = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+def _tiny_factories():
+    from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
+
+    return {"tiny_model": tiny_model, "tiny_diffusion_model": tiny_diffusion_model,
+            "tiny_xlnet": tiny_xlnet}
+
+
+def smoke_vehicles(work: Path, *, hf: bool = True) -> tuple[list[tuple[str, Path, str]], dict]:
+    """Build the smoke pack's tiny random vehicles in ``work``.
+
+    The causal vehicle is a tiny Hugging Face Llama directory (:func:`jaxspec.testing.hf.
+    build_tiny_hf`, so the transformers peers read the same weights) when ``hf`` and
+    transformers can build it locally, else a tiny jaxspec model; the SAR (SPACE),
+    masked-diffusion (Dream head) and XLNet AS-ARM vehicles are jaxspec tiny models saved as
+    safetensors. Returns ``([(artifact name, file, dest)], vehicles manifest entry)``."""
+    files, vehicles = [], {}
+    vocab = SMOKE_VOCAB
+    if hf:
+        try:
+            from jaxspec.testing.hf import TINY_DIMS, build_tiny_hf
+
+            d = work / "causal-hf"
+            build_tiny_hf(d, arch="llama", seed=0)
+            vocab = TINY_DIMS["vocab_size"]
+            for f in sorted(d.iterdir()):
+                if f.is_file():
+                    files.append((f"causal-{f.name}", f, f"vehicles/causal/{f.name}"))
+            vehicles["causal"] = {"kind": "hf-dir", "family": "causal", "dir": "vehicles/causal"}
+        except ImportError:
+            hf = False
+    specs = {"space": ("tiny_model", {"vocab": vocab, "mask_token_id": vocab - 1, "seed": 3}),
+             "dllm": ("tiny_diffusion_model", {"head": "dream", "vocab": vocab, "ctx": 128}),
+             "asarm": ("tiny_xlnet", {"vocab": 11})}
+    if not hf:
+        specs["causal"] = ("tiny_model", {"vocab": vocab, "seed": 0})
+    fam = {"causal": "causal", "space": "causal", "dllm": "dllm", "asarm": "asarm"}
+    for name, (factory, kwargs) in specs.items():
+        _, params = _tiny_factories()[factory](**kwargs)
+        path = work / f"{name}.safetensors"
+        save_params(params, path)
+        files.append((name, path, f"vehicles/{name}.safetensors"))
+        vehicles[name] = {"kind": "tiny", "family": fam[name], "factory": factory,
+                          "kwargs": kwargs, "file": f"vehicles/{name}.safetensors"}
+    vehicles["vocab"] = vocab
+    return files, vehicles
+
+
+def smoke_prompts(vocab: int, n: int = 8, seed: int = 0) -> dict:
+    """Random prompt ids for the smoke run: causal / dllm prompts of 6-12 tokens (ids 3..),
+    XLNet infilling tasks of 12 tokens with a seeded mask."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, vocab - 1, int(rng.integers(6, 13))).tolist() for _ in range(n)]
+    tasks = []
+    for _ in range(n):
+        toks = rng.integers(1, 10, 12).tolist()
+        masked = [bool(i >= 3 and rng.random() < 0.7) for i in range(12)]
+        masked[-1] = True
+        tasks.append({"tokens": toks, "masked": masked})
+    return {"task_ids": [f"smoke/{i}" for i in range(n)], "causal": prompts, "dllm": prompts,
+            "asarm": tasks, "eos_ids": [2], "pad_id": 0}
+
+
+def real_prompts(gguf: Path, n: int = 8, asarm_len: int = 64, mask_rate: float = 0.9,
+                 seed: int = 0) -> dict:
+    """Token ids of the first ``n`` HumanEval prompts for the real vehicles: raw stubs for the
+    causal suites (the ``ar`` suite's prompts), chat-wrapped for the instruct dLLM, and XLNet
+    infilling tasks (the first ``asarm_len`` ids of each stub mapped to asarm-small's compact
+    vocabulary, positions after the first 8 masked with probability ``mask_rate``)."""
+    import numpy as np
+
+    from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
+    from models.registry import load_asarm
+    from models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(gguf)
+    probs = humaneval_problems()[:n]
+    causal = [tok.encode(humaneval_prompt(p, tok, False)) for p in probs]
+    dllm = [tok.encode(humaneval_prompt(p, tok, True)) for p in probs]
+    asarm = load_asarm(REAL_VEHICLES["asarm"], log=lambda m: None)
+    rng = np.random.default_rng(seed)
+    tasks = []
+    for ids in causal:
+        toks = [int(t) for t in asarm.to_model(ids[:asarm_len])]
+        masked = [bool(i >= 8 and rng.random() < mask_rate) for i in range(len(toks))]
+        tasks.append({"tokens": toks, "masked": masked})
+    eos = [int(e) for e in tok.eos_token_ids]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    return {"task_ids": [p["task_id"] for p in probs], "causal": causal, "dllm": dllm,
+            "asarm": tasks, "eos_ids": eos, "pad_id": int(pad)}
+
+
+def build_pack(pack_dir: Path, *, smoke: bool = False, part_max: int = PART_MAX_BYTES,
+               wheels: Sequence[Path] = (), gguf: Optional[Path] = None, hf: bool = True,
+               log: Callable[[str], None] = print) -> dict:
+    """Build the pack in ``pack_dir`` (emptied first): artifacts in parts, prompts, wheels,
+    manifest. ``smoke``: tiny random vehicles (seconds); else the SmolLM2 GGUF (``gguf``, the
+    fetched preset file by default; the other real vehicles are committed deltas and
+    checkpoints that travel with the tree) and the HumanEval prompts.
+
+    Returns the manifest (``total_bytes``: the pack's size).
+
+    Raises:
+      PackError: a missing file, a bad part size."""
+    import tempfile
+
+    pack_dir = Path(pack_dir)
+    if pack_dir.exists():
+        shutil.rmtree(pack_dir)
+    pack_dir.mkdir(parents=True)
+    artifacts, vehicles = [], {}
+    with tempfile.TemporaryDirectory(prefix="jaxspec-pack-") as td:
+        if smoke:
+            files, vehicles = smoke_vehicles(Path(td), hf=hf)
+            prompts = smoke_prompts(vehicles["vocab"])
+        else:
+            from models.registry import fetch, get_preset
+
+            preset = get_preset(REAL_GGUF_PRESET)
+            gguf = Path(gguf) if gguf else fetch(preset, log=log)
+            files = [("smollm2-gguf", gguf, f"cache/{preset.file}")]
+            vehicles = {k: {"kind": "preset", "family": _REAL_FAMILY[k], "preset": v}
+                        for k, v in REAL_VEHICLES.items()}
+            vehicles["cache"] = "cache"
+            prompts = real_prompts(gguf)
+        for name, path, dest in files:
+            artifacts.append(split_file(path, pack_dir, name, dest, part_max))
+            log(f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
+                f"{len(artifacts[-1]['parts'])} part(s)")
+    (pack_dir / PROMPTS).write_text(json.dumps(prompts) + "\n")
+    wheel_entries = []
+    for w in wheels:
+        dst = pack_dir / "wheels" / Path(w).name
+        dst.parent.mkdir(exist_ok=True)
+        shutil.copyfile(w, dst)
+        wheel_entries.append({"file": f"wheels/{dst.name}", "size": dst.stat().st_size,
+                              "sha256": sha256_file(dst)})
+    manifest = {"format": PACK_FORMAT, "smoke": smoke, "created": now_iso(),
+                "artifacts": artifacts, "vehicles": vehicles, "wheels": wheel_entries,
+                "prompts": {"file": PROMPTS, "size": (pack_dir / PROMPTS).stat().st_size,
+                            "sha256": sha256_file(pack_dir / PROMPTS)}}
+    manifest["total_bytes"] = (sum(a["size"] for a in artifacts)
+                               + sum(w["size"] for w in wheel_entries)
+                               + manifest["prompts"]["size"])
+    (pack_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+_REAL_FAMILY = {"causal": "causal", "space": "causal", "dllm": "dllm", "asarm": "asarm"}
+
+
+def load_vehicles(manifest: dict, root: Path, log: Callable[[str], None] = print,
+                  dtype: str = "auto") -> dict[str, Vehicle]:
+    """Load the pack's vehicles from the unpacked folder ``root`` (real presets through
+    :func:`models.registry.load_model` with ``$JAXSPEC_CACHE`` pointed at the unpacked GGUF)."""
+    from models.registry import load_asarm, load_model
+
+    vs = manifest["vehicles"]
+    prompts = json.loads((root / PROMPTS).read_text()) if (root / PROMPTS).is_file() else {}
+    eos = tuple(prompts.get("eos_ids", ()))
+    pad = int(prompts.get("pad_id", 0))
+    out = {}
+    if "cache" in vs:
+        os.environ["JAXSPEC_CACHE"] = str(root / vs["cache"])
+    for name, v in vs.items():
+        if not isinstance(v, dict):
+            continue
+        if v["kind"] == "hf-dir":
+            model, params, tok, _ = load_model("hf-directory", str(root / v["dir"]),
+                                               log=log, dtype=dtype)
+            out[name] = Vehicle(name, v["family"], model, params, eos, pad, root / v["dir"])
+        elif v["kind"] == "tiny":
+            import jax
+
+            model, template = _tiny_factories()[v["factory"]](**v["kwargs"])
+            loaded = load_params(root / v["file"])
+            params = jax.tree_util.tree_map(lambda t, x: jax.numpy.asarray(x, t.dtype),
+                                            template, _as_tree(template, loaded))
+            out[name] = Vehicle(name, v["family"], model, params, eos, pad)
+        elif v["kind"] == "preset":
+            if v["family"] == "asarm":
+                a = load_asarm(v["preset"], log=log)
+                out[name] = Vehicle(name, "asarm", a.model, a.params, eos, pad,
+                                    extra={"asarm": a})
+            else:
+                model, params, tok, preset = load_model(v["preset"], log=log, dtype=dtype)
+                from models.registry import fetch
+
+                out[name] = Vehicle(name, v["family"], model, params, eos, pad,
+                                    fetch(preset, log=log) if name == "causal" else None)
+        else:
+            raise PackError(f"vehicle {name}: unknown kind {v['kind']!r}")
+    return out
+
+
+def _as_tree(template, loaded):
+    """``loaded`` (nested dicts) in ``template``'s container types (flax FrozenDicts etc.)."""
+    import jax
+
+    leaves = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(template)[0]:
+        node = loaded
+        for k in path:
+            node = node[getattr(k, "key", getattr(k, "name", k))]
+        leaves.append(node)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), leaves)
+
+
+# ----------------------------------------------------------------------------- method suites
+
+# Which vehicle each method runs on (default: the family's vehicle of the same name).
+METHOD_VEHICLE = {"space": "space"}
+REFERENCE_FIRST = {"causal": "ar", "dllm": "stepwise", "asarm": "sequential"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """Sizes of one device run. ``smoke()`` is the CPU smoke mode (tiny budgets)."""
+
+    batches: tuple = (1, 8)
+    temperatures: tuple = (0.0, 1.0)
+    max_new_tokens: int = 128
+    gen_length: int = 256
+    block_length: int = 32
+    cache: str = "dual"
+    diffuspec_k: int = 30
+    diffuspec_k_min: int = 20
+    sps_draft_layers: int = 8
+    seed: int = 0
+    # methods besides the reference run at the (batch, temperature) pairs after the first
+    # (greedy, batch 1, where every method runs); None: all of them
+    later_methods: Optional[int] = None
+
+    @classmethod
+    def smoke(cls) -> "RunSettings":
+        """Tiny budgets; every method greedy at batch 1, the reference and one more method
+        at the other pairs (the CPU smoke run is compile-bound)."""
+        return cls(batches=(1, 8), temperatures=(0.0, 1.0), max_new_tokens=8, gen_length=16,
+                   block_length=8, diffuspec_k=6, diffuspec_k_min=3, sps_draft_layers=1,
+                   later_methods=1)
+
+
+def truncated_draft(vehicle: Vehicle, layers: int):
+    """An SPS draft model from the target itself: its first ``layers`` layers, final norm and
+    head (an early exit without training; the vehicles ship no smaller model of the same
+    vocabulary). Returns ``(CausalLM, params)``.
+
+    Raises:
+      PackError: ``layers`` outside 1..(target layers - 1) or a layout without stacked
+        layers."""
+    import jax
+
+    from models.llama.modeling import CausalLM
+
+    cfg = vehicle.model.config
+    n = min(int(layers), cfg.num_layers - 1)
+    if n < 1:
+        raise PackError(f"an SPS draft needs 1..{cfg.num_layers - 1} layers, got {layers}")
+    stacked = vehicle.params.get("layers")
+    if not isinstance(stacked, dict):
+        raise PackError("the SPS draft slices stacked layer weights; this vehicle's are not")
+    params = dict(vehicle.params)
+    params["layers"] = jax.tree_util.tree_map(lambda x: x[:n], stacked)
+    return CausalLM(dataclasses.replace(cfg, num_layers=n)), params
+
+
+def method_options(method: str, family: str, vehicles: dict[str, Vehicle], s: RunSettings,
+                   temperature: float) -> dict:
+    """The options (:meth:`jaxspec.methods.Method.configure`) of one method on the vehicles."""
+    o: dict = {"temperature": float(temperature)}
+    if family == "causal":
+        o["max_new_tokens"] = s.max_new_tokens
+        if method == "sps":
+            o["draft_model"] = vehicles["causal"].extra.setdefault(
+                "sps_draft", truncated_draft(vehicles["causal"], s.sps_draft_layers))
+        if method in ("diffuspec", "specdiff"):
+            d = vehicles["dllm"]
+            o.update(dllm_drafter=(d.model, d.params), draft_length=s.diffuspec_k,
+                     k_min=s.diffuspec_k_min,
+                     eos_id=vehicles["causal"].eos_ids[0] if vehicles["causal"].eos_ids else 0)
+    elif family == "dllm":
+        o.update(gen_length=s.gen_length, block_length=s.block_length, cache=s.cache)
+        if method == "fixed-k":
+            o["tokens_per_step"] = 2
+        if method == "threshold":
+            o["threshold"] = 0.9
+    return o
+
+
+def _inputs(family: str, prompts: dict, batch: int) -> list:
+    src = prompts[family]
+    rows = [src[i % len(src)] for i in range(batch)]
+    if family == "asarm":
+        return [(r["tokens"], r["masked"]) for r in rows]
+    return [list(r) for r in rows]
+
+
+def _tokens(res) -> list:
+    toks = getattr(res, "tokens", None)
+    if toks is None:
+        toks = getattr(res, "infilled", [])
+    return [[int(t) for t in row] for row in toks]
+
+
+def run_entry(method: str, family: str, vehicle: Vehicle, vehicles: dict, prompts: dict,
+              batch: int, temperature: float, s: RunSettings) -> dict:
+    """Compile and time one (method, vehicle, batch, temperature): one untimed call
+    (compilation reported as ``compile_s``), then one timed call. Returns the row."""
+    opts = method_options(method, family, vehicles, s, temperature)
+    inputs = _inputs(family, prompts, batch)
+
+    def call():
+        return Registry.run(method, family, vehicle.model, vehicle.params, inputs, opts,
+                            seed=s.seed, eos_ids=vehicle.eos_ids, pad_id=vehicle.pad_id)
+
+    first, first_s = timed(call)
+    res, wall = timed(call)
+    wall -= getattr(res, "compile_s", 0.0) or 0.0
+    st = res.stats
+    new = int(sum(int(x) for x in st.new_tokens))
+    nfe = int(sum(int(x) for x in st.target_nfe))
+    return {"vehicle": vehicle.name, "family": family, "method": method, "batch": batch,
+            "temperature": float(temperature), "new_tokens": new, "seconds": wall,
+            "tokens_per_s": new / wall if wall > 0 else None, "nfe": nfe,
+            "draft_nfe": int(sum(int(x) for x in st.draft_nfe)),
+            "mat": new / nfe if nfe else None,
+            "compile_s": float(getattr(first, "compile_s", 0.0) or first_s - wall),
+            "lossless": Registry.lossless(method), "reference": Registry.reference(method),
+            "_tokens": _tokens(res)}
+
+
+def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
+    """(method, vehicle, batch, temperature) in run order: every method greedy at batch 1,
+    then greedy at the larger batches, then sampled; within a group each vehicle's reference
+    first (a skipped tail loses the least important rows)."""
+    methods = list(Registry.methods(family))
+    ref = REFERENCE_FIRST.get(family)
+    if ref in methods:
+        methods.remove(ref)
+    out = []
+    for n, (t, b) in enumerate((t, b) for t in s.temperatures for b in s.batches):
+        for m in (methods if n == 0 or s.later_methods is None
+                  else methods[:s.later_methods]):
+            vname = METHOD_VEHICLE.get(m, family)
+            if vname not in vehicles:
+                continue
+            if ref and (ref, vname, b, t) not in out:
+                out.append((ref, vname, b, t))
+            out.append((m, vname, b, t))
+    return out
+
+
+def _finish_rows(rows: list[dict]) -> None:
+    """Fill each row's speedup, NFE ratio and identity against its reference's row of the
+    same vehicle, batch and temperature (identity: greedy rows of lossless methods)."""
+    index = {(r["method"], r["vehicle"], r["batch"], r["temperature"]): r for r in rows
+             if "seconds" in r}
+    for r in rows:
+        if "seconds" not in r:
+            continue
+        ref = index.get((r["reference"], r["vehicle"], r["batch"], r["temperature"]))
+        if ref is None:
+            continue
+        r["speedup_vs_reference"] = ref["seconds"] / r["seconds"] if r["seconds"] > 0 else None
+        if r["nfe"] and ref["nfe"] and ref["new_tokens"] and r["new_tokens"]:
+            r["nfe_ratio"] = (ref["nfe"] / ref["new_tokens"]) / (r["nfe"] / r["new_tokens"])
+        if r["temperature"] == 0.0:
+            r["identical_to_reference"] = r["_tokens"] == ref["_tokens"]
+
+
+def run_method_suite(family: str, vehicles: dict, prompts: dict, s: RunSettings,
+                     deadline_s: float, *, log: Callable[[str], None] = print,
+                     on_row: Callable[[list], None] = lambda rows: None) -> list[dict]:
+    """Every registered method of ``family`` on the vehicles at each batch and temperature,
+    within ``deadline_s`` seconds: an entry is skipped (its row says why) when the time left
+    is under the time the slowest entry so far took. Errors become rows (``skipped`` holds
+    the one-line error). ``on_row`` sees the rows after each entry (partial results)."""
+    t0 = time.perf_counter()
+    rows, slowest = [], 0.0
+    entries = _entries(family, vehicles, s)
+    for i, (m, vname, b, t) in enumerate(entries):
+        left = deadline_s - (time.perf_counter() - t0)
+        base = {"vehicle": vname, "family": family, "method": m, "batch": b, "temperature": t}
+        if left < max(slowest, 0.5):
+            rows.append({**base, "skipped": f"time budget: {left:.0f} s left, the slowest "
+                                            f"entry took {slowest:.0f} s"})
+            continue
+        e0 = time.perf_counter()
+        try:
+            rows.append(run_entry(m, family, vehicles[vname], vehicles, prompts, b, t, s))
+        except Exception as e:  # noqa: BLE001 - one method's failure must not end the run
+            rows.append({**base, "skipped": f"error: {type(e).__name__}: "
+                                            f"{' '.join(str(e).split())[:200]}"})
+        took = time.perf_counter() - e0
+        slowest = max(slowest, took)
+        r = rows[-1]
+        log(f"[{family} {i + 1}/{len(entries)}] {vname}/{m} b{b} T{t:g}: "
+            + (f"{r['tokens_per_s']:.1f} tok/s, MAT {r['mat'] or 0:.2f} ({took:.1f} s)"
+               if "seconds" in r else r["skipped"]))
+        _finish_rows(rows)
+        on_row(rows)
+    _finish_rows(rows)
+    return rows
+
+
+def public_rows(rows: list[dict]) -> list[dict]:
+    """Rows without their private fields (token lists)."""
+    return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+_FAMILY_OF_SUITE = {"methods-causal": "causal", "methods-dllm": "dllm", "methods-asarm": "asarm"}
+_NOTES = {
+    "methods": [
+        "Every row: one untimed call (compilation, `compile s`), then one timed call of the "
+        "same inputs; `seconds` is that call's wall clock less any compile time.",
+        "`speedup` = reference seconds / row seconds, the reference being the method's "
+        "lossless reference (AR, stepwise, sequential) on the same vehicle, batch and "
+        "temperature; `NFE ratio` = the reference's target forwards per token / the row's.",
+        "`identical`: greedy rows only, every row's tokens equal the reference's (lossless "
+        "methods must; fixed-k and threshold are not lossless). At T = 1 lossless methods "
+        "match the reference in distribution, not token for token.",
+        "`MAT` = generated tokens / target forwards (prefill counted).",
+    ],
+}
+
+
+def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
+                     smoke: bool = False, suites: Sequence[str] = SUITES,
+                     bundle_path: Optional[Path] = None, shapes: str = "papers",
+                     stage_dirs: Sequence[Path] = (), unpack_dir: Optional[Path] = None,
+                     wheel_dir: Optional[Path] = None, settings: Optional[RunSettings] = None,
+                     peers_compile: Optional[bool] = None,
+                     log: Callable[[str], None] = print) -> dict[str, dict]:
+    """The device run: verify and unpack the pack, install its wheels, load the vehicles,
+    then run ``suites`` in order within ``budget_s`` seconds (compile included), writing each
+    suite's ``<suite>.json/.md/.png`` under ``out_dir`` as it ends (and after every row of
+    the method suites) and re-bundling everything into ``bundle_path``.
+
+    Returns ``{suite: result}``.
+
+    Raises:
+      PackError: a missing or corrupt pack (one line), an unknown suite.
+    """
+    from jaxspec.bench import peers, projection
+
+    bad = [x for x in suites if x not in SUITES]
+    if bad:
+        raise PackError(f"unknown suite {bad[0]!r}; available: {', '.join(SUITES)}")
+    if budget_s <= 0:
+        raise PackError(f"--budget-s must be > 0, got {budget_s}")
+    budget = Budget(float(budget_s))
+    if smoke:  # tiny models: compile time is all there is (as in the test suite)
+        import jax
+
+        jax.config.update("jax_disable_most_optimizations", True)
+    s = settings or (RunSettings.smoke() if smoke else RunSettings())
+    machine = device_machine_info()
+    log(f"[device-bench] {machine_header(machine)}")
+    config = {"smoke": smoke, "budget_s": budget_s, "suites": list(suites)}
+    vehicles, prompts = {}, {"task_ids": []}
+    if any(x != "projection" for x in suites):  # the projection needs no pack
+        pack_dir = Path(pack_dir)
+        unpack_dir = Path(unpack_dir or pack_dir / "unpacked")
+        (manifest, t_verify) = timed(lambda: verify_pack(pack_dir, stage_dirs))
+        log(f"[device-bench] pack verified: {len(manifest['artifacts'])} artifacts, "
+            f"{manifest['total_bytes'] / MiB:.1f} MiB, sha256 ok ({t_verify:.1f} s)")
+        unpack(pack_dir, unpack_dir, stage_dirs, manifest)
+        shutil.copyfile(pack_dir / manifest["prompts"]["file"], unpack_dir / PROMPTS)
+        if manifest.get("wheels"):
+            names = install_wheels(pack_dir, Path(wheel_dir or "/tmp/jaxspec-site"), manifest)
+            log(f"[device-bench] installed {', '.join(names)}")
+        prompts = json.loads((unpack_dir / PROMPTS).read_text())
+        vehicles, t_load = timed(lambda: load_vehicles(manifest, unpack_dir, log=log))
+        log(f"[device-bench] vehicles {', '.join(vehicles)} loaded ({t_load:.1f} s)")
+        config.update({"batches": list(s.batches), "temperatures": list(s.temperatures),
+                       "max_new_tokens": s.max_new_tokens, "gen_length": s.gen_length,
+                       "block_length": s.block_length, "cache": s.cache,
+                       "prompts": len(prompts["task_ids"]), "vehicles": {
+                           k: v.get("preset") or v.get("factory") or v.get("kind")
+                           for k, v in manifest["vehicles"].items() if isinstance(v, dict)}})
+    out_dir = Path(out_dir)
+    results: dict[str, dict] = {}
+    measured: dict[str, list] = {}  # family -> rows with their tokens
+
+    def emit(name: str, result: dict, plot: bool) -> None:
+        results[name] = result
+        write_suite(result, out_dir, plot=plot)
+        if bundle_path:
+            bundle(out_dir, bundle_path, list(results))
+
+    for name in suites:
+        deadline = budget.suite_deadline(name, list(suites))
+        log(f"[device-bench] suite {name}: {deadline:.0f} s of {budget.left():.0f} s left")
+        base = {"suite": name, "date": now_iso(), "machine": machine, "config": config}
+        if deadline < 1.0:
+            emit(name, {**base, "rows": [], "notes": ["skipped: no time left in the budget"]},
+                 False)
+            continue
+        if name in _FAMILY_OF_SUITE:
+            fam = _FAMILY_OF_SUITE[name]
+            res = {**base, "notes": list(_NOTES["methods"])}
+            rows = run_method_suite(
+                fam, vehicles, prompts, s, deadline, log=log,
+                on_row=lambda rows, res=res: emit(name, {**res, "rows": public_rows(rows)},
+                                                  False))
+            res["rows"] = public_rows(rows)
+            measured[fam] = rows
+            emit(name, res, True)
+        elif name == "peers":
+            res = peers.run_peers_suite(vehicles, prompts, s, deadline, compile=peers_compile,
+                                        log=log)
+            emit(name, {**base, **res}, True)
+        elif name == "projection":
+            rows = [r for fam_rows in measured.values() for r in fam_rows]
+            res = projection.run_projection_suite(shapes, measured=public_rows(rows),
+                                                  deadline_s=deadline, log=log)
+            emit(name, {**base, **res}, True)
+    if bundle_path:
+        bundle(out_dir, bundle_path, list(results))
+    log(f"[device-bench] done in {time.perf_counter() - budget.start:.0f} s; results in "
+        f"{out_dir}" + (f", bundle {bundle_path}" if bundle_path else ""))
+    return results

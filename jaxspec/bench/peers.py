@@ -1,0 +1,207 @@
+"""Peer systems on the same device, weights, prompts and budgets as jaxspec (the ``peers``
+suite of :mod:`jaxspec.bench.device`).
+
+Rows (greedy, batch 1, every system on every prompt in rotating order, after one untimed
+warm-up each: the protocol of :func:`jaxspec.bench.common.run_ar_suite`):
+
+* ``jaxspec/ar`` (baseline and token reference), ``jaxspec/ngram`` (draft length
+  :data:`NGRAM_K`), ``jaxspec/sps`` (draft length :data:`SPS_K`, the draft model below);
+* ``transformers/ar-static-compile``: ``generate`` with a static KV cache
+  (``cache_implementation="static"``) and ``model.forward`` compiled by ``torch.compile``
+  (``mode="reduce-overhead", fullgraph=True``), the fast path of transformers' documentation
+  (``ar-static`` without the compile, e.g. on a CPU without a C compiler);
+* ``transformers/prompt-lookup`` (``prompt_lookup_num_tokens`` = :data:`NGRAM_K`);
+* ``transformers/assisted``: assisted generation with the same draft model and exactly
+  :data:`SPS_K` drafts per step (:class:`jaxspec.bench.common.TransformersSystem`).
+
+Every row says whether its tokens equal ``jaxspec/ar``'s (``identical``) and on what share of
+the prompts. The draft model of both SPS rows is the target's first layers with its final norm
+and head (:func:`jaxspec.bench.device.truncated_draft` and :func:`truncated_hf`): the vehicles
+ship no smaller model of the same vocabulary.
+
+The official Fast-dLLM decoding code is never committed: :func:`load_fastdllm` imports it,
+unmodified, from an ignored folder (``$JAXSPEC_FASTDLLM`` or :data:`FASTDLLM_DEFAULT`) that a
+device call carries; without it its rows say so.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+NGRAM_K = 8
+SPS_K = 5
+FASTDLLM_ENV = "JAXSPEC_FASTDLLM"
+FASTDLLM_DEFAULT = "third_party/Fast-dLLM"
+# the module files of the official code this hook imports, per model family
+FASTDLLM_MODULES = {"llada": "llada/generate.py", "dream": "dream/model/generation_utils_block.py"}
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer that cannot run here (package or code missing); the message is its row's
+    reason."""
+
+
+def fastdllm_root(path: Optional[str] = None) -> Path:
+    """Where the official Fast-dLLM checkout is looked for: ``path``, else
+    ``$JAXSPEC_FASTDLLM``, else :data:`FASTDLLM_DEFAULT` (ignored by git)."""
+    return Path(path or os.environ.get(FASTDLLM_ENV) or FASTDLLM_DEFAULT)
+
+
+def load_fastdllm(family: str, root: Optional[str] = None):
+    """Import the official Fast-dLLM decoding module of ``family`` (``"llada"`` or
+    ``"dream"``) from the checkout at :func:`fastdllm_root`, unmodified.
+
+    Raises:
+      PeerUnavailable: an unknown family, no checkout there, or an import error (one line).
+    """
+    if family not in FASTDLLM_MODULES:
+        raise PeerUnavailable(f"unknown Fast-dLLM family {family!r}; expected "
+                              f"{', '.join(FASTDLLM_MODULES)}")
+    base = fastdllm_root(root)
+    path = base / FASTDLLM_MODULES[family]
+    if not path.is_file():
+        raise PeerUnavailable(f"official Fast-dLLM code not found at {path} (put a checkout "
+                              f"at {FASTDLLM_DEFAULT} or set {FASTDLLM_ENV})")
+    import sys
+
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"fastdllm_{family}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except Exception as e:  # noqa: BLE001 - third-party import failure is a row's reason
+        raise PeerUnavailable(f"Fast-dLLM {family} import failed: "
+                              f"{' '.join(str(e).split())[:200]}") from None
+    finally:
+        sys.path.remove(str(path.parent))
+    return mod
+
+
+def transformers_available() -> Optional[str]:
+    """None when torch and transformers import, else the reason they do not."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        return f"torch / transformers not importable ({e})"
+    return None
+
+
+def truncated_hf(hf_model, layers: int):
+    """A copy of a transformers Llama / Qwen2 causal LM keeping its first ``layers`` decoder
+    layers (final norm and head kept): the draft of ``transformers/assisted``, the same model
+    as :func:`jaxspec.bench.device.truncated_draft` builds for ``jaxspec/sps``."""
+    import torch
+
+    m = copy.deepcopy(hf_model)
+    n = int(layers)
+    m.model.layers = torch.nn.ModuleList(list(m.model.layers)[:n])
+    m.config.num_hidden_layers = n
+    if getattr(m.config, "layer_types", None):
+        m.config.layer_types = list(m.config.layer_types)[:n]
+    return m.eval()
+
+
+def static_compiled_system(hf_model, *, compile: bool, max_new_tokens: int,
+                           eos_ids: Sequence[int], pad_id: int):
+    """``transformers/ar-static-compile`` (``ar-static`` when ``compile`` is False): greedy
+    ``generate`` of a copy of ``hf_model`` with ``cache_implementation="static"`` and, with
+    ``compile``, ``forward`` compiled by ``torch.compile(mode="reduce-overhead",
+    fullgraph=True)``. A copy, so the other peers keep the eager model."""
+    import torch
+
+    from jaxspec.bench.common import TransformersSystem
+
+    m = copy.deepcopy(hf_model)
+    s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                           pad_id=pad_id)
+    s.gen_config.cache_implementation = "static"
+    if compile:
+        m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+    s.method = "ar-static-compile" if compile else "ar-static"
+    return s
+
+
+_PEER_COLUMNS = [
+    ("system", "system", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
+    ("new_tokens", "new tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"), ("ttft_s", "TTFT s", "{:.3f}"),
+    ("speedup_vs_baseline", "speedup vs jaxspec/ar", "{:.2f}x"),
+    ("nfe_per_token", "NFE/token", "{:.3f}"), ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
+    ("identical_share", "ident. share", "{:.2f}"), ("first_divergence", "1st diff", "{:g}"),
+    ("compile_s", "compile s", "{:.1f}"), ("skipped", "skipped", "{}"),
+]
+
+
+def run_peers_suite(vehicles: dict, prompts: dict, settings, deadline_s: float, *,
+                    compile: Optional[bool] = None,
+                    limit: Optional[int] = None,
+                    log: Callable[[str], None] = print) -> dict:
+    """The ``peers`` suite on the causal vehicle (module docstring); returns ``{"rows",
+    "columns", "notes", "title"}``. ``compile`` (default: on a CUDA device only) picks
+    ``ar-static-compile`` over ``ar-static``; ``limit`` prompts (default 4, 2 in smoke mode,
+    1 when ``deadline_s`` is short). Peers that cannot run here get rows saying why."""
+    from jaxspec.bench.common import (BenchPrompt, JaxspecSystem, TransformersSystem,
+                                      load_transformers_model, run_ar_suite, streamed_params,
+                                      torch_device)
+    from jaxspec.bench.device import truncated_draft
+    from models.llama.modeling import param_dtype
+
+    t0 = time.perf_counter()
+    v = vehicles["causal"]
+    smoke = settings.max_new_tokens < 32
+    n = limit or (2 if smoke else 4)
+    if deadline_s < 60 and not smoke:
+        n = 1
+    ids = prompts["causal"][:n]
+    bench_prompts = [BenchPrompt(t, list(p)) for t, p in zip(prompts["task_ids"], ids)]
+    common = dict(max_new_tokens=settings.max_new_tokens, eos_ids=v.eos_ids, pad_id=v.pad_id)
+    draft = truncated_draft(v, settings.sps_draft_layers)
+    systems = [JaxspecSystem("ar", v.model, v.params, **common),
+               JaxspecSystem("ngram", v.model, v.params, draft_length=NGRAM_K, **common),
+               JaxspecSystem("sps", v.model, v.params, draft_length=SPS_K,
+                             options={"draft_model": draft}, **common)]
+    notes = [f"Draft lengths: n-gram and prompt lookup {NGRAM_K}, SPS and assisted generation "
+             f"{SPS_K}; the SPS draft is the target's first {draft[0].config.num_layers} "
+             "layers with its final norm and head, in both systems.",
+             "`identical`: every prompt's tokens equal `jaxspec/ar`'s; `ident. share`: the "
+             "share of prompts that do; `1st diff`: median first differing position."]
+    skipped = []
+    why = transformers_available() or (None if v.hf_path else
+                                       "the causal vehicle has no transformers copy")
+    if why is None:
+        import torch
+
+        dev = torch_device("auto")
+        use_compile = (dev == "cuda") if compile is None else bool(compile)
+        dtype = str(param_dtype(v.params))
+        hf = load_transformers_model(v.hf_path, dtype=dtype, device=dev)
+        assistant = truncated_hf(hf, draft[0].config.num_layers)
+        systems += [static_compiled_system(hf, compile=use_compile, **common),
+                    TransformersSystem("prompt-lookup", hf, draft_length=NGRAM_K, **common),
+                    TransformersSystem("assisted", hf, draft_length=SPS_K, assistant=assistant,
+                                       **common)]
+        notes.append(f"transformers on {dev} in {dtype}; torch {torch.__version__}.")
+    else:
+        skipped += [{"system": "transformers", "method": m, "skipped": why}
+                    for m in ("ar-static-compile", "prompt-lookup", "assisted")]
+    for fam in ("llada", "dream"):
+        try:
+            load_fastdllm(fam)
+            why_f = "loaded; its rows need the diffusion weights exported to HF (not built yet)"
+        except PeerUnavailable as e:
+            why_f = str(e)
+        skipped.append({"system": "fast-dllm", "method": f"{fam} (official)", "skipped": why_f})
+    result = run_ar_suite(systems, bench_prompts, model_name=v.name,
+                          num_params=None if smoke else streamed_params(v.params),
+                          param_dtype=str(param_dtype(v.params)), progress=False, log=log)
+    log(f"[peers] {len(systems)} systems on {n} prompt(s) in {time.perf_counter() - t0:.1f} s")
+    return {"rows": result["rows"] + skipped, "columns": _PEER_COLUMNS, "notes": notes,
+            "bandwidth": result.get("bandwidth"),
+            "title": "Peers on the same device, weights, prompts and budget (greedy, batch 1)"}

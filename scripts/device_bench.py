@@ -1,0 +1,156 @@
+"""Everything a lent GPU needs, packed here; one command there runs every method.
+
+On the CPU machine (network, the fetched weights)::
+
+    python -m scripts.device_bench pack [--pack-dir device_pack] [--part-max-mib 60]
+    python -m scripts.device_bench pack --smoke --pack-dir /tmp/p      # tiny random vehicles
+
+``pack`` writes the SmolLM2 GGUF in parts of at most 60 MiB with their sha256, the wheels the
+device image lacks (:data:`jaxspec.bench.device.DEVICE_WHEELS`, ``pip download``), the
+prompts' token ids and a manifest; it prints the pack's size, the working tree's size and
+the carry plan (which files travel in which device call; 64 MiB per call, tree included).
+
+On the device (``make device-bench``)::
+
+    python -m scripts.device_bench run --budget-s 540 [--out-dir results/gpu] \\
+        [--suite methods-causal methods-dllm methods-asarm peers projection] \\
+        [--shapes papers|tiny] [--bundle $OUT/device-bench.tgz] [--stage-dir DIR]
+
+``run`` verifies every part's sha256 (a corrupt part is a one-line error), joins and installs
+them, runs the suites in order within the budget (compile included; a step that cannot finish
+is skipped and its row says so), writes ``<suite>.json/.md/.png`` as each suite ends and
+re-bundles them into one ``.tgz`` (default ``$OUT/device-bench.tgz`` where ``$OUT`` is set):
+a cut-off run still returns what it measured. ``collect BUNDLE`` puts a returned bundle's
+files into ``results/gpu``. ``--smoke`` (CPU, seconds) runs the same code on the tiny pack
+and writes under ``<pack-dir>/results``. ``--suite projection --shapes tiny`` needs no pack.
+
+``verify`` checks a pack; ``stage`` copies the parts present to ``--stage-dir`` (outside the
+tree), for a plan of several calls; ``plan`` prints the carry plan.
+
+Exit code 2 with one ``error:`` line on bad input or a missing / corrupt pack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxspec.bench.device import PACK_DIR, SUITES
+
+    ap = argparse.ArgumentParser(prog="python -m scripts.device_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="pack weights, wheels and prompts (CPU machine)")
+    p.add_argument("--pack-dir", default=PACK_DIR)
+    p.add_argument("--smoke", action="store_true", help="tiny random vehicles")
+    p.add_argument("--part-max-mib", type=float, default=60.0)
+    p.add_argument("--no-wheels", action="store_true", help="pack no wheels")
+    p.add_argument("--wheel-cache", default=".cache/device-wheels",
+                   help="where pip download keeps the wheels between packs")
+    p.add_argument("--gguf", default=None, help="the SmolLM2 GGUF (default: fetched preset)")
+    p.add_argument("--no-hf", action="store_true",
+                   help="smoke: no transformers copy of the causal vehicle")
+    r = sub.add_parser("run", help="run the suites (device)")
+    r.add_argument("--pack-dir", default=PACK_DIR)
+    r.add_argument("--smoke", action="store_true", help="the tiny pack, CPU, seconds")
+    r.add_argument("--out-dir", default=None,
+                   help="default results/gpu (smoke: <pack-dir>/results)")
+    r.add_argument("--budget-s", type=float, default=540.0)
+    r.add_argument("--suite", nargs="+", default=list(SUITES), choices=SUITES)
+    r.add_argument("--shapes", default=None, choices=("papers", "tiny"),
+                   help="projection shapes (default papers; smoke: tiny)")
+    r.add_argument("--bundle", default=None,
+                   help="one .tgz of every result (default $OUT/device-bench.tgz if $OUT)")
+    r.add_argument("--stage-dir", action="append", default=[],
+                   help="where earlier calls staged parts (repeatable)")
+    r.add_argument("--no-compile", action="store_true",
+                   help="transformers static-cache peer without torch.compile")
+    v = sub.add_parser("verify", help="check a pack's sha256")
+    v.add_argument("--pack-dir", default=PACK_DIR)
+    v.add_argument("--stage-dir", action="append", default=[])
+    s = sub.add_parser("stage", help="copy the parts present to --stage-dir")
+    s.add_argument("--pack-dir", default=PACK_DIR)
+    s.add_argument("--stage-dir", default="/tmp/jaxspec-pack")
+    pl = sub.add_parser("plan", help="print the carry plan of a pack")
+    pl.add_argument("--pack-dir", default=PACK_DIR)
+    c = sub.add_parser("collect", help="extract a returned bundle into results/gpu")
+    c.add_argument("bundle")
+    c.add_argument("--out-dir", default="results/gpu")
+    return ap
+
+
+def _plan_lines(manifest: dict) -> list[str]:
+    from jaxspec.bench.device import MiB, carry_plan, travel_bytes
+
+    tree = travel_bytes(REPO)
+    plan = carry_plan(manifest, tree)
+    lines = [f"[pack] pack {manifest['total_bytes'] / MiB:.1f} MiB; working tree that travels "
+             f"{tree / MiB:.1f} MiB; carry plan: {plan['reason']}"]
+    for i, (files, size) in enumerate(zip(plan["calls"], plan["call_bytes"]), 1):
+        lines.append(f"[pack]   call {i} ({size / MiB:.1f} MiB with the tree): "
+                     + ", ".join(files))
+    return lines
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from jaxspec.bench import device
+    from jaxspec.bench.projection import ProjectionError
+
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    try:
+        if args.cmd == "pack":
+            wheels = []
+            if not args.no_wheels and not args.smoke:
+                wheels = device.download_wheels(device.DEVICE_WHEELS, REPO / args.wheel_cache)
+            m = device.build_pack(Path(args.pack_dir), smoke=args.smoke,
+                                  part_max=int(args.part_max_mib * device.MiB), wheels=wheels,
+                                  gguf=args.gguf, hf=not args.no_hf, log=log)
+            log(f"[pack] {args.pack_dir}: {len(m['artifacts'])} artifacts, "
+                f"{sum(len(a['parts']) for a in m['artifacts'])} parts, "
+                f"{len(m['wheels'])} wheels, {m['total_bytes'] / device.MiB:.2f} MiB in all")
+            if not args.smoke:
+                for line in _plan_lines(m):
+                    log(line)
+            return 0
+        if args.cmd == "verify":
+            m = device.verify_pack(Path(args.pack_dir), [Path(d) for d in args.stage_dir])
+            log(f"[verify] {args.pack_dir}: every part matches its sha256 "
+                f"({m['total_bytes'] / device.MiB:.2f} MiB)")
+            return 0
+        if args.cmd == "stage":
+            done = device.stage_parts(Path(args.pack_dir), Path(args.stage_dir))
+            log(f"[stage] {len(done)} part(s) copied to {args.stage_dir}")
+            return 0
+        if args.cmd == "plan":
+            for line in _plan_lines(device.read_manifest(Path(args.pack_dir))):
+                log(line)
+            return 0
+        if args.cmd == "collect":
+            for p in device.collect(Path(args.bundle), Path(args.out_dir)):
+                log(f"[collect] {p}")
+            return 0
+        out_dir = Path(args.out_dir or (Path(args.pack_dir) / "results" if args.smoke
+                                        else "results/gpu"))
+        bundle = args.bundle or (Path(os.environ["OUT"]) / "device-bench.tgz"
+                                 if os.environ.get("OUT") else None)
+        device.run_device_bench(
+            Path(args.pack_dir), out_dir, budget_s=args.budget_s, smoke=args.smoke,
+            suites=args.suite, bundle_path=bundle,
+            shapes=args.shapes or ("tiny" if args.smoke else "papers"),
+            stage_dirs=[Path(d) for d in args.stage_dir],
+            peers_compile=False if args.no_compile else None, log=log)
+        return 0
+    except (device.PackError, ProjectionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
