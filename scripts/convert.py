@@ -30,11 +30,15 @@ import sys
 from pathlib import Path
 
 def main(argv=None) -> int:
+    from scripts.common import add_compile_cache_flag, setup_compile_cache
+
     ap = argparse.ArgumentParser(prog="python -m scripts.convert", description=__doc__.split("\n")[0])
     ap.add_argument("--to", choices=("jaxspec", "hf"), required=True, help="target format")
     ap.add_argument("src", help="source checkpoint (directory or .gguf)")
     ap.add_argument("out", help="output directory")
+    add_compile_cache_flag(ap)
     args = ap.parse_args(argv)
+    setup_compile_cache(args)
     from models.checkpoint import convert_streaming, copy_tokenizer, export_hf
     from models.registry import is_preset, load_any
     from models.config import ConfigError

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from scripts.common import add_compile_cache_flag
+
     ap = argparse.ArgumentParser(prog="python -m scripts.distill", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="configs/train/NAME.yaml (a SAR config)")
     ap.add_argument("--prompts", type=int, default=2000, help="training prompts (default 2000)")
@@ -33,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="prompt order seed")
     ap.add_argument("--out", default=None, help="JSON-lines file (default: the config's data.distill)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compile_cache_flag(ap)
     return ap
 
 
@@ -44,6 +48,7 @@ def main(argv=None) -> int:
     from jaxspec.training.distill import distill_prompts, self_distill
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model
+    from scripts.common import setup_compile_cache
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
@@ -54,12 +59,17 @@ def main(argv=None) -> int:
                                    ("--bucket", args.bucket, 1)):
             if value < least:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
+        if not 0.0 <= args.chat_fraction <= 1.0:
+            raise ValueError(f"--chat-fraction must lie in [0, 1], got {args.chat_fraction}")
         cfg = load_config(args.config)
         out = args.out or cfg.data.distill
         if not out:
             raise TrainConfigError(f"{args.config} has no data.distill: pass --out FILE")
         if cfg.model.init != "preset" or not cfg.model.preset:
             raise TrainConfigError("self-distillation needs model.init: preset (the base model)")
+        if Path(out).is_dir():
+            raise ValueError(f"--out {out} is a directory; name a JSON-lines file")
+        setup_compile_cache(args)
         model, params, tok, _ = load_model(cfg.model.preset, log=log)
         kw = dict(chat_fraction=args.chat_fraction, seed=args.seed)
         prompts = distill_prompts(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
