@@ -59,7 +59,8 @@ def switch(arm):
 def micro(reps: int) -> list[str]:
     lines = ["**Alone** (jitted, float32 normal logits; ms per call over "
              f"{10 * reps} alternating calls)", "",
-             "| shape | jnp.argmax median | fastest | two reductions median | fastest | speedup (medians) |",
+             "| shape | jnp.argmax median | fastest | two reductions median | fastest "
+             "| speedup (medians) |",
              "|---|---|---|---|---|---|"]
     fns = {ARMS[0]: jax.jit(plain_argmax), ARMS[1]: jax.jit(LIBRARY)}
     for V in (49152, 151936):
@@ -99,8 +100,8 @@ def dllm(reps: int, caches, gen_length: int) -> list[str]:
 
         secs, ratios = ab_seconds(run, ARMS, range(len(prompts)), reps)
         over = {a: statistics.median(s / lone[i] - 1 for i, s in run_s[a]) for a in ARMS}
-        lines += [f"**dLLM stepwise, {cache} cache, gen {gen_length}** (2 prompts x {reps} reps; identical "
-                  f"tokens: {'yes' if same else 'NO'}; lone forwards "
+        lines += [f"**dLLM stepwise, {cache} cache, gen {gen_length}** (2 prompts x {reps} reps; "
+                  f"identical tokens: {'yes' if same else 'NO'}; lone forwards "
                   f"{', '.join(f'{s:.2f}' for s in lone)} s per prompt)", ""]
         lines += ab_table(secs, ratios, "argmax")
         lines += ["", "loop overhead (median over calls of decode seconds / lone forwards - 1): "

@@ -4,7 +4,8 @@ layout of commit ``--old`` (``(L, B, S, K, Dh)`` keys and values) against the wo
 (head-major keys ``(L, B, K, S, Dh)``, slot-minor values ``(L, B, K, Dh, S)``), interleaved in
 one process. Run from the repository root:
 
-    python benchmarks/probes/kv-layout/ab_cache_layout.py --old c5d0dd1 --shapes 1x384 1x1024 9x384 32x384
+    python benchmarks/probes/kv-layout/ab_cache_layout.py --old c5d0dd1 \
+        --shapes 1x384 1x1024 9x384 32x384
 """
 import argparse
 import importlib.util
@@ -59,7 +60,8 @@ def main():
     params = new.unstack_layers(new.init_params(SMOLLM2, 0), True)
     print(f"{cpu_model()} · jax {jax.__version__} · "
           f"{a.reps} interleaved calls per layout")
-    print("\n| rows x slots | old ms (fastest / median) | new ms (fastest / median) | median ratio |")
+    print("\n| rows x slots | old ms (fastest / median) | new ms (fastest / median) "
+          "| median ratio |")
     print("|---|---|---|---|")
     for shape in a.shapes:
         T, S = map(int, shape.split("x"))

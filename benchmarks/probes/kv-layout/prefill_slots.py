@@ -45,8 +45,10 @@ def main():
     P = a.prompt
     params = M.unstack_layers(M.init_params(SMOLLM2, 0), True)
     tok = jnp.full((1, P), 5, jnp.int32)
-    print(f"{cpu_model()} · jax {jax.__version__} · prompt {P} tokens · {a.reps} interleaved calls")
-    print("\n| max_new | loop cache slots | before: attend all, ms (fastest / median) | now: attend "
+    print(f"{cpu_model()} · jax {jax.__version__} · prompt {P} tokens · "
+          f"{a.reps} interleaved calls")
+    print("\n| max_new | loop cache slots | before: attend all, ms (fastest / median) "
+          "| now: attend "
           "the prompt's, then grow, ms (fastest / median) | median ratio |")
     print("|---|---|---|---|---|")
     runs = {}

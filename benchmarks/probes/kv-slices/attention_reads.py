@@ -101,13 +101,15 @@ def make(variant):
                 m = jnp.maximum(s_o.max(-1), s_n)
                 e_o, e_n = jnp.exp(s_o - m[..., None]), jnp.exp(s_n - m)
                 z = e_o.sum(-1) + e_n
-                o = (jnp.einsum("bkgs,bkds->bkgd", e_o, vc) + e_n[..., None] * v[:, 0][:, :, None]) / z[..., None]
+                o = (jnp.einsum("bkgs,bkds->bkgd", e_o, vc)
+                     + e_n[..., None] * v[:, 0][:, :, None]) / z[..., None]
                 kc = jax.lax.dynamic_update_slice(kc, jnp.moveaxis(k, 1, 2), (0, 0, idx, 0))
                 vc = jax.lax.dynamic_update_slice(vc, jnp.moveaxis(v, 1, -1), (0, 0, 0, idx))
                 out_cache.append((kc, vc))
             h = x + M.proj(o.reshape(1, 1, H * Dh), lp, "wo")
             mm = M.rms_norm(h, lp["mlp_norm"], C.rms_norm_eps)
-            x = h + M.proj(jax.nn.silu(M.proj(mm, lp, "w_gate")) * M.proj(mm, lp, "w_up"), lp, "w_down")
+            x = h + M.proj(jax.nn.silu(M.proj(mm, lp, "w_gate")) * M.proj(mm, lp, "w_up"), lp,
+                           "w_down")
         x = M.rms_norm(x, params["final_norm"], C.rms_norm_eps)
         nxt = M.lm_logits(x, params["embed"], None)[:, -1].argmax(-1)
         new = M.KVCache(kc_all, vc_all) if kc_all is not None else tuple(out_cache)
@@ -159,4 +161,5 @@ for v in variants:
     txt = fns[v].lower(params, caches[v], tok).compile().as_text()
     copies = len(re.findall(r"\} copy\(", txt))
     slices = len(re.findall(r"slice_bitcast_fusion[.\d]* = ", txt))
-    print(f"| {v} | {statistics.median(times[v]):.2f} | {min(times[v]):.2f} | {copies} | {slices} |")
+    print(f"| {v} | {statistics.median(times[v]):.2f} | {min(times[v]):.2f} | {copies} "
+          f"| {slices} |")

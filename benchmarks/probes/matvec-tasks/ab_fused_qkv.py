@@ -25,7 +25,8 @@ from models.llama import modeling as M
 from models.registry import load_model
 
 PROMPTS = ['def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-           'def is_palindrome(s: str) -> bool:\n    """Check whether s reads the same backwards."""\n',
+           'def is_palindrome(s: str) -> bool:\n'
+           '    """Check whether s reads the same backwards."""\n',
            'from typing import List\n\n\ndef mean(xs: List[float]) -> float:\n']
 
 

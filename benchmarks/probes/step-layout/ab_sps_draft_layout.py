@@ -50,7 +50,8 @@ def main(argv=None) -> int:
             same &= all(run(a, ids).tokens == ref for a in arms)
         secs, ratios = ab_seconds(run, arms, prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32 drafting for "
-             f"itself (SPS, k = 5, greedy), {args.new} new tokens, {len(prompts)} HumanEval prompts "
+             f"itself (SPS, k = 5, greedy), {args.new} new tokens, {len(prompts)} HumanEval "
+             "prompts "
              f"x {args.reps} interleaved reps; identical to AR in both arms: "
              f"{'yes' if same else 'NO'}", ""] + ab_table(secs, ratios, "draft model's weights")
     emit_lines(lines, args.out)

@@ -17,7 +17,8 @@ from models.llama import modeling as M
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 9
 params = M.unstack_layers(M.init_params(C, 0), True)
-mats = [lp[n] for lp in params["layers"] for n in ("wqkv_t", "wo_t", "w_gate_t", "w_up_t", "w_down_t")]
+mats = [lp[n] for lp in params["layers"]
+        for n in ("wqkv_t", "wo_t", "w_gate_t", "w_up_t", "w_down_t")]
 nbytes = sum(m.nbytes for m in mats)
 
 
