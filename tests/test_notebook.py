@@ -9,6 +9,9 @@ variables, and the notebook is executed by nbclient in a kernel of this interpre
 reports must be the loaded models' real parameter bytes. The committed notebook must equal what
 ``notebooks/make_notebook.py`` writes (outputs empty), and the docs' memory table script must
 count the parameters the model code builds.
+
+The install cell is skipped here (``JAXSPEC_NOTEBOOK_TEST``: this interpreter has jaxspec
+already); ``tests/test_wheel.py`` runs it in a new virtual environment with the built wheel.
 """
 
 from __future__ import annotations
