@@ -715,6 +715,14 @@ def build_pack(pack_dir: Path, *, smoke: bool = False, part_max: int = PART_MAX_
             artifacts.append(split_file(path, pack_dir, name, dest, part_max))
             log(f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
                 f"{len(artifacts[-1]['parts'])} part(s)")
+    return write_manifest(pack_dir, artifacts, prompts, vehicles, wheels, smoke=smoke)
+
+
+def write_manifest(pack_dir: Path, artifacts: list[dict], prompts: dict, vehicles: dict,
+                   wheels: Sequence[Path] = (), *, smoke: bool = False) -> dict:
+    """Write ``prompts.json``, copy ``wheels`` under ``wheels/`` and write the manifest of
+    ``artifacts`` (entries of :func:`split_file`). Returns the manifest."""
+    pack_dir = Path(pack_dir)
     (pack_dir / PROMPTS).write_text(json.dumps(prompts) + "\n")
     wheel_entries = []
     for w in wheels:

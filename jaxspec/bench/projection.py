@@ -190,13 +190,15 @@ def pass_seconds(shape: Shape, params, queries: int, batch: int = 1, *,
 
 
 def _fits(shape: Shape, bytes_per_param: int = 2, margin: float = 0.75) -> tuple[bool, str]:
-    from jaxspec.core.runtime import device_memory
+    """Whether ``shape``'s weights fit ``margin`` of the first device's free memory (the
+    allocator's statistics; a device without them, e.g. the CPU, always fits)."""
+    import jax
 
     need = shape.n_params() * bytes_per_param
-    mem = device_memory()
-    if mem is None:
+    stats = jax.devices()[0].memory_stats() or {}
+    used, limit = stats.get("bytes_in_use"), stats.get("bytes_limit")
+    if used is None or not limit:
         return True, ""
-    used, limit = mem
     ok = need <= margin * (limit - used)
     return ok, ("" if ok else f"{need / 2**30:.1f} GiB of weights > {margin:.0%} of the "
                 f"{(limit - used) / 2**30:.1f} GiB free")

@@ -1,0 +1,201 @@
+"""The prepared device run (scripts.device_bench, jaxspec.bench.device / peers / projection):
+pack -> verify -> unpack -> run in smoke mode on the CPU, sha256 failures, the carry plan,
+the peers harness on a tiny HF model and the projection's cost model."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import numpy as np
+import pytest
+
+from jaxspec.bench import device, projection
+from scripts import device_bench
+
+MiB = device.MiB
+
+
+def _file(path, n, seed=0):
+    path.write_bytes(np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes())
+    return path
+
+
+def _pack_of(tmp_path, sizes, part_max):
+    """A pack of random files (no vehicles) split into ``part_max``-byte parts."""
+    pack = tmp_path / "pack"
+    arts = [device.split_file(_file(tmp_path / f"a{i}.bin", n, i), pack, f"a{i}", f"x/a{i}.bin",
+                              part_max) for i, n in enumerate(sizes)]
+    device.write_manifest(pack, arts, {"task_ids": []}, {})
+    return pack
+
+
+def test_parts_join_back_to_the_same_bytes(tmp_path):
+    pack = _pack_of(tmp_path, [10_000, 4096, 1], part_max=4096)
+    m = device.verify_pack(pack)
+    assert [len(a["parts"]) for a in m["artifacts"]] == [3, 1, 1]
+    assert all(p["size"] <= 4096 for a in m["artifacts"] for p in a["parts"])
+    out = device.unpack(pack, tmp_path / "out")
+    for i in range(3):
+        assert out[f"a{i}"].read_bytes() == (tmp_path / f"a{i}.bin").read_bytes()
+
+
+def test_corrupt_or_missing_part_is_a_one_line_error(tmp_path, capsys):
+    pack = _pack_of(tmp_path, [10_000], part_max=4096)
+    part = pack / "parts" / "a0.01"
+    data = bytearray(part.read_bytes())
+    data[17] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(device.PackError, match=r"a0: .*a0\.01 fails its sha256 check"):
+        device.verify_pack(pack)
+    assert device_bench.main(["verify", "--pack-dir", str(pack)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: a0:") and "sha256" in err[0]
+    part.unlink()
+    with pytest.raises(device.PackError, match="a0.01 missing"):
+        device.verify_pack(pack)
+
+
+def test_staged_parts_complete_a_pack(tmp_path):
+    pack = _pack_of(tmp_path, [9000], part_max=4096)
+    stage = tmp_path / "stage"
+    assert device.stage_parts(pack, stage) == ["parts/a0.00", "parts/a0.01", "parts/a0.02"]
+    (pack / "parts" / "a0.00").unlink()  # an earlier call carried it
+    with pytest.raises(device.PackError):
+        device.verify_pack(pack)
+    out = device.unpack(pack, tmp_path / "out", stage_dirs=[stage])
+    assert out["a0"].read_bytes() == (tmp_path / "a0.bin").read_bytes()
+
+
+def test_carry_plan_fits_every_call_under_the_limit(tmp_path):
+    m = {"artifacts": [{"parts": [{"file": f"p{i}", "size": s} for i, s in
+                                  enumerate([30 * MiB, 30 * MiB, 10 * MiB])]}],
+         "prompts": {"file": "prompts.json", "size": 1000}, "wheels": []}
+    plan = device.carry_plan(m, tree_bytes=20 * MiB)
+    assert plan["fits"]
+    assert sorted(f for c in plan["calls"] for f in c if f[:1] == "p" and len(f) == 2) == [
+        "p0", "p1", "p2"]
+    assert all(b <= device.CARRY_MAX_BYTES for b in plan["call_bytes"])
+    assert device.MANIFEST in plan["calls"][-1]  # the last call runs the bench
+    big = device.carry_plan(m, tree_bytes=70 * MiB)
+    assert not big["fits"] and "working tree alone is 70.0 MiB" in big["reason"]
+    tight = device.carry_plan(m, tree_bytes=40 * MiB)
+    assert not tight["fits"] and "does not fit" in tight["reason"]
+
+
+def test_budget_shares_out_what_is_left():
+    b = device.Budget(100.0, reserve_s=0.0)
+    first = b.suite_deadline("methods-causal", list(device.SUITES))
+    assert first == pytest.approx(100.0 * device.SUITE_SHARES["methods-causal"], rel=0.05)
+    last = b.suite_deadline("projection", ["projection"])
+    assert last == pytest.approx(100.0, rel=0.05)
+
+
+def test_smoke_pack_and_run_write_every_suite(tmp_path, capsys):
+    pack, out, bundle = tmp_path / "pack", tmp_path / "out", tmp_path / "b.tgz"
+    assert device_bench.main(["pack", "--smoke", "--no-hf", "--pack-dir", str(pack),
+                              "--part-max-mib", "0.05"]) == 0
+    m = device.read_manifest(pack)
+    assert any(len(a["parts"]) > 1 for a in m["artifacts"])
+    suites = ["methods-causal", "methods-dllm", "methods-asarm"]  # projection: below
+    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--out-dir", str(out),
+                              "--budget-s", "40", "--bundle", str(bundle),
+                              "--suite", *suites]) == 0
+    for suite in suites:
+        res = json.loads((out / f"{suite}.json").read_text())
+        assert res["suite"] == suite and res["machine"].get("jax")
+        md = (out / f"{suite}.md").read_text()
+        assert md.startswith(f"# Device bench: `{suite}`") and "jax " in md
+    for suite, ref in (("methods-causal", "ar"), ("methods-dllm", "stepwise"),
+                       ("methods-asarm", "sequential")):
+        rows = json.loads((out / f"{suite}.json").read_text())["rows"]
+        ran = [r for r in rows if "seconds" in r]
+        assert ran and ran[0]["method"] == ref and ran[0]["batch"] == 1
+        # every row either ran or says why not; greedy lossless rows equal their reference
+        assert all("seconds" in r or r.get("skipped") for r in rows)
+        for r in ran:
+            assert r["new_tokens"] > 0 and r["nfe"] > 0
+            if r["temperature"] == 0.0 and r["lossless"]:
+                assert r["identical_to_reference"] is True, r
+    with tarfile.open(bundle) as tf:
+        names = set(tf.getnames())
+    assert {f"{s}.json" for s in suites} <= names and {f"{s}.md" for s in suites} <= names
+    got = device.collect(bundle, tmp_path / "collected")
+    assert {p.name for p in got} == names
+
+
+def test_run_rejects_a_corrupt_pack_in_one_line(tmp_path, capsys):
+    pack = tmp_path / "pack"
+    assert device_bench.main(["pack", "--smoke", "--no-hf", "--pack-dir", str(pack),
+                              "--part-max-mib", "0.05"]) == 0
+    part = sorted((pack / "parts").iterdir())[3]
+    data = bytearray(part.read_bytes())
+    data[0] ^= 1
+    part.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--out-dir",
+                              str(tmp_path / "out"), "--suite", "methods-asarm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fails its sha256 check" in err[0] and part.name in err[0]
+    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--budget-s", "0",
+                              "--suite", "projection"]) == 2
+
+
+def test_peers_on_a_tiny_hf_model(tmp_path):
+    from jaxspec.bench import peers
+
+    why = peers.transformers_available()
+    if why:
+        pytest.skip(why)
+    try:
+        files, vehicles = device.smoke_vehicles(tmp_path / "w", hf=True)
+    except Exception as e:  # noqa: BLE001 - transformers cannot build a model from config here
+        pytest.skip(f"transformers cannot build a tiny model locally: {e}")
+    pack = tmp_path / "pack"
+    arts = [device.split_file(p, pack, n, d) for n, p, d in files]
+    device.write_manifest(pack, arts, device.smoke_prompts(vehicles["vocab"]), vehicles,
+                          smoke=True)
+    root = tmp_path / "un"
+    device.unpack(pack, root)
+    (root / device.PROMPTS).write_text((pack / device.PROMPTS).read_text())
+    vs = device.load_vehicles(device.read_manifest(pack), root, log=lambda m: None)
+    prompts = json.loads((root / device.PROMPTS).read_text())
+    res = peers.run_peers_suite(vs, prompts, device.RunSettings.smoke(), 600.0, compile=False,
+                                limit=1, log=lambda m: None)
+    rows = {(r["system"], r["method"]): r for r in res["rows"]}
+    for key in [("jaxspec", "ar"), ("jaxspec", "ngram"), ("jaxspec", "sps"),
+                ("transformers", "ar-static"), ("transformers", "prompt-lookup"),
+                ("transformers", "assisted")]:
+        assert key in rows and isinstance(rows[key]["identical_to_reference"], bool), key
+    # lossless systems on the same float32 weights: the same tokens as jaxspec AR
+    for key in [("jaxspec", "ngram"), ("jaxspec", "sps"), ("transformers", "ar-static")]:
+        assert rows[key]["identical_to_reference"], key
+    assert rows[("fast-dllm", "llada (official)")]["skipped"]
+
+
+def test_projection_cost_model_uses_the_papers_mat():
+    t = {"Qwen2.5-32B": {"q1": 0.030, "q9": 0.033, "q6": 0.032, "q31": 0.045, "q36": 0.05},
+         "Qwen2.5-7B": {"q1": 0.008}, "Dream-7B": {"q30": 0.012}}
+    rows = {r["method"]: r for r in projection.project(t, ["Qwen2.5-32B"])}
+    d = rows["diffuspec"]
+    assert d["paper_mat"] == 6.99 and d["paper_speedup"] == 3.08
+    assert d["projected_speedup_paper_mat"] == pytest.approx(0.030 * 6.99 / (0.045 + 0.012))
+    s = rows["sps"]
+    assert s["projected_speedup_paper_mat"] == pytest.approx(0.030 * 6.18 / (0.032 + 5 * 0.008))
+    assert rows["ngram"]["projected_speedup_paper_mat"] == pytest.approx(0.030 * 2.11 / 0.033)
+    measured = [{"vehicle": "causal", "family": "causal", "method": "ngram", "batch": 1,
+                 "temperature": 0.0, "mat": 1.5}]
+    ng = {r["method"]: r for r in projection.project(t, ["Qwen2.5-32B"], measured)}["ngram"]
+    assert ng["projected_speedup_vehicle_mat"] == pytest.approx(0.030 * 1.5 / 0.033)
+
+
+def test_projection_tiny_shapes_time_every_pass():
+    res = projection.run_projection_suite("tiny", reps=1, log=lambda m: None)
+    times = res["pass_seconds"]
+    for name in ("tiny-causal", "tiny-dllm", "tiny-draft"):
+        labels = {lab for lab, _, _ in projection.passes_for(projection.SHAPES[name])}
+        assert set(times[name]) == labels and all(v > 0 for v in times[name].values())
+    assert {r["method"] for r in res["rows"]} >= {"ngram", "sps", "space", "ssd", "spiffy"}
+    assert "projection" in res["notes"][0].lower()
+    with pytest.raises(projection.ProjectionError, match="unknown --shapes"):
+        projection.run_projection_suite("huge")
