@@ -28,8 +28,8 @@ import jax
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PIP_OFFLINE = ("--no-deps", "--ignore-installed", "--no-index", "--no-build-isolation",
-               "--disable-pip-version-check", "-q")
+PIP_OFFLINE = ("--no-deps", "--ignore-installed", "--no-index", "--disable-pip-version-check",
+               "-q")
 
 
 def _source_files() -> list[str]:
@@ -77,7 +77,9 @@ def wheel(tmp_path_factory) -> Path:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, src / f)
     dist = tmp_path_factory.mktemp("dist")
-    r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+    # this environment's setuptools when it has one (no download); else pip's isolated build
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
               "--disable-pip-version-check", "-q", "-w", dist, src], src, _env(src))
     assert r.returncode == 0, r.stderr[-3000:]
     (whl,) = dist.glob("jaxspec-*.whl")
