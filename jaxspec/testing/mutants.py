@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec.asarm.assd as assd_mod
+import jaxspec.asarm.fused as assd_fused_mod
 import jaxspec.causal.decode as causal_decode
 from jaxspec.core.runtime import clear_compiled
 from jaxspec.core.sampling import sample_from_probs, target_probs
@@ -219,10 +220,11 @@ def causal_accept(mutants, rows_per: Optional[int] = None):
 
 
 def assd_verify_sample(mutants, rows_per: Optional[int] = None):
-    """A drop-in for ``verify_sample`` as :func:`jaxspec.asarm.assd.verify` calls it
-    (``(key, p, draft, q, *, epsilon)``, no bonus row), running mutated verifiers on row blocks
-    (:func:`run_variants`). The unprocessed distribution is not at hand there, so mutants that
-    need it (``needs_raw``) cannot run through this seam."""
+    """A drop-in for ``verify_sample`` as :func:`jaxspec.asarm.assd.verify` (``(key, p, draft,
+    q, *, epsilon)``, no bonus row) and :func:`jaxspec.asarm.fused.fused_verify` (with
+    ``draft_len``) call it, running mutated verifiers on row blocks (:func:`run_variants`). The
+    unprocessed distribution is not at hand there, so mutants that need it (``needs_raw``)
+    cannot run through this seam."""
     mutants = _as_tuple(mutants, rows_per)
     if any(m is not None and m.needs_raw for m in mutants):
         raise ValueError("the ASSD seam has no unprocessed distribution for needs_raw mutants")
@@ -259,9 +261,10 @@ def inject_causal(mutants, rows_per: Optional[int] = None):
 
 
 def inject_assd(mutants, rows_per: Optional[int] = None):
-    """Run ASSD (:mod:`jaxspec.asarm.assd`) with mutated verifiers
+    """Run ASSD (:mod:`jaxspec.asarm.assd`, :mod:`jaxspec.asarm.fused`) with mutated verifiers
     (:func:`assd_verify_sample`) inside the ``with`` block (:func:`patched`)."""
-    return patched((assd_mod, "verify_sample", assd_verify_sample(mutants, rows_per)))
+    sample = assd_verify_sample(mutants, rows_per)
+    return patched((assd_mod, "verify_sample", sample), (assd_fused_mod, "verify_sample", sample))
 
 
 # ----------------------------------------------------------------------------- dLLM mutants

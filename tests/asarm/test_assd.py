@@ -1,5 +1,7 @@
 """ASSD (:mod:`jaxspec.asarm.assd`) on tiny random XLNet AS-ARMs.
 
+* The typed variants: method names round-trip, impossible combinations are refused.
+
 * Theorem 1 as a property test: many random prompts / masks / k, NFE <= N - m per row.
 * Lemma 1: the first draft of an iteration is always accepted, and the draft pass and the
   density pass give the same distribution at ``sigma(n)``.
@@ -20,8 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.asarm.assd import (assd_generate, conditionals, decoding_order, density_order,
-                          draft_order, prepare_batch, bigram_draft_dist)
+from jaxspec.asarm.assd import assd_generate
+from jaxspec.asarm.config import METHODS, VARIANTS, AssdVariant
+from jaxspec.asarm.inputs import decoding_order, density_order, draft_order, prepare_batch
+from jaxspec.asarm.passes import bigram_draft_dist, conditionals
 from jaxspec.core.sampling import SamplingConfig, target_probs
 from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.mutants import EQUIVALENT, MUTANTS, inject_assd
@@ -101,6 +105,26 @@ def test_input_errors(kw, msg):
     toks, masks = args.pop("tokens"), args.pop("masked")
     with pytest.raises(ValueError, match=msg):
         assd_generate(model, params, toks, masks, **args)
+
+
+def test_variants_round_trip_and_refuse_impossible_combinations():
+    """Every method name parses to a distinct typed variant whose name is that method; the
+    flags read as documented; combinations no method has are refused."""
+    assert METHODS == ("sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram")
+    assert len(set(VARIANTS.values())) == len(METHODS)
+    for name in METHODS:
+        assert AssdVariant.parse(name).name == name
+    v = AssdVariant.parse("assd-fused-ngram")
+    assert v.fused and v.drafter == "ngram" and not v.sequential
+    assert AssdVariant.parse("sequential") == AssdVariant(sequential=True)
+    with pytest.raises(ValueError, match="sequential decoding takes neither"):
+        AssdVariant(sequential=True, fused=True)
+    with pytest.raises(ValueError, match="sequential decoding takes neither"):
+        AssdVariant(sequential=True, drafter="ngram")
+    with pytest.raises(ValueError, match="unknown drafter 'draft-model'"):
+        AssdVariant(drafter="draft-model")
+    with pytest.raises(ValueError, match="unknown method 'assd-self'"):
+        AssdVariant.parse("assd-self")
 
 
 def test_decoding_order_eq4():
@@ -329,7 +353,7 @@ def assd_variant_checks(method):
 
 @pytest.mark.parametrize("method", ["assd", pytest.param("assd-ngram", marks=pytest.mark.slow)])
 def test_assd_mutants_rejected_and_equivalents_accepted(method):
-    """Mutation check (issue 17): the distribution test rejects every wrong verifier and
+    """Mutation check: the distribution test rejects every wrong verifier and
     accepts the equivalent variants, for self-drafted ASSD and ASSD-ngram (one test per method:
     its variants come from one batched run)."""
     checks = assd_variant_checks(method)

@@ -1,6 +1,6 @@
-"""Fused ASSD (``"assd-fused"``, ``"assd-fused-ngram"``; :mod:`jaxspec.asarm.assd`, module
-docstring "Fused ASSD") and the ASSD fixes of issue 14 (the official n-gram fallback, position 0
-drafted by the AS-ARM, token suppression), on tiny random XLNet AS-ARMs.
+"""Fused ASSD (``"assd-fused"``, ``"assd-fused-ngram"``; :mod:`jaxspec.asarm.fused`) and the
+official n-gram fallback, position 0 drafted by the AS-ARM and token suppression, on tiny random
+XLNet AS-ARMs.
 
 * The attention construction: every fused query equals the same query of separate passes
   (density pass over the drafts; a parallel-sampling pass after accepting ``d_1..d_j``).
@@ -24,10 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxspec.asarm.assd as assd_mod
-from jaxspec.asarm.assd import (Inputs, LoopConfig, _ranks, assd_generate, conditionals,
-                                density_order, draft_order, fused_pass, init_state,
-                                prepare_batch, query_window)
+import jaxspec.asarm.fused as fused_mod
+from jaxspec.asarm.assd import assd_generate
+from jaxspec.asarm.config import AssdVariant, LoopConfig, init_state
+from jaxspec.asarm.fused import fused_pass
+from jaxspec.asarm.inputs import (Inputs, density_order, draft_order, masked_ranks,
+                                  prepare_batch, query_window)
+from jaxspec.asarm.passes import conditionals
 from jaxspec.core.sampling import SamplingConfig, target_probs
 from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.mutants import EQUIVALENT, MUTANTS, inject_assd, patched
@@ -51,13 +54,14 @@ def test_fused_queries_equal_separate_passes():
     K = 4
     toks, masks = _tasks(11, 12, lo=12)
     tok, vis, msk, _ = prepare_batch(toks, masks, V)
-    rank, pos, G = _ranks(msk)
+    rank, pos, G = masked_ranks(msk)
     rng = np.random.default_rng(5)
     n = np.array([rng.integers(0, max(g - 2, 1)) for g in G], np.int32)
     inp = Inputs(visible=jnp.asarray(vis), masked=jnp.asarray(msk), rank=jnp.asarray(rank),
                  pos_of_rank=jnp.asarray(pos), num_masked=jnp.asarray(G), k=jnp.int32(K),
                  epsilon=jnp.float32(0))
-    cfg = LoopConfig(model=model, method="assd-fused", slots=K, sampling=SamplingConfig(1.0))
+    cfg = LoopConfig(model=model, variant=AssdVariant(fused=True), slots=K,
+                     sampling=SamplingConfig(1.0))
     decoded_tok = np.where(msk & (rank < n[:, None]), rng.integers(0, V, tok.shape), tok)
     st = init_state(cfg, jnp.asarray(decoded_tok, jnp.int32), jax.random.PRNGKey(0)).replace(
         decoded=jnp.asarray(n))
@@ -226,14 +230,14 @@ def _draw_raw(cfg, key, logits):
     return jax.random.categorical(key, logits).astype(jnp.int32), q
 
 
-_real_fused_queries, _real_draw = assd_mod.fused_queries, assd_mod.draw
+_real_fused_queries, _real_draw = fused_mod.fused_queries, fused_mod.draw
 
 
 def test_any_conditioning_of_the_groups_stays_exact():
     """The leaky variant (:func:`_leaky_fused_queries`) matches the exact joint too: fused
     ASSD's exactness does not hinge on which tokens a group sees, only on q being right."""
     joint = exact_joint(V3, tuple(PROMPT3), tuple(MASK3), S3)
-    with patched((assd_mod, "fused_queries", _leaky_fused_queries)):
+    with patched((fused_mod, "fused_queries", _leaky_fused_queries)):
         x, _ = _samples(V3, PROMPT3, MASK3, S3, "assd-fused", 2, seed=9)
     chk = check_distribution(x, joint)
     assert chk.passed, chk.why
@@ -242,7 +246,7 @@ def test_any_conditioning_of_the_groups_stays_exact():
 def test_negative_control_drafts_not_from_q_rejected():
     """Drafts drawn from another distribution than the q they are verified with
     (:func:`_draw_raw`; T 0.9, top-4 task) must fail the same distribution test."""
-    with patched((assd_mod, "draw", _draw_raw)):
+    with patched((fused_mod, "draw", _draw_raw)):
         x, _ = _samples(5, PROMPT5, MASK5, S5, "assd-fused", 3, seed=10)
     chk = check_distribution(x, exact_sequential_joint())
     assert not chk.passed and chk.p_value < 1e-6, chk.why
@@ -271,7 +275,7 @@ _FUSED_BUGS = ("ignore-draft-len",)
 @pytest.mark.slow
 @pytest.mark.parametrize("method", FUSED)
 def test_fused_mutants_rejected_and_equivalents_accepted(method):
-    """Mutation check (issue 17) for the fused loops: every wrong verifier is rejected, the
+    """Mutation check for the fused loops: every wrong verifier is rejected, the
     still-exact variants are accepted."""
     checks, variants = fused_variant_checks(method)
     for m in variants:
