@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.drafters import Draft, DraftContext
+from jaxspec.core.drafters import Draft, DraftContext, Drafter
 from jaxspec.core.sampling import argmax
 from models.diffusion.modeling import bidirectional_mask
 from models.llama.modeling import KVCache, init_cache, param_dtype
@@ -259,7 +259,7 @@ class DiffuSpecState:
 
 
 @dataclasses.dataclass(frozen=True)
-class DiffusionDrafter:
+class DiffusionDrafter(Drafter):
     """DiffuSpec's drafter (Sec. 4) as a :class:`jaxspec.core.drafters.Drafter`.
 
     Parameters (``drafter_params``): ``(dllm_params, proxy)`` -- the diffusion model's params

@@ -40,7 +40,7 @@ import numpy as np
 from jaxspec.causal.decode import (GenerationResult, LoopConfig, check_request, prefill,
                                    verify_step)
 from jaxspec.core.batching import cut_after_eos, left_pad, place_batch
-from jaxspec.core.drafters import Draft, DraftContext
+from jaxspec.core.drafters import Draft, DraftContext, Drafter
 from jaxspec.core.runtime import decode_layout
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.core.stats import DecodeStats
@@ -49,7 +49,7 @@ __all__ = ["ExternalDrafts", "translate_draft", "drafter_contexts", "hetero_gene
 
 
 @dataclasses.dataclass(frozen=True)
-class ExternalDrafts:
+class ExternalDrafts(Drafter):
     """The target loop's drafter slot when drafts come from the host: it only fixes the
     static draft width ``draft_length`` (target ids per verification) and owns no state."""
 
@@ -149,7 +149,7 @@ def hetero_step(cfg: LoopConfig, params, drafter, dparams, dstate, st, pad, toke
     for b in range(B):
         if not done[b]:
             t = translate_draft(target_tok, drafter_tok, rows[b], dtoks[b, :dlen[b]], K,
-                                drafter_eos=getattr(drafter, "eos_id", None))
+                                drafter_eos=drafter.eos_id)
             tokens[b, :len(t)], length[b] = t, len(t)
     nfe = np.where(done, 0, np.asarray(draft.nfe)).astype(np.int32)
     ext = Draft(tokens=jnp.asarray(tokens), q=None, has_draft=jnp.asarray(length > 0),

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.causal.decode import GenerationResult, generate
-from jaxspec.core.drafters import Draft, DraftContext, DraftQueries
+from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
 from jaxspec.core.sampling import SamplingConfig, argmax, target_probs
 
 __all__ = ["SPACE_SAMPLING", "SpaceDrafter", "SpaceState", "mask_groups", "pick_group",
@@ -69,7 +69,7 @@ SPACE_SAMPLING = ("exact", "paper")
 
 
 @dataclasses.dataclass(frozen=True)
-class SpaceDrafter:
+class SpaceDrafter(Drafter):
     """SPACE's mask groups as a :class:`jaxspec.core.drafters.Drafter` with draft queries.
 
     Attributes:

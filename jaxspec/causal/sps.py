@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.causal.decode import model_pass
-from jaxspec.core.drafters import Draft, DraftContext
+from jaxspec.core.drafters import Draft, DraftContext, Drafter
 from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
 from models.llama.modeling import grow_cache, init_cache, param_dtype
 
@@ -48,7 +48,7 @@ __all__ = ["DraftModelDrafter"]
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """A causal draft model as a :class:`jaxspec.core.drafters.Drafter` (SPS).
 
     Attributes:

@@ -25,10 +25,20 @@ Methods::
 ``n_accepted + 1`` on active rows), so a draft model can roll its cache back to the accepted
 prefix and an adaptive length can react to ``n_accepted``.
 
-**Draft queries (optional).** A drafter that drafts *inside the target's own forward* (SPACE's
-mask groups, :mod:`jaxspec.causal.space`) also defines::
+**Optional capabilities.** Declared on :class:`Drafter` with defaults, so a drafter (which
+subclasses it) overrides only what it has; the loops read them as plain attributes:
 
-    query_slots: int                                   # the most query rows it ever adds
+* ``resample`` ("residual"): the verifier's rule after a rejection
+  (:func:`jaxspec.core.verify.verify_sample`);
+* ``context_length`` (None): a draft model's context (prompt + budget + k must fit);
+* ``position_overshoot`` (0): positions past the last emitted token its query rows reach;
+* ``query_slots`` (0): the most draft-query rows it appends to a pass (> 0: draft queries);
+* ``one_token_steps`` (False): its forwards are mostly one-token steps (weight layout);
+* ``eos_id`` (None): the EOS id of its own vocabulary (a drafter of another vocabulary).
+
+**Draft queries (optional).** A drafter that drafts *inside the target's own forward* (SPACE's
+mask groups, :mod:`jaxspec.causal.space`) sets ``query_slots > 0`` and defines::
+
     draft_queries(last_position (B,), n_drafts: int) -> DraftQueries
     absorb(state, n_accepted (B,), logits (B, E, V)) -> state
 
@@ -41,9 +51,9 @@ logits after the step's acceptance (``n_accepted`` drafts) and keeps what the ne
 
 **Drafter weight layout (optional).** A drafter whose forwards are mostly one-token steps (a
 draft model drafting token by token, :class:`jaxspec.causal.sps.DraftModelDrafter`) sets the
-class attribute ``one_token_steps = True``; :func:`jaxspec.causal.decode.generate` then hands
-it its weights in the AR loop's output-major decode layout
-(:func:`jaxspec.core.runtime.decode_layout`) instead of the stored one.
+class attribute ``one_token_steps = True``; :func:`jaxspec.causal.decode.decode_plan` then
+plans its weights in the AR loop's output-major decode layout
+(:func:`models.llama.layout.decode_layout`) instead of the stored one.
 
 **Context n-gram drafter** (:class:`NgramDrafter`): model-free drafts from the sequence
 decoded so far (ASSD paper, Appendix E.5, Algorithm 2, run in left-to-right order; Stewart
@@ -143,13 +153,28 @@ class DraftQueries:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """The drafter protocol (module docstring). Implementations are frozen dataclasses with
-    ``name``, ``draft_length`` (k, static) and ``vocab_size`` (checked against the target's:
-    a mismatch is a ``ValueError`` before anything compiles)."""
+    """The drafter protocol (module docstring). Implementations are frozen dataclasses that
+    subclass it (``class MyDrafter(Drafter)``) and set ``name``, ``draft_length`` (k, static)
+    and ``vocab_size`` (checked against the target's: a mismatch is a ``ValueError`` before
+    anything compiles); the optional capabilities below keep their defaults unless a drafter
+    overrides them (a class attribute, a dataclass field or a property)."""
 
     name: str
     draft_length: int
     vocab_size: int
+
+    #: the verifier's rule after a rejection: "residual" (lossless) or "target"
+    resample: str = "residual"
+    #: a draft model's context (prompt + budget + k must fit it), None for no limit
+    context_length: Optional[int] = None
+    #: how far past the last emitted token the drafter's query rows reach (positions)
+    position_overshoot: int = 0
+    #: the most draft-query rows appended to a target pass; > 0 means draft queries
+    query_slots: int = 0
+    #: forwards mostly one-token steps: its weights go in the output-major layout
+    one_token_steps: bool = False
+    #: the EOS id of the drafter's own vocabulary, None when it has none
+    eos_id: Optional[int] = None
 
     def init_state(self, params: Any, ctx: DraftContext) -> Any: ...
 
@@ -231,7 +256,7 @@ def context_unigram(tokens: jax.Array, known: jax.Array, vocab_size: int) -> jax
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Context n-gram drafter (module docstring): a :class:`Drafter` with no parameters and no
     state (hashable, a static jit argument).
 
@@ -374,7 +399,7 @@ class GateState:
 
 
 @dataclasses.dataclass(frozen=True)
-class CostGate:
+class CostGate(Drafter):
     """A :class:`Drafter` that passes on ``drafter``'s drafts only while they pay for their
     verification (module docstring, "Cost gate").
 
@@ -398,7 +423,7 @@ class CostGate:
     Attributes:
       drafter: the wrapped drafter (no draft queries).
       verify_cost: a ``k + 1``-row target pass in one-token steps (>= 1; measured by
-        :func:`jaxspec.causal.decode.tune_verification`). 1 never withholds a draft.
+        :func:`models.llama.layout.plan`). 1 never withholds a draft.
       decay: weight of the old estimate per observation, in ``[0, 1)``.
 
     Raises:
@@ -415,7 +440,7 @@ class CostGate:
             raise ValueError(f"verify_cost must be >= 1 (one-token steps), got {self.verify_cost}")
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
-        if hasattr(self.drafter, "draft_queries"):
+        if self.drafter.query_slots > 0:
             raise ValueError(f"{self.drafter.name} drafts inside the verification pass (draft "
                              "queries): a cost gate cannot skip it")
 
@@ -431,12 +456,26 @@ class CostGate:
     def vocab_size(self) -> int:
         return self.drafter.vocab_size
 
-    def __getattr__(self, attr):
-        # the loop's optional drafter attributes (resample, context_length, ...) are the
-        # wrapped drafter's; draft_queries is refused in __post_init__
-        if attr.startswith("__") or attr == "drafter":
-            raise AttributeError(attr)
-        return getattr(self.drafter, attr)
+    # the optional capabilities are the wrapped drafter's (draft queries are refused above)
+    @property
+    def resample(self) -> str:
+        return self.drafter.resample
+
+    @property
+    def context_length(self) -> Optional[int]:
+        return self.drafter.context_length
+
+    @property
+    def position_overshoot(self) -> int:
+        return self.drafter.position_overshoot
+
+    @property
+    def one_token_steps(self) -> bool:
+        return self.drafter.one_token_steps
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        return self.drafter.eos_id
 
     def init_state(self, params, ctx: DraftContext) -> GateState:
         B = ctx.length.shape[0]

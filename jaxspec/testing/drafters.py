@@ -16,11 +16,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxspec.core.drafters import Draft, DraftContext
+from jaxspec.core.drafters import Draft, DraftContext, Drafter
 
 
 @dataclasses.dataclass(frozen=True)
-class TableDrafter:
+class TableDrafter(Drafter):
     """Bigram-table draft model with an adaptive draft length (module docstring).
 
     Attributes:

@@ -12,7 +12,7 @@ import pytest
 
 import jaxspec.causal.decode as D
 from jaxspec.causal.decode import generate, tune_verification
-from jaxspec.core.drafters import CostGate, DraftContext, NgramDrafter
+from jaxspec.core.drafters import CostGate, DraftContext, Drafter, NgramDrafter
 from jaxspec.core.runtime import layer_loop, verify_layout
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.testing.distribution import check_distribution
@@ -151,8 +151,8 @@ def test_gate_bad_settings_are_clear_errors():
 
 
 def test_space_drafter_refused_by_the_gate():
-    class Queries:
-        name, draft_length, vocab_size = "space", 3, 64
+    class Queries(Drafter):
+        name, draft_length, vocab_size, query_slots = "space", 3, 64, 12
 
         def draft_queries(self, *a):
             raise AssertionError

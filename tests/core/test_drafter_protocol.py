@@ -27,6 +27,31 @@ def test_both_drafters_implement_the_protocol():
     assert isinstance(TableDrafter(3, 10), Drafter)
 
 
+def test_optional_capabilities_have_defaults_overrides_and_the_gate_forwards_them():
+    """The optional capabilities are declared on the protocol with defaults; a drafter
+    overrides only what it has (SPACE's draft queries, SPS's draft-model context and layout),
+    and the cost gate forwards the wrapped drafter's."""
+    from jaxspec.causal.space import SpaceDrafter
+    from jaxspec.causal.sps import DraftModelDrafter
+    from jaxspec.core.drafters import CostGate
+
+    caps = lambda d: (d.resample, d.context_length, d.position_overshoot, d.query_slots,
+                      d.one_token_steps, d.eos_id)
+    assert caps(NgramDrafter(3, 10)) == caps(TableDrafter(3, 10)) == (
+        "residual", None, 0, 0, False, None)
+    space = SpaceDrafter(3, 10, mask_id=9, space_sampling="paper")
+    assert caps(space) == ("target", None, 6, 12, False, None)
+    model, _ = tiny_model(32)
+    sps = DraftModelDrafter(model, 3)
+    ctx = model.config.max_position_embeddings
+    assert caps(sps) == ("residual", ctx, 0, 0, True, None)
+    gated = CostGate(sps, 2.0)
+    assert isinstance(gated, Drafter) and caps(gated) == caps(sps)
+    assert (gated.name, gated.draft_length, gated.vocab_size) == ("sps", 3, 32)
+    with pytest.raises(ValueError, match="draft queries"):
+        CostGate(space, 2.0)
+
+
 def test_greedy_identical_to_ar_with_params_state_and_traced_length():
     V = 32
     model, params = tiny_model(V, seed=3)
