@@ -70,6 +70,10 @@ def main(argv=None) -> int:
             os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec")) / "runs" / cfg.name
         if out.exists() and not out.is_dir():
             raise TrainConfigError(f"--out {out} is a file, not a directory")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TrainConfigError(f"--out {out}: cannot create it ({e.strerror or e})") from None
         setup_compile_cache(args)
         res = train(cfg, out, resume=args.resume, stop_after=args.stop_after,
                     max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,

@@ -119,6 +119,7 @@ CASES = [
     ("train", f"--config {TINY} --max-minutes 0", "--max-minutes must be a finite value > 0, got 0.0"),
     ("train", f"--config {TINY} --out {{tmp}}/file.txt",
      "--out {tmp}/file.txt is a file, not a directory"),
+    ("train", f"--config {TINY} --out {RO}/run", f"--out {RO}/run: cannot create it (..."),
     # ------------------------------------------------------------------ scripts.calibrate
     ("calibrate", "--reuse --out-dir {tmp}/corrupt",
      "--reuse: {tmp}/corrupt/records.npz is corrupt or not a records file of scripts.calibrate "
