@@ -58,8 +58,9 @@ def _new_env(path: Path) -> Path:
     interpreter's site-packages (module docstring); returns its python."""
     venv.EnvBuilder(with_pip=False, system_site_packages=False, clear=True).create(path)
     py = path / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run([str(py), "-c", where], capture_output=True, text=True,
+                          check=True).stdout.strip()
     Path(site, "_jaxspec_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return py
 
