@@ -437,6 +437,7 @@ def machine_header(machine: dict) -> str:
 _MD_COLUMNS = [
     ("vehicle", "vehicle", "{}"), ("method", "method", "{}"), ("batch", "batch", "{}"),
     ("temperature", "T", "{:g}"), ("new_tokens", "new tokens", "{}"),
+    ("answer_tokens", "answer", "{}"),
     ("seconds", "seconds", "{:.3f}"), ("tokens_per_s", "tok/s", "{:.1f}"),
     ("speedup_vs_reference", "speedup", "{:.2f}x"), ("nfe", "NFE", "{}"), ("mat", "MAT", "{:.2f}"),
     ("nfe_ratio", "NFE ratio", "{:.2f}x"), ("identical_to_reference", "identical", "{}"),
@@ -836,30 +837,6 @@ class RunSettings:
                    later_methods=1)
 
 
-def truncated_draft(vehicle: Vehicle, layers: int):
-    """An SPS draft model from the target itself: its first ``layers`` layers, final norm and
-    head (an early exit without training; the vehicles ship no smaller model of the same
-    vocabulary). Returns ``(CausalLM, params)``.
-
-    Raises:
-      PackError: ``layers`` outside 1..(target layers - 1) or a layout without stacked
-        layers."""
-    import jax
-
-    from models.llama.modeling import CausalLM
-
-    cfg = vehicle.model.config
-    n = min(int(layers), cfg.num_layers - 1)
-    if n < 1:
-        raise PackError(f"an SPS draft needs 1..{cfg.num_layers - 1} layers, got {layers}")
-    stacked = vehicle.params.get("layers")
-    if not isinstance(stacked, dict):
-        raise PackError("the SPS draft slices stacked layer weights; this vehicle's are not")
-    params = dict(vehicle.params)
-    params["layers"] = jax.tree_util.tree_map(lambda x: x[:n], stacked)
-    return CausalLM(dataclasses.replace(cfg, num_layers=n)), params
-
-
 def method_options(method: str, family: str, vehicles: dict[str, Vehicle], s: RunSettings,
                    temperature: float) -> dict:
     """The options (:meth:`jaxspec.methods.Method.configure`) of one method on the vehicles."""
@@ -867,6 +844,8 @@ def method_options(method: str, family: str, vehicles: dict[str, Vehicle], s: Ru
     if family == "causal":
         o["max_new_tokens"] = s.max_new_tokens
         if method == "sps":
+            from jaxspec.bench.peers import truncated_draft
+
             o["draft_model"] = vehicles["causal"].extra.setdefault(
                 "sps_draft", truncated_draft(vehicles["causal"], s.sps_draft_layers))
         if method in ("diffuspec", "specdiff"):
@@ -913,10 +892,14 @@ def run_entry(method: str, family: str, vehicle: Vehicle, vehicles: dict, prompt
     res, wall = timed(call)
     wall -= getattr(res, "compile_s", 0.0) or 0.0
     st = res.stats
-    new = int(sum(int(x) for x in st.new_tokens))
+    answer = int(sum(int(x) for x in st.new_tokens))
+    # a masked-diffusion decoder decodes every position of the generation window, the EOS
+    # tail after the answer included: its throughput and MAT count positions
+    new = len(inputs) * s.gen_length if family == "dllm" else answer
     nfe = int(sum(int(x) for x in st.target_nfe))
     return {"vehicle": vehicle.name, "family": family, "method": method, "batch": batch,
-            "temperature": float(temperature), "new_tokens": new, "seconds": wall,
+            "temperature": float(temperature), "new_tokens": new, "answer_tokens": answer,
+            "seconds": wall,
             "tokens_per_s": new / wall if wall > 0 else None, "nfe": nfe,
             "draft_nfe": int(sum(int(x) for x in st.draft_nfe)),
             "mat": new / nfe if nfe else None,
@@ -1018,7 +1001,9 @@ _NOTES = {
         "`identical`: greedy rows only, every row's tokens equal the reference's (lossless "
         "methods must; fixed-k and threshold are not lossless). At T = 1 lossless methods "
         "match the reference in distribution, not token for token.",
-        "`MAT` = generated tokens / target forwards (prefill counted).",
+        "`MAT` = generated tokens / target forwards (prefill counted); masked diffusion "
+        "counts every decoded position of the generation window (`new tokens`), the EOS "
+        "tail included; `answer` counts the tokens up to the first EOS.",
     ],
 }
 

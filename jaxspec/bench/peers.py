@@ -16,7 +16,7 @@ warm-up each: the protocol of :func:`jaxspec.bench.common.run_ar_suite`):
 
 Every row says whether its tokens equal ``jaxspec/ar``'s (``identical``) and on what share of
 the prompts. The draft model of both SPS rows is the target's first layers with its final norm
-and head (:func:`jaxspec.bench.device.truncated_draft` and :func:`truncated_hf`): the vehicles
+and head (:func:`truncated_draft` and :func:`truncated_hf`): the vehicles
 ship no smaller model of the same vocabulary.
 
 The official Fast-dLLM decoding code is never committed: :func:`load_fastdllm` imports it,
@@ -92,10 +92,37 @@ def transformers_available() -> Optional[str]:
     return None
 
 
+def truncated_draft(vehicle, layers: int):
+    """An SPS draft model from ``vehicle`` (a :class:`jaxspec.bench.device.Vehicle`'s
+    ``model`` / ``params``): its first ``layers`` layers, final norm and
+    head (an early exit without training; the vehicles ship no smaller model of the same
+    vocabulary). Returns ``(CausalLM, params)``.
+
+    Raises:
+      ValueError: ``layers`` outside 1..(target layers - 1) or a layout without stacked
+        layers."""
+    import dataclasses
+
+    import jax
+
+    from models.llama.modeling import CausalLM
+
+    cfg = vehicle.model.config
+    n = min(int(layers), cfg.num_layers - 1)
+    if n < 1:
+        raise ValueError(f"an SPS draft needs 1..{cfg.num_layers - 1} layers, got {layers}")
+    stacked = vehicle.params.get("layers")
+    if not isinstance(stacked, dict):
+        raise ValueError("the SPS draft slices stacked layer weights; this vehicle's are not")
+    params = dict(vehicle.params)
+    params["layers"] = jax.tree_util.tree_map(lambda x: x[:n], stacked)
+    return CausalLM(dataclasses.replace(cfg, num_layers=n)), params
+
+
 def truncated_hf(hf_model, layers: int):
     """A copy of a transformers Llama / Qwen2 causal LM keeping its first ``layers`` decoder
     layers (final norm and head kept): the draft of ``transformers/assisted``, the same model
-    as :func:`jaxspec.bench.device.truncated_draft` builds for ``jaxspec/sps``."""
+    as :func:`truncated_draft` builds for ``jaxspec/sps``."""
     import torch
 
     m = copy.deepcopy(hf_model)
@@ -121,6 +148,9 @@ def static_compiled_system(hf_model, *, compile: bool, max_new_tokens: int,
     s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                            pad_id=pad_id)
     s.gen_config.cache_implementation = "static"
+    # only the compile below: generate's own automatic compile of static-cache decoding
+    # stays off, so "ar-static" is eager and "ar-static-compile" is the documented recipe
+    s.gen_config.disable_compile = True
     if compile:
         m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
     s.method = "ar-static-compile" if compile else "ar-static"
@@ -150,7 +180,6 @@ def run_peers_suite(vehicles: dict, prompts: dict, settings, deadline_s: float, 
     from jaxspec.bench.common import (BenchPrompt, JaxspecSystem, TransformersSystem,
                                       load_transformers_model, run_ar_suite, streamed_params,
                                       torch_device)
-    from jaxspec.bench.device import truncated_draft
     from models.llama.modeling import param_dtype
 
     t0 = time.perf_counter()

@@ -191,12 +191,19 @@ def pass_seconds(shape: Shape, params, queries: int, batch: int = 1, *,
 
 def _fits(shape: Shape, bytes_per_param: int = 2, margin: float = 0.75) -> tuple[bool, str]:
     """Whether ``shape``'s weights fit ``margin`` of the first device's free memory (the
-    allocator's statistics; a device without them, e.g. the CPU, always fits)."""
+    allocator's statistics; the host's RAM on the CPU; a device without statistics always
+    fits)."""
     import jax
 
     need = shape.n_params() * bytes_per_param
-    stats = jax.devices()[0].memory_stats() or {}
+    dev = jax.devices()[0]
+    stats = (dev.memory_stats() if dev.platform != "cpu" else None) or {}
     used, limit = stats.get("bytes_in_use"), stats.get("bytes_limit")
+    if dev.platform == "cpu":  # the host's RAM
+        import psutil
+
+        ram = psutil.virtual_memory()
+        used, limit = ram.total - ram.available, ram.total
     if used is None or not limit:
         return True, ""
     ok = need <= margin * (limit - used)
