@@ -12,6 +12,7 @@ import pytest
 
 from jaxspec.core.runtime import enable_persistent_cache
 from jaxspec.testing.hf import TinyHF, build_tiny_hf, write_tiny_gguf
+from models.llama import layout
 
 
 # Share XLA executables between test modules and pytest-xdist workers: the module-scoped
@@ -23,9 +24,21 @@ enable_persistent_cache(os.environ.get("JAXSPEC_TEST_COMPILE_CACHE")
 
 # The scan layer loop: a 30-layer model compiles in a fraction of the unrolled loop's time (the
 # CPU default). Both layouts compute the same tokens (tests/core/test_layer_layout.py sets each
-# explicitly; the real golden smollm2/ar-greedy runs unrolled), so the rest of the suite, and
-# the CLI subprocesses it starts, use scan. $JAXSPEC_LAYER_LOOP set by the caller wins.
-os.environ.setdefault("JAXSPEC_LAYER_LOOP", "scan")
+# explicitly; the real golden smollm2/ar-greedy runs unrolled), so the rest of the suite runs
+# scan wherever a decoder is left to choose ("auto"): the suite's rule replaces the machine's
+# (models.llama.layout.machine_layer_loop) and reads $JAXSPEC_LAYER_LOOP at each call (the
+# caller's value wins; "auto" is the machine's rule; a test may set it). The CLI subprocesses
+# the suite starts take the same variable as their default (models.llama.layout.env_defaults).
+os.environ.setdefault(layout.LAYER_LOOP_ENV, "scan")
+_machine_layer_loop = layout.machine_layer_loop
+
+
+def _suite_layer_loop(nbytes=None) -> str:
+    name = os.environ.get(layout.LAYER_LOOP_ENV) or "scan"
+    return _machine_layer_loop(nbytes) if name == "auto" else name
+
+
+layout.machine_layer_loop = _suite_layer_loop
 
 # Tiny-model tests spend most of their time compiling, so the suite compiles with XLA's
 # optimisations mostly off (JAX's ``jax_disable_most_optimizations``: LLVM -O0, no expensive

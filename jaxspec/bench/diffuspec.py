@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, JaxspecSystem,
                                   machine_info, markdown_table, plot_k_sweep, report_header,
                                   run_ar_suite, save_figure, suite_prompts)
-from jaxspec.core.runtime import resolve_layer_loop
+from models.llama.layout import resolve_layer_loop
 
 # Table 2: label -> (cps, adl)
 ABLATIONS = {"diffuspec": (True, True), "cps-only": (True, False), "adl-only": (False, True),

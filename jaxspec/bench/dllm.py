@@ -44,10 +44,10 @@ import numpy as np
 
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info, save_figure
-from jaxspec.core.runtime import decode_layout
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
 from jaxspec.eval.metrics import answer_degeneracy
 from models.diffusion.modeling import bidirectional_mask
+from models.llama.layout import decode_layout
 from models.llama.modeling import init_cache, param_dtype
 
 DLLM_METHODS = ("stepwise", "fixed-2", "fixed-4", "threshold-0.9")
@@ -96,7 +96,7 @@ def forward_costs(model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *,
     Returns: ``{"full": s}`` plus, with a cache, ``{"window_W": s}`` for every window width
     ``W`` the loop uses (``block_length`` for ``"dual"``; :func:`jaxspec.dllm.blocks.prefix_widths`
     for ``"prefix"``). Every call computes the LM head on ``block_length`` rows, as the loop, and
-    the parameters are in the loop's layout (:func:`jaxspec.core.runtime.decode_layout`).
+    the parameters are in the loop's layout (:func:`models.llama.layout.decode_layout`).
     """
     params = decode_layout(params)
     P = max(bucket, -(-prompt_len // bucket) * bucket)

@@ -9,7 +9,7 @@ round-robin so a drifting machine hits them alike; the table gives the median an
 milliseconds of ``--reps`` calls. Rows:
 
 * ``step, <layout>``: one cached forward of one token (what the AR loop runs per token), with
-  the KV cache of ``--cache`` slots, in the layouts of :func:`jaxspec.core.runtime.decode_layout`
+  the KV cache of ``--cache`` slots, in the layouts of :func:`models.llama.layout.decode_layout`
   (stacked weights with the ``lax.scan`` layer loop; per-layer input-major; per-layer
   output-major, the CPU AR layout);
 * ``products only``: the layer matrix-vector products (150 in the output-major layout, whose
@@ -64,9 +64,9 @@ from jaxspec.bench.quant_matmul import SMOLLM2, _step
 from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import CostGate, NgramDrafter
-from jaxspec.core.runtime import decode_layout, layer_loop
 from jaxspec.core.sampling import argmax
 from models.llama import modeling as M
+from models.llama.layout import decode_layout
 
 
 def _products(config):
@@ -87,7 +87,7 @@ def _products(config):
 
 def _layouts(params) -> tuple:
     """The per-layer input-major and output-major trees of stacked ``params``, split once per
-    tree (:func:`jaxspec.core.runtime.decode_layout` caches them)."""
+    tree (:func:`models.llama.layout.decode_layout` caches them)."""
     return (decode_layout(params, "unrolled"), decode_layout(params, "unrolled", output_major=True))
 
 
@@ -140,7 +140,7 @@ def verify_rows(config, params, tokens, S: int = 384) -> dict:
     """Rows for forwards of ``T`` query rows, each ``T`` in ``tokens``: what a speculative
     decoder's verification pass of ``T - 1`` drafts costs against the one-token step. Per
     ``T``: the cached step and the products alone, in the per-layer input-major (stored) and
-    output-major layouts (:func:`jaxspec.core.runtime.verify_layout` picks between them), and
+    output-major layouts (:func:`models.llama.layout.plan` picks between them), and
     numpy's products over the same matrices (per matrix, ``T`` columns)."""
     im, om = _layouts(params)
     cache = M.init_cache(config, 1, S)
@@ -167,9 +167,7 @@ def _loop_row(config, params, new: int, drafter=None):
     prompt = [[(7 * i) % min(1000, config.vocab_size - 3) + 3 for i in range(16)]]
 
     def run():
-        with layer_loop("auto"):
-            return generate(model, params, prompt, max_new_tokens=new, eos_ids=(),
-                            drafter=drafter)
+        return generate(model, params, prompt, max_new_tokens=new, eos_ids=(), drafter=drafter)
     run()
     return run
 

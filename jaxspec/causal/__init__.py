@@ -2,6 +2,7 @@
 :class:`jaxspec.core.drafters.Drafter` (n-gram today; SPACE and DiffuSpec build on the same
 loop)."""
 
-from jaxspec.causal.decode import DecodeInputError, GenerationResult, generate
+from jaxspec.causal.decode import (DecodeInputError, DecodePlan, GenerationResult, decode_plan,
+                                   generate)
 
-__all__ = ["DecodeInputError", "GenerationResult", "generate"]
+__all__ = ["DecodeInputError", "DecodePlan", "GenerationResult", "decode_plan", "generate"]

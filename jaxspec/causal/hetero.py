@@ -41,9 +41,9 @@ from jaxspec.causal.decode import (GenerationResult, LoopConfig, check_request, 
                                    verify_step)
 from jaxspec.core.batching import cut_after_eos, left_pad, place_batch
 from jaxspec.core.drafters import Draft, DraftContext, Drafter
-from jaxspec.core.runtime import decode_layout
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.core.stats import DecodeStats
+from models.llama.layout import decode_layout
 
 __all__ = ["ExternalDrafts", "translate_draft", "drafter_contexts", "hetero_generate"]
 

@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.core.batching import place_batch
-from jaxspec.core.runtime import decode_layout, run_compiled
+from jaxspec.core.runtime import run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks, dream_shift, prefix_widths,
                                  prepend_prev, window_inputs)
@@ -78,6 +78,7 @@ from jaxspec.dllm.config import (CACHES, REMASKING, DiffusionDecodeConfig, Diffu
                                  diffusion_result, eos_statics, prepare_batch, structural)
 from jaxspec.dllm.reference import Knobs, Rule, reference_step
 from models.diffusion.modeling import DiffusionLM
+from models.llama.layout import decode_layout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

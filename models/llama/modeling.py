@@ -324,7 +324,7 @@ def unstack_layers(params, output_major: bool = False):
     layer weights three times instead of once. XLA:GPU copies the slices too (on an H100 the
     unrolled loop decoded 1.41x-2.64x faster, docs/performance.md, "GPU: the layer loop as the
     model grows"); the TPU keeps the stacked layout and the scan, unmeasured
-    (:func:`jaxspec.core.runtime.decode_layout`).
+    (:func:`models.llama.layout.decode_layout`).
 
     Args:
       params: a ``CausalLM`` params tree with stacked ``layers`` (already unstacked trees are
@@ -334,7 +334,7 @@ def unstack_layers(params, output_major: bool = False):
         fused into one ``wqkv_t`` (:func:`fuse_qkv`): XLA:CPU's one-token matrix-vector
         product streams them faster, its few-token products (verification passes) slower on
         some CPUs, so AR loops use it and speculative loops time both
-        (:func:`jaxspec.causal.decode.tune_verification`).
+        (:func:`models.llama.layout.plan`).
         Int8 matrices ``name + "_q"`` (:mod:`models.quant`) become ``name + "_q_t"``; their
         scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
 

@@ -155,11 +155,11 @@ def test_sampling_distribution_exact(cfg, k):
 @pytest.mark.parametrize("layout", ["output-major", "stored"])
 def test_sampling_distribution_exact_with_output_major_verification(monkeypatch, layout):
     """The unrolled layer loop with verification on output-major weights
-    (:func:`jaxspec.core.runtime.verify_layout`) samples the enumerated joint distribution too
+    (a :class:`models.llama.layout.DecodePlan`) samples the enumerated joint distribution too
     (the suite otherwise runs the scan loop, where the layout setting does not apply); so
     does verification on the stored weights with the one-token steps on output-major ones
     (two weight trees in one loop, ``settings["step_layout"]``)."""
-    from jaxspec.core.runtime import verify_layout
+    from jaxspec.causal.decode import decode_plan
 
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
     V, k, N = 6, 3, 10_000
@@ -167,9 +167,10 @@ def test_sampling_distribution_exact_with_output_major_verification(monkeypatch,
     model, params = tiny_model(V, seed=7, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
-    with verify_layout(layout):
-        res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
-                       drafter=NgramDrafter(k, V, max_ngram=2, min_ngram=1), seed=11, bucket=8)
+    drafter = NgramDrafter(k, V, max_ngram=2, min_ngram=1)
+    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
+                   drafter=drafter, seed=11, bucket=8,
+                   plan=decode_plan(model, params, drafter, verify_layout=layout))
     assert (res.settings["verify_layout"], res.settings["step_layout"]) == (layout, "output-major")
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
@@ -213,8 +214,8 @@ def test_sps_sampling_distribution_exact_with_the_draft_model_on_the_ar_layout(m
     """SPS under the unrolled loop: the draft model drafts on output-major weights
     (``one_token_steps``) while the target verifies on stored ones; the samples still follow
     the enumerated joint (the mutation suite runs SPS under the scan loop)."""
+    from jaxspec.causal.decode import decode_plan
     from jaxspec.causal.sps import DraftModelDrafter
-    from jaxspec.core.runtime import verify_layout
 
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
     V, k, N = 6, 3, 10_000
@@ -223,10 +224,10 @@ def test_sps_sampling_distribution_exact_with_the_draft_model_on_the_ar_layout(m
     dmodel, dparams = tiny_model(V, layers=1, seed=3, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
-    with verify_layout("stored"):
-        res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
-                       drafter=DraftModelDrafter(dmodel, k, cfg), drafter_params=dparams,
-                       seed=11, bucket=8)
+    drafter = DraftModelDrafter(dmodel, k, cfg)
+    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
+                   drafter=drafter, drafter_params=dparams, seed=11, bucket=8,
+                   plan=decode_plan(model, params, drafter, dparams, verify_layout="stored"))
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     assert 0.02 < res.stats.acceptance_rate < 0.95

@@ -1,5 +1,6 @@
 """The n-gram cost gate (:class:`jaxspec.core.drafters.CostGate`) and the per-machine choices of
-:func:`jaxspec.causal.decode.tune_verification`: the gate is lossless (greedy identity with AR
+the decode plan (:func:`jaxspec.causal.decode.decode_plan`, :func:`models.llama.layout.plan`):
+the gate is lossless (greedy identity with AR
 while it switches between verification and one-token steps; the enumerated joint under
 sampling), its estimates follow its documented rule, and ``"auto"`` picks the timed layout."""
 
@@ -10,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxspec.causal.decode as D
-from jaxspec.causal.decode import generate, tune_verification
+from jaxspec.causal.decode import decode_plan, generate
 from jaxspec.core.drafters import CostGate, DraftContext, Drafter, NgramDrafter
-from jaxspec.core.runtime import layer_loop, verify_layout
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.tiny import tiny_model
+from models.llama import layout
+from models.llama.layout import DecodePlan
 
 from tests.causal.test_decode import _exact_joint, _prompts
 
@@ -161,10 +162,11 @@ def test_space_drafter_refused_by_the_gate():
         CostGate(Queries(), 2.0)
 
 
-def test_tune_verification_picks_the_faster_layout(monkeypatch):
+def test_plan_picks_the_faster_layout(monkeypatch):
     """``"auto"`` keeps the layout whose timed ``k + 1``-row pass was faster, and the auto gate
     is that pass's cost over a one-token pass in the chosen layout (fake timings); under the
-    scan loop nothing is timed and the gate is off."""
+    scan loop nothing is timed and the gate is off; the gate wraps the drafter in
+    ``generate``."""
     model, params = tiny_model(64)
     ng = NgramDrafter(4, 64)
     calls = []
@@ -174,45 +176,62 @@ def test_tune_verification_picks_the_faster_layout(monkeypatch):
         return {(5, False): 0.050, (5, True): 0.040, (1, True): 0.025, (1, False): 0.030}[
             (T, output_major)]
 
-    monkeypatch.setattr(D, "pass_seconds", fake)
-    with layer_loop("unrolled"):
-        drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
-        assert om and settings["verify_layout"] == "output-major"
-        assert isinstance(drafter, CostGate) and drafter.verify_cost == 1.6
-        assert settings["verify_s"] == {"stored": 0.050, "output-major": 0.040}
-        assert settings["step_layout"] == "output-major"
-        with verify_layout("stored"):
-            drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="off")
-            assert not om and drafter is ng
-            assert settings == {"verify_layout": "stored", "step_layout": "output-major"}
-            # the gate weighs the stored verification pass against an output-major step
-            drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
-            assert not om and drafter.verify_cost == 2.0
+    monkeypatch.setattr(layout, "pass_seconds", fake)
+    # the decode path reads no environment: $JAXSPEC_VERIFY_LAYOUT is a command-line default
+    monkeypatch.setenv("JAXSPEC_VERIFY_LAYOUT", "stored")
+    kw = dict(batch=1, cache_slots=64, layer_loop="unrolled")
+    plan = decode_plan(model, params, ng, gate="auto", **kw)
+    assert plan.verify_layout == "output-major" and plan.verify_cost == 1.6
+    assert plan.settings == {"verify_layout": "output-major", "step_layout": "output-major",
+                             "verify_s": {"stored": 0.050, "output-major": 0.040},
+                             "verify_cost": 1.6}
+    plan = decode_plan(model, params, ng, gate="off", verify_layout="stored", **kw)
+    assert plan.verify_cost is None
+    assert plan.settings == {"verify_layout": "stored", "step_layout": "output-major"}
+    # the gate weighs the stored verification pass against an output-major step
+    assert decode_plan(model, params, ng, gate="auto", verify_layout="stored",
+                       **kw).verify_cost == 2.0
+    # a model-based drafter is not gated by "auto"; a given cost gates any drafter
+    from jaxspec.testing.drafters import TableDrafter
+
+    assert decode_plan(model, params, TableDrafter(4, 64), gate="auto", **kw).verify_cost is None
+    assert decode_plan(model, params, TableDrafter(4, 64), gate=1.5, **kw).verify_cost == 1.5
     calls.clear()
-    with layer_loop("scan"):
-        drafter, om, settings = tune_verification(model, params, ng, 1, 64, gate="auto")
-    assert drafter is ng and not om and calls == []
-    assert settings == {"verify_layout": "stacked", "step_layout": "stacked"}
+    plan = decode_plan(model, params, ng, gate="auto", batch=1, cache_slots=64,
+                       layer_loop="scan")
+    assert plan.verify_cost is None and calls == []
+    assert plan.settings == {"verify_layout": "stacked", "step_layout": "stacked"}
+    # generate wraps the drafter in the plan's gate (greedy: AR's tokens either way)
+    res = generate(model, params, [[1, 2, 3, 1, 2, 3]], max_new_tokens=8, drafter=ng,
+                   plan=DecodePlan(layer_loop="scan", verify_cost=2.0))
+    assert res.settings["verify_cost"] == 2.0
+    assert res.tokens == generate(model, params, [[1, 2, 3, 1, 2, 3]], max_new_tokens=8,
+                                  plan=DecodePlan(layer_loop="scan")).tokens
+    with pytest.raises(ValueError, match="the plan holds the gate"):
+        generate(model, params, [[1, 2]], max_new_tokens=4, drafter=ng, gate="auto",
+                 plan=DecodePlan())
+    with pytest.raises(ValueError, match="verify_cost must be >= 1"):
+        DecodePlan(verify_cost=0.5)
+    with pytest.raises(ValueError, match="unknown gate 'fast'"):
+        decode_plan(model, params, ng, gate="fast")
 
 
 def test_pass_seconds_times_once_per_key():
     model, params = tiny_model(64)
-    with layer_loop("unrolled"):
-        a = D.pass_seconds(model, params, 1, 32, 3, True, reps=1)
-        n = len(D._PASS_SECONDS)
-        b = D.pass_seconds(model, params, 1, 48, 3, True, reps=1)   # S is not in the key
-        assert a == b > 0 and len(D._PASS_SECONDS) == n
-        D.pass_seconds(model, params, 1, 32, 4, True, reps=1)
-        assert len(D._PASS_SECONDS) == n + 1
-
+    a = layout.pass_seconds(model, params, 1, 32, 3, True, reps=1)
+    n = layout.passes_timed()
+    b = layout.pass_seconds(model, params, 1, 48, 3, True, reps=1)   # S is not in the key
+    assert a == b > 0 and layout.passes_timed() == n
+    layout.pass_seconds(model, params, 1, 32, 4, True, reps=1)
+    assert layout.passes_timed() == n + 1
 
 
 def test_auto_layout_untimed_for_large_weights(monkeypatch):
     """Weights over AUTO_LAYOUT_MAX_BYTES take the stored layout without timing (each timed
     layout would keep another per-layer copy of a large model)."""
     model, params = tiny_model(64)
-    monkeypatch.setattr(D, "AUTO_LAYOUT_MAX_BYTES", 1000)
-    monkeypatch.setattr(D, "pass_seconds", lambda *a, **k: pytest.fail("timed a large model"))
-    with layer_loop("unrolled"):
-        drafter, om, settings = tune_verification(model, params, NgramDrafter(3, 64), 1, 64)
-    assert not om and settings == {"verify_layout": "stored", "step_layout": "stored"}
+    monkeypatch.setattr(layout, "AUTO_LAYOUT_MAX_BYTES", 1000)
+    monkeypatch.setattr(layout, "pass_seconds",
+                        lambda *a, **k: pytest.fail("timed a large model"))
+    plan = decode_plan(model, params, NgramDrafter(3, 64), layer_loop="unrolled")
+    assert plan.settings == {"verify_layout": "stored", "step_layout": "stored"}

@@ -1,7 +1,8 @@
 """The decode layout (:func:`models.llama.modeling.unstack_layers`,
-:func:`jaxspec.core.runtime.decode_layout`): per-layer weights and an unrolled layer loop compute
+:func:`models.llama.layout.decode_layout`) and the decode plan
+(:class:`models.llama.layout.DecodePlan`): per-layer weights and an unrolled layer loop compute
 the same function as the stacked weights and the ``lax.scan``, and the decoders give identical
-outputs with either loop."""
+outputs with either loop and either weight layout."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.causal.decode import generate
+from jaxspec.causal.decode import decode_plan, generate
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core import runtime
-from jaxspec.core.runtime import (decode_layout, layer_loop, resolve_layer_loop,
-                                  resolve_verify_layout, verify_layout)
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
-from models.llama import modeling
+from models.llama import layout, modeling
+from models.llama.layout import DecodePlan, decode_layout, resolve_layer_loop
 from models.llama.modeling import (KVCache, _write_cache, gemv_blocks, grow_cache, init_cache,
                                   layer_entry, output_major_product, unstack_layers)
 
@@ -201,40 +201,41 @@ def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
     device's free memory (within AUTO_UNROLL_MEMORY_SHARE of it), and for a tree already split
     in place; scan on TPU. decode_layout weighs the stacked layer weights (split_bytes)."""
     _, params = tiny_model()
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "auto")  # the machine's rule (tests/conftest.py)
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert resolve_layer_loop("auto") == "unrolled"
     gib = 1 << 30
-    monkeypatch.setattr(runtime, "device_memory", lambda: (10 * gib, 24 * gib))  # host RAM
+    monkeypatch.setattr(layout, "device_memory", lambda: (10 * gib, 24 * gib))  # host RAM
     assert resolve_layer_loop("auto", nbytes=9 * gib) == "unrolled"
     assert resolve_layer_loop("auto", nbytes=10 * gib) == "scan"  # 20 GiB > 0.8 of 24
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(runtime, "device_memory", lambda: None)  # a backend without stats
-    big = runtime.AUTO_UNROLL_MAX_BYTES + 1
+    monkeypatch.setattr(layout, "device_memory", lambda: None)  # a backend without stats
+    big = layout.AUTO_UNROLL_MAX_BYTES + 1
     assert resolve_layer_loop("auto", nbytes=1000) == "unrolled"
     assert resolve_layer_loop("auto", nbytes=big) == "scan"
     assert resolve_layer_loop("auto") == "scan"  # size unknown: the loop that needs no copy
     assert resolve_layer_loop("unrolled", nbytes=10 ** 12) == "unrolled"  # asked for: kept
-    monkeypatch.setattr(runtime, "device_memory", lambda: (15 * gib, 80 * gib))  # a 7B, H100
+    monkeypatch.setattr(layout, "device_memory", lambda: (15 * gib, 80 * gib))  # a 7B, H100
     assert resolve_layer_loop("auto", nbytes=15 * gib) == "unrolled"
     assert resolve_layer_loop("auto", nbytes=26 * gib) == "scan"  # 41 GiB > half of 80
-    assert runtime.split_bytes(params) == runtime.tree_nbytes(params["layers"])
-    assert runtime.split_bytes({"params": params, "x": np.zeros(3)}) == runtime.split_bytes(params)
+    assert layout.split_bytes(params) == layout.tree_nbytes(params["layers"])
+    assert layout.split_bytes({"params": params, "x": np.zeros(3)}) == layout.split_bytes(params)
     assert isinstance(decode_layout(params, "auto")["layers"], tuple)
-    monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", 0)
-    monkeypatch.setattr(runtime, "_UNSTACKED", [])  # no copy made yet
-    monkeypatch.setattr(runtime, "device_memory",
-                        lambda: (gib, gib + runtime.split_bytes(params) - 1))
+    monkeypatch.setattr(layout, "AUTO_UNROLL_MAX_BYTES", 0)
+    monkeypatch.setattr(layout, "_UNSTACKED", [])  # no copy made yet
+    monkeypatch.setattr(layout, "device_memory",
+                        lambda: (gib, gib + layout.split_bytes(params) - 1))
     assert decode_layout(params, "auto") is params
     # a copy an earlier decode made is reused even when a second one would not fit
     made = decode_layout(params, "unrolled", output_major=True)["layers"]
     assert decode_layout(params, "auto", output_major=True)["layers"] is made
-    assert runtime.split_bytes(params, output_major=True) == 0
+    assert layout.split_bytes(params, output_major=True) == 0
     split = unstack_layers(params)
-    assert runtime.split_bytes(split) == 0 and runtime.tree_layer_loop(split) == "unrolled"
-    assert runtime.tree_layer_loop(params) == "scan"
+    assert layout.split_bytes(split) == 0 and layout.tree_layer_loop(split) == "unrolled"
+    assert layout.tree_layer_loop(params) == "scan"
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert resolve_layer_loop("auto", nbytes=1000) == "scan"
-    assert runtime.tree_layer_loop(split, "scan") == "unrolled"  # nothing stacked to scan
+    assert layout.tree_layer_loop(split, "scan") == "unrolled"  # nothing stacked to scan
 
 
 def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monkeypatch):
@@ -244,11 +245,11 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
     untimed. On the CPU nothing changes."""
     model, params = tiny_model(layers=3)
     keep = jax.tree_util.tree_map(jnp.array, params)  # an independent stacked copy
-    assert runtime.decode_layout_in_place(params, "unrolled") is params  # CPU: the loops split
+    assert layout.decode_layout_in_place(params, "unrolled") is params  # CPU: the loops split
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert runtime.decode_layout_in_place(params, "scan") is params
+    assert layout.decode_layout_in_place(params, "scan") is params
     stacked = params["layers"]["w_up"]
-    split = runtime.decode_layout_in_place({"params": params}, "unrolled")["params"]
+    split = layout.decode_layout_in_place({"params": params}, "unrolled")["params"]
     assert stacked.is_deleted() and not params["embed"].is_deleted()
     assert split["embed"] is params["embed"] and len(split["layers"]) == 3
     want = unstack_layers(keep, output_major=True)["layers"]  # the AR loop's layout
@@ -256,8 +257,8 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
         assert got.keys() == ref.keys()
         for key in ref:
             np.testing.assert_array_equal(got[key], ref[key])
-    assert "wqkv_t" in split["layers"][0] and runtime.split_layout(split) == "output-major"
-    assert runtime.decode_layout_in_place(split, "unrolled") is split  # nothing left to split
+    assert "wqkv_t" in split["layers"][0] and layout.split_layout(split) == "output-major"
+    assert layout.decode_layout_in_place(split, "unrolled") is split  # nothing left to split
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3]]
     kw = dict(max_new_tokens=12, eos_ids=())
@@ -271,23 +272,34 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
     assert (generate(model, split, prompts, **samp).tokens
             == generate(model, keep, prompts, **samp).tokens)
     # on the CPU it splits when a copy would not fit the host's RAM (or when forced)
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "auto")  # the machine's rule (tests/conftest.py)
     _, small = tiny_model(layers=2)
-    monkeypatch.setattr(runtime, "AUTO_UNROLL_MAX_BYTES", 0)
-    monkeypatch.setattr(runtime, "device_memory", lambda: (1 << 30, 1 << 33))
-    assert runtime.decode_layout_in_place(small, "unrolled") is small  # fits: per-call copies
-    monkeypatch.setattr(runtime, "device_memory", lambda: (1 << 30, 1 << 30))  # RAM full
-    assert resolve_layer_loop("auto", nbytes=runtime.split_bytes(small)) == "scan"
-    assert runtime.is_split(runtime.decode_layout_in_place(small, "auto"))
+    monkeypatch.setattr(layout, "AUTO_UNROLL_MAX_BYTES", 0)
+    monkeypatch.setattr(layout, "device_memory", lambda: (1 << 30, 1 << 33))
+    assert layout.decode_layout_in_place(small, "unrolled") is small  # fits: per-call copies
+    monkeypatch.setattr(layout, "device_memory", lambda: (1 << 30, 1 << 30))  # RAM full
+    assert resolve_layer_loop("auto", nbytes=layout.split_bytes(small)) == "scan"
+    assert layout.is_split(layout.decode_layout_in_place(small, "auto"))
     _, other = tiny_model(layers=2)
-    assert runtime.is_split(runtime.decode_layout_in_place(other, "unrolled", force=True))
+    assert layout.is_split(layout.decode_layout_in_place(other, "unrolled", force=True))
 
 
 def test_unknown_layer_loop_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="unknown layer loop 'fast'"):
         resolve_layer_loop("fast")
+    with pytest.raises(ValueError, match="unknown layer loop 'fast'; choose one of scan, unr"):
+        DecodePlan(layer_loop="fast")
+    with pytest.raises(ValueError, match="unknown draft layer loop 'fast'"):
+        DecodePlan(draft_loop="fast")
+    model, params = tiny_model()
+    with pytest.raises(ValueError, match="unknown layer loop 'fast'"):
+        decode_plan(model, params, layer_loop="fast")
+    # the command-line default, read from the environment in one place
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "scan")
-    assert resolve_layer_loop() == "scan"
-    assert resolve_layer_loop("auto") in ("scan", "unrolled")
+    assert layout.env_defaults()["layer_loop"] == "scan"
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "fast")
+    with pytest.raises(ValueError, match=r"unknown \$JAXSPEC_LAYER_LOOP 'fast'"):
+        layout.env_defaults()
 
 
 @pytest.mark.parametrize("sampled", [False, True])
@@ -297,38 +309,37 @@ def test_decoders_identical_with_either_layer_loop(monkeypatch, sampled):
     sampling = SamplingConfig(temperature=1.0 if sampled else 0.0)
     runs = {}
     for loop in ("scan", "unrolled"):
-        monkeypatch.setenv("JAXSPEC_LAYER_LOOP", loop)
-        ar = generate(model, params, prompts, max_new_tokens=12, sampling=sampling, seed=3)
+        plan = DecodePlan(layer_loop=loop, verify_layout="stored")
+        ar = generate(model, params, prompts, max_new_tokens=12, sampling=sampling, seed=3,
+                      plan=DecodePlan(layer_loop=loop))
         ng = generate(model, params, prompts, max_new_tokens=12, sampling=sampling, seed=3,
-                      drafter=NgramDrafter(3, 64))
+                      drafter=NgramDrafter(3, 64), plan=plan)
+        assert ng.settings["verify_layout"] == ("stacked" if loop == "scan" else "stored")
         runs[loop] = (ar.tokens, ng.tokens)
     assert runs["scan"] == runs["unrolled"]
 
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_verification_identical_in_either_verify_layout(monkeypatch, sampled):
-    """``verify_layout("output-major")`` hands the speculative loop output-major target weights
-    (the AR loop always gets them; drafter trees never) and decodes the same tokens."""
-    import jaxspec.causal.decode as D
+    """A plan with ``verify_layout="output-major"`` hands the speculative loop output-major
+    target weights (the AR loop always gets them; drafter trees never) and decodes the same
+    tokens."""
+    real, seen = layout.decode_layout, []
 
-    real, seen = D.decode_layout, []
-
-    def spy(tree, *a, output_major=False, **k):
+    def spy(tree, loop="auto", output_major=False):
         seen.append(output_major)
-        return real(tree, *a, output_major=output_major, **k)
+        return real(tree, loop, output_major)
 
-    monkeypatch.setattr(D, "decode_layout", spy)
+    monkeypatch.setattr(layout, "decode_layout", spy)
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
     model, params = tiny_model()
     kw = dict(max_new_tokens=12, seed=3, drafter=NgramDrafter(3, 64),
               sampling=SamplingConfig(temperature=1.0 if sampled else 0.0))
     prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 6]]
-    with verify_layout("stored"):
-        stored = generate(model, params, prompts, **kw)
-    with verify_layout("output-major"):
-        om = generate(model, params, prompts, **kw)
+    stored = generate(model, params, prompts, plan=DecodePlan(verify_layout="stored"), **kw)
+    om = generate(model, params, prompts, plan=DecodePlan(verify_layout="output-major"), **kw)
     ar = generate(model, params, prompts, max_new_tokens=12, seed=3,
-                  sampling=kw["sampling"])           # AR: output-major in any setting
+                  sampling=kw["sampling"])           # AR (planned here): output-major
     # per call: the target's verification layout, its one-token step layout when it differs
     # (output-major, the AR loop's), the drafter's
     assert seen == [False, True, False, True, False, True, False]
@@ -354,15 +365,18 @@ def test_one_token_steps_of_a_speculative_loop_run_on_the_ar_layout(monkeypatch)
     runtime.clear_compiled()
     model, params = tiny_model(layers=2)
     prompts, kw = [[1, 2, 3, 1, 2, 3, 1], [5, 6]], dict(max_new_tokens=12, eos_ids=())
-    with layer_loop("unrolled"), verify_layout("stored"):
-        ng = generate(model, params, prompts, drafter=NgramDrafter(3, 64), **kw)
-        assert ng.settings["step_layout"] == "output-major"
-        assert sorted(set(traced)) == [(0, True), (3, False)]
-        traced.clear()
-        assert generate(model, params, prompts, **kw).tokens == ng.tokens
-        assert set(traced) == {(0, True)}  # AR: every step output-major
+    drafter = NgramDrafter(3, 64)
+    plan = decode_plan(model, params, drafter, layer_loop="unrolled", verify_layout="stored")
+    assert (plan.layer_loop, plan.verify_layout, plan.step_layout) == (
+        "unrolled", "stored", "output-major")
+    ng = generate(model, params, prompts, drafter=drafter, plan=plan, **kw)
+    assert ng.settings["step_layout"] == "output-major"
+    assert sorted(set(traced)) == [(0, True), (3, False)]
+    traced.clear()
+    assert generate(model, params, prompts, plan=DecodePlan(), **kw).tokens == ng.tokens
+    assert set(traced) == {(0, True)}  # AR: every step output-major
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    split = runtime.decode_layout_in_place(params, "unrolled", output_major=False)
+    split = layout.decode_layout_in_place(params, "unrolled", output_major=False)
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     traced.clear()
     res = generate(model, split, prompts, drafter=NgramDrafter(3, 64), **kw)
@@ -387,25 +401,31 @@ def test_sps_draft_model_drafts_on_the_ar_layout(monkeypatch):
     model, params = tiny_model(layers=2)
     dmodel, dparams = tiny_model(layers=1, seed=5)
     prompts, kw = [[1, 2, 3, 1, 2, 3, 1], [5, 6]], dict(max_new_tokens=10, eos_ids=())
-    with layer_loop("unrolled"):
-        sps = generate(model, params, prompts, drafter=DraftModelDrafter(dmodel, 3),
-                       drafter_params=dparams, **kw)
-        assert traced == [True]
-        assert sps.tokens == generate(model, params, prompts, **kw).tokens
+    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")  # the draft model's "auto" loop
+    drafter = DraftModelDrafter(dmodel, 3)
+    plan = decode_plan(model, params, drafter, dparams, verify_layout="stored")
+    assert (plan.layer_loop, plan.draft_loop, plan.draft_layout) == (
+        "unrolled", "unrolled", "output-major")
+    sps = generate(model, params, prompts, drafter=drafter, drafter_params=dparams, plan=plan,
+                   **kw)
+    assert traced == [True]
+    assert sps.tokens == generate(model, params, prompts, plan=DecodePlan(), **kw).tokens
     runtime.clear_compiled()
 
 
 def test_unknown_verify_layout_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="unknown verify layout 'fast'"):
-        resolve_verify_layout("fast")
-    with pytest.raises(ValueError, match="unknown verify layout"):
-        with verify_layout("fast"):
-            pass
-    assert resolve_verify_layout() == "auto"
+        DecodePlan(verify_layout="fast")
+    with pytest.raises(ValueError, match="unknown step layout 'fast'"):
+        DecodePlan(step_layout="fast")
+    model, params = tiny_model()
+    with pytest.raises(ValueError, match="unknown verify layout 'fast'"):
+        decode_plan(model, params, NgramDrafter(3, 64), verify_layout="fast")
+    # the command-line default, read from the environment in one place
+    monkeypatch.delenv("JAXSPEC_VERIFY_LAYOUT", raising=False)
+    assert layout.env_defaults()["verify_layout"] == "auto"
     monkeypatch.setenv("JAXSPEC_VERIFY_LAYOUT", "output-major")
-    assert resolve_verify_layout() == "output-major"
-    with verify_layout("stored"):
-        assert resolve_verify_layout() == "stored"
+    assert layout.env_defaults()["verify_layout"] == "output-major"
 
 
 def test_diffusion_decoder_identical_with_either_layer_loop(monkeypatch):
@@ -427,20 +447,23 @@ def test_split_in_place_reuses_a_decode_copy_and_fixes_the_verify_layout(monkeyp
     model, params = tiny_model(layers=2)
     made = decode_layout(params, "unrolled", output_major=True)["layers"]
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    split = runtime.decode_layout_in_place(params, "unrolled")
+    split = layout.decode_layout_in_place(params, "unrolled")
     assert split["layers"] is made and params["layers"]["wq"].is_deleted()
 
     _, fresh = tiny_model(layers=2)
     qp = quantize_params(fresh)
     keep = jax.tree_util.tree_map(jnp.array, qp)
-    qsplit = runtime.decode_layout_in_place(qp, "unrolled")
-    assert runtime.split_layout(qsplit) == "output-major" and "wqkv_q_t" in qsplit["layers"][0]
-    assert qp["layers"]["wq_q"].is_deleted() and runtime.split_bytes(qsplit) == 0
+    qsplit = layout.decode_layout_in_place(qp, "unrolled")
+    assert layout.split_layout(qsplit) == "output-major" and "wqkv_q_t" in qsplit["layers"][0]
+    assert qp["layers"]["wq_q"].is_deleted() and layout.split_bytes(qsplit) == 0
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     prompts, kw = [[5, 6, 7, 5, 6, 7, 5, 6]], dict(max_new_tokens=10, eos_ids=())
     ref = generate(model, keep, prompts, **kw).tokens
     assert generate(model, qsplit, prompts, **kw).tokens == ref
-    with verify_layout("stored"), pytest.raises(ValueError, match="split in place as 'output-maj"):
-        generate(model, qsplit, prompts, drafter=NgramDrafter(3, 64), **kw)
-    with verify_layout("output-major"):
-        assert generate(model, qsplit, prompts, drafter=NgramDrafter(3, 64), **kw).tokens == ref
+    ng = NgramDrafter(3, 64)
+    with pytest.raises(ValueError, match="split in place as 'output-maj"):
+        decode_plan(model, qsplit, ng, verify_layout="stored")
+    with pytest.raises(ValueError, match="split in place as 'output-maj"):
+        generate(model, qsplit, prompts, drafter=ng, plan=DecodePlan(verify_layout="stored"), **kw)
+    plan = decode_plan(model, qsplit, ng, verify_layout="output-major")
+    assert generate(model, qsplit, prompts, drafter=ng, plan=plan, **kw).tokens == ref

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from jaxspec.core.runtime import decode_layout
+    from models.llama.layout import decode_layout
     from jaxspec.methods import METHODS
     from models.sharding import make_mesh, mesh_of, shard_params
     from tests.test_methods import _inputs

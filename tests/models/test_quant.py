@@ -14,8 +14,8 @@ from jaxspec.bench.common import (BenchError, BenchPrompt, JaxspecSystem, first_
                                   parse_systems, quantized_params, run_ar_suite)
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import NgramDrafter
-from jaxspec.core.runtime import decode_layout
 from jaxspec.testing.tiny import tiny_model, tiny_xlnet
+from models.llama.layout import decode_layout
 from models.llama.modeling import CausalLM, MATRICES, param_dtype, unstack_layers
 from models.llama.params import load_hf_dir
 from models.quant import (QuantError, dequantize_matrix, is_quantized, quantize_matrix,
