@@ -1,7 +1,8 @@
 """jaxspec: lossless speculative decoding for causal, masked-diffusion and any-order LMs.
 
-The public API, one generate function and config per method (see ``README.md``, "Methods",
-and :mod:`jaxspec.methods` for the registry the command-line tools use):
+The public API: :func:`run` (``run(method, model, params, inputs, config, *, seed)``, the
+same for every method; :mod:`jaxspec.methods` is the registry the command-line tools use and
+documents how to add a method), and below it one generate function and config per decoder:
 
 =====================  ==========================================  ==========================
 method                 call                                        lossless against
@@ -24,12 +25,13 @@ from jaxspec.core.stats import DecodeStats
 from jaxspec.dllm import (DiffusionDecodeConfig, DiffusionResult, DraftGraph, SpiffyConfig,
                           SSDConfig, diffusion_generate, load_graph, spiffy_generate,
                           ssd_generate)
-from jaxspec.methods import METHODS, DecodeOptions, Method, get_method, run_method
+from jaxspec.core.results import DecodeResult
+from jaxspec.methods import METHODS, Method, MethodError, get_method, run
 
 __all__ = [
     "generate", "GenerationResult", "DecodeInputError", "SamplingConfig", "DecodeStats",
     "Drafter", "Draft", "DraftContext", "NgramDrafter",
     "DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate",
     "SSDConfig", "ssd_generate", "SpiffyConfig", "DraftGraph", "load_graph", "spiffy_generate",
-    "assd_generate", "METHODS", "Method", "DecodeOptions", "get_method", "run_method",
+    "assd_generate", "METHODS", "Method", "MethodError", "get_method", "run", "DecodeResult",
 ]

@@ -193,7 +193,7 @@ import numpy as np
 
 from jaxspec.core.runtime import enable_persistent_cache
 from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
-from jaxspec.methods import DecodeOptions, get_method, reference_run
+from jaxspec.methods import get_method, reference_of, run
 from models.checkpoint import CONFIG_FILE, is_native
 from models.config import ModelConfig
 from models.diffusion.params import llada_model_config
@@ -270,15 +270,17 @@ def prompts_of(tok):
 
 
 def run_with_reference(name, model, params, tok, prompts, options, refs, label):
-    \"\"\"Run registry method ``name`` and the reference the registry names for it (cached in
-    ``refs`` per reference config), print both and append one row to ROWS.\"\"\"
+    \"\"\"Run registry method ``name`` (``options``: ``{option: value}``, each method takes the
+    ones it knows) and the reference its config names (cached in ``refs`` per reference
+    config), print both and append one row to ROWS.\"\"\"
     method = get_method(name)
+    config = method.configure(options, strict=False)
     kw = dict(seed=SEED, eos_ids=tuple(tok.eos_token_ids), pad_id=tok.pad_token_id or 0)
-    res = method.run(model, params, prompts, method.build(options), **kw)
-    ref_method, ref_cfg = reference_run(method, options)
+    res = run(method, model, params, prompts, config, **kw)
+    ref_method, ref_cfg = reference_of(method, config)
     key = (ref_method.name, repr(ref_cfg))
     if key not in refs:
-        refs[key] = ref_method.run(model, params, prompts, ref_cfg, **kw)
+        refs[key] = run(ref_method, model, params, prompts, ref_cfg, **kw)
     ref = refs[key]
     dllm = method.family == "dllm"
     if dllm:
@@ -324,9 +326,8 @@ DLLM_RUN = """\
 # 7. SSD and Spiffy against stepwise decoding
 dllm, dllm_params, dllm_tok = load(DLLM, "dllm")
 dllm_prompts = prompts_of(dllm_tok)
-dllm_options = DecodeOptions(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, cache=CACHE,
-                             draft_length=SSD_DRAFT_LENGTH,
-                             graph=SPIFFY_GRAPH or None)
+dllm_options = dict(gen_length=GEN_LENGTH, block_length=BLOCK_LENGTH, cache=CACHE,
+                    draft_length=SSD_DRAFT_LENGTH, graph=SPIFFY_GRAPH or None)
 dllm_refs = {}
 label = Path(DLLM).name
 ssd_result, stepwise_result = run_with_reference("ssd", dllm, dllm_params, dllm_tok, dllm_prompts,
@@ -381,9 +382,9 @@ else:
             stream += verifier_tok.encode((root / f).read_text(encoding="utf-8", errors="replace")) + [eos]
         proxy = NgramProxy.fit(stream, verifier.config.vocab_size)
         print(f"3-gram proxy fitted on {PROXY_FILES} stdlib files ({len(stream)} tokens)")
-    causal_options = DecodeOptions(max_new_tokens=MAX_NEW_TOKENS, draft_length=DIFFUSPEC_K_MAX,
-                                   k_min=DIFFUSPEC_K_MIN, dllm_drafter=(drafter, drafter_params),
-                                   proxy=proxy, eos_id=eos)
+    causal_options = dict(max_new_tokens=MAX_NEW_TOKENS, draft_length=DIFFUSPEC_K_MAX,
+                          k_min=DIFFUSPEC_K_MIN, dllm_drafter=(drafter, drafter_params),
+                          proxy=proxy, eos_id=eos)
     verifier_refs = {}
     run_with_reference("diffuspec", verifier, verifier_params, verifier_tok,
                        prompts_of(verifier_tok), causal_options, verifier_refs,
@@ -410,7 +411,7 @@ else:
         print(f"SPACE skipped: {SPACE_MODEL} has no [MASK] token (not a SAR-SFT model)")
     else:
         run_with_reference("space", sar, sar_params, sar_tok, prompts_of(sar_tok),
-                           DecodeOptions(max_new_tokens=MAX_NEW_TOKENS, mask_groups=MASK_GROUPS),
+                           dict(max_new_tokens=MAX_NEW_TOKENS, mask_groups=MASK_GROUPS),
                            {}, Path(str(SPACE_MODEL)).name)
     free("sar", "sar_params")
 """

@@ -636,7 +636,8 @@ def main(argv=None) -> int:
         for name in systems:
             family, method = name.split("/")
             if family == "jaxspec":
-                opts = {"draft_model": draft[:2]} if method == "sps" else None
+                # the methods that take a causal draft model read it; the others ignore it
+                opts = {"draft_model": draft[:2]} if draft else None
                 objs.append(JaxspecSystem(method, model, params, max_ngram=args.max_ngram,
                                           min_ngram=args.min_ngram, options=opts, **common))
             else:

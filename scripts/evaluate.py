@@ -1,6 +1,6 @@
-"""Measure the quality gate of a trained model: issue 3's masked-diffusion delta or issue 5's AS-ARM.
+"""Measure the quality gate of a trained model: a masked-diffusion delta, an AS-ARM or a SAR-SFT model.
 
-**AS-ARM** (issue 5; any gate whose ``configs/train/<gate>.yaml`` has ``objective.kind: asarm``):
+**AS-ARM** (any gate whose ``configs/train/<gate>.yaml`` has ``objective.kind: asarm``):
 
 ``python -m scripts.evaluate --gate asarm-small [--weights PATH] [--sequences 20] [--seq-len 256]
 [--mask-rate 0.95] [--method sequential] [--temperature 1.0] [--out PATH]``
@@ -19,7 +19,7 @@ their repeated 4-gram rate exceeds the true text's by more than 0.25, or when th
 perplexity (geometric mean) exceeds 10x the true text's. Writes ``gate.json`` next to the weights
 (or ``--out``) with all figures and decoded samples and prints a table and the failed checks.
 
-**Masked diffusion** (issue 3):
+**Masked diffusion**:
 
 ``python -m scripts.evaluate --gate dream-smollm2-135m [--prompts 20 --gen-length 64]
 [--out checkpoints/dream-smollm2-135m/gate.json]``
@@ -37,8 +37,8 @@ tokens), and reports, next to the base model run autoregressively (greedy) on th
   completions (one token > 50% of a completion).
 
 Verdict: FAIL when any diffusion completion is degenerate, PASS otherwise (the figures are
-reported for comparison; the issue sets no numeric bar beyond non-degeneracy).
-**EOS gate** (issue 15; ``--eos-gate``, the default for configs with ``data.source:
+reported for comparison; the gate sets no numeric bar beyond non-degeneracy).
+**EOS gate** (``--eos-gate``, the default for configs with ``data.source:
 stdlib-sft`` such as ``dream-smollm2-135m-v2``): ``python -m scripts.evaluate --gate NAME
 --eos-gate --gen-length 256 --block 32 [--prompts 20 --humaneval 20]``: greedy stepwise
 completions of held-out function prompts (signature + docstring) scored before the first EOS,
@@ -46,7 +46,7 @@ with the pass rule of :data:`jaxspec.eval.dllm_gate.V2_GATE_RULE` (repeated 4-gr
 distinct share >= 0.3, >= 80% end with EOS), masked accuracy at 15% / 50%, and HumanEval pass@1
 stepwise beside the base model's AR; writes ``checkpoints/NAME/eos-gate.json`` (or ``--out``).
 
-**SPACE SAR-SFT** (issue 12; ``objective.kind: sar``, e.g. ``--gate smollm2-135m-space``):
+**SPACE SAR-SFT** (``objective.kind: sar``, e.g. ``--gate smollm2-135m-space``):
 held-out AR loss of the SAR model and its base, the mask rows' top-1 accuracy by offset, and
 HumanEval pass@1 of both (``--humaneval`` problems, greedy, ``--gen-length`` tokens):
 :func:`sar_main`.
@@ -69,6 +69,8 @@ import platform
 import sys
 import time
 from pathlib import Path
+
+from jaxspec.methods import methods_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="JSON output path (AS-ARM gate: default gate.json "
                     "next to the weights)")
     ap.add_argument("--eos-gate", action="store_true",
-                    help="masked diffusion: issue 15's v2 gate (answers end with EOS, no loop "
+                    help="masked diffusion: the v2 gate (answers end with EOS, no loop "
                          "before it; the default for configs with data.source stdlib-sft); "
                          "use with --gen-length 256 --block 32")
     ap.add_argument("--cache", default="dual", choices=("none", "prefix", "dual"),
@@ -110,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the config's data.seq_len, else 256)")
     g.add_argument("--mask-rate", type=float, default=0.95, help="share of positions infilled")
-    g.add_argument("--method", default="sequential", choices=("sequential", "assd", "assd-ngram"),
-                   help="infilling method (default sequential; the ASSD ones are lossless)")
+    asarm = methods_of("asarm")
+    g.add_argument("--method", default=asarm[0], choices=asarm,
+                   help=f"infilling method of the method registry: {', '.join(asarm)} (default "
+                        f"{asarm[0]}, the reference; the ASSD ones are lossless against it)")
     g.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the gated run (default 1.0, the paper's)")
     g.add_argument("--k", type=int, default=5, help="ASSD draft length (default 5)")

@@ -131,8 +131,8 @@ def _committed_graph(D: int):
 
 def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2):
     """``(model, params, inputs, options)`` of one family's tiny setting (also used by
-    ``tests/models/sharding_worker.py``)."""
-    from jaxspec.methods import DecodeOptions
+    ``tests/models/sharding_worker.py``): ``options`` is ``{option: value}`` for every method
+    of the family (each takes the ones it knows: ``Method.configure(options, strict=False)``)."""
     from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 
     if family == "causal":
@@ -140,14 +140,14 @@ def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2
         # draft models for the methods that take one (sps: causal; diffuspec, specdiff: a
         # diffusion LM); the others ignore them
         return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
-            DecodeOptions(max_new_tokens=max_new_tokens, draft_length=4,
-                          draft_model=tiny_model(64, seed=1),
-                          dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
-                          k_min=2, eos_id=7)
+            dict(max_new_tokens=max_new_tokens, draft_length=4,
+                 draft_model=tiny_model(64, seed=1),
+                 dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
+                 k_min=2, eos_id=7)
     if family == "dllm":
         model, params = tiny_diffusion_model("llada")
         return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
-            DecodeOptions(gen_length=16, block_length=8, draft_length=3)
+            dict(gen_length=16, block_length=8, draft_length=3)
     model, params = tiny_xlnet(11, 1, n_head=xlnet_heads)
     rng = np.random.default_rng(3)
     tasks = []
@@ -155,22 +155,19 @@ def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2
         m = rng.random(n) < 0.7
         m[1] = True
         tasks.append((rng.integers(0, 11, n).tolist(), m.tolist()))
-    return model, params, tasks, DecodeOptions(draft_length=3)
-
+    return model, params, tasks, dict(draft_length=3)
 
 
 def run_registered(name: str, temperature: float, seed: int = 3) -> dict:
     """One registered method through the registry on its family's tiny setting
     (:func:`family_inputs`): the guard for the methods the per-family cases above miss."""
-    import dataclasses
-
-    from jaxspec.methods import get_method
+    from jaxspec.methods import get_method, run
 
     method = get_method(name)
     model, params, inputs, opts = family_inputs(method.family)
-    opts = dataclasses.replace(opts, temperature=temperature,
-                               top_k=20 if temperature else 0, top_p=0.9 if temperature else 1.0)
-    r = method.run(model, params, inputs, method.build(opts), seed=seed)
+    opts = dict(opts, temperature=temperature, top_k=20 if temperature else 0,
+                top_p=0.9 if temperature else 1.0)
+    r = run(method, model, params, inputs, method.configure(opts, strict=False), seed=seed)
     return {"tokens": r.tokens, "stats": _stats_record(r.stats)}
 
 

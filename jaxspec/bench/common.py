@@ -53,7 +53,7 @@ from jaxspec.core.batching import cut_after_eos
 from jaxspec.core.runtime import (clear_compiled, compiled_snapshot, layer_loop, use_compiled,
                                   verify_layout)
 from jaxspec.eval.metrics import mean_degeneracy
-from jaxspec.methods import DecodeOptions, get_method, methods_of
+from jaxspec.methods import get_method, methods_of
 
 SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
@@ -75,7 +75,7 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
 # to show what each buys; on request
 # jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
 # (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
-# jaxspec/ngram-gate: the n-gram drafter behind its cost gate (DecodeOptions.gate "auto")
+# jaxspec/ngram-gate: the n-gram drafter behind its cost gate (option gate "auto")
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
 _VERIFY_SUFFIXES = {"-om": "output-major", "-stored": "stored"}
@@ -235,7 +235,7 @@ class JaxspecSystem:
     :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
     ``ngram-gate`` with the n-gram cost gate (``gate="auto"``); ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
-    adds :class:`~jaxspec.methods.DecodeOptions` fields (``draft_model`` for sps,
+    adds method options (:meth:`jaxspec.methods.Method.configure`) (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
 
     def __init__(self, method: str, model, params, *, max_new_tokens: int,
@@ -258,7 +258,7 @@ class JaxspecSystem:
         self.system, self.method = "jaxspec", label or method
         self.model, self.params = model, quantized_params(params) if self.quant else params
         self.entry = get_method(name, "causal")
-        self.options = DecodeOptions(
+        self.options = dict(
             max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
             min_ngram=min_ngram, fallback="bigram" if base == "ngram-bigram" else "none",
             gate=gate, **(options or {}))
@@ -272,10 +272,10 @@ class JaxspecSystem:
     def run(self, ids: Sequence[int], max_new_tokens: Optional[int] = None) -> RunOutput:
         """Decode ``ids``; ``max_new_tokens`` overrides the budget (e.g. 1 for the time to
         the first token: another compiled loop, since the buffer size changes)."""
-        budget = self.options.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        if budget not in self._budget_configs:
-            self._budget_configs[budget] = self.entry.build(
-                dataclasses.replace(self.options, max_new_tokens=budget))
+        budget = self.options["max_new_tokens"] if max_new_tokens is None else int(max_new_tokens)
+        if budget not in self._budget_configs:  # each method takes the options it knows
+            self._budget_configs[budget] = self.entry.configure(
+                dict(self.options, max_new_tokens=budget), strict=False)
         with (layer_loop(self.loop) if self.loop else contextlib.nullcontext(),
               verify_layout(self.verify) if self.verify else contextlib.nullcontext()):
             t0 = time.perf_counter()

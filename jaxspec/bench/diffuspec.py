@@ -46,7 +46,7 @@ REFINE_STEPS = (1, 2, 4)
 
 def diffuspec_drafter_options(dllm_drafter, drafter_tok, target_tok=None, *,
                               proxy: bool = True) -> dict:
-    """The :class:`~jaxspec.methods.DecodeOptions` fields of a DiffuSpec drafter:
+    """The config options (:class:`jaxspec.methods.causal.DiffuSpecConfig`) of a DiffuSpec drafter:
     ``dllm_drafter``, ``eos_id`` (the drafter tokenizer's first EOS, which the CPS lattice
     keeps), the Eq. 7 causal ``proxy``, a hashed 3-gram
     (:class:`~jaxspec.causal.diffuspec.NgramProxy`) over the drafter's ids fitted on the
@@ -72,7 +72,7 @@ def diffuspec_drafter_options(dllm_drafter, drafter_tok, target_tok=None, *,
 
 
 def _systems(target, drafter: dict, common: dict, variants: dict[str, dict]) -> list:
-    """``jaxspec/ar`` plus one DiffuSpec system per ``label -> DecodeOptions overrides``."""
+    """``jaxspec/ar`` plus one DiffuSpec system per ``label -> option overrides``."""
     model, params = target
     out = [JaxspecSystem("ar", model, params, **common)]
     for label, opts in variants.items():
@@ -101,7 +101,7 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
 
     Args:
       target: ``(CausalLM, params)`` of the causal verifier.
-      drafter: the :class:`~jaxspec.methods.DecodeOptions` fields of the drafter:
+      drafter: the config options of the drafter (:func:`diffuspec_drafter_options`):
         ``dllm_drafter`` ``(DiffusionLM, params)`` with the target's vocabulary, ``proxy``
         (:class:`~jaxspec.causal.diffuspec.NgramProxy` or None) and ``eos_id``.
       tok: the target's tokenizer (chat template, EOS).

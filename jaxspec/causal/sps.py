@@ -34,17 +34,45 @@ has nothing to do, and the draft NFE is exactly ``k`` forwards per proposal (the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from jaxspec.causal.config import DraftedConfig
 from jaxspec.causal.decode import model_pass
 from jaxspec.core.drafters import Draft, DraftContext, Drafter
+from jaxspec.core.method_config import Needs
 from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
 from models.llama.modeling import grow_cache, init_cache, param_dtype
 
-__all__ = ["DraftModelDrafter"]
+__all__ = ["Config", "DraftModelDrafter"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(DraftedConfig):
+    """The ``sps`` method (the registry's entry; :class:`DraftedConfig` has the shared knobs).
+
+    Attributes:
+      draft_length: k, draft-model forwards (and drafts) per step; default 5.
+      draft_model: the draft ``(CausalLM, params)``, sharing the target's tokenizer
+        (``scripts.generate --draft-model NAME``); not compared or hashed.
+
+    The drafts are sampled from the draft model's distribution after the target's
+    temperature / top-k / top-p (``sampling``), as :class:`DraftModelDrafter` requires.
+    """
+
+    draft_model: Any = dataclasses.field(default=None, compare=False)
+
+    default_draft_length: ClassVar[int] = 5
+    needs: ClassVar[Needs] = Needs(draft_family="causal", same_vocabulary=True,
+                                   example="qwen2.5-coder-0.5b-instruct")
+
+    def drafter(self, target_config) -> "DraftModelDrafter":
+        return DraftModelDrafter(self.draft_model[0], self.k, self.sampling)
+
+    def drafter_params(self) -> Any:
+        return self.draft_model[1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ class SamplingConfig:
         mass reaches ``top_p`` (1.0 = off). Must lie in (0, 1].
 
     Raises:
-      ValueError: temperature < 0, top_k < 0, or top_p outside (0, 1].
+      ValueError: temperature < 0 or not finite, top_k < 0, or top_p outside (0, 1].
     """
 
     temperature: float = 0.0
@@ -35,8 +35,8 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 <= self.temperature < float("inf")):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if int(self.top_k) < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jaxspec.core.batching import check_prompts, cut_after_eos, left_pad
+from jaxspec.core.results import DecodeResult
 from jaxspec.core.stats import DecodeStats
 from models.diffusion.modeling import DiffusionLM
 
@@ -218,7 +219,7 @@ def prepare_batch(model: DiffusionLM, prompts: Sequence[Sequence[int]],
 
 
 @dataclasses.dataclass
-class DiffusionResult:
+class DiffusionResult(DecodeResult):
     """Output of :func:`jaxspec.dllm.decode.diffusion_generate` (and of SSD and Spiffy).
 
     Attributes:

@@ -516,13 +516,14 @@ def humaneval_pass_at_1(model, params, tok, problems: Sequence[dict], max_new_to
 
     Returns ``{"passed", "problems", "pass_at_1"}``."""
     from jaxspec.eval.sandbox import run_program
-    from jaxspec.methods import DecodeOptions, run_method
+    from jaxspec.methods import get_method, run
 
     passed = 0
     for p in problems:
         ids = tok.encode(p["prompt"])
-        res = run_method(method, model, params, [ids], DecodeOptions(max_new_tokens=max_new_tokens),
-                         family="causal", eos_ids=tok.eos_token_ids, pad_id=tok.pad_token_id or 0)
+        entry = get_method(method, "causal")
+        res = run(entry, model, params, [ids], entry.configure(max_new_tokens=max_new_tokens),
+                  eos_ids=tok.eos_token_ids, pad_id=tok.pad_token_id or 0)
         passed += run_program(completion_program(p, tok.decode(res.tokens[0])), timeout=10.0).passed
     return {"passed": passed, "problems": len(problems), "pass_at_1": passed / max(len(problems), 1)}
 

@@ -130,17 +130,15 @@ def test_refined_and_ablated_diffuspec_is_greedy_identical_to_ar(cps, adl, cache
     """The Table 2 ablations, S = 2 and the drafter prefix cache through the registry (two
     prompts of different lengths: left padding): tokens equal AR greedy, and the drafter
     spends S forwards per proposal."""
-    import dataclasses
-
     from jaxspec.methods import get_method
     from tests.test_methods import _inputs
 
     model, params, prompts, opts = _inputs("causal")
-    opts = dataclasses.replace(opts, refine_steps=2, cps=cps, adl=adl, draft_length=5,
-                               drafter_cache=cache)
+    opts = dict(opts, refine_steps=2, cps=cps, adl=adl, draft_length=5, drafter_cache=cache)
     m = get_method("diffuspec")
-    res = m.run(model, params, prompts, m.build(opts), seed=0)
-    ar = get_method("ar").run(model, params, prompts, get_method("ar").build(opts), seed=0)
+    res = m.run(model, params, prompts, m.configure(opts, strict=False), seed=0)
+    ar = get_method("ar").run(model, params, prompts,
+                              get_method("ar").configure(opts, strict=False), seed=0)
     assert res.tokens == ar.tokens
     s = res.stats
     assert (np.asarray(s.draft_nfe) == 2 * np.asarray(s.steps)).all()  # S forwards per step
@@ -222,22 +220,20 @@ def test_prefix_cache_window_over_an_empty_cache_equals_the_full_forward(head):
 def test_prefix_cache_is_refused_without_a_static_context_and_across_vocabularies():
     """The cross-vocabulary loop rebuilds the drafter's context every step: a prefix cache
     would be stale, so both the drafter and the registry say so."""
-    import dataclasses
-
     from jaxspec.causal.diffuspec import DiffusionDrafter
     from jaxspec.core.drafters import DraftContext
     from jaxspec.methods import get_method
     from tests.test_methods import _inputs
 
     model, params, _, opts = _inputs("causal")
-    dmodel, dparams = opts.dllm_drafter
+    dmodel, dparams = opts["dllm_drafter"]
     ctx = DraftContext(buffer=jnp.zeros((1, 16), jnp.int32), length=jnp.asarray([4]),
                        pad=jnp.asarray([0]), active=jnp.asarray([True]))
     with pytest.raises(ValueError, match="static prefill width"):
         DiffusionDrafter(dmodel, 4, eos_id=7, k_min=2, prefix_cache=True).init_state(
             (dparams, None), ctx)
     with pytest.raises(ValueError, match="another vocabulary"):
-        get_method("diffuspec").build(dataclasses.replace(opts, drafter_cache="prefix",
-                                                          vocab_adapter=(object(), object())))
-    with pytest.raises(ValueError, match="drafter_cache"):
-        get_method("diffuspec").build(dataclasses.replace(opts, drafter_cache="dual"))
+        get_method("diffuspec").configure(dict(opts, drafter_cache="prefix",
+                                               vocab_adapter=(object(), object())), strict=False)
+    with pytest.raises(ValueError, match="drafter-cache"):
+        get_method("diffuspec").configure(dict(opts, drafter_cache="dual"), strict=False)

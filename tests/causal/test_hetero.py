@@ -128,13 +128,14 @@ def test_negative_control_resampling_from_p_is_rejected(exact, monkeypatch):
 
 
 def test_registry_runs_the_adapter():
-    from jaxspec.methods import DecodeOptions, get_method
+    from jaxspec.methods import get_method
 
     model, params, drafter, (dp, _) = _pair()
-    opts = DecodeOptions(max_new_tokens=10, draft_length=3, k_min=2, eos_id=8,
-                         dllm_drafter=(drafter.model, dp), vocab_adapter=(TARGET_TOK, DRAFT_TOK))
+    opts = dict(max_new_tokens=10, draft_length=3, k_min=2, eos_id=8,
+                dllm_drafter=(drafter.model, dp), vocab_adapter=(TARGET_TOK, DRAFT_TOK))
     m = get_method("diffuspec")
-    res = m.run(model, params, [list(PROMPTS[0])], m.build(opts))
-    ar = get_method("ar").run(model, params, [list(PROMPTS[0])], get_method("ar").build(opts))
+    res = m.run(model, params, [list(PROMPTS[0])], m.configure(opts))
+    ar = get_method("ar").run(model, params, [list(PROMPTS[0])],
+                              get_method("ar").configure(max_new_tokens=10))
     assert res.stats.method == "diffuspec-hetero" and res.tokens == ar.tokens
     assert np.asarray(res.stats.target_nfe).sum() <= np.asarray(ar.stats.target_nfe).sum()

@@ -142,13 +142,13 @@ def test_gate_bad_settings_are_clear_errors():
     model, params = tiny_model(64)
     with pytest.raises(ValueError, match="unknown gate 'fast'"):
         generate(model, params, [[1, 2, 3]], max_new_tokens=4, drafter=ng, gate="fast")
-    from jaxspec.methods import DecodeOptions, get_method
+    from jaxspec.methods import get_method
     entry = get_method("ngram", "causal")
     with pytest.raises(ValueError, match="unknown --gate 'fast'"):
-        entry.build(DecodeOptions(gate="fast"))
+        entry.configure(gate="fast")
     with pytest.raises(ValueError, match="--gate must be >= 1"):
-        entry.build(DecodeOptions(gate="0.5"))
-    assert entry.build(DecodeOptions(gate="2.5"))["gate"] == 2.5
+        entry.configure(gate="0.5")
+    assert entry.configure(gate="2.5").gate == 2.5
 
 
 def test_space_drafter_refused_by_the_gate():

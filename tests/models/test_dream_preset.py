@@ -104,7 +104,7 @@ def test_cli_corrupt_delta_exit_2(preset_dir, capsys):
     (["--method", "stepwise"], "needs a masked-diffusion model, but 'smollm2-135m-instruct' is causal"),
     (["--method", "threshold", "--threshold", "0.9"], "needs a masked-diffusion model"),
     (["--model", "hf-directory", "--method", "fixed-k"], "needs a masked-diffusion model"),
-    (["--method", "ngram", "--tokens-per-step", "2"], "--tokens-per-step only apply"),
+    (["--method", "ngram", "--tokens-per-step", "2"], "--tokens-per-step does not apply"),
     (["--model", NAME, "--method", "medusa"], "unknown method 'medusa'"),
     (["--model", NAME, "--method", "fixed-k"], "method 'fixed-k' needs --tokens-per-step K"),
     (["--model", NAME, "--method", "threshold"], "method 'threshold' needs --threshold T"),
@@ -115,10 +115,11 @@ def test_cli_corrupt_delta_exit_2(preset_dir, capsys):
     (["--model", NAME, "--tokens-per-step", "2", "--threshold", "0.5"], "exclusive"),
     (["--model", NAME, "--remasking", "origin", "--threshold", "0.5"], "only works with stepwise"),
     (["--model", NAME, "--temperature", "-1"], "temperature must be >= 0"),
-    (["--model", NAME, "--method", "ssd", "--threshold", "0.9"], "ssd verifies one-token-per-step"),
+    (["--model", NAME, "--method", "ssd", "--threshold", "0.9"],
+     "--threshold does not apply to --method ssd"),
     (["--model", NAME, "--method", "ssd", "--draft-length", "9"], "draft_length must be an int in [1, block_length=8]"),
     (["--model", NAME, "--method", "ssd", "--cache", "prefix"], "SSD supports cache 'none' or 'dual'"),
-    (["--method", "ngram", "--cache", "dual"], "--cache only apply"),
+    (["--method", "ngram", "--cache", "dual"], "--cache does not apply to --method ngram"),
 ])
 def test_cli_diffusion_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from jaxspec.methods import DecodeOptions, get_method, reference_run
+from jaxspec.methods import get_method, reference_of
 from jaxspec.testing.tiny import tiny_model
 from models.checkpoint import export_hf
 from models.config import ConfigError, ModelConfig
@@ -29,13 +29,13 @@ def test_space_model_roundtrips_through_hf_layout(arch, tmp_path):
     assert config == model.config and config.mask_token_id == 63
 
     space = get_method("space")
-    opts = DecodeOptions(max_new_tokens=20, mask_groups=3, eos_id=7)
-    ref_method, ref_cfg = reference_run(space, opts)
+    cfg = space.configure(max_new_tokens=20, mask_groups=3)
+    ref_method, ref_cfg = reference_of(space, cfg)
     assert ref_method.name == "ar"
     kw = dict(seed=3, eos_ids=(7,))
-    res = space.run(CausalLM(config), loaded, PROMPTS, space.build(opts), **kw)
+    res = space.run(CausalLM(config), loaded, PROMPTS, cfg, **kw)
     ar = ref_method.run(CausalLM(config), loaded, PROMPTS, ref_cfg, **kw)
-    before = space.run(model, params, PROMPTS, space.build(opts), **kw)
+    before = space.run(model, params, PROMPTS, cfg, **kw)
     assert res.tokens == ar.tokens == before.tokens
     assert int(res.stats.draft_nfe.sum()) == 0
 

@@ -13,7 +13,7 @@ from scripts import generate as gen_cli
 
 @pytest.mark.parametrize("args,needle", [
     (["--method", "medusa"], "unknown method 'medusa'; available: ar, ngram"),
-    (["--draft-length", "0"], "--draft-length must be >= 1"),
+    (["--draft-length", "0"], "--draft-length must be in 1..1024, got 0"),
     (["--temperature", "-0.5"], "temperature must be >= 0"),
     (["--temperature", "1", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
     (["--temperature", "1", "--top-p", "0"], "top_p must lie in (0, 1]"),
@@ -21,7 +21,8 @@ from scripts import generate as gen_cli
     (["--model", "hf-directory"], "needs --weights PATH"),
     (["--model", "auto"], "needs --weights PATH"),
     (["--model", "asarm-small"], "any-order (XLNet AS-ARM) model: give a template with --infill"),
-    (["--draft-model", "qwen2.5-coder-0.5b-instruct"], "--draft-model / --draft-weights only apply to --method sps / diffuspec / specdiff"),
+    (["--draft-model", "qwen2.5-coder-0.5b-instruct"],
+     "--draft-model does not apply to --method ngram; use --method sps / diffuspec / specdiff"),
     (["--method", "sps"], "method 'sps' needs --draft-model NAME"),
     (["--method", "sps", "--draft-model", "dream-smollm2-135m"], "'dream-smollm2-135m' is not a causal model"),
     (["--method", "sps", "--draft-model", "gpt5"], "unknown model 'gpt5'"),
@@ -67,12 +68,14 @@ def test_generate_tiny_compare(tiny_llama, capsys):
 
 
 def test_tuning_note_names_the_step_layout_when_it_differs():
-    note = gen_cli.tuning_note({"verify_layout": "stored", "step_layout": "output-major",
+    from jaxspec.causal.config import tuning_note
+
+    note = tuning_note({"verify_layout": "stored", "step_layout": "output-major",
                                 "verify_cost": 1.5})
     assert note == " verify-layout=stored step-layout=output-major gate-cost=1.50"
-    assert gen_cli.tuning_note({"verify_layout": "stacked", "step_layout": "stacked"}) == (
+    assert tuning_note({"verify_layout": "stacked", "step_layout": "stacked"}) == (
         " verify-layout=stacked")
-    assert gen_cli.tuning_note({}) == ""
+    assert tuning_note({}) == ""
 
 
 def test_generate_sps_compare(tiny_llama, tiny_qwen2, capsys):
@@ -177,11 +180,11 @@ def test_generate_infill_greedy_compare(tiny_asarm, capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--infill", "def f(a):\n    return a\n"], "no <mask:N> span"),
-    (["--infill", "x = <mask:3>", "--draft-length", "0"], "must be >= 1, got 0"),
-    (["--infill", "x = <mask:3>", "--draft-length", "-2"], "must be >= 1, got -2"),
+    (["--infill", "x = <mask:3>", "--draft-length", "0"], "must be in 1..1024, got 0"),
+    (["--infill", "x = <mask:3>", "--draft-length", "-2"], "must be in 1..1024, got -2"),
     (["--infill", "abc<mask:60>"], "runs past the context of 48"),
     (["--method", "assd"], "pass --infill TEXT"),
-    (["--infill", "x = <mask:3>", "--cache", "dual"], "takes --cache none|content"),
+    (["--infill", "x = <mask:3>", "--cache", "dual"], "expected one of none, content"),
 ])
 def test_generate_infill_bad_input(tiny_asarm, argv, needle, capsys):
     assert gen_cli.main(["--model", tiny_asarm, "--method", "assd"] + argv) == 2
