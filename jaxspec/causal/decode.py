@@ -17,23 +17,23 @@ output has the AR baseline's distribution (the same processed target distributio
 Layout (:mod:`jaxspec.core.batching`): prompts are left-padded to a bucketed length ``P``;
 row ``b`` of the token buffer holds its prompt in ``[pad[b], P)`` and generated tokens from
 slot ``P`` on. RoPE position of slot ``s`` is ``s - pad[b]``. The buffer (and cache) has
-``S = P + max_new_tokens + k + 1`` slots (plus the drafter's ``query_slots``), so drafts that overshoot the budget still fit;
-outputs are cut to the budget and after the first EOS.
+``S = P + max_new_tokens + k + 1`` slots (plus the drafter's ``query_slots``), so drafts that
+overshoot the budget still fit; outputs are cut to the budget and after the first EOS.
 
 Draft queries (:class:`jaxspec.core.drafters.DraftQueries`; SPACE): a drafter may append
 query rows to every target pass, the prefill included. They are written after the
 verification rows, which therefore never see them (causal mask), and their logits go to the
 drafter's ``absorb`` after the acceptance.
 
-Per-machine choices (:func:`tune_verification`, before the loop compiles): the weight layout
-of the verification passes, timed once per process (``JAXSPEC_VERIFY_LAYOUT=auto``), and the
-optional cost gate that verifies drafts only while they pay for the pass. Neither changes the
-output distribution.
+Per-machine choices (a :class:`models.llama.layout.DecodePlan`, computed once by
+:func:`decode_plan` or given): the layer loop and weight layouts of the target's verification
+passes and one-token steps, and the optional cost gate that verifies drafts only while they pay
+for the pass. None of them changes the output distribution.
 
 The module reads top to bottom: :class:`LoopConfig` (statics) -> :class:`DecodeState` ->
 phases (:func:`prefill`, :func:`target_pass`, :func:`accept`, :func:`commit`) ->
-:func:`step` -> :func:`decode_loop` -> the per-machine choices (:func:`pass_seconds`,
-:func:`tune_verification`) -> the host wrapper :func:`generate`.
+:func:`step` -> :func:`decode_loop` -> :func:`decode_plan` -> the host wrapper
+:func:`generate`.
 """
 
 from __future__ import annotations
@@ -51,15 +51,16 @@ from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eo
                                     left_pad, place_batch)
 from jaxspec.core.drafters import CostGate, Draft, DraftContext, Drafter, DraftQueries, NgramDrafter
 from jaxspec.core.results import DecodeResult
-from jaxspec.core.runtime import (decode_layout, resolve_verify_layout,
-                                  run_compiled, split_bytes, split_layout, tree_layer_loop)
+from jaxspec.core.runtime import run_compiled
 from jaxspec.core.sampling import SamplingConfig, sample_from_logits, target_probs
 from jaxspec.core.stats import DecodeStats
 from jaxspec.core.verify import verify_greedy, verify_sample
+from models.llama import layout
+from models.llama.layout import DecodePlan
 from models.llama.modeling import grow_cache, init_cache, param_dtype
 
-__all__ = ["DecodeInputError", "GenerationResult", "LoopConfig", "DecodeState", "generate",
-           "pass_seconds", "tune_verification"]
+__all__ = ["DecodeInputError", "DecodePlan", "GenerationResult", "LoopConfig", "DecodeState",
+           "decode_plan", "generate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ class LoopConfig:
     @property
     def queries(self) -> bool:
         """True when the drafter appends draft queries to every target pass (SPACE)."""
-        return hasattr(self.drafter, "draft_queries")
+        return self.drafter is not None and self.drafter.query_slots > 0
 
     @property
     def query_slots(self) -> int:
@@ -226,7 +227,8 @@ def accept(cfg: LoopConfig, key: jax.Array, logits: jax.Array, draft: Draft):
     if cfg.sampling.greedy:
         return verify_greedy(logits, draft.tokens, draft_len=length)
     return verify_sample(key, target_probs(logits, cfg.sampling), draft.tokens, draft.q,
-                         draft_len=length, resample=getattr(cfg.drafter, "resample", "residual"))
+                         draft_len=length,
+                         resample="residual" if cfg.drafter is None else cfg.drafter.resample)
 
 
 def commit(cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: jax.Array,
@@ -285,7 +287,7 @@ def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeStat
 
     ``params`` is the pair ``(verify, one_token)``: the target's weights in the layout of its
     verification passes and in the layout of its one-token AR steps (the same tree, or its
-    output-major copy: :func:`tune_verification`). Both compute the same model."""
+    output-major copy: :attr:`DecodePlan.step_layout`). Both compute the same model."""
     verify_params, step_params = params
     B = st.buffer.shape[0]
     kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
@@ -324,111 +326,41 @@ def decode_loop(params, drafter_params, prompt: jax.Array, pad: jax.Array, key: 
 _decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
 
 
-# ----------------------------------------------------------------------------- verification costs
+# ----------------------------------------------------------------------------- the plan
 
-def _lone_pass(params, feed, first_slot, pad, cache, *, model, S):
-    return model_pass(model, params, feed, first_slot, pad, cache, S)[0]
-
-
-_pass_jit = jax.jit(_lone_pass, static_argnames=("model", "S"))
-_PASS_SECONDS: dict = {}
-
-
-def pass_seconds(model, params, B: int, S: int, T: int, output_major: bool,
-                 reps: int = 5) -> float:
-    """Seconds of one KV-cached target pass of ``T`` query rows (batch ``B``, ``S``-slot cache,
-    the decode layout with ``output_major`` matrices: :func:`decode_layout`), the fastest of
-    ``reps`` timed calls after one warm-up. Cached per process by model, dtype, parameter
-    tree structure, ``B``, ``T`` and layout (``S`` is the first caller's: the layouts differ
-    in their weight products, not in attention), so a benchmark or a long session measures
-    once. Compiling the pass costs seconds (about 3-6 s for SmolLM2-135M, unrolled)."""
-    key = (model, str(param_dtype(params)), jax.tree_util.tree_structure(params), int(B),
-           int(T), bool(output_major))
-    if key not in _PASS_SECONDS:
-        args = (decode_layout(params, output_major=output_major), jnp.zeros((B, T), jnp.int32),
-                jnp.full((B,), S - T, jnp.int32), jnp.zeros((B,), jnp.int32),
-                init_cache(model.config, B, S, param_dtype(params)))
-        statics = dict(model=model, S=int(S))
-        _PASS_SECONDS[key] = min(run_compiled(_pass_jit, args, statics)[2]
-                                 for _ in range(reps + 1))
-    return _PASS_SECONDS[key]
-
-
-GATES = ("auto", "off")
-# "auto" times both layouts only for targets up to this size: each layout is a per-layer copy
-AUTO_LAYOUT_MAX_BYTES = 2 << 30
-
-
-def tune_verification(model, params, drafter: Drafter, B: int, S: int,
-                      gate: "str | float" = "off") -> tuple[Drafter, bool, dict]:
-    """The per-machine choices of a speculative decode (README "Verification passes on the
-    CPU"): the weight layout of the verification passes (:func:`resolve_verify_layout`;
-    ``"auto"`` times one ``k + 1``-row pass in both layouts with :func:`pass_seconds` and
-    keeps the faster; for weights over :data:`AUTO_LAYOUT_MAX_BYTES` it takes ``"stored"``
-    untimed, since each timed layout holds a per-layer copy; a tree split in place,
-    :func:`jaxspec.core.runtime.decode_layout_in_place`, verifies on its own layout, untimed),
-    the layout of the loop's one-token steps (the steps with no draft to verify:
-    ``settings["step_layout"]``; output-major, the AR loop's faster layout, unless the tree
-    is split in place, its weights exceed :data:`AUTO_LAYOUT_MAX_BYTES`, or the drafter
-    appends draft queries to every pass), and the cost gate
-    (:class:`jaxspec.core.drafters.CostGate`; its pass cost is the verification pass over a
-    one-token step in their layouts).
+def decode_plan(model, params, drafter: Optional[Drafter] = None, drafter_params: Any = (), *,
+                batch: int = 1, cache_slots: int = 256, gate: "str | float" = "off",
+                layer_loop: str = "auto", verify_layout: str = "auto") -> DecodePlan:
+    """The :class:`~models.llama.layout.DecodePlan` of :func:`generate` on this machine
+    (:func:`models.llama.layout.plan`, which times what is ``"auto"``, once per process), from
+    the drafter's capabilities (:class:`~jaxspec.core.drafters.Drafter`): ``k + 1``
+    verification rows, multi-row steps with draft queries, an output-major draft model for
+    ``one_token_steps``. Compute it once and pass it to every :func:`generate` call of the
+    same model and batch size; ``generate`` computes it itself when given none.
 
     Args:
-      gate: ``"off"``; a float, the cost of a ``k + 1``-row pass in one-token steps (>= 1);
-        or ``"auto"``: measured (:func:`pass_seconds`, in the chosen layout) for an
-        :class:`~jaxspec.core.drafters.NgramDrafter` under the unrolled (CPU) layer loop, off
-        otherwise (a draft model's own cost is not saved by the gate, and on GPU/TPU a
-        ``k + 1``-row pass costs about one step).
-
-    Returns:
-      ``(drafter, possibly wrapped in the gate; output_major: bool, the verification
-      layout; settings: dict)`` with ``settings`` naming the two layouts, the measured
-      seconds and the gate's ``verify_cost``.
+      drafter: ``None`` for autoregressive decoding; drafter_params: its parameters.
+      batch: rows per call; cache_slots: cache slots of a timed pass (about the prompt +
+        budget + ``k + 1``).
+      gate: the cost gate (:class:`~jaxspec.core.drafters.CostGate`): ``"off"``, a pass cost
+        in one-token steps (>= 1), or ``"auto"``: measured for an
+        :class:`~jaxspec.core.drafters.NgramDrafter` (a draft model's own cost is not saved by
+        the gate), off for other drafters.
+      layer_loop: ``"auto"``, ``"scan"`` or ``"unrolled"``; verify_layout: ``"auto"`` (timed),
+        ``"stored"`` or ``"output-major"``.
 
     Raises:
-      ValueError: an unknown gate or layout name, a gate cost below 1, or a verify layout
-        other than the one the target's weights were split in place in.
+      ValueError: as :func:`models.llama.layout.plan`.
     """
-    if not isinstance(gate, (int, float)) and gate not in GATES:
-        raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
-                         "(one-token steps)")
-    layout = resolve_verify_layout()
-    unrolled = tree_layer_loop(params) == "unrolled"
-    T = drafter.draft_length + 1
-    settings: dict = {}
-    if unrolled and layout == "auto" and split_bytes(params) > AUTO_LAYOUT_MAX_BYTES:
-        layout = "stored"  # timing both would hold two more per-layer copies of the weights
-    split = split_layout(params)  # split in place: the one layout there is
-    if split and layout not in ("auto", split):
-        raise ValueError(f"verify layout {layout!r} asked for, but the target's weights were "
-                         f"split in place as {split!r} (decode_layout_in_place): split them "
-                         f"with output_major={layout == 'output-major'} or leave the layout auto")
-    layout = split or layout
-    if unrolled and layout == "auto":
-        costs = {name: pass_seconds(model, params, B, S, T, name == "output-major")
-                 for name in ("stored", "output-major")}
-        layout = min(costs, key=costs.get)
-        settings["verify_s"] = costs
-    layout = "stored" if layout == "auto" else layout
-    settings["verify_layout"] = layout if unrolled else "stacked"
-    om = unrolled and layout == "output-major"
-    # one-token steps (no draft to verify) on output-major weights, the AR loop's layout: a
-    # second per-layer copy unless split in place or large; not with draft queries (SPACE),
-    # whose every pass has several rows
-    step_om = om or (unrolled and not split and not hasattr(drafter, "draft_queries")
-                     and split_bytes(params) <= AUTO_LAYOUT_MAX_BYTES)
-    settings["step_layout"] = ("output-major" if step_om else "stored") if unrolled else "stacked"
-    if gate == "auto":
+    speculative = drafter is not None
+    if gate == "auto" and not isinstance(drafter, NgramDrafter):
         gate = "off"
-        if unrolled and jax.default_backend() == "cpu" and isinstance(drafter, NgramDrafter):
-            gate = (pass_seconds(model, params, B, S, T, om)
-                    / pass_seconds(model, params, B, S, 1, step_om))
-            gate = round(max(gate, 1.0), 2)  # the loop compiles once per value
-    if gate != "off":
-        drafter = CostGate(drafter, float(gate))
-        settings["verify_cost"] = float(gate)
-    return drafter, om, settings
+    return layout.plan(model, params, batch=batch, cache_slots=cache_slots,
+                       verify_rows=drafter.draft_length + 1 if speculative else 1,
+                       multi_row_steps=speculative and drafter.query_slots > 0,
+                       draft_params=drafter_params,
+                       draft_output_major=speculative and drafter.one_token_steps,
+                       gate=gate, layer_loop=layer_loop, verify_layout=verify_layout)
 
 
 # ----------------------------------------------------------------------------- host wrapper
@@ -443,7 +375,7 @@ class GenerationResult(DecodeResult):
       stats: :class:`jaxspec.core.stats.DecodeStats`.
       compile_s: seconds spent compiling (0 when a cached executable was reused).
       run_s: wall-clock seconds of the decode itself (excluding compilation).
-      settings: the per-machine choices :func:`tune_verification` made (empty for AR).
+      settings: the decode plan's choices (:attr:`DecodePlan.settings`; empty for AR).
     """
 
     tokens: list[list[int]]
@@ -480,11 +412,35 @@ def check_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     return lens
 
 
+def check_drafted_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                          drafter: Optional[Drafter], max_context: Optional[int] = None) -> None:
+    """:func:`check_request` plus the drafter's limits: its vocabulary, the positions its
+    query rows reach past the budget (``position_overshoot``, SPACE's mask groups) and a draft
+    model's context (``context_length``: prompt + budget + ``k`` must fit).
+
+    Raises:
+      DecodeInputError: as :func:`check_request`, or past the draft model's context.
+      ValueError: the drafter's vocabulary differs from the model's.
+    """
+    if drafter is None:
+        check_request(model, prompts, max_new_tokens, max_context)
+        return
+    lens = check_request(model, prompts, max_new_tokens, max_context, drafter.position_overshoot)
+    V, k, dctx = model.config.vocab_size, drafter.draft_length, drafter.context_length
+    if drafter.vocab_size != V:
+        raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
+                         f"target model has {V}")
+    if dctx is not None and max(lens) + max_new_tokens + k > dctx:
+        raise DecodeInputError(
+            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens + {k} "
+            f"drafts exceeds the draft model's context of {dctx} tokens")
+
+
 def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), drafter: Optional[Drafter] = None,
              drafter_params: Any = (), seed: int = 0, eos_ids: Sequence[int] = (),
              pad_id: int = 0, bucket: int = 64, max_context: Optional[int] = None,
-             gate: "str | float" = "off") -> GenerationResult:
+             gate: "str | float" = "off", plan: Optional[DecodePlan] = None) -> GenerationResult:
     """Generate continuations for a batch of prompts (AR, or speculative with ``drafter``).
 
     Args:
@@ -498,73 +454,57 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
         :class:`~jaxspec.core.drafters.NgramDrafter`. When no active row has a draft the
         step falls back to a single-token AR pass.
       drafter_params: the drafter's parameters (a draft model's weights; ``()`` for none),
-        a traced argument of the compiled loop, in the decode layout
-        (:func:`jaxspec.core.runtime.decode_layout`; output-major for a drafter that sets
-        ``one_token_steps``, :mod:`jaxspec.core.drafters`).
+        a traced argument of the compiled loop, laid out as the plan says
+        (:attr:`DecodePlan.draft_layout`).
       seed: PRNG seed; the same seed reproduces a run exactly.
       eos_ids: tokens that end a row.
       pad_id: filler for left padding (never attended).
       bucket: prompt lengths are rounded up to a multiple of this.
       max_context: the model's context length (defaults to ``config.max_position_embeddings``).
-      gate: verify drafts only while they pay for the pass (:func:`tune_verification`:
-        ``"off"``, ``"auto"`` or a pass cost in one-token steps). Lossless either way.
+      gate: with no ``plan``, the cost gate to plan (:func:`decode_plan`: ``"off"``,
+        ``"auto"`` or a pass cost in one-token steps). Lossless either way.
+      plan: the layer loop, weight layouts and gate (:func:`decode_plan`, or written out);
+        None: :func:`decode_plan` for this call (its one-time timing, on the first call per
+        model and batch size, is counted in ``compile_s``).
 
     Returns:
       :class:`GenerationResult`; ``stats.draft_nfe`` counts the drafter's forward passes.
-      With a drafter, the target's verification layout (:func:`resolve_verify_layout`;
-      ``"auto"`` is timed on the first call per model and batch size), the layout of its
-      one-token steps (``step_layout``, :func:`tune_verification`) and the gate's pass
-      cost are in ``settings``; their one-time timing is counted in ``compile_s``.
+      With a drafter, ``settings`` holds the plan's choices (:attr:`DecodePlan.settings`).
 
     Raises:
       DecodeInputError: empty prompt list or prompt, ``max_new_tokens < 1``, ids outside the
         vocabulary, or prompt + budget longer than the target's (or a draft model's) context.
-      ValueError: the drafter's vocabulary differs from the model's; an unknown gate.
+      ValueError: the drafter's vocabulary differs from the model's; an unknown gate; a gate
+        together with a plan (the plan holds its gate); a plan whose layouts differ from the
+        ones the weights were split in place in.
     """
-    cfg = model.config
-    # SPACE's mask-group queries sit at later positions: its drafter says how many
-    lens = check_request(model, prompts, max_new_tokens, max_context,
-                         int(getattr(drafter, "position_overshoot", 0)))
-    if drafter is not None and getattr(drafter, "vocab_size", cfg.vocab_size) != cfg.vocab_size:
-        raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
-                         f"target model has {cfg.vocab_size}")
-    dctx = getattr(drafter, "context_length", None)
-    if dctx is not None and max(lens) + max_new_tokens + drafter.draft_length > dctx:
-        raise DecodeInputError(
-            f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens + {drafter.draft_length} "
-            f"drafts exceeds the draft model's context of {dctx} tokens")
+    k = 0 if drafter is None else drafter.draft_length
+    check_drafted_request(model, prompts, max_new_tokens, drafter, max_context)
     buf, pad = left_pad(prompts, bucket, pad_id)
-    om, settings, tune_s = drafter is None, {}, 0.0
-    step_om = om
-    if drafter is not None:
-        # one-token AR steps run fastest on output-major weights; verification passes on
-        # the layout tune_verification picks, per CPU (README "Performance notes")
-        t0, timed = time.perf_counter(), len(_PASS_SECONDS)
-        S = buf.shape[1] + max_new_tokens + drafter.draft_length + 1 + int(
-            getattr(drafter, "query_slots", 0))
-        drafter, om, settings = tune_verification(model, params, drafter, len(prompts), S, gate)
+    tune_s = 0.0
+    if plan is None:
+        t0, timed = time.perf_counter(), layout.passes_timed()
+        S = buf.shape[1] + max_new_tokens + k + 1 + (0 if drafter is None else drafter.query_slots)
+        plan = decode_plan(model, params, drafter, drafter_params, batch=len(prompts),
+                           cache_slots=S, gate=gate)
         # counted like compilation when passes were timed (a cached choice costs nothing)
-        tune_s = time.perf_counter() - t0 if len(_PASS_SECONDS) > timed else 0.0
-        step_om = settings["step_layout"] == "output-major"
+        tune_s = time.perf_counter() - t0 if layout.passes_timed() > timed else 0.0
+    elif gate != "off":
+        raise ValueError(f"gate={gate!r} given with a plan: the plan holds the gate "
+                         "(decode_plan(..., gate=...) or DecodePlan(verify_cost=...))")
+    if drafter is not None and plan.verify_cost is not None:
+        drafter = CostGate(drafter, plan.verify_cost)
     loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
                       drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    # the loop tune_verification settled on (a copy's fit is weighed once, for one layout)
-    layer_loop = None if drafter is None else (
-        "scan" if settings["verify_layout"] == "stacked" else "unrolled")
-    verify_tree = decode_layout(params, layer_loop, output_major=om)
-    step_tree = (verify_tree if step_om == om
-                 else decode_layout(params, layer_loop, output_major=step_om))
-    draft_tree = decode_layout(drafter_params,
-                               output_major=bool(getattr(drafter, "one_token_steps", False)))
-    args = ((verify_tree, step_tree), draft_tree, *place_batch(params, buf, pad),
-            jax.random.PRNGKey(seed))
+    args = (layout.plan_trees(params, plan), layout.plan_draft_tree(drafter_params, plan),
+            *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)
     rows = cut_after_eos(toks, loop.eos_ids, budget=np.minimum(n_new, max_new_tokens))
     stats = DecodeStats(
-        method="ar" if drafter is None else getattr(drafter, "name", type(drafter).__name__),
+        method="ar" if drafter is None else drafter.name,
         reference="ar", target_nfe=nfe, draft_nfe=dnfe, steps=steps,
         accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=loop.k,
         drafts_proposed=proposed)
     return GenerationResult(tokens=rows, stats=stats, compile_s=compile_s + tune_s, run_s=run_s,
-                            settings=settings)
+                            settings={} if drafter is None else plan.settings)
