@@ -150,17 +150,18 @@ def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
     Raises:
       TemplateError (a ValueError): malformed tag, ``N < 1``, no masks, past ``max_len``.
     """
-    encode = tokenizer if callable(tokenizer) and not hasattr(tokenizer, "encode") else tokenizer.encode
+    plain = callable(tokenizer) and not hasattr(tokenizer, "encode")
+    encode = tokenizer if plain else tokenizer.encode
     return build_template(split_template(text), encode, max_len, fill_id)
 
 
-# --------------------------------------------------------------------------- infilling with an AS-ARM
+# ------------------------------------------------------------------------ infilling with an AS-ARM
 def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5, sampling=None,
                 seed: int = 0, epsilon: float = 0.0, suppress_unk: bool = False,
                 cache: str = "none"):
-    """Parse ``template`` (``<mask:N>`` syntax) and infill it with :func:`jaxspec.asarm.assd.assd_generate`
-    (``suppress_unk``: never generate the compact vocabulary's UNK id; ``cache``: ``"none"`` or
-    the content-stream cache ``"content"``).
+    """Parse ``template`` (``<mask:N>`` syntax) and infill it with
+    :func:`jaxspec.asarm.assd.assd_generate` (``suppress_unk``: never generate the compact
+    vocabulary's UNK id; ``cache``: ``"none"`` or the content-stream cache ``"content"``).
 
     Returns:
       ``(text, InfillResult, InfillTemplate)``: the template with every span filled.

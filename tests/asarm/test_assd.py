@@ -142,8 +142,9 @@ def test_bigram_eq23():
     known = jnp.array([1, 1, 1, 1, 0, 1, 1], bool)
     c = np.asarray(bigram_draft_dist(t, known, jnp.int32(4), jnp.bool_(True), 6))
     np.testing.assert_allclose(c, [0, 2 / 3, 1 / 3, 0, 0, 0], atol=1e-6)
-    c = np.asarray(bigram_draft_dist(t, known, jnp.int32(2), jnp.bool_(True), 6))  # 2 -> ? unknown
-    np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)  # unigram (official rule)
+    c = np.asarray(bigram_draft_dist(t, known, jnp.int32(2), jnp.bool_(True), 6))
+    # 2 -> ? unknown: the unigram of the known tokens (the official code's rule)
+    np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)
     c = np.asarray(bigram_draft_dist(t, known, jnp.int32(0), jnp.bool_(False), 6))
     np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)   # unigram
 
@@ -332,7 +333,8 @@ def test_negative_control_always_accept_is_rejected():
 # reach its output; it passes no draft length, so ignore-draft-len is the real rule; the
 # unprocessed-residual mutant needs logits the seam does not see (the causal suite runs it).
 ASSD_VARIANTS = tuple(m for m in MUTANTS + EQUIVALENT
-                      if m.name not in ("bonus-from-residual", "ignore-draft-len") and not m.needs_raw)
+                      if m.name not in ("bonus-from-residual", "ignore-draft-len")
+                      and not m.needs_raw)
 
 
 @functools.lru_cache(maxsize=None)

@@ -120,8 +120,8 @@ def test_theorem1_nfe_bound_and_accounting(method):
 
 # assd-fused-ngram's greedy identity runs in make test-all; make test keeps its exact
 # distribution tests below (the same queries, sampled)
-@pytest.mark.parametrize("method", [m if m == "assd-fused" else pytest.param(m, marks=pytest.mark.slow)
-                                    for m in FUSED])
+@pytest.mark.parametrize("method", [m if m == "assd-fused" else
+                                    pytest.param(m, marks=pytest.mark.slow) for m in FUSED])
 def test_greedy_identical_to_sequential(method):
     """k = 1, 3 and 8 (k = 1 has one draft group, 8 runs past most spans; the sampled
     Theorem 1 test covers k = 1..6), also with two suppressed ids, on a model with varied
@@ -190,7 +190,8 @@ def test_distribution_equals_sequential_joint_vocab5(method):
     assert 0.05 < st.acceptance_rate < 0.98 and (st.target_nfe <= 3).all()
 
 
-@pytest.mark.parametrize("method,k", [("assd-fused", 2), ("assd-fused", 4), ("assd-fused-ngram", 3)])
+@pytest.mark.parametrize("method,k", [("assd-fused", 2), ("assd-fused", 4),
+                                      ("assd-fused-ngram", 3)])
 def test_distribution_equals_sequential_joint_five_masked(method, k):
     """5 masked positions, vocab 3, T = 1: 10^4 samples vs the exact joint (243 outcomes), with
     calls that accept 1..k drafts (so drafts of groups j >= 1 are verified)."""
@@ -324,7 +325,8 @@ def test_content_cache_distribution(method, task):
     """Sampled outputs with the content cache match the exact sequential joint (10^4 rows)."""
     model, params = _model(*((5, 2, 5.0) if task == "v5" else (V3, 2, 5.0)))
     prompt, mask, s, joint = ((PROMPT5, MASK5, S5, exact_sequential_joint()) if task == "v5" else
-                              (PROMPT3, MASK3, S3, exact_joint(V3, tuple(PROMPT3), tuple(MASK3), S3)))
+                              (PROMPT3, MASK3, S3,
+                               exact_joint(V3, tuple(PROMPT3), tuple(MASK3), S3)))
     r = assd_generate(model, params, [list(prompt)] * R, [list(mask)] * R, method=method, k=3,
                       sampling=s, seed=13, bucket=8, cache="content")
     chk = check_distribution(np.stack(r.infilled), joint)

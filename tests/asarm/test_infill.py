@@ -1,4 +1,5 @@
-"""Infilling templates, HumanEval single-line tasks and the pass@1 sandbox (jaxspec/asarm/infill.py, jaxspec/eval/tasks.py, jaxspec/eval/sandbox.py)."""
+"""Infilling templates, HumanEval single-line tasks and the pass@1 sandbox
+(jaxspec/asarm/infill.py, jaxspec/eval/tasks.py, jaxspec/eval/sandbox.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_template_errors(text, msg):
 
 
 def test_template_past_context():
-    with pytest.raises(TemplateError, match=r"mask span 2 \(tokens 8\.\.11\) runs past the context of 10"):
+    with pytest.raises(TemplateError,
+                       match=r"mask span 2 \(tokens 8\.\.11\) runs past the context of 10"):
         parse_template("ab<mask:3>cde<mask:4>", CharTok(), max_len=10)
     with pytest.raises(TemplateError, match="runs past the context of 5"):
         parse_template("<mask:1>abcdefgh", CharTok(), max_len=5)
@@ -89,7 +91,8 @@ def test_sandbox_early_exit_with_status_0_is_not_a_pass():
     """An infilled ``sys.exit(0)`` / ``os._exit(0)`` ends the program before its tests: failed."""
     for line in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
         r = run_program(line + "\nassert False\n", timeout=10)
-        assert r.status == "failed" and r.returncode == 0 and "before the end" in r.stderr, (line, r)
+        assert r.status == "failed" and r.returncode == 0, (line, r)
+        assert "before the end" in r.stderr, (line, r)
 
 
 def _uid_processes(uid):
@@ -102,12 +105,14 @@ def _uid_processes(uid):
             except OSError:
                 continue
             # a killed process that nobody has reaped yet (zombie, "Z") runs nothing
-            if str(uid) in fields.get("Uid", "").split() and not fields.get("State", "").strip().startswith("Z"):
+            zombie = fields.get("State", "").strip().startswith("Z")
+            if str(uid) in fields.get("Uid", "").split() and not zombie:
                 out.append(int(d))
     return out
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not sys.platform.startswith("linux"),
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
+                    or not sys.platform.startswith("linux"),
                     reason="the throwaway-uid wall needs root, setpriv and Linux")
 def test_sandbox_throwaway_uid_protects_files_and_reaps_daemons(tmp_path):
     """As root the program runs as a throwaway uid: it cannot write the caller's files or raise
@@ -118,7 +123,8 @@ def test_sandbox_throwaway_uid_protects_files_and_reaps_daemons(tmp_path):
     r = run_program(f"open({str(victim)!r}, 'w').write('gone')\n", timeout=10)
     assert r.uid is not None and r.status == "failed" and "PermissionError" in r.stderr, r
     assert victim.read_text() == "keep"
-    r = run_program("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (10**6, 10**6))\n", timeout=10)
+    r = run_program("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (10**6, 10**6))\n",
+                    timeout=10)
     assert r.status == "failed"
     daemon = ("import ctypes, time\nlibc = ctypes.CDLL(None)\n"
               "if libc.fork() == 0:\n    libc.setsid()\n    time.sleep(60)\n")
