@@ -34,7 +34,6 @@ it on tiny random models; :mod:`scripts.benchmark` adds presets, HumanEval and t
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import datetime
@@ -50,8 +49,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.core.batching import cut_after_eos
-from jaxspec.core.runtime import (clear_compiled, compiled_snapshot, layer_loop, use_compiled,
-                                  verify_layout)
+from jaxspec.core.runtime import clear_compiled, compiled_snapshot, use_compiled
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import get_method, methods_of
 
@@ -70,11 +68,11 @@ BASELINE = "jaxspec/ar"
 NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/specdiff",
               "transformers/assisted")
 # jaxspec/<method>-scan / -unrolled: the same decoder under the lax.scan layer loop on stacked
-# weights / the unrolled per-layer loop (jaxspec.core.runtime.layer_loop) instead of the
+# weights / the unrolled per-layer loop (a DecodePlan, models.llama.layout) instead of the
 # device's default ("auto": unrolled on CPU and GPU when the per-layer copy fits the memory),
 # to show what each buys; on request
 # jaxspec/<method>-om / -stored: verification passes on output-major / stored weights
-# (jaxspec.core.runtime.verify_layout) instead of the timed choice ("auto"); on request only
+# (a DecodePlan, models.llama.layout) instead of the timed choice ("auto"); on request only
 # jaxspec/ngram-gate: the n-gram drafter behind its cost gate (option gate "auto")
 # jaxspec/<method>-int8: weight-only int8 (models.quant); on request only
 QUANT_REFERENCE = "jaxspec/ar-int8"
@@ -112,7 +110,7 @@ class RunOutput:
       draft_nfe: draft-model forward passes (0 for model-free drafters; jaxspec only).
       steps: decode-loop iterations after the prefill (jaxspec only; 0 = not recorded).
       settings: the decoder's per-machine choices (verification layout, gate cost;
-        :func:`jaxspec.causal.decode.tune_verification`), jaxspec speculative systems only.
+        :attr:`models.llama.layout.DecodePlan.settings`), jaxspec speculative systems only.
     """
 
     tokens: list[int]
@@ -230,9 +228,9 @@ def quantized_params(params):
 class JaxspecSystem:
     """``jaxspec/<method>`` for any causal method of the registry (:mod:`jaxspec.methods`;
     ``ngram-bigram`` is ``ngram`` with the bigram fallback; ``<method>-scan`` / ``-unrolled``
-    runs the method under :func:`jaxspec.core.runtime.layer_loop` ``("scan")`` /
-    ``("unrolled")``; ``<method>-om`` / ``-stored`` under
-    :func:`jaxspec.core.runtime.verify_layout` ``("output-major")`` / ``("stored")``;
+    runs the method on a :class:`models.llama.layout.DecodePlan` with the ``"scan"`` /
+    ``"unrolled"`` layer loop; ``<method>-om`` / ``-stored`` on one with the
+    ``"output-major"`` / ``"stored"`` verification layout (:meth:`run_planned`);
     ``ngram-gate`` with the n-gram cost gate (``gate="auto"``); ``<method>-int8`` runs it on
     the weight-only int8 model, :func:`quantized_params`), greedy, batch 1. ``options``
     adds method options (:meth:`jaxspec.methods.Method.configure`) (``draft_model`` for sps,
@@ -276,8 +274,9 @@ class JaxspecSystem:
         if budget not in self._budget_configs:  # each method takes the options it knows
             self._budget_configs[budget] = self.entry.configure(
                 dict(self.options, max_new_tokens=budget), strict=False)
-        with (layer_loop(self.loop) if self.loop else contextlib.nullcontext(),
-              verify_layout(self.verify) if self.verify else contextlib.nullcontext()):
+        if self.loop or self.verify:
+            res, t0 = self.run_planned(ids, self._budget_configs[budget])
+        else:
             t0 = time.perf_counter()
             res = self.entry.run(self.model, self.params, [list(ids)],
                                  self._budget_configs[budget], **self.kw)
@@ -288,6 +287,20 @@ class JaxspecSystem:
                          compile_s=res.compile_s, draft_nfe=int(s.draft_nfe.sum()),
                          settings=dict(getattr(res, "settings", {})),
                          steps=int(s.steps.sum()))
+
+    def run_planned(self, ids: Sequence[int], config):
+        """``(result, start time)``: the causal decoder on an explicit decode plan with this
+        system's layer loop / verification layout (:func:`jaxspec.causal.decode.decode_plan`,
+        timed before the start)."""
+        from jaxspec.causal.decode import decode_plan, generate
+
+        drafter, dparams = config.drafter(self.model.config), config.drafter_params()
+        plan = decode_plan(self.model, self.params, drafter, dparams, gate=config.gate_cost,
+                           layer_loop=self.loop or "auto", verify_layout=self.verify or "auto")
+        t0 = time.perf_counter()
+        return generate(self.model, self.params, [list(ids)], drafter=drafter,
+                        max_new_tokens=config.max_new_tokens, sampling=config.sampling,
+                        drafter_params=dparams, plan=plan, **self.kw), t0
 
 
 class TransformersSystem:
