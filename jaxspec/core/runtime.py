@@ -15,7 +15,6 @@ changes the compiled program:
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
@@ -23,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxspec.core.compile_cache import enable_persistent_cache, ensure_persistent_cache
+
 _EXECUTABLES: dict = {}
 
 
