@@ -1,10 +1,10 @@
 """Bad input to ``scripts.generate`` and to the decode API: one line, before any model loads.
 
-Each CLI case runs ``python -m scripts.generate`` in a subprocess and requires exit code 2,
-exactly one stderr line ``error: ...`` holding the expected words, and no model loading (the
-weight cache is pointed at an empty folder, so a load would print a ``[fetch]`` line and take
-minutes). Each API case calls :mod:`jaxspec.methods` and requires the exception type and
-words.
+Each CLI case runs ``scripts.generate.main`` with model loading patched to fail, and requires
+exit code 2 and exactly one stderr line ``error: ...`` holding the expected words; a subset
+runs ``python -m scripts.generate`` in a subprocess (undecodable argv bytes included) with the
+weight cache pointed at an empty folder. Each API case calls :mod:`jaxspec.methods` and
+requires the exception type and words.
 """
 
 from __future__ import annotations
@@ -76,17 +76,48 @@ CLI_CASES = [  # (id, argv, words in the one error line)
 ]
 
 
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model load (or weight fetch) fails the test."""
+    import models.registry
+    import scripts.infill
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded before the bad input was reported")
+
+    for mod, name in ((models.registry, "load_model"), (models.registry, "load_asarm"),
+                      (models.registry, "fetch"), (scripts.infill, "load_asarm")):
+        monkeypatch.setattr(mod, name, loaded)
+
+
 @pytest.mark.parametrize("argv,words", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
-def test_cli_bad_input_is_one_line_before_any_model_loads(argv, words, tmp_path):
+def test_cli_bad_input_is_one_line_before_any_model_loads(argv, words, no_model_loads, capsys):
+    from scripts import generate
+
+    assert generate.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert words in err, err
+
+
+SUBPROCESS = ("draft-length-huge", "prompt-not-utf8", "threshold-zero", "temperature-inf",
+              "limit-zero", "stepwise-threshold")
+
+
+@pytest.mark.parametrize("argv,words", [c[1:] for c in CLI_CASES if c[0] in SUBPROCESS],
+                         ids=[c[0] for c in CLI_CASES if c[0] in SUBPROCESS])
+def test_cli_subprocess_exit_2(argv, words, tmp_path):
+    """The command as a user runs it (argv bytes that are not UTF-8 included): exit code 2,
+    one stderr line, nothing fetched into an empty weight cache."""
     env = dict(os.environ, JAXSPEC_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
-    argv = [os.fsencode(a) for a in argv]  # keeps the undecodable bytes of the UTF-8 cases
+    argv = [os.fsencode(a) for a in argv]  # keeps the undecodable bytes of the UTF-8 case
     r = subprocess.run([sys.executable, "-m", "scripts.generate", *argv], cwd=ROOT, env=env,
                        capture_output=True, timeout=300)
     err = r.stderr.decode("utf-8", "replace").strip()
     assert r.returncode == 2, (r.returncode, err)
     assert err.startswith("error: ") and "\n" not in err, err
     assert words in err, err
-    assert not list(tmp_path.iterdir()), "a model was fetched or loaded"
+    assert not list(tmp_path.iterdir()), "a model was fetched"
 
 
 def test_help_texts():
