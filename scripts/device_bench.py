@@ -85,16 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _plan_lines(manifest: dict) -> list[str]:
+def _plan_lines(manifest: dict, pack: str) -> list[str]:
+    """The carry plan as lines: per device call, the paths to name in ``carry`` and the
+    command (the last call runs the bench; earlier calls only bring parts, which an
+    ignored folder keeps on a machine that stays warm between the calls)."""
+    from jaxspec.bench import device
     from jaxspec.bench.device import MiB, carry_plan, travel_bytes
 
     tree = travel_bytes(REPO)
     plan = carry_plan(manifest, tree)
     lines = [f"[pack] pack {manifest['total_bytes'] / MiB:.1f} MiB; working tree that travels "
              f"{tree / MiB:.1f} MiB; carry plan: {plan['reason']}"]
+    last = len(plan["calls"])
     for i, (files, size) in enumerate(zip(plan["calls"], plan["call_bytes"]), 1):
-        lines.append(f"[pack]   call {i} ({size / MiB:.1f} MiB with the tree): "
-                     + ", ".join(files))
+        carry = [f"{pack}/{f}" for f in files]
+        if i < last:
+            carry.append(f"{pack}/{device.MANIFEST}")
+        cmd = ("make device-bench" if i == last else "true  # parts stay on the warm machine")
+        lines.append(f"[pack]   call {i} ({size / MiB:.1f} MiB with the tree): carry "
+                     f"{carry}; command: {cmd}")
     return lines
 
 
@@ -116,7 +125,7 @@ def main(argv=None) -> int:
                 f"{sum(len(a['parts']) for a in m['artifacts'])} parts, "
                 f"{len(m['wheels'])} wheels, {m['total_bytes'] / device.MiB:.2f} MiB in all")
             if not args.smoke:
-                for line in _plan_lines(m):
+                for line in _plan_lines(m, args.pack_dir):
                     log(line)
             return 0
         if args.cmd == "verify":
@@ -129,7 +138,7 @@ def main(argv=None) -> int:
             log(f"[stage] {len(done)} part(s) copied to {args.stage_dir}")
             return 0
         if args.cmd == "plan":
-            for line in _plan_lines(device.read_manifest(Path(args.pack_dir))):
+            for line in _plan_lines(device.read_manifest(Path(args.pack_dir)), args.pack_dir):
                 log(line)
             return 0
         if args.cmd == "collect":

@@ -327,12 +327,15 @@ def carry_plan(manifest: dict, tree_bytes: int, limit: int = CARRY_MAX_BYTES) ->
         return {"calls": [], "call_bytes": [], "fits": False,
                 "reason": f"the working tree alone is {tree_bytes / MiB:.1f} MiB of the "
                           f"{limit / MiB:.0f} MiB a call carries: shrink it by at least "
-                          f"{(tree_bytes + fixed_bytes - limit) / MiB + 1:.1f} MiB first"}
+                          f"{(tree_bytes + fixed_bytes - limit) / MiB + 1:.1f} MiB first; "
+                          f"the {sum(p['size'] for p in parts) / MiB:.1f} MiB of parts then "
+                          f"travel in calls of at most (64 MiB - the tree) each"}
     big = [p for p in parts if p["size"] > room]
     if big:
         return {"calls": [], "call_bytes": [], "fits": False,
                 "reason": f"part {big[0]['file']} ({big[0]['size'] / MiB:.1f} MiB) does not fit "
-                          f"beside the {tree_bytes / MiB:.1f} MiB tree; pack smaller parts"}
+                          f"beside the {tree_bytes / MiB:.1f} MiB tree; pack with "
+                          f"--part-max-mib {int((room - fixed_bytes) / MiB)}"}
     calls, sizes, cur, cur_b = [], [], [], 0
     for p in sorted(parts, key=lambda p: -p["size"]):  # first fit, largest first
         for i, c in enumerate(calls):
