@@ -36,8 +36,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxspec.methods import (FAMILY_WORDS, METHODS, default_method, get_method, methods_of,
-                             reference_of, run)
+from jaxspec.methods import FAMILY_WORDS, METHODS, default_method, get_method, methods_of
+from jaxspec.methods import check_needs as check_model_needs
+from jaxspec.methods import reference_of, run
 from jaxspec.methods.dllm import DEFAULT_GRAPH
 from scripts.common import add_compile_cache_flag, compare_line, setup_compile_cache
 
@@ -238,8 +239,10 @@ def choose_method(args, family: str, who: str, options: dict):
         method = get_method(args.method)
     if method.family != family:
         infill = " with --infill TEMPLATE" if family == "asarm" else ""
-        raise ValueError(f"method {method.name!r} needs a {FAMILY_WORDS[method.family]} model, "
-                         f"but {who} is {FAMILY_WORDS[family]}; use --method {fits}{infill}")
+        word = FAMILY_WORDS[method.family]
+        raise ValueError(f"method {method.name!r} needs {'an' if word[0] in 'aeiou' else 'a'} "
+                         f"{word} model, but {who} is {FAMILY_WORDS[family]}; use --method "
+                         f"{fits}{infill}")
     if family == "asarm" and args.infill is None:
         raise ValueError(f"{who} is an {FAMILY_WORDS[family]} model: give a template with "
                          f"--infill (methods {fits}); method {method.name!r} infills a template "
@@ -316,7 +319,7 @@ def _draft_fields(args, method, tok) -> dict:
     adapter (:func:`jaxspec.bench.diffuspec.diffuspec_drafter_options`)."""
     if not method.needs.draft_family:
         return {}
-    from jaxspec.core.runtime import decode_layout_in_place
+    from models.llama.layout import decode_layout_in_place
     from models.registry import load_model
 
     dmodel, dparams, dtok, _ = load_model(args.draft_name, args.draft_weights,
@@ -356,7 +359,7 @@ def load(args, method, options, family):
         from scripts.infill import load_infill
 
         return (*load_infill(args, method, options), None)
-    from jaxspec.core.runtime import decode_layout_in_place
+    from models.llama.layout import decode_layout_in_place
     from models.registry import load_model
 
     model, params, tok, _ = load_model(args.model, args.weights, dtype=args.dtype,
@@ -371,17 +374,39 @@ def load(args, method, options, family):
     for i, ids in enumerate(inputs):
         if not ids:
             raise ValueError(f"prompt {i + 1} encodes to no tokens")
+    check_model_needs(method, model, config)  # before the drafter is built for the plan
+    config = _with_plan(config, model, params, len(inputs))
     show = lambda res: [t + _bold(tok.decode(out)) for t, out in zip(texts, res.tokens)]  # noqa
     return model, params, inputs, config, show, tok
 
 
+def _with_plan(config, model, params, batch: int):
+    """``config`` with the decode plan of $JAXSPEC_LAYER_LOOP / $JAXSPEC_VERIFY_LAYOUT (the
+    command line's defaults, :func:`models.llama.layout.env_defaults`) for a method that takes
+    one (causal methods verifying in the target's vocabulary); unchanged when both are
+    ``auto`` (the decoder then plans itself)."""
+    from models.llama.layout import env_defaults
+
+    chosen = env_defaults()
+    if not hasattr(config, "plan") or set(chosen.values()) == {"auto"} or config.adapter():
+        return config
+    import dataclasses
+
+    from jaxspec.causal.decode import decode_plan
+
+    plan = decode_plan(model, params, config.drafter(model.config), config.drafter_params(),
+                       batch=batch, gate=config.gate_cost, **chosen)
+    return dataclasses.replace(config, plan=plan)
+
+
 def _output_major(method) -> bool:
     """The layout the target's weights are split in on a GPU: output-major for the causal
-    reference (AR) and for an output-major verification layout, else stored."""
-    from jaxspec.core.runtime import resolve_verify_layout
+    reference (AR) and for an output-major verification layout ($JAXSPEC_VERIFY_LAYOUT, the
+    command-line default), else stored."""
+    from models.llama.layout import env_defaults
 
     ar = method.family == "causal" and method.name == method.reference
-    return ar or resolve_verify_layout() == "output-major"
+    return ar or env_defaults()["verify_layout"] == "output-major"
 
 
 def _bold(text: str) -> str:

@@ -27,12 +27,16 @@ class CausalConfig(MethodConfig):
     Attributes:
       sampling: the target distribution.
       max_new_tokens: generation budget per row (>= 1; prompt + budget must fit the context).
+      plan: an explicit :class:`models.llama.layout.DecodePlan` (layer loop, weight layouts,
+        gate cost; :func:`jaxspec.causal.decode.decode_plan`), or None: the decoder computes it
+        once per model and batch. Not compared or hashed.
 
     Raises:
       ValueError: ``max_new_tokens < 1``.
     """
 
     max_new_tokens: int = 128
+    plan: Any = dataclasses.field(default=None, compare=False)
 
     family: ClassVar[str] = "causal"
     reference_method: ClassVar[str] = "ar"
@@ -78,7 +82,8 @@ class CausalConfig(MethodConfig):
         return generate(model, params, prompts, max_new_tokens=self.max_new_tokens,
                         sampling=self.sampling, drafter=drafter,
                         drafter_params=self.drafter_params(), seed=seed, eos_ids=eos_ids,
-                        pad_id=pad_id, gate=self.gate_cost)
+                        pad_id=pad_id, gate=self.gate_cost if self.plan is None else "off",
+                        plan=self.plan)
 
     @property
     def gate_cost(self) -> Union[str, float]:

@@ -103,7 +103,7 @@ def test_cli_corrupt_delta_exit_2(preset_dir, capsys):
     (["--model", NAME, "--method", "ngram"], "method 'ngram' needs a causal model"),
     (["--method", "stepwise"], "needs a masked-diffusion model, but 'smollm2-135m-instruct' is causal"),
     (["--method", "threshold", "--threshold", "0.9"], "needs a masked-diffusion model"),
-    (["--model", "hf-directory", "--method", "fixed-k"], "needs a masked-diffusion model"),
+    (["--model", "hf-directory", "--method", "fixed-k"], "needs --weights PATH"),
     (["--method", "ngram", "--tokens-per-step", "2"], "--tokens-per-step does not apply"),
     (["--model", NAME, "--method", "medusa"], "unknown method 'medusa'"),
     (["--model", NAME, "--method", "fixed-k"], "method 'fixed-k' needs --tokens-per-step K"),
