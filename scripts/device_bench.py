@@ -10,7 +10,9 @@ device image lacks (:data:`jaxspec.bench.device.DEVICE_WHEELS`, ``pip download``
 prompts' token ids and a manifest; it prints the pack's size, the working tree's size and
 the carry plan (which files travel in which device call; 64 MiB per call, tree included).
 
-On the device (``make device-bench``)::
+On the device (``make device-bench``; from the session, the device tool's ``run`` with
+``command="PYTHONUNBUFFERED=1 python3 -m scripts.device_bench run --budget-s 540"``,
+``carry=["device_pack"]``, ``timeout_s=600``, as one call when the plan fits one)::
 
     python -m scripts.device_bench run --budget-s 540 [--out-dir results/gpu] \\
         [--suite methods-causal methods-dllm methods-asarm peers projection] \\
