@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one .tgz of every result (default $OUT/device-bench.tgz if $OUT)")
     r.add_argument("--stage-dir", action="append", default=[],
                    help="where earlier calls staged parts (repeatable)")
+    r.add_argument("--methods", nargs="+", default=None,
+                   help="only these registered methods (their references always run)")
     r.add_argument("--no-compile", action="store_true",
                    help="transformers static-cache peer without torch.compile")
     v = sub.add_parser("verify", help="check a pack's sha256")
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
             suites=args.suite, bundle_path=bundle,
             shapes=args.shapes or ("tiny" if args.smoke else "papers"),
             stage_dirs=[Path(d) for d in args.stage_dir],
-            peers_compile=False if args.no_compile else None, log=log)
+            peers_compile=False if args.no_compile else None, methods=args.methods, log=log)
         return 0
     except (device.PackError, ProjectionError) as e:
         print(f"error: {e}", file=sys.stderr)

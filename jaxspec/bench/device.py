@@ -830,6 +830,8 @@ class RunSettings:
     # methods besides the reference run at the (batch, temperature) pairs after the first
     # (greedy, batch 1, where every method runs); None: all of them
     later_methods: Optional[int] = None
+    # only these methods (their references always run); None: every registered method
+    methods: Optional[tuple] = None
 
     @classmethod
     def smoke(cls) -> "RunSettings":
@@ -919,6 +921,8 @@ def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
     ref = REFERENCE_FIRST.get(family)
     if ref in methods:
         methods.remove(ref)
+    if s.methods is not None:
+        methods = [m for m in methods if m in s.methods]
     out = []
     for n, (t, b) in enumerate((t, b) for t in s.temperatures for b in s.batches):
         for m in (methods if n == 0 or s.later_methods is None
@@ -1017,11 +1021,13 @@ def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
                      stage_dirs: Sequence[Path] = (), unpack_dir: Optional[Path] = None,
                      wheel_dir: Optional[Path] = None, settings: Optional[RunSettings] = None,
                      peers_compile: Optional[bool] = None,
+                     methods: Optional[Sequence[str]] = None,
                      log: Callable[[str], None] = print) -> dict[str, dict]:
     """The device run: verify and unpack the pack, install its wheels, load the vehicles,
     then run ``suites`` in order within ``budget_s`` seconds (compile included), writing each
     suite's ``<suite>.json/.md/.png`` under ``out_dir`` as it ends (and after every row of
-    the method suites) and re-bundling everything into ``bundle_path``.
+    the method suites) and re-bundling everything into ``bundle_path``. ``methods`` limits
+    the method suites to those methods (and their references), e.g. for a second call.
 
     Returns ``{suite: result}``.
 
@@ -1041,6 +1047,12 @@ def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
 
         jax.config.update("jax_disable_most_optimizations", True)
     s = settings or (RunSettings.smoke() if smoke else RunSettings())
+    if methods is not None:
+        known = {m for fam in ("causal", "dllm", "asarm") for m in Registry.methods(fam)}
+        bad = [m for m in methods if m not in known]
+        if bad:
+            raise PackError(f"unknown method {bad[0]!r}; available: {', '.join(sorted(known))}")
+        s = dataclasses.replace(s, methods=tuple(methods))
     machine = device_machine_info()
     log(f"[device-bench] {machine_header(machine)}")
     config = {"smoke": smoke, "budget_s": budget_s, "suites": list(suites)}

@@ -83,6 +83,18 @@ def test_carry_plan_fits_every_call_under_the_limit(tmp_path):
     assert not tight["fits"] and "does not fit" in tight["reason"]
 
 
+def test_entries_put_greedy_batch_1_first_and_keep_references():
+    s = device.RunSettings(batches=(1, 8), temperatures=(0.0, 1.0), methods=("ngram", "space"))
+    e = device._entries("causal", {"causal": None, "space": None}, s)
+    assert e[:4] == [("ar", "causal", 1, 0.0), ("ngram", "causal", 1, 0.0),
+                     ("ar", "space", 1, 0.0), ("space", "space", 1, 0.0)]
+    assert {m for m, *_ in e} == {"ar", "ngram", "space"} and len(e) == 16
+    smoke = device._entries("dllm", {"dllm": None}, device.RunSettings.smoke())
+    assert [(m, b, t) for m, _, b, t in smoke if (b, t) != (1, 0.0)] == [
+        ("stepwise", 8, 0.0), ("fixed-k", 8, 0.0), ("stepwise", 1, 1.0), ("fixed-k", 1, 1.0),
+        ("stepwise", 8, 1.0), ("fixed-k", 8, 1.0)]
+
+
 def test_budget_shares_out_what_is_left():
     b = device.Budget(100.0, reserve_s=0.0)
     first = b.suite_deadline("methods-causal", list(device.SUITES))
@@ -139,6 +151,9 @@ def test_run_rejects_a_corrupt_pack_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "fails its sha256 check" in err[0] and part.name in err[0]
     assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--budget-s", "0",
                               "--suite", "projection"]) == 2
+    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--methods", "nope",
+                              "--suite", "projection"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
 
 
 def test_peers_on_a_tiny_hf_model(tmp_path):
