@@ -264,6 +264,9 @@ class Counters:
       accept_hist: int32 ``(B, bins)`` iterations that produced ``j`` tokens / steps.
       proposed: int32 ``(B,)`` drafts sent to verification.
       forward_tokens: int32 ``(B,)`` query tokens pushed through the model.
+      steps_by_nfe: int32 ``(B, T)``: entry ``i`` = reference steps taken after the row's
+        forward ``i`` (cumulative; 0 past the last forward); ``T = 0`` unless ``start`` is given
+        ``log_len`` (SSD / Spiffy: which forward committed which reference step).
     """
 
     steps: jax.Array
@@ -271,12 +274,14 @@ class Counters:
     accept_hist: jax.Array
     proposed: jax.Array
     forward_tokens: jax.Array
+    steps_by_nfe: jax.Array
 
     @classmethod
-    def start(cls, batch: int, bins: int) -> "Counters":
+    def start(cls, batch: int, bins: int, log_len: int = 0) -> "Counters":
         zeros = jnp.zeros((batch,), jnp.int32)
         return cls(steps=zeros, nfe=zeros, accept_hist=jnp.zeros((batch, bins), jnp.int32),
-                   proposed=zeros, forward_tokens=zeros)
+                   proposed=zeros, forward_tokens=zeros,
+                   steps_by_nfe=jnp.zeros((batch, log_len), jnp.int32))
 
     def add(self, active: jax.Array, steps: jax.Array, accept_bin: jax.Array,
             proposed: jax.Array, query_tokens: jax.Array) -> "Counters":
@@ -285,7 +290,11 @@ class Counters:
         tokens one row forwarded (counted where ``active``)."""
         act = active.astype(jnp.int32)
         bins = self.accept_hist.shape[1]
-        return Counters(steps=self.steps + steps, nfe=self.nfe + act,
+        log = self.steps_by_nfe
+        if log.shape[1]:
+            hit = (jnp.arange(log.shape[1])[None] == self.nfe[:, None]) & active[:, None]
+            log = jnp.where(hit, (self.steps + steps)[:, None], log)
+        return Counters(steps=self.steps + steps, nfe=self.nfe + act, steps_by_nfe=log,
                         accept_hist=self.accept_hist
                         + act[:, None] * jax.nn.one_hot(accept_bin, bins, dtype=jnp.int32),
                         proposed=self.proposed + proposed,

@@ -232,6 +232,10 @@ class DiffusionResult(DecodeResult):
         ``draft_length`` 0, reference ``"stepwise"``).
       compile_s: seconds spent compiling (0 when a cached executable was reused).
       run_s: wall-clock seconds of the decode itself.
+      steps_by_nfe: int32 ``(B, T)`` (SSD and Spiffy; None for the reference decoders, whose
+        forward ``i`` is step ``i``): reference steps taken after each forward of the row
+        (cumulative), so forward ``i`` committed the positions whose ``transfer_step`` lies in
+        ``[steps_by_nfe[i - 1], steps_by_nfe[i])``.
     """
 
     tokens: list[list[int]]
@@ -240,13 +244,15 @@ class DiffusionResult(DecodeResult):
     stats: DecodeStats
     compile_s: float
     run_s: float
+    steps_by_nfe: Optional[np.ndarray] = None
 
 
 def diffusion_result(tokens: np.ndarray, transfer_step: np.ndarray, eos_ids: Sequence[int],
                      cfg: DiffusionDecodeConfig, compile_s: float, run_s: float, *, method: str,
                      reference: str, target_nfe: np.ndarray, steps: np.ndarray,
                      accept_hist: np.ndarray, draft_length: int, drafts_proposed: np.ndarray,
-                     forward_tokens: np.ndarray, extra: dict) -> DiffusionResult:
+                     forward_tokens: np.ndarray, extra: dict,
+                     steps_by_nfe: Optional[np.ndarray] = None) -> DiffusionResult:
     """Assemble a :class:`DiffusionResult` on the host: rows cut after their first EOS, the
     stats record with the extras every diffusion decoder reports (``remasking``,
     ``gen_length``, ``block_length``, ``cache``, ``forward_tokens``) plus ``extra``.
@@ -263,7 +269,8 @@ def diffusion_result(tokens: np.ndarray, transfer_step: np.ndarray, eos_ids: Seq
                "block_length": cfg.block_length, "cache": cfg.cache,
                "forward_tokens": int(forward_tokens.sum()), **extra})
     return DiffusionResult(tokens=rows, full_tokens=tokens, transfer_step=transfer_step,
-                           stats=stats, compile_s=compile_s, run_s=run_s)
+                           stats=stats, compile_s=compile_s, run_s=run_s,
+                           steps_by_nfe=steps_by_nfe)
 
 
 __all__ = ["DiffusionDecodeConfig", "DiffusionResult", "REMASKING", "CACHES", "structural",

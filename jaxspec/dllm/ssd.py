@@ -463,7 +463,7 @@ def ssd_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: K
                drafts=Drafts(tokens=jnp.zeros((B, G + X), jnp.int32),
                              confidence=jnp.full((B, G + X), -jnp.inf)),
                cursor=BlockCursor.start(B), cache=BlockCache.start(model, B, S_ext, B, cached, params),
-               counters=Counters.start(B, cfg.draft_length + 2))
+               counters=Counters.start(B, cfg.draft_length + 2, G))
     more = ((lambda s: jnp.any(s.cursor.block < nb)) if cached
             else (lambda s: jnp.any(s.canvas.masked)))
     st = jax.lax.while_loop(more, lambda s: step(loop, s), st)
@@ -508,7 +508,7 @@ def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], c
         np.asarray(toks), np.asarray(tstep), eos_ids, d, compile_s, run_s, method="ssd",
         reference="stepwise", target_nfe=c.nfe, steps=c.steps, accept_hist=c.accept_hist,
         draft_length=cfg.draft_length, drafts_proposed=c.proposed,
-        forward_tokens=c.forward_tokens,
+        forward_tokens=c.forward_tokens, steps_by_nfe=c.steps_by_nfe,
         extra={"tree": cfg.tree, "nodes": cfg.num_nodes,
                "step_reduction": float(1.0 - c.nfe.sum() / max(c.steps.sum(), 1))})
 

@@ -427,7 +427,7 @@ def spiffy_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs
     J = loop.vocab_ranks
     st = State(canvas=Canvas.start(prompt, G, mask_id), cursor=BlockCursor.start(B),
                cache=BlockCache.start(model, B, S, B, cached, params),
-               counters=Counters.start(B, cfg.graph.size + 2),
+               counters=Counters.start(B, cfg.graph.size + 2, G),
                drafting=Drafting(have=jnp.zeros((B,), bool), rank=jnp.zeros((B, L), jnp.int32),
                                  top=jnp.zeros((B, L, J), jnp.int32)),
                record=Record(rank=jnp.zeros((B, G, L), jnp.int32),
@@ -499,6 +499,7 @@ def spiffy_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]]
         toks, tstep, eos_ids, d, compile_s, run_s, method="spiffy", reference=d.method,
         target_nfe=c.nfe, steps=c.steps, accept_hist=c.accept_hist,
         draft_length=cfg.graph.size, drafts_proposed=c.proposed, forward_tokens=c.forward_tokens,
+        steps_by_nfe=c.steps_by_nfe,
         extra={"graph_D": cfg.graph.size, "nodes": cfg.num_nodes, "unmasking": unmasking,
                "nfe_speedup": float(c.steps.sum() / max(c.nfe.sum(), 1)),
                "step_reduction": float(1.0 - c.nfe.sum() / max(c.steps.sum(), 1))})
