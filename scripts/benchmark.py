@@ -23,7 +23,12 @@ Suite ``dllm`` (masked-diffusion decoding, :mod:`jaxspec.bench.dllm`):
         [--gen-length 256] [--block-length 32] [--methods stepwise fixed-2 fixed-4 threshold-0.9] \
         [--caches none prefix dual] [--remasking low_confidence] [--out results/dllm.json]
 
-The default is the first **3** HumanEval prompts (a 135M model without a cache costs about
+Prompts of suites ``dllm``, ``ssd`` and ``spiffy``: ``--prompt-set long`` (default: HumanEval raw
+completions alternating with held-out stdlib function bodies, where the model must write) or
+``--prompt-set chat`` (HumanEval in the chat template alternating with MT-Bench first turns);
+their reports lead with answer-based figures (:mod:`jaxspec.bench.answers`).
+
+The default is the first **3** prompts (a 135M model without a cache costs about
 0.7 s per forward on a 2-core CPU, and the suite runs 12 decodes of 256 positions per
 prompt: about 13 minutes per prompt here).
 
@@ -140,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "fixed-4 threshold-0.9)")
     dg.add_argument("--caches", nargs="+", default=None, help="subset of none prefix dual")
     dg.add_argument("--remasking", default="low_confidence")
+    dg.add_argument("--prompt-set", choices=("long", "chat"), default=None,
+                    help="prompts of suites dllm, ssd and spiffy: long = HumanEval raw "
+                         "completions alternating with held-out stdlib function bodies "
+                         "(default), chat = HumanEval in the chat template alternating with "
+                         "MT-Bench first turns (also picked by --chat); suite diffuspec: the "
+                         "default of --diffuspec-sets (long, or humaneval-chat mt-bench)")
     dg.add_argument("--overhead-reps", type=int, default=3,
                     help="timed repetitions of each lone forward for loop_overhead (0 = skip)")
     sg = ap.add_argument_group("suite ssd")
@@ -293,9 +304,12 @@ def validate_args(args) -> None:
             _at_least(flag, v, 1)
     for flag, values in (("--space-sets", args.space_sets),
                          ("--diffuspec-sets", args.diffuspec_sets)):
-        bad = sorted(set(values or ()) - set(PROMPT_SETS))
+        bad = sorted(set(values or ()) - set(PROMPT_SETS)
+                     - ({"long"} if flag == "--diffuspec-sets" else set()))
         if bad:
-            raise BenchError(f"unknown {flag} {bad[0]!r}; available: {', '.join(PROMPT_SETS)}")
+            extra = ", long" if flag == "--diffuspec-sets" else ""
+            raise BenchError(f"unknown {flag} {bad[0]!r}; available: "
+                             f"{', '.join(PROMPT_SETS)}{extra}")
     if args.suite == "assd":
         from jaxspec.bench.assd import MAIN_METHODS
 
@@ -364,12 +378,13 @@ def _run_config(args, model_name: str, limit: int, params) -> dict:
     from models.llama.modeling import param_dtype
 
     return {"model": model_name, "limit": limit, "start": args.start,
-            "dtype": str(param_dtype(params)), "quant": args.quant}
+            "prompt_set": args.prompt_set, "dtype": str(param_dtype(params)),
+            "quant": args.quant}
 
 
 def _diffusion_setup(args, log, default_limit: int):
     """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
-    from jaxspec.bench.common import BenchError, BenchPrompt
+    from jaxspec.bench.common import BenchError
     from models.registry import load_model, require_family
 
     model_name = args.model or "dream-smollm2-135m"
@@ -380,13 +395,10 @@ def _diffusion_setup(args, log, default_limit: int):
     require_family(model_name, args.weights, "dllm", f"suite {args.suite}")
     model, params, tok, _ = load_model(model_name, args.weights, log=log, dtype=args.dtype,
                                        quant=args.quant)
-    from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
+    from jaxspec.bench.answers import prompt_set
 
-    probs = humaneval_problems()[args.start:args.start + limit]
-    if not probs:
-        raise BenchError(f"no HumanEval problems at --start {args.start}")
-    prompts = [BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat)))
-               for p in probs]
+    args.prompt_set = args.prompt_set or ("chat" if args.chat else "long")
+    prompts = prompt_set(tok, args.prompt_set, limit, args.start)
     return model_name, limit, model, params, tok, prompts
 
 
@@ -411,7 +423,7 @@ def main_ssd(args, log) -> int:
                                gen_length=args.gen_length, block_length=block, rows=rows,
                                remasking=args.remasking, eos_ids=eos,
                                pad_id=tok.pad_token_id or 0, config=config,
-                               progress=not args.no_progress,
+                               progress=not args.no_progress, prompt_set=args.prompt_set,
                                limit_analysis=not args.no_limit_analysis, log=log)
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -443,7 +455,7 @@ def main_spiffy(args, log) -> int:
                                   gen_length=args.gen_length, block_length=block, rows=rows,
                                   cache=args.cache, remasking=args.remasking, eos_ids=eos,
                                   pad_id=tok.pad_token_id or 0, config=config,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, prompt_set=args.prompt_set)
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -474,7 +486,8 @@ def main_dllm(args, log) -> int:
             block_length=block, methods=methods, caches=caches,
             remasking=args.remasking, eos_ids=eos, pad_id=tok.pad_token_id or 0, config=config,
             progress=not args.no_progress, overhead_reps=args.overhead_reps,
-            decode=lambda ids: tok.decode(ids, skip_special_tokens=False), log=log)
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+            prompt_set=args.prompt_set, log=log)
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -535,7 +548,9 @@ def main_diffuspec(args, log) -> int:
         log("[diffuspec] fitting the 3-gram proxy on the stdlib training split")
         drafter = diffuspec_drafter_options((dmodel, dparams), dtok, tok)
         result = run_diffuspec_suite(
-            (model, params), drafter, tok, sets=args.diffuspec_sets or PROMPT_SETS,
+            (model, params), drafter, tok,
+            sets=args.diffuspec_sets or {"long": ("long",), "chat": ("humaneval-chat", "mt-bench"),
+                                         None: PROMPT_SETS}[args.prompt_set],
             limit=5 if args.limit is None else args.limit, k_max=args.k_max, k_min=args.k_min,
             fixed_k=FIXED_K if args.diffuspec_fixed_k is None else args.diffuspec_fixed_k,
             refine_steps=(REFINE_STEPS if args.diffuspec_refine_steps is None

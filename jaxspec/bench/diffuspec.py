@@ -19,6 +19,16 @@ Definitions (the paper's tables disagree on MAT; this suite uses one rule throug
   bonus or correction token of every step counted (AR has MAT 1).
 * **mean accepted length** = accepted draft tokens / decode steps (the bonus not counted).
 * **draft NFE / token** = drafter forwards (``S`` per proposal) / generated tokens.
+* **answer figures** (:mod:`jaxspec.bench.answers`; shown first): the causal verifier stops at
+  the first EOS, so every target and drafter forward is spent on the answer:
+  ``answer_tokens_per_nfe`` (answer tokens, EOS included, per target forward),
+  ``answer_tokens_per_draft_nfe``, ``answer_tokens_per_s`` and ``answer_speedup`` (median
+  per-prompt ratio of AR's seconds to the row's, on the same answers); ``answer_flag`` marks
+  a row whose answers are mostly EOS (short) or loop.
+
+Prompt sets: :data:`jaxspec.bench.common.PROMPT_SETS` and ``long`` (HumanEval raw
+completions alternating with held-out stdlib function bodies,
+:func:`jaxspec.bench.answers.prompt_set`).
 
 Draft-model speculative sampling (SPS) and transformers' assisted generation run in the ``ar``
 suite on a causal pair (``--suite ar --model qwen2.5-coder-1.5b-instruct --draft-model
@@ -32,8 +42,9 @@ import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from jaxspec.bench import answers as ans
 from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, JaxspecSystem,
-                                  machine_info, markdown_table, plot_k_sweep, report_header,
+                                  machine_info, plot_k_sweep, report_header,
                                   run_ar_suite, save_figure, suite_prompts)
 from models.llama.layout import resolve_layer_loop
 
@@ -82,11 +93,42 @@ def _systems(target, drafter: dict, common: dict, variants: dict[str, dict]) -> 
     return out
 
 
-def _run(systems, prompts, *, progress, log, **fields) -> list[dict]:
-    res = run_ar_suite(systems, prompts, model_name="target", progress=progress, log=log)
+class _Recorder:
+    """A system that keeps its last full-budget output per prompt (the ``ar`` suite's rows
+    keep no tokens), for the answer accounting."""
+
+    def __init__(self, inner):
+        self.inner, self.outs = inner, {}
+        self.system, self.method, self.name = inner.system, inner.method, inner.name
+
+    def run(self, ids, max_new_tokens=None):
+        out = self.inner.run(ids, max_new_tokens)
+        if max_new_tokens is None:
+            self.outs[tuple(ids)] = out
+        return out
+
+
+def _run(systems, prompts, *, progress, log, eos_ids=(), flag_rule=None, **fields) -> list[dict]:
+    rec = [_Recorder(s) for s in systems]
+    res = run_ar_suite(rec, prompts, model_name="target", progress=progress, log=log)
+    runs = {s.name: [ans.causal_answer(o.tokens, eos_ids, nfe=o.target_nfe, seconds=o.seconds,
+                                       draft_nfe=o.draft_nfe)
+                     for o in (s.outs[tuple(p.ids)] for p in prompts)] for s in rec}
+    base = runs[rec[0].name]                       # jaxspec/ar: every list starts with it
     for r in res["rows"]:
+        a = runs[f"{r['system']}/{r['method']}"]
         r.update(fields)
+        r.update(ans.answer_figures(a, draft=True, rule=flag_rule))
+        r["answer_speedup"] = ans.answer_speedups(a, base)["answer_speedup"]
     return res["rows"]
+
+
+def suite_prompt_sets(tok, sets: Sequence[str], limit: int) -> dict:
+    """Token ids per prompt set: ``long`` from :func:`jaxspec.bench.answers.prompt_set`, the
+    others from :func:`jaxspec.bench.common.suite_prompts` (order kept)."""
+    other = [s for s in sets if s != "long"]
+    got = suite_prompts(tok, other, limit) if other else {}
+    return {s: (ans.prompt_set(tok, "long", limit) if s == "long" else got[s]) for s in sets}
 
 
 def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PROMPT_SETS,
@@ -96,7 +138,8 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
                         max_new_tokens: int = 128,
                         model_name: str = "smollm2-135m-instruct",
                         drafter_name: str = "dream-smollm2-135m", config: Optional[dict] = None,
-                        progress: bool = True, log: Callable[[str], None] = lambda m: None) -> dict:
+                        progress: bool = True, flag_rule: Optional[dict] = None,
+                        log: Callable[[str], None] = lambda m: None) -> dict:
     """The whole suite (module docstring).
 
     Args:
@@ -105,10 +148,12 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
         ``dllm_drafter`` ``(DiffusionLM, params)`` with the target's vocabulary, ``proxy``
         (:class:`~jaxspec.causal.diffuspec.NgramProxy` or None) and ``eos_id``.
       tok: the target's tokenizer (chat template, EOS).
-      sets, limit: prompt sets and prompts per set.
+      sets, limit: prompt sets (:data:`~jaxspec.bench.common.PROMPT_SETS` and ``long``) and
+        prompts per set.
       k_max, k_min: DiffuSpec's draft-length range (paper: 30 / 20).
       fixed_k: the Table 5 sweep (empty: skipped); refine_steps: the ``S`` sweep (empty:
         skipped); ablations: run the Table 2 grid.
+      flag_rule: overrides of :data:`jaxspec.eval.quality.ANSWER_FLAG_RULE`.
       drafter_caches: drafter caches of the prompt-set rows (``"none"``, ``"prefix"``); a
         cache other than ``none`` adds ``specdiff+CACHE`` / ``diffuspec+CACHE`` rows (skipped,
         with a log line, for a drafter of another vocabulary).
@@ -136,9 +181,13 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
     if caches and drafter.get("vocab_adapter") is not None:
         log("[diffuspec] drafter caches need the target's vocabulary: skipped for this pair")
         caches = []
-    prompt_sets = suite_prompts(tok, sets, limit)
+    unknown_sets = [s for s in sets if s not in PROMPT_SETS and s != "long"]
+    if unknown_sets:
+        raise BenchError(f"unknown prompt set {unknown_sets[0]!r}; available: "
+                         f"{', '.join(PROMPT_SETS)}, long")
+    prompt_sets = suite_prompt_sets(tok, sets, limit)
     first_name, first = next(iter(prompt_sets.items()))
-    kw = dict(progress=progress, log=log)
+    kw = dict(progress=progress, log=log, eos_ids=eos, flag_rule=flag_rule)
     result: dict[str, Any] = {
         "suite": "diffuspec",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -148,6 +197,7 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
                        refine_steps=list(refine_steps), ablations=ablations, temperature=0.0,
                        drafter_caches=["none"] + caches,
                        ablation_set=first_name, layer_loop=resolve_layer_loop()),
+        "answer_flag_rule": dict(flag_rule or {}),
     }
     result["sets"] = {}
     for name, prompts in prompt_sets.items():
@@ -178,6 +228,10 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
 
 _COLUMNS = [
     ("prompt_set", "set", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
+    ("answer_length", "answer len", "{:.1f}"), ("answer_tokens_per_s", "answer tok/s", "{:.1f}"),
+    ("answer_speedup", "answer speedup vs AR", "{:.2f}x"),
+    ("answer_tokens_per_nfe", "answer tok/NFE", "{:.2f}"),
+    ("answer_tokens_per_draft_nfe", "answer tok/draft NFE", "{:.2f}"), ans.FLAG_COLUMN,
     ("new_tokens", "tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
     ("speedup_vs_baseline", "speedup vs AR", "{:.2f}x"), ("mat", "MAT", "{:.2f}"),
     ("mean_accepted_length", "accepted/step", "{:.2f}"), ("acceptance_rate", "acceptance", "{:.3f}"),
@@ -193,14 +247,25 @@ def markdown_report(result: dict) -> str:
     out = report_header(f"Benchmark suite `diffuspec` ({result['drafter']} -> {result['model']})",
                         result)
     rows = [r for rs in result["sets"].values() for r in rs]
-    out += ["## Prompt sets (batch 1, greedy)", "", markdown_table({"rows": rows}, _COLUMNS), ""]
+    every = rows + [r for k in ("ablations", "fixed_k", "refine_steps")
+                    for r in result.get(k) or []]
+    flag = ans.flag_line(every, ("prompt_set", "method"), result.get("answer_flag_rule"))
+    out += ([flag, ""] if flag else [])
+    out += ["## Prompt sets (batch 1, greedy)", "", ans.markdown_table(rows, _COLUMNS), ""]
     for key, title in (("ablations", "Table 2 ablations (CPS x ADL)"),
                        ("fixed_k", "Fixed draft length, CPS on, ADL off (Table 5)"),
                        ("refine_steps", "Drafter refinement steps S (Fig. 5a)")):
         if result.get(key):
             out += [f"## {title}, set `{c.get('ablation_set')}`", "",
-                    markdown_table({"rows": result[key]}, _COLUMNS), ""]
+                    ans.markdown_table(result[key], _COLUMNS), ""]
     out += ["How to read this:", "",
+            "- Answer columns (first): the verifier stops at the first EOS, so all its forwards "
+            "are answer forwards; `answer len` = mean tokens through the EOS, `answer tok/NFE` "
+            "per target forward, `answer tok/draft NFE` per drafter forward, `answer tok/s` the "
+            "median over prompts, `answer speedup vs AR` the median per-prompt ratio of AR's "
+            "seconds to the row's (the same answers: the method is lossless). Sets: `long` = "
+            "HumanEval raw completions alternating with held-out stdlib function bodies; the "
+            "others as named.",
             f"- {MAT_DEFINITION} `accepted/step` = accepted draft tokens per decode step "
             "(bonus not counted). `draft NFE/token`: drafter forwards (S per proposal) per "
             "generated token.",

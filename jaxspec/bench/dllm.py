@@ -26,7 +26,14 @@ Figures per row:
   window passes after it) is timed alone as a jitted call on the same shapes
   (:func:`forward_costs`);
 * degeneracy figures of the text before each output's first EOS, the mean answer length and
-  the share of EOS positions (:func:`jaxspec.eval.metrics.answer_degeneracy`).
+  the share of EOS positions (:func:`jaxspec.eval.metrics.answer_degeneracy`);
+* the answer-based figures (:mod:`jaxspec.bench.answers`), which the report shows first:
+  ``answer_nfe``, ``answer_tokens_per_nfe``, ``answer_tokens_per_s`` (the forwards and
+  estimated seconds until each output's answer, up to and including its first EOS, was
+  committed), ``answer_speedup_vs_stepwise`` / ``answer_speedup_vs_reference`` (median
+  per-prompt ratio of answer seconds to the same references as above) and
+  ``answer_nfe_speedup_vs_*``; ``answer_flag`` marks a row whose answers are mostly EOS or
+  loop (:func:`jaxspec.eval.quality.answer_flags`), and ``prompt_set`` names the prompt set.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.bench import answers as ans
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info, save_figure
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
@@ -180,6 +188,7 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
                    remasking: str = "low_confidence", eos_ids: Sequence[int] = (),
                    pad_id: int = 0, config: Optional[dict] = None, progress: bool = True,
                    overhead_reps: int = 3, decode: Optional[Callable[[list[int]], str]] = None,
+                   prompt_set: Optional[str] = None, flag_rule: Optional[dict] = None,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the ``dllm`` suite (module docstring) and return the result document.
 
@@ -196,9 +205,12 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
         the degeneracy figures.
       overhead_reps: timed repetitions of each forward for ``loop_overhead`` (0 = skip).
       decode: token ids -> text; when given, ``per_prompt`` records each reference output.
+      prompt_set: the prompt set's name (``long`` / ``chat``), recorded in every row.
+      flag_rule: overrides of :data:`jaxspec.eval.quality.ANSWER_FLAG_RULE`.
 
     Returns:
-      ``{"suite": "dllm", "date", "machine", "config", "rows", "per_prompt"}``.
+      ``{"suite": "dllm", "date", "machine", "config", "prompt_set", "answer_flag_rule",
+      "rows", "per_prompt"}``.
 
     Raises:
       BenchError: no prompts, an unknown method or cache policy.
@@ -233,14 +245,20 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
                 expect = stepwise_forward_seconds(costs, len(p.ids), cfg)
                 overhead[c].append(outs[("stepwise", c)][i].run_s / expect - 1.0)
 
+    answers = {k: [ans.diffusion_answer(r, eos) for r in o] for k, o in outs.items()}
     rows = []
     for (m, c) in keys:
         o = outs[(m, c)]
         ref_c, ref_0 = outs[("stepwise", c)], outs.get(("stepwise", "none"))
+        a_0 = answers.get(("stepwise", "none"))
         tps = [gen_length / max(r.run_s, 1e-9) for r in o]
         row = {
             "method": m, "cache": c, "model": model_name, "remasking": remasking,
+            "prompt_set": prompt_set,
             "prompts": len(o), "gen_length": gen_length, "block_length": block_length,
+            **ans.answer_figures(answers[(m, c)], rule=flag_rule),
+            **ans.answer_speedups(answers[(m, c)], answers[("stepwise", c)], "_vs_stepwise"),
+            **(ans.answer_speedups(answers[(m, c)], a_0, "_vs_reference") if a_0 else {}),
             "nfe": _num(statistics.fmean(int(r.stats.target_nfe.sum()) for r in o), 2),
             "steps": _num(statistics.fmean(int(r.stats.steps.sum()) for r in o), 2),
             "tokens_per_nfe": _num(gen_length / statistics.fmean(
@@ -265,8 +283,11 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
         e: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {}}
         for (m, c) in keys:
             r = outs[(m, c)][i]
+            a = answers[(m, c)][i]
             e["runs"][f"{m}/{c}"] = {
                 "nfe": int(r.stats.target_nfe.sum()), "seconds": _num(r.run_s, 4),
+                "answer_length": a.length, "answer_nfe": a.nfe,
+                "answer_seconds": _num(a.seconds, 4),
                 "tokens_per_s": _num(gen_length / max(r.run_s, 1e-9), 3),
                 "new_tokens": len(r.tokens[0]),
                 "identical_to_stepwise": bool(np.array_equal(
@@ -278,12 +299,15 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
         per_prompt.append(e)
     return {"suite": "dllm",
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": machine_info(), "config": dict(config or {}), "rows": rows,
-            "per_prompt": per_prompt}
+            "machine": machine_info(), "config": dict(config or {}), "prompt_set": prompt_set,
+            "answer_flag_rule": dict(flag_rule or {}), "rows": rows, "per_prompt": per_prompt}
 
 
 _COLUMNS = [
-    ("method", "method", "{}"), ("cache", "cache", "{}"), ("prompts", "prompts", "{}"),
+    ("method", "method", "{}"), ("cache", "cache", "{}"), ("prompt_set", "set", "{}"),
+    ("prompts", "prompts", "{}"), *ans.ANSWER_LEAD,
+    ("answer_speedup_vs_stepwise", "answer vs stepwise", "{:.2f}x"),
+    ("answer_speedup_vs_reference", "answer vs none/stepwise", "{:.2f}x"), ans.FLAG_COLUMN,
     ("nfe", "NFE", "{:.1f}"), ("tokens_per_nfe", "tokens/NFE", "{:.2f}"),
     ("forward_tokens", "fwd tokens", "{:.0f}"), ("tokens_per_s", "tok/s", "{:.2f}"),
     ("speedup_vs_stepwise", "vs stepwise", "{:.2f}x"),
@@ -297,10 +321,14 @@ def markdown_report(result: dict) -> str:
     """Markdown page of a ``dllm`` result: header, table and how to read it."""
     r0 = result["rows"][0]
     out = [*bench.report_header("Benchmark suite `dllm`", result),
-           f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1), gen length "
+           *ans.header_lines(result, ("method", "cache")),
+           f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1), gen length "
            f"{r0['gen_length']}, block {r0['block_length']}, remasking `{r0['remasking']}`, "
            "greedy.", ""]
-    out += [bench.markdown_table(result, _COLUMNS), "", "How to read this:", "",
+    out += [ans.markdown_table(result["rows"], _COLUMNS), "", "How to read this:", "",
+            ans.ANSWER_ACCOUNTING_NOTE,
+            "- `answer vs stepwise` / `answer vs none/stepwise`: median over prompts of the "
+            "reference's answer seconds over this row's (each decoder's own answer).",
                     "- `stepwise` transfers one token per step (steps = gen length); `fixed-K` "
                     "K per step; `threshold-T` every position with confidence >= T (at least "
                     "one). `cache`: Fast-dLLM prefix / dual KV cache (approximate: each cache "
@@ -318,7 +346,8 @@ def markdown_report(result: dict) -> str:
 
 
 def plot_rows(result: dict, out: Path) -> Path:
-    """Grouped bar chart: tokens/s (left) and NFE (right) per method, one bar per cache."""
+    """Grouped bar chart: answer tokens/s (left) and answer NFE (right) per method, one bar
+    per cache (:mod:`jaxspec.bench.answers`)."""
     from jaxspec.core.plotting import pyplot
 
     plt = pyplot()
@@ -331,20 +360,22 @@ def plot_rows(result: dict, out: Path) -> Path:
     w = 0.8 / len(caches)
     for j, c in enumerate(caches):
         by = {r["method"]: r for r in rows if r["cache"] == c}
-        for ax, key in zip(axes, ("tokens_per_s", "nfe")):
-            ax.bar(x + (j - (len(caches) - 1) / 2) * w, [by[m][key] for m in methods], w,
-                   label=f"cache={c}")
-    for ax, lab in zip(axes, ("decoded positions / s", "NFE per prompt")):
+        for ax, key in zip(axes, ("answer_tokens_per_s", "answer_nfe")):
+            ax.bar(x + (j - (len(caches) - 1) / 2) * w, [by[m][key] or 0.0 for m in methods],
+                   w, label=f"cache={c}")
+    for ax, lab in zip(axes, ("answer tokens / s", "NFE until the answer is complete")):
         ax.set_xticks(x, methods)
         ax.set_ylabel(lab)
     axes[0].legend(fontsize=8)
     r0 = rows[0]
+    flagged = sum(bool(r.get("answer_flag")) for r in rows)
     fig.suptitle(f"dllm: {r0['model']}, gen {r0['gen_length']}, block {r0['block_length']}, "
-                 f"{r0['prompts']} prompts")
+                 f"{r0['prompts']} prompts ({r0.get('prompt_set') or 'set not recorded'})"
+                 + (f"; {flagged} rows flagged (EOS / loop)" if flagged else ""))
     return save_figure(fig, out)
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
     return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
-                               caption="tokens/s and NFE")
+                               caption="answer tokens/s and answer NFE")

@@ -15,6 +15,14 @@ NFE / NFE, Spiffy Eq. 14), ``step_reduction``, ``tokens_per_s`` and wall-clock `
 ``identical_to_reference``, acceptance rate (accepted draft blocks / draft blocks verified) and
 the degeneracy of the outputs. ``parallel_speedup`` is the reference rule's own NFE speedup
 over one-token-per-step stepwise decoding and ``total_speedup`` the product (Table 2 columns).
+
+The answer-based figures (:mod:`jaxspec.bench.answers`) come first in the report:
+``answer_nfe`` (forwards until each output's answer, up to and including its first EOS, was
+committed, from Spiffy's ``steps_by_nfe`` record), ``answer_nfe_speedup`` against the same
+rule's reference, ``answer_parallel_speedup`` (the reference rule's answer NFE speedup over
+stepwise) and ``answer_total_speedup`` (their product), ``answer_tokens_per_s`` and the
+wall-clock ``answer_speedup``; ``answer_flag`` marks rows whose answers are mostly EOS or
+loop, ``prompt_set`` names the prompt set.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from jaxspec.bench import answers as ans
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
 from jaxspec.bench.dllm import method_config, run_interleaved
-from jaxspec.bench.ssd import speed_figures, speedup_bars
+from jaxspec.bench.ssd import _answer_entry, speed_figures, speedup_bars
 from jaxspec.dllm import (DiffusionDecodeConfig, DraftGraph, SpiffyConfig, diffusion_generate,
                           load_graph, spiffy_generate)
 
@@ -66,16 +75,20 @@ def run_spiffy_suite(model, params, prompts: Sequence[BenchPrompt], *, model_nam
                      block_length: int = 32, rows: Sequence[tuple[int, str]] = SPIFFY_ROWS,
                      cache: str = "dual", remasking: str = "low_confidence",
                      eos_ids: Sequence[int] = (), pad_id: int = 0,
-                     config: Optional[dict] = None, progress: bool = True) -> dict[str, Any]:
+                     config: Optional[dict] = None, progress: bool = True,
+                     prompt_set: Optional[str] = None,
+                     flag_rule: Optional[dict] = None) -> dict[str, Any]:
     """Run the ``spiffy`` suite (module docstring) and return the result document.
 
     Args:
       graphs: ``D -> DraftGraph`` for every ``D`` in ``rows``.
       rows: ``(D, rule)`` per Spiffy row; the reference of every rule used is added, and the
         stepwise reference always (for ``parallel_speedup``).
+      prompt_set: the prompt set's name (``long`` / ``chat``), recorded in every row.
+      flag_rule: overrides of :data:`jaxspec.eval.quality.ANSWER_FLAG_RULE`.
 
-    Returns: ``{"suite": "spiffy", "date", "machine", "config", "rows", "graphs",
-    "per_prompt"}``.
+    Returns: ``{"suite": "spiffy", "date", "machine", "config", "prompt_set",
+    "answer_flag_rule", "rows", "graphs", "per_prompt"}``.
 
     Raises: BenchError: no prompts, a missing graph or an unknown rule.
     """
@@ -95,29 +108,37 @@ def run_spiffy_suite(model, params, prompts: Sequence[BenchPrompt], *, model_nam
     outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "spiffy runs")
 
     base_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", "stepwise")])
+    answer_nfe = {k: sum(ans.diffusion_answer(r, eos).nfe for r in o)
+                  for k, o in outs.items() if k[0] == "reference"}
     out_rows = []
     for key, o in outs.items():
         rule = key[-1]
         is_sp = key[0] == "spiffy"
-        fig = speed_figures(o, outs[("reference", rule)], gen_length, compile_s[key], is_sp, eos)
+        fig = speed_figures(o, outs[("reference", rule)], gen_length, compile_s[key], is_sp, eos,
+                            flag_rule)
         ref_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", rule)])
         par = base_nfe / ref_nfe
+        a_par = answer_nfe[("reference", "stepwise")] / max(answer_nfe[("reference", rule)], 1)
         out_rows.append({
             "method": key[0], "graph_D": key[1] if is_sp else 0, "unmasking": rule,
             "nodes": key[1] + 1 if is_sp else 1, "cache": cache, "model": model_name,
-            "remasking": remasking, "prompts": len(o), "gen_length": gen_length,
-            "block_length": block_length, **fig,
+            "remasking": remasking, "prompt_set": prompt_set, "prompts": len(o),
+            "gen_length": gen_length, "block_length": block_length, **fig,
+            "answer_parallel_speedup": _num(a_par, 3),
+            "answer_total_speedup": _num(a_par * fig["answer_nfe_speedup"], 3),
             "parallel_speedup": _num(par, 3),
             "total_speedup": _num(par * fig["nfe_speedup"], 3)})
     per_prompt = [{"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {
         "/".join(map(str, k)): {"nfe": int(o[i].stats.target_nfe.sum()),
                                 "seconds": _num(o[i].run_s, 4),
+                                **_answer_entry(ans.diffusion_answer(o[i], eos)),
                                 "identical_to_reference": bool(np.array_equal(
                                     o[i].full_tokens, outs[("reference", k[-1])][i].full_tokens))}
         for k, o in outs.items()}} for i, p in enumerate(prompts)]
     return {"suite": "spiffy",
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": machine_info(), "config": dict(config or {}), "rows": out_rows,
+            "machine": machine_info(), "config": dict(config or {}), "prompt_set": prompt_set,
+            "answer_flag_rule": dict(flag_rule or {}), "rows": out_rows,
             "graphs": {str(D): [[list(p) for p in f] for f in graphs[D].formulas]
                        for D in sorted({D for D, _ in rows})},
             "per_prompt": per_prompt}
@@ -130,6 +151,11 @@ def load_graphs(directory, sizes) -> dict[int, DraftGraph]:
 
 _COLUMNS = [
     ("method", "method", "{}"), ("unmasking", "unmasking", "{}"), ("graph_D", "D", "{}"),
+    ("prompt_set", "set", "{}"), *ans.ANSWER_LEAD,
+    ("answer_nfe_speedup", "answer NFE speedup", "{:.2f}x"),
+    ("answer_parallel_speedup", "answer parallel", "{:.2f}x"),
+    ("answer_total_speedup", "answer total", "{:.2f}x"),
+    ("answer_speedup", "answer wall speedup", "{:.2f}x"), ans.FLAG_COLUMN,
     ("nfe", "NFE", "{:.1f}"), ("nfe_speedup", "NFE speedup", "{:.2f}x"),
     ("parallel_speedup", "parallel", "{:.2f}x"), ("total_speedup", "total", "{:.2f}x"),
     ("tokens_per_s", "tok/s", "{:.2f}"), ("speedup", "wall speedup", "{:.2f}x"),
@@ -144,11 +170,16 @@ def markdown_report(result: dict) -> str:
     """Markdown page of a ``spiffy`` result (Spiffy Tables 1-2 style)."""
     r0 = result["rows"][0]
     lines = [*bench.report_header("Benchmark suite `spiffy`", result),
-             f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
+             *ans.header_lines(result, ("method", "unmasking", "graph_D")),
+             f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1, greedy), gen "
              f"length {r0['gen_length']}, block {r0['block_length']}, cache `{r0['cache']}`, "
              f"remasking `{r0['remasking']}`. Reference of every row: the decoder with the same "
-             "unmasking rule and cache policy.", "", bench.markdown_table(result, _COLUMNS), "",
-             "How to read this:", "",
+             "unmasking rule and cache policy.", "", ans.markdown_table(result["rows"], _COLUMNS),
+             "", "How to read this:", "", ans.ANSWER_ACCOUNTING_NOTE,
+             "- `answer NFE speedup` = the reference's answer NFE / Spiffy's answer NFE; "
+             "`answer parallel` = the rule's answer NFE speedup over one token per step; "
+             "`answer total` their product; `answer wall speedup` the median per-prompt ratio "
+             "of answer seconds.",
              "- `NFE speedup` = reference NFE / Spiffy NFE (Spiffy Eq. 14) against the same "
              "unmasking rule; `parallel` = that rule's NFE speedup over one token per step; "
              "`total` = their product (Table 2).",
@@ -172,4 +203,4 @@ def plot_rows(result: dict, out: Path) -> Path:
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
     return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
-                               caption="NFE and wall-clock speedup")
+                               caption="answer NFE and wall-clock speedup")

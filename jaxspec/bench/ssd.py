@@ -18,7 +18,13 @@ Figures per row, as in SSD Table 1 (TPS, Step↓) plus what a CPU needs to read 
   (accepted drafts / candidates verified), ``mat`` (tokens per forward);
 * degeneracy figures of the text before each output's first EOS, the mean answer length and
   the share of EOS positions (:func:`jaxspec.eval.metrics.answer_degeneracy`): EOS tails are
-  easy to accept, so acceptance and step reduction are read beside them.
+  easy to accept, so acceptance and step reduction are read beside them;
+* the answer-based figures (:mod:`jaxspec.bench.answers`), shown first: ``answer_nfe``
+  (forwards until each output's answer, up to and including its first EOS, was committed,
+  from SSD's ``steps_by_nfe`` record), ``answer_step_reduction`` = ``1 - answer NFE /
+  reference answer NFE``, ``answer_nfe_speedup``, ``answer_tokens_per_s`` and the wall-clock
+  ``answer_speedup`` (estimated answer seconds); ``answer_flag`` marks rows whose answers are
+  mostly EOS or loop, ``prompt_set`` names the prompt set.
 
 The Sec. 5.1 acceptance-limit analysis (Table 2) runs on the same prompts from recorded
 stepwise runs (:func:`jaxspec.dllm.ssd.stepwise_topk`, :func:`jaxspec.dllm.ssd.acceptance_limit`).
@@ -33,6 +39,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from jaxspec.bench import answers as ans
 from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info, save_figure
 from jaxspec.bench.dllm import run_interleaved
@@ -62,16 +69,22 @@ def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str, str]]:
 
 
 def speed_figures(o: Sequence, ref: Sequence, gen_length: int, compile_s: float,
-                  drafted: bool, eos_ids: Sequence[int]) -> dict[str, Any]:
+                  drafted: bool, eos_ids: Sequence[int],
+                  flag_rule: Optional[dict] = None) -> dict[str, Any]:
     """The figures of one benchmark row (module docstring) from its per-prompt results ``o``
     and its reference's ``ref`` (same prompts, batch 1), the degeneracy figures on the text
-    before the first of ``eos_ids``; shared with the ``spiffy`` suite."""
+    before the first of ``eos_ids``, and the answer-based figures against ``ref``
+    (:func:`jaxspec.bench.answers.answer_figures`, :func:`~jaxspec.bench.answers.answer_speedups`;
+    ``flag_rule`` overrides the flag's thresholds); shared with the ``spiffy`` suite."""
+    a = [ans.diffusion_answer(r, eos_ids) for r in o]
+    a_ref = [ans.diffusion_answer(r, eos_ids) for r in ref]
     nfe = [int(r.stats.target_nfe.sum()) for r in o]
     ref_nfe = [int(r.stats.target_nfe.sum()) for r in ref]
     st = [r.stats for r in o]
     prop = sum(int(s.drafts_proposed.sum()) for s in st)
     acc = sum(s.accepted_drafts for s in st)
     return {
+        **ans.answer_figures(a, rule=flag_rule), **ans.answer_speedups(a, a_ref),
         "nfe": _num(statistics.fmean(nfe), 2),
         "step_reduction": _num(1 - sum(nfe) / sum(ref_nfe), 4),
         "nfe_speedup": _num(sum(ref_nfe) / sum(nfe), 3),
@@ -96,7 +109,8 @@ def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: 
                   remasking: str = "low_confidence", eos_ids: Sequence[int] = (),
                   pad_id: int = 0, config: Optional[dict] = None, progress: bool = True,
                   limit_analysis: bool = True, limit_draft_lengths=(3, 4, 5),
-                  limit_top_ks=(1, 2, 3, 4, 5),
+                  limit_top_ks=(1, 2, 3, 4, 5), prompt_set: Optional[str] = None,
+                  flag_rule: Optional[dict] = None,
                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the ``ssd`` suite (module docstring) and return the result document.
 
@@ -105,10 +119,12 @@ def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: 
         cache policy used is added.
       limit_analysis: also run Sec. 5.1's acceptance-limit analysis (no cache; costs one
         forward per generated position and prompt).
+      prompt_set: the prompt set's name (``long`` / ``chat``), recorded in every row.
+      flag_rule: overrides of :data:`jaxspec.eval.quality.ANSWER_FLAG_RULE`.
 
     Returns:
-      ``{"suite": "ssd", "date", "machine", "config", "rows", "acceptance_limits",
-      "per_prompt"}``.
+      ``{"suite": "ssd", "date", "machine", "config", "prompt_set", "answer_flag_rule",
+      "rows", "acceptance_limits", "per_prompt"}``.
 
     Raises:
       BenchError: no prompts; ValueError: invalid settings (from the configs).
@@ -133,10 +149,10 @@ def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: 
         out_rows.append({
             "method": key[0], "draft_length": key[1] if is_ssd else None,
             "tree": key[2] if is_ssd else None, "nodes": ssds[key[1:]].num_nodes if is_ssd else 1,
-            "cache": c, "model": model_name, "remasking": remasking, "prompts": len(o),
-            "gen_length": gen_length, "block_length": block_length,
+            "cache": c, "model": model_name, "remasking": remasking, "prompt_set": prompt_set,
+            "prompts": len(o), "gen_length": gen_length, "block_length": block_length,
             **speed_figures(o, outs[("stepwise", c)], gen_length, compile_s[key], is_ssd,
-                            eos)})
+                            eos, flag_rule)})
 
     limits = None
     if limit_analysis:
@@ -154,18 +170,29 @@ def run_ssd_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: 
     per_prompt = [{"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {
         "/".join(map(str, k)): {"nfe": int(o[i].stats.target_nfe.sum()),
                                 "seconds": _num(o[i].run_s, 4),
+                                **_answer_entry(ans.diffusion_answer(o[i], eos)),
                                 "identical_to_reference": bool(np.array_equal(
                                     o[i].full_tokens, outs[("stepwise", k[-1])][i].full_tokens))}
         for k, o in outs.items()}} for i, p in enumerate(prompts)]
     return {"suite": "ssd",
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": machine_info(), "config": dict(config or {}), "rows": out_rows,
+            "machine": machine_info(), "config": dict(config or {}), "prompt_set": prompt_set,
+            "answer_flag_rule": dict(flag_rule or {}), "rows": out_rows,
             "acceptance_limits": limits, "per_prompt": per_prompt}
+
+
+def _answer_entry(a: ans.AnswerRun) -> dict:
+    """The answer fields of a ``per_prompt`` run entry (shared with the ``spiffy`` suite)."""
+    return {"answer_length": a.length, "answer_nfe": a.nfe, "answer_seconds": _num(a.seconds, 4)}
 
 
 _COLUMNS = [
     ("method", "method", "{}"), ("draft_length", "N", "{}"), ("tree", "tree", "{}"),
-    ("nodes", "nodes", "{}"), ("cache", "cache", "{}"), ("nfe", "NFE", "{:.1f}"),
+    ("nodes", "nodes", "{}"), ("cache", "cache", "{}"), ("prompt_set", "set", "{}"),
+    *ans.ANSWER_LEAD, ("answer_step_reduction", "answer Step↓", "{:.1%}"),
+    ("answer_nfe_speedup", "answer NFE speedup", "{:.2f}x"),
+    ("answer_speedup", "answer wall speedup", "{:.2f}x"), ans.FLAG_COLUMN,
+    ("nfe", "NFE", "{:.1f}"),
     ("step_reduction", "Step↓", "{:.1%}"), ("nfe_speedup", "NFE speedup", "{:.2f}x"),
     ("tokens_per_s", "tok/s", "{:.2f}"), ("speedup", "wall speedup", "{:.2f}x"),
     ("seconds_per_forward", "s/forward", "{:.3f}"), ("acceptance_rate", "acceptance", "{:.3f}"),
@@ -177,10 +204,11 @@ def markdown_report(result: dict) -> str:
     """Markdown page of an ``ssd`` result: SSD Table 1 style rows and the Table 2 analysis."""
     r0 = result["rows"][0]
     lines = [*bench.report_header("Benchmark suite `ssd`", result),
-             f"Model `{r0['model']}`, {r0['prompts']} HumanEval prompts (batch 1, greedy), gen "
+             *ans.header_lines(result, ("method", "draft_length", "tree", "cache")),
+             f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1, greedy), gen "
              f"length {r0['gen_length']}, block {r0['block_length']}, remasking "
              f"`{r0['remasking']}`. Reference of every row: one-token-per-step stepwise decoding "
-             "with the same cache policy.", "", bench.markdown_table(result, _COLUMNS)]
+             "with the same cache policy.", "", ans.markdown_table(result["rows"], _COLUMNS)]
     lim = result.get("acceptance_limits")
     if lim:
         lines += ["", "Acceptance limits (SSD Sec. 5.1, Table 2): step reduction an ideal "
@@ -191,9 +219,12 @@ def markdown_report(result: dict) -> str:
         for row in lim["rows"]:
             lines.append(f"| {row['draft_length']} | " + " | ".join(
                 f"{v:.1%}" for v in row["step_reduction"]) + f" | {row['upper_bound']:.1%} |")
-    lines += ["", "How to read this:", "",
-              "- `Step↓` = 1 - NFE / reference NFE (SSD Table 1); `NFE speedup` its inverse "
-              "ratio. An SSD forward verifies `nodes` sequences in one batch, so on a "
+    lines += ["", "How to read this:", "", ans.ANSWER_ACCOUNTING_NOTE,
+              "- `answer Step↓` = 1 - answer NFE / the reference's answer NFE (SSD Table 1's "
+              "Step↓ on the answer); `answer NFE speedup` its inverse ratio; `answer wall "
+              "speedup` the median per-prompt ratio of answer seconds.",
+              "- `Step↓` = 1 - NFE / reference NFE over all generated positions; `NFE speedup` "
+              "its inverse ratio. An SSD forward verifies `nodes` sequences in one batch, so on a "
               "compute-bound CPU its cost (`s/forward`) grows with the node count and the "
               "wall-clock speedup falls short of the NFE speedup.",
               "- `identical` says whether every prompt's output equals the reference's token for "
@@ -204,17 +235,25 @@ def markdown_report(result: dict) -> str:
 
 def speedup_bars(rows: Sequence[dict], labels: Sequence[str], ylabel: str, title: str,
                  out: Path) -> Path:
-    """Bars of NFE speedup and wall-clock speedup per row (shared by the ssd/spiffy charts)."""
+    """Bars per row (shared by the ssd/spiffy charts): the answer NFE speedup, the answer
+    wall-clock speedup and, lighter, the NFE speedup over all positions; a flagged row's
+    label gets the flag."""
     from jaxspec.core.plotting import pyplot
 
     plt = pyplot()
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.8))
-    ax.bar(x - 0.2, [r["nfe_speedup"] for r in rows], 0.4, label="NFE speedup")
-    ax.bar(x + 0.2, [r["speedup"] for r in rows], 0.4, label="wall-clock speedup (this CPU)")
+    val = lambda r, k: r.get(k) or 0.0  # noqa: E731 - None (not measured) plots as 0
+    ax.bar(x - 0.27, [val(r, "answer_nfe_speedup") for r in rows], 0.27,
+           label="answer NFE speedup")
+    ax.bar(x, [val(r, "answer_speedup") for r in rows], 0.27,
+           label="answer wall-clock speedup (this machine)")
+    ax.bar(x + 0.27, [val(r, "nfe_speedup") for r in rows], 0.27, alpha=0.4,
+           label="NFE speedup, all positions (EOS padding included)")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xticks(x, [lab + (f"\n[{r['answer_flag']}]" if r.get("answer_flag") else "")
+                      for lab, r in zip(labels, rows)], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     ax.set_title(title)
@@ -233,4 +272,4 @@ def plot_rows(result: dict, out: Path) -> Path:
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
     return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
-                               caption="NFE and wall-clock speedup")
+                               caption="answer NFE and wall-clock speedup")

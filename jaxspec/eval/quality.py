@@ -207,6 +207,50 @@ def is_degenerate(tokens: Sequence[int], share: float = 0.5) -> bool:
     return max(t.count(v) for v in set(t)) / len(t) > share
 
 
+#: Thresholds of the benchmark reports' answer-quality flag (:func:`answer_flags`): the
+#: figures of a row are flagged as measured on EOS padding when the median answer (tokens
+#: before the first EOS) is shorter than ``median_answer_min``, and as measured on a loop when
+#: the mean repeated 4-gram rate before the EOS exceeds ``repeated_ngram_rate_max`` or the
+#: mean distinct-token share falls below ``distinct_token_share_min``.
+ANSWER_FLAG_RULE = {"median_answer_min": 32, "repeated_ngram_rate_max": 0.2,
+                    "distinct_token_share_min": 0.4}
+
+
+def answer_flags(median_answer: float, repeated_ngram_rate: Optional[float],
+                 distinct_token_share: Optional[float], rule: Optional[dict] = None) -> list[str]:
+    """The flags of one benchmark row from its answer figures (the text before each output's
+    first EOS): ``"EOS"`` (the answers are mostly EOS: median answer shorter than
+    ``rule["median_answer_min"]``) and / or ``"loop"`` (mean repeated 4-gram rate above
+    ``rule["repeated_ngram_rate_max"]`` or mean distinct-token share below
+    ``rule["distinct_token_share_min"]``, :func:`jaxspec.eval.metrics.degeneracy`); ``[]`` for
+    answers fit to carry a speedup. ``rule`` overrides :data:`ANSWER_FLAG_RULE` keys; a None
+    degeneracy figure (no non-empty answer) skips the loop test."""
+    r = {**ANSWER_FLAG_RULE, **(rule or {})}
+    flags = []
+    if median_answer < r["median_answer_min"]:
+        flags.append("EOS")
+    if (repeated_ngram_rate is not None and repeated_ngram_rate > r["repeated_ngram_rate_max"]) \
+            or (distinct_token_share is not None
+                and distinct_token_share < r["distinct_token_share_min"]):
+        flags.append("loop")
+    return flags
+
+
+def answer_quality(answers: Sequence[Sequence[int]], rule: Optional[dict] = None) -> dict:
+    """Answer-quality figures of a row's outputs: ``answers`` are the token ids before each
+    output's first EOS (EOS excluded). Returns ``median_answer_tokens``, the means of
+    :func:`jaxspec.eval.metrics.mean_degeneracy` over the non-empty answers
+    (``distinct_token_share``, ``repeated_ngram_rate``; ``longest_run`` the max; None when
+    every answer is empty) and ``answer_flags`` (:func:`answer_flags`)."""
+    nonempty = [list(a) for a in answers if len(a)]
+    figs = (mean_degeneracy(nonempty, 4) if nonempty else
+            {"distinct_token_share": None, "repeated_ngram_rate": None, "longest_run": None})
+    med = float(np.median([len(a) for a in answers])) if len(answers) else 0.0
+    return {"median_answer_tokens": med, **figs,
+            "answer_flags": answer_flags(med, figs["repeated_ngram_rate"],
+                                         figs["distinct_token_share"], rule)}
+
+
 # --------------------------------------------------------------------------- AS-ARM gate (issue 5)
 #: Thresholds of the AS-ARM infilling gate (:func:`asarm_gate_checks`). The rule is applied to
 #: the gated run (sampling at temperature 1.0, the paper's setting); greedy figures are reported

@@ -36,6 +36,12 @@ def test_diffuspec_suite_on_tiny_models(tmp_path, monkeypatch):
     assert all(r["identical_to_reference"] for r in rows.values())
     assert rows["ar"]["mat"] == 1.0 and rows["ar"]["draft_nfe_per_token"] == 0.0
     assert rows["diffuspec"]["draft_nfe_per_token"] > 0
+    for r in rows.values():   # the verifier stops at the EOS: every forward is an answer forward
+        assert r["answer_tokens_per_nfe"] == pytest.approx(r["mat"], abs=1e-3)
+        assert r["answer_length"] * r["prompts"] == pytest.approx(r["new_tokens"])
+    d = rows["diffuspec"]
+    assert d["answer_tokens_per_draft_nfe"] == pytest.approx(1 / d["draft_nfe_per_token"], rel=1e-2)
+    assert rows["ar"]["answer_speedup"] == 1.0 and rows["ar"]["answer_tokens_per_draft_nfe"] is None
     assert {r["method"] for r in res["ablations"]} == {"ar", "diffuspec", "cps-only",
                                                        "adl-only", "specdiff"}
     assert all(r["identical_to_reference"] for r in res["ablations"] + res["fixed_k"]
@@ -51,6 +57,10 @@ def test_diffuspec_suite_on_tiny_models(tmp_path, monkeypatch):
     assert json.loads(js.read_text())["suite"] == "diffuspec"
     text = md.read_text()
     assert "Table 2 ablations" in text and "Fixed draft length" in text and "diffuspec.png" in text
+    header = next(line for line in text.splitlines() if line.startswith("| set"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols[:6] == ["set", "method", "prompts", "answer len", "answer tok/s",
+                        "answer speedup vs AR"] and cols.index("flag") < cols.index("tokens")
     assert (tmp_path / "diffuspec.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -62,5 +72,7 @@ def test_diffuspec_suite_bad_input():
         run_diffuspec_suite(target, {}, tok)
     with pytest.raises(BenchError, match="k_min <= k_max"):
         run_diffuspec_suite(target, {"dllm_drafter": object()}, tok, k_max=5, k_min=8)
+    with pytest.raises(BenchError, match="unknown prompt set 'bogus'"):
+        run_diffuspec_suite(target, {"dllm_drafter": object()}, tok, sets=("long", "bogus"))
     with pytest.raises(BenchError, match="unknown drafter cache"):
         run_diffuspec_suite(target, {"dllm_drafter": object()}, tok, drafter_caches=("dual",))
