@@ -494,8 +494,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                          "(decode_plan(..., gate=...) or DecodePlan(verify_cost=...))")
     if drafter is not None and plan.verify_cost is not None:
         drafter = CostGate(drafter, plan.verify_cost)
-    loop = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
-                      drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
+    loop = LoopConfig(model=layout.plan_model(model, plan), max_new=int(max_new_tokens),
+                      sampling=sampling, drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
     args = (layout.plan_trees(params, plan), layout.plan_draft_tree(drafter_params, plan),
             *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))

@@ -88,11 +88,15 @@ class DecodePlan:
         forwards are one-token steps, :attr:`jaxspec.core.drafters.Drafter.one_token_steps`).
       verify_cost: the cost gate's price of a verification pass in one-token steps (>= 1;
         :class:`jaxspec.core.drafters.CostGate`), or None for no gate.
+      row_blocks: row blocks of the target's one-row output-major products on the CPU
+        (:func:`models.llama.modeling.gemv_blocks`; 1 turns the blocking off); None: the
+        model's default, :data:`models.llama.modeling.ONE_TASK_BLOCKS` (4, measured faster on
+        a 2-core AMD EPYC).
       verify_s: the measured seconds of one verification pass per layout, when :func:`plan`
         timed them (a record for reports; not compared or hashed).
 
     Raises:
-      ValueError: an unknown loop or layout name, or ``verify_cost < 1``.
+      ValueError: an unknown loop or layout name, ``verify_cost < 1`` or ``row_blocks < 1``.
     """
 
     layer_loop: str = "unrolled"
@@ -101,6 +105,7 @@ class DecodePlan:
     draft_loop: str = "unrolled"
     draft_layout: str = "stored"
     verify_cost: Optional[float] = None
+    row_blocks: Optional[int] = None
     verify_s: tuple = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self):
@@ -111,6 +116,9 @@ class DecodePlan:
         if self.verify_cost is not None and not self.verify_cost >= 1.0:
             raise ValueError(f"verify_cost must be >= 1 (one-token steps) or None, got "
                              f"{self.verify_cost}")
+        if self.row_blocks is not None and not (isinstance(self.row_blocks, int)
+                                                and self.row_blocks >= 1):
+            raise ValueError(f"row_blocks must be an integer >= 1 or None, got {self.row_blocks!r}")
 
     @property
     def settings(self) -> dict:
@@ -538,6 +546,12 @@ def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: 
                       verify_cost=None if gate == "off" else float(gate), verify_s=timed, **draft)
 
 
+def plan_model(model, plan: DecodePlan):
+    """``model`` (a :class:`models.llama.modeling.CausalLM`) with the plan's ``row_blocks``
+    (the same module when the plan leaves them to the model)."""
+    return model if plan.row_blocks is None else model.clone(row_blocks=plan.row_blocks)
+
+
 def plan_trees(params, plan: DecodePlan) -> tuple[Any, Any]:
     """``(verify, step)``: the target's parameter tree in the plan's verification layout and
     in its one-token-step layout (the same object when they agree, or under the scan loop).
@@ -566,5 +580,5 @@ def plan_draft_tree(draft_params, plan: DecodePlan) -> Any:
 __all__ = ["AUTO_LAYOUT_MAX_BYTES", "DecodePlan", "LAYER_LOOPS", "WEIGHT_LAYOUTS",
            "decode_layout", "decode_layout_in_place", "device_memory", "env_defaults",
            "is_split", "machine_layer_loop", "pass_seconds", "plan", "plan_draft_tree",
-           "plan_trees", "resolve_layer_loop", "split_bytes", "split_layout", "tree_layer_loop",
-           "tree_nbytes"]
+           "plan_model", "plan_trees", "resolve_layer_loop", "split_bytes", "split_layout",
+           "tree_layer_loop", "tree_nbytes"]

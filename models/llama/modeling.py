@@ -202,11 +202,18 @@ class CausalLM(nn.Module):
     Returns:
       ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None.
 
+    Attributes:
+      config: the architecture (:class:`models.config.ModelConfig`).
+      row_blocks: row blocks of its one-row output-major products on the CPU
+        (:func:`gemv_blocks`; a static knob of :class:`models.llama.layout.DecodePlan`); None:
+        :data:`ONE_TASK_BLOCKS`.
+
     Raises:
       ValueError: ``cache`` without ``cache_index``; ``last_rows`` outside ``1..T``.
     """
 
     config: ModelConfig
+    row_blocks: Optional[int] = None
 
     @nn.compact
     def __call__(self, tokens, positions, mask, cache: Optional[KVCache] = None,
@@ -237,11 +244,12 @@ class CausalLM(nn.Module):
         cos, sin = rope_tables(positions, Dh, c.rope_theta)
         bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :, :]  # (B,1,1,T,S)
         scale = Dh ** -0.5
+        rb = self.row_blocks
 
         def block(carry, lp):
             h, kc_all, vc_all, li = carry
             a = rms_norm(h, lp["attn_norm"], c.rms_norm_eps)
-            q, k, v = qkv_proj(a, lp, H * Dh, K * Dh)
+            q, k, v = qkv_proj(a, lp, H * Dh, K * Dh, rb)
             if c.qkv_bias:
                 q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
             q = apply_rope(q.reshape(B, T, H, Dh), cos, sin)
@@ -258,9 +266,10 @@ class CausalLM(nn.Module):
             s = jnp.einsum("btkgd,bksd->bkgts", qg, keys) * scale + bias
             w = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(vals.dtype)
             o = jnp.einsum("bkgts,bkds->btkgd", w, vals).reshape(B, T, H * Dh)
-            h = h + proj(o, lp, "wo")
+            h = h + proj(o, lp, "wo", rb)
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
-            h = h + proj(jax.nn.silu(proj(m, lp, "w_gate")) * proj(m, lp, "w_up"), lp, "w_down")
+            g = jax.nn.silu(proj(m, lp, "w_gate", rb)) * proj(m, lp, "w_up", rb)
+            h = h + proj(g, lp, "w_down", rb)
             return (h, kc_all, vc_all, li + 1), None
 
         def run_layers(carry):
@@ -400,7 +409,7 @@ def has_projection(lp, name: str) -> bool:
                or ((n + "_q" in lp or n + "_q_t" in lp) and n + "_s" in lp) for n in names)
 
 
-def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
+def proj(x: jax.Array, lp: dict, name: str, blocks: Optional[int] = None) -> jax.Array:
     """``x @ W`` for the layer weight ``name``: input-major ``lp[name]`` ``(in, out)``, or its
     output-major copy ``lp[name + "_t"]`` ``(out, in)`` in the AR decode layout
     (:func:`unstack_layers`), where XLA:CPU's matrix-vector product streams faster
@@ -416,11 +425,11 @@ def proj(x: jax.Array, lp: dict, name: str) -> jax.Array:
     if name in lp:
         return x @ lp[name]
     if name + "_t" in lp:
-        return output_major_product(x, lp[name + "_t"])
+        return output_major_product(x, lp[name + "_t"], blocks)
     if name + "_q" in lp:
         y = x @ lp[name + "_q"].astype(x.dtype)
     else:
-        y = output_major_product(x, lp[name + "_q_t"].astype(x.dtype))
+        y = output_major_product(x, lp[name + "_q_t"].astype(x.dtype), blocks)
     return (y.astype(jnp.float32) * lp[name + "_s"]).astype(x.dtype)
 
 
@@ -431,23 +440,26 @@ GEMV_TASK_FMAS = 2 ** 19
 ONE_TASK_BLOCKS = 4
 
 
-def gemv_blocks(rows: int, m: int, k: int, backend: Optional[str] = None) -> int:
+def gemv_blocks(rows: int, m: int, k: int, backend: Optional[str] = None,
+                blocks: Optional[int] = None) -> int:
     """Row blocks for ``x (rows, k) @ w_t.T`` with ``w_t`` ``(m, k)`` in
     :func:`output_major_product`: :data:`ONE_TASK_BLOCKS` when XLA:CPU would run the product
     as one task on one thread (one row, ``m * k`` under :data:`GEMV_TASK_FMAS`; SmolLM2-135M's
-    ``576 x 576`` ``wo``) and the blocks divide ``m``; else 1. ``backend`` defaults to JAX's.
+    ``576 x 576`` ``wo``) and the blocks divide ``m``; else 1. ``backend`` defaults to JAX's;
+    ``blocks`` (a :class:`CausalLM`'s ``row_blocks``) replaces :data:`ONE_TASK_BLOCKS`.
 
     One row only: with many rows fed by an RMSNorm, XLA:CPU (jaxlib 0.10.2) fuses the norm, the
     broadcast over the blocks and the batched product into one YNNPACK fusion that returns NaN
     from 4,096 rows on (``benchmarks/probes/matvec-tasks/ynn_fusion_repro.py``)."""
-    b = ONE_TASK_BLOCKS
+    b = ONE_TASK_BLOCKS if blocks is None else int(blocks)
     if (rows != 1 or b <= 1 or m * k >= GEMV_TASK_FMAS or m % b
             or (backend or jax.default_backend()) != "cpu"):
         return 1
     return b
 
 
-def output_major_product(x: jax.Array, w_t: jax.Array) -> jax.Array:
+def output_major_product(x: jax.Array, w_t: jax.Array,
+                         blocks: Optional[int] = None) -> jax.Array:
     """``x (..., k) @ w_t.T`` for an output-major matrix ``w_t`` ``(m, k)`` -> ``(..., m)``.
 
     A one-row product that XLA:CPU would give a single task (:func:`gemv_blocks`) runs as a
@@ -457,7 +469,7 @@ def output_major_product(x: jax.Array, w_t: jax.Array) -> jax.Array:
     result equals the plain product up to float rounding order."""
     m, k = w_t.shape
     rows = math.prod(x.shape[:-1])
-    b = gemv_blocks(rows, m, k)
+    b = gemv_blocks(rows, m, k, blocks=blocks)
     if b == 1:
         return jnp.einsum("...i,oi->...o", x, w_t)
     xb = jnp.broadcast_to(x.reshape(1, k), (b, k))
@@ -465,13 +477,14 @@ def output_major_product(x: jax.Array, w_t: jax.Array) -> jax.Array:
     return y.reshape(x.shape[:-1] + (m,))
 
 
-def qkv_proj(x: jax.Array, lp: dict, q_dim: int, kv_dim: int) -> tuple:
+def qkv_proj(x: jax.Array, lp: dict, q_dim: int, kv_dim: int,
+             blocks: Optional[int] = None) -> tuple:
     """``(q (..., q_dim), k (..., kv_dim), v (..., kv_dim))`` of ``x`` ``(..., D)``: one
     product over the fused ``wqkv`` (:func:`fuse_qkv`) split at ``q_dim`` and
     ``q_dim + kv_dim``, else three :func:`proj` products."""
     if QKV_FUSED + "_t" in lp or QKV_FUSED + "_q_t" in lp:
-        return tuple(jnp.split(proj(x, lp, QKV_FUSED), (q_dim, q_dim + kv_dim), axis=-1))
-    return proj(x, lp, "wq"), proj(x, lp, "wk"), proj(x, lp, "wv")
+        return tuple(jnp.split(proj(x, lp, QKV_FUSED, blocks), (q_dim, q_dim + kv_dim), axis=-1))
+    return proj(x, lp, "wq", blocks), proj(x, lp, "wk", blocks), proj(x, lp, "wv", blocks)
 
 
 def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> jax.Array:

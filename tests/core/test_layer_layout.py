@@ -115,32 +115,35 @@ def test_one_row_product_in_row_blocks_equals_the_plain_product(monkeypatch, lea
     hlo = jax.jit(output_major_product).lower(x, w_t).compile().as_text()
     # one row: a batched product over 4 row blocks; several rows: the plain product
     assert ("lhs_batch_dims={0}" in hlo) == (lead != (3,))
+    # a model's row_blocks (a DecodePlan knob) overrides the module default: 1 = plain
+    plain = jax.jit(output_major_product, static_argnums=2).lower(x, w_t, 1).compile().as_text()
+    assert "lhs_batch_dims={0}" not in plain
 
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_one_token_steps_identical_with_and_without_row_blocks(monkeypatch, sampled):
     """Every one-row product of the tiny model is a one-task shape, so at batch 1 its AR loop
-    and the n-gram loop's one-token steps run each of them in row blocks: the tokens equal the
-    plain products' (greedy, and sampled with the same seeds), and greedy AR equals the stacked
-    scan's."""
+    and the n-gram loop's one-token steps run each of them in row blocks (the plan's
+    ``row_blocks``): the tokens equal the plain products' (greedy, and sampled with the same
+    seeds), and greedy AR equals the stacked scan's."""
     model, params = tiny_model(layers=2)
     prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9]]
     cfg = SamplingConfig(temperature=1.0, top_p=0.9) if sampled else SamplingConfig()
     drafters = {"ar": None, "ngram": NgramDrafter(3, 64, max_ngram=2, min_ngram=1)}
-    monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
     outs = {}
     for blocks in (1, 4):
-        monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", blocks)
-        runtime.clear_compiled()
+        plans = {"ar": DecodePlan(row_blocks=blocks),  # AR: output-major throughout
+                 "ngram": DecodePlan(verify_layout="stored", row_blocks=blocks)}
         outs[blocks] = {(name, seed, i): generate(model, params, [p], max_new_tokens=12,
-                                                   sampling=cfg, drafter=d, seed=seed).tokens
+                                                   sampling=cfg, drafter=d, seed=seed,
+                                                   plan=plans[name]).tokens
                         for name, d in drafters.items() for seed in (0, 1, 2)
                         for i, p in enumerate(prompts)}
     assert outs[1] == outs[4]
     if not sampled:
-        monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "scan")
-        runtime.clear_compiled()
-        scan = [generate(model, params, [p], max_new_tokens=12).tokens for p in prompts]
+        scan = DecodePlan(layer_loop="scan")
+        scan = [generate(model, params, [p], max_new_tokens=12, plan=scan).tokens
+                for p in prompts]
         assert [outs[4][("ar", 0, i)] for i in range(len(prompts))] == scan
 
 
