@@ -91,20 +91,3 @@ def use_compiled(snapshot: dict) -> None:
     """Make ``snapshot`` (:func:`compiled_snapshot`) the compile cache."""
     _EXECUTABLES.clear()
     _EXECUTABLES.update(snapshot)
-
-
-# names that moved to models.llama.layout, resolved on first use for callers not updated yet
-# (scripts.generate, jaxspec.dllm.ssd, jaxspec.dllm.spiffy.decode); no layout code lives here
-_MOVED = ("decode_layout", "decode_layout_in_place")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from models.llama import layout
-
-        return getattr(layout, name)
-    if name == "resolve_verify_layout":  # the command-line default ($JAXSPEC_VERIFY_LAYOUT)
-        from models.llama.layout import env_defaults
-
-        return lambda layout=None: layout or env_defaults()["verify_layout"]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

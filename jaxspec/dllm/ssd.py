@@ -79,7 +79,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxspec.core.batching import place_batch
-from jaxspec.core.runtime import decode_layout, run_compiled
+from jaxspec.core.runtime import run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks, block_window, put_window)
 from jaxspec.dllm.config import (DiffusionDecodeConfig, DiffusionResult, diffusion_result,
@@ -88,6 +88,7 @@ from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.dllm.nodes import NodeForwards, check_mesh, draft_mesh, shard_params
 from jaxspec.dllm.reference import Knobs, Rule, row_noise, score_block
 from models.diffusion.modeling import DiffusionLM
+from models.llama.layout import decode_layout
 
 TREES = ("chain", "mix-order")
 

@@ -68,7 +68,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxspec.core.batching import place_batch
-from jaxspec.core.runtime import decode_layout, run_compiled
+from jaxspec.core.runtime import run_compiled
 from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
                                  advance_blocks)
 from jaxspec.dllm.config import (DiffusionDecodeConfig, DiffusionResult, diffusion_result,
@@ -77,6 +77,7 @@ from jaxspec.dllm.nodes import NodeForwards, check_mesh
 from jaxspec.dllm.reference import Knobs, Rule, processed_logits, reference_step, transfer_rank
 from jaxspec.dllm.spiffy.graph import DraftGraph, formula_arrays
 from models.diffusion.modeling import DiffusionLM
+from models.llama.layout import decode_layout
 
 
 @dataclasses.dataclass(frozen=True)
