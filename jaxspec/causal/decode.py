@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.compile_cache import timing_store
 from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, is_eos,
                                     left_pad, place_batch)
 from jaxspec.core.drafters import CostGate, Draft, DraftContext, Drafter, DraftQueries, NgramDrafter
@@ -346,8 +347,9 @@ def decode_plan(model, params, drafter: Optional[Drafter] = None, drafter_params
         in one-token steps (>= 1), or ``"auto"``: measured for an
         :class:`~jaxspec.core.drafters.NgramDrafter` (a draft model's own cost is not saved by
         the gate), off for other drafters.
-      layer_loop: ``"auto"``, ``"scan"`` or ``"unrolled"``; verify_layout: ``"auto"`` (timed),
-        ``"stored"`` or ``"output-major"``.
+      layer_loop: ``"auto"``, ``"scan"`` or ``"unrolled"``; verify_layout: ``"auto"`` (timed
+        once per machine: the timings are kept beside the compile cache,
+        :func:`jaxspec.core.compile_cache.timing_store`), ``"stored"`` or ``"output-major"``.
 
     Raises:
       ValueError: as :func:`models.llama.layout.plan`.
@@ -360,7 +362,8 @@ def decode_plan(model, params, drafter: Optional[Drafter] = None, drafter_params
                        multi_row_steps=speculative and drafter.query_slots > 0,
                        draft_params=drafter_params,
                        draft_output_major=speculative and drafter.one_token_steps,
-                       gate=gate, layer_loop=layer_loop, verify_layout=verify_layout)
+                       gate=gate, layer_loop=layer_loop, verify_layout=verify_layout,
+                       store=timing_store())
 
 
 # ----------------------------------------------------------------------------- host wrapper

@@ -119,5 +119,18 @@ def ensure_persistent_cache() -> str | None:
     return enable_persistent_cache()
 
 
-__all__ = ["DISABLE_ENV", "DIR_ENV", "ROOT_ENV", "default_cache_dir", "cache_disabled",
+TIMINGS_FILE = "jaxspec-pass-timings.json"
+
+
+def timing_store() -> Path | None:
+    """The JSON file that keeps the decode plan's pass timings across processes
+    (:func:`models.llama.layout.pass_seconds`): ``jaxspec-pass-timings.json`` inside the
+    persistent compile cache's directory, so a machine times its verification layouts once and
+    every later run picks the same layouts, whose programs the compile cache then holds. None
+    when the compile cache is off (the timings then live for one process)."""
+    where = ensure_persistent_cache()
+    return None if where is None else Path(where) / TIMINGS_FILE
+
+
+__all__ = ["DISABLE_ENV", "TIMINGS_FILE", "timing_store", "DIR_ENV", "ROOT_ENV", "default_cache_dir", "cache_disabled",
            "disable_persistent_cache", "enable_persistent_cache", "ensure_persistent_cache"]

@@ -27,10 +27,14 @@ the command-line tools take their defaults from :func:`env_defaults`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+import tempfile
 import time
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import jax
@@ -450,18 +454,76 @@ def passes_timed() -> int:
     return len(_PASS_SECONDS)
 
 
+def machine_id() -> str:
+    """What a timing is valid for: the CPU model, the JAX version and the default backend
+    (``"AMD EPYC ...|0.10.2|cpu"``). A timing store keyed by it is reused on the same kind of
+    machine only."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       "")
+    except OSError:
+        pass
+    return f"{cpu or os.uname().machine}|{jax.__version__}|{jax.default_backend()}"
+
+
+def _store_key(model, params, batch: int, rows: int, output_major: bool) -> str:
+    """A process-independent text key of one timed pass: the machine, the model's config,
+    the parameter dtype and shapes, batch, rows and layout."""
+    shapes = sorted((jax.tree_util.keystr(k), tuple(v.shape))
+                    for k, v in jax.tree_util.tree_leaves_with_path(params))
+    digest = hashlib.sha256(repr((repr(model), shapes)).encode()).hexdigest()[:16]
+    return (f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|"
+            f"{'output-major' if output_major else 'stored'}")
+
+
+def _read_store(store) -> dict:
+    try:
+        table = json.loads(Path(store).read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def _write_store(store, key: str, seconds: float) -> None:
+    """Add one timing to the JSON store, atomically (a temporary file, then a rename); a store
+    that cannot be written is skipped (the timing stays in this process)."""
+    path = Path(store)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = _read_store(path)
+        table[key] = seconds
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
+                                         suffix=".tmp") as f:
+            json.dump(table, f, indent=0, sort_keys=True)
+        os.replace(f.name, path)
+    except OSError:
+        pass
+
+
 def pass_seconds(model, params, batch: int, cache_slots: int, rows: int, output_major: bool,
-                 reps: int = 5) -> float:
+                 reps: int = 5, store: "str | os.PathLike | None" = None) -> float:
     """Seconds of one KV-cached pass of ``rows`` query rows (batch ``batch``, ``cache_slots``
     cache slots, unrolled per-layer weights in the ``output_major`` or stored layout:
     :func:`decode_layout`), the fastest of ``reps`` timed calls after one warm-up. Cached per
     process by model, dtype, parameter tree structure, ``batch``, ``rows`` and layout
     (``cache_slots`` is the first caller's: the layouts differ in their weight products, not in
     attention), so a benchmark or a long session measures once. Compiling the pass costs
-    seconds (about 3-6 s for SmolLM2-135M)."""
+    seconds (about 3-6 s for SmolLM2-135M).
+
+    ``store``: a JSON file that keeps the timings across processes, keyed by
+    :func:`machine_id` and the model's shapes; a timing found there is reused, so every later
+    process on the same kind of machine makes the same layout choice, compiles the same
+    programs (found in the persistent compile cache) and times nothing."""
     key = (model, str(param_dtype(params)), jax.tree_util.tree_structure(params), int(batch),
            int(rows), bool(output_major))
     if key not in _PASS_SECONDS:
+        skey = None if store is None else _store_key(model, params, batch, rows, output_major)
+        stored = None if store is None else _read_store(store).get(skey)
+        if isinstance(stored, (int, float)) and stored > 0:
+            _PASS_SECONDS[key] = float(stored)
+            return _PASS_SECONDS[key]
         tree = decode_layout(params, "unrolled", output_major)
         tokens = jnp.zeros((batch, rows), jnp.int32)
         cache = init_cache(model.config, batch, int(cache_slots), param_dtype(params))
@@ -472,13 +534,15 @@ def pass_seconds(model, params, batch: int, cache_slots: int, rows: int, output_
             jax.block_until_ready(exe(tree, tokens, cache))
             best = min(best, time.perf_counter() - t0)
         _PASS_SECONDS[key] = best
+        if store is not None:
+            _write_store(store, skey, best)
     return _PASS_SECONDS[key]
 
 
 def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: int = 1,
          multi_row_steps: bool = False, draft_params: Any = (), draft_output_major: bool = False,
          gate: "str | float" = "off", layer_loop: str = "auto",
-         verify_layout: str = "auto") -> DecodePlan:
+         verify_layout: str = "auto", store: "str | os.PathLike | None" = None) -> DecodePlan:
     """The :class:`DecodePlan` of a decode on this machine (README "Verification passes on the
     CPU"). Once per model and batch shape: the timings are cached per process.
 
@@ -498,6 +562,8 @@ def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: 
       ``k + 1``-row pass costs about one step).
     * The draft model (``draft_params``): ``"auto"`` layer loop by its own size, output-major
       when ``draft_output_major``.
+    * ``store``: a JSON file of timings kept across processes (:func:`pass_seconds`), so the
+      plan, and with it the compiled programs, stay the same on this machine from run to run.
 
     Raises:
       ValueError: an unknown loop, layout or gate, a gate below 1, or a ``verify_layout``
@@ -528,7 +594,8 @@ def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: 
     timed: tuple = ()
     if unrolled and verify_layout == "auto":
         costs = {name: pass_seconds(model, params, batch, cache_slots, verify_rows,
-                                    name == "output-major") for name in WEIGHT_LAYOUTS}
+                                    name == "output-major", store=store)
+                 for name in WEIGHT_LAYOUTS}
         verify_layout = min(costs, key=costs.get)
         timed = tuple(costs.items())
     verify_layout = "stored" if verify_layout == "auto" else verify_layout
@@ -538,8 +605,8 @@ def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: 
         gate = "off"
         if unrolled and jax.default_backend() == "cpu":
             om = verify_layout == "output-major"
-            cost = (pass_seconds(model, params, batch, cache_slots, verify_rows, om)
-                    / pass_seconds(model, params, batch, cache_slots, 1, step_om))
+            cost = (pass_seconds(model, params, batch, cache_slots, verify_rows, om, store=store)
+                    / pass_seconds(model, params, batch, cache_slots, 1, step_om, store=store))
             gate = round(max(cost, 1.0), 2)  # the loop compiles once per value
     return DecodePlan(layer_loop=loop, verify_layout=verify_layout,
                       step_layout="output-major" if step_om else "stored",
@@ -579,6 +646,6 @@ def plan_draft_tree(draft_params, plan: DecodePlan) -> Any:
 
 __all__ = ["AUTO_LAYOUT_MAX_BYTES", "DecodePlan", "LAYER_LOOPS", "WEIGHT_LAYOUTS",
            "decode_layout", "decode_layout_in_place", "device_memory", "env_defaults",
-           "is_split", "machine_layer_loop", "pass_seconds", "plan", "plan_draft_tree",
+           "is_split", "machine_id", "machine_layer_loop", "pass_seconds", "plan", "plan_draft_tree",
            "plan_model", "plan_trees", "resolve_layer_loop", "split_bytes", "split_layout",
            "tree_layer_loop", "tree_nbytes"]

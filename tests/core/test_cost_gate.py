@@ -6,6 +6,8 @@ sampling), its estimates follow its documented rule, and ``"auto"`` picks the ti
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,7 +173,7 @@ def test_plan_picks_the_faster_layout(monkeypatch):
     ng = NgramDrafter(4, 64)
     calls = []
 
-    def fake(model, params, B, S, T, output_major, reps=5):
+    def fake(model, params, B, S, T, output_major, reps=5, store=None):
         calls.append((T, output_major))
         return {(5, False): 0.050, (5, True): 0.040, (1, True): 0.025, (1, False): 0.030}[
             (T, output_major)]
@@ -224,6 +226,33 @@ def test_pass_seconds_times_once_per_key():
     assert a == b > 0 and layout.passes_timed() == n
     layout.pass_seconds(model, params, 1, 32, 4, True, reps=1)
     assert layout.passes_timed() == n + 1
+
+
+def test_pass_timings_kept_across_processes(tmp_path, monkeypatch):
+    """With a store, a timing is written once and a later process (the per-process cache
+    cleared) reuses it without compiling or timing, so its plan is the same; another model
+    shape or layout is a new key, and an unreadable store is timed afresh."""
+    model, params = tiny_model(64)
+    store = tmp_path / "timings.json"
+    monkeypatch.setattr("jaxspec.causal.decode.timing_store", lambda: store)
+    monkeypatch.setattr(layout, "_PASS_SECONDS", {})
+    ng = NgramDrafter(draft_length=2, vocab_size=64)
+    first = decode_plan(model, params, ng, layer_loop="unrolled")
+    table = json.loads(store.read_text())
+    assert len(table) == 2 and all(layout.machine_id() in k for k in table)
+    assert dict(first.verify_s) == {k.rsplit("|", 1)[1]: v for k, v in table.items()}
+    monkeypatch.setattr(layout, "_PASS_SECONDS", {})  # a new process
+    with monkeypatch.context() as m:
+        m.setattr(layout, "_pass_jit", None)  # compiling a timed pass now would fail
+        assert decode_plan(model, params, ng, layer_loop="unrolled") == first
+    other, other_params = tiny_model(64, layers=3)
+    layout.pass_seconds(other, other_params, 1, 32, 3, True, reps=1, store=store)
+    layout.pass_seconds(model, params, 2, 32, 3, True, reps=1, store=store)
+    assert len(json.loads(store.read_text())) == 4
+    store.write_text("not json")
+    monkeypatch.setattr(layout, "_PASS_SECONDS", {})
+    assert layout.pass_seconds(model, params, 1, 32, 3, True, reps=1, store=store) > 0
+    assert len(json.loads(store.read_text())) == 1
 
 
 def test_auto_layout_untimed_for_large_weights(monkeypatch):
