@@ -32,7 +32,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxspec.asarm import assd
+from jaxspec.asarm import passes as assd_passes
 from jaxspec.bench.common import (JaxspecSystem, ab_seconds, ab_table, compile_arms,
                                   cpu_model, emit_lines, run_arm, suite_prompts)
 from jaxspec.bench.dllm import forward_costs, method_config, stepwise_forward_seconds
@@ -44,7 +44,7 @@ from models.registry import load_model
 
 ARMS = ("jnp.argmax", "two reductions")
 LIBRARY = sampling.argmax
-USERS = (sampling, verify, reference, space, sps, diffuspec, assd)
+USERS = (sampling, verify, reference, space, sps, diffuspec, assd_passes)
 
 
 def plain_argmax(x, axis=-1):

@@ -11,7 +11,6 @@ from scipy import stats
 from models.registry import load_asarm
 from jaxspec.eval.quality import heldout_snippets, random_mask
 from jaxspec.eval.judge import smollm2_judge
-from jaxspec.bench.assd import DEFAULT_HOLDOUT
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.training.config import load_config

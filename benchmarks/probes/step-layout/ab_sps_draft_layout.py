@@ -19,7 +19,7 @@ import jax
 from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
 from jaxspec.causal.decode import generate
 from jaxspec.causal.sps import DraftModelDrafter
-from jaxspec.core.runtime import layer_loop, verify_layout
+from models.llama.layout import DecodePlan
 from models.registry import load_model
 
 
@@ -36,19 +36,19 @@ def main(argv=None) -> int:
               drafter_params=params)
 
     def run(arm, ids):
-        DraftModelDrafter.one_token_steps = arm == "output-major"
-        try:
-            return generate(model, params, [ids], **kw)
-        finally:
-            DraftModelDrafter.one_token_steps = True
+        # the target verifies on stored weights in both arms; the arm is the draft's layout
+        plan = DecodePlan(layer_loop="unrolled", verify_layout="stored", draft_loop="unrolled",
+                          draft_layout=arm)
+        return generate(model, params, [ids], plan=plan, **kw)
 
     arms = ("stored", "output-major")
     same = True
-    with layer_loop("unrolled"), verify_layout("stored"):
-        for ids in prompts:  # the check, which also compiles both arms
-            ref = generate(model, params, [ids], max_new_tokens=args.new, eos_ids=(2,)).tokens
-            same &= all(run(a, ids).tokens == ref for a in arms)
-        secs, ratios = ab_seconds(run, arms, prompts, args.reps)
+    ar_plan = DecodePlan(layer_loop="unrolled")
+    for ids in prompts:  # the check, which also compiles both arms
+        ref = generate(model, params, [ids], max_new_tokens=args.new, eos_ids=(2,),
+                       plan=ar_plan).tokens
+        same &= all(run(a, ids).tokens == ref for a in arms)
+    secs, ratios = ab_seconds(run, arms, prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32 drafting for "
              f"itself (SPS, k = 5, greedy), {args.new} new tokens, {len(prompts)} HumanEval "
              "prompts "

@@ -4,7 +4,7 @@ interleaved in one process on the real SmolLM2-135M-Instruct weights.
     python benchmarks/probes/step-layout/ab_step_layout.py [--limit 8] [--reps 2] [--out FILE]
 
 Both arms verify drafts on the stored (input-major) per-layer weights
-(``verify_layout("stored")``, what the ``ar`` suite's timing picked on this CPU). They differ in
+(``DecodePlan(verify_layout="stored")``, what the ``ar`` suite's timing picked on this CPU). They differ in
 the steps that find no draft to verify (:func:`jaxspec.causal.decode.step`): on the same
 stored weights (what the loop did before ``settings["step_layout"]``), or on the output-major
 weights with fused q/k/v (the AR loop's layout, now the default). Greedy, draft length 8,
@@ -21,7 +21,7 @@ import jax
 import jaxspec.causal.decode as D
 from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
 from jaxspec.core.drafters import NgramDrafter
-from jaxspec.core.runtime import layer_loop, verify_layout
+from models.llama.layout import DecodePlan
 from models.registry import load_model
 
 
@@ -37,30 +37,26 @@ def main(argv=None) -> int:
     drafter = NgramDrafter(8, model.config.vocab_size, max_ngram=3, min_ngram=2,
                            bigram_fallback=False)
     kw = dict(max_new_tokens=args.new, eos_ids=(2,))
-    default_max = D.AUTO_LAYOUT_MAX_BYTES
+    ar_plan = DecodePlan(layer_loop="unrolled")
 
     def run(arm, ids):
-        # 0 bytes: no second per-layer copy, so the one-token steps keep the stored weights
-        D.AUTO_LAYOUT_MAX_BYTES = 0 if arm == "stored" else default_max
-        try:
-            return D.generate(model, params, [ids], drafter=drafter, **kw)
-        finally:
-            D.AUTO_LAYOUT_MAX_BYTES = default_max
+        # verification on stored weights in both arms; the arm is the one-token steps' layout
+        plan = DecodePlan(layer_loop="unrolled", verify_layout="stored", step_layout=arm)
+        return D.generate(model, params, [ids], drafter=drafter, plan=plan, **kw)
 
     arms = ("stored", "output-major")
     same, steps, no_draft = True, 0, 0
-    with layer_loop("unrolled"), verify_layout("stored"):
-        for ids in prompts:  # the check, which also compiles both arms
-            ref = D.generate(model, params, [ids], **kw).tokens  # AR
-            outs = {}
-            for a in arms:
-                res = run(a, ids)
-                assert res.settings["step_layout"] == a, res.settings
-                outs[a] = res.tokens
-            same &= outs["stored"] == outs["output-major"] == ref
-            steps += int(res.stats.target_nfe[0]) - 1
-            no_draft += int(res.stats.target_nfe[0]) - 1 - int(res.stats.drafts_proposed[0]) // 8
-        secs, ratios = ab_seconds(run, arms, prompts, args.reps)
+    for ids in prompts:  # the check, which also compiles both arms
+        ref = D.generate(model, params, [ids], plan=ar_plan, **kw).tokens  # AR
+        outs = {}
+        for a in arms:
+            res = run(a, ids)
+            assert res.settings["step_layout"] == a, res.settings
+            outs[a] = res.tokens
+        same &= outs["stored"] == outs["output-major"] == ref
+        steps += int(res.stats.target_nfe[0]) - 1
+        no_draft += int(res.stats.target_nfe[0]) - 1 - int(res.stats.drafts_proposed[0]) // 8
+    secs, ratios = ab_seconds(run, arms, prompts, args.reps)
     lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy n-gram "
              f"(k = 8), {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
              f"interleaved reps; identical to AR in both arms: {'yes' if same else 'NO'}; "

@@ -12,11 +12,11 @@ these layer loops, in this order:
 * ``scan, unroll=True`` (with ``--unroll``): the same stacked weights, the scan fully unrolled
   at trace time (each layer's weights a static slice inside the one program: no copy of the
   weights outside it);
-* ``unrolled (per-layer copy)``: :func:`jaxspec.core.runtime.decode_layout`'s per-layer tree
+* ``unrolled (per-layer copy)``: :func:`models.llama.layout.decode_layout`'s per-layer tree
   (``layer_loop="unrolled"``), a second, per-layer copy of the layer weights on the device;
 * ``auto`` (with ``--auto``): what ``layer_loop="auto"`` picks for the stacked tree
-  (:func:`jaxspec.core.runtime.resolve_layer_loop`: unrolled when the copy fits);
-* ``split in place``: :func:`jaxspec.core.runtime.decode_layout_in_place` (what
+  (:func:`models.llama.layout.tree_layer_loop`: unrolled when the copy fits);
+* ``split in place``: :func:`models.llama.layout.decode_layout_in_place` (what
   ``scripts.generate`` does on a GPU; forced on the CPU, where it splits only when a copy
   would not fit the RAM): per-layer weights, the stacked ones deleted, one copy.
 
@@ -41,9 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench.common import cpu_model
-from jaxspec.causal.decode import generate
+from jaxspec.causal.decode import decode_plan, generate
 from jaxspec.core import runtime
-from jaxspec.core.runtime import layer_loop
+from models.llama import layout
 from models.config import ModelConfig
 from models.llama import modeling as M
 
@@ -75,7 +75,7 @@ def random_params(config: ModelConfig, dtype, seed: int = 0):
 
 def _in_use() -> int | None:
     """The device's bytes in use (on the CPU: the host's RAM in use, all processes)."""
-    mem = runtime.device_memory()
+    mem = layout.device_memory()
     return None if mem is None else mem[0]
 
 
@@ -98,11 +98,11 @@ def run_loop(name: str, config: ModelConfig, params, new: int, reps: int) -> dic
     try:
         jax.clear_caches()
         runtime._EXECUTABLES.clear()
-        with layer_loop(loop):
-            picked = runtime.tree_layer_loop(params)
-            first = generate(model, params, prompt, max_new_tokens=new, eos_ids=())
-            runs = [generate(model, params, prompt, max_new_tokens=new, eos_ids=())
-                    for _ in range(reps)]
+        plan = decode_plan(model, params, layer_loop=loop)
+        picked = plan.layer_loop
+        first = generate(model, params, prompt, max_new_tokens=new, eos_ids=(), plan=plan)
+        runs = [generate(model, params, prompt, max_new_tokens=new, eos_ids=(), plan=plan)
+                for _ in range(reps)]
     finally:
         jax.lax.scan = scan
     run_s = float(np.median([r.run_s for r in runs]))
@@ -128,28 +128,28 @@ def main(argv=None) -> int:
     for name in args.models:
         config = CONFIGS[name]
         params = random_params(config, jnp.dtype(args.dtype))
-        nbytes = runtime.tree_nbytes(params)
+        nbytes = layout.tree_nbytes(params)
         rows = []
         loops = ["scan"] + ["scan, unroll=True"] * args.unroll + ["unrolled (per-layer copy)"]
         for loop in loops + ["auto"] * args.auto + ["split in place"]:
             t0 = time.perf_counter()
             if loop == "auto":
-                runtime._UNSTACKED.clear()
+                layout._UNSTACKED.clear()
                 gc.collect()  # auto weighs the copy against the memory in use
             if loop == "split in place":
-                runtime._UNSTACKED.clear()
+                layout._UNSTACKED.clear()
                 gc.collect()
-                params = runtime.decode_layout_in_place(params, "unrolled", force=True)
+                params = layout.decode_layout_in_place(params, "unrolled", force=True)
             row = run_loop(loop, config, params, args.new, args.reps)
             row["identical_to_scan"] = row["tokens"] == rows[0]["tokens"] if rows else True
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
             print(name, {k: v for k, v in row.items() if k != "tokens"}, flush=True)
-        out["models"][name] = {"param_bytes": nbytes, "memory": runtime.device_memory(),
+        out["models"][name] = {"param_bytes": nbytes, "memory": layout.device_memory(),
                                "rows": [{k: v for k, v in r.items() if k != "tokens"}
                                         for r in rows]}
         del params
-        runtime._UNSTACKED.clear()
+        layout._UNSTACKED.clear()
         runtime._EXECUTABLES.clear()
         jax.clear_caches()
     with open(args.out, "w") as f:
