@@ -198,9 +198,15 @@ class CausalLM(nn.Module):
         rows. A prompt pass that needs the last row's logits skips the head's other ``T - 1``
         rows, about a fifth of the multiply-adds of a 192-token SmolLM2-135M prompt (see
         docs/performance.md, "The prompt pass computes one row of logits"). None: all ``T``.
+      hidden_layers: static tuple of layer ids in ``0..num_layers-1`` (default empty): also
+        return the residual stream after each of those decoder layers, for all ``T`` rows
+        (``last_rows`` does not cut them), from the same pass. A feature-conditioned drafter
+        (DFlash, :mod:`jaxspec.causal.dflash`) reads them from the verification pass.
 
     Returns:
-      ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None.
+      ``(logits float32 (B, T, V), cache)``; ``cache`` is the updated cache or None. With
+      ``hidden_layers``: ``(logits, cache, hidden (B, T, len(hidden_layers), D))`` in the
+      activation dtype, layer order as given.
 
     Attributes:
       config: the architecture (:class:`models.config.ModelConfig`).
@@ -209,7 +215,8 @@ class CausalLM(nn.Module):
         :data:`ONE_TASK_BLOCKS`.
 
     Raises:
-      ValueError: ``cache`` without ``cache_index``; ``last_rows`` outside ``1..T``.
+      ValueError: ``cache`` without ``cache_index``; ``last_rows`` outside ``1..T``; a
+        ``hidden_layers`` id outside ``0..num_layers-1``.
     """
 
     config: ModelConfig
@@ -218,7 +225,7 @@ class CausalLM(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, mask, cache: Optional[KVCache] = None,
                  cache_index=None, return_hidden: bool = False,
-                 last_rows: Optional[int] = None):
+                 last_rows: Optional[int] = None, hidden_layers: tuple = ()):
         c = self.config
         embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size))
         stored = None if self.is_initializing() else self.variables["params"].get("layers")
@@ -238,6 +245,10 @@ class CausalLM(nn.Module):
         if last_rows is not None and not 1 <= last_rows <= T:
             raise ValueError(f"last_rows must be between 1 and the {T} input rows, got "
                              f"{last_rows}")
+        want = tuple(int(i) for i in hidden_layers)
+        bad = [i for i in want if not 0 <= i < c.num_layers]
+        if bad:
+            raise ValueError(f"hidden_layers {bad} outside the model's layers 0..{c.num_layers - 1}")
         H, K, Dh = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // K
         x = jnp.take(embed, tokens, axis=0)
@@ -270,31 +281,35 @@ class CausalLM(nn.Module):
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
             g = jax.nn.silu(proj(m, lp, "w_gate", rb)) * proj(m, lp, "w_up", rb)
             h = h + proj(g, lp, "w_down", rb)
-            return (h, kc_all, vc_all, li + 1), None
+            return (h, kc_all, vc_all, li + 1), (h if want else None)
 
         def run_layers(carry):
             if not per_layer:
-                return jax.lax.scan(block, carry, layers)[0]
+                carry, hs = jax.lax.scan(block, carry, layers)
+                return carry, (hs[jnp.asarray(want)] if want else None)
+            outs = {}
             for i, lp in enumerate(layers):  # unrolled: no per-layer weight slicing
                 carry = block(carry[:3] + (jnp.array(i, jnp.int32),), _after(lp, carry[0]))[0]
-            return carry
+                outs[i] = carry[0]
+            return carry, (jnp.stack([outs[i] for i in want]) if want else None)
 
         li0 = jnp.array(0, jnp.int32)
         if cache is not None:
             if cache_index is None:
                 raise ValueError("cache_index (B,) is required when a cache is given")
             cache_index = jnp.asarray(cache_index, jnp.int32)
-            x, ks, vs, _ = run_layers((x, cache.k, cache.v, li0))
+            (x, ks, vs, _), hidden = run_layers((x, cache.k, cache.v, li0))
             new_cache = KVCache(k=ks, v=vs)
         else:
-            x, _, _, _ = run_layers((x, None, None, li0))
+            (x, _, _, _), hidden = run_layers((x, None, None, li0))
             new_cache = None
         if last_rows is not None:
             x = x[:, T - last_rows:]
         x = rms_norm(x, final_norm, c.rms_norm_eps)
-        if return_hidden:
-            return x, new_cache
-        return lm_logits(x, embed, lm_head), new_cache
+        out = x if return_hidden else lm_logits(x, embed, lm_head)
+        if want:  # (n, B, T, D) -> (B, T, n, D)
+            return out, new_cache, jnp.moveaxis(hidden, 0, 2)
+        return out, new_cache
 
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
