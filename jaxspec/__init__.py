@@ -20,18 +20,46 @@ ASSD                   :func:`assd_generate`                        sequential a
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.causal.decode import DecodeInputError, GenerationResult, generate
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, NgramDrafter
+from jaxspec.core.results import DecodeResult
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.core.stats import DecodeStats
-from jaxspec.dllm import (DiffusionDecodeConfig, DiffusionResult, DraftGraph, SpiffyConfig,
-                          SSDConfig, diffusion_generate, load_graph, spiffy_generate,
-                          ssd_generate)
-from jaxspec.core.results import DecodeResult
+from jaxspec.dllm import (
+    DiffusionDecodeConfig,
+    DiffusionResult,
+    DraftGraph,
+    SpiffyConfig,
+    SSDConfig,
+    diffusion_generate,
+    load_graph,
+    spiffy_generate,
+    ssd_generate,
+)
 from jaxspec.methods import METHODS, Method, MethodError, get_method, run
 
 __all__ = [
-    "generate", "GenerationResult", "DecodeInputError", "SamplingConfig", "DecodeStats",
-    "Drafter", "Draft", "DraftContext", "NgramDrafter",
-    "DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate",
-    "SSDConfig", "ssd_generate", "SpiffyConfig", "DraftGraph", "load_graph", "spiffy_generate",
-    "assd_generate", "METHODS", "Method", "MethodError", "get_method", "run", "DecodeResult",
+    "generate",
+    "GenerationResult",
+    "DecodeInputError",
+    "SamplingConfig",
+    "DecodeStats",
+    "Drafter",
+    "Draft",
+    "DraftContext",
+    "NgramDrafter",
+    "DiffusionDecodeConfig",
+    "DiffusionResult",
+    "diffusion_generate",
+    "SSDConfig",
+    "ssd_generate",
+    "SpiffyConfig",
+    "DraftGraph",
+    "load_graph",
+    "spiffy_generate",
+    "assd_generate",
+    "METHODS",
+    "Method",
+    "MethodError",
+    "get_method",
+    "run",
+    "DecodeResult",
 ]

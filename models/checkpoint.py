@@ -53,7 +53,9 @@ def save_checkpoint(out_dir, config: AnyConfig, params: dict) -> Path:
     from safetensors.numpy import save_file
 
     if "embed" not in params or "layers" not in params:
-        raise ValueError("params is not a models.llama.modeling parameter tree (needs 'embed' and 'layers')")
+        raise ValueError(
+            "params is not a models.llama.modeling parameter tree (needs 'embed' and 'layers')"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     flat = {}
@@ -83,8 +85,10 @@ def load_checkpoint(path) -> tuple[AnyConfig, dict]:
     d = Path(path)
     cfg_path, par_path, index = d / CONFIG_FILE, d / PARAMS_FILE, d / PARAMS_INDEX
     if not cfg_path.is_file() or not (par_path.is_file() or index.is_file()):
-        raise WeightFileError(f"{d}: not a jaxspec checkpoint (needs {CONFIG_FILE} and "
-                              f"{PARAMS_FILE} or {PARAMS_INDEX})")
+        raise WeightFileError(
+            f"{d}: not a jaxspec checkpoint (needs {CONFIG_FILE} and "
+            f"{PARAMS_FILE} or {PARAMS_INDEX})"
+        )
     try:
         meta = json.loads(cfg_path.read_text())
     except ValueError as e:
@@ -103,7 +107,9 @@ def load_checkpoint(path) -> tuple[AnyConfig, dict]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
-            raise WeightFileError(f"{index}: not a parameter index ({type(e).__name__}: {e})") from None
+            raise WeightFileError(
+                f"{index}: not a parameter index ({type(e).__name__}: {e})"
+            ) from None
         files = [d / f for f in dict.fromkeys(weight_map.values())]
     for file in files:
         if not file.is_file():
@@ -184,9 +190,16 @@ def convert_streaming(src, out_dir, load: Callable) -> tuple[Path, AnyConfig]:
 
 
 # Tokenizer files a checkpoint directory may carry, copied by :func:`copy_tokenizer`.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def write_tokenizer(tok, out_dir) -> list[str]:
@@ -197,15 +210,22 @@ def write_tokenizer(tok, out_dir) -> list[str]:
     EOM). Returns the file names written. Raises ``OSError`` when a file cannot be written."""
     out = Path(out_dir)
     tok.backend.save(str(out / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token,
-           "eos_token": tok.eos_token, "pad_token": tok.pad_token,
-           "add_bos_token": tok.add_bos, "chat_template": tok.chat_template}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "pad_token": tok.pad_token,
+        "add_bos_token": tok.add_bos,
+        "chat_template": tok.chat_template,
+    }
     (out / "tokenizer_config.json").write_text(
-        json.dumps({k: v for k, v in cfg.items() if v is not None}, indent=2) + "\n")
+        json.dumps({k: v for k, v in cfg.items() if v is not None}, indent=2) + "\n"
+    )
     written = ["tokenizer.json", "tokenizer_config.json"]
     if tok.eos_token_ids:
         (out / "generation_config.json").write_text(
-            json.dumps({"eos_token_id": list(tok.eos_token_ids)}, indent=2) + "\n")
+            json.dumps({"eos_token_id": list(tok.eos_token_ids)}, indent=2) + "\n"
+        )
         written.append("generation_config.json")
     return written
 
@@ -259,29 +279,53 @@ def _hf_config_dict(config: AnyConfig) -> dict:
     eos = list(c.eos_token_ids)
     if isinstance(config, DiffusionConfig) and config.head == "llada":
         return {
-            "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": c.hidden_size,
-            "n_heads": c.num_heads, "n_kv_heads": c.num_kv_heads, "n_layers": c.num_layers,
-            "mlp_hidden_size": c.intermediate_size, "vocab_size": c.vocab_size,
-            "embedding_size": c.vocab_size, "rope_theta": c.rope_theta,
-            "rms_norm_eps": c.rms_norm_eps, "include_qkv_bias": c.qkv_bias,
-            "include_bias": False, "weight_tying": c.tie_embeddings,
+            "model_type": "llada",
+            "architectures": ["LLaDAModelLM"],
+            "d_model": c.hidden_size,
+            "n_heads": c.num_heads,
+            "n_kv_heads": c.num_kv_heads,
+            "n_layers": c.num_layers,
+            "mlp_hidden_size": c.intermediate_size,
+            "vocab_size": c.vocab_size,
+            "embedding_size": c.vocab_size,
+            "rope_theta": c.rope_theta,
+            "rms_norm_eps": c.rms_norm_eps,
+            "include_qkv_bias": c.qkv_bias,
+            "include_bias": False,
+            "weight_tying": c.tie_embeddings,
             "max_sequence_length": c.max_position_embeddings,
-            "mask_token_id": config.mask_token_id, "eos_token_id": eos[0] if eos else None,
-            "pad_token_id": c.pad_token_id, "block_type": "llama", "activation_type": "silu",
-            "layer_norm_type": "rms", "rope": True, "alibi": False,
+            "mask_token_id": config.mask_token_id,
+            "eos_token_id": eos[0] if eos else None,
+            "pad_token_id": c.pad_token_id,
+            "block_type": "llama",
+            "activation_type": "silu",
+            "layer_norm_type": "rms",
+            "rope": True,
+            "alibi": False,
         }
     d = {
-        "model_type": c.arch, "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim, "vocab_size": c.vocab_size, "rope_theta": c.rope_theta,
-        "rms_norm_eps": c.rms_norm_eps, "tie_word_embeddings": c.tie_embeddings,
-        "attention_bias": c.qkv_bias, "max_position_embeddings": c.max_position_embeddings,
-        "bos_token_id": c.bos_token_id, "eos_token_id": eos if len(eos) != 1 else eos[0],
-        "pad_token_id": c.pad_token_id, "hidden_act": "silu",
+        "model_type": c.arch,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_embeddings,
+        "attention_bias": c.qkv_bias,
+        "max_position_embeddings": c.max_position_embeddings,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": eos if len(eos) != 1 else eos[0],
+        "pad_token_id": c.pad_token_id,
+        "hidden_act": "silu",
     }
     if isinstance(config, DiffusionConfig):  # dream
-        d.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=config.mask_token_id)
+        d.update(
+            model_type="Dream", architectures=["DreamModel"], mask_token_id=config.mask_token_id
+        )
     else:
         d["architectures"] = ["LlamaForCausalLM" if c.arch == "llama" else "Qwen2ForCausalLM"]
         if c.mask_token_id is not None:  # a SPACE SAR-SFT model (ModelConfig.from_hf_dict reads it)
@@ -339,6 +383,7 @@ def export_hf(out_dir, config: AnyConfig, params: dict) -> Path:
             shard[name] = np.ascontiguousarray(arr.T) if tr else arr
         write(i + 2, shard)
     (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"format": "pt"}, "weight_map": weight_map}, indent=1) + "\n")
+        json.dumps({"metadata": {"format": "pt"}, "weight_map": weight_map}, indent=1) + "\n"
+    )
     (out / "config.json").write_text(json.dumps(_hf_config_dict(config), indent=2) + "\n")
     return out

@@ -63,8 +63,15 @@ class ModelConfig:
             raise ConfigError(
                 f"unsupported architecture {self.arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
@@ -94,17 +101,29 @@ class ModelConfig:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
             eos = cfg.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+            eos_ids = (
+                tuple(eos)
+                if isinstance(eos, (list, tuple))
+                else (() if eos is None else (int(eos),))
+            )
             rope_theta = cfg.get("rope_theta")
             if rope_theta is None:
                 rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
             mask = cfg.get("mask_token_id")
-            if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)
-                                     or not 0 <= mask < int(cfg["vocab_size"])):
-                raise ConfigError(f"config.json mask_token_id {mask!r} is not a token id in "
-                                  f"[0, {cfg['vocab_size']})")
+            if mask is not None and (
+                isinstance(mask, bool)
+                or not isinstance(mask, int)
+                or not 0 <= mask < int(cfg["vocab_size"])
+            ):
+                raise ConfigError(
+                    f"config.json mask_token_id {mask!r} is not a token id in "
+                    f"[0, {cfg['vocab_size']})"
+                )
             scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-            if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+            if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in (
+                "default",
+                None,
+            ):
                 raise ConfigError(f"rope_scaling {scaling} is not supported")
             return cls(
                 arch=model_type,

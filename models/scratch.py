@@ -47,11 +47,14 @@ class ModelSection:
 def diffusion_model(section: ModelSection, base: ModelConfig) -> DiffusionLM:
     """The :class:`DiffusionLM` of ``base`` with the section's ``head`` and ``mask_token_id``
     (not None)."""
-    return DiffusionLM(DiffusionConfig(base=base, head=section.head,
-                                       mask_token_id=int(section.mask_token_id)))
+    return DiffusionLM(
+        DiffusionConfig(base=base, head=section.head, mask_token_id=int(section.mask_token_id))
+    )
 
 
-def scratch_diffusion(section: ModelSection, vocab_size: int, seed: int) -> tuple[DiffusionLM, dict]:
+def scratch_diffusion(
+    section: ModelSection, vocab_size: int, seed: int
+) -> tuple[DiffusionLM, dict]:
     """``(DiffusionLM, params)``: the randomly initialised model of an ``init: scratch`` section.
 
     Args:
@@ -60,12 +63,21 @@ def scratch_diffusion(section: ModelSection, vocab_size: int, seed: int) -> tupl
       seed: parameter seed (the config's ``train.seed``).
     """
     m = section
-    base = ModelConfig(arch=m.arch, vocab_size=int(vocab_size), hidden_size=m.hidden_size,
-                       intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                       rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps,
-                       tie_embeddings=m.tie_embeddings, qkv_bias=(m.arch == "qwen2"),
-                       max_position_embeddings=m.max_position_embeddings)
+    base = ModelConfig(
+        arch=m.arch,
+        vocab_size=int(vocab_size),
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.rms_norm_eps,
+        tie_embeddings=m.tie_embeddings,
+        qkv_bias=(m.arch == "qwen2"),
+        max_position_embeddings=m.max_position_embeddings,
+    )
     return diffusion_model(m, base), init_params(base, seed)
 
 

@@ -99,7 +99,11 @@ def parse_mesh(spec: Union[str, Sequence[int]]) -> tuple[int, int]:
       MeshError: not two positive integers.
     """
     try:
-        parts = [int(p) for p in spec.lower().split("x")] if isinstance(spec, str) else [int(p) for p in spec]
+        parts = (
+            [int(p) for p in spec.lower().split("x")]
+            if isinstance(spec, str)
+            else [int(p) for p in spec]
+        )
     except (TypeError, ValueError):
         parts = []
     if len(parts) != 2 or min(parts) < 1:
@@ -117,9 +121,11 @@ def make_mesh(spec: Union[str, Sequence[int]] = "1x1", devices=None) -> Mesh:
     data, model = parse_mesh(spec)
     devices = list(jax.devices() if devices is None else devices)
     if data * model > len(devices):
-        raise MeshError(f"mesh {data}x{model} needs {data * model} devices, but only "
-                        f"{len(devices)} are available ({jax.default_backend()})")
-    return Mesh(np.array(devices[:data * model]).reshape(data, model), AXES)
+        raise MeshError(
+            f"mesh {data}x{model} needs {data * model} devices, but only "
+            f"{len(devices)} are available ({jax.default_backend()})"
+        )
+    return Mesh(np.array(devices[: data * model]).reshape(data, model), AXES)
 
 
 def _family(config) -> str:
@@ -140,11 +146,19 @@ def logical_sizes(config) -> dict:
     """Sizes of the logical axes that can be split: ``heads``, ``kv_heads``, ``mlp``,
     ``vocab`` (a ``ModelConfig``, ``DiffusionConfig`` or ``XLNetConfig``)."""
     if _family(config) == "xlnet":
-        return {"heads": config.n_head, "kv_heads": config.n_head, "mlp": config.d_inner,
-                "vocab": config.vocab_size}
+        return {
+            "heads": config.n_head,
+            "kv_heads": config.n_head,
+            "mlp": config.d_inner,
+            "vocab": config.vocab_size,
+        }
     c = _base(config)
-    return {"heads": c.num_heads, "kv_heads": c.num_kv_heads, "mlp": c.intermediate_size,
-            "vocab": c.vocab_size}
+    return {
+        "heads": c.num_heads,
+        "kv_heads": c.num_kv_heads,
+        "mlp": c.intermediate_size,
+        "vocab": c.vocab_size,
+    }
 
 
 def check_mesh(config, mesh: Mesh, batch: Optional[int] = None) -> None:
@@ -159,11 +173,15 @@ def check_mesh(config, mesh: Mesh, batch: Optional[int] = None) -> None:
     for axis, (mesh_axis, strict) in AXIS_RULES.items():
         if strict and mesh_axis == "model" and sizes[axis] % m:
             what = "attention heads" if axis == "heads" else "MLP width"
-            raise MeshError(f"the mesh's model axis of {m} devices does not divide the model's "
-                            f"{sizes[axis]} {what}")
+            raise MeshError(
+                f"the mesh's model axis of {m} devices does not divide the model's "
+                f"{sizes[axis]} {what}"
+            )
     d = mesh.shape.get("data", 1)
     if batch is not None and batch % d:
-        raise MeshError(f"the mesh's data axis of {d} devices does not divide the batch of {batch} prompts")
+        raise MeshError(
+            f"the mesh's data axis of {d} devices does not divide the batch of {batch} prompts"
+        )
 
 
 def _rule_key(path: str) -> tuple[str, str]:
@@ -269,6 +287,7 @@ def placement(mesh: Mesh, dtype=None, family: str = "causal"):
     dimensions; call :func:`check_mesh` with the loaded config afterwards (the registry
     does).
     """
+
     def place(path: str, arr: np.ndarray) -> jax.Array:
         if dtype is not None:
             arr = arr.astype(dtype)
@@ -288,6 +307,18 @@ def mesh_of(params) -> Optional[Mesh]:
     return None
 
 
-__all__ = ["AXES", "RULES", "AXIS_RULES", "MeshError", "parse_mesh", "make_mesh", "check_mesh",
-           "logical_sizes", "partition_spec", "param_shardings", "shard_params", "placement",
-           "mesh_of"]
+__all__ = [
+    "AXES",
+    "RULES",
+    "AXIS_RULES",
+    "MeshError",
+    "parse_mesh",
+    "make_mesh",
+    "check_mesh",
+    "logical_sizes",
+    "partition_spec",
+    "param_shardings",
+    "shard_params",
+    "placement",
+    "mesh_of",
+]

@@ -81,8 +81,9 @@ def _raise_exception(message):
 
 
 def _tojson(value, indent=None, ensure_ascii=False, sort_keys=False, separators=None):
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
-                      separators=separators)
+    return json.dumps(
+        value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -98,8 +99,9 @@ def _jinja_env():
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -122,10 +124,17 @@ class Tokenizer:
         decides there).
     """
 
-    def __init__(self, tokenizer: _HFTokenizer, *, bos_token: str | None = None,
-                 eos_tokens: Sequence[str] = (), pad_token: str | None = None,
-                 chat_template: str | None = None, add_bos: bool = False,
-                 extra_eos_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        tokenizer: _HFTokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_tokens: Sequence[str] = (),
+        pad_token: str | None = None,
+        chat_template: str | None = None,
+        add_bos: bool = False,
+        extra_eos_ids: Iterable[int] = (),
+    ):
         self._tok = tokenizer
         self.bos_token = bos_token
         self.eos_token = eos_tokens[0] if eos_tokens else None
@@ -167,15 +176,16 @@ class Tokenizer:
     def same_vocabulary(self, other: "Tokenizer") -> bool:
         """True when ``other`` maps every token string to the same id (added tokens
         included): the condition for a draft model to draft for this model's target."""
-        return (self.vocab_size == other.vocab_size
-                and self._tok.get_vocab(with_added_tokens=True)
-                == other.backend.get_vocab(with_added_tokens=True))
+        return self.vocab_size == other.vocab_size and self._tok.get_vocab(
+            with_added_tokens=True
+        ) == other.backend.get_vocab(with_added_tokens=True)
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(int(i))
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            **kwargs) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], add_generation_prompt: bool = True, **kwargs
+    ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}, ...]``) with the chat template.
 
         Rendered in a sandboxed Jinja2 environment with ``trim_blocks``/``lstrip_blocks``,
@@ -189,9 +199,13 @@ class Tokenizer:
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         template = _jinja_env().from_string(self.chat_template)
-        return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                               **kwargs)
+        return template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -217,12 +231,16 @@ class Tokenizer:
             try:
                 tok = _HFTokenizer.from_file(str(tj))
             except Exception as e:
-                raise TokenizerError(f"{tj}: not a readable tokenizers file ({str(e)[:200]})") from None
+                raise TokenizerError(
+                    f"{tj}: not a readable tokenizers file ({str(e)[:200]})"
+                ) from None
         elif (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
             tok = slow_bpe_tokenizer(d)
         else:
-            raise TokenizerError(f"{tj}: file is missing (and there is no vocab.json + merges.txt "
-                                 f"slow tokenizer to build it from)")
+            raise TokenizerError(
+                f"{tj}: file is missing (and there is no vocab.json + merges.txt "
+                f"slow tokenizer to build it from)"
+            )
         cfg = _read_json_opt(d / "tokenizer_config.json")
         template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates: use "default"
@@ -236,10 +254,15 @@ class Tokenizer:
             e = _read_json_opt(d / name).get("eos_token_id")
             extra_eos += e if isinstance(e, list) else ([] if e is None else [e])
         eos = _token_content(cfg.get("eos_token"))
-        return cls(tok, bos_token=_token_content(cfg.get("bos_token")),
-                   eos_tokens=[eos] if eos else [], pad_token=_token_content(cfg.get("pad_token")),
-                   chat_template=template, add_bos=bool(cfg.get("add_bos_token", False)),
-                   extra_eos_ids=extra_eos)
+        return cls(
+            tok,
+            bos_token=_token_content(cfg.get("bos_token")),
+            eos_tokens=[eos] if eos else [],
+            pad_token=_token_content(cfg.get("pad_token")),
+            chat_template=template,
+            add_bos=bool(cfg.get("add_bos_token", False)),
+            extra_eos_ids=extra_eos,
+        )
 
     @classmethod
     def from_gguf(cls, path) -> "Tokenizer":
@@ -264,7 +287,8 @@ class Tokenizer:
             raise TokenizerError(f"{where}: GGUF file has no tokenizer metadata")
         if model != "gpt2":
             raise TokenizerError(
-                f"{where}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE 'gpt2')")
+                f"{where}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE 'gpt2')"
+            )
         tokens = list(_gguf_field(reader, "tokenizer.ggml.tokens", required=True, where=where))
         merges = list(_gguf_field(reader, "tokenizer.ggml.merges", required=True, where=where))
         types = _gguf_field(reader, "tokenizer.ggml.token_type", default=None)
@@ -275,22 +299,32 @@ class Tokenizer:
         alphabet = set(spell.values())
         # Vocabulary entries are byte-level spelled already; one that is not (e.g. a token
         # holding a raw space) is re-spelled byte by byte.
-        vocab = {t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")): i
-                 for i, t in enumerate(tokens)}
-        bpe = BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                  fuse_unk=False, byte_fallback=False)
+        vocab = {
+            t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")): i
+            for i, t in enumerate(tokens)
+        }
+        bpe = BPE(
+            vocab=vocab,
+            merges=[tuple(m.split(" ", 1)) for m in merges],
+            fuse_unk=False,
+            byte_fallback=False,
+        )
         tok = _HFTokenizer(bpe)
         if pre == "qwen2":
             tok.normalizer = normalizers.NFC()
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
         elif pre in ("smollm", "starcoder", "refact", "codeshell"):
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Digits(individual_digits=True),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                ]
+            )
         elif pre in ("gpt2", "default", "mpt", "olmo"):
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         else:
@@ -298,11 +332,16 @@ class Tokenizer:
         tok.decoder = decoders.ByteLevel()
         # Control tokens become special added tokens (matched whole, skipped on decode);
         # a "control" token not spelled in the byte alphabet is a mislabel and is skipped.
-        special = [AddedToken(t, normalized=False, special=True)
-                   for t, ty in zip(tokens, types)
-                   if ty == TOKEN_TYPE_CONTROL and set(t) <= alphabet]
-        user = [AddedToken(t, normalized=False, special=False)
-                for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_USER_DEFINED and t in vocab]
+        special = [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in zip(tokens, types)
+            if ty == TOKEN_TYPE_CONTROL and set(t) <= alphabet
+        ]
+        user = [
+            AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, types)
+            if ty == TOKEN_TYPE_USER_DEFINED and t in vocab
+        ]
         if special:
             tok.add_special_tokens(special)
         if user:
@@ -312,16 +351,26 @@ class Tokenizer:
             i = _gguf_field(reader, f"tokenizer.ggml.{key}")
             return None if i is None or not 0 <= int(i) < len(tokens) else tokens[int(i)]
 
-        eos = [t for t in (tok_at("eos_token_id"), tok_at("eot_token_id"), tok_at("eom_token_id")) if t]
+        eos = [
+            t for t in (tok_at("eos_token_id"), tok_at("eot_token_id"), tok_at("eom_token_id")) if t
+        ]
         add_bos = bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token", default=False))
         template = _gguf_field(reader, "tokenizer.chat_template")
         bos = tok_at("bos_token_id")
         if add_bos and bos is not None:  # llama.cpp prepends BOS when the file asks for it
             tok.post_processor = processors.TemplateProcessing(
-                single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                special_tokens=[(bos, int(_gguf_field(reader, "tokenizer.ggml.bos_token_id")))])
-        return cls(tok, bos_token=bos, eos_tokens=eos,
-                   pad_token=tok_at("padding_token_id"), chat_template=template, add_bos=add_bos)
+                single=f"{bos} $A",
+                pair=f"{bos} $A {bos} $B",
+                special_tokens=[(bos, int(_gguf_field(reader, "tokenizer.ggml.bos_token_id")))],
+            )
+        return cls(
+            tok,
+            bos_token=bos,
+            eos_tokens=eos,
+            pad_token=tok_at("padding_token_id"),
+            chat_template=template,
+            add_bos=add_bos,
+        )
 
 
 # ``tokenizer_class`` values (``Fast`` suffix stripped) whose vocab.json + merges.txt layout is
@@ -342,17 +391,26 @@ def slow_added_tokens(path) -> dict[int, dict]:
     """
     d = Path(path)
     out: dict[int, dict] = {}
-    flags = {"special": True, "normalized": False, "lstrip": False, "rstrip": False,
-             "single_word": False}
+    flags = {
+        "special": True,
+        "normalized": False,
+        "lstrip": False,
+        "rstrip": False,
+        "single_word": False,
+    }
     try:
         for content, i in _read_json_opt(d / "added_tokens.json").items():
             out[int(i)] = {"content": str(content), **flags}
         decoder = _read_json_opt(d / "tokenizer_config.json").get("added_tokens_decoder") or {}
         for i, t in decoder.items():
-            out[int(i)] = {"content": str(t["content"]),
-                           **{k: bool(t.get(k, v)) for k, v in flags.items()}}
+            out[int(i)] = {
+                "content": str(t["content"]),
+                **{k: bool(t.get(k, v)) for k, v in flags.items()},
+            }
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise TokenizerError(f"{d}: malformed added token entry ({type(e).__name__}: {e})") from None
+        raise TokenizerError(
+            f"{d}: malformed added token entry ({type(e).__name__}: {e})"
+        ) from None
     return out
 
 
@@ -386,35 +444,48 @@ def slow_bpe_tokenizer(path) -> _HFTokenizer:
         if not f.is_file():
             raise TokenizerError(f"{f}: file is missing (needed to build the slow BPE tokenizer)")
     cls = _read_json_opt(d / "tokenizer_config.json").get("tokenizer_class")
-    base = cls[:-len("Fast")] if isinstance(cls, str) and cls.endswith("Fast") else cls
+    base = cls[: -len("Fast")] if isinstance(cls, str) and cls.endswith("Fast") else cls
     if base not in SLOW_QWEN2_CLASSES:
         raise TokenizerError(
             f"{d}: tokenizer_class {cls!r} with vocab.json + merges.txt is not supported "
             f"(only Qwen2-style slow tokenizers: Qwen2Tokenizer, DreamTokenizer); "
-            f"save it as tokenizer.json instead")
+            f"save it as tokenizer.json instead"
+        )
     try:
         tok = _HFTokenizer(BPE.from_file(str(vocab), str(merges)))
     except Exception as e:
-        raise TokenizerError(f"{d}: vocab.json + merges.txt are not a readable BPE "
-                             f"({str(e)[:200]})") from None
+        raise TokenizerError(
+            f"{d}: vocab.json + merges.txt are not a readable BPE ({str(e)[:200]})"
+        ) from None
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     added = slow_added_tokens(d)
     for i in sorted(added):  # in id order: a token not in vocab.json takes the next free id
         t = added[i]
-        token = AddedToken(t["content"], special=t["special"], normalized=t["normalized"],
-                           lstrip=t["lstrip"], rstrip=t["rstrip"], single_word=t["single_word"])
+        token = AddedToken(
+            t["content"],
+            special=t["special"],
+            normalized=t["normalized"],
+            lstrip=t["lstrip"],
+            rstrip=t["rstrip"],
+            single_word=t["single_word"],
+        )
         if t["special"]:
             tok.add_special_tokens([token])
         else:
             tok.add_tokens([token])
         got = tok.token_to_id(t["content"])
         if got != i:
-            raise TokenizerError(f"{d}: added token {t['content']!r} should have id {i}, got "
-                                 f"{got} (a gap or a clash in the recorded added-token ids)")
+            raise TokenizerError(
+                f"{d}: added token {t['content']!r} should have id {i}, got "
+                f"{got} (a gap or a clash in the recorded added-token ids)"
+            )
     return tok
 
 
@@ -450,5 +521,11 @@ def load_tokenizer(path) -> Tokenizer:
     raise TokenizerError(f"{p}: neither a GGUF file nor part of a Hugging Face directory")
 
 
-__all__ = ["Tokenizer", "TokenizerError", "load_tokenizer", "slow_bpe_tokenizer",
-           "slow_added_tokens", "QWEN2_SPLIT"]
+__all__ = [
+    "Tokenizer",
+    "TokenizerError",
+    "load_tokenizer",
+    "slow_bpe_tokenizer",
+    "slow_added_tokens",
+    "QWEN2_SPLIT",
+]

@@ -191,7 +191,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxspec.core.runtime import enable_persistent_cache
+from jaxspec.core.compile_cache import enable_persistent_cache
 from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 from jaxspec.methods import get_method, reference_of, run
 from models.checkpoint import CONFIG_FILE, is_native

@@ -374,7 +374,7 @@ def _check_diffusion_args(args):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.core.runtime import enable_persistent_cache
+    from jaxspec.core.compile_cache import enable_persistent_cache
 
     enable_persistent_cache()  # compiled loops are reused by the next run (JAXSPEC_COMPILE_CACHE)
     if args.model is not None:

@@ -10,17 +10,18 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxspec.core.runtime import enable_persistent_cache
+from jaxspec.core.compile_cache import enable_persistent_cache
 from jaxspec.testing.hf import TinyHF, build_tiny_hf, write_tiny_gguf
 from models.llama import layout
-
 
 # Share XLA executables between test modules and pytest-xdist workers: the module-scoped
 # fixture below drops the in-memory caches after each module to bound memory; with the
 # persistent cache a later module that builds the same program loads it from disk.
 # $JAXSPEC_TEST_COMPILE_CACHE names another directory, or is "off".
-enable_persistent_cache(os.environ.get("JAXSPEC_TEST_COMPILE_CACHE")
-                        or Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compile")
+enable_persistent_cache(
+    os.environ.get("JAXSPEC_TEST_COMPILE_CACHE")
+    or Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compile"
+)
 
 # The scan layer loop: a 30-layer model compiles in a fraction of the unrolled loop's time (the
 # CPU default). Both layouts compute the same tokens (tests/core/test_layer_layout.py sets each
@@ -50,8 +51,10 @@ layout.machine_layer_loop = _suite_layer_loop
 # of `make test` pass either way. $JAX_DISABLE_MOST_OPTIMIZATIONS set by the caller wins (CLI
 # subprocesses inherit it).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-jax.config.update("jax_disable_most_optimizations",  # jax read the variable on import above
-                  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "yes", "on"))
+jax.config.update(
+    "jax_disable_most_optimizations",  # jax read the variable on import above
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "yes", "on"),
+)
 
 
 @pytest.fixture(scope="session")

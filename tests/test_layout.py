@@ -14,9 +14,15 @@ PACKAGES = ("jaxspec", "models", "scripts")
 LAYERS = (
     ("models", 0),
     ("jaxspec.core", 1),
-    ("jaxspec.causal", 2), ("jaxspec.dllm", 2), ("jaxspec.asarm", 2),
-    ("jaxspec.methods", 3), ("jaxspec.testing", 3), ("jaxspec", 3),
-    ("jaxspec.bench", 4), ("jaxspec.eval", 4), ("jaxspec.training", 4),
+    ("jaxspec.causal", 2),
+    ("jaxspec.dllm", 2),
+    ("jaxspec.asarm", 2),
+    ("jaxspec.methods", 3),
+    ("jaxspec.testing", 3),
+    ("jaxspec", 3),
+    ("jaxspec.bench", 4),
+    ("jaxspec.eval", 4),
+    ("jaxspec.training", 4),
     ("scripts", 5),
 )
 
@@ -46,7 +52,7 @@ def import_graph() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     pkg = name.split(".") if is_pkg else name.split(".")[:-1]
-                    pkg = pkg[:len(pkg) - node.level + 1]
+                    pkg = pkg[: len(pkg) - node.level + 1]
                     base = ".".join(pkg + ([base] if base else []))
                 targets = [f"{base}.{a.name}" for a in node.names] + [base]
             for t in targets:
@@ -105,9 +111,12 @@ def test_no_import_cycles():
 
 
 def test_imports_run_one_way():
-    bad = [f"{m} (layer {_rank(m)}) imports {d} (layer {_rank(d)})"
-           for m, deps in import_graph().items() for d in sorted(deps)
-           if _rank(d) > _rank(m)]
+    bad = [
+        f"{m} (layer {_rank(m)}) imports {d} (layer {_rank(d)})"
+        for m, deps in import_graph().items()
+        for d in sorted(deps)
+        if _rank(d) > _rank(m)
+    ]
     assert bad == [], "\n".join(bad)
 
 

@@ -65,7 +65,9 @@ def _qwen_and_dream_tokenizers(qwen_dir: Path, verifier: Path, dream: Path) -> N
     added = {t["content"]: t["id"] for t in tj["added_tokens"]} | {"<|mask|>": 299}
     (dream / "added_tokens.json").write_text(json.dumps(added))
     cfg = json.loads((qwen_dir / "tokenizer_config.json").read_text())
-    cfg["added_tokens_decoder"] = {str(i): {"content": t, "special": True} for t, i in added.items()}
+    cfg["added_tokens_decoder"] = {
+        str(i): {"content": t, "special": True} for t, i in added.items()
+    }
     (dream / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
@@ -91,10 +93,18 @@ def checkpoints(tiny_hf, tmp_path_factory):
     _write_dream_dir(qwen, root / "dream")  # the verifier's weights as a Dream dLLM: the drafter
     _qwen_and_dream_tokenizers(qwen.path, verifier, root / "dream")
     qwen_params = _n_params(load_hf_dir(qwen.path)[1])
-    paths = {"DLLM": root / "llada", "DRAFTER": root / "dream", "VERIFIER": verifier,
-             "SPACE_MODEL": root / "space"}
-    counts = {"dllm": _n_params(llada_params), "drafter": qwen_params, "verifier": qwen_params,
-              "space": _n_params(sar_params)}
+    paths = {
+        "DLLM": root / "llada",
+        "DRAFTER": root / "dream",
+        "VERIFIER": verifier,
+        "SPACE_MODEL": root / "space",
+    }
+    counts = {
+        "dllm": _n_params(llada_params),
+        "drafter": qwen_params,
+        "verifier": qwen_params,
+        "space": _n_params(sar_params),
+    }
     return paths, counts
 
 
@@ -103,9 +113,15 @@ def _kernel(tmp_path: Path, monkeypatch) -> str:
     ``$JUPYTER_PATH`` whatever kernels the user has installed."""
     d = tmp_path / "jupyter" / "kernels" / "jaxspec-notebook-test"
     d.mkdir(parents=True)
-    (d / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "jaxspec notebook test", "language": "python"}))
+    (d / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "jaxspec notebook test",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     return d.name
 
@@ -122,12 +138,27 @@ def test_committed_notebook_is_the_generated_one():
 def test_notebook_runs_every_method_identical_to_its_reference(checkpoints, tmp_path, monkeypatch):
     paths, counts = checkpoints
     out = tmp_path / "out"
-    env = {"DLLM": paths["DLLM"], "DRAFTER": paths["DRAFTER"], "VERIFIER": paths["VERIFIER"],
-           "SPACE_MODEL": paths["SPACE_MODEL"], "DLLM_REPO": "", "VERIFIER_REPO": "",
-           "DTYPE": "float32", "MESH": "auto", "PROMPT": "def add(a, b):", "CHAT": 1,
-           "GEN_LENGTH": 16, "BLOCK_LENGTH": 8, "CACHE": "dual", "MAX_NEW_TOKENS": 16,
-           "DIFFUSPEC_K_MAX": 6, "DIFFUSPEC_K_MIN": 3, "PROXY_FILES": 2, "MASK_GROUPS": 3,
-           "OUT_DIR": out}
+    env = {
+        "DLLM": paths["DLLM"],
+        "DRAFTER": paths["DRAFTER"],
+        "VERIFIER": paths["VERIFIER"],
+        "SPACE_MODEL": paths["SPACE_MODEL"],
+        "DLLM_REPO": "",
+        "VERIFIER_REPO": "",
+        "DTYPE": "float32",
+        "MESH": "auto",
+        "PROMPT": "def add(a, b):",
+        "CHAT": 1,
+        "GEN_LENGTH": 16,
+        "BLOCK_LENGTH": 8,
+        "CACHE": "dual",
+        "MAX_NEW_TOKENS": 16,
+        "DIFFUSPEC_K_MAX": 6,
+        "DIFFUSPEC_K_MIN": 3,
+        "PROXY_FILES": 2,
+        "MASK_GROUPS": 3,
+        "OUT_DIR": out,
+    }
     for k, v in env.items():
         monkeypatch.setenv(f"JAXSPEC_NB_{k}", str(v))
     monkeypatch.setenv("JAXSPEC_NOTEBOOK_TEST", "1")
@@ -135,14 +166,22 @@ def test_notebook_runs_every_method_identical_to_its_reference(checkpoints, tmp_
     monkeypatch.setenv("JAXSPEC_COMPILE_CACHE", jax.config.jax_compilation_cache_dir or "off")
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, kernel_name=_kernel(tmp_path, monkeypatch), timeout=600,
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb,
+        kernel_name=_kernel(tmp_path, monkeypatch),
+        timeout=600,
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
 
     result = json.loads((out / "speedup.json").read_text())
     rows = {r["method"]: r for r in result["rows"]}
     assert list(rows) == ["ssd", "spiffy", "diffuspec", "space"]
-    assert {m: r["reference"] for m, r in rows.items()} == \
-        {"ssd": "stepwise", "spiffy": "stepwise", "diffuspec": "ar", "space": "ar"}
+    assert {m: r["reference"] for m, r in rows.items()} == {
+        "ssd": "stepwise",
+        "spiffy": "stepwise",
+        "diffuspec": "ar",
+        "space": "ar",
+    }
     assert all(r["identical"] for r in rows.values()), rows
     for m in ("ssd", "spiffy"):  # every generated position, one token per reference forward
         assert rows[m]["tokens"] == 16 and rows[m]["reference_nfe"] >= 16
@@ -181,4 +220,7 @@ def test_memory_table_counts_the_model_code_parameters():
     assert 7.6e9 < table["Qwen2.5-7B-Instruct"]["params"] < 7.65e9
     assert table["Qwen2.5-7B-Instruct"]["mesh_8"] == "2x4"
     assert table["LLaDA-8B-Instruct"]["mesh_8"] == "1x8"
-    assert table["LLaDA-8B-Instruct"]["bf16_per_device_8"] < table["LLaDA-8B-Instruct"]["bf16_gb"] / 7.9
+    assert (
+        table["LLaDA-8B-Instruct"]["bf16_per_device_8"]
+        < table["LLaDA-8B-Instruct"]["bf16_gb"] / 7.9
+    )

@@ -28,8 +28,7 @@ import jax
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PIP_OFFLINE = ("--no-deps", "--ignore-installed", "--no-index", "--disable-pip-version-check",
-               "-q")
+PIP_OFFLINE = ("--no-deps", "--ignore-installed", "--no-index", "--disable-pip-version-check", "-q")
 
 
 def _source_files() -> list[str]:
@@ -37,11 +36,18 @@ def _source_files() -> list[str]:
     working tree's edits hold), so a stale ``build/`` or a local training run never reaches the
     wheel; without git, every file."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
-        return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
-                and not {".venv", ".git", "build"} & set(p.relative_to(ROOT).parts)]
+        return [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not {".venv", ".git", "build"} & set(p.relative_to(ROOT).parts)
+        ]
     return [f for f in out.stdout.decode().split("\0") if f and (ROOT / f).is_file()]
 
 
@@ -59,15 +65,17 @@ def _new_env(path: Path) -> Path:
     venv.EnvBuilder(with_pip=False, system_site_packages=False, clear=True).create(path)
     py = path / "bin" / "python"
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    site = subprocess.run([str(py), "-c", where], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", where], capture_output=True, text=True, check=True
+    ).stdout.strip()
     Path(site, "_jaxspec_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return py
 
 
 def _run(cmd, cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +88,23 @@ def wheel(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
     # this environment's setuptools when it has one (no download); else pip's isolated build
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
-    r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
-              "--disable-pip-version-check", "-q", "-w", dist, src], src, _env(src))
+    r = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            *isolation,
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            dist,
+            src,
+        ],
+        src,
+        _env(src),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (whl,) = dist.glob("jaxspec-*.whl")
     return whl
@@ -105,7 +128,8 @@ def test_wheel_installs_and_generates_outside_the_repository(wheel, tiny_llama, 
         "    p = R.get_preset(n)\n"
         "    for f in (p.delta, p.train_config, p.checkpoint):\n"
         "        assert f is None or (R.REPO_ROOT / f).exists(), (n, f)\n"
-        "print(len(R.available()))\n")
+        "print(len(R.available()))\n"
+    )
     r = _run([py, "-c", probe], work, env)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.split()
@@ -113,10 +137,28 @@ def test_wheel_installs_and_generates_outside_the_repository(wheel, tiny_llama, 
     assert all(p.startswith(venv_site) for p in lines[:3]), lines  # not this checkout
     assert int(lines[3]) >= 9  # every preset of configs/models shipped
 
-    r = _run([py, "-m", "scripts.generate", "--model", "hf-directory", "--weights",
-              tiny_llama.path, "--prompt", "def add(a, b):\n    return a + b\n\ndef add(",
-              "--max-new-tokens", "12", "--method", "ngram", "--draft-length", "3",
-              "--compare"], work, env)
+    r = _run(
+        [
+            py,
+            "-m",
+            "scripts.generate",
+            "--model",
+            "hf-directory",
+            "--weights",
+            tiny_llama.path,
+            "--prompt",
+            "def add(a, b):\n    return a + b\n\ndef add(",
+            "--max-new-tokens",
+            "12",
+            "--method",
+            "ngram",
+            "--draft-length",
+            "3",
+            "--compare",
+        ],
+        work,
+        env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[compare] ngram vs ar outputs: identical" in r.stdout, r.stdout
     assert not (work / "runs").exists() and list(work.iterdir()) == []  # wrote nothing here
@@ -126,8 +168,9 @@ def test_wheel_installs_and_generates_outside_the_repository(wheel, tiny_llama, 
 
 
 def _install_cell() -> str:
-    spec = importlib.util.spec_from_file_location("make_notebook",
-                                                  ROOT / "notebooks" / "make_notebook.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_notebook", ROOT / "notebooks" / "make_notebook.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.INSTALL
@@ -138,21 +181,26 @@ def test_notebook_install_cell_installs_the_wheel(wheel, tmp_path):
     and is importable from the new environment's site-packages after it, in the same
     interpreter (as in a Colab kernel)."""
     py = _new_env(tmp_path / "venv")
-    env = {**_env(tmp_path), "JAXSPEC_WHEEL": str(wheel),
-           "JAXSPEC_PIP_ARGS": " ".join(PIP_OFFLINE)}
+    env = {**_env(tmp_path), "JAXSPEC_WHEEL": str(wheel), "JAXSPEC_PIP_ARGS": " ".join(PIP_OFFLINE)}
     env.pop("JAXSPEC_NOTEBOOK_TEST", None)
     cell = _install_cell()
-    check = ("\nimport importlib.util\n"
-             "spec = importlib.util.find_spec('jaxspec')\n"
-             "print('INSTALLED', spec.origin)\n"
-             "import models.registry\n"
-             "print('PRESETS', len(models.registry.available()))\n")
-    before = _run([py, "-c", "import importlib.util; print(importlib.util.find_spec('jaxspec'))"],
-                  tmp_path, env)
+    check = (
+        "\nimport importlib.util\n"
+        "spec = importlib.util.find_spec('jaxspec')\n"
+        "print('INSTALLED', spec.origin)\n"
+        "import models.registry\n"
+        "print('PRESETS', len(models.registry.available()))\n"
+    )
+    before = _run(
+        [py, "-c", "import importlib.util; print(importlib.util.find_spec('jaxspec'))"],
+        tmp_path,
+        env,
+    )
     assert before.stdout.strip() == "None", before.stdout
     r = _run([py, "-c", cell + check], tmp_path, env)
     assert r.returncode == 0, r.stderr[-3000:]
-    origin = next(line.split(" ", 1)[1] for line in r.stdout.splitlines()
-                  if line.startswith("INSTALLED"))
+    origin = next(
+        line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith("INSTALLED")
+    )
     assert origin.startswith(str(tmp_path / "venv")), r.stdout
     assert "install skipped" not in r.stdout

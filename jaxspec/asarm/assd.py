@@ -85,14 +85,21 @@ from models.xlnet.modeling import XLNetLM
 class Verdict:
     """Outcome of verification (Alg. 1 lines 16-25) per row."""
 
-    accepted: jax.Array        # int32 (B,): drafts accepted (all live ones when unverified)
-    resampled: jax.Array       # bool (B,): a draft was rejected and its slot resampled (line 22)
-    token: jax.Array           # int32 (B,): the resampled token (meaningless unless resampled)
+    accepted: jax.Array  # int32 (B,): drafts accepted (all live ones when unverified)
+    resampled: jax.Array  # bool (B,): a draft was rejected and its slot resampled (line 22)
+    token: jax.Array  # int32 (B,): the resampled token (meaningless unless resampled)
     lemma1_max_gap: jax.Array  # float32 (): State.lemma1_max_gap, updated
 
 
-def verify(cfg: LoopConfig, key: jax.Array, target_logits: jax.Array, drafts: Drafts,
-           win: Window, gap: jax.Array, epsilon: jax.Array) -> Verdict:
+def verify(
+    cfg: LoopConfig,
+    key: jax.Array,
+    target_logits: jax.Array,
+    drafts: Drafts,
+    win: Window,
+    gap: jax.Array,
+    epsilon: jax.Array,
+) -> Verdict:
     """Algorithm 1 lines 16-25 with :func:`jaxspec.core.verify.verify_greedy` /
     :func:`~jaxspec.core.verify.verify_sample` (no bonus row: after all live drafts are accepted
     the next iteration drafts again; ``epsilon > 0`` is Appendix F.5's tolerance).
@@ -113,9 +120,12 @@ def verify(cfg: LoopConfig, key: jax.Array, target_logits: jax.Array, drafts: Dr
         p = p.at[:, 0].set(jnp.where(l1[:, None], drafts.q[:, 0], p[:, 0]))
         n_ok, token = verify_sample(key, p, drafts.tokens, drafts.q, epsilon=epsilon)
     need = drafts.need_check
-    return Verdict(accepted=jnp.where(need, jnp.minimum(n_ok, win.live), win.live),   # line 20
-                   resampled=need & (n_ok < win.live), token=token,                 # line 22
-                   lemma1_max_gap=gap)
+    return Verdict(
+        accepted=jnp.where(need, jnp.minimum(n_ok, win.live), win.live),  # line 20
+        resampled=need & (n_ok < win.live),
+        token=token,  # line 22
+        lemma1_max_gap=gap,
+    )
 
 
 def unverified(win: Window, gap: jax.Array) -> Verdict:
@@ -124,8 +134,9 @@ def unverified(win: Window, gap: jax.Array) -> Verdict:
     return Verdict(accepted=win.live, resampled=z.astype(bool), token=z, lemma1_max_gap=gap)
 
 
-def commit(cfg: LoopConfig, st: State, key: jax.Array, win: Window, drafts: Drafts,
-           verdict: Verdict) -> State:
+def commit(
+    cfg: LoopConfig, st: State, key: jax.Array, win: Window, drafts: Drafts, verdict: Verdict
+) -> State:
     """Write the accepted drafts and the resampled token, then ``n <- i + 1`` (line 26), and
     count: target NFE (draft + density passes), bigram calls, drafts proposed / accepted, the
     tokens-per-iteration histogram."""
@@ -136,42 +147,50 @@ def commit(cfg: LoopConfig, st: State, key: jax.Array, win: Window, drafts: Draf
     keep = win.use & ((j < n_acc[:, None]) | at_rej)
     new = jnp.where(at_rej, verdict.token[:, None], drafts.tokens)
     tokens = st.tokens.at[jnp.arange(B)[:, None], jnp.where(keep, win.query_pos, S)].set(
-        new, mode="drop")
+        new, mode="drop"
+    )
     produced = jnp.where(win.active, n_acc + verdict.resampled.astype(jnp.int32), 0)
     a32 = win.active.astype(jnp.int32)
     verified = (drafts.need_check & win.active).astype(jnp.int32)
-    drafted = (drafts.lemma1 & win.active).astype(jnp.int32)     # AS-ARM draft passes
-    bigram = a32 - drafted if cfg.variant.drafter == "ngram" else 0   # drafter calls
+    drafted = (drafts.lemma1 & win.active).astype(jnp.int32)  # AS-ARM draft passes
+    bigram = a32 - drafted if cfg.variant.drafter == "ngram" else 0  # drafter calls
     hist = st.accept_hist.at[jnp.arange(B), jnp.clip(produced, 0, cfg.draft_slots + 1)].add(a32)
-    return st.replace(tokens=tokens, decoded=st.decoded + produced, key=key,
-                      target_nfe=st.target_nfe + drafted + verified,
-                      draft_nfe=st.draft_nfe + bigram, steps=st.steps + a32, accept_hist=hist,
-                      drafts_proposed=st.drafts_proposed + verified * win.live,
-                      drafts_accepted=st.drafts_accepted + verified * n_acc,
-                      draft_passes=st.draft_passes + drafted,
-                      density_passes=st.density_passes + verified,
-                      lemma1_max_gap=verdict.lemma1_max_gap)
+    return st.replace(
+        tokens=tokens,
+        decoded=st.decoded + produced,
+        key=key,
+        target_nfe=st.target_nfe + drafted + verified,
+        draft_nfe=st.draft_nfe + bigram,
+        steps=st.steps + a32,
+        accept_hist=hist,
+        drafts_proposed=st.drafts_proposed + verified * win.live,
+        drafts_accepted=st.drafts_accepted + verified * n_acc,
+        draft_passes=st.draft_passes + drafted,
+        density_passes=st.density_passes + verified,
+        lemma1_max_gap=verdict.lemma1_max_gap,
+    )
 
 
 # --------------------------------------------------------------------------- step and loop
 def assd_step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
     """One iteration of Algorithm 1 (self drafter), of Algorithm 1 with Algorithm 2's drafts
     (n-gram drafter), or of sequential decoding, for every row in lockstep."""
-    win = query_window(cfg, inp, st.decoded)                              # line 3
+    win = query_window(cfg, inp, st.decoded)  # line 3
     key, k_draft, k_verify = jax.random.split(st.key, 3)
     if cfg.variant.drafter == "self":
-        drafts, kv = draft_pass(cfg, params, inp, st, win, k_draft)       # lines 4-12
+        drafts, kv = draft_pass(cfg, params, inp, st, win, k_draft)  # lines 4-12
     else:
-        drafts, kv = ngram_drafts(cfg, params, inp, st, win, k_draft)     # Algorithm 2
+        drafts, kv = ngram_drafts(cfg, params, inp, st, win, k_draft)  # Algorithm 2
     st = st.replace(kv=kv)
     if cfg.variant.sequential:
         verdict = unverified(win, st.lemma1_max_gap)
     else:
-        target_logits, kv = density_pass(cfg, params, inp, st, win, drafts)   # lines 13-15
+        target_logits, kv = density_pass(cfg, params, inp, st, win, drafts)  # lines 13-15
         st = st.replace(kv=kv)
-        verdict = verify(cfg, k_verify, target_logits, drafts, win, st.lemma1_max_gap,
-                         inp.epsilon)                                     # lines 16-25
-    return commit(cfg, st, key, win, drafts, verdict)                     # line 26
+        verdict = verify(
+            cfg, k_verify, target_logits, drafts, win, st.lemma1_max_gap, inp.epsilon
+        )  # lines 16-25
+    return commit(cfg, st, key, win, drafts, verdict)  # line 26
 
 
 def step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
@@ -180,8 +199,9 @@ def step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
     return (fused_step if cfg.variant.fused else assd_step)(cfg, params, inp, st)
 
 
-def decode_loop(params, inp: Inputs, tokens: jax.Array, key: jax.Array, *,
-                cfg: LoopConfig) -> State:
+def decode_loop(
+    params, inp: Inputs, tokens: jax.Array, key: jax.Array, *, cfg: LoopConfig
+) -> State:
     """Run :func:`step` until every row has decoded all its masked slots (one
     ``lax.while_loop``). ``inp.k`` and ``inp.epsilon`` are traced, so one executable serves
     every ``k <= cfg.slots``.
@@ -194,8 +214,9 @@ def decode_loop(params, inp: Inputs, tokens: jax.Array, key: jax.Array, *,
       The final :class:`jaxspec.asarm.config.State`.
     """
     st = init_state(cfg, tokens, key).replace(kv=prefill(cfg, params, inp, tokens))
-    return jax.lax.while_loop(lambda s: jnp.any(s.decoded < inp.num_masked),
-                              lambda s: step(cfg, params, inp, s), st)
+    return jax.lax.while_loop(
+        lambda s: jnp.any(s.decoded < inp.num_masked), lambda s: step(cfg, params, inp, s), st
+    )
 
 
 _decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
@@ -236,8 +257,9 @@ def _check_suppress(suppress, vocab_size: int) -> tuple:
     ids = []
     for t in suppress or ():
         if not _is_int(t) or not 0 <= int(t) < vocab_size:
-            raise ValueError(f"suppressed token id {t!r} is not an id of the model vocabulary "
-                             f"[0, {vocab_size})")
+            raise ValueError(
+                f"suppressed token id {t!r} is not an id of the model vocabulary [0, {vocab_size})"
+            )
         ids.append(int(t))
     return tuple(sorted(set(ids)))
 
@@ -256,11 +278,23 @@ def _loop_slots(variant: AssdVariant, k: int, slots: int, G: np.ndarray) -> tupl
     return k, slots
 
 
-def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd", k: int = 5,
-                  sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
-                  epsilon: float = 0.0, slots: Optional[int] = None, bucket: int = 16,
-                  max_len: Optional[int] = None, suppress: Sequence[int] = (),
-                  cache: str = "none") -> InfillResult:
+def assd_generate(
+    model: XLNetLM,
+    params,
+    tokens,
+    masked,
+    *,
+    method: str = "assd",
+    k: int = 5,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int = 0,
+    epsilon: float = 0.0,
+    slots: Optional[int] = None,
+    bucket: int = 16,
+    max_len: Optional[int] = None,
+    suppress: Sequence[int] = (),
+    cache: str = "none",
+) -> InfillResult:
     """Fill the masked positions of a batch with sequential decoding or ASSD (module docstring).
 
     Args:
@@ -302,7 +336,7 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
       mismatch, id outside the vocabulary), a suppressed id outside the vocabulary, an unknown
       cache.
     """
-    variant = AssdVariant.parse(method)     # the one place a method name becomes a variant
+    variant = AssdVariant.parse(method)  # the one place a method name becomes a variant
     slots = _check_settings(variant, k, slots, sampling, epsilon)
     suppress = _check_suppress(suppress, model.config.vocab_size)
     if cache not in CACHES:
@@ -311,20 +345,46 @@ def assd_generate(model: XLNetLM, params, tokens, masked, *, method: str = "assd
     rank, pos, G = masked_ranks(msk)
     k_run, slots = _loop_slots(variant, k, slots, G)
     vis_d, msk_d, rank_d, pos_d, G_d, tok_d = place_batch(
-        params, vis, msk, rank, pos, np.asarray(G), tok)
-    inp = Inputs(visible=vis_d, masked=msk_d, rank=rank_d, pos_of_rank=pos_d, num_masked=G_d,
-                 k=jnp.int32(k_run), epsilon=jnp.float32(epsilon))
-    cfg = LoopConfig(model=model, variant=variant, slots=slots, sampling=sampling,
-                     suppress=suppress, cache=cache)
+        params, vis, msk, rank, pos, np.asarray(G), tok
+    )
+    inp = Inputs(
+        visible=vis_d,
+        masked=msk_d,
+        rank=rank_d,
+        pos_of_rank=pos_d,
+        num_masked=G_d,
+        k=jnp.int32(k_run),
+        epsilon=jnp.float32(epsilon),
+    )
+    cfg = LoopConfig(
+        model=model, variant=variant, slots=slots, sampling=sampling, suppress=suppress, cache=cache
+    )
     out, compile_s, run_s = run_compiled(
-        _decode_jit, (params, inp, tok_d, jax.random.PRNGKey(seed)), dict(cfg=cfg))
+        _decode_jit, (params, inp, tok_d, jax.random.PRNGKey(seed)), dict(cfg=cfg)
+    )
     st = jax.tree.map(np.asarray, out.replace(kv=None))
     rows = range(len(lengths))
-    return InfillResult(sequences=[st.tokens[b, :lengths[b]].copy() for b in rows],
-                        infilled=[st.tokens[b][msk[b]].copy() for b in rows],
-                        stats=assd_stats(cfg, st, G, k_run, int(k), epsilon),
-                        compile_s=compile_s, run_s=run_s)
+    return InfillResult(
+        sequences=[st.tokens[b, : lengths[b]].copy() for b in rows],
+        infilled=[st.tokens[b][msk[b]].copy() for b in rows],
+        stats=assd_stats(cfg, st, G, k_run, int(k), epsilon),
+        compile_s=compile_s,
+        run_s=run_s,
+    )
 
 
-__all__ = ["METHODS", "CACHES", "AssdVariant", "ASSDStats", "InfillResult", "Verdict", "verify",
-           "unverified", "commit", "assd_step", "step", "decode_loop", "assd_generate"]
+__all__ = [
+    "METHODS",
+    "CACHES",
+    "AssdVariant",
+    "ASSDStats",
+    "InfillResult",
+    "Verdict",
+    "verify",
+    "unverified",
+    "commit",
+    "assd_step",
+    "step",
+    "decode_loop",
+    "assd_generate",
+]

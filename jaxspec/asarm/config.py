@@ -57,8 +57,9 @@ class AssdVariant:
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
-            raise ValueError(f"unknown drafter {self.drafter!r}; expected one of "
-                             f"{', '.join(DRAFTERS)}")
+            raise ValueError(
+                f"unknown drafter {self.drafter!r}; expected one of {', '.join(DRAFTERS)}"
+            )
         if self.sequential and (self.fused or self.drafter != "self"):
             raise ValueError("sequential decoding takes neither fused calls nor a drafter")
 
@@ -68,8 +69,11 @@ class AssdVariant:
         or ``"assd-fused-ngram"``."""
         if self.sequential:
             return "sequential"
-        return "assd" + ("-fused" if self.fused else "") + ("-ngram" if self.drafter == "ngram"
-                                                              else "")
+        return (
+            "assd"
+            + ("-fused" if self.fused else "")
+            + ("-ngram" if self.drafter == "ngram" else "")
+        )
 
     @classmethod
     def parse(cls, method: str) -> "AssdVariant":
@@ -82,9 +86,16 @@ class AssdVariant:
         return VARIANTS[method]
 
 
-VARIANTS: dict[str, AssdVariant] = {v.name: v for v in (
-    AssdVariant(sequential=True), AssdVariant(), AssdVariant(drafter="ngram"),
-    AssdVariant(fused=True), AssdVariant(fused=True, drafter="ngram"))}
+VARIANTS: dict[str, AssdVariant] = {
+    v.name: v
+    for v in (
+        AssdVariant(sequential=True),
+        AssdVariant(),
+        AssdVariant(drafter="ngram"),
+        AssdVariant(fused=True),
+        AssdVariant(fused=True, drafter="ngram"),
+    )
+}
 METHODS = tuple(VARIANTS)
 """The method names, in the order the reports list them."""
 
@@ -134,23 +145,23 @@ class LoopConfig:
 class State:
     """Loop carry: the token buffer, Algorithm 1's ``n`` and the statistics counters."""
 
-    tokens: jax.Array           # int32 (B, S): prompt, decoded tokens; 0 at undecoded slots
-    decoded: jax.Array          # int32 (B,): n, masked tokens decoded so far
-    key: jax.Array              # PRNG key, split once per iteration
-    target_nfe: jax.Array       # int32 (B,): AS-ARM forwards while the row was active
-    draft_nfe: jax.Array        # int32 (B,): context-bigram drafter calls (n-gram drafter)
-    steps: jax.Array            # int32 (B,): iterations while active
-    accept_hist: jax.Array      # int32 (B, K + 2): iterations that produced j tokens
+    tokens: jax.Array  # int32 (B, S): prompt, decoded tokens; 0 at undecoded slots
+    decoded: jax.Array  # int32 (B,): n, masked tokens decoded so far
+    key: jax.Array  # PRNG key, split once per iteration
+    target_nfe: jax.Array  # int32 (B,): AS-ARM forwards while the row was active
+    draft_nfe: jax.Array  # int32 (B,): context-bigram drafter calls (n-gram drafter)
+    steps: jax.Array  # int32 (B,): iterations while active
+    accept_hist: jax.Array  # int32 (B, K + 2): iterations that produced j tokens
     drafts_proposed: jax.Array  # int32 (B,): drafts sent to verification
     drafts_accepted: jax.Array  # int32 (B,): drafts accepted (line 20)
-    draft_passes: jax.Array     # int32 (B,): AS-ARM draft passes (lines 4-8)
-    density_passes: jax.Array   # int32 (B,): AS-ARM density passes (lines 13-15; fused calls)
-    lemma1_max_gap: jax.Array   # float32 (): max |p - q| at i = n over verified iterations
+    draft_passes: jax.Array  # int32 (B,): AS-ARM draft passes (lines 4-8)
+    density_passes: jax.Array  # int32 (B,): AS-ARM density passes (lines 13-15; fused calls)
+    lemma1_max_gap: jax.Array  # float32 (): max |p - q| at i = n over verified iterations
     # fused ASSD only (width 1 otherwise): the drafts carried to the next call
-    next_drafts: jax.Array      # int32 (B, K): drafts for ranks n .. n + K - 1
-    next_q: jax.Array           # float32 (B, K, V) their draft distributions ((B, K, 1) if greedy)
-    next_live: jax.Array        # int32 (B,): L, how many of them are live
-    kv: Optional[XLNetCache]    # content-stream keys/values (cache = "content"), else None
+    next_drafts: jax.Array  # int32 (B, K): drafts for ranks n .. n + K - 1
+    next_q: jax.Array  # float32 (B, K, V) their draft distributions ((B, K, 1) if greedy)
+    next_live: jax.Array  # int32 (B,): L, how many of them are live
+    kv: Optional[XLNetCache]  # content-stream keys/values (cache = "content"), else None
 
 
 def init_state(cfg: LoopConfig, tokens: jax.Array, key: jax.Array) -> State:
@@ -160,13 +171,35 @@ def init_state(cfg: LoopConfig, tokens: jax.Array, key: jax.Array) -> State:
     fused = cfg.variant.fused
     K = cfg.draft_slots if fused else 1
     Vq = 1 if (cfg.sampling.greedy or not fused) else cfg.model.config.vocab_size
-    return State(tokens=tokens, decoded=z, key=key, target_nfe=z, draft_nfe=z, steps=z,
-                 accept_hist=jnp.zeros((B, cfg.draft_slots + 2), jnp.int32), drafts_proposed=z,
-                 drafts_accepted=z, draft_passes=z, density_passes=z,
-                 lemma1_max_gap=jnp.zeros((), jnp.float32),
-                 next_drafts=jnp.zeros((B, K), jnp.int32),
-                 next_q=jnp.zeros((B, K, Vq), jnp.float32), next_live=z, kv=None)
+    return State(
+        tokens=tokens,
+        decoded=z,
+        key=key,
+        target_nfe=z,
+        draft_nfe=z,
+        steps=z,
+        accept_hist=jnp.zeros((B, cfg.draft_slots + 2), jnp.int32),
+        drafts_proposed=z,
+        drafts_accepted=z,
+        draft_passes=z,
+        density_passes=z,
+        lemma1_max_gap=jnp.zeros((), jnp.float32),
+        next_drafts=jnp.zeros((B, K), jnp.int32),
+        next_q=jnp.zeros((B, K, Vq), jnp.float32),
+        next_live=z,
+        kv=None,
+    )
 
 
-__all__ = ["Drafter", "Cache", "DRAFTERS", "CACHES", "AssdVariant", "VARIANTS", "METHODS",
-           "LoopConfig", "State", "init_state"]
+__all__ = [
+    "Drafter",
+    "Cache",
+    "DRAFTERS",
+    "CACHES",
+    "AssdVariant",
+    "VARIANTS",
+    "METHODS",
+    "LoopConfig",
+    "State",
+    "init_state",
+]

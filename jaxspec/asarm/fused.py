@@ -93,8 +93,9 @@ def fused_queries(cfg: LoopConfig, inp: Inputs, decoded: jax.Array):
     return pos, cond
 
 
-def fused_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-               drafts: jax.Array, live: jax.Array):
+def fused_pass(
+    cfg: LoopConfig, params, inp: Inputs, st: State, win: Window, drafts: jax.Array, live: jax.Array
+):
     """The one AS-ARM call of a fused iteration: content stream over ``x_sigma(<n)`` and the
     ``live`` (int32 ``(B,)``) drafts ``drafts`` (int32 ``(B, K)``) under the density mask, and
     the queries of :func:`fused_queries`.
@@ -109,28 +110,48 @@ def fused_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     K, V = cfg.draft_slots, cfg.model.config.vocab_size
     use = jnp.arange(K)[None, :] < live[:, None]
     buf = st.tokens.at[jnp.arange(B)[:, None], jnp.where(use, win.query_pos, S)].set(
-        drafts, mode="drop")
+        drafts, mode="drop"
+    )
     pos, cond = fused_queries(cfg, inp, st.decoded)
-    logits, kv = forward(cfg, params, inp, st.kv, buf, density_order(inp.rank, st.decoded + live),
-                         pos, cond, st.decoded - 1, K + 1)
-    groups = logits[:, K + 1:].reshape(B, K + 1, K, V) if cfg.variant.drafter == "self" else None
-    return logits[:, :K + 1], groups, kv
+    logits, kv = forward(
+        cfg,
+        params,
+        inp,
+        st.kv,
+        buf,
+        density_order(inp.rank, st.decoded + live),
+        pos,
+        cond,
+        st.decoded - 1,
+        K + 1,
+    )
+    groups = logits[:, K + 1 :].reshape(B, K + 1, K, V) if cfg.variant.drafter == "self" else None
+    return logits[:, : K + 1], groups, kv
 
 
 # --------------------------------------------------------------------------- verify, commit
-def fused_verify(cfg: LoopConfig, key: jax.Array, target: jax.Array, drafts: jax.Array,
-                 q: Optional[jax.Array], live: jax.Array, epsilon: jax.Array):
+def fused_verify(
+    cfg: LoopConfig,
+    key: jax.Array,
+    target: jax.Array,
+    drafts: jax.Array,
+    q: Optional[jax.Array],
+    live: jax.Array,
+    epsilon: jax.Array,
+):
     """Chain verification of the ``live`` drafts with a bonus row (:mod:`jaxspec.core.verify`,
     ``draft_len = live``): ``(accepted int32 (B,), token int32 (B,))``, the token being the
     residual sample at the first rejection or the bonus from ``p_live``."""
     if cfg.sampling.greedy:
         return verify_greedy(target, drafts, draft_len=live)
-    return verify_sample(key, target_probs(target, cfg.sampling), drafts, q, epsilon=epsilon,
-                         draft_len=live)
+    return verify_sample(
+        key, target_probs(target, cfg.sampling), drafts, q, epsilon=epsilon, draft_len=live
+    )
 
 
-def _write_emitted(inp: Inputs, st: State, win: Window, drafts: jax.Array, n_ok: jax.Array,
-                   token: jax.Array) -> jax.Array:
+def _write_emitted(
+    inp: Inputs, st: State, win: Window, drafts: jax.Array, n_ok: jax.Array, token: jax.Array
+) -> jax.Array:
     """The buffer with ``d_1..d_j`` and the sampled token at rank ``n + j`` (``j = n_ok``)
     written on the active rows: int32 ``(B, S)``."""
     B, S = st.tokens.shape
@@ -142,9 +163,20 @@ def _write_emitted(inp: Inputs, st: State, win: Window, drafts: jax.Array, n_ok:
     return tokens.at[rows, jnp.where(act, at[:, 0], S)].set(token, mode="drop")
 
 
-def fused_commit(cfg: LoopConfig, inp: Inputs, st: State, key: jax.Array, k_draft: jax.Array,
-                 win: Window, drafts: jax.Array, live: jax.Array, groups, n_ok: jax.Array,
-                 token: jax.Array, kv: Optional[XLNetCache]) -> State:
+def fused_commit(
+    cfg: LoopConfig,
+    inp: Inputs,
+    st: State,
+    key: jax.Array,
+    k_draft: jax.Array,
+    win: Window,
+    drafts: jax.Array,
+    live: jax.Array,
+    groups,
+    n_ok: jax.Array,
+    token: jax.Array,
+    kv: Optional[XLNetCache],
+) -> State:
     """Write ``d_1..d_j`` and the sampled token at rank ``n + j`` (``j = n_ok``), ``n <- n +
     j + 1``; the next drafts are group ``j``'s samples (greedy: argmax) with their ``q``; count
     one target NFE per call."""
@@ -159,13 +191,22 @@ def fused_commit(cfg: LoopConfig, inp: Inputs, st: State, key: jax.Array, k_draf
     a32 = win.active.astype(jnp.int32)
     hist = st.accept_hist.at[rows, jnp.clip(produced, 0, cfg.draft_slots + 1)].add(a32)
     ngram = cfg.variant.drafter == "ngram"
-    return st.replace(tokens=tokens, decoded=decoded, key=key, target_nfe=st.target_nfe + a32,
-                      draft_nfe=st.draft_nfe + (a32 * (live >= 1) if ngram else 0),
-                      steps=st.steps + a32, accept_hist=hist,
-                      drafts_proposed=st.drafts_proposed + a32 * live,
-                      drafts_accepted=st.drafts_accepted + a32 * n_ok,
-                      density_passes=st.density_passes + a32, next_drafts=nxt, next_q=q,
-                      next_live=query_window(cfg, inp, decoded).live, kv=kv)
+    return st.replace(
+        tokens=tokens,
+        decoded=decoded,
+        key=key,
+        target_nfe=st.target_nfe + a32,
+        draft_nfe=st.draft_nfe + (a32 * (live >= 1) if ngram else 0),
+        steps=st.steps + a32,
+        accept_hist=hist,
+        drafts_proposed=st.drafts_proposed + a32 * live,
+        drafts_accepted=st.drafts_accepted + a32 * n_ok,
+        density_passes=st.density_passes + a32,
+        next_drafts=nxt,
+        next_q=q,
+        next_live=query_window(cfg, inp, decoded).live,
+        kv=kv,
+    )
 
 
 # --------------------------------------------------------------------------- step
@@ -178,7 +219,7 @@ def fused_step(cfg: LoopConfig, params, inp: Inputs, st: State) -> State:
         live = jnp.minimum(st.next_live, win.live)
         drafts, q = st.next_drafts, (None if cfg.sampling.greedy else st.next_q)
     else:
-        big = bigram_drafts(cfg, inp, st, win, k_draft)                   # Algorithm 2
+        big = bigram_drafts(cfg, inp, st, win, k_draft)  # Algorithm 2
         live, drafts, q = win.live, big.tokens, big.q
     target, groups, kv = fused_pass(cfg, params, inp, st, win, drafts, live)
     n_ok, token = fused_verify(cfg, k_verify, target, drafts, q, live, inp.epsilon)

@@ -80,14 +80,18 @@ def split_template(text: str) -> list:
     for m in _LOOSE.finditer(text):
         good = _TAG.fullmatch(m.group(0))
         if not good:
-            raise TemplateError(f"malformed mask tag {m.group(0)!r} at character {m.start()}; "
-                                "expected <mask:N> with N a positive integer")
+            raise TemplateError(
+                f"malformed mask tag {m.group(0)!r} at character {m.start()}; "
+                "expected <mask:N> with N a positive integer"
+            )
         n = int(good.group(1))
         if n < 1:
-            raise TemplateError(f"mask tag {m.group(0)!r} at character {m.start()} asks for "
-                                f"{n} tokens; N must be >= 1")
+            raise TemplateError(
+                f"mask tag {m.group(0)!r} at character {m.start()} asks for "
+                f"{n} tokens; N must be >= 1"
+            )
         if m.start() > pos:
-            pieces.append(text[pos:m.start()])
+            pieces.append(text[pos : m.start()])
         pieces.append(n)
         pos = m.end()
     if pos < len(text):
@@ -95,8 +99,12 @@ def split_template(text: str) -> list:
     return pieces
 
 
-def build_template(pieces: Sequence[Union[str, int]], encode: Callable[[str], list],
-                   max_len: Optional[int] = None, fill_id: int = 0) -> InfillTemplate:
+def build_template(
+    pieces: Sequence[Union[str, int]],
+    encode: Callable[[str], list],
+    max_len: Optional[int] = None,
+    fill_id: int = 0,
+) -> InfillTemplate:
     """Tokenize literal pieces one by one and insert the mask slots.
 
     Args:
@@ -123,10 +131,13 @@ def build_template(pieces: Sequence[Union[str, int]], encode: Callable[[str], li
     if max_len is not None and len(ids) > max_len:
         for i, (a, b) in enumerate(spans):
             if b > max_len:
-                raise TemplateError(f"mask span {i + 1} (tokens {a}..{b - 1}) runs past the "
-                                    f"context of {max_len} tokens")
-        raise TemplateError(f"template of {len(ids)} tokens runs past the context of "
-                            f"{max_len} tokens")
+                raise TemplateError(
+                    f"mask span {i + 1} (tokens {a}..{b - 1}) runs past the "
+                    f"context of {max_len} tokens"
+                )
+        raise TemplateError(
+            f"template of {len(ids)} tokens runs past the context of {max_len} tokens"
+        )
     return InfillTemplate(ids=ids, masked=masked, pieces=list(pieces), spans=spans)
 
 
@@ -139,8 +150,9 @@ def unescape_cli(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda m: _CLI_ESCAPES[m.group(1)], text)
 
 
-def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
-                   fill_id: int = 0) -> InfillTemplate:
+def parse_template(
+    text: str, tokenizer, max_len: Optional[int] = None, fill_id: int = 0
+) -> InfillTemplate:
     """Parse an infilling template (module docstring) with ``tokenizer`` (an object with
     ``encode(str) -> list[int]``, or such a callable).
 
@@ -156,9 +168,18 @@ def parse_template(text: str, tokenizer, max_len: Optional[int] = None,
 
 
 # ------------------------------------------------------------------------ infilling with an AS-ARM
-def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5, sampling=None,
-                seed: int = 0, epsilon: float = 0.0, suppress_unk: bool = False,
-                cache: str = "none"):
+def infill_text(
+    asarm: ASARM,
+    template: str,
+    *,
+    method: str = "assd",
+    k: int = 5,
+    sampling=None,
+    seed: int = 0,
+    epsilon: float = 0.0,
+    suppress_unk: bool = False,
+    cache: str = "none",
+):
     """Parse ``template`` (``<mask:N>`` syntax) and infill it with
     :func:`jaxspec.asarm.assd.assd_generate` (``suppress_unk``: never generate the compact
     vocabulary's UNK id; ``cache``: ``"none"`` or the content-stream cache ``"content"``).
@@ -171,10 +192,20 @@ def infill_text(asarm: ASARM, template: str, *, method: str = "assd", k: int = 5
     """
     tpl = parse_template(template, asarm.tokenizer, max_len=asarm.max_len)
     ids = asarm.to_model(tpl.ids)
-    res = assd_generate(asarm.model, asarm.params, [ids], [tpl.masked], method=method, k=k,
-                        sampling=sampling or SamplingConfig(), seed=seed, epsilon=epsilon,
-                        max_len=asarm.max_len, suppress=_unk(asarm) if suppress_unk else (),
-                        cache=cache)
+    res = assd_generate(
+        asarm.model,
+        asarm.params,
+        [ids],
+        [tpl.masked],
+        method=method,
+        k=k,
+        sampling=sampling or SamplingConfig(),
+        seed=seed,
+        epsilon=epsilon,
+        max_len=asarm.max_len,
+        suppress=_unk(asarm) if suppress_unk else (),
+        cache=cache,
+    )
     return tpl.render(res.sequences[0], asarm.decode), res, tpl
 
 
@@ -184,5 +215,12 @@ def _unk(asarm: ASARM) -> tuple:
     return () if unk is None else (int(unk),)
 
 
-__all__ = ["TemplateError", "InfillTemplate", "split_template", "build_template",
-           "parse_template", "unescape_cli", "infill_text"]
+__all__ = [
+    "TemplateError",
+    "InfillTemplate",
+    "split_template",
+    "build_template",
+    "parse_template",
+    "unescape_cli",
+    "infill_text",
+]

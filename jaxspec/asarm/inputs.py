@@ -72,17 +72,20 @@ def _check_row(b: int, t, m, vocab_size: int, max_len: Optional[int]):
         raise ValueError(f"row {b}: no masked positions to generate")
     if max_len is not None and t.shape[0] > max_len:
         last = int(np.flatnonzero(m)[-1])
-        raise ValueError(f"row {b}: sequence of {t.shape[0]} tokens (last masked position "
-                         f"{last}) runs past the context of {max_len}")
+        raise ValueError(
+            f"row {b}: sequence of {t.shape[0]} tokens (last masked position "
+            f"{last}) runs past the context of {max_len}"
+        )
     vis = t[~m]
     if vis.size and (vis.min() < 0 or vis.max() >= vocab_size):
-        raise ValueError(f"row {b}: token id {int(vis.min() if vis.min() < 0 else vis.max())} "
-                         f"outside the model vocabulary [0, {vocab_size})")
+        raise ValueError(
+            f"row {b}: token id {int(vis.min() if vis.min() < 0 else vis.max())} "
+            f"outside the model vocabulary [0, {vocab_size})"
+        )
     return t, m
 
 
-def prepare_batch(tokens, masked, vocab_size: int, bucket: int = 16,
-                  max_len: Optional[int] = None):
+def prepare_batch(tokens, masked, vocab_size: int, bucket: int = 16, max_len: Optional[int] = None):
     """Validate and pad a batch of infilling tasks.
 
     Args:
@@ -120,9 +123,9 @@ def prepare_batch(tokens, masked, vocab_size: int, bucket: int = 16,
     msk = np.zeros((B, S), bool)
     vis = np.zeros((B, S), bool)
     for b, (t, m) in enumerate(zip(rows_t, rows_m)):
-        tok[b, :len(t)] = t
-        msk[b, :len(t)] = m
-        vis[b, :len(t)] = ~m
+        tok[b, : len(t)] = t
+        msk[b, : len(t)] = m
+        vis[b, : len(t)] = ~m
     return tok, vis, msk, lengths
 
 
@@ -143,8 +146,8 @@ def masked_ranks(masked: np.ndarray):
     G = masked.sum(1).astype(np.int32)
     for b in range(B):
         p = np.flatnonzero(masked[b])
-        pos[b, :len(p)] = p
-        pos[b, len(p):] = p[-1]
+        pos[b, : len(p)] = p
+        pos[b, len(p) :] = p[-1]
     return rank, pos, G
 
 
@@ -166,13 +169,13 @@ class Inputs:
     """Traced inputs of one compiled loop, constant across its iterations (:func:`prepare_batch`,
     :func:`masked_ranks`)."""
 
-    visible: jax.Array      # bool (B, S): prompt slots x_sigma(<m)
-    masked: jax.Array       # bool (B, S): slots to generate
-    rank: jax.Array         # int32 (B, S): rank of a masked slot among the masked; UNSEEN elsewhere
+    visible: jax.Array  # bool (B, S): prompt slots x_sigma(<m)
+    masked: jax.Array  # bool (B, S): slots to generate
+    rank: jax.Array  # int32 (B, S): rank of a masked slot among the masked; UNSEEN elsewhere
     pos_of_rank: jax.Array  # int32 (B, S): sigma(m + r), the slot of rank r (padded with the last)
-    num_masked: jax.Array   # int32 (B,): G, masked slots per row (N - m)
-    k: jax.Array            # int32 (): tokens speculated per iteration, 1 <= k <= slots
-    epsilon: jax.Array      # float32 (): Appendix F.5 acceptance tolerance (0: lossless)
+    num_masked: jax.Array  # int32 (B,): G, masked slots per row (N - m)
+    k: jax.Array  # int32 (): tokens speculated per iteration, 1 <= k <= slots
+    epsilon: jax.Array  # float32 (): Appendix F.5 acceptance tolerance (0: lossless)
 
 
 def known_slots(inp: Inputs, decoded: jax.Array) -> jax.Array:
@@ -184,10 +187,10 @@ def known_slots(inp: Inputs, decoded: jax.Array) -> jax.Array:
 class Window:
     """The masked slots one iteration works on (Alg. 1 line 3: ``t = min(n + k, N - m)``)."""
 
-    active: jax.Array     # bool (B,): rows with masked slots left
-    live: jax.Array       # int32 (B,): t - n, tokens speculated (0 on finished rows)
+    active: jax.Array  # bool (B,): rows with masked slots left
+    live: jax.Array  # int32 (B,): t - n, tokens speculated (0 on finished rows)
     query_pos: jax.Array  # int32 (B, K): slot sigma(m + n + j) of query j (clamped past the end)
-    use: jax.Array        # bool (B, K): j < t - n
+    use: jax.Array  # bool (B, K): j < t - n
 
 
 def query_window(cfg: LoopConfig, inp: Inputs, decoded: jax.Array) -> Window:
@@ -204,5 +207,15 @@ def query_window(cfg: LoopConfig, inp: Inputs, decoded: jax.Array) -> Window:
     return Window(active=active, live=live, query_pos=qpos, use=j < live[:, None])
 
 
-__all__ = ["UNSEEN", "decoding_order", "prepare_batch", "masked_ranks", "draft_order",
-           "density_order", "Inputs", "known_slots", "Window", "query_window"]
+__all__ = [
+    "UNSEEN",
+    "decoding_order",
+    "prepare_batch",
+    "masked_ranks",
+    "draft_order",
+    "density_order",
+    "Inputs",
+    "known_slots",
+    "Window",
+    "query_window",
+]

@@ -53,16 +53,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.asarm.config import LoopConfig, State
-from jaxspec.asarm.inputs import (UNSEEN, Inputs, Window, density_order, draft_order,
-                                  known_slots)
+from jaxspec.asarm.inputs import UNSEEN, Inputs, Window, density_order, draft_order, known_slots
 from jaxspec.core.drafters import context_bigram, context_unigram
 from jaxspec.core.sampling import argmax, sample_from_probs, target_probs
 from models.xlnet.modeling import XLNetCache, XLNetLM, density_masks, init_cache
 
 
 # --------------------------------------------------------------------------- the forward
-def conditionals(model: XLNetLM, params, tokens: jax.Array, visible: jax.Array,
-                 order: jax.Array, query_pos: jax.Array) -> jax.Array:
+def conditionals(
+    model: XLNetLM,
+    params,
+    tokens: jax.Array,
+    visible: jax.Array,
+    order: jax.Array,
+    query_pos: jax.Array,
+) -> jax.Array:
     """One AS-ARM forward: query-stream logits at ``query_pos`` under the mask of ``order``.
 
     Args:
@@ -82,8 +87,15 @@ def conditionals(model: XLNetLM, params, tokens: jax.Array, visible: jax.Array,
     return conditionals_at(model, params, tokens, visible, order, query_pos, cond)
 
 
-def conditionals_at(model: XLNetLM, params, tokens: jax.Array, visible: jax.Array,
-                    order: jax.Array, query_pos: jax.Array, cond: jax.Array) -> jax.Array:
+def conditionals_at(
+    model: XLNetLM,
+    params,
+    tokens: jax.Array,
+    visible: jax.Array,
+    order: jax.Array,
+    query_pos: jax.Array,
+    cond: jax.Array,
+) -> jax.Array:
     """One AS-ARM forward whose query ``p`` reads slot ``query_pos[:, p]`` while attending to the
     prompt and the slots with ``order < cond[:, p]`` (content stream under the density mask of
     ``order``). :func:`conditionals` is the case ``cond = order[query_pos]``; fused ASSD gives
@@ -106,26 +118,57 @@ def conditionals_at(model: XLNetLM, params, tokens: jax.Array, visible: jax.Arra
     return logits
 
 
-def _cached_forward(cfg: LoopConfig, params, inp: Inputs, kv: XLNetCache, tokens, order,
-                    query_pos, cond, rows_from: jax.Array, rows: int):
+def _cached_forward(
+    cfg: LoopConfig,
+    params,
+    inp: Inputs,
+    kv: XLNetCache,
+    tokens,
+    order,
+    query_pos,
+    cond,
+    rows_from: jax.Array,
+    rows: int,
+):
     """:func:`forward` with the content cache: encode ``rows`` content rows, read the queries."""
     B, S = tokens.shape
     r = rows_from[:, None] + jnp.arange(rows)[None, :]
     slot = jnp.take_along_axis(inp.pos_of_rank, jnp.clip(r, 0, S - 1), axis=1)
     r_order = jnp.take_along_axis(order, slot, axis=1)
     ok = (r >= 0) & (r < inp.num_masked[:, None]) & (r_order < UNSEEN)
-    cpos = jnp.where(ok, slot, S)                                   # S: not written
+    cpos = jnp.where(ok, slot, S)  # S: not written
     every = jnp.arange(S)[None, None, :]
-    cm = (inp.visible[:, None, :] | (order[:, None, :] < r_order[:, :, None])
-          | (every == cpos[:, :, None]))
-    qm = ((inp.visible[:, None, :] | (order[:, None, :] < cond[:, :, None]))
-          & (every != query_pos[:, :, None]))
-    return cfg.model.apply(params, jnp.take_along_axis(tokens, slot, axis=1), cm, qm,
-                           content_pos=cpos, query_pos=query_pos, cache=kv)
+    cm = (
+        inp.visible[:, None, :]
+        | (order[:, None, :] < r_order[:, :, None])
+        | (every == cpos[:, :, None])
+    )
+    qm = (inp.visible[:, None, :] | (order[:, None, :] < cond[:, :, None])) & (
+        every != query_pos[:, :, None]
+    )
+    return cfg.model.apply(
+        params,
+        jnp.take_along_axis(tokens, slot, axis=1),
+        cm,
+        qm,
+        content_pos=cpos,
+        query_pos=query_pos,
+        cache=kv,
+    )
 
 
-def forward(cfg: LoopConfig, params, inp: Inputs, kv: Optional[XLNetCache], tokens, order,
-            query_pos, cond, rows_from: jax.Array, rows: int):
+def forward(
+    cfg: LoopConfig,
+    params,
+    inp: Inputs,
+    kv: Optional[XLNetCache],
+    tokens,
+    order,
+    query_pos,
+    cond,
+    rows_from: jax.Array,
+    rows: int,
+):
     """One AS-ARM forward with ``cfg.suppress`` applied: ``(logits float32 (B, P, V), kv)``
     with suppressed ids at -inf.
 
@@ -138,8 +181,9 @@ def forward(cfg: LoopConfig, params, inp: Inputs, kv: Optional[XLNetCache], toke
     if cfg.cache == "none":
         logits = conditionals_at(cfg.model, params, tokens, inp.visible, order, query_pos, cond)
     else:
-        logits, kv = _cached_forward(cfg, params, inp, kv, tokens, order, query_pos, cond,
-                                     rows_from, rows)
+        logits, kv = _cached_forward(
+            cfg, params, inp, kv, tokens, order, query_pos, cond, rows_from, rows
+        )
     if cfg.suppress:
         logits = logits.at[..., jnp.asarray(cfg.suppress, jnp.int32)].set(-jnp.inf)
     return logits, kv
@@ -153,9 +197,15 @@ def prefill(cfg: LoopConfig, params, inp: Inputs, tokens: jax.Array) -> Optional
     B, S = tokens.shape
     c = cfg.model.config
     cm, _ = density_masks(inp.visible, jnp.full((B, S), UNSEEN, jnp.int32))
-    pos = jnp.where(inp.visible, jnp.arange(S)[None, :], S)    # S: nothing written
-    _, kv = cfg.model.apply(params, tokens, cm & inp.visible[:, :, None], None, content_pos=pos,
-                            cache=init_cache(c, B, S))
+    pos = jnp.where(inp.visible, jnp.arange(S)[None, :], S)  # S: nothing written
+    _, kv = cfg.model.apply(
+        params,
+        tokens,
+        cm & inp.visible[:, :, None],
+        None,
+        content_pos=pos,
+        cache=init_cache(c, B, S),
+    )
     return kv
 
 
@@ -173,30 +223,47 @@ def draw(cfg: LoopConfig, key: jax.Array, logits: jax.Array):
 class Drafts:
     """One iteration's drafts ``x~_sigma(n + j)``, ``j < K``."""
 
-    tokens: jax.Array                 # int32 (B, K)
-    q: Optional[jax.Array]            # float32 (B, K, V) draft distribution; None when greedy
-                                      # and self-drafted (greedy verification needs none)
-    logits: Optional[jax.Array]       # float32 (B, K, V) draft-pass logits (self-draft only)
-    need_check: jax.Array             # bool (B,): rows whose drafts go to verification
-    lemma1: jax.Array                 # bool (B,): drafts came from a draft pass (Lemma 1 holds
-                                      # at i = n; that pass is a target NFE)
+    tokens: jax.Array  # int32 (B, K)
+    q: Optional[jax.Array]  # float32 (B, K, V) draft distribution; None when greedy
+    # and self-drafted (greedy verification needs none)
+    logits: Optional[jax.Array]  # float32 (B, K, V) draft-pass logits (self-draft only)
+    need_check: jax.Array  # bool (B,): rows whose drafts go to verification
+    lemma1: jax.Array  # bool (B,): drafts came from a draft pass (Lemma 1 holds
+    # at i = n; that pass is a target NFE)
 
 
-def draft_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-               key: jax.Array) -> tuple[Drafts, Optional[XLNetCache]]:
+def draft_pass(
+    cfg: LoopConfig, params, inp: Inputs, st: State, win: Window, key: jax.Array
+) -> tuple[Drafts, Optional[XLNetCache]]:
     """Algorithm 1 lines 4-8 (and one sequential step): one draft pass (Fig. 1a) in which every
     query slot conditions on ``x_sigma(<n)`` only; drafts are its argmax (greedy) or samples.
     Lines 9-12: a row speculating a single token skips verification (Lemma 1)."""
     order = draft_order(inp.rank, st.decoded)
-    logits, kv = forward(cfg, params, inp, st.kv, st.tokens, order, win.query_pos,  # (B, K, V)
-                         jnp.take_along_axis(order, win.query_pos, axis=1), st.decoded - 1, 1)
+    logits, kv = forward(
+        cfg,
+        params,
+        inp,
+        st.kv,
+        st.tokens,
+        order,
+        win.query_pos,  # (B, K, V)
+        jnp.take_along_axis(order, win.query_pos, axis=1),
+        st.decoded - 1,
+        1,
+    )
     tokens, q = draw(cfg, key, logits)
-    return Drafts(tokens=tokens, q=q, logits=logits, need_check=win.live >= 2,
-                  lemma1=jnp.ones_like(win.active)), kv
+    return Drafts(
+        tokens=tokens,
+        q=q,
+        logits=logits,
+        need_check=win.live >= 2,
+        lemma1=jnp.ones_like(win.active),
+    ), kv
 
 
-def bigram_draft_dist(tokens: jax.Array, known: jax.Array, cond: jax.Array,
-                      has_cond: jax.Array, vocab_size: int) -> jax.Array:
+def bigram_draft_dist(
+    tokens: jax.Array, known: jax.Array, cond: jax.Array, has_cond: jax.Array, vocab_size: int
+) -> jax.Array:
     """ASSD's draft distribution for one position (Algorithm 2 lines 2-8): the Eq. 23 context
     bigram :func:`jaxspec.core.drafters.context_bigram` conditioned on ``cond``; the unigram
     frequencies of the known tokens when ``cond`` never started a known bigram (the official
@@ -230,15 +297,22 @@ def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax
         left_tok = jnp.take_along_axis(st.tokens, jnp.maximum(left, 0)[:, None], 1)[:, 0]
         prev = tokens[-1] if tokens else left_tok
         c = dist(st.tokens, known, jnp.where(left_known | (i == 0), left_tok, prev), left >= 0)
-        tokens.append(argmax(c) if cfg.sampling.greedy
-                      else sample_from_probs(jax.random.fold_in(key, i), c))
+        tokens.append(
+            argmax(c) if cfg.sampling.greedy else sample_from_probs(jax.random.fold_in(key, i), c)
+        )
         qs.append(c)
-    return Drafts(tokens=jnp.stack(tokens, axis=1), q=jnp.stack(qs, axis=1), logits=None,
-                  need_check=win.live >= 1, lemma1=jnp.zeros_like(win.active))
+    return Drafts(
+        tokens=jnp.stack(tokens, axis=1),
+        q=jnp.stack(qs, axis=1),
+        logits=None,
+        need_check=win.live >= 1,
+        lemma1=jnp.zeros_like(win.active),
+    )
 
 
-def ngram_drafts(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-                 key: jax.Array) -> tuple[Drafts, Optional[XLNetCache]]:
+def ngram_drafts(
+    cfg: LoopConfig, params, inp: Inputs, st: State, win: Window, key: jax.Array
+) -> tuple[Drafts, Optional[XLNetCache]]:
     """The n-gram drafter of Algorithm 1 (module docstring): :func:`bigram_drafts`, except on
     rows whose first slot is position 0, which take an AS-ARM draft pass (:func:`draft_pass`)
     as the official code does; that pass runs only when some row needs it."""
@@ -250,17 +324,19 @@ def ngram_drafts(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     def with_pass(_):
         own, kv = draft_pass(cfg, params, inp, st, win, key)
         row = at0[:, None]
-        return Drafts(tokens=jnp.where(row, own.tokens, big.tokens),
-                      q=big.q if own.q is None else jnp.where(row[..., None], own.q, big.q),
-                      logits=jnp.where(row[..., None], own.logits, big.logits),
-                      need_check=jnp.where(at0, own.need_check, big.need_check), lemma1=at0), kv
+        return Drafts(
+            tokens=jnp.where(row, own.tokens, big.tokens),
+            q=big.q if own.q is None else jnp.where(row[..., None], own.q, big.q),
+            logits=jnp.where(row[..., None], own.logits, big.logits),
+            need_check=jnp.where(at0, own.need_check, big.need_check),
+            lemma1=at0,
+        ), kv
 
     return jax.lax.cond(jnp.any(at0), with_pass, lambda _: (big, st.kv), None)
 
 
 # --------------------------------------------------------------------------- density pass
-def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
-                 drafts: Drafts):
+def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window, drafts: Drafts):
     """Algorithm 1 lines 13-15: one density pass (Fig. 1b) over ``x_sigma(<n)`` plus the live
     drafts gives ``p(x~_sigma(i) | x_sigma(<n), x~_sigma(n:i))`` at every query slot. Skipped
     (zeros) when no row needs verification.
@@ -269,18 +345,38 @@ def density_pass(cfg: LoopConfig, params, inp: Inputs, st: State, win: Window,
     encodes the rows of ranks ``n - 1 .. n + K - 1`` (the token decoded last, which no pass
     has encoded when it was resampled, and the drafts)."""
     B, S = st.tokens.shape
-    slot = jnp.where(win.use, win.query_pos, S)     # S (out of range) drops the write
+    slot = jnp.where(win.use, win.query_pos, S)  # S (out of range) drops the write
     with_drafts = st.tokens.at[jnp.arange(B)[:, None], slot].set(drafts.tokens, mode="drop")
 
     def run(_):
         order = density_order(inp.rank, st.decoded + win.live)
-        return forward(cfg, params, inp, st.kv, with_drafts, order, win.query_pos,
-                       jnp.take_along_axis(order, win.query_pos, axis=1), st.decoded - 1,
-                       cfg.query_slots + 1)
+        return forward(
+            cfg,
+            params,
+            inp,
+            st.kv,
+            with_drafts,
+            order,
+            win.query_pos,
+            jnp.take_along_axis(order, win.query_pos, axis=1),
+            st.decoded - 1,
+            cfg.query_slots + 1,
+        )
 
     zeros = jnp.zeros((B, cfg.query_slots, cfg.model.config.vocab_size), jnp.float32)
     return jax.lax.cond(jnp.any(drafts.need_check), run, lambda _: (zeros, st.kv), None)
 
 
-__all__ = ["conditionals", "conditionals_at", "forward", "prefill", "draw", "Drafts",
-           "draft_pass", "bigram_draft_dist", "bigram_drafts", "ngram_drafts", "density_pass"]
+__all__ = [
+    "conditionals",
+    "conditionals_at",
+    "forward",
+    "prefill",
+    "draw",
+    "Drafts",
+    "draft_pass",
+    "bigram_draft_dist",
+    "bigram_drafts",
+    "ngram_drafts",
+    "density_pass",
+]

@@ -53,7 +53,7 @@ def left_pad(prompts: Sequence[Sequence[int]], bucket: int, pad_id: int = 0):
     P = bucket_length(max(lens), bucket)
     buf = np.full((len(prompts), P), pad_id, np.int32)
     for i, p in enumerate(prompts):
-        buf[i, P - len(p):] = p
+        buf[i, P - len(p) :] = p
     return buf, np.array([P - n for n in lens], np.int32)
 
 
@@ -83,8 +83,10 @@ def place_batch(params, *arrays) -> tuple:
     out = []
     for a in arrays:
         if a.shape[0] % d:
-            raise MeshError(f"the mesh's data axis of {d} devices does not divide the batch "
-                            f"of {a.shape[0]} prompts")
+            raise MeshError(
+                f"the mesh's data axis of {d} devices does not divide the batch "
+                f"of {a.shape[0]} prompts"
+            )
         spec = PartitionSpec("data", *([None] * (a.ndim - 1)))
         out.append(jax.device_put(a, NamedSharding(mesh, spec)))
     return tuple(out)
@@ -98,7 +100,9 @@ def is_eos(tokens: jax.Array, eos_ids: Sequence[int]) -> jax.Array:
     return out
 
 
-def cut_after_eos(rows, eos_ids: Sequence[int], budget: Optional[Sequence[int]] = None) -> list[list[int]]:
+def cut_after_eos(
+    rows, eos_ids: Sequence[int], budget: Optional[Sequence[int]] = None
+) -> list[list[int]]:
     """Rows as lists, each first cut to its ``budget`` (if given) and then after its first
     EOS (kept).
 
@@ -110,10 +114,10 @@ def cut_after_eos(rows, eos_ids: Sequence[int], budget: Optional[Sequence[int]] 
     eos = {int(e) for e in eos_ids}
     out = []
     for b, row in enumerate(np.asarray(rows).tolist() if isinstance(rows, np.ndarray) else rows):
-        row = list(row) if budget is None else list(row)[:int(budget[b])]
+        row = list(row) if budget is None else list(row)[: int(budget[b])]
         for i, t in enumerate(row):
             if t in eos:
-                row = row[:i + 1]
+                row = row[: i + 1]
                 break
         out.append(row)
     return out

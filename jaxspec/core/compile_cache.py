@@ -54,8 +54,10 @@ def default_cache_dir() -> Path:
 def cache_disabled() -> bool:
     """Whether the environment turns the cache off (``JAXSPEC_NO_COMPILE_CACHE=1`` or
     ``JAXSPEC_COMPILE_CACHE=off``)."""
-    return (os.environ.get(DISABLE_ENV, "").strip().lower() in _TRUE
-            or os.environ.get(DIR_ENV, "").strip().lower() == "off")
+    return (
+        os.environ.get(DISABLE_ENV, "").strip().lower() in _TRUE
+        or os.environ.get(DIR_ENV, "").strip().lower() == "off"
+    )
 
 
 def disable_persistent_cache() -> None:
@@ -67,8 +69,9 @@ def disable_persistent_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", None)
 
 
-def enable_persistent_cache(path: str | os.PathLike | None = None,
-                            min_compile_s: float = 0.0) -> str | None:
+def enable_persistent_cache(
+    path: str | os.PathLike | None = None, min_compile_s: float = 0.0
+) -> str | None:
     """Keep compiled XLA programs on disk so the next process loads them instead of compiling.
 
     Args:
@@ -98,8 +101,11 @@ def enable_persistent_cache(path: str | os.PathLike | None = None,
         if not os.access(where, os.W_OK | os.X_OK):
             raise PermissionError(f"{where} is not writable")
     except OSError as e:
-        print(f"warning: the XLA compile cache is off (cannot use {where}: {e}); set "
-              f"{DIR_ENV}=DIR or {DISABLE_ENV}=1", file=sys.stderr)
+        print(
+            f"warning: the XLA compile cache is off (cannot use {where}: {e}); set "
+            f"{DIR_ENV}=DIR or {DISABLE_ENV}=1",
+            file=sys.stderr,
+        )
         return None
     jax.config.update("jax_compilation_cache_dir", str(where))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
@@ -132,5 +138,15 @@ def timing_store() -> Path | None:
     return None if where is None else Path(where) / TIMINGS_FILE
 
 
-__all__ = ["DISABLE_ENV", "TIMINGS_FILE", "timing_store", "DIR_ENV", "ROOT_ENV", "default_cache_dir", "cache_disabled",
-           "disable_persistent_cache", "enable_persistent_cache", "ensure_persistent_cache"]
+__all__ = [
+    "DISABLE_ENV",
+    "TIMINGS_FILE",
+    "timing_store",
+    "DIR_ENV",
+    "ROOT_ENV",
+    "default_cache_dir",
+    "cache_disabled",
+    "disable_persistent_cache",
+    "enable_persistent_cache",
+    "ensure_persistent_cache",
+]

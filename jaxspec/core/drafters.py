@@ -178,14 +178,16 @@ class Drafter(Protocol):
 
     def init_state(self, params: Any, ctx: DraftContext) -> Any: ...
 
-    def propose(self, params: Any, state: Any, ctx: DraftContext, key: jax.Array,
-                sample: bool) -> tuple[Draft, Any]: ...
+    def propose(
+        self, params: Any, state: Any, ctx: DraftContext, key: jax.Array, sample: bool
+    ) -> tuple[Draft, Any]: ...
 
     def update(self, params: Any, state: Any, ctx: DraftContext, n_accepted: jax.Array) -> Any: ...
 
 
-def context_bigram(tokens: jax.Array, known: jax.Array, cond: jax.Array,
-                   vocab_size: int) -> tuple[jax.Array, jax.Array]:
+def context_bigram(
+    tokens: jax.Array, known: jax.Array, cond: jax.Array, vocab_size: int
+) -> tuple[jax.Array, jax.Array]:
     """The context bigram model of ASSD Eq. 23, ``c(. | cond)``, over the known tokens of
     one row: the one implementation used by the n-gram drafter and by ASSD's Algorithm 2.
 
@@ -226,13 +228,18 @@ def bigram_pair_counts(tokens: jax.Array, known: jax.Array) -> tuple[jax.Array, 
       are known; ``counts[j]`` = number of valid ``i`` with the same bigram (0 where invalid).
     """
     valid = known[:-1] & known[1:]
-    same = ((tokens[:-1, None] == tokens[None, :-1]) & (tokens[1:, None] == tokens[None, 1:])
-            & valid[:, None] & valid[None, :])
+    same = (
+        (tokens[:-1, None] == tokens[None, :-1])
+        & (tokens[1:, None] == tokens[None, 1:])
+        & valid[:, None]
+        & valid[None, :]
+    )
     return valid, jnp.sum(same, axis=0, dtype=jnp.int32)
 
 
-def context_bigram_argmax(tokens: jax.Array, valid: jax.Array, counts: jax.Array,
-                          cond: jax.Array) -> jax.Array:
+def context_bigram_argmax(
+    tokens: jax.Array, valid: jax.Array, counts: jax.Array, cond: jax.Array
+) -> jax.Array:
     """``argmax_a c(a | cond)`` of :func:`context_bigram` (ASSD Eq. 23) without its dense
     ``(V,)`` distribution: the most frequent known successor of ``cond``, the smallest token id
     among equally frequent ones (``jnp.argmax``'s first maximum), and ``cond`` itself when it
@@ -285,7 +292,8 @@ class NgramDrafter(Drafter):
         if not (1 <= self.min_ngram <= self.max_ngram):
             raise ValueError(
                 f"need 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
-                f"max_ngram={self.max_ngram}")
+                f"max_ngram={self.max_ngram}"
+            )
 
     name = "ngram"
 
@@ -315,10 +323,15 @@ class NgramDrafter(Drafter):
         B = ctx.buffer.shape[0]
         keys = jax.random.split(key, B)
         draft, q, has = jax.vmap(lambda kk, b, l, p: self._one(kk, b, l, p, sample))(
-            keys, ctx.buffer, ctx.length, ctx.pad)
-        return Draft(tokens=draft, q=q if sample else None, has_draft=has,
-                     length=jnp.full((B,), self.draft_length, jnp.int32),
-                     nfe=jnp.zeros((B,), jnp.int32)), state
+            keys, ctx.buffer, ctx.length, ctx.pad
+        )
+        return Draft(
+            tokens=draft,
+            q=q if sample else None,
+            has_draft=has,
+            length=jnp.full((B,), self.draft_length, jnp.int32),
+            nfe=jnp.zeros((B,), jnp.int32),
+        ), state
 
     # -- one row ---------------------------------------------------------------------------
     def _suffix_match(self, buf, L, pad):
@@ -331,7 +344,7 @@ class NgramDrafter(Drafter):
             suf = jax.lax.dynamic_slice(bpad, (jnp.maximum(L - n, 0),), (n,))
             eq = jnp.ones((S,), bool)
             for t in range(n):
-                eq = eq & (bpad[t:t + S] == suf[t])
+                eq = eq & (bpad[t : t + S] == suf[t])
             # earlier occurrence fully inside the context, followed by >= 1 context token
             ok = eq & (idx >= pad) & (idx + n <= L - 1) & (L - n >= pad)
             j = jnp.max(jnp.where(ok, idx, -1))
@@ -355,8 +368,11 @@ class NgramDrafter(Drafter):
             # suffix-match copy (periodic continuation into the drafts themselves)
             pos = src + t
             prev = jnp.stack(drafts) if drafts else jnp.zeros((1,), jnp.int32)
-            copy_tok = jnp.where(pos < L, buf[jnp.minimum(pos, buf.shape[0] - 1)],
-                                 prev[jnp.clip(pos - L, 0, max(t - 1, 0))])
+            copy_tok = jnp.where(
+                pos < L,
+                buf[jnp.minimum(pos, buf.shape[0] - 1)],
+                prev[jnp.clip(pos - L, 0, max(t - 1, 0))],
+            )
             # bigram fallback (Eq. 23); greedy needs only its argmax, without the (V,) array
             if sample:
                 c, tot = context_bigram(buf, known, cond, V)
@@ -441,8 +457,10 @@ class CostGate(Drafter):
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
         if self.drafter.query_slots > 0:
-            raise ValueError(f"{self.drafter.name} drafts inside the verification pass (draft "
-                             "queries): a cost gate cannot skip it")
+            raise ValueError(
+                f"{self.drafter.name} drafts inside the verification pass (draft "
+                "queries): a cost gate cannot skip it"
+            )
 
     @property
     def name(self) -> str:
@@ -479,11 +497,15 @@ class CostGate(Drafter):
 
     def init_state(self, params, ctx: DraftContext) -> GateState:
         B = ctx.length.shape[0]
-        return GateState(inner=self.drafter.init_state(params, ctx),
-                         alpha=jnp.ones((B,), jnp.float32),
-                         beta=jnp.full((B,), float(self.draft_length), jnp.float32),
-                         first=jnp.zeros((B,), jnp.int32), had=jnp.zeros((B,), bool),
-                         start=ctx.length, verified=jnp.array(False))
+        return GateState(
+            inner=self.drafter.init_state(params, ctx),
+            alpha=jnp.ones((B,), jnp.float32),
+            beta=jnp.full((B,), float(self.draft_length), jnp.float32),
+            first=jnp.zeros((B,), jnp.int32),
+            had=jnp.zeros((B,), bool),
+            start=ctx.length,
+            verified=jnp.array(False),
+        )
 
     def propose(self, params, state: GateState, ctx: DraftContext, key: jax.Array, sample: bool):
         """The wrapped drafter's proposal with ``has_draft`` cleared on rows whose expected
@@ -493,8 +515,12 @@ class CostGate(Drafter):
         has = draft.has_draft & worth
         had = draft.has_draft & (draft.length > 0)
         return draft.replace(has_draft=has), state.replace(
-            inner=inner, first=draft.tokens[:, 0], had=had, start=ctx.length,
-            verified=jnp.any(has & ctx.active))
+            inner=inner,
+            first=draft.tokens[:, 0],
+            had=had,
+            start=ctx.length,
+            verified=jnp.any(has & ctx.active),
+        )
 
     def update(self, params, state: GateState, ctx: DraftContext, n_accepted: jax.Array):
         """Tell the wrapped drafter, then update ``alpha`` / ``beta`` on rows that had a draft."""
@@ -504,6 +530,9 @@ class CostGate(Drafter):
         right = jnp.where(state.verified, n_accepted >= 1, emitted == state.first)
         d = self.decay
         alpha = jnp.where(seen, d * state.alpha + (1 - d) * right, state.alpha)
-        beta = jnp.where(seen & state.verified & (n_accepted >= 1),
-                         d * state.beta + (1 - d) * n_accepted, state.beta)
+        beta = jnp.where(
+            seen & state.verified & (n_accepted >= 1),
+            d * state.beta + (1 - d) * n_accepted,
+            state.beta,
+        )
         return state.replace(inner=inner, alpha=alpha, beta=beta)

@@ -34,8 +34,12 @@ and Qwen2's 152k vocabulary) and keeps ``k`` more key / value slots; the papers 
 ``k <= 30`` (DiffuSpec's ``k_max``). :meth:`MethodConfig.check_model` then bounds ``k`` by
 the model's context."""
 
-FLAGS = {"cps": "--no-cps", "adl": "--no-adl", "dllm_drafter": "--draft-model",
-         "suppress": "--suppress-unk"}
+FLAGS = {
+    "cps": "--no-cps",
+    "adl": "--no-adl",
+    "dllm_drafter": "--draft-model",
+    "suppress": "--suppress-unk",
+}
 """Command-line spelling of the fields whose flag is not ``--`` + the name with dashes."""
 
 
@@ -80,8 +84,11 @@ def check_int(name: str, value, low: int, high: Optional[int] = None) -> None:
 def check_float(name: str, value, low: float, high: float, *, low_open: bool = False) -> None:
     """One-line ``ValueError`` unless ``value`` is a finite number in ``[low, high]``
     (``(low, high]`` with ``low_open``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
-            value, "__float__"):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        and not hasattr(value, "__float__")
+    ):
         raise TypeError(f"{flag(name)} must be a number, got {value!r}")
     v = float(value)
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
@@ -93,8 +100,9 @@ def check_float(name: str, value, low: float, high: float, *, low_open: bool = F
 def check_choice(name: str, value, choices) -> None:
     """One-line ``ValueError`` unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise ValueError(f"unknown {flag(name)} {value!r}; expected one of "
-                         f"{', '.join(map(str, choices))}")
+        raise ValueError(
+            f"unknown {flag(name)} {value!r}; expected one of {', '.join(map(str, choices))}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +129,10 @@ class MethodConfig:
 
     def __post_init__(self):
         if not isinstance(self.sampling, SamplingConfig):
-            raise TypeError(f"sampling must be a jaxspec.core.sampling.SamplingConfig, got "
-                            f"{type(self.sampling).__name__}")
+            raise TypeError(
+                f"sampling must be a jaxspec.core.sampling.SamplingConfig, got "
+                f"{type(self.sampling).__name__}"
+            )
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -136,8 +146,11 @@ class MethodConfig:
         """The config of ``options`` (``{field or sampling option: value}``); options it does
         not read are ignored (:meth:`jaxspec.methods.Method.configure` rejects them)."""
         opts = dict(options)
-        kw = {f.name: opts[f.name] for f in dataclasses.fields(cls)
-              if f.init and f.name in opts and f.name != "sampling"}
+        kw = {
+            f.name: opts[f.name]
+            for f in dataclasses.fields(cls)
+            if f.init and f.name in opts and f.name != "sampling"
+        }
         samp = {k: opts[k] for k in SAMPLING_OPTIONS if k in opts}
         if "sampling" in opts and samp:
             raise ValueError("give either sampling or temperature / top_k / top_p, not both")
@@ -175,10 +188,12 @@ class MethodConfig:
     def report(self, label: str, result) -> list[str]:
         """The stats lines of ``result`` (``[label] ...``; the first line is the summary)."""
         s = result.stats
-        return [f"[{label}] tokens={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
-                f"MAT={s.mat:.2f} acceptance={acceptance(s)} "
-                f"tokens/s={result.tokens_per_s:.1f} run={result.run_s:.2f}s "
-                f"compile={result.compile_s:.1f}s"]
+        return [
+            f"[{label}] tokens={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
+            f"MAT={s.mat:.2f} acceptance={acceptance(s)} "
+            f"tokens/s={result.tokens_per_s:.1f} run={result.run_s:.2f}s "
+            f"compile={result.compile_s:.1f}s"
+        ]
 
 
 def acceptance(stats) -> str:
@@ -190,5 +205,14 @@ def acceptance(stats) -> str:
     return "n/a" if math.isnan(rate) else f"{rate:.3f}"
 
 
-__all__ = ["MethodConfig", "Needs", "flag", "check_int", "check_float", "check_choice",
-           "acceptance", "MAX_DRAFT_LENGTH", "SAMPLING_OPTIONS"]
+__all__ = [
+    "MethodConfig",
+    "Needs",
+    "flag",
+    "check_int",
+    "check_float",
+    "check_choice",
+    "acceptance",
+    "MAX_DRAFT_LENGTH",
+    "SAMPLING_OPTIONS",
+]

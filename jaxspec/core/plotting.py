@@ -4,6 +4,7 @@ Every chart in jaxspec is written to a PNG file, never shown, so the non-interac
 backend is selected before ``pyplot`` is imported (it works without a display: Colab, SSH,
 CI). matplotlib is imported lazily so that decoding code never pays for it.
 """
+
 from __future__ import annotations
 
 

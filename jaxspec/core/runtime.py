@@ -21,7 +21,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxspec.core.compile_cache import enable_persistent_cache, ensure_persistent_cache
+from jaxspec.core.compile_cache import ensure_persistent_cache
 
 _EXECUTABLES: dict = {}
 

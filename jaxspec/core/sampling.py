@@ -131,15 +131,16 @@ def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
     """
     x = jnp.asarray(x)
     if x.ndim == 0 or not -x.ndim <= axis < x.ndim or x.shape[axis] == 0:
-        raise ValueError(f"argmax: axis {axis} out of range or empty for an array of shape "
-                         f"{x.shape}")
+        raise ValueError(
+            f"argmax: axis {axis} out of range or empty for an array of shape {x.shape}"
+        )
     if jax.default_backend() != "cpu":
         return jnp.argmax(x, axis=axis).astype(jnp.int32)
     x = jnp.moveaxis(x, axis, -1)
     lead, n = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, n)
     per = max(1, ARGMAX_PIECE // n)
-    pieces = [_first_max(rows[i:i + per]) for i in range(0, rows.shape[0], per)]
+    pieces = [_first_max(rows[i : i + per]) for i in range(0, rows.shape[0], per)]
     return (pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces)).reshape(lead)
 
 
@@ -148,7 +149,7 @@ def _first_max(x: jax.Array) -> jax.Array:
     n = x.shape[-1]
     # float32 keys (exact integers below 2**24): XLA:CPU turns an int32 min-reduction into a
     # chain of reduce-windows over a materialized array, 5x slower at (32, 151936)
-    dtype = jnp.float32 if 2 * n < 2 ** 24 else jnp.int32
+    dtype = jnp.float32 if 2 * n < 2**24 else jnp.int32
     index = jax.lax.broadcasted_iota(dtype, x.shape, 1)
     # key: a NaN's index, else n + the index of a value equal to the max (XLA:CPU's max need
     # not propagate NaN), else 2n; the smallest key wins

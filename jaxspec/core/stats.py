@@ -51,8 +51,11 @@ class DecodeStats:
     @property
     def acceptance_rate(self) -> float:
         """Accepted drafts / drafts sent to verification (NaN when none were)."""
-        proposed = (self.accept_hist.sum() * self.draft_length if self.drafts_proposed is None
-                    else self.drafts_proposed.sum())
+        proposed = (
+            self.accept_hist.sum() * self.draft_length
+            if self.drafts_proposed is None
+            else self.drafts_proposed.sum()
+        )
         if proposed == 0:
             return float("nan")
         return float(self.accepted_drafts / proposed)
@@ -74,8 +77,9 @@ class DecodeStats:
             "mat": round(self.mat, 4),
             "nfe_per_token": round(self.nfe_per_token, 4),
             "acceptance_rate": (None if self.draft_length == 0 else round(self.acceptance_rate, 4)),
-            "drafts_proposed": (None if self.drafts_proposed is None
-                                else int(self.drafts_proposed.sum())),
+            "drafts_proposed": (
+                None if self.drafts_proposed is None else int(self.drafts_proposed.sum())
+            ),
             "accept_hist": self.accept_hist.sum(0).tolist(),
             **self.extra,
         }

@@ -49,8 +49,9 @@ def _within(draft_len: Optional[jax.Array], k: int) -> Optional[jax.Array]:
     return jnp.arange(k)[None, :] < draft_len[:, None]
 
 
-def verify_greedy(target_logits: jax.Array, draft: jax.Array, *,
-                  draft_len: Optional[jax.Array] = None):
+def verify_greedy(
+    target_logits: jax.Array, draft: jax.Array, *, draft_len: Optional[jax.Array] = None
+):
     """Greedy verification: accept while the draft equals ``argmax p``.
 
     Args:
@@ -65,7 +66,7 @@ def verify_greedy(target_logits: jax.Array, draft: jax.Array, *,
       last row's argmax, never to be used).
     """
     k = draft.shape[1]
-    am = argmax(target_logits)                   # (B, k+1) or (B, k)
+    am = argmax(target_logits)  # (B, k+1) or (B, k)
     ok = am[:, :k] == draft
     within = _within(draft_len, k)
     if within is not None:
@@ -78,9 +79,16 @@ def verify_greedy(target_logits: jax.Array, draft: jax.Array, *,
 RESAMPLE_RULES = ("residual", "target")
 
 
-def verify_sample(key: jax.Array, p: jax.Array, draft: jax.Array,
-                  q: Optional[jax.Array] = None, *, epsilon=0.0,
-                  draft_len: Optional[jax.Array] = None, resample: str = "residual"):
+def verify_sample(
+    key: jax.Array,
+    p: jax.Array,
+    draft: jax.Array,
+    q: Optional[jax.Array] = None,
+    *,
+    epsilon=0.0,
+    draft_len: Optional[jax.Array] = None,
+    resample: str = "residual",
+):
     """Stochastic verification of a draft chain (lossless for ``epsilon = 0``).
 
     Args:
@@ -108,8 +116,11 @@ def verify_sample(key: jax.Array, p: jax.Array, draft: jax.Array,
     ku, kr = jax.random.split(key)
     if k > 0:
         px = jnp.take_along_axis(p[:, :k], draft[..., None], axis=-1)[..., 0]
-        qx = (jnp.ones_like(px) if q is None
-              else jnp.take_along_axis(q, draft[..., None], axis=-1)[..., 0])
+        qx = (
+            jnp.ones_like(px)
+            if q is None
+            else jnp.take_along_axis(q, draft[..., None], axis=-1)[..., 0]
+        )
         r = jax.random.uniform(ku, (B, k))
         ok = r * qx < px + epsilon * qx  # r < min(1, px / qx + eps); qx > 0 for a drawn draft
         within = _within(draft_len, k)

@@ -54,6 +54,7 @@ def prefix_widths(prompt_len: int, cfg: DiffusionDecodeConfig) -> tuple[tuple[in
 
 # ----------------------------------------------------------------------------- layout
 
+
 @flax.struct.dataclass
 class Layout:
     """The padded sequence of a batch: slots ``[pad[b], P)`` hold row ``b``'s prompt, slots
@@ -75,8 +76,11 @@ class Layout:
         """The layout of ``pad`` int32 ``(B,)`` over ``S_ext`` (default ``S``) slots."""
         slots = jnp.arange(S if S_ext is None else S_ext, dtype=jnp.int32)[None]
         valid = (slots >= pad[:, None]) & (slots < S)
-        return cls(valid=valid, positions=jnp.maximum(slots - pad[:, None], 0),
-                   attn=bidirectional_mask(valid))
+        return cls(
+            valid=valid,
+            positions=jnp.maximum(slots - pad[:, None], 0),
+            attn=bidirectional_mask(valid),
+        )
 
 
 def block_window(a: jax.Array, off: jax.Array, width: int, axis: int = 0) -> jax.Array:
@@ -123,19 +127,31 @@ class Canvas:
         """Row windows ``(tokens (B, width), masked (B, width), transfer_step (B, width))`` of
         the block at slot ``start`` int32 ``(B,)``."""
         off = start - prompt_len
-        return (block_window(self.tokens, start, width), block_window(self.masked, off, width),
-                block_window(self.transfer_step, off, width))
+        return (
+            block_window(self.tokens, start, width),
+            block_window(self.masked, off, width),
+            block_window(self.transfer_step, off, width),
+        )
 
-    def put_block(self, start: jax.Array, prompt_len: int, tokens: jax.Array,
-                  masked: jax.Array, transfer_step: jax.Array) -> "Canvas":
+    def put_block(
+        self,
+        start: jax.Array,
+        prompt_len: int,
+        tokens: jax.Array,
+        masked: jax.Array,
+        transfer_step: jax.Array,
+    ) -> "Canvas":
         """The canvas with the block windows at ``start`` replaced (shapes as :meth:`block`)."""
         off = start - prompt_len
-        return Canvas(tokens=put_window(self.tokens, tokens, start),
-                      masked=put_window(self.masked, masked, off),
-                      transfer_step=put_window(self.transfer_step, transfer_step, off))
+        return Canvas(
+            tokens=put_window(self.tokens, tokens, start),
+            masked=put_window(self.masked, masked, off),
+            transfer_step=put_window(self.transfer_step, transfer_step, off),
+        )
 
 
 # ----------------------------------------------------------------------------- block advance
+
 
 @flax.struct.dataclass
 class BlockCursor:
@@ -156,8 +172,9 @@ class BlockCursor:
     @classmethod
     def start(cls, batch: int) -> "BlockCursor":
         zeros = jnp.zeros((batch,), jnp.int32)
-        return cls(block=zeros, step_in_block=zeros, wait=jnp.zeros((batch,), bool),
-                   fresh=jnp.bool_(True))
+        return cls(
+            block=zeros, step_in_block=zeros, wait=jnp.zeros((batch,), bool), fresh=jnp.bool_(True)
+        )
 
     def active(self, num_blocks: int) -> jax.Array:
         """bool ``(B,)``: the row takes a step now (blocks left, not waiting)."""
@@ -168,8 +185,14 @@ class BlockCursor:
         return prompt_len + jnp.minimum(self.block, num_blocks - 1) * block_length
 
 
-def advance_blocks(cur: BlockCursor, active: jax.Array, block_done: jax.Array,
-                   steps_taken: jax.Array, num_blocks: int, lockstep: bool) -> BlockCursor:
+def advance_blocks(
+    cur: BlockCursor,
+    active: jax.Array,
+    block_done: jax.Array,
+    steps_taken: jax.Array,
+    num_blocks: int,
+    lockstep: bool,
+) -> BlockCursor:
     """Move rows whose block is complete to the next block.
 
     Args:
@@ -184,16 +207,23 @@ def advance_blocks(cur: BlockCursor, active: jax.Array, block_done: jax.Array,
     if lockstep:
         done = cur.wait | (active & block_done) | (cur.block >= num_blocks)
         adv = jnp.all(done)
-        return BlockCursor(block=jnp.where(adv, cur.block + 1, cur.block),
-                           step_in_block=jnp.where(adv, 0, cur.step_in_block + steps_taken),
-                           wait=done & ~adv, fresh=adv)
+        return BlockCursor(
+            block=jnp.where(adv, cur.block + 1, cur.block),
+            step_in_block=jnp.where(adv, 0, cur.step_in_block + steps_taken),
+            wait=done & ~adv,
+            fresh=adv,
+        )
     move = active & block_done
-    return BlockCursor(block=jnp.where(move, cur.block + 1, cur.block),
-                       step_in_block=jnp.where(move, 0, cur.step_in_block + steps_taken),
-                       wait=cur.wait, fresh=cur.fresh)
+    return BlockCursor(
+        block=jnp.where(move, cur.block + 1, cur.block),
+        step_in_block=jnp.where(move, 0, cur.step_in_block + steps_taken),
+        wait=cur.wait,
+        fresh=cur.fresh,
+    )
 
 
 # ----------------------------------------------------------------------------- caches
+
 
 @flax.struct.dataclass
 class BlockCache:
@@ -211,21 +241,28 @@ class BlockCache:
     prev_logits: Optional[jax.Array]
 
     @classmethod
-    def start(cls, model: DiffusionLM, rows: int, slots: int, batch: int,
-              cached: bool, params=None) -> "BlockCache":
+    def start(
+        cls, model: DiffusionLM, rows: int, slots: int, batch: int, cached: bool, params=None
+    ) -> "BlockCache":
         """An empty cache of ``rows`` sequences x ``slots`` slots (``None`` fields when not
         ``cached``); the keys/values take the dtype of ``params`` (float32 without them,
         bfloat16 for bf16 parameters: :func:`models.llama.modeling.param_dtype`)."""
         if not cached:
             return cls(kv=None, prev_logits=None)
         dtype = jnp.float32 if params is None else param_dtype(params)
-        return cls(kv=init_cache(model.config.base, rows, slots, dtype),
-                   prev_logits=(jnp.zeros((batch, model.config.vocab_size), jnp.float32)
-                                if dream_shift(model) else None))
+        return cls(
+            kv=init_cache(model.config.base, rows, slots, dtype),
+            prev_logits=(
+                jnp.zeros((batch, model.config.vocab_size), jnp.float32)
+                if dream_shift(model)
+                else None
+            ),
+        )
 
 
-def window_inputs(tokens: jax.Array, s0: jax.Array, width: int, pad: jax.Array,
-                  key_valid: jax.Array):
+def window_inputs(
+    tokens: jax.Array, s0: jax.Array, width: int, pad: jax.Array, key_valid: jax.Array
+):
     """Inputs of a lockstep window forward against a cache: the ``width`` slots from ``s0``
     (the same for every row).
 
@@ -247,12 +284,15 @@ def prepend_prev(prev: jax.Array, raw: jax.Array) -> jax.Array:
     rows ``raw`` float32 ``(B, ..., L, V)``: ``prev`` ``(B, V)`` (the raw row before the
     window), then ``raw[..., :L - 1, :]``."""
     lead = raw.shape[:-2]
-    first = jnp.broadcast_to(prev.reshape(prev.shape[:1] + (1,) * (len(lead) - 1) + (1,)
-                                          + prev.shape[1:]), lead + (1, raw.shape[-1]))
-    return jnp.concatenate([first, raw[..., :raw.shape[-2] - 1, :]], axis=-2)
+    first = jnp.broadcast_to(
+        prev.reshape(prev.shape[:1] + (1,) * (len(lead) - 1) + (1,) + prev.shape[1:]),
+        lead + (1, raw.shape[-1]),
+    )
+    return jnp.concatenate([first, raw[..., : raw.shape[-2] - 1, :]], axis=-2)
 
 
 # ----------------------------------------------------------------------------- counters
+
 
 @flax.struct.dataclass
 class Counters:
@@ -279,12 +319,23 @@ class Counters:
     @classmethod
     def start(cls, batch: int, bins: int, log_len: int = 0) -> "Counters":
         zeros = jnp.zeros((batch,), jnp.int32)
-        return cls(steps=zeros, nfe=zeros, accept_hist=jnp.zeros((batch, bins), jnp.int32),
-                   proposed=zeros, forward_tokens=zeros,
-                   steps_by_nfe=jnp.zeros((batch, log_len), jnp.int32))
+        return cls(
+            steps=zeros,
+            nfe=zeros,
+            accept_hist=jnp.zeros((batch, bins), jnp.int32),
+            proposed=zeros,
+            forward_tokens=zeros,
+            steps_by_nfe=jnp.zeros((batch, log_len), jnp.int32),
+        )
 
-    def add(self, active: jax.Array, steps: jax.Array, accept_bin: jax.Array,
-            proposed: jax.Array, query_tokens: jax.Array) -> "Counters":
+    def add(
+        self,
+        active: jax.Array,
+        steps: jax.Array,
+        accept_bin: jax.Array,
+        proposed: jax.Array,
+        query_tokens: jax.Array,
+    ) -> "Counters":
         """Count one iteration: ``steps`` and ``proposed`` int32 ``(B,)`` as taken (0 where
         inactive), ``accept_bin`` int32 ``(B,)`` the histogram bin, ``query_tokens`` the
         tokens one row forwarded (counted where ``active``)."""
@@ -294,13 +345,29 @@ class Counters:
         if log.shape[1]:
             hit = (jnp.arange(log.shape[1])[None] == self.nfe[:, None]) & active[:, None]
             log = jnp.where(hit, (self.steps + steps)[:, None], log)
-        return Counters(steps=self.steps + steps, nfe=self.nfe + act, steps_by_nfe=log,
-                        accept_hist=self.accept_hist
-                        + act[:, None] * jax.nn.one_hot(accept_bin, bins, dtype=jnp.int32),
-                        proposed=self.proposed + proposed,
-                        forward_tokens=self.forward_tokens + act * query_tokens)
+        return Counters(
+            steps=self.steps + steps,
+            nfe=self.nfe + act,
+            steps_by_nfe=log,
+            accept_hist=self.accept_hist
+            + act[:, None] * jax.nn.one_hot(accept_bin, bins, dtype=jnp.int32),
+            proposed=self.proposed + proposed,
+            forward_tokens=self.forward_tokens + act * query_tokens,
+        )
 
 
-__all__ = ["MAX_PREFIX_WIDTHS", "dream_shift", "prefix_widths", "Layout", "Canvas",
-           "block_window", "put_window", "BlockCursor", "advance_blocks", "BlockCache",
-           "window_inputs", "prepend_prev", "Counters"]
+__all__ = [
+    "MAX_PREFIX_WIDTHS",
+    "dream_shift",
+    "prefix_widths",
+    "Layout",
+    "Canvas",
+    "block_window",
+    "put_window",
+    "BlockCursor",
+    "advance_blocks",
+    "BlockCache",
+    "window_inputs",
+    "prepend_prev",
+    "Counters",
+]

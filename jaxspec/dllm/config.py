@@ -100,32 +100,42 @@ class DiffusionDecodeConfig:
         if self.cache not in CACHES:
             raise ValueError(f"unknown cache {self.cache!r}; expected one of {', '.join(CACHES)}")
         if self.confidence_softmax not in CONFIDENCE_SOFTMAX:
-            raise ValueError(f"unknown confidence_softmax {self.confidence_softmax!r}; expected "
-                             f"one of {', '.join(CONFIDENCE_SOFTMAX)}")
+            raise ValueError(
+                f"unknown confidence_softmax {self.confidence_softmax!r}; expected "
+                f"one of {', '.join(CONFIDENCE_SOFTMAX)}"
+            )
         if int(self.top_k) < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if not self.alg_temp >= 0.0:
             raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp}")
-        if self.alg_temp > 0 and (self.threshold is not None
-                                  or self.remasking in ("origin", "random")):
-            raise ValueError("alg_temp samples positions by confidence; it works with stepwise "
-                             "or fixed-k decoding and a confidence rule (not threshold, "
-                             "'origin' or 'random')")
+        if self.alg_temp > 0 and (
+            self.threshold is not None or self.remasking in ("origin", "random")
+        ):
+            raise ValueError(
+                "alg_temp samples positions by confidence; it works with stepwise "
+                "or fixed-k decoding and a confidence rule (not threshold, "
+                "'origin' or 'random')"
+            )
 
     def _check_lengths(self):
         if self.gen_length < 1 or self.block_length < 1:
-            raise ValueError(f"gen_length and block_length must be >= 1, got "
-                             f"{self.gen_length} and {self.block_length}")
+            raise ValueError(
+                f"gen_length and block_length must be >= 1, got "
+                f"{self.gen_length} and {self.block_length}"
+            )
         if self.gen_length % self.block_length:
-            raise ValueError(f"gen_length {self.gen_length} is not a multiple of block_length "
-                             f"{self.block_length}")
+            raise ValueError(
+                f"gen_length {self.gen_length} is not a multiple of block_length "
+                f"{self.block_length}"
+            )
         if self.schedule not in ("llada", "dream"):
             raise ValueError(f"unknown schedule {self.schedule!r}; expected 'llada' or 'dream'")
         if self.remasking not in REMASKING:
-            raise ValueError(f"unknown remasking {self.remasking!r}; expected one of "
-                             f"{', '.join(REMASKING)}")
+            raise ValueError(
+                f"unknown remasking {self.remasking!r}; expected one of {', '.join(REMASKING)}"
+            )
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not self.cfg_scale >= 0.0:
@@ -140,11 +150,15 @@ class DiffusionDecodeConfig:
             if self.steps < 1:
                 raise ValueError(f"steps must be >= 1, got {self.steps}")
             if self.steps % self.num_blocks:
-                raise ValueError(f"steps {self.steps} is not divisible by the number of blocks "
-                                 f"{self.num_blocks} (gen_length / block_length)")
+                raise ValueError(
+                    f"steps {self.steps} is not divisible by the number of blocks "
+                    f"{self.num_blocks} (gen_length / block_length)"
+                )
         elif self.remasking == "origin":
-            raise ValueError("remasking 'origin' has its own random transfer count; it only "
-                             "works with stepwise decoding (no tokens_per_step / threshold)")
+            raise ValueError(
+                "remasking 'origin' has its own random transfer count; it only "
+                "works with stepwise decoding (no tokens_per_step / threshold)"
+            )
 
     @property
     def num_blocks(self) -> int:
@@ -169,11 +183,15 @@ def structural(cfg: DiffusionDecodeConfig) -> DiffusionDecodeConfig:
     the compiled program (whether temperature / CFG / alg_temp are on, which method); the
     values travel traced in :class:`jaxspec.dllm.reference.Knobs`."""
     return dataclasses.replace(
-        cfg, temperature=1.0 if cfg.temperature > 0 else 0.0,
+        cfg,
+        temperature=1.0 if cfg.temperature > 0 else 0.0,
         cfg_scale=1.0 if cfg.cfg_scale > 0 else 0.0,
         threshold=None if cfg.threshold is None else 0.0,
-        tokens_per_step=None if cfg.tokens_per_step is None else 1, eps=1e-3, mask_id=None,
-        alg_temp=1.0 if cfg.alg_temp > 0 else 0.0)
+        tokens_per_step=None if cfg.tokens_per_step is None else 1,
+        eps=1e-3,
+        mask_id=None,
+        alg_temp=1.0 if cfg.alg_temp > 0 else 0.0,
+    )
 
 
 def eos_statics(cfg: DiffusionDecodeConfig, eos_ids: Sequence[int]) -> tuple[int, ...]:
@@ -184,9 +202,15 @@ def eos_statics(cfg: DiffusionDecodeConfig, eos_ids: Sequence[int]) -> tuple[int
     return ()
 
 
-def prepare_batch(model: DiffusionLM, prompts: Sequence[Sequence[int]],
-                  cfg: DiffusionDecodeConfig, eos_ids: Sequence[int] = (), pad_id: int = 0,
-                  bucket: int = 16, max_context: Optional[int] = None):
+def prepare_batch(
+    model: DiffusionLM,
+    prompts: Sequence[Sequence[int]],
+    cfg: DiffusionDecodeConfig,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 16,
+    max_context: Optional[int] = None,
+):
     """Check a decode request and left-pad the prompts (shared by every diffusion decoder).
 
     Returns:
@@ -213,8 +237,10 @@ def prepare_batch(model: DiffusionLM, prompts: Sequence[Sequence[int]],
     P = buf.shape[1]
     ctx = max_context or base.max_position_embeddings
     if max(lens) + cfg.gen_length > ctx or P + cfg.gen_length > ctx:
-        raise ValueError(f"prompt ({max(lens)} tokens, padded to {P}) + gen_length "
-                         f"{cfg.gen_length} exceeds the context of {ctx} tokens")
+        raise ValueError(
+            f"prompt ({max(lens)} tokens, padded to {P}) + gen_length "
+            f"{cfg.gen_length} exceeds the context of {ctx} tokens"
+        )
     return buf, pad, mask_id
 
 
@@ -247,12 +273,25 @@ class DiffusionResult(DecodeResult):
     steps_by_nfe: Optional[np.ndarray] = None
 
 
-def diffusion_result(tokens: np.ndarray, transfer_step: np.ndarray, eos_ids: Sequence[int],
-                     cfg: DiffusionDecodeConfig, compile_s: float, run_s: float, *, method: str,
-                     reference: str, target_nfe: np.ndarray, steps: np.ndarray,
-                     accept_hist: np.ndarray, draft_length: int, drafts_proposed: np.ndarray,
-                     forward_tokens: np.ndarray, extra: dict,
-                     steps_by_nfe: Optional[np.ndarray] = None) -> DiffusionResult:
+def diffusion_result(
+    tokens: np.ndarray,
+    transfer_step: np.ndarray,
+    eos_ids: Sequence[int],
+    cfg: DiffusionDecodeConfig,
+    compile_s: float,
+    run_s: float,
+    *,
+    method: str,
+    reference: str,
+    target_nfe: np.ndarray,
+    steps: np.ndarray,
+    accept_hist: np.ndarray,
+    draft_length: int,
+    drafts_proposed: np.ndarray,
+    forward_tokens: np.ndarray,
+    extra: dict,
+    steps_by_nfe: Optional[np.ndarray] = None,
+) -> DiffusionResult:
     """Assemble a :class:`DiffusionResult` on the host: rows cut after their first EOS, the
     stats record with the extras every diffusion decoder reports (``remasking``,
     ``gen_length``, ``block_length``, ``cache``, ``forward_tokens``) plus ``extra``.
@@ -261,17 +300,42 @@ def diffusion_result(tokens: np.ndarray, transfer_step: np.ndarray, eos_ids: Seq
     and ``accept_hist`` ``(B, bins)`` as the loop left them."""
     rows = cut_after_eos(tokens, eos_ids)
     stats = DecodeStats(
-        method=method, reference=reference, target_nfe=target_nfe,
-        draft_nfe=np.zeros_like(target_nfe), steps=steps, accept_hist=accept_hist,
-        new_tokens=np.array([len(r) for r in rows]), draft_length=draft_length,
+        method=method,
+        reference=reference,
+        target_nfe=target_nfe,
+        draft_nfe=np.zeros_like(target_nfe),
+        steps=steps,
+        accept_hist=accept_hist,
+        new_tokens=np.array([len(r) for r in rows]),
+        draft_length=draft_length,
         drafts_proposed=drafts_proposed,
-        extra={"remasking": cfg.remasking, "gen_length": cfg.gen_length,
-               "block_length": cfg.block_length, "cache": cfg.cache,
-               "forward_tokens": int(forward_tokens.sum()), **extra})
-    return DiffusionResult(tokens=rows, full_tokens=tokens, transfer_step=transfer_step,
-                           stats=stats, compile_s=compile_s, run_s=run_s,
-                           steps_by_nfe=steps_by_nfe)
+        extra={
+            "remasking": cfg.remasking,
+            "gen_length": cfg.gen_length,
+            "block_length": cfg.block_length,
+            "cache": cfg.cache,
+            "forward_tokens": int(forward_tokens.sum()),
+            **extra,
+        },
+    )
+    return DiffusionResult(
+        tokens=rows,
+        full_tokens=tokens,
+        transfer_step=transfer_step,
+        stats=stats,
+        compile_s=compile_s,
+        run_s=run_s,
+        steps_by_nfe=steps_by_nfe,
+    )
 
 
-__all__ = ["DiffusionDecodeConfig", "DiffusionResult", "REMASKING", "CACHES", "structural",
-           "eos_statics", "prepare_batch", "diffusion_result"]
+__all__ = [
+    "DiffusionDecodeConfig",
+    "DiffusionResult",
+    "REMASKING",
+    "CACHES",
+    "structural",
+    "eos_statics",
+    "prepare_batch",
+    "diffusion_result",
+]

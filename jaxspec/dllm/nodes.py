@@ -52,9 +52,13 @@ def shard_params(params, mesh: Mesh):
 
     def place(x):
         x = jnp.asarray(x)
-        spec = (PartitionSpec(*([None] * (x.ndim - 1)), "draft")
-                if x.ndim >= 2 and x.shape[-1] % n == 0 else PartitionSpec())
+        spec = (
+            PartitionSpec(*([None] * (x.ndim - 1)), "draft")
+            if x.ndim >= 2 and x.shape[-1] % n == 0
+            else PartitionSpec()
+        )
         return jax.device_put(x, NamedSharding(mesh, spec))
+
     return jax.tree_util.tree_map(place, params)
 
 
@@ -62,8 +66,10 @@ def check_mesh(mesh: Optional[Mesh], batch: int, num_nodes: int) -> None:
     """Raises ValueError when ``batch * num_nodes`` verification rows do not divide over the
     mesh's devices."""
     if mesh is not None and (batch * num_nodes) % mesh.size:
-        raise ValueError(f"the verification batch ({batch} prompts x {num_nodes} "
-                         f"nodes) does not divide over the mesh's {mesh.size} devices")
+        raise ValueError(
+            f"the verification batch ({batch} prompts x {num_nodes} "
+            f"nodes) does not divide over the mesh's {mesh.size} devices"
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -110,12 +116,20 @@ class NodeForwards:
         shift = dream_shift(self.model)
         lay = self.layout
         if not self.cached:
-            lg, _ = self.model.apply(self.params, tokens, lay.positions, lay.attn, shift=False,
-                                     rows=(start - shift, W))
+            lg, _ = self.model.apply(
+                self.params, tokens, lay.positions, lay.attn, shift=False, rows=(start - shift, W)
+            )
             return jnp.broadcast_to(lg[:, None], (B, M, W, lg.shape[-1])), cache
-        lg, kv = self.model.apply(self.params, tokens, lay.positions, lay.attn, cache=cache.kv,
-                                  cache_index=jnp.zeros((B,), jnp.int32), shift=False,
-                                  rows=(start - shift, L))
+        lg, kv = self.model.apply(
+            self.params,
+            tokens,
+            lay.positions,
+            lay.attn,
+            cache=cache.kv,
+            cache_index=jnp.zeros((B,), jnp.int32),
+            shift=False,
+            rows=(start - shift, L),
+        )
         prev = lg[:, 0] if shift else cache.prev_logits
         return jnp.broadcast_to(lg[:, None], (B, M, L, lg.shape[-1])), BlockCache(kv, prev)
 
@@ -129,31 +143,54 @@ class NodeForwards:
         shift = dream_shift(self.model)
         sh, rep, lay = self._shard, self._rep, self.layout
         if not self.cached:
-            lg, _ = self.model.apply(self.params, sh(tokens.reshape(B * M, S_ext)),
-                                     sh(rep(lay.positions)), sh(rep(lay.attn)), shift=False,
-                                     rows=(sh(rep(start - shift)), W))
+            lg, _ = self.model.apply(
+                self.params,
+                sh(tokens.reshape(B * M, S_ext)),
+                sh(rep(lay.positions)),
+                sh(rep(lay.attn)),
+                shift=False,
+                rows=(sh(rep(start - shift)), W),
+            )
             return lg.reshape(B, M, W, -1), cache
         s0 = start[0]
-        win, pos, mask = window_inputs(tokens.reshape(B * M, S_ext), s0, L, rep(self.pad),
-                                       rep(lay.valid))
-        tiled = KVCache(k=sh(jnp.repeat(cache.kv.k, M, axis=1), 1),
-                        v=sh(jnp.repeat(cache.kv.v, M, axis=1), 1))
-        raw, _ = self.model.apply(self.params, sh(win), sh(pos), sh(mask), cache=tiled,
-                                  cache_index=jnp.full((B * M,), s0, jnp.int32), shift=False,
-                                  rows=(jnp.zeros((B * M,), jnp.int32), L))
+        win, pos, mask = window_inputs(
+            tokens.reshape(B * M, S_ext), s0, L, rep(self.pad), rep(lay.valid)
+        )
+        tiled = KVCache(
+            k=sh(jnp.repeat(cache.kv.k, M, axis=1), 1), v=sh(jnp.repeat(cache.kv.v, M, axis=1), 1)
+        )
+        raw, _ = self.model.apply(
+            self.params,
+            sh(win),
+            sh(pos),
+            sh(mask),
+            cache=tiled,
+            cache_index=jnp.full((B * M,), s0, jnp.int32),
+            shift=False,
+            rows=(jnp.zeros((B * M,), jnp.int32), L),
+        )
         raw = raw.reshape(B, M, L, -1)
         return (prepend_prev(cache.prev_logits, raw) if shift else raw), cache
 
-    def __call__(self, root_only: jax.Array, tokens: jax.Array, node_tokens: jax.Array,
-                 cache: BlockCache, start: jax.Array):
+    def __call__(
+        self,
+        root_only: jax.Array,
+        tokens: jax.Array,
+        node_tokens: jax.Array,
+        cache: BlockCache,
+        start: jax.Array,
+    ):
         """:meth:`root` when ``root_only`` (bool ``()``), else :meth:`nodes`.
 
         Args: tokens int32 ``(B, S_ext)`` the current state; node_tokens int32 ``(B, M,
         S_ext)``; start int32 ``(B,)`` the block's first slot.
 
         Returns: ``(rows float32 (B, M, W, V), cache)``."""
-        return jax.lax.cond(root_only, lambda: self.root(tokens, cache, start),
-                            lambda: self.nodes(node_tokens, cache, start))
+        return jax.lax.cond(
+            root_only,
+            lambda: self.root(tokens, cache, start),
+            lambda: self.nodes(node_tokens, cache, start),
+        )
 
     def query_tokens(self, root_only: jax.Array, seq_len: int) -> jax.Array:
         """int32 ``()`` query tokens one row pushes through the model this iteration: one

@@ -83,6 +83,7 @@ ENTROPY_EPS = 1e-10  # Dream's epsilon inside log(p + eps)
 
 # ----------------------------------------------------------------------------- settings
 
+
 def num_transfer_tokens(mask_count: int, steps: int) -> np.ndarray:
     """LLaDA's per-step transfer counts for one block.
 
@@ -92,7 +93,7 @@ def num_transfer_tokens(mask_count: int, steps: int) -> np.ndarray:
     Returns: int32 ``(steps,)`` summing to ``mask_count``.
     """
     out = np.full((steps,), mask_count // steps, np.int32)
-    out[:mask_count % steps] += 1
+    out[: mask_count % steps] += 1
     return out
 
 
@@ -140,15 +141,20 @@ class Knobs:
     @classmethod
     def of(cls, cfg: DiffusionDecodeConfig) -> "Knobs":
         f32 = lambda x: jnp.asarray(np.float32(x))
-        uses_origin = cfg.method == "stepwise" and (cfg.remasking == "origin"
-                                                    or cfg.schedule == "dream")
-        origin = origin_probs(cfg.steps_per_block, cfg.eps) if uses_origin \
-            else np.zeros(1, np.float32)
-        return cls(temperature=f32(cfg.temperature if cfg.temperature > 0 else 1.0),
-                   cfg_weight=f32(cfg.cfg_scale + 1.0), threshold=f32(cfg.threshold or 0.0),
-                   tokens_per_step=f32(cfg.tokens_per_step or 0),
-                   alg_temp=f32(cfg.alg_temp if cfg.alg_temp > 0 else 1.0),
-                   origin=jnp.asarray(origin))
+        uses_origin = cfg.method == "stepwise" and (
+            cfg.remasking == "origin" or cfg.schedule == "dream"
+        )
+        origin = (
+            origin_probs(cfg.steps_per_block, cfg.eps) if uses_origin else np.zeros(1, np.float32)
+        )
+        return cls(
+            temperature=f32(cfg.temperature if cfg.temperature > 0 else 1.0),
+            cfg_weight=f32(cfg.cfg_scale + 1.0),
+            threshold=f32(cfg.threshold or 0.0),
+            tokens_per_step=f32(cfg.tokens_per_step or 0),
+            alg_temp=f32(cfg.alg_temp if cfg.alg_temp > 0 else 1.0),
+            origin=jnp.asarray(origin),
+        )
 
 
 @flax.struct.dataclass
@@ -167,8 +173,12 @@ class Rule:
 
     @classmethod
     def of(cls, cfg: DiffusionDecodeConfig, mask_id: int, eos_ids=()) -> "Rule":
-        return cls(knobs=Knobs.of(cfg), cfg=structural(cfg), mask_id=int(mask_id),
-                   eos_ids=tuple(sorted({int(e) for e in eos_ids})))
+        return cls(
+            knobs=Knobs.of(cfg),
+            cfg=structural(cfg),
+            mask_id=int(mask_id),
+            eos_ids=tuple(sorted({int(e) for e in eos_ids})),
+        )
 
     @property
     def sampled(self) -> bool:
@@ -177,6 +187,7 @@ class Rule:
 
 
 # ----------------------------------------------------------------------------- noise
+
 
 def row_noise(key: jax.Array, row, step, block_length: int, vocab: int, with_tokens: bool):
     """The random numbers of one batch row at one of its steps (shared with test oracles).
@@ -195,23 +206,29 @@ def row_noise(key: jax.Array, row, step, block_length: int, vocab: int, with_tok
     tiny = jnp.finfo(jnp.float32).tiny
     kt, kp = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, row), step))
     u_pos = jax.random.uniform(kp, (block_length,), jnp.float32, minval=tiny)
-    u_tok = (jax.random.uniform(kt, (block_length, vocab), jnp.float32, minval=tiny)
-             if with_tokens else None)
+    u_tok = (
+        jax.random.uniform(kt, (block_length, vocab), jnp.float32, minval=tiny)
+        if with_tokens
+        else None
+    )
     return u_tok, u_pos
 
 
-def step_noise(key: jax.Array, steps: jax.Array, block_length: int, vocab: int,
-               with_tokens: bool):
+def step_noise(key: jax.Array, steps: jax.Array, block_length: int, vocab: int, with_tokens: bool):
     """:func:`row_noise` for every row: ``steps`` int32 ``(B,)`` -> ``(u_tok (B, L, V) or
     None, u_pos (B, L))``."""
     rows = jnp.arange(steps.shape[0])
-    return jax.vmap(lambda r, s: row_noise(key, r, s, block_length, vocab, with_tokens))(rows, steps)
+    return jax.vmap(lambda r, s: row_noise(key, r, s, block_length, vocab, with_tokens))(
+        rows, steps
+    )
 
 
 # ----------------------------------------------------------------------------- scoring
 
-def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False,
-                     scale: bool = True) -> tuple[jax.Array, Optional[jax.Array]]:
+
+def processed_logits(
+    blk: jax.Array, rule: Rule, keep_mask: bool = False, scale: bool = True
+) -> tuple[jax.Array, Optional[jax.Array]]:
     """The logits the reference samples from (``keep_mask``: the ones its official confidence
     softmax reads, the [MASK] logit left in).
 
@@ -240,8 +257,9 @@ def processed_logits(blk: jax.Array, rule: Rule, keep_mask: bool = False,
     return blk, scaled
 
 
-def block_confidence(logits: jax.Array, x0: jax.Array, u_pos: jax.Array, remasking: str,
-                     temperature: float) -> jax.Array:
+def block_confidence(
+    logits: jax.Array, x0: jax.Array, u_pos: jax.Array, remasking: str, temperature: float
+) -> jax.Array:
     """Confidence of each block position under a remasking rule (higher = transfer first).
 
     Args:
@@ -284,8 +302,9 @@ def transfer_rank(conf: jax.Array) -> jax.Array:
     return jnp.sum(before, axis=-1).astype(jnp.int32)
 
 
-def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_pos: jax.Array,
-                rule: Rule):
+def score_block(
+    blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_pos: jax.Array, rule: Rule
+):
     """One step's predictions and transfer ranking on a block (the reference step rule).
 
     Args:
@@ -310,19 +329,21 @@ def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_
     else:
         x0 = argmax(scaled)
     dream_filtered = filtered and cfg.remasking != "low_confidence"
-    if cfg.confidence_softmax == "official":   # the confidence softmax keeps the [MASK] logit
+    if cfg.confidence_softmax == "official":  # the confidence softmax keeps the [MASK] logit
         # scaled is read again only by Dream's filtered rules: skip the second sort otherwise
         blk, scaled = processed_logits(raw, rule, keep_mask=True, scale=dream_filtered)
     if not dream_filtered:
-        conf = block_confidence(blk, x0, u_pos, cfg.remasking,
-                                knobs.temperature if rule.sampled else 0.0)
+        conf = block_confidence(
+            blk, x0, u_pos, cfg.remasking, knobs.temperature if rule.sampled else 0.0
+        )
     else:  # Dream's rules on the filtered (already temperature-scaled) distribution
         conf = block_confidence(scaled, x0, u_pos, cfg.remasking, 0.0)
     if cfg.confidence_eos_eot_inf:
-        conf = jnp.where(jnp.isin(x0, jnp.asarray(rule.eos_ids, jnp.int32)),
-                         jnp.finfo(jnp.float32).min, conf)
+        conf = jnp.where(
+            jnp.isin(x0, jnp.asarray(rule.eos_ids, jnp.int32)), jnp.finfo(jnp.float32).min, conf
+        )
     conf = jnp.where(bmask, conf, -jnp.inf)
-    if cfg.alg_temp > 0:   # Gumbel-top-k == multinomial without replacement (Dream)
+    if cfg.alg_temp > 0:  # Gumbel-top-k == multinomial without replacement (Dream)
         gumbel = conf / knobs.alg_temp - jnp.log(-jnp.log(u_pos))
         rank = transfer_rank(jnp.where(bmask, gumbel, -jnp.inf))
     else:
@@ -332,8 +353,15 @@ def score_block(blk: jax.Array, bmask: jax.Array, u_tok: Optional[jax.Array], u_
 
 # ----------------------------------------------------------------------------- transfer
 
-def transfer_rule(rule: Rule, bmask: jax.Array, conf: jax.Array, rank: jax.Array,
-                  u_pos: jax.Array, step_in_block: jax.Array) -> jax.Array:
+
+def transfer_rule(
+    rule: Rule,
+    bmask: jax.Array,
+    conf: jax.Array,
+    rank: jax.Array,
+    u_pos: jax.Array,
+    step_in_block: jax.Array,
+) -> jax.Array:
     """Which masked block positions one reference step transfers (the unmasking rate ``S_t``).
 
     Args:
@@ -366,8 +394,14 @@ def transfer_rule(rule: Rule, bmask: jax.Array, conf: jax.Array, rank: jax.Array
     return bmask & ((conf >= knobs.threshold) | (rank == 0))
 
 
-def reference_step(rule: Rule, blk: jax.Array, bmask: jax.Array, key: jax.Array,
-                   steps: jax.Array, step_in_block: jax.Array):
+def reference_step(
+    rule: Rule,
+    blk: jax.Array,
+    bmask: jax.Array,
+    key: jax.Array,
+    steps: jax.Array,
+    step_in_block: jax.Array,
+):
     """One whole reference step on every row's block: noise, scoring, transfer.
 
     Args:
@@ -386,6 +420,19 @@ def reference_step(rule: Rule, blk: jax.Array, bmask: jax.Array, key: jax.Array,
     return x0, transfer_rule(rule, bmask, conf, rank, u_pos, step_in_block)
 
 
-__all__ = ["Knobs", "Rule", "num_transfer_tokens", "origin_probs", "transfer_schedule",
-           "row_noise", "step_noise", "processed_logits", "block_confidence", "transfer_rank",
-           "score_block", "transfer_rule", "reference_step", "ENTROPY_EPS"]
+__all__ = [
+    "Knobs",
+    "Rule",
+    "num_transfer_tokens",
+    "origin_probs",
+    "transfer_schedule",
+    "row_noise",
+    "step_noise",
+    "processed_logits",
+    "block_confidence",
+    "transfer_rank",
+    "score_block",
+    "transfer_rule",
+    "reference_step",
+    "ENTROPY_EPS",
+]

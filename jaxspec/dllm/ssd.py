@@ -80,10 +80,24 @@ from jax.sharding import Mesh
 
 from jaxspec.core.batching import place_batch
 from jaxspec.core.runtime import run_compiled
-from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
-                                 advance_blocks, block_window, put_window)
-from jaxspec.dllm.config import (DiffusionDecodeConfig, DiffusionResult, diffusion_result,
-                                 eos_statics, prepare_batch, structural)
+from jaxspec.dllm.blocks import (
+    BlockCache,
+    BlockCursor,
+    Canvas,
+    Counters,
+    Layout,
+    advance_blocks,
+    block_window,
+    put_window,
+)
+from jaxspec.dllm.config import (
+    DiffusionDecodeConfig,
+    DiffusionResult,
+    diffusion_result,
+    eos_statics,
+    prepare_batch,
+    structural,
+)
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.dllm.nodes import NodeForwards, check_mesh, draft_mesh, shard_params
 from jaxspec.dllm.reference import Knobs, Rule, row_noise, score_block
@@ -118,20 +132,29 @@ class SSDConfig:
         if not isinstance(d, DiffusionDecodeConfig):
             raise ValueError("decode must be a DiffusionDecodeConfig")
         if d.method != "stepwise" or d.steps != d.gen_length or d.schedule != "llada":
-            raise ValueError("SSD's reference is stepwise decoding with one token per step: "
-                             f"need steps == gen_length ({d.gen_length}), the llada schedule and "
-                             "no tokens_per_step / threshold")
+            raise ValueError(
+                "SSD's reference is stepwise decoding with one token per step: "
+                f"need steps == gen_length ({d.gen_length}), the llada schedule and "
+                "no tokens_per_step / threshold"
+            )
         if d.remasking == "origin":
-            raise ValueError("remasking 'origin' transfers a random number of tokens per step; "
-                             "SSD needs one token per step")
+            raise ValueError(
+                "remasking 'origin' transfers a random number of tokens per step; "
+                "SSD needs one token per step"
+            )
         if d.cfg_scale > 0:
             raise ValueError("SSD does not support classifier-free guidance")
         if d.cache not in ("none", "dual"):
             raise ValueError(f"SSD supports cache 'none' or 'dual', not {d.cache!r}")
-        if isinstance(self.draft_length, bool) or not isinstance(self.draft_length, int) \
-                or not 1 <= self.draft_length <= d.block_length:
-            raise ValueError(f"draft_length must be an int in [1, block_length={d.block_length}], "
-                             f"got {self.draft_length!r}")
+        if (
+            isinstance(self.draft_length, bool)
+            or not isinstance(self.draft_length, int)
+            or not 1 <= self.draft_length <= d.block_length
+        ):
+            raise ValueError(
+                f"draft_length must be an int in [1, block_length={d.block_length}], "
+                f"got {self.draft_length!r}"
+            )
         if self.tree not in TREES:
             raise ValueError(f"unknown tree {self.tree!r}; expected one of {', '.join(TREES)}")
 
@@ -220,6 +243,7 @@ class State:
 
 # ----------------------------------------------------------------------------- phases
 
+
 def current_block(loop: Loop, st: State):
     """``(block int32 (B,), active bool (B,))``: with the cache the lockstep block; without,
     each row's first block that still has a masked position."""
@@ -228,7 +252,7 @@ def current_block(loop: Loop, st: State):
     if loop.cached:
         return jnp.minimum(st.cursor.block, nb - 1), st.cursor.active(nb)
     B = st.canvas.masked.shape[0]
-    bm = st.canvas.masked[:, :d.gen_length].reshape(B, nb, d.block_length).any(-1)
+    bm = st.canvas.masked[:, : d.gen_length].reshape(B, nb, d.block_length).any(-1)
     return jnp.argmax(bm, axis=-1).astype(jnp.int32), bm.any(-1)
 
 
@@ -247,13 +271,21 @@ def select_row(dtok_w: jax.Array, dconf_w: jax.Array, mask_w: jax.Array, L: int,
     before = (hj < hi) | ((hj == hi) & ((cj > ci) | ((cj == ci) & (idx[None, :] < idx[:, None]))))
     rank = jnp.sum(before, axis=-1)
     n_c = jnp.minimum(N, jnp.sum(ok))
-    sel = rank[None, :] == jnp.arange(N)[:, None]                     # (k, W)
+    sel = rank[None, :] == jnp.arange(N)[:, None]  # (k, W)
     cand = jnp.sum(jnp.where(sel, idx[None, :], 0), axis=-1).astype(jnp.int32)
     return cand, dtok_w[cand], n_c.astype(jnp.int32)
 
 
-def build_nodes(inc: jax.Array, canvas: Canvas, start: jax.Array, prompt_len: int, W: int,
-                cand: jax.Array, ctok: jax.Array, n_c: jax.Array):
+def build_nodes(
+    inc: jax.Array,
+    canvas: Canvas,
+    start: jax.Array,
+    prompt_len: int,
+    W: int,
+    cand: jax.Array,
+    ctok: jax.Array,
+    n_c: jax.Array,
+):
     """The node sequences of every row (Sec. 3.2.3): node ``j`` is the current state with the
     live candidates ``inc[j]`` written in.
 
@@ -264,11 +296,11 @@ def build_nodes(inc: jax.Array, canvas: Canvas, start: jax.Array, prompt_len: in
     their still-masked window positions."""
     N = cand.shape[1]
     slots = jnp.arange(canvas.tokens.shape[1], dtype=jnp.int32)[None]
-    live = jnp.arange(N)[None] < n_c[:, None]                          # (B, k)
-    at = start[:, None] + cand                                         # (B, k) absolute slots
+    live = jnp.arange(N)[None] < n_c[:, None]  # (B, k)
+    at = start[:, None] + cand  # (B, k) absolute slots
     onehot = (slots[:, None, :] == at[:, :, None]) & live[:, :, None]  # (B, k, S_ext)
     fill = jnp.einsum("mn,bns->bms", inc.astype(jnp.int32), onehot.astype(jnp.int32)) > 0
-    val = jnp.sum(jnp.where(onehot, ctok[:, :, None], 0), axis=1)      # (B, S_ext)
+    val = jnp.sum(jnp.where(onehot, ctok[:, :, None], 0), axis=1)  # (B, S_ext)
     toks = jnp.where(fill, val[:, None, :], canvas.tokens[:, None, :])
     mwin = block_window(canvas.masked, start - prompt_len, W)
     fwin = block_window(fill, start, W, axis=1)
@@ -288,23 +320,28 @@ def node_steps(loop: Loop, rows: jax.Array, nmask: jax.Array, steps: jax.Array):
     B, M, W, V = rows.shape
     L = loop.cfg.decode.block_length
     H = W // L
-    depth = jnp.sum(loop.inclusion, axis=1).astype(jnp.int32)         # (M,)
-    u_tok, u_pos = jax.vmap(lambda b_, s: jax.vmap(
-        lambda dd: row_noise(loop.key, b_, s + dd, L, V, loop.rule.sampled))(depth))(
-        jnp.arange(B), steps)
+    depth = jnp.sum(loop.inclusion, axis=1).astype(jnp.int32)  # (M,)
+    u_tok, u_pos = jax.vmap(
+        lambda b_, s: jax.vmap(lambda dd: row_noise(loop.key, b_, s + dd, L, V, loop.rule.sampled))(
+            depth
+        )
+    )(jnp.arange(B), steps)
     bm_h = nmask.reshape(B, M, H, L)
     x0, conf, rank = score_block(
-        rows.reshape(B, M, H, L, V), bm_h,
+        rows.reshape(B, M, H, L, V),
+        bm_h,
         None if u_tok is None else jnp.broadcast_to(u_tok[:, :, None], (B, M, H, L, V)),
-        jnp.broadcast_to(u_pos[:, :, None], (B, M, H, L)), loop.rule)
-    h = jnp.argmax(bm_h.any(-1), axis=-1)                              # (B, M) node's block half
+        jnp.broadcast_to(u_pos[:, :, None], (B, M, H, L)),
+        loop.rule,
+    )
+    h = jnp.argmax(bm_h.any(-1), axis=-1)  # (B, M) node's block half
     take = lambda a: jnp.take_along_axis(a, h[:, :, None, None], axis=2)[:, :, 0]
-    r_h, x_h = take(rank), take(x0)                                    # (B, M, L)
+    r_h, x_h = take(rank), take(x0)  # (B, M, L)
     has = jnp.take_along_axis(bm_h.any(-1), h[:, :, None], axis=2)[:, :, 0]
-    if loop.cached:   # a node whose block is full has no step inside the block
+    if loop.cached:  # a node whose block is full has no step inside the block
         has = has & (h == 0)
-    j = jnp.argmin(r_h, axis=-1).astype(jnp.int32)                     # rank 0 position
-    pos = h.astype(jnp.int32) * L + j                                  # window index
+    j = jnp.argmin(r_h, axis=-1).astype(jnp.int32)  # rank 0 position
+    pos = h.astype(jnp.int32) * L + j  # window index
     tok = jnp.take_along_axis(x_h, j[:, :, None], axis=2)[:, :, 0]
     return x0.reshape(B, M, W), conf.reshape(B, M, W), pos, tok, has
 
@@ -331,9 +368,11 @@ class Chain:
     def accept(self, pos, tok, cond) -> "Chain":
         """Append the step ``(pos, tok)`` where ``cond``."""
         n = self.n_acc
-        return self.replace(pos=jnp.where(cond, self.pos.at[n].set(pos), self.pos),
-                            tok=jnp.where(cond, self.tok.at[n].set(tok), self.tok),
-                            n_acc=n + cond.astype(jnp.int32))
+        return self.replace(
+            pos=jnp.where(cond, self.pos.at[n].set(pos), self.pos),
+            tok=jnp.where(cond, self.tok.at[n].set(tok), self.tok),
+            n_acc=n + cond.astype(jnp.int32),
+        )
 
 
 def walk_row(cand, ctok, n_c, p, t, has, N: int, mix: bool) -> Chain:
@@ -344,6 +383,7 @@ def walk_row(cand, ctok, n_c, p, t, has, N: int, mix: bool) -> Chain:
     one ``has`` bool ``(M,)``.
 
     Returns: the final :class:`Chain` (1 to ``k + 1`` accepted steps, in reference order)."""
+
     def match(j, k):
         kc = jnp.minimum(k, N - 1)
         return (k < n_c) & has[j] & (p[j] == cand[kc]) & (t[j] == ctok[kc])
@@ -359,25 +399,35 @@ def walk_row(cand, ctok, n_c, p, t, has, N: int, mix: bool) -> Chain:
         else:
             jm, skip, back = i, jnp.bool_(False), jnp.bool_(False)
         # accepted drafts: C_{i+1} (in order) or C_{i+2} (out of order) ...
-        ch = ch.accept(jnp.where(nxt, cand[kc], cand[kc1]), jnp.where(nxt, ctok[kc], ctok[kc1]),
-                       nxt | skip)
-        ch = ch.accept(cand[kc], ctok[kc], back)                       # ... then C_{i+1}
-        fail_m = skip & ~back                                          # m_{i+1}'s own step
+        ch = ch.accept(
+            jnp.where(nxt, cand[kc], cand[kc1]), jnp.where(nxt, ctok[kc], ctok[kc1]), nxt | skip
+        )
+        ch = ch.accept(cand[kc], ctok[kc], back)  # ... then C_{i+1}
+        fail_m = skip & ~back  # m_{i+1}'s own step
         ch = ch.accept(p[jm], t[jm], fail_m & has[jm])
-        fail_n = live & ~nxt & ~skip                                   # n_i's own step
+        fail_n = live & ~nxt & ~skip  # n_i's own step
         ch = ch.accept(p[i], t[i], fail_n & has[i])
-        return ch.replace(node=jnp.where(nxt, i + 1, jnp.where(back, i + 2, i)),
-                          done=ch.done | fail_m | fail_n,
-                          stop=jnp.where(fail_m, jm, jnp.where(fail_n, i, ch.stop)))
+        return ch.replace(
+            node=jnp.where(nxt, i + 1, jnp.where(back, i + 2, i)),
+            done=ch.done | fail_m | fail_n,
+            stop=jnp.where(fail_m, jm, jnp.where(fail_n, i, ch.stop)),
+        )
 
     zeros = jnp.zeros(N + 1, jnp.int32)
-    start = Chain(node=jnp.int32(0), done=jnp.bool_(False), stop=jnp.int32(0),
-                  n_acc=jnp.int32(0), pos=zeros, tok=zeros)
+    start = Chain(
+        node=jnp.int32(0),
+        done=jnp.bool_(False),
+        stop=jnp.int32(0),
+        n_acc=jnp.int32(0),
+        pos=zeros,
+        tok=zeros,
+    )
     return jax.lax.fori_loop(0, N + 1, advance, start)
 
 
-def commit(canvas: Canvas, off: jax.Array, prompt_len: int, chain: Chain,
-           steps: jax.Array) -> Canvas:
+def commit(
+    canvas: Canvas, off: jax.Array, prompt_len: int, chain: Chain, steps: jax.Array
+) -> Canvas:
     """Write the accepted steps (reference order: the ``n``-th gets step ``steps + n``).
 
     Args: off int32 ``(B,)`` the block's first generation index; chain: the batched
@@ -385,30 +435,40 @@ def commit(canvas: Canvas, off: jax.Array, prompt_len: int, chain: Chain,
     P, G = prompt_len, canvas.transfer_step.shape[1]
     G_ext = canvas.masked.shape[1]
     k = jnp.arange(chain.pos.shape[1])[None]
-    ok = k < chain.n_acc[:, None]                                      # (B, k+1)
-    g_pos = off[:, None] + chain.pos                                   # gen index
-    oh = (jnp.arange(G_ext)[None, None] == g_pos[:, :, None]) & ok[:, :, None]   # (B, k+1, G_ext)
+    ok = k < chain.n_acc[:, None]  # (B, k+1)
+    g_pos = off[:, None] + chain.pos  # gen index
+    oh = (jnp.arange(G_ext)[None, None] == g_pos[:, :, None]) & ok[:, :, None]  # (B, k+1, G_ext)
     hit = oh.any(1)
     tokv = jnp.sum(jnp.where(oh, chain.tok[:, :, None], 0), axis=1)
     stepv = jnp.sum(jnp.where(oh, steps[:, None, None] + k[:, :, None], 0), axis=1)
     gen_tokens = jnp.where(hit, tokv, canvas.tokens[:, P:])
-    return Canvas(tokens=jnp.concatenate([canvas.tokens[:, :P], gen_tokens], axis=1),
-                  masked=canvas.masked & ~hit,
-                  transfer_step=jnp.where(hit[:, :G], stepv[:, :G], canvas.transfer_step))
+    return Canvas(
+        tokens=jnp.concatenate([canvas.tokens[:, :P], gen_tokens], axis=1),
+        masked=canvas.masked & ~hit,
+        transfer_step=jnp.where(hit[:, :G], stepv[:, :G], canvas.transfer_step),
+    )
 
 
-def next_drafts(drafts: Drafts, x0: jax.Array, conf: jax.Array, stop: jax.Array,
-                off: jax.Array, active: jax.Array) -> Drafts:
+def next_drafts(
+    drafts: Drafts,
+    x0: jax.Array,
+    conf: jax.Array,
+    stop: jax.Array,
+    off: jax.Array,
+    active: jax.Array,
+) -> Drafts:
     """Algorithm 1 line 14: the stop node's window predictions ``x0``/``conf`` ``(B, M, W)``
     become the drafts of active rows."""
     sel = lambda a: jnp.take_along_axis(a, stop[:, None, None], axis=1)[:, 0]
     upd = active[:, None]
-    return Drafts(tokens=jnp.where(upd, put_window(drafts.tokens, sel(x0), off), drafts.tokens),
-                  confidence=jnp.where(upd, put_window(drafts.confidence, sel(conf), off),
-                                       drafts.confidence))
+    return Drafts(
+        tokens=jnp.where(upd, put_window(drafts.tokens, sel(x0), off), drafts.tokens),
+        confidence=jnp.where(upd, put_window(drafts.confidence, sel(conf), off), drafts.confidence),
+    )
 
 
 # ----------------------------------------------------------------------------- the loop
+
 
 def step(loop: Loop, st: State) -> State:
     """One SSD iteration (Algorithm 1 lines 7-14): select, build the nodes, one batched
@@ -420,20 +480,26 @@ def step(loop: Loop, st: State) -> State:
     off = start - P
     win = lambda a: block_window(a, off, W)
     cand, ctok, n_c = jax.vmap(lambda a, b_, c: select_row(a, b_, c, L, N))(
-        win(st.drafts.tokens), win(st.drafts.confidence), win(st.canvas.masked))
+        win(st.drafts.tokens), win(st.drafts.confidence), win(st.canvas.masked)
+    )
     root_only = st.cursor.fresh if loop.cached else jnp.all(n_c == 0)
     n_c = jnp.where(root_only | ~active, 0, n_c)
     toks, nmask = build_nodes(loop.inclusion, st.canvas, start, P, W, cand, ctok, n_c)
     rows, cache = loop.forwards(root_only, st.canvas.tokens, toks, st.cache, start)
     x0, conf, p, t, has = node_steps(loop, rows, nmask, st.counters.steps)
-    chain = jax.vmap(lambda a, b_, c, e, f, g: walk_row(a, b_, c, e, f, g, N,
-                                                        loop.cfg.tree == "mix-order"))(
-        cand, ctok, n_c, p, t, has)
+    chain = jax.vmap(
+        lambda a, b_, c, e, f, g: walk_row(a, b_, c, e, f, g, N, loop.cfg.tree == "mix-order")
+    )(cand, ctok, n_c, p, t, has)
     chain = chain.replace(n_acc=jnp.where(active, chain.n_acc, 0))
     canvas = commit(st.canvas, off, P, chain, st.counters.steps)
     drafts = next_drafts(st.drafts, x0, conf, chain.stop, off, active)
-    counters = st.counters.add(active, chain.n_acc, chain.n_acc, n_c,
-                               loop.forwards.query_tokens(root_only, P + d.gen_length))
+    counters = st.counters.add(
+        active,
+        chain.n_acc,
+        chain.n_acc,
+        n_c,
+        loop.forwards.query_tokens(root_only, P + d.gen_length),
+    )
     cursor = st.cursor
     if loop.cached:
         bfull = ~block_window(canvas.masked, off, L).any(-1)
@@ -441,9 +507,19 @@ def step(loop: Loop, st: State) -> State:
     return State(canvas=canvas, drafts=drafts, cursor=cursor, cache=cache, counters=counters)
 
 
-def ssd_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: Knobs, *,
-             model: DiffusionLM, cfg: SSDConfig, mask_id: int, eos_ids: tuple[int, ...] = (),
-             mesh: Optional[Mesh] = None):
+def ssd_loop(
+    params,
+    prompt: jax.Array,
+    pad: jax.Array,
+    key: jax.Array,
+    knobs: Knobs,
+    *,
+    model: DiffusionLM,
+    cfg: SSDConfig,
+    mask_id: int,
+    eos_ids: tuple[int, ...] = (),
+    mesh: Optional[Mesh] = None,
+):
     """The jitted SSD loop (``cfg.decode`` structural, the numbers traced in ``knobs``).
 
     Args: prompt int32 ``(B, P)`` left-padded, pad int32 ``(B,)``, key the run's PRNG key.
@@ -453,20 +529,27 @@ def ssd_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: K
     B, P = prompt.shape
     G, L, nb = d.gen_length, d.block_length, d.num_blocks
     cached = d.cache == "dual"
-    W = L if cached else 2 * L                  # draft / score window from the current block
-    X = 0 if cached else L                      # extension slots (never attended)
+    W = L if cached else 2 * L  # draft / score window from the current block
+    X = 0 if cached else L  # extension slots (never attended)
     S, S_ext = P + G, P + G + X
-    forwards = NodeForwards(model, params, pad, Layout.of(pad, S, S_ext), cfg.num_nodes, L, W,
-                            cached, mesh)
-    loop = Loop(cfg=cfg, rule=Rule(knobs, d, mask_id, eos_ids), key=key, prompt_len=P,
-                forwards=forwards)
-    st = State(canvas=Canvas.start(prompt, G, mask_id, X),
-               drafts=Drafts(tokens=jnp.zeros((B, G + X), jnp.int32),
-                             confidence=jnp.full((B, G + X), -jnp.inf)),
-               cursor=BlockCursor.start(B), cache=BlockCache.start(model, B, S_ext, B, cached, params),
-               counters=Counters.start(B, cfg.draft_length + 2, G))
-    more = ((lambda s: jnp.any(s.cursor.block < nb)) if cached
-            else (lambda s: jnp.any(s.canvas.masked)))
+    forwards = NodeForwards(
+        model, params, pad, Layout.of(pad, S, S_ext), cfg.num_nodes, L, W, cached, mesh
+    )
+    loop = Loop(
+        cfg=cfg, rule=Rule(knobs, d, mask_id, eos_ids), key=key, prompt_len=P, forwards=forwards
+    )
+    st = State(
+        canvas=Canvas.start(prompt, G, mask_id, X),
+        drafts=Drafts(
+            tokens=jnp.zeros((B, G + X), jnp.int32), confidence=jnp.full((B, G + X), -jnp.inf)
+        ),
+        cursor=BlockCursor.start(B),
+        cache=BlockCache.start(model, B, S_ext, B, cached, params),
+        counters=Counters.start(B, cfg.draft_length + 2, G),
+    )
+    more = (
+        (lambda s: jnp.any(s.cursor.block < nb)) if cached else (lambda s: jnp.any(s.canvas.masked))
+    )
     st = jax.lax.while_loop(more, lambda s: step(loop, s), st)
     return st.canvas.tokens[:, P:S], st.canvas.transfer_step, st.counters
 
@@ -474,9 +557,18 @@ def ssd_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: K
 _ssd_jit = jax.jit(ssd_loop, static_argnames=("model", "cfg", "mask_id", "eos_ids", "mesh"))
 
 
-def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], cfg: SSDConfig,
-                 seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0, bucket: int = 16,
-                 max_context: Optional[int] = None, mesh: Optional[Mesh] = None) -> DiffusionResult:
+def ssd_generate(
+    model: DiffusionLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    cfg: SSDConfig,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 16,
+    max_context: Optional[int] = None,
+    mesh: Optional[Mesh] = None,
+) -> DiffusionResult:
     """Decode a batch with SSD (module docstring, Algorithm 1); lossless against
     ``diffusion_generate(model, params, prompts, cfg.decode, seed, ...)``.
 
@@ -499,25 +591,57 @@ def ssd_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], c
     d = cfg.decode
     check_mesh(mesh, len(prompts), cfg.num_nodes)
     buf, pad, mask_id = prepare_batch(model, prompts, d, eos_ids, pad_id, bucket, max_context)
-    statics = dict(model=model, cfg=dataclasses.replace(cfg, decode=structural(d)),
-                   mask_id=mask_id, eos_ids=eos_statics(d, eos_ids), mesh=mesh)
-    args = (decode_layout(params), *place_batch(params, buf, pad), jax.random.PRNGKey(seed),
-            Knobs.of(d))
+    statics = dict(
+        model=model,
+        cfg=dataclasses.replace(cfg, decode=structural(d)),
+        mask_id=mask_id,
+        eos_ids=eos_statics(d, eos_ids),
+        mesh=mesh,
+    )
+    args = (
+        decode_layout(params),
+        *place_batch(params, buf, pad),
+        jax.random.PRNGKey(seed),
+        Knobs.of(d),
+    )
     (toks, tstep, counters), compile_s, run_s = run_compiled(_ssd_jit, args, statics)
     c = jax.tree_util.tree_map(np.asarray, counters)
     return diffusion_result(
-        np.asarray(toks), np.asarray(tstep), eos_ids, d, compile_s, run_s, method="ssd",
-        reference="stepwise", target_nfe=c.nfe, steps=c.steps, accept_hist=c.accept_hist,
-        draft_length=cfg.draft_length, drafts_proposed=c.proposed,
-        forward_tokens=c.forward_tokens, steps_by_nfe=c.steps_by_nfe,
-        extra={"tree": cfg.tree, "nodes": cfg.num_nodes,
-               "step_reduction": float(1.0 - c.nfe.sum() / max(c.steps.sum(), 1))})
+        np.asarray(toks),
+        np.asarray(tstep),
+        eos_ids,
+        d,
+        compile_s,
+        run_s,
+        method="ssd",
+        reference="stepwise",
+        target_nfe=c.nfe,
+        steps=c.steps,
+        accept_hist=c.accept_hist,
+        draft_length=cfg.draft_length,
+        drafts_proposed=c.proposed,
+        forward_tokens=c.forward_tokens,
+        steps_by_nfe=c.steps_by_nfe,
+        extra={
+            "tree": cfg.tree,
+            "nodes": cfg.num_nodes,
+            "step_reduction": float(1.0 - c.nfe.sum() / max(c.steps.sum(), 1)),
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- Sec. 5.1
 
-def stepwise_topk(model: DiffusionLM, params, prompt: Sequence[int], decode: DiffusionDecodeConfig,
-                  top_k: int = 5, batch: int = 8, pad_id: int = 0):
+
+def stepwise_topk(
+    model: DiffusionLM,
+    params,
+    prompt: Sequence[int],
+    decode: DiffusionDecodeConfig,
+    top_k: int = 5,
+    batch: int = 8,
+    pad_id: int = 0,
+):
     """Record a stepwise run for the acceptance-limit analysis (Sec. 5.1).
 
     Runs :func:`jaxspec.dllm.decode.diffusion_generate` (greedy, one token per step, no cache)
@@ -533,10 +657,16 @@ def stepwise_topk(model: DiffusionLM, params, prompt: Sequence[int], decode: Dif
     Raises:
       ValueError: ``decode`` is not greedy one-token-per-step stepwise without a cache.
     """
-    if decode.temperature != 0 or decode.steps != decode.gen_length or decode.cache != "none" \
-            or decode.method != "stepwise":
-        raise ValueError("the acceptance-limit analysis records greedy one-token-per-step "
-                         "stepwise runs without a cache")
+    if (
+        decode.temperature != 0
+        or decode.steps != decode.gen_length
+        or decode.cache != "none"
+        or decode.method != "stepwise"
+    ):
+        raise ValueError(
+            "the acceptance-limit analysis records greedy one-token-per-step "
+            "stepwise runs without a cache"
+        )
     G = decode.gen_length
     res = diffusion_generate(model, params, [list(prompt)], decode, pad_id=pad_id)
     order = np.argsort(res.transfer_step[0])
@@ -558,15 +688,16 @@ def stepwise_topk(model: DiffusionLM, params, prompt: Sequence[int], decode: Dif
 
     out = np.zeros((G, G, top_k), np.int32)
     for a in range(0, G, batch):
-        chunk = states[a:a + batch]
+        chunk = states[a : a + batch]
         if len(chunk) < batch:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk), 0)])
-        out[a:a + batch] = np.asarray(top(jnp.asarray(chunk)))[:G - a]
+        out[a : a + batch] = np.asarray(top(jnp.asarray(chunk)))[: G - a]
     return pos, tok, out
 
 
-def acceptance_limit(pos: np.ndarray, tok: np.ndarray, topk: np.ndarray, draft_length: int,
-                     k: int) -> float:
+def acceptance_limit(
+    pos: np.ndarray, tok: np.ndarray, topk: np.ndarray, draft_length: int, k: int
+) -> float:
     """Step reduction an ideal verifier could reach (Sec. 5.1, Table 2).
 
     Rounds start at a stepwise step ``s`` with the draft of the state before it (its top-``k``
@@ -589,7 +720,25 @@ def acceptance_limit(pos: np.ndarray, tok: np.ndarray, topk: np.ndarray, draft_l
     return 1.0 - rounds / G
 
 
-__all__ = ["SSDConfig", "TREES", "ssd_generate", "ssd_loop", "tree_inclusion", "select_row",
-           "build_nodes", "node_steps", "walk_row", "commit", "next_drafts", "step", "Chain",
-           "Drafts", "State", "Loop", "stepwise_topk", "acceptance_limit", "draft_mesh",
-           "shard_params"]
+__all__ = [
+    "SSDConfig",
+    "TREES",
+    "ssd_generate",
+    "ssd_loop",
+    "tree_inclusion",
+    "select_row",
+    "build_nodes",
+    "node_steps",
+    "walk_row",
+    "commit",
+    "next_drafts",
+    "step",
+    "Chain",
+    "Drafts",
+    "State",
+    "Loop",
+    "stepwise_topk",
+    "acceptance_limit",
+    "draft_mesh",
+    "shard_params",
+]

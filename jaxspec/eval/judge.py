@@ -15,8 +15,12 @@ import numpy as np
 from models.registry import load_model
 
 
-def smollm2_judge(log: Callable[[str], None] = lambda m: None, name: str = "smollm2-135m-instruct",
-                  unk_id: int = 0, batch: int = 4) -> Callable[[Sequence[Sequence[int]]], list]:
+def smollm2_judge(
+    log: Callable[[str], None] = lambda m: None,
+    name: str = "smollm2-135m-instruct",
+    unk_id: int = 0,
+    batch: int = 4,
+) -> Callable[[Sequence[Sequence[int]]], list]:
     """A generative-perplexity judge (Eq. 21) backed by a causal preset (SmolLM2-135M).
 
     Returns ``judge(seqs) -> list[float]``: per sequence of tokenizer ids, ``exp`` of the mean
@@ -41,14 +45,16 @@ def smollm2_judge(log: Callable[[str], None] = lambda m: None, name: str = "smol
     def judge(seqs):
         out = []
         for s in range(0, len(seqs), batch):
-            chunk = [np.where(np.asarray(x) < 0, unk_id, np.asarray(x)) for x in seqs[s:s + batch]]
+            chunk = [
+                np.where(np.asarray(x) < 0, unk_id, np.asarray(x)) for x in seqs[s : s + batch]
+            ]
             T = int(-(-max(len(x) for x in chunk) // 64) * 64)
             tok = np.zeros((batch, T), np.int32)
             val = np.zeros((batch, T), bool)
             for i, x in enumerate(chunk):
-                tok[i, :len(x)] = x
-                val[i, :len(x)] = True
-            out += [float(np.exp(v)) for v in np.asarray(nll(tok, val))[:len(chunk)]]
+                tok[i, : len(x)] = x
+                val[i, : len(x)] = True
+            out += [float(np.exp(v)) for v in np.asarray(nll(tok, val))[: len(chunk)]]
         return out
 
     return judge

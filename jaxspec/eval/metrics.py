@@ -27,7 +27,7 @@ def degeneracy(tokens: Sequence[int], n: int = 4) -> dict[str, float]:
     t = list(tokens)
     if not t:
         return {"distinct_token_share": 0.0, "repeated_ngram_rate": 0.0, "longest_run": 0}
-    grams = [tuple(t[i:i + n]) for i in range(len(t) - n + 1)]
+    grams = [tuple(t[i : i + n]) for i in range(len(t) - n + 1)]
     seen, rep = set(), 0
     for g in grams:
         rep += g in seen
@@ -55,8 +55,9 @@ def mean_degeneracy(rows: Sequence[Sequence[int]], n: int = 4) -> dict[str, floa
     }
 
 
-def eos_completion_figures(completions: Sequence[Sequence[int]], eos_ids: Sequence[int],
-                           budget: int) -> dict:
+def eos_completion_figures(
+    completions: Sequence[Sequence[int]], eos_ids: Sequence[int], budget: int
+) -> dict:
     """Figures of completions (``int`` id lists of ``budget`` tokens, EOS tails included).
 
     Returns ``{"per_completion": [...], "mean": {...}}``: per completion the answer length
@@ -70,18 +71,29 @@ def eos_completion_figures(completions: Sequence[Sequence[int]], eos_ids: Sequen
         c = [int(t) for t in c][:budget]
         first = next((i for i, t in enumerate(c) if t in eos), None)
         answer = c if first is None else c[:first]
-        rows.append({"answer_tokens": len(answer), "ends_with_eos": first is not None,
-                     "eos_share": sum(t in eos for t in c) / max(len(c), 1),
-                     **degeneracy(answer)})
-    keys = ("answer_tokens", "eos_share", "distinct_token_share", "repeated_ngram_rate",
-            "longest_run")
+        rows.append(
+            {
+                "answer_tokens": len(answer),
+                "ends_with_eos": first is not None,
+                "eos_share": sum(t in eos for t in c) / max(len(c), 1),
+                **degeneracy(answer),
+            }
+        )
+    keys = (
+        "answer_tokens",
+        "eos_share",
+        "distinct_token_share",
+        "repeated_ngram_rate",
+        "longest_run",
+    )
     mean = {k: float(np.mean([r[k] for r in rows])) if rows else 0.0 for k in keys}
     mean["ends_with_eos"] = float(np.mean([r["ends_with_eos"] for r in rows])) if rows else 0.0
     return {"per_completion": rows, "mean": mean}
 
 
-def answer_degeneracy(completions: Sequence[Sequence[int]], eos_ids: Sequence[int],
-                      budget: int) -> dict[str, float]:
+def answer_degeneracy(
+    completions: Sequence[Sequence[int]], eos_ids: Sequence[int], budget: int
+) -> dict[str, float]:
     """Row figures of a diffusion benchmark (issue 15): :func:`degeneracy` of the text before
     each completion's first EOS (means; ``longest_run`` the max), the mean answer length
     ``answer_tokens`` and the mean share of EOS positions ``eos_share`` (the EOS tail that
@@ -95,9 +107,11 @@ def answer_degeneracy(completions: Sequence[Sequence[int]], eos_ids: Sequence[in
     rows = [[int(t) for t in c][:budget] for c in completions]
     answers = [next((r[:i] for i, t in enumerate(r) if t in eos), r) for r in rows]
     n = max(len(rows), 1)
-    return {**mean_degeneracy(answers),
-            "answer_tokens": round(sum(map(len, answers)) / n, 2),
-            "eos_share": round(sum(sum(t in eos for t in r) / max(len(r), 1) for r in rows) / n, 4)}
+    return {
+        **mean_degeneracy(answers),
+        "answer_tokens": round(sum(map(len, answers)) / n, 2),
+        "eos_share": round(sum(sum(t in eos for t in r) / max(len(r), 1) for r in rows) / n, 4),
+    }
 
 
 def shannon_entropy(tokens: Sequence[int]) -> float:

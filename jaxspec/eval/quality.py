@@ -29,10 +29,9 @@ Issue 5's AS-ARM infilling gate (``python -m scripts.evaluate --gate asarm-small
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Optional, Sequence
-
-import time
 
 import jax
 import jax.numpy as jnp
@@ -52,8 +51,8 @@ class QualityError(ValueError):
 class Snippet:
     """One held-out window: ``prompt`` (``prompt_len`` ids) + ``target`` (the true next ids)."""
 
-    source: str          # stdlib-relative path
-    offset: int          # token offset of the window in that file
+    source: str  # stdlib-relative path
+    offset: int  # token offset of the window in that file
     prompt: list[int]
     target: list[int]
 
@@ -62,9 +61,16 @@ class Snippet:
         return self.prompt + self.target
 
 
-def heldout_snippets(tokenizer, holdout: Sequence[str], n: int = 20, *, prompt_len: int = 128,
-                     cont_len: int = 64, drop_ids: Sequence[int] = (),
-                     root: Optional[Path] = None) -> list[Snippet]:
+def heldout_snippets(
+    tokenizer,
+    holdout: Sequence[str],
+    n: int = 20,
+    *,
+    prompt_len: int = 128,
+    cont_len: int = 64,
+    drop_ids: Sequence[int] = (),
+    root: Optional[Path] = None,
+) -> list[Snippet]:
     """``n`` deterministic held-out windows.
 
     Each held-out file (sorted path order) is tokenized on its own (no special tokens). A file
@@ -87,13 +93,14 @@ def heldout_snippets(tokenizer, holdout: Sequence[str], n: int = 20, *, prompt_l
     for f in files:
         ids = tokenizer.encode((root / f).read_text(encoding="utf-8", errors="replace"))
         for off in range(0, len(ids) - W + 1, W):
-            win = [int(t) for t in ids[off:off + W]]
+            win = [int(t) for t in ids[off : off + W]]
             if bad.intersection(win):
                 continue
             cands.append((str(f), off, win))
     if len(cands) < n:
-        raise QualityError(f"only {len(cands)} held-out windows of {W} tokens "
-                           f"({len(files)} files), need {n}")
+        raise QualityError(
+            f"only {len(cands)} held-out windows of {W} tokens ({len(files)} files), need {n}"
+        )
     picked = [cands[(k * len(cands)) // n] for k in range(n)]
     return [Snippet(s, o, w[:prompt_len], w[prompt_len:]) for s, o, w in picked]
 
@@ -112,8 +119,16 @@ def mask_positions(T: int, rate: float, rng: np.random.Generator) -> np.ndarray:
     return m
 
 
-def masked_accuracy(model, params, rows: Sequence[Sequence[int]], rate: float, *, seed: int = 0,
-                    batch_size: int = 4, return_masks: bool = False):
+def masked_accuracy(
+    model,
+    params,
+    rows: Sequence[Sequence[int]],
+    rate: float,
+    *,
+    seed: int = 0,
+    batch_size: int = 4,
+    return_masks: bool = False,
+):
     """Top-1 accuracy of a :class:`models.diffusion.modeling.DiffusionLM` at masked positions.
 
     For row ``b`` (all rows the same length ``T``) the masked set comes from
@@ -136,19 +151,20 @@ def masked_accuracy(model, params, rows: Sequence[Sequence[int]], rate: float, *
     fwd = jax.jit(model.apply)
     correct = 0
     for s in range(0, B, batch_size):
-        tok = jnp.asarray(noisy[s:s + batch_size])
+        tok = jnp.asarray(noisy[s : s + batch_size])
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tok.shape)
         logits, _ = fwd(params, tok, pos)
         logits = logits.at[..., mask_id].set(-jnp.inf)
         pred = np.asarray(jnp.argmax(logits, axis=-1))
-        correct += int(((pred == x[s:s + batch_size]) & masks[s:s + batch_size]).sum())
+        correct += int(((pred == x[s : s + batch_size]) & masks[s : s + batch_size]).sum())
     total = int(masks.sum())
     out = {"accuracy": correct / total, "correct": correct, "masked": total, "rate": rate}
     return (out, masks) if return_masks else out
 
 
-def causal_accuracy_at(model, params, rows: Sequence[Sequence[int]], masks: np.ndarray, *,
-                       batch_size: int = 4) -> dict:
+def causal_accuracy_at(
+    model, params, rows: Sequence[Sequence[int]], masks: np.ndarray, *, batch_size: int = 4
+) -> dict:
     """Next-token top-1 accuracy of a causal LM at the positions ``masks`` marks
     (``logits[:, i - 1]`` predicts token ``i``; the input is the unmasked row)."""
     x = np.asarray(rows, np.int32)
@@ -166,11 +182,11 @@ def causal_accuracy_at(model, params, rows: Sequence[Sequence[int]], masks: np.n
 
     correct = 0
     for s in range(0, B, batch_size):
-        out = fwd(params, jnp.asarray(x[s:s + batch_size]))
+        out = fwd(params, jnp.asarray(x[s : s + batch_size]))
         logits = out[0] if isinstance(out, tuple) else out
-        pred = np.asarray(jnp.argmax(logits, axis=-1))          # pred[:, i] guesses token i+1
-        hit = pred[:, :-1] == x[s:s + batch_size, 1:]
-        correct += int((hit & masks[s:s + batch_size, 1:]).sum())
+        pred = np.asarray(jnp.argmax(logits, axis=-1))  # pred[:, i] guesses token i+1
+        hit = pred[:, :-1] == x[s : s + batch_size, 1:]
+        correct += int((hit & masks[s : s + batch_size, 1:]).sum())
     total = int(masks.sum())
     return {"accuracy": correct / total, "correct": correct, "masked": total}
 
@@ -184,8 +200,9 @@ def continuation_match(generated: Sequence[int], target: Sequence[int]) -> float
     return sum(1 for i, t in enumerate(target) if i < len(g) and int(g[i]) == int(t)) / len(target)
 
 
-def completion_figures(completions: Sequence[Sequence[int]],
-                       targets: Sequence[Sequence[int]]) -> dict:
+def completion_figures(
+    completions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
+) -> dict:
     """Mean distinct-token share, repeated 4-gram rate, max longest run (from
     :func:`jaxspec.eval.metrics.mean_degeneracy`), mean continuation match, and the share of
     completions that :func:`is_degenerate` flags."""
@@ -193,7 +210,8 @@ def completion_figures(completions: Sequence[Sequence[int]],
         raise QualityError(f"{len(completions)} completions for {len(targets)} targets")
     figs = dict(mean_degeneracy(completions, 4))
     figs["continuation_match"] = round(
-        float(np.mean([continuation_match(c, t) for c, t in zip(completions, targets)])), 4)
+        float(np.mean([continuation_match(c, t) for c, t in zip(completions, targets)])), 4
+    )
     figs["degenerate_share"] = round(float(np.mean([is_degenerate(c) for c in completions])), 4)
     return figs
 
@@ -212,12 +230,19 @@ def is_degenerate(tokens: Sequence[int], share: float = 0.5) -> bool:
 #: before the first EOS) is shorter than ``median_answer_min``, and as measured on a loop when
 #: the mean repeated 4-gram rate before the EOS exceeds ``repeated_ngram_rate_max`` or the
 #: mean distinct-token share falls below ``distinct_token_share_min``.
-ANSWER_FLAG_RULE = {"median_answer_min": 32, "repeated_ngram_rate_max": 0.2,
-                    "distinct_token_share_min": 0.4}
+ANSWER_FLAG_RULE = {
+    "median_answer_min": 32,
+    "repeated_ngram_rate_max": 0.2,
+    "distinct_token_share_min": 0.4,
+}
 
 
-def answer_flags(median_answer: float, repeated_ngram_rate: Optional[float],
-                 distinct_token_share: Optional[float], rule: Optional[dict] = None) -> list[str]:
+def answer_flags(
+    median_answer: float,
+    repeated_ngram_rate: Optional[float],
+    distinct_token_share: Optional[float],
+    rule: Optional[dict] = None,
+) -> list[str]:
     """The flags of one benchmark row from its answer figures (the text before each output's
     first EOS): ``"EOS"`` (the answers are mostly EOS: median answer shorter than
     ``rule["median_answer_min"]``) and / or ``"loop"`` (mean repeated 4-gram rate above
@@ -229,9 +254,9 @@ def answer_flags(median_answer: float, repeated_ngram_rate: Optional[float],
     flags = []
     if median_answer < r["median_answer_min"]:
         flags.append("EOS")
-    if (repeated_ngram_rate is not None and repeated_ngram_rate > r["repeated_ngram_rate_max"]) \
-            or (distinct_token_share is not None
-                and distinct_token_share < r["distinct_token_share_min"]):
+    if (repeated_ngram_rate is not None and repeated_ngram_rate > r["repeated_ngram_rate_max"]) or (
+        distinct_token_share is not None and distinct_token_share < r["distinct_token_share_min"]
+    ):
         flags.append("loop")
     return flags
 
@@ -243,12 +268,19 @@ def answer_quality(answers: Sequence[Sequence[int]], rule: Optional[dict] = None
     (``distinct_token_share``, ``repeated_ngram_rate``; ``longest_run`` the max; None when
     every answer is empty) and ``answer_flags`` (:func:`answer_flags`)."""
     nonempty = [list(a) for a in answers if len(a)]
-    figs = (mean_degeneracy(nonempty, 4) if nonempty else
-            {"distinct_token_share": None, "repeated_ngram_rate": None, "longest_run": None})
+    figs = (
+        mean_degeneracy(nonempty, 4)
+        if nonempty
+        else {"distinct_token_share": None, "repeated_ngram_rate": None, "longest_run": None}
+    )
     med = float(np.median([len(a) for a in answers])) if len(answers) else 0.0
-    return {"median_answer_tokens": med, **figs,
-            "answer_flags": answer_flags(med, figs["repeated_ngram_rate"],
-                                         figs["distinct_token_share"], rule)}
+    return {
+        "median_answer_tokens": med,
+        **figs,
+        "answer_flags": answer_flags(
+            med, figs["repeated_ngram_rate"], figs["distinct_token_share"], rule
+        ),
+    }
 
 
 # --------------------------------------------------------------------------- AS-ARM gate (issue 5)
@@ -270,8 +302,12 @@ def answer_quality(answers: Sequence[Sequence[int]], rule: Optional[dict] = None
 #:   infilled sequences exceeds ``ppl_ratio`` (10) times the true sequences' (token salad from a
 #:   near-untrained model scores hundreds to thousands of times the true text). Skipped (not
 #:   failed) when no judge is given.
-ASARM_GATE_RULE = {"degenerate_token_share": 0.5, "distinct_ratio": 0.5, "ngram_excess": 0.25,
-                   "ppl_ratio": 10.0}
+ASARM_GATE_RULE = {
+    "degenerate_token_share": 0.5,
+    "distinct_ratio": 0.5,
+    "ngram_excess": 0.25,
+    "ppl_ratio": 10.0,
+}
 
 
 def random_mask(n: int, rate: float, seed: int) -> np.ndarray:
@@ -301,9 +337,14 @@ def _geomean(xs) -> Optional[float]:
     return float(np.exp(np.mean(np.log(xs)))) if xs else None
 
 
-def infill_figures(sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]],
-                   gen_ppl: Optional[Sequence[float]] = None, *, n: int = 4,
-                   degenerate_share: float = 0.5) -> dict:
+def infill_figures(
+    sequences: Sequence[Sequence[int]],
+    masks: Sequence[Sequence[bool]],
+    gen_ppl: Optional[Sequence[float]] = None,
+    *,
+    n: int = 4,
+    degenerate_share: float = 0.5,
+) -> dict:
     """Quality figures of ``B`` infilled (or true) sequences.
 
     Args:
@@ -334,14 +375,18 @@ def infill_figures(sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[
         if not inf:
             raise QualityError(f"sequence {b} has no masked position")
         d = degeneracy(inf, n)
-        per.append({"distinct_token_share": round(d["distinct_token_share"], 4),
-                    "repeated_ngram_rate": round(d["repeated_ngram_rate"], 4),
-                    "longest_run": int(d["longest_run"]),
-                    "entropy": round(shannon_entropy(inf), 4),
-                    "seq_entropy": round(shannon_entropy([int(t) for t in seq]), 4),
-                    "gen_ppl": None if gen_ppl is None else round(float(gen_ppl[b]), 4),
-                    "degenerate": is_degenerate(inf, degenerate_share),
-                    "infill_tokens": len(inf)})
+        per.append(
+            {
+                "distinct_token_share": round(d["distinct_token_share"], 4),
+                "repeated_ngram_rate": round(d["repeated_ngram_rate"], 4),
+                "longest_run": int(d["longest_run"]),
+                "entropy": round(shannon_entropy(inf), 4),
+                "seq_entropy": round(shannon_entropy([int(t) for t in seq]), 4),
+                "gen_ppl": None if gen_ppl is None else round(float(gen_ppl[b]), 4),
+                "degenerate": is_degenerate(inf, degenerate_share),
+                "infill_tokens": len(inf),
+            }
+        )
     mean = lambda key: round(float(np.mean([p[key] for p in per])), 4)  # noqa: E731
     ppl = [p["gen_ppl"] for p in per] if gen_ppl is not None else None
     return {
@@ -372,28 +417,63 @@ def asarm_gate_checks(infill: dict, truth: dict, rule: Optional[dict] = None) ->
     r = dict(ASARM_GATE_RULE, **(rule or {}))
     out = []
     bad = sum(p["degenerate"] for p in infill["per_sequence"])
-    out.append({"check": "degenerate", "passed": bad == 0, "value": bad, "bar": 0,
-                "text": f"{bad} of {len(infill['per_sequence'])} infills are mostly one token "
-                        f"(> {r['degenerate_token_share']:.0%} of the infill)"})
+    out.append(
+        {
+            "check": "degenerate",
+            "passed": bad == 0,
+            "value": bad,
+            "bar": 0,
+            "text": f"{bad} of {len(infill['per_sequence'])} infills are mostly one token "
+            f"(> {r['degenerate_token_share']:.0%} of the infill)",
+        }
+    )
     bar = round(r["distinct_ratio"] * truth["distinct_token_share"], 4)
     v = infill["distinct_token_share"]
-    out.append({"check": "distinct", "passed": v >= bar, "value": v, "bar": bar,
-                "text": f"distinct-token share {v:.4f} vs bar {bar:.4f} "
-                        f"(= {r['distinct_ratio']} x true {truth['distinct_token_share']:.4f})"})
+    out.append(
+        {
+            "check": "distinct",
+            "passed": v >= bar,
+            "value": v,
+            "bar": bar,
+            "text": f"distinct-token share {v:.4f} vs bar {bar:.4f} "
+            f"(= {r['distinct_ratio']} x true {truth['distinct_token_share']:.4f})",
+        }
+    )
     bar = round(truth["repeated_ngram_rate"] + r["ngram_excess"], 4)
     v = infill["repeated_ngram_rate"]
-    out.append({"check": "repeated_4gram", "passed": v <= bar, "value": v, "bar": bar,
-                "text": f"repeated 4-gram rate {v:.4f} vs bar {bar:.4f} "
-                        f"(= true {truth['repeated_ngram_rate']:.4f} + {r['ngram_excess']})"})
+    out.append(
+        {
+            "check": "repeated_4gram",
+            "passed": v <= bar,
+            "value": v,
+            "bar": bar,
+            "text": f"repeated 4-gram rate {v:.4f} vs bar {bar:.4f} "
+            f"(= true {truth['repeated_ngram_rate']:.4f} + {r['ngram_excess']})",
+        }
+    )
     gi, gt = infill.get("gen_ppl_geomean"), truth.get("gen_ppl_geomean")
     if gi is None or gt is None:
-        out.append({"check": "gen_ppl", "passed": None, "value": gi, "bar": None,
-                    "text": "generative perplexity not measured (no judge)"})
+        out.append(
+            {
+                "check": "gen_ppl",
+                "passed": None,
+                "value": gi,
+                "bar": None,
+                "text": "generative perplexity not measured (no judge)",
+            }
+        )
     else:
         bar = round(r["ppl_ratio"] * gt, 4)
-        out.append({"check": "gen_ppl", "passed": gi <= bar, "value": gi, "bar": bar,
-                    "text": f"judged perplexity (geometric mean) {gi:.3f} vs bar {bar:.3f} "
-                            f"(= {r['ppl_ratio']} x true {gt:.3f})"})
+        out.append(
+            {
+                "check": "gen_ppl",
+                "passed": gi <= bar,
+                "value": gi,
+                "bar": bar,
+                "text": f"judged perplexity (geometric mean) {gi:.3f} vs bar {bar:.3f} "
+                f"(= {r['ppl_ratio']} x true {gt:.3f})",
+            }
+        )
     return out
 
 
@@ -421,12 +501,27 @@ def visible_text(sequence: Sequence[int], masked: Sequence[bool], decode) -> str
     return "".join(out)
 
 
-def run_asarm_gate(model, params, sequences: Sequence[Sequence[int]], *,
-                   to_external=None, judge=None, decode=None, mask_rate: float = 0.95,
-                   seed: int = 0, method: str = "sequential", temperature: float = 1.0,
-                   k: int = 5, greedy: bool = True, batch: int = 10, bucket: int = 64,
-                   max_len: Optional[int] = None, samples: int = 3,
-                   rule: Optional[dict] = None, log=lambda m: None) -> dict:
+def run_asarm_gate(
+    model,
+    params,
+    sequences: Sequence[Sequence[int]],
+    *,
+    to_external=None,
+    judge=None,
+    decode=None,
+    mask_rate: float = 0.95,
+    seed: int = 0,
+    method: str = "sequential",
+    temperature: float = 1.0,
+    k: int = 5,
+    greedy: bool = True,
+    batch: int = 10,
+    bucket: int = 64,
+    max_len: Optional[int] = None,
+    samples: int = 3,
+    rule: Optional[dict] = None,
+    log=lambda m: None,
+) -> dict:
     """Issue 5's AS-ARM infilling gate on ``B`` sequences (see :data:`ASARM_GATE_RULE`).
 
     Sequence ``b`` (model ids, ``(N_b,)``) gets the mask
@@ -467,54 +562,106 @@ def run_asarm_gate(model, params, sequences: Sequence[Sequence[int]], *,
     for label, temp in runs.items():
         filled, n_fe, n_tok, t0 = [], 0, 0, time.perf_counter()
         for s in range(0, len(seqs), batch):
-            r = assd_generate(model, params, seqs[s:s + batch], masks[s:s + batch], method=method,
-                              k=k, sampling=SamplingConfig(temp), seed=seed + s, bucket=bucket,
-                              max_len=max_len)
+            r = assd_generate(
+                model,
+                params,
+                seqs[s : s + batch],
+                masks[s : s + batch],
+                method=method,
+                k=k,
+                sampling=SamplingConfig(temp),
+                seed=seed + s,
+                bucket=bucket,
+                max_len=max_len,
+            )
             filled += [[int(t) for t in x] for x in r.sequences]
             n_fe += int(r.stats.target_nfe.sum())
             n_tok += int(r.stats.new_tokens.sum())
-            log(f"[gate] {label}: {len(filled)}/{len(seqs)} sequences infilled "
-                f"({time.perf_counter() - t0:.0f}s)")
+            log(
+                f"[gate] {label}: {len(filled)}/{len(seqs)} sequences infilled "
+                f"({time.perf_counter() - t0:.0f}s)"
+            )
         outs[label], nfe[label] = filled, round(n_fe / max(n_tok, 1), 4)
         secs[label] = round(time.perf_counter() - t0, 1)
-    ext = {"true": [to_ext(s) for s in seqs], **{k_: [to_ext(s) for s in v] for k_, v in outs.items()}}
+    ext = {
+        "true": [to_ext(s) for s in seqs],
+        **{k_: [to_ext(s) for s in v] for k_, v in outs.items()},
+    }
     figures = {}
     for label, rows in ext.items():
         ppl = None
         if judge is not None:
             log(f"[gate] judging {label}")
             ppl = list(judge(rows))
-        figures[label] = infill_figures(rows, masks, ppl,
-                                        degenerate_share=dict(ASARM_GATE_RULE, **(rule or {}))[
-                                            "degenerate_token_share"])
+        figures[label] = infill_figures(
+            rows,
+            masks,
+            ppl,
+            degenerate_share=dict(ASARM_GATE_RULE, **(rule or {}))["degenerate_token_share"],
+        )
     gated, *rest = list(runs)
     checks = asarm_gate_checks(figures[gated], figures["true"], rule)
-    res = {"config": {"sequences": len(seqs), "seq_len": [len(s) for s in seqs],
-                      "mask_rate": mask_rate, "masked": [int(m.sum()) for m in masks],
-                      "seed": seed, "method": method, "k": None if method == "sequential" else k,
-                      "temperature": temperature, "greedy": bool(rest), "batch": batch,
-                      "judge": judge is not None},
-           "rule": dict(ASARM_GATE_RULE, **(rule or {})), "gated_run": gated,
-           "checks": checks, "verdict": gate_verdict(checks), "figures": figures,
-           "nfe_per_token": nfe, "seconds": secs}
+    res = {
+        "config": {
+            "sequences": len(seqs),
+            "seq_len": [len(s) for s in seqs],
+            "mask_rate": mask_rate,
+            "masked": [int(m.sum()) for m in masks],
+            "seed": seed,
+            "method": method,
+            "k": None if method == "sequential" else k,
+            "temperature": temperature,
+            "greedy": bool(rest),
+            "batch": batch,
+            "judge": judge is not None,
+        },
+        "rule": dict(ASARM_GATE_RULE, **(rule or {})),
+        "gated_run": gated,
+        "checks": checks,
+        "verdict": gate_verdict(checks),
+        "figures": figures,
+        "nfe_per_token": nfe,
+        "seconds": secs,
+    }
     if rest:
         gc = asarm_gate_checks(figures[rest[0]], figures["true"], rule)
         res["greedy_checks"], res["greedy_verdict"] = gc, gate_verdict(gc)
     if decode is not None:
-        res["samples"] = [{"index": b, "prompt": visible_text(seqs[b], masks[b], decode),
-                           "true": decode(seqs[b]),
-                           **{label: decode(outs[label][b]) for label in outs}}
-                          for b in range(min(samples, len(seqs)))]
+        res["samples"] = [
+            {
+                "index": b,
+                "prompt": visible_text(seqs[b], masks[b], decode),
+                "true": decode(seqs[b]),
+                **{label: decode(outs[label][b]) for label in outs},
+            }
+            for b in range(min(samples, len(seqs)))
+        ]
     return res
 
 
-__all__ = ["QualityError", "Snippet", "heldout_snippets", "mask_positions", "masked_accuracy",
-           "causal_accuracy_at", "continuation_match", "completion_figures", "is_degenerate",
-           "ASARM_GATE_RULE", "random_mask", "infill_tokens", "infill_figures", "asarm_gate_checks", "gate_verdict",
-           "visible_text", "run_asarm_gate"]
+__all__ = [
+    "QualityError",
+    "Snippet",
+    "heldout_snippets",
+    "mask_positions",
+    "masked_accuracy",
+    "causal_accuracy_at",
+    "continuation_match",
+    "completion_figures",
+    "is_degenerate",
+    "ASARM_GATE_RULE",
+    "random_mask",
+    "infill_tokens",
+    "infill_figures",
+    "asarm_gate_checks",
+    "gate_verdict",
+    "visible_text",
+    "run_asarm_gate",
+]
 
 
 # ----------------------------------------------------------------------------- SPACE SAR model
+
 
 def heldout_ar_loss(model, params, rows: Sequence[Sequence[int]], batch: int = 4) -> float:
     """Mean next-token cross-entropy (nats) of a causal LM over equal-length ``rows`` (every
@@ -524,19 +671,25 @@ def heldout_ar_loss(model, params, rows: Sequence[Sequence[int]], batch: int = 4
 
     x = np.asarray(rows, np.int32)
     T = x.shape[1]
-    fwd = jax.jit(lambda p, t: model.apply({"params": p}, t, jnp.broadcast_to(jnp.arange(T), t.shape),
-                                           jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)),
-                                                            (t.shape[0], T, T)))[0])
+    fwd = jax.jit(
+        lambda p, t: model.apply(
+            {"params": p},
+            t,
+            jnp.broadcast_to(jnp.arange(T), t.shape),
+            jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (t.shape[0], T, T)),
+        )[0]
+    )
     ces = []
     for a in range(0, len(x), batch):
-        lg = np.asarray(jax.nn.log_softmax(fwd(params, jnp.asarray(x[a:a + batch])), axis=-1))
-        tgt = x[a:a + batch, 1:]
+        lg = np.asarray(jax.nn.log_softmax(fwd(params, jnp.asarray(x[a : a + batch])), axis=-1))
+        tgt = x[a : a + batch, 1:]
         ces.append(-np.take_along_axis(lg[:, :-1], tgt[..., None], axis=-1)[..., 0])
     return float(np.concatenate(ces).mean())
 
 
-def mask_row_accuracy(model, params, rows: Sequence[Sequence[int]], k: int, groups: int = 8,
-                      seed: int = 0) -> list[float]:
+def mask_row_accuracy(
+    model, params, rows: Sequence[Sequence[int]], k: int, groups: int = 8, seed: int = 0
+) -> list[float]:
     """Top-1 accuracy of a SAR model's mask rows by offset ``j = 0..k-1`` (mask ``j`` of a
     group predicts the token ``j + 1`` places after the verifier's own token): the drafting
     skill SPACE's acceptance rests on. Uses
@@ -545,15 +698,17 @@ def mask_row_accuracy(model, params, rows: Sequence[Sequence[int]], k: int, grou
 
     x = jnp.asarray(np.asarray(rows, np.int32))
     T = x.shape[1]
-    inp, pos, mask, lab, _, _ = sar_group_inputs(jax.random.PRNGKey(seed), x, k, groups,
-                                                 model.config.mask_token_id)
+    inp, pos, mask, lab, _, _ = sar_group_inputs(
+        jax.random.PRNGKey(seed), x, k, groups, model.config.mask_token_id
+    )
     logits = model.apply({"params": params}, inp, pos, mask)[0]
     hit = np.asarray(jnp.argmax(logits[:, T:], -1) == lab[:, T:]).reshape(len(rows), groups, k)
     return [float(v) for v in hit.mean(axis=(0, 1))]
 
 
-def humaneval_pass_at_1(model, params, tok, problems: Sequence[dict], max_new_tokens: int = 256,
-                        method: str = "ar") -> dict:
+def humaneval_pass_at_1(
+    model, params, tok, problems: Sequence[dict], max_new_tokens: int = 256, method: str = "ar"
+) -> dict:
     """Greedy pass@1 of raw-prompt completions in the sandbox (:func:`jaxspec.eval.sandbox.run_program`):
     the completion is cut at the first top-level line (a new ``def`` / ``class`` / ``if
     __name__`` / unindented code), appended to the prompt, and run with the problem's tests.
@@ -566,10 +721,21 @@ def humaneval_pass_at_1(model, params, tok, problems: Sequence[dict], max_new_to
     for p in problems:
         ids = tok.encode(p["prompt"])
         entry = get_method(method, "causal")
-        res = run(entry, model, params, [ids], entry.configure(max_new_tokens=max_new_tokens),
-                  eos_ids=tok.eos_token_ids, pad_id=tok.pad_token_id or 0)
+        res = run(
+            entry,
+            model,
+            params,
+            [ids],
+            entry.configure(max_new_tokens=max_new_tokens),
+            eos_ids=tok.eos_token_ids,
+            pad_id=tok.pad_token_id or 0,
+        )
         passed += run_program(completion_program(p, tok.decode(res.tokens[0])), timeout=10.0).passed
-    return {"passed": passed, "problems": len(problems), "pass_at_1": passed / max(len(problems), 1)}
+    return {
+        "passed": passed,
+        "problems": len(problems),
+        "pass_at_1": passed / max(len(problems), 1),
+    }
 
 
 def completion_program(problem: dict, completion: str) -> str:
@@ -582,5 +748,10 @@ def completion_program(problem: dict, completion: str) -> str:
         if line and not line[0].isspace():
             break
         body.append(line)
-    return (problem["prompt"] + "\n".join(body) + "\n\n" + problem["test"]
-            + f"\n\ncheck({problem['entry_point']})\n")
+    return (
+        problem["prompt"]
+        + "\n".join(body)
+        + "\n\n"
+        + problem["test"]
+        + f"\n\ncheck({problem['entry_point']})\n"
+    )

@@ -152,7 +152,9 @@ def _isolation(python: str) -> tuple:
             net = (exe, "-r", "-n", "--")
             if not _works(list(net) + ["true"]):
                 return (), None
-        if setpriv and _works(list(net) + _drop(_throwaway_uid(), setpriv) + [python, "-I", "-S", "-c", "pass"]):
+        if setpriv and _works(
+            list(net) + _drop(_throwaway_uid(), setpriv) + [python, "-I", "-S", "-c", "pass"]
+        ):
             return net, setpriv
         return net, None
     net = (exe, "-r", "-n", "--")
@@ -173,8 +175,13 @@ def _tail(path: str, n: int) -> bytes:
         return f.read()
 
 
-def run_program(source: str, timeout: float = 10.0, memory_mb: int = 1024,
-                python: Optional[str] = None, allow_weak: Optional[bool] = None) -> SandboxResult:
+def run_program(
+    source: str,
+    timeout: float = 10.0,
+    memory_mb: int = 1024,
+    python: Optional[str] = None,
+    allow_weak: Optional[bool] = None,
+) -> SandboxResult:
     """Run ``source`` in the sandbox of the module docstring.
 
     Args:
@@ -199,24 +206,40 @@ def run_program(source: str, timeout: float = 10.0, memory_mb: int = 1024,
         if not allow_weak:
             raise SandboxUnavailable(
                 "no network namespace available (unshare -n / -r -n failed): model-written code "
-                f"is not run; set {ALLOW_WEAK_ENV}=1 to run it behind the Python guard only")
+                f"is not run; set {ALLOW_WEAK_ENV}=1 to run it behind the Python guard only"
+            )
     uid = _throwaway_uid() if setpriv else None
     marker = "jaxspec-sandbox-end-" + secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="jaxspec-sandbox-") as tmp:
         path = os.path.join(tmp, "program.py")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(_GUARD % {"cpu": int(timeout) + 2, "mem": int(memory_mb)} + "\n" + source
-                    + f"\nprint({marker!r}, flush=True)\n")
+            f.write(
+                _GUARD % {"cpu": int(timeout) + 2, "mem": int(memory_mb)}
+                + "\n"
+                + source
+                + f"\nprint({marker!r}, flush=True)\n"
+            )
         out_p, err_p = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         if uid is not None:
             os.chown(tmp, uid, uid)
-        cmd = list(net) + (_drop(uid, setpriv) if uid is not None else []) + [python, "-I", "-S", "program.py"]
+        cmd = (
+            list(net)
+            + (_drop(uid, setpriv) if uid is not None else [])
+            + [python, "-I", "-S", "program.py"]
+        )
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp}
         t0 = time.perf_counter()
         try:
             with open(out_p, "wb") as out, open(err_p, "wb") as err:
-                proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=tmp,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
                 try:
                     rc = proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -239,9 +262,17 @@ def run_program(source: str, timeout: float = 10.0, memory_mb: int = 1024,
     else:
         status = "failed"
         if rc == 0:
-            stderr = (stderr + "\n[sandbox] exited with status 0 before the end of the program")[-2000:]
-    return SandboxResult(status=status, returncode=rc, seconds=secs, stderr=stderr,
-                         network="netns" if net else "guard", uid=uid)
+            stderr = (stderr + "\n[sandbox] exited with status 0 before the end of the program")[
+                -2000:
+            ]
+    return SandboxResult(
+        status=status,
+        returncode=rc,
+        seconds=secs,
+        stderr=stderr,
+        network="netns" if net else "guard",
+        uid=uid,
+    )
 
 
 def pass_at_1(results: Sequence[SandboxResult]) -> float:

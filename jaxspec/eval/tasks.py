@@ -43,16 +43,25 @@ class LineTask:
 
     def program(self, fill: str) -> str:
         """The full program with ``fill`` as the removed line's text."""
-        return (self.prefix + self.indent + fill + "\n" + self.suffix + "\n\n" + self.test
-                + f"\n\ncheck({self.entry_point})\n")
+        return (
+            self.prefix
+            + self.indent
+            + fill
+            + "\n"
+            + self.suffix
+            + "\n\n"
+            + self.test
+            + f"\n\ncheck({self.entry_point})\n"
+        )
 
     def pieces(self, n_masks: int) -> list:
         """Template pieces: prefix + indentation, ``n_masks`` masks, newline + suffix."""
         return [self.prefix + self.indent, int(n_masks), "\n" + self.suffix]
 
 
-def single_line_tasks(problems: Optional[Sequence[dict]] = None,
-                      limit: Optional[int] = None) -> list:
+def single_line_tasks(
+    problems: Optional[Sequence[dict]] = None, limit: Optional[int] = None
+) -> list:
     """Single-line infilling tasks (module docstring), problem by problem, line by line.
 
     Args:
@@ -68,19 +77,29 @@ def single_line_tasks(problems: Optional[Sequence[dict]] = None,
             if not line.strip():
                 continue
             body = line.lstrip()
-            indent = line[:len(line) - len(body)]
+            indent = line[: len(line) - len(body)]
             prefix = p["prompt"] + "".join(x + "\n" for x in lines[:i])
-            out.append(LineTask(task_id=f"{p['task_id']}/L{i}", problem=p["task_id"], line=i,
-                                prefix=prefix, indent=indent, target=body.rstrip(),
-                                suffix="\n".join(lines[i + 1:]), test=p["test"],
-                                entry_point=p["entry_point"]))
+            out.append(
+                LineTask(
+                    task_id=f"{p['task_id']}/L{i}",
+                    problem=p["task_id"],
+                    line=i,
+                    prefix=prefix,
+                    indent=indent,
+                    target=body.rstrip(),
+                    suffix="\n".join(lines[i + 1 :]),
+                    test=p["test"],
+                    entry_point=p["entry_point"],
+                )
+            )
             if limit is not None and len(out) >= limit:
                 return out
     return out
 
 
-def line_template(task: LineTask, tokenizer, extra_masks: int = 0,
-                  max_len: Optional[int] = None) -> InfillTemplate:
+def line_template(
+    task: LineTask, tokenizer, extra_masks: int = 0, max_len: Optional[int] = None
+) -> InfillTemplate:
     """Template of ``task`` with the oracle span length ``len(encode(target)) + extra_masks``."""
     encode = tokenizer.encode if hasattr(tokenizer, "encode") else tokenizer
     n = max(1, len(encode(task.target)) + int(extra_masks))

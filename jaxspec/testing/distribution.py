@@ -34,8 +34,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 
 import numpy as np
 
-__all__ = ["DistributionCheck", "check_distribution", "check_groups", "enumerate_chain",
-           "tv_floor"]
+__all__ = ["DistributionCheck", "check_distribution", "check_groups", "enumerate_chain", "tv_floor"]
 
 _FLOOR_CACHE: dict = {}
 
@@ -82,8 +81,9 @@ class DistributionCheck:
         return self.why
 
 
-def tv_floor(probs: np.ndarray, n: int, *, draws: int = 4000, seed: int = 0,
-             chunk: int = 500) -> np.ndarray:
+def tv_floor(
+    probs: np.ndarray, n: int, *, draws: int = 4000, seed: int = 0, chunk: int = 500
+) -> np.ndarray:
     """TVs between ``probs`` and the frequencies of ``draws`` independent ``n``-sample
     multinomial draws from it.
 
@@ -146,10 +146,16 @@ def _default_draws(floor_quantile: float) -> int:
     return max(4000, int(np.ceil(10 / max(1.0 - floor_quantile, 1e-9) - 1e-6)))
 
 
-def check_distribution(samples: Iterable[Any], exact: Mapping[Any, float], *,
-                       alpha: float = 1e-3, floor_quantile: float = 0.999,
-                       floor_draws: Optional[int] = None, min_expected: float = 5.0,
-                       seed: int = 0) -> DistributionCheck:
+def check_distribution(
+    samples: Iterable[Any],
+    exact: Mapping[Any, float],
+    *,
+    alpha: float = 1e-3,
+    floor_quantile: float = 0.999,
+    floor_draws: Optional[int] = None,
+    min_expected: float = 5.0,
+    seed: int = 0,
+) -> DistributionCheck:
     """Test samples against an exact distribution (the rule in the module docstring).
 
     Args:
@@ -201,6 +207,7 @@ def check_distribution(samples: Iterable[Any], exact: Mapping[Any, float], *,
     o, e = _pooled_cells(counts.astype(np.float64), probs * n_ok, min_expected)
     if len(o) >= 2 and n_ok > 0:
         from scipy import stats as sps  # test-only dependency
+
         pval = float(sps.chisquare(o, e * o.sum() / e.sum()).pvalue)
     else:
         pval = 1.0
@@ -208,23 +215,43 @@ def check_distribution(samples: Iterable[Any], exact: Mapping[Any, float], *,
     fails = []
     if impossible:
         worst = max(bad, key=bad.get)
-        fails.append(f"{impossible} samples on zero-probability outcomes (e.g. {worst} x{bad[worst]})")
+        fails.append(
+            f"{impossible} samples on zero-probability outcomes (e.g. {worst} x{bad[worst]})"
+        )
     if pval < alpha:
         fails.append(f"chi2 p {pval:.3g} < {alpha:g} (df {df})")
     if tv > floor:
         fails.append(f"TV {tv:.4f} > floor q{floor_quantile:g} {floor:.4f}")
     passed = not fails
-    why = ((f"ok: TV {tv:.4f} <= floor q{floor_quantile:g} {floor:.4f}, chi2 p {pval:.3g} "
-            f"(df {df}), 0 impossible, n {n}") if passed
-           else "FAIL: " + "; ".join(fails) + f" (n {n})")
-    return DistributionCheck(n=n, tv=tv, tv_floor_quantile=floor, p_value=pval, df=df,
-                             impossible=impossible, passed=passed, why=why)
+    why = (
+        (
+            f"ok: TV {tv:.4f} <= floor q{floor_quantile:g} {floor:.4f}, chi2 p {pval:.3g} "
+            f"(df {df}), 0 impossible, n {n}"
+        )
+        if passed
+        else "FAIL: " + "; ".join(fails) + f" (n {n})"
+    )
+    return DistributionCheck(
+        n=n,
+        tv=tv,
+        tv_floor_quantile=floor,
+        p_value=pval,
+        df=df,
+        impossible=impossible,
+        passed=passed,
+        why=why,
+    )
 
 
-def check_groups(groups: Sequence[tuple[Iterable[Any], Mapping[Any, float]]], *,
-                 alpha: float = 1e-3, floor_quantile: float = 0.999,
-                 floor_draws: Optional[int] = None, seed: int = 0,
-                 **kw) -> DistributionCheck:
+def check_groups(
+    groups: Sequence[tuple[Iterable[Any], Mapping[Any, float]]],
+    *,
+    alpha: float = 1e-3,
+    floor_quantile: float = 0.999,
+    floor_draws: Optional[int] = None,
+    seed: int = 0,
+    **kw,
+) -> DistributionCheck:
     """:func:`check_distribution` on several independent ``(samples, exact)`` groups (e.g.
     one per prompt of a batch) at one overall false-rejection rate: each group is checked at
     ``alpha / G`` and the floor quantile ``1 - (1 - floor_quantile) / G`` (Bonferroni), and
@@ -239,23 +266,38 @@ def check_groups(groups: Sequence[tuple[Iterable[Any], Mapping[Any, float]]], *,
     if G == 0:
         raise ValueError("no groups")
     q = 1.0 - (1.0 - floor_quantile) / G
-    res = tuple(check_distribution(s, e, alpha=alpha / G, floor_quantile=q, floor_draws=floor_draws,
-                                   seed=seed + i, **kw) for i, (s, e) in enumerate(groups))
+    res = tuple(
+        check_distribution(
+            s, e, alpha=alpha / G, floor_quantile=q, floor_draws=floor_draws, seed=seed + i, **kw
+        )
+        for i, (s, e) in enumerate(groups)
+    )
     worst = max(range(G), key=lambda i: res[i].tv / max(res[i].tv_floor_quantile, 1e-12))
     pval = min(1.0, G * min(r.p_value for r in res))
     passed = all(r.passed for r in res)
     failing = [f"group {i}: {r.why}" for i, r in enumerate(res) if not r.passed]
-    why = ("; ".join(failing) if failing else
-           f"ok ({G} groups): worst TV {res[worst].tv:.4f} <= {res[worst].tv_floor_quantile:.4f}, "
-           f"adjusted chi2 p {pval:.3g}, n {sum(r.n for r in res)}")
-    return DistributionCheck(n=sum(r.n for r in res), tv=res[worst].tv,
-                             tv_floor_quantile=res[worst].tv_floor_quantile, p_value=pval,
-                             df=res[worst].df, impossible=sum(r.impossible for r in res),
-                             passed=passed, why=why, groups=res)
+    why = (
+        "; ".join(failing)
+        if failing
+        else f"ok ({G} groups): worst TV {res[worst].tv:.4f} <= {res[worst].tv_floor_quantile:.4f}, "
+        f"adjusted chi2 p {pval:.3g}, n {sum(r.n for r in res)}"
+    )
+    return DistributionCheck(
+        n=sum(r.n for r in res),
+        tv=res[worst].tv,
+        tv_floor_quantile=res[worst].tv_floor_quantile,
+        p_value=pval,
+        df=res[worst].df,
+        impossible=sum(r.impossible for r in res),
+        passed=passed,
+        why=why,
+        groups=res,
+    )
 
 
-def enumerate_chain(next_logprobs: Callable[[np.ndarray], np.ndarray], n_new: int, *,
-                    eos_ids: Sequence[int] = ()) -> dict[tuple[int, ...], float]:
+def enumerate_chain(
+    next_logprobs: Callable[[np.ndarray], np.ndarray], n_new: int, *, eos_ids: Sequence[int] = ()
+) -> dict[tuple[int, ...], float]:
     """Exact joint distribution of a left-to-right sampler, one batched call per depth.
 
     Args:

@@ -39,19 +39,27 @@ class TableDrafter(Drafter):
         return jnp.full(ctx.buffer.shape[:1], self.draft_length, jnp.int32)
 
     def propose(self, params, state, ctx: DraftContext, key, sample: bool):
-        table = params["logits"]                                               # (V, V)
+        table = params["logits"]  # (V, V)
         prev = jnp.take_along_axis(ctx.buffer, (ctx.length - 1)[:, None], axis=1)[:, 0]
         toks, qs = [], []
         for i in range(self.draft_length):
-            q = jax.nn.softmax(table[prev], axis=-1)                           # (B, V)
-            tok = (jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)) if sample
-                   else jnp.argmax(q, axis=-1)).astype(jnp.int32)
+            q = jax.nn.softmax(table[prev], axis=-1)  # (B, V)
+            tok = (
+                jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q))
+                if sample
+                else jnp.argmax(q, axis=-1)
+            ).astype(jnp.int32)
             toks.append(tok)
             qs.append(q)
             prev = tok
         k_t = state
-        return Draft(tokens=jnp.stack(toks, 1), q=jnp.stack(qs, 1) if sample else None,
-                     has_draft=jnp.ones_like(ctx.active), length=k_t, nfe=k_t), state
+        return Draft(
+            tokens=jnp.stack(toks, 1),
+            q=jnp.stack(qs, 1) if sample else None,
+            has_draft=jnp.ones_like(ctx.active),
+            length=k_t,
+            nfe=k_t,
+        ), state
 
     def update(self, params, state, ctx: DraftContext, n_accepted):
         grown = jnp.minimum(state + 1, self.draft_length)

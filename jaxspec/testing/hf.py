@@ -59,8 +59,11 @@ def _train_tiny_bpe(vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(TINY_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        vocab_size=vocab_size,
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([_TINY_CORPUS], trainer=trainer)
     tok.decoder = decoders.ByteLevel()
     model = json.loads(tok.to_str())["model"]
@@ -75,29 +78,56 @@ def _train_tiny_bpe(vocab_size: int):
 
 def _write_tiny_tokenizer(path: Path, arch: str, tokens, merges):
     """tokenizer.json (arch-specific pre-tokenizer) + tokenizer_config.json in ``path``."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
 
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                               merges=[tuple(m.split(" ")) for m in merges]))
+    tok = Tokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges]
+        )
+    )
     if arch == "qwen2":
         from models.tokenizer import QWEN2_SPLIT
 
         tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:  # SmolLM2-style
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TINY_SPECIAL_TOKENS])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in TINY_SPECIAL_TOKENS]
+    )
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "add_bos_token": False, "chat_template": TINY_CHAT_TEMPLATE,
-    }, indent=1))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "add_bos_token": False,
+                "chat_template": TINY_CHAT_TEMPLATE,
+            },
+            indent=1,
+        )
+    )
 
 
 def _randomize_(model, seed: int):
@@ -117,8 +147,9 @@ def _randomize_(model, seed: int):
                 p.copy_(0.08 * noise)
 
 
-def build_tiny_hf(path: Path, arch: str = "llama", tied: bool = False, seed: int = 0,
-                  **overrides) -> TinyHF:
+def build_tiny_hf(
+    path: Path, arch: str = "llama", tied: bool = False, seed: int = 0, **overrides
+) -> TinyHF:
     """Create, randomize and ``save_pretrained`` a tiny float32 Llama/Qwen2 into ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -148,7 +179,11 @@ def build_tiny_hf(path: Path, arch: str = "llama", tied: bool = False, seed: int
 
 def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp converter's q/k row permutation (HF rotate-half -> interleaved pairs)."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def write_tiny_gguf(tiny: TinyHF, out: Path) -> Path:
@@ -166,8 +201,11 @@ def write_tiny_gguf(tiny: TinyHF, out: Path) -> Path:
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]) if getattr(c, "rope_parameters", None)
-                         else float(c.rope_theta))
+    w.add_rope_freq_base(
+        float(c.rope_parameters["rope_theta"])
+        if getattr(c, "rope_parameters", None)
+        else float(c.rope_theta)
+    )
     w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
     w.add_vocab_size(c.vocab_size)
     tokens, merges = _train_tiny_bpe(c.vocab_size)
@@ -181,12 +219,20 @@ def write_tiny_gguf(tiny: TinyHF, out: Path) -> Path:
     w.add_pad_token_id(0)
     w.add_chat_template(TINY_CHAT_TEMPLATE)
     H, K = c.num_attention_heads, c.num_key_value_heads
-    names = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-             "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-             "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_proj.bias": "attn_q.bias",
-             "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
-             "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-             "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    names = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "self_attn.q_proj.bias": "attn_q.bias",
+        "self_attn.k_proj.bias": "attn_k.bias",
+        "self_attn.v_proj.bias": "attn_v.bias",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(c.num_hidden_layers):
         for hf, gg in names.items():

@@ -38,18 +38,39 @@ from jaxspec.core.runtime import clear_compiled
 from jaxspec.core.sampling import sample_from_probs, target_probs
 from jaxspec.core.verify import accepted_prefix, verify_greedy, verify_sample
 
-__all__ = ["Mutant", "MUTANTS", "EQUIVALENT", "verify_variant", "run_variants", "causal_accept",
-           "patched", "inject_causal", "assd_verify_sample", "inject_assd", "DLLM_MUTANTS",
-           "inject_dllm"]
+__all__ = [
+    "Mutant",
+    "MUTANTS",
+    "EQUIVALENT",
+    "verify_variant",
+    "run_variants",
+    "causal_accept",
+    "patched",
+    "inject_causal",
+    "assd_verify_sample",
+    "inject_assd",
+    "DLLM_MUTANTS",
+    "inject_dllm",
+]
 
 
-def verify_variant(key: jax.Array, p: jax.Array, draft: jax.Array,
-                   q: Optional[jax.Array] = None, *, draft_len: Optional[jax.Array] = None,
-                   p_raw: Optional[jax.Array] = None, epsilon: float = 0.0,
-                   bonus_from_residual: bool = False, reject_from_p: bool = False,
-                   residual_from_raw: bool = False, shared_uniform: bool = False,
-                   reuse_uniform: bool = False, point_mass_q: bool = False,
-                   ignore_draft_len: bool = False):
+def verify_variant(
+    key: jax.Array,
+    p: jax.Array,
+    draft: jax.Array,
+    q: Optional[jax.Array] = None,
+    *,
+    draft_len: Optional[jax.Array] = None,
+    p_raw: Optional[jax.Array] = None,
+    epsilon: float = 0.0,
+    bonus_from_residual: bool = False,
+    reject_from_p: bool = False,
+    residual_from_raw: bool = False,
+    shared_uniform: bool = False,
+    reuse_uniform: bool = False,
+    point_mass_q: bool = False,
+    ignore_draft_len: bool = False,
+):
     """``verify_sample`` with optional deliberate errors (shapes as there).
 
     Args:
@@ -80,8 +101,11 @@ def verify_variant(key: jax.Array, p: jax.Array, draft: jax.Array,
         draft_len = None
     ku, kr = jax.random.split(key)
     px = jnp.take_along_axis(p[:, :k], draft[..., None], axis=-1)[..., 0]
-    qx = (jnp.ones_like(px) if q is None
-          else jnp.take_along_axis(q, draft[..., None], axis=-1)[..., 0])
+    qx = (
+        jnp.ones_like(px)
+        if q is None
+        else jnp.take_along_axis(q, draft[..., None], axis=-1)[..., 0]
+    )
     r = jax.random.uniform(ku, (B, 1) if shared_uniform else (B, k))
     r = jnp.broadcast_to(r, (B, k))
     ok = r * qx < px + epsilon * qx
@@ -93,8 +117,9 @@ def verify_variant(key: jax.Array, p: jax.Array, draft: jax.Array,
     src_n = jnp.take_along_axis(src, jnp.minimum(n, rows - 1)[:, None, None], axis=1)[:, 0]
     idx = jnp.minimum(n, k - 1)
     if q is None:
-        q_n = jax.nn.one_hot(jnp.take_along_axis(draft, idx[:, None], axis=1)[:, 0], V,
-                             dtype=p.dtype)
+        q_n = jax.nn.one_hot(
+            jnp.take_along_axis(draft, idx[:, None], axis=1)[:, 0], V, dtype=p.dtype
+        )
     else:
         q_n = jnp.take_along_axis(q, idx[:, None, None], axis=1)[:, 0]
     resid = jnp.maximum(src_n - q_n, 0.0)
@@ -136,28 +161,55 @@ class Mutant:
 
 
 MUTANTS = (
-    Mutant("bonus-from-residual", "bonus token from norm(max(p_k - q, 0)) instead of p_k",
-           (("bonus_from_residual", True),)),
-    Mutant("reject-from-p", "on rejection resample from p instead of the residual",
-           (("reject_from_p", True),)),
-    Mutant("residual-unprocessed", "residual from the unprocessed softmax(logits) (T=1, no "
-           "top-k/top-p); acceptance uses the processed p", (("residual_from_raw", True),),
-           needs_processing=True, needs_raw=True),
-    Mutant("epsilon-0.5", "ASSD F.5 tolerance: accept when r < min(1, p/q + 0.5)",
-           (("epsilon", 0.5),)),
-    Mutant("shared-uniform", "one acceptance uniform per row for all k drafts",
-           (("shared_uniform", True),)),
-    Mutant("reused-uniform", "the rejecting uniform reused (inverse CDF) for the residual draw",
-           (("reuse_uniform", True),)),
+    Mutant(
+        "bonus-from-residual",
+        "bonus token from norm(max(p_k - q, 0)) instead of p_k",
+        (("bonus_from_residual", True),),
+    ),
+    Mutant(
+        "reject-from-p",
+        "on rejection resample from p instead of the residual",
+        (("reject_from_p", True),),
+    ),
+    Mutant(
+        "residual-unprocessed",
+        "residual from the unprocessed softmax(logits) (T=1, no "
+        "top-k/top-p); acceptance uses the processed p",
+        (("residual_from_raw", True),),
+        needs_processing=True,
+        needs_raw=True,
+    ),
+    Mutant(
+        "epsilon-0.5", "ASSD F.5 tolerance: accept when r < min(1, p/q + 0.5)", (("epsilon", 0.5),)
+    ),
+    Mutant(
+        "shared-uniform",
+        "one acceptance uniform per row for all k drafts",
+        (("shared_uniform", True),),
+    ),
+    Mutant(
+        "reused-uniform",
+        "the rejecting uniform reused (inverse CDF) for the residual draw",
+        (("reuse_uniform", True),),
+    ),
 )
 """The mutants every sampled chain method's distribution tests must reject."""
 
 EQUIVALENT = (
-    Mutant("point-mass-q", "sampled drafts scored as point masses (q ignored): accepted with "
-           "p(x), residual p without x; still exact", (("point_mass_q", True),), lossless=True),
-    Mutant("ignore-draft-len", "all k drafts verified whatever the adaptive k_t (drafts beyond "
-           "k_t are samples of their q too); still exact", (("ignore_draft_len", True),),
-           lossless=True),
+    Mutant(
+        "point-mass-q",
+        "sampled drafts scored as point masses (q ignored): accepted with "
+        "p(x), residual p without x; still exact",
+        (("point_mass_q", True),),
+        lossless=True,
+    ),
+    Mutant(
+        "ignore-draft-len",
+        "all k drafts verified whatever the adaptive k_t (drafts beyond "
+        "k_t are samples of their q too); still exact",
+        (("ignore_draft_len", True),),
+        lossless=True,
+    ),
 )
 """Variants that are still lossless: the distribution tests must accept them."""
 
@@ -171,16 +223,27 @@ def _as_tuple(mutants, rows_per: Optional[int]) -> tuple:
     return mutants
 
 
-def run_variants(mutants: tuple, rows_per: Optional[int], key, p, draft, q, *,
-                 draft_len=None, p_raw=None, epsilon=0.0):
+def run_variants(
+    mutants: tuple,
+    rows_per: Optional[int],
+    key,
+    p,
+    draft,
+    q,
+    *,
+    draft_len=None,
+    p_raw=None,
+    epsilon=0.0,
+):
     """:func:`verify_variant` of each mutant on its block of rows: rows ``[j * rows_per,
     (j + 1) * rows_per)`` run ``mutants[j]`` with key ``fold_in(key, j)`` (the last block
     takes any remaining rows; a single mutant runs on all rows with ``key``). Rows of the chain
     loops are independent, so each block is a run of its own mutant."""
     knobs = lambda m: dict(m.knobs) if m is not None else {}  # noqa: E731
     if len(mutants) == 1:
-        return verify_variant(key, p, draft, q, draft_len=draft_len, p_raw=p_raw,
-                              epsilon=epsilon, **knobs(mutants[0]))
+        return verify_variant(
+            key, p, draft, q, draft_len=draft_len, p_raw=p_raw, epsilon=epsilon, **knobs(mutants[0])
+        )
     B = p.shape[0]
     ns, nxts = [], []
     for j, m in enumerate(mutants):  # static row blocks
@@ -188,8 +251,15 @@ def run_variants(mutants: tuple, rows_per: Optional[int], key, p, draft, q, *,
         rows = slice(min(a, B), min(b, B))
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         kw = {"epsilon": epsilon, **knobs(m)}
-        n, nxt = verify_variant(jax.random.fold_in(key, j), p[rows], draft[rows], pick(q),
-                                draft_len=pick(draft_len), p_raw=pick(p_raw), **kw)
+        n, nxt = verify_variant(
+            jax.random.fold_in(key, j),
+            p[rows],
+            draft[rows],
+            pick(q),
+            draft_len=pick(draft_len),
+            p_raw=pick(p_raw),
+            **kw,
+        )
         ns.append(n)
         nxts.append(nxt)
     return jnp.concatenate(ns), jnp.concatenate(nxts)
@@ -213,8 +283,9 @@ def causal_accept(mutants, rows_per: Optional[int] = None):
             return verify_greedy(logits, draft.tokens, draft_len=length)
         p = target_probs(logits, cfg.sampling)
         p_raw = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-        return run_variants(mutants, rows_per, key, p, draft.tokens, draft.q, draft_len=length,
-                            p_raw=p_raw)
+        return run_variants(
+            mutants, rows_per, key, p, draft.tokens, draft.q, draft_len=length, p_raw=p_raw
+        )
 
     return accept
 
@@ -230,8 +301,9 @@ def assd_verify_sample(mutants, rows_per: Optional[int] = None):
         raise ValueError("the ASSD seam has no unprocessed distribution for needs_raw mutants")
 
     def verify_sample(key, p, draft, q=None, *, epsilon=0.0, draft_len=None):
-        return run_variants(mutants, rows_per, key, p, draft, q, draft_len=draft_len,
-                            epsilon=epsilon)
+        return run_variants(
+            mutants, rows_per, key, p, draft, q, draft_len=draft_len, epsilon=epsilon
+        )
 
     return verify_sample
 
@@ -301,15 +373,24 @@ def inject_dllm(method: str, mutant: str):
     patches = []
     if method == "ssd" and mutant == "root-logits":
         real = ssd_mod.node_steps
-        patches.append((ssd_mod, "node_steps",
-                        lambda loop, rows, nmask, steps: real(loop, _root_rows(rows), nmask, steps)))
+        patches.append(
+            (
+                ssd_mod,
+                "node_steps",
+                lambda loop, rows, nmask, steps: real(loop, _root_rows(rows), nmask, steps),
+            )
+        )
     elif method == "ssd":
         patches.append((ssd_mod, "row_noise", _row0_noise(reference.row_noise)))
     elif mutant == "root-logits":
         real = spiffy_mod.walk_step
-        patches.append((spiffy_mod, "walk_step",
-                        lambda loop, st, rows, nodes, dd, w: real(loop, st, _root_rows(rows),
-                                                                  nodes, dd, w)))
+        patches.append(
+            (
+                spiffy_mod,
+                "walk_step",
+                lambda loop, st, rows, nodes, dd, w: real(loop, st, _root_rows(rows), nodes, dd, w),
+            )
+        )
     else:
         real_step = reference.reference_step
 
@@ -317,11 +398,13 @@ def inject_dllm(method: str, mutant: str):
             # every row draws the numbers row 0 would draw at that row's step
             saved = reference.step_noise
             reference.step_noise = lambda k, st, L, V, t: jax.vmap(
-                lambda s: reference.row_noise(k, 0, s, L, V, t))(st)
+                lambda s: reference.row_noise(k, 0, s, L, V, t)
+            )(st)
             try:
                 return real_step(rule, blk, bmask, key, steps, sib)
             finally:
                 reference.step_noise = saved
+
         patches.append((spiffy_mod, "reference_step", shared))
     with patched(*patches):
         yield

@@ -13,18 +13,38 @@ from models.xlnet.modeling import XLNetConfig, XLNetLM
 from models.xlnet.modeling import init_params as init_xlnet_params
 
 
-def tiny_model(vocab: int = 64, *, arch: str = "llama", layers: int = 2, scale: float = 4.0,
-               seed: int = 0, ctx: int = 512, mask_token_id: int | None = None):
+def tiny_model(
+    vocab: int = 64,
+    *,
+    arch: str = "llama",
+    layers: int = 2,
+    scale: float = 4.0,
+    seed: int = 0,
+    ctx: int = 512,
+    mask_token_id: int | None = None,
+):
     """A random ``CausalLM`` and its params; ``scale`` sharpens the next-token distributions
     (random init at std 0.02 gives nearly uniform ones, which make acceptance tests weak)."""
-    cfg = ModelConfig(arch=arch, vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                      num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=8,
-                      qkv_bias=(arch == "qwen2"), tie_embeddings=(arch == "qwen2"),
-                      max_position_embeddings=ctx, rope_theta=10000.0, rms_norm_eps=1e-6,
-                      mask_token_id=mask_token_id)
+    cfg = ModelConfig(
+        arch=arch,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        qkv_bias=(arch == "qwen2"),
+        tie_embeddings=(arch == "qwen2"),
+        max_position_embeddings=ctx,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        mask_token_id=mask_token_id,
+    )
     params = init_params(cfg, seed)
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x * scale if x.ndim >= 2 else x, params)
+        lambda path, x: x * scale if x.ndim >= 2 else x, params
+    )
     return CausalLM(cfg), params
 
 
@@ -41,21 +61,44 @@ class CharTok:
         return "".join(chr(i) for i in ids)
 
 
-def tiny_diffusion_model(head: str = "llada", *, vocab: int = 40, scale: float = 4.0,
-                         head_scale: float = 20.0, seed: int = 1, ctx: int = 48):
+def tiny_diffusion_model(
+    head: str = "llada",
+    *,
+    vocab: int = 40,
+    scale: float = 4.0,
+    head_scale: float = 20.0,
+    seed: int = 1,
+    ctx: int = 48,
+):
     """A random LLaDA (llama body) or Dream (qwen2 body, untied head as in Dream-7B)
     masked-diffusion model with mask id ``vocab - 1``, and its params. The body is scaled by
     ``scale`` and the LM head by ``head_scale``: peaked predictions (max probability about
     0.2-0.95) whose confidences are well apart (gaps >= 1e-4, far above the float jitter
     between padded and unpadded forwards), so rankings are stable."""
     arch = "llama" if head == "llada" else "qwen2"
-    base = ModelConfig(arch=arch, vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                       qkv_bias=(arch == "qwen2"), tie_embeddings=False,
-                       max_position_embeddings=ctx, rope_theta=10000.0, rms_norm_eps=1e-6)
+    base = ModelConfig(
+        arch=arch,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        qkv_bias=(arch == "qwen2"),
+        tie_embeddings=False,
+        max_position_embeddings=ctx,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+    )
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x * (head_scale if "lm_head" in jax.tree_util.keystr(path) else scale)
-        if x.ndim >= 2 else x, init_params(base, seed))
+        lambda path, x: (
+            x * (head_scale if "lm_head" in jax.tree_util.keystr(path) else scale)
+            if x.ndim >= 2
+            else x
+        ),
+        init_params(base, seed),
+    )
     return DiffusionLM(DiffusionConfig(base, head, vocab - 1)), params
 
 

@@ -48,7 +48,9 @@ def merge_delta(base, delta, *, alpha: float, rank: int, mask_token_id: int):
     if "final_norm" in norms:
         out["final_norm"] = norms["final_norm"].astype(base["final_norm"].dtype)
     if "mask_embed" in delta:
-        out["embed"] = base["embed"].at[mask_token_id].set(delta["mask_embed"].astype(base["embed"].dtype))
+        out["embed"] = (
+            base["embed"].at[mask_token_id].set(delta["mask_embed"].astype(base["embed"].dtype))
+        )
     out["layers"] = layers
     return out
 
@@ -73,8 +75,11 @@ def save_delta(path, delta, meta: dict) -> int:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in _flatten(delta).items()}, str(tmp),
-              metadata={k: json.dumps(v) for k, v in meta.items()})
+    save_file(
+        {k: np.ascontiguousarray(v, np.float32) for k, v in _flatten(delta).items()},
+        str(tmp),
+        metadata={k: json.dumps(v) for k, v in meta.items()},
+    )
     tmp.replace(path)
     os.chmod(path, 0o644)
     return path.stat().st_size
@@ -126,19 +131,33 @@ def check_delta(delta, base) -> None:
             raise WeightFileError(f"delta has an unknown LoRA target {name!r}")
         L, din, dout = layers[name].shape
         a, b = ab["a"], ab["b"]
-        if (a.ndim != 3 or b.ndim != 3 or a.shape[:2] != (L, din) or b.shape[0] != L
-                or b.shape[2] != dout or a.shape[2] != b.shape[1]):
-            raise WeightFileError(f"delta LoRA {name}: shapes {a.shape} @ {b.shape} do not fit "
-                                  f"the base's {layers[name].shape}")
-    want = {"attn_norm": layers["attn_norm"].shape, "mlp_norm": layers["mlp_norm"].shape,
-            "final_norm": base["final_norm"].shape}
+        if (
+            a.ndim != 3
+            or b.ndim != 3
+            or a.shape[:2] != (L, din)
+            or b.shape[0] != L
+            or b.shape[2] != dout
+            or a.shape[2] != b.shape[1]
+        ):
+            raise WeightFileError(
+                f"delta LoRA {name}: shapes {a.shape} @ {b.shape} do not fit "
+                f"the base's {layers[name].shape}"
+            )
+    want = {
+        "attn_norm": layers["attn_norm"].shape,
+        "mlp_norm": layers["mlp_norm"].shape,
+        "final_norm": base["final_norm"].shape,
+    }
     for name, x in delta.get("norms", {}).items():
         if name not in want or tuple(x.shape) != tuple(want[name]):
-            raise WeightFileError(f"delta norm {name!r} has shape {tuple(x.shape)}; expected "
-                                  f"{want.get(name)}")
+            raise WeightFileError(
+                f"delta norm {name!r} has shape {tuple(x.shape)}; expected {want.get(name)}"
+            )
     if "mask_embed" in delta and tuple(delta["mask_embed"].shape) != (base["embed"].shape[1],):
-        raise WeightFileError(f"delta mask_embed has shape {tuple(delta['mask_embed'].shape)}; "
-                              f"expected {(base['embed'].shape[1],)}")
+        raise WeightFileError(
+            f"delta mask_embed has shape {tuple(delta['mask_embed'].shape)}; "
+            f"expected {(base['embed'].shape[1],)}"
+        )
 
 
 __all__ = ["LORA_TARGETS", "NORM_NAMES", "merge_delta", "save_delta", "load_delta", "check_delta"]

@@ -63,7 +63,9 @@ class DiffusionConfig:
         if not isinstance(self.base, ModelConfig):
             raise ValueError(f"base must be a ModelConfig, got {type(self.base).__name__}")
         if self.head not in HEADS:
-            raise ValueError(f"unknown diffusion head {self.head!r}; expected one of {', '.join(HEADS)}")
+            raise ValueError(
+                f"unknown diffusion head {self.head!r}; expected one of {', '.join(HEADS)}"
+            )
         if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int):
             raise ValueError(f"mask_token_id must be an int, got {self.mask_token_id!r}")
         if not 0 <= self.mask_token_id < self.base.vocab_size:
@@ -114,8 +116,17 @@ class DiffusionLM:
     def body(self) -> CausalLM:
         return CausalLM(self.config.base)
 
-    def apply(self, params, tokens, positions, attn_mask=None, cache: Optional[KVCache] = None,
-              cache_index=None, shift: bool = True, rows=None):
+    def apply(
+        self,
+        params,
+        tokens,
+        positions,
+        attn_mask=None,
+        cache: Optional[KVCache] = None,
+        cache_index=None,
+        shift: bool = True,
+        rows=None,
+    ):
         """One forward pass.
 
         Args:
@@ -158,14 +169,22 @@ class DiffusionLM:
             raise ValueError(f"attn_mask has shape {attn_mask.shape}, expected {(B, T, S)}")
         if rows is not None:
             start, n = rows
-            h, cache = self.body.apply(variables, tokens, positions, attn_mask, cache=cache,
-                                       cache_index=cache_index, return_hidden=True)
+            h, cache = self.body.apply(
+                variables,
+                tokens,
+                positions,
+                attn_mask,
+                cache=cache,
+                cache_index=cache_index,
+                return_hidden=True,
+            )
             start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (B,))
             h = jax.vmap(lambda a, s: jax.lax.dynamic_slice_in_dim(a, s, n, 0))(h, start)
             p = variables["params"]
             return lm_logits(h, p["embed"], p.get("lm_head")), cache
-        logits, cache = self.body.apply(variables, tokens, positions, attn_mask,
-                                        cache=cache, cache_index=cache_index)
+        logits, cache = self.body.apply(
+            variables, tokens, positions, attn_mask, cache=cache, cache_index=cache_index
+        )
         if self.config.head == "dream" and shift:
             logits = shift_logits(logits)
         return logits, cache

@@ -111,20 +111,31 @@ def llada_model_config(raw: dict, where: str = "config.json") -> ModelConfig:
         ``scale_logits``, ``clip_qkv``, ``attention_layer_norm``, block groups).
     """
     checks = [
-        ("include_bias", False), ("alibi", False), ("rope", True), ("scale_logits", False),
-        ("clip_qkv", None), ("attention_layer_norm", False), ("block_group_size", 1),
-        ("layer_norm_type", "rms"), ("block_type", "llama"), ("activation_type", "silu"),
+        ("include_bias", False),
+        ("alibi", False),
+        ("rope", True),
+        ("scale_logits", False),
+        ("clip_qkv", None),
+        ("attention_layer_norm", False),
+        ("block_group_size", 1),
+        ("layer_norm_type", "rms"),
+        ("block_type", "llama"),
+        ("activation_type", "silu"),
     ]
     for key, want in checks:
         if key in raw and raw[key] != want and not (want is False and raw[key] is None):
-            raise ConfigError(f"{where}: LLaDA option {key}={raw[key]!r} is not supported (need {want!r})")
+            raise ConfigError(
+                f"{where}: LLaDA option {key}={raw[key]!r} is not supported (need {want!r})"
+            )
     try:
         d_model, heads = int(raw["d_model"]), int(raw["n_heads"])
         mlp = raw.get("mlp_hidden_size")
         if mlp is None:
             mlp = int(raw.get("mlp_ratio", 4)) * d_model
         eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        eos_ids = (
+            tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        )
         return ModelConfig(
             arch="llama",
             vocab_size=int(raw.get("embedding_size") or raw["vocab_size"]),
@@ -144,7 +155,9 @@ def llada_model_config(raw: dict, where: str = "config.json") -> ModelConfig:
             pad_token_id=raw.get("pad_token_id"),
         )
     except KeyError as e:
-        raise ConfigError(f"{where}: LLaDA config.json is missing required field {e.args[0]!r}") from None
+        raise ConfigError(
+            f"{where}: LLaDA config.json is missing required field {e.args[0]!r}"
+        ) from None
 
 
 def load_llada_dir(path) -> tuple[DiffusionConfig, dict]:
@@ -228,7 +241,9 @@ def load_dream_dir(path) -> tuple[DiffusionConfig, dict]:
         except (OSError, ValueError):
             eos = None
         eos = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        base = base.replace(eos_token_ids=tuple(dict.fromkeys([*base.eos_token_ids, *map(int, eos)])))
+        base = base.replace(
+            eos_token_ids=tuple(dict.fromkeys([*base.eos_token_ids, *map(int, eos)]))
+        )
     config = DiffusionConfig(base=base, head="dream", mask_token_id=_mask_id(raw, str(cfg_path)))
     return config, _load_safetensors(base, src, where)
 

@@ -41,8 +41,15 @@ import jax
 import jax.numpy as jnp
 import psutil
 
-from models.llama.modeling import (MATRICES, fuse_qkv, has_projection, init_cache, layer_entry,
-                                   param_dtype, unstack_layers)
+from models.llama.modeling import (
+    MATRICES,
+    fuse_qkv,
+    has_projection,
+    init_cache,
+    layer_entry,
+    param_dtype,
+    unstack_layers,
+)
 
 LAYER_LOOPS = ("scan", "unrolled")
 WEIGHT_LAYOUTS = ("stored", "output-major")
@@ -70,6 +77,7 @@ def _check(what: str, name: str, choices: tuple) -> str:
 
 
 # ----------------------------------------------------------------------------- the plan
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
@@ -118,10 +126,12 @@ class DecodePlan:
         for what in ("verify_layout", "step_layout", "draft_layout"):
             _check(what.replace("_", " "), getattr(self, what), WEIGHT_LAYOUTS)
         if self.verify_cost is not None and not self.verify_cost >= 1.0:
-            raise ValueError(f"verify_cost must be >= 1 (one-token steps) or None, got "
-                             f"{self.verify_cost}")
-        if self.row_blocks is not None and not (isinstance(self.row_blocks, int)
-                                                and self.row_blocks >= 1):
+            raise ValueError(
+                f"verify_cost must be >= 1 (one-token steps) or None, got {self.verify_cost}"
+            )
+        if self.row_blocks is not None and not (
+            isinstance(self.row_blocks, int) and self.row_blocks >= 1
+        ):
             raise ValueError(f"row_blocks must be an integer >= 1 or None, got {self.row_blocks!r}")
 
     @property
@@ -130,8 +140,10 @@ class DecodePlan:
         scan loop), ``verify_s`` (``{layout: seconds}``) when timed, ``verify_cost`` when
         gated."""
         stacked = self.layer_loop == "scan"
-        out: dict = {"verify_layout": "stacked" if stacked else self.verify_layout,
-                     "step_layout": "stacked" if stacked else self.step_layout}
+        out: dict = {
+            "verify_layout": "stacked" if stacked else self.verify_layout,
+            "step_layout": "stacked" if stacked else self.step_layout,
+        }
         if self.verify_s:
             out["verify_s"] = dict(self.verify_s)
         if self.verify_cost is not None:
@@ -155,6 +167,7 @@ def env_defaults() -> dict:
 
 
 # ----------------------------------------------------------------------------- the layer loop
+
 
 def device_memory() -> tuple[int, int] | None:
     """``(bytes in use, bytes limit)`` of the first device: an accelerator's allocator
@@ -215,6 +228,7 @@ def tree_nbytes(tree: Any) -> int:
 
 # ----------------------------------------------------------------------------- tree walking
 
+
 def _is_causal_layers(layers) -> bool:
     """Whether a stacked ``layers`` dict (or one layer's dict) is a Llama/Qwen2 body's: every
     projection matrix is present in one of its layouts
@@ -224,8 +238,9 @@ def _is_causal_layers(layers) -> bool:
 
 def _is_body(layers) -> bool:
     """A Llama/Qwen2 body's ``layers``: a stacked dict, or a split tuple of per-layer dicts."""
-    return _is_causal_layers(layers) or (isinstance(layers, (tuple, list)) and bool(layers)
-                                         and all(map(_is_causal_layers, layers)))
+    return _is_causal_layers(layers) or (
+        isinstance(layers, (tuple, list)) and bool(layers) and all(map(_is_causal_layers, layers))
+    )
 
 
 def _map_bodies(tree: Any, fn: Callable[[Any], Any]) -> Any:
@@ -233,6 +248,7 @@ def _map_bodies(tree: Any, fn: Callable[[Any], Any]) -> Any:
     inside it (stacked dict or split tuple; in a params dict, linen variables
     ``{"params": ...}``, or any nest of dicts / tuples / lists holding them); everything else
     is shared, not copied."""
+
     def walk(x):
         if isinstance(x, Mapping):
             layers = x.get("layers")
@@ -268,8 +284,11 @@ def _cached_split(layers: dict, output_major: bool) -> tuple | None:
     """The cached per-layer copy of a stacked ``layers`` dict in that layout, or None."""
     leaves = [layers[k] for k in sorted(layers)]
     for refs, om, out in _UNSTACKED:
-        if om == output_major and len(refs) == len(leaves) and all(
-                r() is x for r, x in zip(refs, leaves)):
+        if (
+            om == output_major
+            and len(refs) == len(leaves)
+            and all(r() is x for r, x in zip(refs, leaves))
+        ):
             return out
     return None
 
@@ -291,8 +310,9 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     except TypeError:  # numpy arrays and tracers: no caching
         return out
     # copies of stacked trees that are gone (collected, or split in place) are dropped
-    _UNSTACKED[:] = [e for e in _UNSTACKED
-                     if all(r() is not None and not _deleted(r()) for r in e[0])]
+    _UNSTACKED[:] = [
+        e for e in _UNSTACKED if all(r() is not None and not _deleted(r()) for r in e[0])
+    ]
     _UNSTACKED.append((refs, output_major, out))
     # at most four per-layer copies stay alive: enough for a target in both layouts (AR and
     # speculative loops) plus a draft model, so comparing decoders does not re-split weights
@@ -304,8 +324,12 @@ def split_bytes(tree: Any, output_major: bool | None = None) -> int:
     """Bytes of the stacked Llama/Qwen2 layer weights in ``tree`` (0 for a tree already split
     in place); with ``output_major`` given, only of those without a cached per-layer copy in
     that layout: what :func:`decode_layout` would add now."""
-    return sum(tree_nbytes(b) for b in _bodies(tree) if isinstance(b, Mapping) and (
-        output_major is None or _cached_split(dict(b), output_major) is None))
+    return sum(
+        tree_nbytes(b)
+        for b in _bodies(tree)
+        if isinstance(b, Mapping)
+        and (output_major is None or _cached_split(dict(b), output_major) is None)
+    )
 
 
 def split_layout(tree: Any) -> str | None:
@@ -372,8 +396,9 @@ def _fused_in_place(lp: dict) -> dict:
     return fused
 
 
-def decode_layout_in_place(tree: Any, layer_loop: str = "auto", output_major: bool = True,
-                           force: bool = False) -> Any:
+def decode_layout_in_place(
+    tree: Any, layer_loop: str = "auto", output_major: bool = True, force: bool = False
+) -> Any:
     """The one-copy decode layout: where the layer loop (:func:`resolve_layer_loop`, with no
     copy to pay) is ``"unrolled"``, every stacked Llama/Qwen2 body in ``tree`` is split into
     per-layer arrays, **deleting each stacked array once its slices are made**, so the device
@@ -434,15 +459,21 @@ def decode_layout_in_place(tree: Any, layer_loop: str = "auto", output_major: bo
 
 # ----------------------------------------------------------------------------- timing and planning
 
+
 def _lone_pass(params, tokens, cache, *, model):
     """One KV-cached pass of ``tokens (B, T)`` written at the end of the cache (causal mask)."""
     B, T = tokens.shape
     S = cache.size
     slots = jnp.arange(S - T, S, dtype=jnp.int32)
     mask = jnp.arange(S)[None, None, :] <= slots[None, :, None]
-    return model.apply({"params": params}, tokens, jnp.broadcast_to(slots, (B, T)),
-                       jnp.broadcast_to(mask, (B, T, S)), cache=cache,
-                       cache_index=jnp.full((B,), S - T, jnp.int32))[0]
+    return model.apply(
+        {"params": params},
+        tokens,
+        jnp.broadcast_to(slots, (B, T)),
+        jnp.broadcast_to(mask, (B, T, S)),
+        cache=cache,
+        cache_index=jnp.full((B,), S - T, jnp.int32),
+    )[0]
 
 
 _pass_jit = jax.jit(_lone_pass, static_argnames=("model",))
@@ -461,8 +492,7 @@ def machine_id() -> str:
     cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       "")
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     except OSError:
         pass
     return f"{cpu or os.uname().machine}|{jax.__version__}|{jax.default_backend()}"
@@ -471,11 +501,15 @@ def machine_id() -> str:
 def _store_key(model, params, batch: int, rows: int, output_major: bool) -> str:
     """A process-independent text key of one timed pass: the machine, the model's config,
     the parameter dtype and shapes, batch, rows and layout."""
-    shapes = sorted((jax.tree_util.keystr(k), tuple(v.shape))
-                    for k, v in jax.tree_util.tree_leaves_with_path(params))
+    shapes = sorted(
+        (jax.tree_util.keystr(k), tuple(v.shape))
+        for k, v in jax.tree_util.tree_leaves_with_path(params)
+    )
     digest = hashlib.sha256(repr((repr(model), shapes)).encode()).hexdigest()[:16]
-    return (f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|"
-            f"{'output-major' if output_major else 'stored'}")
+    return (
+        f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|"
+        f"{'output-major' if output_major else 'stored'}"
+    )
 
 
 def _read_store(store) -> dict:
@@ -494,16 +528,23 @@ def _write_store(store, key: str, seconds: float) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         table = _read_store(path)
         table[key] = seconds
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
-                                         suffix=".tmp") as f:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
             json.dump(table, f, indent=0, sort_keys=True)
         os.replace(f.name, path)
     except OSError:
         pass
 
 
-def pass_seconds(model, params, batch: int, cache_slots: int, rows: int, output_major: bool,
-                 reps: int = 5, store: "str | os.PathLike | None" = None) -> float:
+def pass_seconds(
+    model,
+    params,
+    batch: int,
+    cache_slots: int,
+    rows: int,
+    output_major: bool,
+    reps: int = 5,
+    store: "str | os.PathLike | None" = None,
+) -> float:
     """Seconds of one KV-cached pass of ``rows`` query rows (batch ``batch``, ``cache_slots``
     cache slots, unrolled per-layer weights in the ``output_major`` or stored layout:
     :func:`decode_layout`), the fastest of ``reps`` timed calls after one warm-up. Cached per
@@ -516,8 +557,14 @@ def pass_seconds(model, params, batch: int, cache_slots: int, rows: int, output_
     :func:`machine_id` and the model's shapes; a timing found there is reused, so every later
     process on the same kind of machine makes the same layout choice, compiles the same
     programs (found in the persistent compile cache) and times nothing."""
-    key = (model, str(param_dtype(params)), jax.tree_util.tree_structure(params), int(batch),
-           int(rows), bool(output_major))
+    key = (
+        model,
+        str(param_dtype(params)),
+        jax.tree_util.tree_structure(params),
+        int(batch),
+        int(rows),
+        bool(output_major),
+    )
     if key not in _PASS_SECONDS:
         skey = None if store is None else _store_key(model, params, batch, rows, output_major)
         stored = None if store is None else _read_store(store).get(skey)
@@ -539,10 +586,21 @@ def pass_seconds(model, params, batch: int, cache_slots: int, rows: int, output_
     return _PASS_SECONDS[key]
 
 
-def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: int = 1,
-         multi_row_steps: bool = False, draft_params: Any = (), draft_output_major: bool = False,
-         gate: "str | float" = "off", layer_loop: str = "auto",
-         verify_layout: str = "auto", store: "str | os.PathLike | None" = None) -> DecodePlan:
+def plan(
+    model,
+    params,
+    *,
+    batch: int = 1,
+    cache_slots: int = 256,
+    verify_rows: int = 1,
+    multi_row_steps: bool = False,
+    draft_params: Any = (),
+    draft_output_major: bool = False,
+    gate: "str | float" = "off",
+    layer_loop: str = "auto",
+    verify_layout: str = "auto",
+    store: "str | os.PathLike | None" = None,
+) -> DecodePlan:
     """The :class:`DecodePlan` of a decode on this machine (README "Verification passes on the
     CPU"). Once per model and batch shape: the timings are cached per process.
 
@@ -570,15 +628,19 @@ def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: 
         other than the one the target's weights were split in place in.
     """
     if not isinstance(gate, (int, float)) and gate not in ("auto", "off"):
-        raise ValueError(f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 "
-                         "(one-token steps)")
+        raise ValueError(
+            f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 (one-token steps)"
+        )
     _check("verify layout", verify_layout, ("auto",) + WEIGHT_LAYOUTS)
-    draft = dict(draft_loop=tree_layer_loop(draft_params, "auto", draft_output_major),
-                 draft_layout="output-major" if draft_output_major else "stored")
+    draft = dict(
+        draft_loop=tree_layer_loop(draft_params, "auto", draft_output_major),
+        draft_layout="output-major" if draft_output_major else "stored",
+    )
     if verify_rows <= 1:
         loop = tree_layer_loop(params, layer_loop, output_major=True)
-        return DecodePlan(layer_loop=loop, verify_layout="output-major",
-                          step_layout="output-major", **draft)
+        return DecodePlan(
+            layer_loop=loop, verify_layout="output-major", step_layout="output-major", **draft
+        )
     loop = tree_layer_loop(params, layer_loop)
     unrolled = loop == "unrolled"
     large = split_bytes(params) > AUTO_LAYOUT_MAX_BYTES
@@ -586,31 +648,43 @@ def plan(model, params, *, batch: int = 1, cache_slots: int = 256, verify_rows: 
         verify_layout = "stored"  # timing both would hold two more per-layer copies
     split = split_layout(params)  # split in place: the one layout there is
     if split and verify_layout not in ("auto", split):
-        raise ValueError(f"verify layout {verify_layout!r} asked for, but the target's weights "
-                         f"were split in place as {split!r} (decode_layout_in_place): split "
-                         f"them with output_major={verify_layout == 'output-major'} or leave "
-                         f"the layout auto")
+        raise ValueError(
+            f"verify layout {verify_layout!r} asked for, but the target's weights "
+            f"were split in place as {split!r} (decode_layout_in_place): split "
+            f"them with output_major={verify_layout == 'output-major'} or leave "
+            f"the layout auto"
+        )
     verify_layout = split or verify_layout
     timed: tuple = ()
     if unrolled and verify_layout == "auto":
-        costs = {name: pass_seconds(model, params, batch, cache_slots, verify_rows,
-                                    name == "output-major", store=store)
-                 for name in WEIGHT_LAYOUTS}
+        costs = {
+            name: pass_seconds(
+                model, params, batch, cache_slots, verify_rows, name == "output-major", store=store
+            )
+            for name in WEIGHT_LAYOUTS
+        }
         verify_layout = min(costs, key=costs.get)
         timed = tuple(costs.items())
     verify_layout = "stored" if verify_layout == "auto" else verify_layout
     step_om = verify_layout == "output-major" or (
-        unrolled and not split and not multi_row_steps and not large)
+        unrolled and not split and not multi_row_steps and not large
+    )
     if gate == "auto":
         gate = "off"
         if unrolled and jax.default_backend() == "cpu":
             om = verify_layout == "output-major"
-            cost = (pass_seconds(model, params, batch, cache_slots, verify_rows, om, store=store)
-                    / pass_seconds(model, params, batch, cache_slots, 1, step_om, store=store))
+            cost = pass_seconds(
+                model, params, batch, cache_slots, verify_rows, om, store=store
+            ) / pass_seconds(model, params, batch, cache_slots, 1, step_om, store=store)
             gate = round(max(cost, 1.0), 2)  # the loop compiles once per value
-    return DecodePlan(layer_loop=loop, verify_layout=verify_layout,
-                      step_layout="output-major" if step_om else "stored",
-                      verify_cost=None if gate == "off" else float(gate), verify_s=timed, **draft)
+    return DecodePlan(
+        layer_loop=loop,
+        verify_layout=verify_layout,
+        step_layout="output-major" if step_om else "stored",
+        verify_cost=None if gate == "off" else float(gate),
+        verify_s=timed,
+        **draft,
+    )
 
 
 def plan_model(model, plan: DecodePlan):
@@ -630,9 +704,11 @@ def plan_trees(params, plan: DecodePlan) -> tuple[Any, Any]:
     split = split_layout(params)
     unrolled = plan.layer_loop == "unrolled"
     if split and unrolled and {plan.verify_layout, plan.step_layout} != {split}:
-        raise ValueError(f"the plan verifies on {plan.verify_layout!r} and steps on "
-                         f"{plan.step_layout!r} weights, but the target's weights were split in "
-                         f"place as {split!r} (decode_layout_in_place)")
+        raise ValueError(
+            f"the plan verifies on {plan.verify_layout!r} and steps on "
+            f"{plan.step_layout!r} weights, but the target's weights were split in "
+            f"place as {split!r} (decode_layout_in_place)"
+        )
     verify = decode_layout(params, plan.layer_loop, plan.verify_layout == "output-major")
     if plan.step_layout == plan.verify_layout or plan.layer_loop == "scan":
         return verify, verify
@@ -644,8 +720,26 @@ def plan_draft_tree(draft_params, plan: DecodePlan) -> Any:
     return decode_layout(draft_params, plan.draft_loop, plan.draft_layout == "output-major")
 
 
-__all__ = ["AUTO_LAYOUT_MAX_BYTES", "DecodePlan", "LAYER_LOOPS", "WEIGHT_LAYOUTS",
-           "decode_layout", "decode_layout_in_place", "device_memory", "env_defaults",
-           "is_split", "machine_id", "machine_layer_loop", "pass_seconds", "plan", "plan_draft_tree",
-           "plan_model", "plan_trees", "resolve_layer_loop", "split_bytes", "split_layout",
-           "tree_layer_loop", "tree_nbytes"]
+__all__ = [
+    "AUTO_LAYOUT_MAX_BYTES",
+    "DecodePlan",
+    "LAYER_LOOPS",
+    "WEIGHT_LAYOUTS",
+    "decode_layout",
+    "decode_layout_in_place",
+    "device_memory",
+    "env_defaults",
+    "is_split",
+    "machine_id",
+    "machine_layer_loop",
+    "pass_seconds",
+    "plan",
+    "plan_draft_tree",
+    "plan_model",
+    "plan_trees",
+    "resolve_layer_loop",
+    "split_bytes",
+    "split_layout",
+    "tree_layer_loop",
+    "tree_nbytes",
+]

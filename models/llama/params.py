@@ -73,8 +73,9 @@ class WeightFileError(ValueError):
 
 # --------------------------------------------------------------------------- placement
 
-_PLACE: contextvars.ContextVar[Optional[Callable[[str, np.ndarray], jax.Array]]] = \
+_PLACE: contextvars.ContextVar[Optional[Callable[[str, np.ndarray], jax.Array]]] = (
     contextvars.ContextVar("jaxspec_place_params", default=None)
+)
 
 
 @contextlib.contextmanager
@@ -109,8 +110,9 @@ def _expected_shapes(config: ModelConfig) -> dict:
     return jax.eval_shape(lambda: init_params(config))
 
 
-def _assemble(config: ModelConfig, fetch: Callable[[str, int | None], tuple[str, np.ndarray]],
-              where: str) -> dict:
+def _assemble(
+    config: ModelConfig, fetch: Callable[[str, int | None], tuple[str, np.ndarray]], where: str
+) -> dict:
     """Build the params tree by calling ``fetch(key, layer)`` for every leaf.
 
     ``fetch(key, None)`` returns ``(source tensor name, array)`` for a top-level parameter,
@@ -345,7 +347,9 @@ def _open_gguf(path) -> "gguf.GGUFReader":  # noqa: F821
         raise WeightFileError(f"{p}: is not a file")
     magic = _read_magic(p)
     if magic[:4] != GGUF_MAGIC:
-        raise WeightFileError(f"{p}: not a GGUF file (magic {magic[:4]!r}, expected {GGUF_MAGIC!r})")
+        raise WeightFileError(
+            f"{p}: not a GGUF file (magic {magic[:4]!r}, expected {GGUF_MAGIC!r})"
+        )
     try:
         reader = gguf.GGUFReader(str(p), "r")
     except Exception as e:  # truncated files fail while the reader maps tensor views
@@ -369,7 +373,9 @@ def _gguf_field(reader, key: str, default=None, required: bool = False, where: s
     try:
         return field.contents()
     except Exception as e:
-        raise WeightFileError(f"{where}: cannot decode GGUF metadata key {key} ({_short(e)})") from None
+        raise WeightFileError(
+            f"{where}: cannot decode GGUF metadata key {key} ({_short(e)})"
+        ) from None
 
 
 def gguf_config(reader, where: str = "") -> ModelConfig:

@@ -102,7 +102,9 @@ class XLNetConfig:
         if self.d_head is None:
             object.__setattr__(self, "d_head", self.d_model // self.n_head)
         if self.ff_activation not in ("gelu", "relu"):
-            raise ValueError(f"unsupported ff_activation {self.ff_activation!r}; expected gelu or relu")
+            raise ValueError(
+                f"unsupported ff_activation {self.ff_activation!r}; expected gelu or relu"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -118,11 +120,22 @@ def init_params(config: XLNetConfig, seed: int = 0, std: float = 0.02) -> dict:
     layers = {name: n((L, D, H, Dh)) for name in ("q", "k", "v", "o", "r")}
     layers.update({name: n((L, H, Dh)) for name in ("r_w_bias", "r_r_bias", "r_s_bias")})
     layers["seg_embed"] = n((L, 2, H, Dh))
-    layers.update(attn_ln_scale=jnp.ones((L, D)), attn_ln_bias=jnp.zeros((L, D)),
-                  ff_w1=n((L, D, F)), ff_b1=jnp.zeros((L, F)), ff_w2=n((L, F, D)),
-                  ff_b2=jnp.zeros((L, D)), ff_ln_scale=jnp.ones((L, D)), ff_ln_bias=jnp.zeros((L, D)))
-    return {"word_embedding": n((V, D)), "mask_emb": n((D,)), "lm_bias": jnp.zeros((V,)),
-            "layers": layers}
+    layers.update(
+        attn_ln_scale=jnp.ones((L, D)),
+        attn_ln_bias=jnp.zeros((L, D)),
+        ff_w1=n((L, D, F)),
+        ff_b1=jnp.zeros((L, F)),
+        ff_w2=n((L, F, D)),
+        ff_b2=jnp.zeros((L, D)),
+        ff_ln_scale=jnp.ones((L, D)),
+        ff_ln_bias=jnp.zeros((L, D)),
+    )
+    return {
+        "word_embedding": n((V, D)),
+        "mask_emb": n((D,)),
+        "lm_bias": jnp.zeros((V,)),
+        "layers": layers,
+    }
 
 
 # --------------------------------------------------------------------------- masks
@@ -136,8 +149,11 @@ def order_to_rank(sigma: jax.Array) -> jax.Array:
     """
     sigma = jnp.asarray(sigma, jnp.int32)
     B, N = sigma.shape
-    return jnp.zeros((B, N), jnp.int32).at[jnp.arange(B)[:, None], sigma].set(
-        jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N)))
+    return (
+        jnp.zeros((B, N), jnp.int32)
+        .at[jnp.arange(B)[:, None], sigma]
+        .set(jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N)))
+    )
 
 
 def parallel_masks(visible: jax.Array):
@@ -232,7 +248,7 @@ def _shift(full: jax.Array) -> jax.Array:
     with ``out[i, j] = full[i, S - i + j]`` (distance ``i - j``), by one reshape: the flat index
     ``i * 2S + S - i + j`` equals ``S + i * (2S - 1) + j``."""
     *lead, S, S2 = full.shape
-    flat = full.reshape(*lead, S * S2)[..., S: S + S * (S2 - 1)]
+    flat = full.reshape(*lead, S * S2)[..., S : S + S * (S2 - 1)]
     return flat.reshape(*lead, S, S2 - 1)[..., :S]
 
 
@@ -260,8 +276,9 @@ def _attend(q, keys, vals, kr, lp, rel_idx, seg_diff, mask, scale):
 def _post(x, vec, lp, config):
     """Output projection + residual + LayerNorm, then the feed-forward sub-layer."""
     eps = config.layer_norm_eps
-    y = _layer_norm(x + jnp.einsum("bpnd,hnd->bph", vec, lp["o"]), lp["attn_ln_scale"],
-                    lp["attn_ln_bias"], eps)
+    y = _layer_norm(
+        x + jnp.einsum("bpnd,hnd->bph", vec, lp["o"]), lp["attn_ln_scale"], lp["attn_ln_bias"], eps
+    )
     f = y @ lp["ff_w1"] + lp["ff_b1"]
     f = jax.nn.gelu(f, approximate=False) if config.ff_activation == "gelu" else jax.nn.relu(f)
     return _layer_norm(y + f @ lp["ff_w2"] + lp["ff_b2"], lp["ff_ln_scale"], lp["ff_ln_bias"], eps)
@@ -275,9 +292,19 @@ class XLNetLM:
 
     config: XLNetConfig
 
-    def apply(self, params, tokens, content_mask, query_mask=None, *, content_pos=None,
-              query_pos=None, segment_ids=None, cache: Optional[XLNetCache] = None,
-              content_logits: bool = False):
+    def apply(
+        self,
+        params,
+        tokens,
+        content_mask,
+        query_mask=None,
+        *,
+        content_pos=None,
+        query_pos=None,
+        segment_ids=None,
+        cache: Optional[XLNetCache] = None,
+        content_logits: bool = False,
+    ):
         """One forward pass of both streams.
 
         Args:
@@ -333,15 +360,23 @@ class XLNetLM:
                 raise ValueError(f"query_mask has shape {query_mask.shape}, expected {(B, P, K)}")
 
         default_c = content_pos is None
-        cpos = (jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)) if default_c
-                else jnp.asarray(content_pos, jnp.int32))
-        kpos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)) if cache is not None else cpos
+        cpos = (
+            jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+            if default_c
+            else jnp.asarray(content_pos, jnp.int32)
+        )
+        kpos = (
+            jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)) if cache is not None else cpos
+        )
         fast_c = cache is None and default_c
         rel = lambda qp: K - (qp[:, :, None] - kpos[:, None, :])
         c_idx = None if fast_c else rel(cpos)
         if query_mask is not None:
-            qpos = (jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P)) if query_pos is None
-                    else jnp.asarray(query_pos, jnp.int32))
+            qpos = (
+                jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+                if query_pos is None
+                else jnp.asarray(query_pos, jnp.int32)
+            )
             q_idx = None if (fast_c and query_pos is None and P == K) else rel(qpos)
         seg_c = seg_q = None
         if segment_ids is not None:
@@ -370,10 +405,14 @@ class XLNetLM:
                 keys, vals = kh, vh
             kr = jnp.einsum("rd,dnh->rnh", table, lp["r"])
             qh = jnp.einsum("btd,dnh->btnh", h, lp["q"])
-            h_new = _post(h, _attend(qh, keys, vals, kr, lp, c_idx, seg_c, content_mask, scale), lp, c)
+            h_new = _post(
+                h, _attend(qh, keys, vals, kr, lp, c_idx, seg_c, content_mask, scale), lp, c
+            )
             if g is not None:
                 qg = jnp.einsum("bpd,dnh->bpnh", g, lp["q"])
-                g = _post(g, _attend(qg, keys, vals, kr, lp, q_idx, seg_q, query_mask, scale), lp, c)
+                g = _post(
+                    g, _attend(qg, keys, vals, kr, lp, q_idx, seg_q, query_mask, scale), lp, c
+                )
             return (h_new, g), (ck, cv)
 
         xs = (p["layers"], None if cache is None else cache.k, None if cache is None else cache.v)
@@ -439,8 +478,14 @@ def _flat(tree, prefix=""):
     return out
 
 
-def save_xlnet(path, config: XLNetConfig, params: dict, vocab: Optional[CompactVocab] = None,
-               meta: Optional[dict] = None, dtype=np.float16) -> int:
+def save_xlnet(
+    path,
+    config: XLNetConfig,
+    params: dict,
+    vocab: Optional[CompactVocab] = None,
+    meta: Optional[dict] = None,
+    dtype=np.float16,
+) -> int:
     """Write ``params`` as one safetensors file (leaves cast to ``dtype``, default float16).
     The header metadata holds ``xlnet_config`` (JSON), the compact vocabulary (``vocab_ids``,
     ``vocab_external_size``) when given, and ``meta`` (JSON). Returns the file size in bytes."""
@@ -448,8 +493,11 @@ def save_xlnet(path, config: XLNetConfig, params: dict, vocab: Optional[CompactV
 
     path = Path(path)
     tensors = {k: np.asarray(v, np.float32).astype(dtype) for k, v in _flat(params).items()}
-    md = {"format": "jaxspec-xlnet", "xlnet_config": json.dumps(config.to_dict()),
-          "meta": json.dumps(meta or {})}
+    md = {
+        "format": "jaxspec-xlnet",
+        "xlnet_config": json.dumps(config.to_dict()),
+        "meta": json.dumps(meta or {}),
+    }
     if vocab is not None:
         md["vocab_ids"] = json.dumps(list(int(i) for i in vocab.ids))
         md["vocab_external_size"] = str(int(vocab.external_size))
@@ -479,9 +527,13 @@ def load_xlnet(path) -> tuple[XLNetConfig, dict, Optional[CompactVocab], dict]:
             md = f.metadata() or {}
             arrays = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
-        raise WeightFileError(f"{path}: not a readable safetensors file ({type(e).__name__})") from None
+        raise WeightFileError(
+            f"{path}: not a readable safetensors file ({type(e).__name__})"
+        ) from None
     if md.get("format") != "jaxspec-xlnet":
-        raise WeightFileError(f"{path}: not a jaxspec XLNet file (metadata format={md.get('format')!r})")
+        raise WeightFileError(
+            f"{path}: not a jaxspec XLNet file (metadata format={md.get('format')!r})"
+        )
     try:
         config = XLNetConfig(**json.loads(md["xlnet_config"]))
     except (KeyError, TypeError, ValueError) as e:
@@ -492,30 +544,45 @@ def load_xlnet(path) -> tuple[XLNetConfig, dict, Optional[CompactVocab], dict]:
         if k not in arrays:
             raise WeightFileError(f"{path}: missing tensor {k}")
         if tuple(arrays[k].shape) != tuple(spec.shape):
-            raise WeightFileError(f"{path}: tensor {k} has shape {tuple(arrays[k].shape)}, expected {tuple(spec.shape)}")
+            raise WeightFileError(
+                f"{path}: tensor {k} has shape {tuple(arrays[k].shape)}, expected {tuple(spec.shape)}"
+            )
         a = jnp.asarray(arrays[k], jnp.float32)
         if k.startswith("layers."):
-            params["layers"][k[len("layers."):]] = a
+            params["layers"][k[len("layers.") :]] = a
         else:
             params[k] = a
     vocab = None
     if "vocab_ids" in md:
-        vocab = CompactVocab(ids=tuple(json.loads(md["vocab_ids"])), external_size=int(md["vocab_external_size"]))
+        vocab = CompactVocab(
+            ids=tuple(json.loads(md["vocab_ids"])), external_size=int(md["vocab_external_size"])
+        )
         if vocab.size != config.vocab_size:
-            raise WeightFileError(f"{path}: vocabulary map has {vocab.size} ids, the model {config.vocab_size}")
+            raise WeightFileError(
+                f"{path}: vocabulary map has {vocab.size} ids, the model {config.vocab_size}"
+            )
     return config, params, vocab, json.loads(md.get("meta", "{}"))
 
 
 # --------------------------------------------------------------------------- HF loader
 _HF_LAYER = {  # ours -> (suffix after "transformer.layer.N.", transpose torch Linear weight)
-    "q": ("rel_attn.q", False), "k": ("rel_attn.k", False), "v": ("rel_attn.v", False),
-    "o": ("rel_attn.o", False), "r": ("rel_attn.r", False),
-    "r_w_bias": ("rel_attn.r_w_bias", False), "r_r_bias": ("rel_attn.r_r_bias", False),
-    "r_s_bias": ("rel_attn.r_s_bias", False), "seg_embed": ("rel_attn.seg_embed", False),
-    "attn_ln_scale": ("rel_attn.layer_norm.weight", False), "attn_ln_bias": ("rel_attn.layer_norm.bias", False),
-    "ff_w1": ("ff.layer_1.weight", True), "ff_b1": ("ff.layer_1.bias", False),
-    "ff_w2": ("ff.layer_2.weight", True), "ff_b2": ("ff.layer_2.bias", False),
-    "ff_ln_scale": ("ff.layer_norm.weight", False), "ff_ln_bias": ("ff.layer_norm.bias", False),
+    "q": ("rel_attn.q", False),
+    "k": ("rel_attn.k", False),
+    "v": ("rel_attn.v", False),
+    "o": ("rel_attn.o", False),
+    "r": ("rel_attn.r", False),
+    "r_w_bias": ("rel_attn.r_w_bias", False),
+    "r_r_bias": ("rel_attn.r_r_bias", False),
+    "r_s_bias": ("rel_attn.r_s_bias", False),
+    "seg_embed": ("rel_attn.seg_embed", False),
+    "attn_ln_scale": ("rel_attn.layer_norm.weight", False),
+    "attn_ln_bias": ("rel_attn.layer_norm.bias", False),
+    "ff_w1": ("ff.layer_1.weight", True),
+    "ff_b1": ("ff.layer_1.bias", False),
+    "ff_w2": ("ff.layer_2.weight", True),
+    "ff_b2": ("ff.layer_2.bias", False),
+    "ff_ln_scale": ("ff.layer_norm.weight", False),
+    "ff_ln_bias": ("ff.layer_norm.bias", False),
 }
 
 
@@ -531,13 +598,17 @@ def xlnet_config_from_hf(raw: dict, where: str = "config.json") -> XLNetConfig:
             raise ValueError(f"attn_type {raw.get('attn_type')!r} is not supported (only 'bi')")
         if raw.get("bi_data", False):
             raise ValueError("bi_data=True is not supported")
-        return XLNetConfig(vocab_size=int(raw["vocab_size"]), d_model=int(raw["d_model"]),
-                           n_layer=int(raw["n_layer"]), n_head=int(raw["n_head"]),
-                           d_head=int(raw.get("d_head") or int(raw["d_model"]) // int(raw["n_head"])),
-                           d_inner=int(raw["d_inner"]),
-                           layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-                           clamp_len=int(raw.get("clamp_len", -1) if raw.get("clamp_len") is not None else -1),
-                           ff_activation=str(raw.get("ff_activation", "gelu")))
+        return XLNetConfig(
+            vocab_size=int(raw["vocab_size"]),
+            d_model=int(raw["d_model"]),
+            n_layer=int(raw["n_layer"]),
+            n_head=int(raw["n_head"]),
+            d_head=int(raw.get("d_head") or int(raw["d_model"]) // int(raw["n_head"])),
+            d_inner=int(raw["d_inner"]),
+            layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+            clamp_len=int(raw.get("clamp_len", -1) if raw.get("clamp_len") is not None else -1),
+            ff_activation=str(raw.get("ff_activation", "gelu")),
+        )
     except KeyError as e:
         raise WeightFileError(f"{where}: missing key {e.args[0]!r} for an XLNet config") from None
     except (TypeError, ValueError) as e:
@@ -562,10 +633,13 @@ def _open_state_dict(d: Path):
         try:
             sd = torch.load(str(pt), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001
-            raise WeightFileError(f"{pt}: not a readable PyTorch state dict ({type(e).__name__})") from None
+            raise WeightFileError(
+                f"{pt}: not a readable PyTorch state dict ({type(e).__name__})"
+            ) from None
         return (lambda n: None if n not in sd else sd[n].float().numpy()), set(sd), str(pt)
-    raise WeightFileError(f"{d}: no model.safetensors, model.safetensors.index.json or "
-                          f"pytorch_model.bin")
+    raise WeightFileError(
+        f"{d}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
+    )
 
 
 def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
@@ -604,13 +678,21 @@ def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
             return None
         a = a.reshape(shape) if name.endswith("mask_emb") and a.size == int(np.prod(shape)) else a
         if tuple(a.shape) != tuple(shape):
-            raise WeightFileError(f"{where}: tensor {name} has shape {tuple(a.shape)}, the config expects {tuple(shape)}")
+            raise WeightFileError(
+                f"{where}: tensor {name} has shape {tuple(a.shape)}, the config expects {tuple(shape)}"
+            )
         return a
 
-    params = {"word_embedding": jnp.asarray(fetch(prefix + "word_embedding.weight", want["word_embedding"].shape)),
-              "mask_emb": jnp.asarray(fetch(prefix + "mask_emb", want["mask_emb"].shape))}
+    params = {
+        "word_embedding": jnp.asarray(
+            fetch(prefix + "word_embedding.weight", want["word_embedding"].shape)
+        ),
+        "mask_emb": jnp.asarray(fetch(prefix + "mask_emb", want["mask_emb"].shape)),
+    }
     bias = fetch("lm_loss.bias", want["lm_bias"].shape, required=False)
-    params["lm_bias"] = jnp.zeros(want["lm_bias"].shape, jnp.float32) if bias is None else jnp.asarray(bias)
+    params["lm_bias"] = (
+        jnp.zeros(want["lm_bias"].shape, jnp.float32) if bias is None else jnp.asarray(bias)
+    )
     layers = {}
     for key, spec in want["layers"].items():
         suffix, transpose = _HF_LAYER[key]
@@ -625,7 +707,18 @@ def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
     return config, params
 
 
-__all__ = ["XLNetConfig", "XLNetLM", "XLNetCache", "CompactVocab", "init_params", "init_cache",
-           "save_xlnet", "load_xlnet",
-           "order_to_rank", "parallel_masks", "density_masks", "load_hf_xlnet",
-           "xlnet_config_from_hf"]
+__all__ = [
+    "XLNetConfig",
+    "XLNetLM",
+    "XLNetCache",
+    "CompactVocab",
+    "init_params",
+    "init_cache",
+    "save_xlnet",
+    "load_xlnet",
+    "order_to_rank",
+    "parallel_masks",
+    "density_masks",
+    "load_hf_xlnet",
+    "xlnet_config_from_hf",
+]

@@ -58,12 +58,12 @@ def _check_stats(r, masks, k, method):
     G = np.array([int(np.sum(m)) for m in masks])
     np.testing.assert_array_equal(st.new_tokens, G)
     produced = (st.accept_hist * np.arange(st.accept_hist.shape[1])).sum(1)
-    np.testing.assert_array_equal(produced, G)                    # every token accounted for
+    np.testing.assert_array_equal(produced, G)  # every token accounted for
     np.testing.assert_array_equal(st.accept_hist.sum(1), st.steps)
-    assert (st.target_nfe <= G).all(), (st.target_nfe, G)        # Theorem 1
+    assert (st.target_nfe <= G).all(), (st.target_nfe, G)  # Theorem 1
     assert st.method == method and st.reference == "sequential"
     if method == "sequential":
-        np.testing.assert_array_equal(st.target_nfe, G)           # exactly N - m
+        np.testing.assert_array_equal(st.target_nfe, G)  # exactly N - m
     elif method == "assd":
         # Lemma 1: every verified iteration keeps its first draft, so it yields >= 2 tokens
         assert st.accept_hist[:, 0].sum() == 0
@@ -83,21 +83,24 @@ def _check_stats(r, masks, k, method):
 
 
 # ----------------------------------------------------------------------------- input errors
-@pytest.mark.parametrize("kw,msg", [
-    (dict(k=0), "k .*>= 1"),
-    (dict(k=2.5), "k .*>= 1"),
-    (dict(method="beam"), "unknown method"),
-    (dict(epsilon=-0.1, sampling=SamplingConfig(1.0)), "epsilon must be >= 0"),
-    (dict(epsilon=0.1), "sampling only"),
-    (dict(masked=[[False, False, False]]), "no masked positions"),
-    (dict(masked=[[True, False]]), "3 tokens but a mask of 2"),
-    (dict(tokens=[[1, V, 3]], masked=[[True, False, False]]), "outside the model vocabulary"),
-    (dict(tokens=[[1, -1, 3]], masked=[[True, False, False]]), "outside the model vocabulary"),
-    (dict(max_len=2), "runs past the context of 2"),
-    (dict(tokens=[], masked=[]), "empty batch"),
-    (dict(sampling="greedy"), "SamplingConfig"),
-    (dict(epsilon="0.1", sampling=SamplingConfig(1.0)), "epsilon must be a number"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(k=0), "k .*>= 1"),
+        (dict(k=2.5), "k .*>= 1"),
+        (dict(method="beam"), "unknown method"),
+        (dict(epsilon=-0.1, sampling=SamplingConfig(1.0)), "epsilon must be >= 0"),
+        (dict(epsilon=0.1), "sampling only"),
+        (dict(masked=[[False, False, False]]), "no masked positions"),
+        (dict(masked=[[True, False]]), "3 tokens but a mask of 2"),
+        (dict(tokens=[[1, V, 3]], masked=[[True, False, False]]), "outside the model vocabulary"),
+        (dict(tokens=[[1, -1, 3]], masked=[[True, False, False]]), "outside the model vocabulary"),
+        (dict(max_len=2), "runs past the context of 2"),
+        (dict(tokens=[], masked=[]), "empty batch"),
+        (dict(sampling="greedy"), "SamplingConfig"),
+        (dict(epsilon="0.1", sampling=SamplingConfig(1.0)), "epsilon must be a number"),
+    ],
+)
 def test_input_errors(kw, msg):
     model, params = _model()
     args = dict(tokens=[[1, 2, 3]], masked=[[False, True, False]])
@@ -130,10 +133,11 @@ def test_variants_round_trip_and_refuse_impossible_combinations():
 def test_decoding_order_eq4():
     sigma, m = decoding_order([True, False, True, True, False, True])
     assert m == 2 and sigma.tolist() == [1, 4, 0, 2, 3, 5]
-    tok, vis, msk, lengths = prepare_batch([[5, 6, 7], [1, 2, 3, 4, 5]],
-                                           [[0, 1, 0], [1, 1, 0, 0, 1]], V, bucket=4)
+    tok, vis, msk, lengths = prepare_batch(
+        [[5, 6, 7], [1, 2, 3, 4, 5]], [[0, 1, 0], [1, 1, 0, 0, 1]], V, bucket=4
+    )
     assert tok.shape == (2, 8) and lengths.tolist() == [3, 5]
-    assert not (vis | msk)[0, 3:].any() and (vis ^ msk)[1, :5].all()   # padding is neither
+    assert not (vis | msk)[0, 3:].any() and (vis ^ msk)[1, :5].all()  # padding is neither
 
 
 def test_bigram_eq23():
@@ -146,7 +150,7 @@ def test_bigram_eq23():
     # 2 -> ? unknown: the unigram of the known tokens (the official code's rule)
     np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)
     c = np.asarray(bigram_draft_dist(t, known, jnp.int32(0), jnp.bool_(False), 6))
-    np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)   # unigram
+    np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)  # unigram
 
 
 # ----------------------------------------------------------------------------- Theorem 1, Lemma 1
@@ -162,11 +166,20 @@ def test_theorem1_nfe_bound(method, seed):
     for k in range(1, 7):
         toks, masks = _tasks(100 * seed + k, 48)
         G = np.array([int(m.sum()) for m in masks])
-        r = assd_generate(model, params, toks, masks, method=method, k=k, slots=6,
-                          sampling=SamplingConfig(1.0), seed=k)
+        r = assd_generate(
+            model,
+            params,
+            toks,
+            masks,
+            method=method,
+            k=k,
+            slots=6,
+            sampling=SamplingConfig(1.0),
+            seed=k,
+        )
         _check_stats(r, masks, k, method)
         for seq, inf, t, m in zip(r.sequences, r.infilled, toks, masks):
-            np.testing.assert_array_equal(seq[~m], t[~m])           # the prompt is untouched
+            np.testing.assert_array_equal(seq[~m], t[~m])  # the prompt is untouched
             np.testing.assert_array_equal(seq[m], inf)
             assert ((inf >= 0) & (inf < V)).all()
         if method == "assd":
@@ -175,12 +188,13 @@ def test_theorem1_nfe_bound(method, seed):
             if k <= 2:
                 np.testing.assert_array_equal(r.stats.target_nfe, G)
         total[k] = r.stats.target_nfe.sum() / G.sum()
-    assert total[5] < 0.9 and total[6] < 0.9, total                 # a real saving
-    if method == "assd":   # epsilon tolerance (not lossless) keeps Theorem 1 and accepts more
+    assert total[5] < 0.9 and total[6] < 0.9, total  # a real saving
+    if method == "assd":  # epsilon tolerance (not lossless) keeps Theorem 1 and accepts more
         toks, masks = _tasks(99, 48)
         a = assd_generate(model, params, toks, masks, k=5, slots=6, sampling=SamplingConfig(1.0))
-        e = assd_generate(model, params, toks, masks, k=5, slots=6, sampling=SamplingConfig(1.0),
-                          epsilon=0.3)
+        e = assd_generate(
+            model, params, toks, masks, k=5, slots=6, sampling=SamplingConfig(1.0), epsilon=0.3
+        )
         _check_stats(e, masks, 5, "assd")
         assert e.stats.extra["lossless"] is False and a.stats.extra["lossless"] is True
         assert e.stats.acceptance_rate > a.stats.acceptance_rate
@@ -199,8 +213,9 @@ def test_lemma1_draft_and_density_rows_agree():
     n = np.array([rng.integers(0, g) for g in G], np.int32)
     t = np.minimum(n + 4, G).astype(np.int32)
     tok = np.where(msk, rng.integers(0, V, tok.shape), tok).astype(np.int32)  # decoded + drafts
-    at = lambda off: np.array([[np.flatnonzero(msk[b])[min(n[b] + off, G[b] - 1)]]
-                               for b in range(len(G))], np.int32)
+    at = lambda off: np.array(
+        [[np.flatnonzero(msk[b])[min(n[b] + off, G[b] - 1)]] for b in range(len(G))], np.int32
+    )
     f = jax.jit(lambda o, q: conditionals(model, params, tok, vis, o, q))
     s = SamplingConfig(0.9, top_k=6)
     d = np.asarray(target_probs(f(draft_order(rank, jnp.asarray(n)), at(0)), s))
@@ -224,7 +239,7 @@ def _python_sequential_greedy(model, params, toks, masks):
             p = np.flatnonzero(msk[b])
             if r < len(p):
                 x[b, p[r]] = am[b, p[r]]
-    return [x[b, :lengths[b]] for b in range(len(lengths))]
+    return [x[b, : lengths[b]] for b in range(len(lengths))]
 
 
 def test_greedy_identical_to_sequential():
@@ -254,19 +269,19 @@ def test_draft_length_above_the_masked_count_is_clamped():
     toks, masks = _tasks(5, 6, lo=4, hi=9)
     g_max = max(int(np.sum(m)) for m in masks)
     ref = assd_generate(model, params, toks, masks, method="sequential")
-    big = assd_generate(model, params, toks, masks, method="assd", k=10 ** 6)
+    big = assd_generate(model, params, toks, masks, method="assd", k=10**6)
     same = assd_generate(model, params, toks, masks, method="assd", k=g_max)
     for a, b, c in zip(ref.sequences, big.sequences, same.sequences):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
     np.testing.assert_array_equal(big.stats.target_nfe, same.stats.target_nfe)
-    assert big.stats.draft_length == 10 ** 6 and big.stats.extra["k"] == 10 ** 6
+    assert big.stats.draft_length == 10**6 and big.stats.extra["k"] == 10**6
     _check_stats(big, masks, g_max, "assd")
 
 
 # ----------------------------------------------------------------------------- distribution
 V5 = 5
-PROMPT5 = [1, 0, 3, 0, 0, 2]          # positions 1, 3, 4 are masked (4's left neighbour is 3)
+PROMPT5 = [1, 0, 3, 0, 0, 2]  # positions 1, 3, 4 are masked (4's left neighbour is 3)
 MASK5 = [False, True, False, True, True, False]
 S5 = SamplingConfig(0.9, top_k=4)
 R = 10_000
@@ -278,7 +293,7 @@ def exact_sequential_joint() -> dict:
     processed (T = 0.9, top-4) target, from one teacher-forced density pass per outcome."""
     model, params = _model(V5, 2, 5.0)
     msk = np.flatnonzero(MASK5)
-    seqs = np.array([PROMPT5] * V5 ** 3, np.int32)
+    seqs = np.array([PROMPT5] * V5**3, np.int32)
     seqs[:, msk] = np.array(list(itertools.product(range(V5), repeat=3)))
     vis = np.broadcast_to(~np.array(MASK5), seqs.shape)
     cm, qm = density_masks(vis)
@@ -290,8 +305,18 @@ def exact_sequential_joint() -> dict:
 
 def _samples(method, k=3, epsilon=0.0, seed=0):
     model, params = _model(V5, 2, 5.0)
-    r = assd_generate(model, params, [PROMPT5] * R, [MASK5] * R, method=method, k=k,
-                      sampling=S5, seed=seed, epsilon=epsilon, bucket=8)
+    r = assd_generate(
+        model,
+        params,
+        [PROMPT5] * R,
+        [MASK5] * R,
+        method=method,
+        k=k,
+        sampling=S5,
+        seed=seed,
+        epsilon=epsilon,
+        bucket=8,
+    )
     return np.stack(r.infilled), r.stats
 
 
@@ -307,7 +332,7 @@ def test_output_distribution_equals_sequential_joint(method):
     chk = check_distribution(x, dist)
     assert chk.passed, chk.why
     if method != "sequential":
-        assert 0.1 < st.acceptance_rate < 0.98          # rejections (and resampling) happened
+        assert 0.1 < st.acceptance_rate < 0.98  # rejections (and resampling) happened
         assert (st.target_nfe <= 3).all()
 
 
@@ -332,9 +357,11 @@ def test_negative_control_always_accept_is_rejected():
 # ASSD has no bonus row (after k acceptances it drafts again), so the bonus mutant cannot
 # reach its output; it passes no draft length, so ignore-draft-len is the real rule; the
 # unprocessed-residual mutant needs logits the seam does not see (the causal suite runs it).
-ASSD_VARIANTS = tuple(m for m in MUTANTS + EQUIVALENT
-                      if m.name not in ("bonus-from-residual", "ignore-draft-len")
-                      and not m.needs_raw)
+ASSD_VARIANTS = tuple(
+    m
+    for m in MUTANTS + EQUIVALENT
+    if m.name not in ("bonus-from-residual", "ignore-draft-len") and not m.needs_raw
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -345,12 +372,22 @@ def assd_variant_checks(method):
     dist = exact_sequential_joint()
     model, params = _model(V5, 2, 5.0)
     with inject_assd(ASSD_VARIANTS, rows_per=R):
-        r = assd_generate(model, params, [PROMPT5] * (R * len(ASSD_VARIANTS)),
-                          [MASK5] * (R * len(ASSD_VARIANTS)), method=method, k=3,
-                          sampling=S5, seed=6, bucket=8)
+        r = assd_generate(
+            model,
+            params,
+            [PROMPT5] * (R * len(ASSD_VARIANTS)),
+            [MASK5] * (R * len(ASSD_VARIANTS)),
+            method=method,
+            k=3,
+            sampling=S5,
+            seed=6,
+            bucket=8,
+        )
     x = np.stack(r.infilled)
-    return {m.name: check_distribution(x[j * R:(j + 1) * R], dist)
-            for j, m in enumerate(ASSD_VARIANTS)}
+    return {
+        m.name: check_distribution(x[j * R : (j + 1) * R], dist)
+        for j, m in enumerate(ASSD_VARIANTS)
+    }
 
 
 @pytest.mark.parametrize("method", ["assd", pytest.param("assd-ngram", marks=pytest.mark.slow)])

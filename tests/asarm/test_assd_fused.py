@@ -28,15 +28,21 @@ import jaxspec.asarm.fused as fused_mod
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.asarm.config import AssdVariant, LoopConfig, init_state
 from jaxspec.asarm.fused import fused_pass
-from jaxspec.asarm.inputs import (Inputs, density_order, draft_order, masked_ranks,
-                                  prepare_batch, query_window)
+from jaxspec.asarm.inputs import (
+    Inputs,
+    density_order,
+    draft_order,
+    masked_ranks,
+    prepare_batch,
+    query_window,
+)
 from jaxspec.asarm.passes import conditionals
 from jaxspec.core.sampling import SamplingConfig, target_probs
 from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.mutants import EQUIVALENT, MUTANTS, inject_assd, patched
 from jaxspec.testing.tiny import tiny_xlnet
 from models.xlnet.modeling import density_masks
-from tests.asarm.test_assd import _check_stats, _tasks, exact_sequential_joint, MASK5, PROMPT5, S5
+from tests.asarm.test_assd import MASK5, PROMPT5, S5, _check_stats, _tasks, exact_sequential_joint
 
 V = 11
 FUSED = ("assd-fused", "assd-fused-ngram")
@@ -57,14 +63,22 @@ def test_fused_queries_equal_separate_passes():
     rank, pos, G = masked_ranks(msk)
     rng = np.random.default_rng(5)
     n = np.array([rng.integers(0, max(g - 2, 1)) for g in G], np.int32)
-    inp = Inputs(visible=jnp.asarray(vis), masked=jnp.asarray(msk), rank=jnp.asarray(rank),
-                 pos_of_rank=jnp.asarray(pos), num_masked=jnp.asarray(G), k=jnp.int32(K),
-                 epsilon=jnp.float32(0))
-    cfg = LoopConfig(model=model, variant=AssdVariant(fused=True), slots=K,
-                     sampling=SamplingConfig(1.0))
+    inp = Inputs(
+        visible=jnp.asarray(vis),
+        masked=jnp.asarray(msk),
+        rank=jnp.asarray(rank),
+        pos_of_rank=jnp.asarray(pos),
+        num_masked=jnp.asarray(G),
+        k=jnp.int32(K),
+        epsilon=jnp.float32(0),
+    )
+    cfg = LoopConfig(
+        model=model, variant=AssdVariant(fused=True), slots=K, sampling=SamplingConfig(1.0)
+    )
     decoded_tok = np.where(msk & (rank < n[:, None]), rng.integers(0, V, tok.shape), tok)
     st = init_state(cfg, jnp.asarray(decoded_tok, jnp.int32), jax.random.PRNGKey(0)).replace(
-        decoded=jnp.asarray(n))
+        decoded=jnp.asarray(n)
+    )
     win = query_window(cfg, inp, st.decoded)
     drafts = jnp.asarray(rng.integers(0, V, (len(G), K)), jnp.int32)
     live = win.live
@@ -75,8 +89,9 @@ def test_fused_queries_equal_separate_passes():
     for b in range(B):
         for i in range(int(live[b])):
             full[b, pos[b, n[b] + i]] = int(drafts[b, i])
-    at = lambda r: np.array([[pos[b, min(r[b] + o, G[b] - 1)] for o in range(K + 1)]
-                             for b in range(B)], np.int32)
+    at = lambda r: np.array(
+        [[pos[b, min(r[b] + o, G[b] - 1)] for o in range(K + 1)] for b in range(B)], np.int32
+    )
     dens = np.asarray(conditionals(model, params, full, vis, density_order(rank, n + live), at(n)))
     checked = 0
     for b in range(B):
@@ -84,8 +99,16 @@ def test_fused_queries_equal_separate_passes():
             if n[b] + i < G[b]:
                 np.testing.assert_allclose(target[b, i], dens[b, i], atol=2e-4)
     for j in range(K + 1):
-        sep = np.asarray(conditionals(model, params, full, vis,
-                                      draft_order(rank, jnp.asarray(n + j)), at(n + j + 1)[:, :K]))
+        sep = np.asarray(
+            conditionals(
+                model,
+                params,
+                full,
+                vis,
+                draft_order(rank, jnp.asarray(n + j)),
+                at(n + j + 1)[:, :K],
+            )
+        )
         for b in range(B):
             if j > int(live[b]):
                 continue
@@ -106,8 +129,17 @@ def test_theorem1_nfe_bound_and_accounting(method):
     model, params = _model()
     for k in range(1, 7):
         toks, masks = _tasks(300 + k, 32)
-        r = assd_generate(model, params, toks, masks, method=method, k=k, slots=6,
-                          sampling=SamplingConfig(1.0), seed=k)
+        r = assd_generate(
+            model,
+            params,
+            toks,
+            masks,
+            method=method,
+            k=k,
+            slots=6,
+            sampling=SamplingConfig(1.0),
+            seed=k,
+        )
         _check_stats(r, masks, k, method)
         np.testing.assert_array_equal(r.stats.target_nfe, r.stats.steps)
         assert r.stats.extra["draft_passes"] == 0
@@ -120,8 +152,9 @@ def test_theorem1_nfe_bound_and_accounting(method):
 
 # assd-fused-ngram's greedy identity runs in make test-all; make test keeps its exact
 # distribution tests below (the same queries, sampled)
-@pytest.mark.parametrize("method", [m if m == "assd-fused" else
-                                    pytest.param(m, marks=pytest.mark.slow) for m in FUSED])
+@pytest.mark.parametrize(
+    "method", [m if m == "assd-fused" else pytest.param(m, marks=pytest.mark.slow) for m in FUSED]
+)
 def test_greedy_identical_to_sequential(method):
     """k = 1, 3 and 8 (k = 1 has one draft group, 8 runs past most spans; the sampled
     Theorem 1 test covers k = 1..6), also with two suppressed ids, on a model with varied
@@ -150,7 +183,7 @@ def test_suppress_errors():
 
 # ----------------------------------------------------------------------------- distribution
 V3 = 3
-PROMPT3 = [2, 0, 0, 0, 1, 0, 0]          # 5 masked positions: groups j >= 1 reach the verifier
+PROMPT3 = [2, 0, 0, 0, 1, 0, 0]  # 5 masked positions: groups j >= 1 reach the verifier
 MASK3 = [False, True, True, True, False, True, True]
 S3 = SamplingConfig(1.0)
 
@@ -175,8 +208,18 @@ def exact_joint(vocab, prompt, mask, sampling, suppress=()) -> dict:
 
 def _samples(vocab, prompt, mask, sampling, method, k, seed, rows=R, suppress=()):
     model, params = _model(vocab, 2, 5.0)
-    r = assd_generate(model, params, [list(prompt)] * rows, [list(mask)] * rows, method=method,
-                      k=k, sampling=sampling, seed=seed, bucket=8, suppress=suppress)
+    r = assd_generate(
+        model,
+        params,
+        [list(prompt)] * rows,
+        [list(mask)] * rows,
+        method=method,
+        k=k,
+        sampling=sampling,
+        seed=seed,
+        bucket=8,
+        suppress=suppress,
+    )
     return np.stack(r.infilled), r.stats
 
 
@@ -190,8 +233,9 @@ def test_distribution_equals_sequential_joint_vocab5(method):
     assert 0.05 < st.acceptance_rate < 0.98 and (st.target_nfe <= 3).all()
 
 
-@pytest.mark.parametrize("method,k", [("assd-fused", 2), ("assd-fused", 4),
-                                      ("assd-fused-ngram", 3)])
+@pytest.mark.parametrize(
+    "method,k", [("assd-fused", 2), ("assd-fused", 4), ("assd-fused-ngram", 3)]
+)
 def test_distribution_equals_sequential_joint_five_masked(method, k):
     """5 masked positions, vocab 3, T = 1: 10^4 samples vs the exact joint (243 outcomes), with
     calls that accept 1..k drafts (so drafts of groups j >= 1 are verified)."""
@@ -200,7 +244,7 @@ def test_distribution_equals_sequential_joint_five_masked(method, k):
     chk = check_distribution(x, joint)
     assert chk.passed, chk.why
     hist = st.accept_hist.sum(0)
-    assert hist[2:].sum() > 0.05 * hist.sum(), hist      # multi-token calls happened
+    assert hist[2:].sum() > 0.05 * hist.sum(), hist  # multi-token calls happened
     assert st.target_nfe.mean() < 4.5
 
 
@@ -219,7 +263,7 @@ def _leaky_fused_queries(cfg, inp, decoded):
     Still exact: a proposal may depend on anything drawn before the verification's uniforms, as
     long as its q is the distribution it was drawn from (module docstring's argument)."""
     pos, cond = _real_fused_queries(cfg, inp, decoded)
-    return pos, cond.at[:, cfg.draft_slots + 1:].add(1)
+    return pos, cond.at[:, cfg.draft_slots + 1 :].add(1)
 
 
 def _draw_raw(cfg, key, logits):
@@ -262,8 +306,9 @@ def fused_variant_checks(method):
     variants = tuple(m for m in MUTANTS + EQUIVALENT if not m.needs_raw)
     with inject_assd(variants, rows_per=R):
         x, _ = _samples(V3, PROMPT3, MASK3, S3, method, 3, seed=12, rows=R * len(variants))
-    return {m.name: check_distribution(x[j * R:(j + 1) * R], joint)
-            for j, m in enumerate(variants)}, variants
+    return {
+        m.name: check_distribution(x[j * R : (j + 1) * R], joint) for j, m in enumerate(variants)
+    }, variants
 
 
 # the fused loop's draft slots past L hold no sample of their q (zeros on the first call,
@@ -291,9 +336,11 @@ ALL = ("sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram")
 
 
 # k = 1 and a longer k for the fused loops, whose groups depend on k (k = 1 in `make test-all`)
-_CACHE_CASES = [pytest.param(m, k, marks=pytest.mark.slow if "fused" in m and k == 1 else ())
-                for m in ALL for k in ((1,) if m == "sequential" else
-                                       (1, 4) if "fused" in m else (4,))]
+_CACHE_CASES = [
+    pytest.param(m, k, marks=pytest.mark.slow if "fused" in m and k == 1 else ())
+    for m in ALL
+    for k in ((1,) if m == "sequential" else (1, 4) if "fused" in m else (4,))
+]
 
 
 @pytest.mark.parametrize("method,k", _CACHE_CASES)
@@ -319,15 +366,28 @@ def test_content_cache_unknown_name():
         assd_generate(model, params, toks, masks, cache="kv")
 
 
-@pytest.mark.parametrize("method,task", [("assd", "v5"), ("assd-ngram", "v5"),
-                                         ("assd-fused", "five")])
+@pytest.mark.parametrize(
+    "method,task", [("assd", "v5"), ("assd-ngram", "v5"), ("assd-fused", "five")]
+)
 def test_content_cache_distribution(method, task):
     """Sampled outputs with the content cache match the exact sequential joint (10^4 rows)."""
     model, params = _model(*((5, 2, 5.0) if task == "v5" else (V3, 2, 5.0)))
-    prompt, mask, s, joint = ((PROMPT5, MASK5, S5, exact_sequential_joint()) if task == "v5" else
-                              (PROMPT3, MASK3, S3,
-                               exact_joint(V3, tuple(PROMPT3), tuple(MASK3), S3)))
-    r = assd_generate(model, params, [list(prompt)] * R, [list(mask)] * R, method=method, k=3,
-                      sampling=s, seed=13, bucket=8, cache="content")
+    prompt, mask, s, joint = (
+        (PROMPT5, MASK5, S5, exact_sequential_joint())
+        if task == "v5"
+        else (PROMPT3, MASK3, S3, exact_joint(V3, tuple(PROMPT3), tuple(MASK3), S3))
+    )
+    r = assd_generate(
+        model,
+        params,
+        [list(prompt)] * R,
+        [list(mask)] * R,
+        method=method,
+        k=3,
+        sampling=s,
+        seed=13,
+        bucket=8,
+        cache="content",
+    )
     chk = check_distribution(np.stack(r.infilled), joint)
     assert chk.passed, chk.why

@@ -11,8 +11,14 @@ import pytest
 
 from jaxspec.bench import answers as ans
 from jaxspec.bench.common import BenchError, BenchPrompt
-from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
-                          spiffy_generate, ssd_generate)
+from jaxspec.dllm import (
+    DiffusionDecodeConfig,
+    SpiffyConfig,
+    SSDConfig,
+    diffusion_generate,
+    spiffy_generate,
+    ssd_generate,
+)
 from jaxspec.dllm.spiffy import DraftGraph
 from jaxspec.eval.quality import answer_flags, answer_quality
 from jaxspec.testing.tiny import tiny_diffusion_model
@@ -42,17 +48,23 @@ def _eos_choices(tokens: np.ndarray) -> list[tuple[int, int]]:
     return [(int(t), int(np.flatnonzero(tokens == t)[0]) + 1) for t in np.unique(tokens)]
 
 
-@pytest.mark.parametrize("model,kw", [(LLADA, {}), (LLADA, {"cache": "dual"}),
-                                      (DREAM, {"cache": "dual"}),
-                                      (LLADA, {"cfg_scale": 1.0})],
-                         ids=["llada-none", "llada-dual", "dream-dual", "llada-cfg"])
+@pytest.mark.parametrize(
+    "model,kw",
+    [
+        (LLADA, {}),
+        (LLADA, {"cache": "dual"}),
+        (DREAM, {"cache": "dual"}),
+        (LLADA, {"cfg_scale": 1.0}),
+    ],
+    ids=["llada-none", "llada-dual", "dream-dual", "llada-cfg"],
+)
 def test_stepwise_answer_nfe_is_the_step_that_completes_the_answer(model, kw):
     """One token per step: the answer NFE is the number of steps until every answer position
     (through the EOS) is committed, times the forwards per step (2 with CFG)."""
     m, p = model
     res = diffusion_generate(m, p, [PROMPT], DiffusionDecodeConfig(G, L, G, **kw))
     ts, toks = res.transfer_step[0], res.full_tokens[0]
-    assert sorted(ts.tolist()) == list(range(G))          # one token per step
+    assert sorted(ts.tolist()) == list(range(G))  # one token per step
     per_step = 2 if kw.get("cfg_scale") else 1
     seen = set()
     for eos, n in _eos_choices(toks):
@@ -61,8 +73,8 @@ def test_stepwise_answer_nfe_is_the_step_that_completes_the_answer(model, kw):
         assert a.nfe == per_step * _complete_after(ts, n)
         assert a.seconds == pytest.approx(res.run_s * a.nfe / int(res.stats.target_nfe[0]))
         seen.add(a.nfe)
-    assert len(seen) > 1                                   # the EOS choice matters
-    a = ans.diffusion_answer(res, [])                      # no EOS: the whole budget
+    assert len(seen) > 1  # the EOS choice matters
+    a = ans.diffusion_answer(res, [])  # no EOS: the whole budget
     assert a.length == G and a.nfe == int(res.stats.target_nfe[0])
 
 
@@ -72,7 +84,7 @@ def test_threshold_answer_nfe_counts_steps_not_positions():
     m, p = LLADA
     res = diffusion_generate(m, p, [PROMPT], DiffusionDecodeConfig(G, L, G, threshold=0.3))
     ts, toks = res.transfer_step[0], res.full_tokens[0]
-    assert int(res.stats.steps[0]) < G                     # parallel: fewer steps than positions
+    assert int(res.stats.steps[0]) < G  # parallel: fewer steps than positions
     for eos, n in _eos_choices(toks):
         assert ans.diffusion_answer(res, [eos]).nfe == _complete_after(ts, n)
 
@@ -83,15 +95,17 @@ def test_speculative_answer_nfe_from_the_per_forward_record():
     forward after which the answer's last reference step was taken (replayed here forward by
     forward); never more than the reference's, and the whole run without an EOS."""
     m, p = DREAM
-    d = DiffusionDecodeConfig(G, L, G, cache="dual")      # the papers' setting
+    d = DiffusionDecodeConfig(G, L, G, cache="dual")  # the papers' setting
     ref = diffusion_generate(m, p, [PROMPT], d)
-    for res in (ssd_generate(m, p, [PROMPT], SSDConfig(d, 3, "chain")),
-                spiffy_generate(m, p, [PROMPT], SpiffyConfig(d, GRAPH))):
+    for res in (
+        ssd_generate(m, p, [PROMPT], SSDConfig(d, 3, "chain")),
+        spiffy_generate(m, p, [PROMPT], SpiffyConfig(d, GRAPH)),
+    ):
         nfe = int(res.stats.target_nfe[0])
         log = res.steps_by_nfe[0][:nfe]
         assert log[-1] == G and (np.diff(np.r_[0, log]) >= 1).all()
         assert (res.steps_by_nfe[0][nfe:] == 0).all()
-        if res.stats.method == "ssd":   # accept_hist[j] = forwards that took j steps
+        if res.stats.method == "ssd":  # accept_hist[j] = forwards that took j steps
             hist = np.bincount(np.diff(np.r_[0, log]), minlength=res.stats.accept_hist.shape[1])
             np.testing.assert_array_equal(hist, res.stats.accept_hist[0])
         np.testing.assert_array_equal(res.full_tokens, ref.full_tokens)
@@ -135,25 +149,27 @@ def test_causal_answer_and_row_figures():
     sums for tokens/NFE, medians for tokens/s, reference ratios for the speedups."""
     a = ans.causal_answer([4, 5, 6, 2], [2], nfe=3, seconds=0.5, draft_nfe=6)
     assert (a.length, a.answer, a.nfe, a.draft_nfe) == (4, (4, 5, 6), 3, 6)
-    b = ans.causal_answer([4, 5], [2], nfe=2, seconds=0.25)   # budget reached, no EOS
+    b = ans.causal_answer([4, 5], [2], nfe=2, seconds=0.25)  # budget reached, no EOS
     assert (b.length, b.answer) == (2, (4, 5))
     fig = ans.answer_figures([a, b], draft=True)
     assert fig["answer_tokens_per_nfe"] == pytest.approx(6 / 5)
     assert fig["answer_tokens_per_draft_nfe"] == pytest.approx(1.0)
-    assert fig["answer_tokens_per_s"] == pytest.approx(8.0)   # median of 8 and 8
-    slow = [ans.causal_answer([4, 5, 6, 2], [2], nfe=6, seconds=1.0),
-            ans.causal_answer([4, 5], [2], nfe=4, seconds=1.0)]
+    assert fig["answer_tokens_per_s"] == pytest.approx(8.0)  # median of 8 and 8
+    slow = [
+        ans.causal_answer([4, 5, 6, 2], [2], nfe=6, seconds=1.0),
+        ans.causal_answer([4, 5], [2], nfe=4, seconds=1.0),
+    ]
     sp = ans.answer_speedups([a, b], slow)
     assert sp["answer_nfe_speedup"] == pytest.approx(2.0)
     assert sp["answer_step_reduction"] == pytest.approx(0.5)
-    assert sp["answer_speedup"] == pytest.approx(3.0)          # median of 2 and 4
+    assert sp["answer_speedup"] == pytest.approx(3.0)  # median of 2 and 4
 
 
 # ----------------------------------------------------------------------------- the flag
 
-CLEAN = list(range(3, 43))                 # 40 distinct tokens
-LOOP = [5, 6, 7, 8] * 12                   # a 4-token loop
-SHORT = [9, 10, 11, 12, 13]                # an answer of 5 tokens, then EOS padding
+CLEAN = list(range(3, 43))  # 40 distinct tokens
+LOOP = [5, 6, 7, 8] * 12  # a 4-token loop
+SHORT = [9, 10, 11, 12, 13]  # an answer of 5 tokens, then EOS padding
 
 
 def test_flag_fires_for_eos_heavy_and_looping_answers_only():
@@ -161,12 +177,13 @@ def test_flag_fires_for_eos_heavy_and_looping_answers_only():
     assert answer_quality([LOOP, LOOP])["answer_flags"] == ["loop"]
     assert answer_quality([SHORT, SHORT, CLEAN])["answer_flags"] == ["EOS"]
     assert answer_quality([SHORT[:2] * 3] * 3)["answer_flags"] == ["EOS", "loop"]
-    assert answer_quality([[], []])["answer_flags"] == ["EOS"]    # empty: no loop figures
+    assert answer_quality([[], []])["answer_flags"] == ["EOS"]  # empty: no loop figures
     assert answer_flags(40, 0.21, 0.9) == ["loop"] and answer_flags(40, 0.1, 0.39) == ["loop"]
     assert answer_flags(31.5, 0.0, 1.0) == ["EOS"] and answer_flags(32, 0.2, 0.4) == []
     eos = 2
-    runs = [ans.causal_answer(t + [eos], [eos], nfe=len(t) + 1, seconds=1.0)
-            for t in (CLEAN, CLEAN)]
+    runs = [
+        ans.causal_answer(t + [eos], [eos], nfe=len(t) + 1, seconds=1.0) for t in (CLEAN, CLEAN)
+    ]
     assert ans.row_quality(runs)["answer_flag"] is None
     runs = [ans.causal_answer(LOOP + [eos], [eos], nfe=1, seconds=1.0)] * 2
     assert ans.row_quality(runs)["answer_flag"] == "loop"
@@ -176,10 +193,20 @@ def _ssd_result(flag_rule=None):
     from jaxspec.bench.ssd import run_ssd_suite
 
     m, p = DREAM
-    return run_ssd_suite(m, p, [BenchPrompt("t/0", PROMPT)], model_name="tiny-dream",
-                         gen_length=G, block_length=L, rows=[(3, "chain", "dual")],
-                         eos_ids=(0,), progress=False, limit_analysis=False, prompt_set="long",
-                         flag_rule=flag_rule)
+    return run_ssd_suite(
+        m,
+        p,
+        [BenchPrompt("t/0", PROMPT)],
+        model_name="tiny-dream",
+        gen_length=G,
+        block_length=L,
+        rows=[(3, "chain", "dual")],
+        eos_ids=(0,),
+        progress=False,
+        limit_analysis=False,
+        prompt_set="long",
+        flag_rule=flag_rule,
+    )
 
 
 def test_ssd_report_flags_rows_and_leads_with_answer_columns():
@@ -198,49 +225,117 @@ def test_ssd_report_flags_rows_and_leads_with_answer_columns():
     assert ans.FLAG_MARK in text
     header = next(line for line in text.splitlines() if line.startswith("| method"))
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert cols[:12] == ["method", "N", "tree", "nodes", "cache", "set", "answer len",
-                         "answer NFE", "answer tok/NFE", "answer tok/s", "answer Step↓",
-                         "answer NFE speedup"]
-    assert cols.index("answer wall speedup") < cols.index("flag") < cols.index("NFE") \
-        < cols.index("Step↓") < cols.index("wall speedup")
+    assert cols[:12] == [
+        "method",
+        "N",
+        "tree",
+        "nodes",
+        "cache",
+        "set",
+        "answer len",
+        "answer NFE",
+        "answer tok/NFE",
+        "answer tok/s",
+        "answer Step↓",
+        "answer NFE speedup",
+    ]
+    assert (
+        cols.index("answer wall speedup")
+        < cols.index("flag")
+        < cols.index("NFE")
+        < cols.index("Step↓")
+        < cols.index("wall speedup")
+    )
     ssd = next(r for r in res["rows"] if r["method"] == "ssd")
     ref = next(r for r in res["rows"] if r["method"] == "stepwise")
     assert ssd["answer_nfe"] <= ref["answer_nfe"] and ssd["identical_to_reference"]
-    assert ssd["answer_step_reduction"] == pytest.approx(1 - ssd["answer_nfe"] / ref["answer_nfe"],
-                                                         abs=1e-3)
-    quiet = _ssd_result({"median_answer_min": 0, "repeated_ngram_rate_max": 1.0,
-                         "distinct_token_share_min": 0.0})
+    assert ssd["answer_step_reduction"] == pytest.approx(
+        1 - ssd["answer_nfe"] / ref["answer_nfe"], abs=1e-3
+    )
+    quiet = _ssd_result(
+        {"median_answer_min": 0, "repeated_ngram_rate_max": 1.0, "distinct_token_share_min": 0.0}
+    )
     text = markdown_report(quiet)
     assert all(r["answer_flag"] is None for r in quiet["rows"])
     assert "Bad input" not in text and ans.FLAG_MARK not in text
 
 
 def test_dllm_and_spiffy_reports_lead_with_answer_columns():
-    from jaxspec.bench.dllm import markdown_report as dllm_report, run_dllm_suite
-    from jaxspec.bench.spiffy import markdown_report as spiffy_report, run_spiffy_suite
+    from jaxspec.bench.dllm import markdown_report as dllm_report
+    from jaxspec.bench.dllm import run_dllm_suite
+    from jaxspec.bench.spiffy import markdown_report as spiffy_report
+    from jaxspec.bench.spiffy import run_spiffy_suite
 
     m, p = LLADA
     prompts = [BenchPrompt("t/0", PROMPT)]
-    res = run_dllm_suite(m, p, prompts, model_name="tiny", gen_length=G, block_length=L,
-                         methods=["stepwise", "threshold-0.3"], caches=["none"], eos_ids=(0,),
-                         progress=False, overhead_reps=0, prompt_set="chat")
-    cols = [c.strip() for c in next(line for line in dllm_report(res).splitlines()
-                                    if line.startswith("| method")).strip("|").split("|")]
-    assert cols[:10] == ["method", "cache", "set", "prompts", "answer len", "answer NFE",
-                         "answer tok/NFE", "answer tok/s", "answer vs stepwise",
-                         "answer vs none/stepwise"]
+    res = run_dllm_suite(
+        m,
+        p,
+        prompts,
+        model_name="tiny",
+        gen_length=G,
+        block_length=L,
+        methods=["stepwise", "threshold-0.3"],
+        caches=["none"],
+        eos_ids=(0,),
+        progress=False,
+        overhead_reps=0,
+        prompt_set="chat",
+    )
+    cols = [
+        c.strip()
+        for c in next(line for line in dllm_report(res).splitlines() if line.startswith("| method"))
+        .strip("|")
+        .split("|")
+    ]
+    assert cols[:10] == [
+        "method",
+        "cache",
+        "set",
+        "prompts",
+        "answer len",
+        "answer NFE",
+        "answer tok/NFE",
+        "answer tok/s",
+        "answer vs stepwise",
+        "answer vs none/stepwise",
+    ]
     assert cols.index("flag") < cols.index("NFE") < cols.index("vs stepwise")
     step = next(r for r in res["rows"] if r["method"] == "stepwise")
     assert step["answer_speedup_vs_stepwise"] == 1.0 and step["prompt_set"] == "chat"
     assert res["per_prompt"][0]["runs"]["stepwise/none"]["answer_nfe"] == step["answer_nfe"]
 
-    sp = run_spiffy_suite(m, p, prompts, model_name="tiny", graphs={4: GRAPH}, gen_length=G,
-                          block_length=L, rows=[(4, "stepwise")], eos_ids=(0,), progress=False,
-                          prompt_set="long")
-    cols = [c.strip() for c in next(line for line in spiffy_report(sp).splitlines()
-                                    if line.startswith("| method")).strip("|").split("|")]
-    assert cols[:8] == ["method", "unmasking", "D", "set", "answer len", "answer NFE",
-                        "answer tok/NFE", "answer tok/s"]
+    sp = run_spiffy_suite(
+        m,
+        p,
+        prompts,
+        model_name="tiny",
+        graphs={4: GRAPH},
+        gen_length=G,
+        block_length=L,
+        rows=[(4, "stepwise")],
+        eos_ids=(0,),
+        progress=False,
+        prompt_set="long",
+    )
+    cols = [
+        c.strip()
+        for c in next(
+            line for line in spiffy_report(sp).splitlines() if line.startswith("| method")
+        )
+        .strip("|")
+        .split("|")
+    ]
+    assert cols[:8] == [
+        "method",
+        "unmasking",
+        "D",
+        "set",
+        "answer len",
+        "answer NFE",
+        "answer tok/NFE",
+        "answer tok/s",
+    ]
     assert cols.index("answer total") < cols.index("flag") < cols.index("NFE speedup")
     row = next(r for r in sp["rows"] if r["method"] == "spiffy")
     assert row["answer_total_speedup"] == pytest.approx(row["answer_nfe_speedup"], abs=1e-3)
@@ -248,11 +343,12 @@ def test_dllm_and_spiffy_reports_lead_with_answer_columns():
 
 # ----------------------------------------------------------------------------- prompt sets
 
+
 def test_long_prompt_set_alternates_humaneval_and_heldout_functions():
+    from pathlib import Path
+
     from jaxspec.eval.datasets import heldout_modules, prompt_set_texts
     from jaxspec.training.data import is_heldout
-
-    from pathlib import Path
 
     texts = prompt_set_texts("long", None, 4, start=1)
     ids = [t for t, _ in texts]
@@ -261,12 +357,13 @@ def test_long_prompt_set_alternates_humaneval_and_heldout_functions():
     hold = heldout_modules()
     for tid, text in texts:
         if tid.startswith("stdlib/"):
-            path = tid[len("stdlib/"):].split(":")[0]
+            path = tid[len("stdlib/") :].split(":")[0]
             assert is_heldout(Path(path), hold)
             assert "def " + tid.split(":")[1] in text and text.rstrip().endswith(('"""', "'''"))
         else:
-            assert "<|im_start|>" not in text and text.lstrip().startswith(("def", "from",
-                                                                          "import"))
+            assert "<|im_start|>" not in text and text.lstrip().startswith(
+                ("def", "from", "import")
+            )
     with pytest.raises(ValueError, match="unknown prompt set"):
         prompt_set_texts("longest", None, 2)
     with pytest.raises(ValueError, match="limit >= 1"):
@@ -282,8 +379,13 @@ def test_chat_prompt_set_uses_the_chat_template(monkeypatch):
         def apply_chat_template(self, msgs, add_generation_prompt):
             return f"<user>{msgs[0]['content']}</user><assistant>"
 
-    monkeypatch.setattr(ds, "mtbench_questions", lambda: [
-        {"question_id": 81 + i, "turns": [f"question {i}", "follow-up"]} for i in range(3)])
+    monkeypatch.setattr(
+        ds,
+        "mtbench_questions",
+        lambda: [
+            {"question_id": 81 + i, "turns": [f"question {i}", "follow-up"]} for i in range(3)
+        ],
+    )
     texts = ds.prompt_set_texts("chat", Tok(), 3)
     assert [t for t, _ in texts] == ["HumanEval/0", "mt-bench/81", "HumanEval/1"]
     assert all(x.startswith("<user>") for _, x in texts) and "question 0" in texts[1][1]

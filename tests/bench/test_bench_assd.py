@@ -45,32 +45,52 @@ def test_suite_end_to_end(tmp_path):
     seqs = [list(rng.integers(32, 120, 40)) for _ in range(4)]
     judged = []
 
-    def judge(xs):                       # stand-in for SmolLM2: per-sequence unigram "PPL"
+    def judge(xs):  # stand-in for SmolLM2: per-sequence unigram "PPL"
         judged.append(len(xs))
         return [float(2 ** shannon_entropy(x)) for x in xs]
 
-    task = LineTask(task_id="toy/L0", problem="toy", line=0, prefix="def f(x):\n", indent="    ",
-                    target="return x", suffix="", test="def check(f):\n    assert f(2) == 2\n",
-                    entry_point="f")
-    res = run_assd_suite(model, params, seqs, model_name="tiny", judge=judge, mask_rate=0.9, k=4,
-                         k_sweep=(2, 4), temperature=1.0, infill_tasks=[task],
-                         tokenizer=CharTok(), infill_temperature=0.0, progress=False,
-                         config={"test": True})
+    task = LineTask(
+        task_id="toy/L0",
+        problem="toy",
+        line=0,
+        prefix="def f(x):\n",
+        indent="    ",
+        target="return x",
+        suffix="",
+        test="def check(f):\n    assert f(2) == 2\n",
+        entry_point="f",
+    )
+    res = run_assd_suite(
+        model,
+        params,
+        seqs,
+        model_name="tiny",
+        judge=judge,
+        mask_rate=0.9,
+        k=4,
+        k_sweep=(2, 4),
+        temperature=1.0,
+        infill_tasks=[task],
+        tokenizer=CharTok(),
+        infill_temperature=0.0,
+        progress=False,
+        config={"test": True},
+    )
     rows = {r["method"]: r for r in res["rows"]}
     assert list(rows) == ["sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram"]
     assert rows["sequential"]["nfe_per_token"] == 1.0 and rows["sequential"]["ppl_p_value"] is None
     assert rows["assd"]["nfe_per_token"] < 1.0 and rows["assd-ngram"]["nfe_per_token"] <= 1.0
     assert rows["assd-fused"]["nfe_per_token"] < 1.0
     assert rows["assd-ngram"]["draft_calls"] > 0 and rows["assd"]["draft_calls"] == 0
-    assert rows["assd-fused"]["query_tokens_per_call"] == 25     # (k + 1)^2 at k = 4
+    assert rows["assd-fused"]["query_tokens_per_call"] == 25  # (k + 1)^2 at k = 4
     for r in res["rows"][1:]:
         assert 0.0 <= r["ppl_p_value"] <= 1.0 and 0.0 <= r["entropy_p_value"] <= 1.0
         assert r["gen_ppl"] > 1 and r["entropy"] > 0 and r["masked_tokens"] == 36
-    assert judged == [4] * 6                        # 5 main rows + the k=2 sweep row
+    assert judged == [4] * 6  # 5 main rows + the k=2 sweep row
     assert [s["k"] for s in res["k_sweep"]] == [2, 4]
-    assert res["k_sweep"][0]["nfe_per_token"] == 1.0   # k = 2 never saves forwards (Table 5)
+    assert res["k_sweep"][0]["nfe_per_token"] == 1.0  # k = 2 never saves forwards (Table 5)
     inf = {r["method"]: r for r in res["infill"]["rows"]}
-    assert inf["assd"]["identical_fraction"] == 1.0       # greedy: same completion
+    assert inf["assd"]["identical_fraction"] == 1.0  # greedy: same completion
     assert inf["sequential"]["nfe"] == 8 and inf["assd"]["nfe"] <= 8
     assert res["infill"]["per_task"][0]["sequential"]["status"] in ("passed", "failed")
     assert len(res["per_sequence"]) == 4
@@ -101,13 +121,24 @@ def test_every_row_and_sequence_samples_with_its_own_seed():
 
     suite.assd_generate = recording
     try:
-        run_assd_suite(XLNetLM(cfg), params, [seq] * 4, model_name="tiny", mask_rate=0.9, k=3,
-                       k_sweep=(), temperature=1.0, methods=("assd",), mask_seed=0, seed=5,
-                       progress=False)
+        run_assd_suite(
+            XLNetLM(cfg),
+            params,
+            [seq] * 4,
+            model_name="tiny",
+            mask_rate=0.9,
+            k=3,
+            k_sweep=(),
+            temperature=1.0,
+            methods=("assd",),
+            mask_seed=0,
+            seed=5,
+            progress=False,
+        )
     finally:
         suite.assd_generate = real
-    assert len({s for _, s, _ in outputs}) == len(outputs) == 8      # 2 rows x 4 sequences
+    assert len({s for _, s, _ in outputs}) == len(outputs) == 8  # 2 rows x 4 sequences
     for method in ("sequential", "assd"):
         samples = [o for m, _, o in outputs if m == method]
-        assert len({tuple(o) for o in samples}) > 1, method          # not one draw repeated
+        assert len({tuple(o) for o in samples}) > 1, method  # not one draw repeated
     assert suite.row_seed(5, 1, 2) == suite.row_seed(5, 1, 2) != suite.row_seed(5, 2, 1)

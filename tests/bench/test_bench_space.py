@@ -18,10 +18,25 @@ def test_space_suite_on_tiny_model(tmp_path, monkeypatch):
     tok = CharTok()
     tok.eos_token_ids, tok.pad_token_id = (), 0
     texts = ["def add(a, b):\n    return a + b\n", "for i in range(3):\n    print(i)\n"]
-    monkeypatch.setattr(space, "suite_prompts", lambda tok, sets, limit: {
-        "humaneval": [BenchPrompt(f"t/{i}", tok.encode(t)) for i, t in enumerate(texts)]})
-    res = run_space_suite((model, params), base, tok, sets=("humaneval",), limit=2, k=3,
-                          ks=(2,), batch_sizes=(2,), max_new_tokens=12, progress=False)
+    monkeypatch.setattr(
+        space,
+        "suite_prompts",
+        lambda tok, sets, limit: {
+            "humaneval": [BenchPrompt(f"t/{i}", tok.encode(t)) for i, t in enumerate(texts)]
+        },
+    )
+    res = run_space_suite(
+        (model, params),
+        base,
+        tok,
+        sets=("humaneval",),
+        limit=2,
+        k=3,
+        ks=(2,),
+        batch_sizes=(2,),
+        max_new_tokens=12,
+        progress=False,
+    )
     rows = {r["method"]: r for r in res["sets"]["humaneval"]["rows"]}
     assert set(rows) == {"ar", "space", "ngram", "ar-base"}
     assert rows["space"]["identical_to_reference"] and rows["ngram"]["identical_to_reference"]

@@ -9,19 +9,48 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.bench.common import (DEFAULT_SYSTEMS, SYSTEMS, BenchError, BenchPrompt, JaxspecSystem, TransformersSystem,
-                           cut_output, load_transformers_model, matvec_bandwidth, n_params,
-                           parse_systems, run_ar_suite, streamed_params, write_results)
+from jaxspec.bench.common import (
+    DEFAULT_SYSTEMS,
+    SYSTEMS,
+    BenchError,
+    BenchPrompt,
+    JaxspecSystem,
+    TransformersSystem,
+    cut_output,
+    load_transformers_model,
+    matvec_bandwidth,
+    n_params,
+    parse_systems,
+    run_ar_suite,
+    streamed_params,
+    write_results,
+)
 from models.llama.modeling import CausalLM
 from models.llama.params import load_hf_dir
 from models.tokenizer import load_tokenizer
 
-ROW_KEYS = {"system", "method", "model", "prompts", "new_tokens", "median_tokens_per_s",
-            "mean_tokens_per_s", "nfe_per_token", "mat", "acceptance_rate", "speedup_vs_baseline",
-            "identical_to_reference", "compile_s", "distinct_token_share", "repeated_ngram_rate",
-            "longest_run"}
-TEXTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
-         "for i in range(10):\n    print(i * 2)\nfor i in range(10):\n"]
+ROW_KEYS = {
+    "system",
+    "method",
+    "model",
+    "prompts",
+    "new_tokens",
+    "median_tokens_per_s",
+    "mean_tokens_per_s",
+    "nfe_per_token",
+    "mat",
+    "acceptance_rate",
+    "speedup_vs_baseline",
+    "identical_to_reference",
+    "compile_s",
+    "distinct_token_share",
+    "repeated_ngram_rate",
+    "longest_run",
+}
+TEXTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "for i in range(10):\n    print(i * 2)\nfor i in range(10):\n",
+]
 
 
 def test_paired_ceiling_share_is_each_prompts_rate_over_its_own_ceiling():
@@ -30,9 +59,9 @@ def test_paired_ceiling_share_is_each_prompts_rate_over_its_own_ceiling():
     outs = [RunOutput([1] * 11, 1.1, 11), RunOutput([1] * 21, 2.1, 21), RunOutput([1], 0.5, 1)]
     ttft = [0.1, 0.1, 0.4]  # decode rates 10 and 10 tok/s; undefined for the one-token output
     # a 1e9-byte product in 0.5 s and 0.25 s over a 1e8-byte model: ceilings 20 and 40 tok/s
-    assert _paired_share(outs, ttft, [0.5, 0.25, 0.1], 10 ** 9, 10 ** 8) == 0.375
-    assert _paired_share(outs, None, [0.5, 0.25, 0.1], 10 ** 9, 10 ** 8) is None
-    assert _paired_share(outs, ttft, [0.5], 10 ** 9, 10 ** 8) is None  # not timed per prompt
+    assert _paired_share(outs, ttft, [0.5, 0.25, 0.1], 10**9, 10**8) == 0.375
+    assert _paired_share(outs, None, [0.5, 0.25, 0.1], 10**9, 10**8) is None
+    assert _paired_share(outs, ttft, [0.5], 10**9, 10**8) is None  # not timed per prompt
 
 
 def test_ab_protocol_alternates_the_arms_and_pairs_the_ratios(monkeypatch):
@@ -49,14 +78,24 @@ def test_ab_protocol_alternates_the_arms_and_pairs_the_ratios(monkeypatch):
             next(clock)
 
     secs, ratios = C.ab_seconds(run, ("a", "b"), ["p", "q"], reps=2)
-    assert calls == [("a", "p"), ("b", "p"), ("b", "p"), ("a", "p"),
-                     ("b", "q"), ("a", "q"), ("a", "q"), ("b", "q")]
+    assert calls == [
+        ("a", "p"),
+        ("b", "p"),
+        ("b", "p"),
+        ("a", "p"),
+        ("b", "q"),
+        ("a", "q"),
+        ("a", "q"),
+        ("b", "q"),
+    ]
     assert secs == {"a": [2, 2, 2, 2], "b": [1, 1, 1, 1]} and ratios == [2.0, 2.0]
     lines = C.ab_table(secs, ratios, "arm", lambda a: a.upper())
     assert lines[2] == "| A | 2.00 | 2.00 | 1.00x |" and lines[3] == "| B | 1.00 | 1.00 | 2.00x |"
     # sub-second calls (a prompt pass) keep three decimals: milliseconds
     lines = C.ab_table({"a": [0.245, 0.238], "b": [0.209]}, [1.17], "arm")
-    assert lines[2] == "| a | 0.241 | 0.238 | 1.00x |" and lines[3] == "| b | 0.209 | 0.209 | 1.17x |"
+    assert (
+        lines[2] == "| a | 0.241 | 0.238 | 1.00x |" and lines[3] == "| b | 0.209 | 0.209 | 1.17x |"
+    )
 
 
 _ARM_SCALE = {"now": 1.0}
@@ -80,8 +119,9 @@ def test_compile_arms_keeps_each_arms_program():
     def switch(arm):
         _ARM_SCALE["now"] = {"a": 2.0, "b": 3.0}[arm]
 
-    outs, programs = C.compile_arms(("a", "b"), switch,
-                                    lambda arm: float(run_compiled(jitted, (x,), {})[0][0]))
+    outs, programs = C.compile_arms(
+        ("a", "b"), switch, lambda arm: float(run_compiled(jitted, (x,), {})[0][0])
+    )
     assert outs == {"a": 2.0, "b": 3.0} and _ARM_SCALE["now"] == 3.0
     for arm, want in (("a", 2.0), ("b", 3.0), ("a", 2.0)):
         out, compile_s, _ = C.run_arm(programs, arm, run_compiled, jitted, (x,), {})
@@ -98,30 +138,48 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     eos = tuple(tok.eos_token_ids)
     common = dict(max_new_tokens=20, eos_ids=eos, pad_id=tok.pad_token_id or 0, draft_length=4)
     hf = load_transformers_model(tiny_llama.path, threads=1)
-    systems = [JaxspecSystem("ar", model, params, **common),
-               JaxspecSystem("ngram", model, params, **common),
-               JaxspecSystem("ngram-bigram", model, params, **common),
-               TransformersSystem("ar", hf, **common),
-               TransformersSystem("prompt-lookup", hf, **common),
-               JaxspecSystem("sps", model, params, **common,
-                             options={"draft_model": (CausalLM(qconfig), qparams)}),
-               TransformersSystem("assisted", hf, **common,
-                                  assistant=load_transformers_model(tiny_qwen2.path, threads=1)),
-               JaxspecSystem("ar-scan", model, params, **common),
-               JaxspecSystem("ngram-scan", model, params, **common),
-               JaxspecSystem("ngram-unrolled", model, params, **common),
-               JaxspecSystem("ngram-om", model, params, **common),
-               JaxspecSystem("ngram-gate", model, params, **common)]
-    res = run_ar_suite(systems, prompts, model_name="tiny-llama", num_params=n_params(params),
-                       config={"max_new_tokens": 20}, progress=False, bandwidth_reps=2,
-                       decode=tok.decode)
+    systems = [
+        JaxspecSystem("ar", model, params, **common),
+        JaxspecSystem("ngram", model, params, **common),
+        JaxspecSystem("ngram-bigram", model, params, **common),
+        TransformersSystem("ar", hf, **common),
+        TransformersSystem("prompt-lookup", hf, **common),
+        JaxspecSystem(
+            "sps", model, params, **common, options={"draft_model": (CausalLM(qconfig), qparams)}
+        ),
+        TransformersSystem(
+            "assisted", hf, **common, assistant=load_transformers_model(tiny_qwen2.path, threads=1)
+        ),
+        JaxspecSystem("ar-scan", model, params, **common),
+        JaxspecSystem("ngram-scan", model, params, **common),
+        JaxspecSystem("ngram-unrolled", model, params, **common),
+        JaxspecSystem("ngram-om", model, params, **common),
+        JaxspecSystem("ngram-gate", model, params, **common),
+    ]
+    res = run_ar_suite(
+        systems,
+        prompts,
+        model_name="tiny-llama",
+        num_params=n_params(params),
+        config={"max_new_tokens": 20},
+        progress=False,
+        bandwidth_reps=2,
+        decode=tok.decode,
+    )
     js, md = write_results(res, tmp_path / "ar.json")
     doc = json.loads(js.read_text())
     png = tmp_path / "ar.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "ar.png" in md.read_text()
 
-    assert {"suite", "date", "machine", "config", "rows", "per_prompt",
-            "bandwidth_bound_tokens_per_s"} <= set(doc)
+    assert {
+        "suite",
+        "date",
+        "machine",
+        "config",
+        "rows",
+        "per_prompt",
+        "bandwidth_bound_tokens_per_s",
+    } <= set(doc)
     assert doc["suite"] == "ar" and doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
     assert doc["bandwidth_bound_tokens_per_s"] > 0
     # the ceiling's product was also timed after each prompt, and paired with the decode rates
@@ -129,10 +187,15 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     assert doc["bandwidth"]["matvec_per_prompt_gb_per_s_median"] > 0
     assert "Paired with the same product" in md.read_text()
     rows = {f"{r['system']}/{r['method']}": r for r in doc["rows"]}
-    assert list(rows) == list(DEFAULT_SYSTEMS) + ["jaxspec/sps", "transformers/assisted",
-                                                  "jaxspec/ar-scan", "jaxspec/ngram-scan",
-                                                  "jaxspec/ngram-unrolled",
-                                                  "jaxspec/ngram-om", "jaxspec/ngram-gate"]
+    assert list(rows) == list(DEFAULT_SYSTEMS) + [
+        "jaxspec/sps",
+        "transformers/assisted",
+        "jaxspec/ar-scan",
+        "jaxspec/ngram-scan",
+        "jaxspec/ngram-unrolled",
+        "jaxspec/ngram-om",
+        "jaxspec/ngram-gate",
+    ]
     for name, r in rows.items():
         assert ROW_KEYS <= set(r), name
         assert r["prompts"] == 2 and r["model"] == "tiny-llama"
@@ -164,7 +227,10 @@ def test_ar_suite_on_tiny_model(tiny_llama, tiny_qwen2, tmp_path):
     # weights stay stacked and the auto gate is off (it is measured on the unrolled loop only)
     assert rows["jaxspec/ngram-gate"]["identical_to_reference"]
     assert rows["jaxspec/ngram-gate"]["verify_layout"] == "stacked"
-    assert rows["jaxspec/ngram-gate"]["gate_cost"] is None and rows["jaxspec/ar"]["verify_layout"] is None
+    assert (
+        rows["jaxspec/ngram-gate"]["gate_cost"] is None
+        and rows["jaxspec/ar"]["verify_layout"] is None
+    )
     # the repeated prompts give the drafters matches: fewer forwards than tokens
     assert rows["jaxspec/ngram"]["nfe_per_token"] < 1.0
     assert 0 <= rows["jaxspec/ngram"]["acceptance_rate"] <= 1
@@ -195,9 +261,15 @@ def test_transformers_assisted_drafts_exactly_k_tokens(tiny_llama, tiny_qwen2):
     pytest.importorskip("torch")
     tok = load_tokenizer(tiny_llama.path)
     hf = load_transformers_model(tiny_llama.path, threads=1)
-    sys_ = TransformersSystem("assisted", hf, max_new_tokens=30, eos_ids=(), pad_id=0,
-                              draft_length=3,
-                              assistant=load_transformers_model(tiny_qwen2.path, threads=1))
+    sys_ = TransformersSystem(
+        "assisted",
+        hf,
+        max_new_tokens=30,
+        eos_ids=(),
+        pad_id=0,
+        draft_length=3,
+        assistant=load_transformers_model(tiny_qwen2.path, threads=1),
+    )
     out = sys_.run(tok.encode(TEXTS[0]))
     calls = list(sys_._calls)
     assert len(out.tokens) == 30 and len(calls) >= 2
@@ -214,23 +286,32 @@ def test_helpers():
     assert cut_output([5, 6, 7, 8], [2], 3) == [5, 6, 7]
     assert parse_systems(None) == list(DEFAULT_SYSTEMS)
     assert "jaxspec/sps" in SYSTEMS and "jaxspec/sps" not in DEFAULT_SYSTEMS
-    assert parse_systems(["transformers/ar,jaxspec/ngram"]) == ["jaxspec/ar", "jaxspec/ngram",
-                                                                "transformers/ar"]
+    assert parse_systems(["transformers/ar,jaxspec/ngram"]) == [
+        "jaxspec/ar",
+        "jaxspec/ngram",
+        "transformers/ar",
+    ]
     with pytest.raises(BenchError, match="unknown system"):
         parse_systems(["jaxspec/magic"])
     with pytest.raises(BenchError, match="baseline"):
         run_ar_suite([], [BenchPrompt("x", [1])], model_name="m", progress=False)
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--suite", "nope"], "unknown suite"),
-    (["--suite", "ar", "--systems", "jaxspec/magic"], "unknown system"),
-    (["--suite", "ar", "--model", "no-such-model"], "unknown model"),
-    (["--suite", "ar", "--limit", "0"], "--limit"),
-    (["--suite", "diffuspec", "--draft-model", "smollm2-135m-instruct"], "takes masked-diffusion"),
-    (["--suite", "diffuspec", "--k-min", "40"], "--k-min <= --k-max"),
-    (["--suite", "diffuspec", "--quant", "int8"], "--quant applies"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--suite", "nope"], "unknown suite"),
+        (["--suite", "ar", "--systems", "jaxspec/magic"], "unknown system"),
+        (["--suite", "ar", "--model", "no-such-model"], "unknown model"),
+        (["--suite", "ar", "--limit", "0"], "--limit"),
+        (
+            ["--suite", "diffuspec", "--draft-model", "smollm2-135m-instruct"],
+            "takes masked-diffusion",
+        ),
+        (["--suite", "diffuspec", "--k-min", "40"], "--k-min <= --k-max"),
+        (["--suite", "diffuspec", "--quant", "int8"], "--quant applies"),
+    ],
+)
 def test_cli_errors(argv, msg, capsys):
     from scripts.benchmark import main
 
@@ -241,23 +322,35 @@ def test_cli_errors(argv, msg, capsys):
 
 # ----------------------------------------------------------------------------- suite dllm
 
+
 def test_dllm_suite_on_tiny_model(tmp_path):
     """Suite ``dllm`` on a random tiny LLaDA model: every (method, cache) row, stepwise as
     each cache policy's reference, NFE bookkeeping, loop overhead, the report and chart."""
-    from jaxspec.bench.dllm import run_dllm_suite, write_results as write_dllm
+    from jaxspec.bench.dllm import run_dllm_suite
+    from jaxspec.bench.dllm import write_results as write_dllm
     from tests.dllm.test_dllm import MODELS, PROMPTS
 
     model, params = MODELS["llada"]
     prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
-    res = run_dllm_suite(model, params, prompts, model_name="tiny-llada", gen_length=8,
-                         block_length=4, methods=["fixed-2", "threshold-0.5"],
-                         caches=["none", "dual"], progress=False, overhead_reps=1)
+    res = run_dllm_suite(
+        model,
+        params,
+        prompts,
+        model_name="tiny-llada",
+        gen_length=8,
+        block_length=4,
+        methods=["fixed-2", "threshold-0.5"],
+        caches=["none", "dual"],
+        progress=False,
+        overhead_reps=1,
+    )
     js, md = write_dllm(res, tmp_path / "dllm.json")
     doc = json.loads(js.read_text())
     assert (tmp_path / "dllm.png").read_bytes()[:4] == b"\x89PNG" and "dllm.png" in md.read_text()
     rows = {(r["method"], r["cache"]): r for r in doc["rows"]}
-    assert list(rows) == [(m, c) for c in ("none", "dual")
-                          for m in ("stepwise", "fixed-2", "threshold-0.5")]
+    assert list(rows) == [
+        (m, c) for c in ("none", "dual") for m in ("stepwise", "fixed-2", "threshold-0.5")
+    ]
     for (m, c), r in rows.items():
         assert r["prompts"] == 2 and r["tokens_per_s"] > 0 and r["compile_s"] >= 0
         assert r["nfe"] == {"stepwise": 8, "fixed-2": 4}.get(m, r["nfe"])
@@ -268,7 +361,9 @@ def test_dllm_suite_on_tiny_model(tmp_path):
         else:
             assert r["loop_overhead"] is None
     # the dual cache pushes fewer query tokens through the model than no cache
-    assert rows[("stepwise", "dual")]["forward_tokens"] < rows[("stepwise", "none")]["forward_tokens"]
+    assert (
+        rows[("stepwise", "dual")]["forward_tokens"] < rows[("stepwise", "none")]["forward_tokens"]
+    )
     assert rows[("stepwise", "none")]["forward_tokens"] == 8 * (16 + 8)
     assert set(doc["per_prompt"][0]["runs"]) == {f"{m}/{c}" for m, c in rows}
     assert set(doc["per_prompt"][0]["forward_seconds"]["dual"]) == {"full", "window_4"}
@@ -296,9 +391,17 @@ def test_report_header_names_the_accelerator():
     """Every suite's page names the accelerator JAX ran on, and only the peer suites torch."""
     from jaxspec.bench.common import report_header
 
-    res = {"date": "d", "machine": {"cpu": "Xeon", "cores": 16, "jax": "0.11.2",
-                                    "accelerator": "NVIDIA H100 80GB HBM3", "torch": "2.11"},
-           "config": {"dtype": "bfloat16"}}
+    res = {
+        "date": "d",
+        "machine": {
+            "cpu": "Xeon",
+            "cores": 16,
+            "jax": "0.11.2",
+            "accelerator": "NVIDIA H100 80GB HBM3",
+            "torch": "2.11",
+        },
+        "config": {"dtype": "bfloat16"},
+    }
     line = report_header("t", res)[2]
     assert line == "d · Xeon · 16 cores · NVIDIA H100 80GB HBM3 · jax 0.11.2"
     assert "torch 2.11" in report_header("t", res, peers=True)[2]
@@ -307,10 +410,13 @@ def test_report_header_names_the_accelerator():
     assert report_header("t", res)[2] == "d · Xeon · 16 cores · jax 0.11.2"
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--suite", "dllm", "--model", "smollm2-135m-instruct"], "causal"),
-    (["--suite", "dllm", "--limit", "0"], "--limit"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--suite", "dllm", "--model", "smollm2-135m-instruct"], "causal"),
+        (["--suite", "dllm", "--limit", "0"], "--limit"),
+    ],
+)
 def test_dllm_cli_errors(argv, msg, capsys):
     from scripts.benchmark import main
 
@@ -324,7 +430,9 @@ def test_dllm_method_names():
 
     c = method_config("fixed-3", gen_length=8, block_length=4, cache="prefix")
     assert c.tokens_per_step == 3 and c.cache == "prefix" and c.steps == 8
-    assert method_config("threshold-0.8", gen_length=8, block_length=4, cache="none").threshold == 0.8
+    assert (
+        method_config("threshold-0.8", gen_length=8, block_length=4, cache="none").threshold == 0.8
+    )
     for bad in ("fixed-x", "magic"):
         with pytest.raises(BenchError, match="method"):
             method_config(bad, gen_length=8, block_length=4, cache="none")
@@ -333,27 +441,41 @@ def test_dllm_method_names():
 def test_ssd_suite_on_tiny_model(tmp_path):
     """Suite ``ssd`` on the tiny random Dream model: reference rows per cache policy, SSD rows
     identical to them, step reduction bookkeeping, the Table 2 analysis and the report."""
-    from jaxspec.bench.ssd import parse_rows, run_ssd_suite, write_results as write_ssd
+    from jaxspec.bench.ssd import parse_rows, run_ssd_suite
+    from jaxspec.bench.ssd import write_results as write_ssd
     from tests.dllm.test_dllm import MODELS, PROMPTS
 
     model, params = MODELS["dream"]
     prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
     rows = parse_rows(["2:chain:dual", "2:mix-order:none"])
-    res = run_ssd_suite(model, params, prompts, model_name="tiny-dream", gen_length=8,
-                        block_length=4, rows=rows, progress=False, limit_draft_lengths=(2, 3),
-                        limit_top_ks=(1, 2))
+    res = run_ssd_suite(
+        model,
+        params,
+        prompts,
+        model_name="tiny-dream",
+        gen_length=8,
+        block_length=4,
+        rows=rows,
+        progress=False,
+        limit_draft_lengths=(2, 3),
+        limit_top_ks=(1, 2),
+    )
     js, md = write_ssd(res, tmp_path / "ssd.json")
     doc = json.loads(js.read_text())
     got = {(r["method"], r["draft_length"], r["tree"], r["cache"]): r for r in doc["rows"]}
-    assert set(got) == {("stepwise", None, None, "dual"), ("stepwise", None, None, "none"),
-                        ("ssd", 2, "chain", "dual"), ("ssd", 2, "mix-order", "none")}
+    assert set(got) == {
+        ("stepwise", None, None, "dual"),
+        ("stepwise", None, None, "none"),
+        ("ssd", 2, "chain", "dual"),
+        ("ssd", 2, "mix-order", "none"),
+    }
     for k, r in got.items():
         assert r["identical_to_reference"] is True, k
         assert r["nfe"] <= 8 and r["step_reduction"] == round(1 - r["nfe"] / 8, 4)
         if k[0] == "stepwise":
             assert r["nfe"] == 8 and r["speedup"] == 1.0 and r["nodes"] == 1
     assert got[("ssd", 2, "mix-order", "none")]["nodes"] == 4
-    for k, r in got.items():   # accept_hist[j]: iterations that accepted j tokens
+    for k, r in got.items():  # accept_hist[j]: iterations that accepted j tokens
         h = np.array(r["accept_hist"])
         assert (h * np.arange(len(h))).sum() == 8 * 2 and h.sum() == r["nfe"] * 2, k
     lim = doc["acceptance_limits"]
@@ -370,20 +492,34 @@ def test_ssd_suite_on_tiny_model(tmp_path):
 def test_spiffy_suite_on_tiny_model(tmp_path):
     """Suite ``spiffy`` on the tiny random LLaDA model: a reference row per unmasking rule,
     Spiffy rows identical to their reference, NFE bookkeeping, Table 2 products, the report."""
-    from jaxspec.bench.spiffy import parse_rows, run_spiffy_suite, write_results as write_sp
+    from jaxspec.bench.spiffy import parse_rows, run_spiffy_suite
+    from jaxspec.bench.spiffy import write_results as write_sp
     from tests.dllm.test_dllm import MODELS, PROMPTS
     from tests.dllm.test_spiffy import GRAPH
 
     model, params = MODELS["llada"]
     prompts = [BenchPrompt(f"tiny/{i}", p) for i, p in enumerate(PROMPTS)]
     rows = parse_rows(["7:stepwise", "7:threshold-0.3"])
-    res = run_spiffy_suite(model, params, prompts, model_name="tiny-llada", graphs={7: GRAPH},
-                           gen_length=16, block_length=8, rows=rows, progress=False)
+    res = run_spiffy_suite(
+        model,
+        params,
+        prompts,
+        model_name="tiny-llada",
+        graphs={7: GRAPH},
+        gen_length=16,
+        block_length=8,
+        rows=rows,
+        progress=False,
+    )
     js, md = write_sp(res, tmp_path / "spiffy.json")
     doc = json.loads(js.read_text())
     got = {(r["method"], r["graph_D"], r["unmasking"]): r for r in doc["rows"]}
-    assert set(got) == {("reference", 0, "stepwise"), ("reference", 0, "threshold-0.3"),
-                        ("spiffy", 7, "stepwise"), ("spiffy", 7, "threshold-0.3")}
+    assert set(got) == {
+        ("reference", 0, "stepwise"),
+        ("reference", 0, "threshold-0.3"),
+        ("spiffy", 7, "stepwise"),
+        ("spiffy", 7, "threshold-0.3"),
+    }
     for k, r in got.items():
         assert r["identical_to_reference"] is True, k
     ref_t = got[("reference", 0, "threshold-0.3")]
@@ -392,7 +528,7 @@ def test_spiffy_suite_on_tiny_model(tmp_path):
     sp = got[("spiffy", 7, "threshold-0.3")]
     assert sp["nfe_speedup"] == round(ref_t["nfe"] / sp["nfe"], 3)
     assert sp["total_speedup"] == pytest.approx(16 / sp["nfe"], rel=2e-3)
-    assert sp["forward_tokens_per_forward"] > 8          # D + 1 blocks per verifying forward
+    assert sp["forward_tokens_per_forward"] > 8  # D + 1 blocks per verifying forward
     assert "NFE speedup" in md.read_text() and (tmp_path / "spiffy.png").exists()
     with pytest.raises(BenchError, match="D:rule"):
         parse_rows(["x"])

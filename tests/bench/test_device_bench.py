@@ -24,8 +24,12 @@ def _file(path, n, seed=0):
 def _pack_of(tmp_path, sizes, part_max):
     """A pack of random files (no vehicles) split into ``part_max``-byte parts."""
     pack = tmp_path / "pack"
-    arts = [device.split_file(_file(tmp_path / f"a{i}.bin", n, i), pack, f"a{i}", f"x/a{i}.bin",
-                              part_max) for i, n in enumerate(sizes)]
+    arts = [
+        device.split_file(
+            _file(tmp_path / f"a{i}.bin", n, i), pack, f"a{i}", f"x/a{i}.bin", part_max
+        )
+        for i, n in enumerate(sizes)
+    ]
     device.write_manifest(pack, arts, {"task_ids": []}, {})
     return pack
 
@@ -68,13 +72,25 @@ def test_staged_parts_complete_a_pack(tmp_path):
 
 
 def test_carry_plan_fits_every_call_under_the_limit(tmp_path):
-    m = {"artifacts": [{"parts": [{"file": f"p{i}", "size": s} for i, s in
-                                  enumerate([30 * MiB, 30 * MiB, 10 * MiB])]}],
-         "prompts": {"file": "prompts.json", "size": 1000}, "wheels": []}
+    m = {
+        "artifacts": [
+            {
+                "parts": [
+                    {"file": f"p{i}", "size": s}
+                    for i, s in enumerate([30 * MiB, 30 * MiB, 10 * MiB])
+                ]
+            }
+        ],
+        "prompts": {"file": "prompts.json", "size": 1000},
+        "wheels": [],
+    }
     plan = device.carry_plan(m, tree_bytes=20 * MiB)
     assert plan["fits"]
     assert sorted(f for c in plan["calls"] for f in c if f[:1] == "p" and len(f) == 2) == [
-        "p0", "p1", "p2"]
+        "p0",
+        "p1",
+        "p2",
+    ]
     assert all(b <= device.CARRY_MAX_BYTES for b in plan["call_bytes"])
     assert device.MANIFEST in plan["calls"][-1]  # the last call runs the bench
     big = device.carry_plan(m, tree_bytes=70 * MiB)
@@ -86,13 +102,22 @@ def test_carry_plan_fits_every_call_under_the_limit(tmp_path):
 def test_entries_put_greedy_batch_1_first_and_keep_references():
     s = device.RunSettings(batches=(1, 8), temperatures=(0.0, 1.0), methods=("ngram", "space"))
     e = device._entries("causal", {"causal": None, "space": None}, s)
-    assert e[:4] == [("ar", "causal", 1, 0.0), ("ngram", "causal", 1, 0.0),
-                     ("ar", "space", 1, 0.0), ("space", "space", 1, 0.0)]
+    assert e[:4] == [
+        ("ar", "causal", 1, 0.0),
+        ("ngram", "causal", 1, 0.0),
+        ("ar", "space", 1, 0.0),
+        ("space", "space", 1, 0.0),
+    ]
     assert {m for m, *_ in e} == {"ar", "ngram", "space"} and len(e) == 16
     smoke = device._entries("dllm", {"dllm": None}, device.RunSettings.smoke())
     assert [(m, b, t) for m, _, b, t in smoke if (b, t) != (1, 0.0)] == [
-        ("stepwise", 8, 0.0), ("fixed-k", 8, 0.0), ("stepwise", 1, 1.0), ("fixed-k", 1, 1.0),
-        ("stepwise", 8, 1.0), ("fixed-k", 8, 1.0)]
+        ("stepwise", 8, 0.0),
+        ("fixed-k", 8, 0.0),
+        ("stepwise", 1, 1.0),
+        ("fixed-k", 1, 1.0),
+        ("stepwise", 8, 1.0),
+        ("fixed-k", 8, 1.0),
+    ]
 
 
 def test_budget_shares_out_what_is_left():
@@ -105,21 +130,44 @@ def test_budget_shares_out_what_is_left():
 
 def test_smoke_pack_and_run_write_every_suite(tmp_path, capsys):
     pack, out, bundle = tmp_path / "pack", tmp_path / "out", tmp_path / "b.tgz"
-    assert device_bench.main(["pack", "--smoke", "--no-hf", "--pack-dir", str(pack),
-                              "--part-max-mib", "0.05"]) == 0
+    assert (
+        device_bench.main(
+            ["pack", "--smoke", "--no-hf", "--pack-dir", str(pack), "--part-max-mib", "0.05"]
+        )
+        == 0
+    )
     m = device.read_manifest(pack)
     assert any(len(a["parts"]) > 1 for a in m["artifacts"])
     suites = ["methods-causal", "methods-dllm", "methods-asarm"]  # projection: below
-    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--out-dir", str(out),
-                              "--budget-s", "40", "--bundle", str(bundle),
-                              "--suite", *suites]) == 0
+    assert (
+        device_bench.main(
+            [
+                "run",
+                "--smoke",
+                "--pack-dir",
+                str(pack),
+                "--out-dir",
+                str(out),
+                "--budget-s",
+                "40",
+                "--bundle",
+                str(bundle),
+                "--suite",
+                *suites,
+            ]
+        )
+        == 0
+    )
     for suite in suites:
         res = json.loads((out / f"{suite}.json").read_text())
         assert res["suite"] == suite and res["machine"].get("jax")
         md = (out / f"{suite}.md").read_text()
         assert md.startswith(f"# Device bench: `{suite}`") and "jax " in md
-    for suite, ref in (("methods-causal", "ar"), ("methods-dllm", "stepwise"),
-                       ("methods-asarm", "sequential")):
+    for suite, ref in (
+        ("methods-causal", "ar"),
+        ("methods-dllm", "stepwise"),
+        ("methods-asarm", "sequential"),
+    ):
         rows = json.loads((out / f"{suite}.json").read_text())["rows"]
         ran = [r for r in rows if "seconds" in r]
         assert ran and ran[0]["method"] == ref and ran[0]["batch"] == 1
@@ -138,21 +186,55 @@ def test_smoke_pack_and_run_write_every_suite(tmp_path, capsys):
 
 def test_run_rejects_a_corrupt_pack_in_one_line(tmp_path, capsys):
     pack = tmp_path / "pack"
-    assert device_bench.main(["pack", "--smoke", "--no-hf", "--pack-dir", str(pack),
-                              "--part-max-mib", "0.05"]) == 0
+    assert (
+        device_bench.main(
+            ["pack", "--smoke", "--no-hf", "--pack-dir", str(pack), "--part-max-mib", "0.05"]
+        )
+        == 0
+    )
     part = sorted((pack / "parts").iterdir())[3]
     data = bytearray(part.read_bytes())
     data[0] ^= 1
     part.write_bytes(bytes(data))
     capsys.readouterr()
-    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--out-dir",
-                              str(tmp_path / "out"), "--suite", "methods-asarm"]) == 2
+    assert (
+        device_bench.main(
+            [
+                "run",
+                "--smoke",
+                "--pack-dir",
+                str(pack),
+                "--out-dir",
+                str(tmp_path / "out"),
+                "--suite",
+                "methods-asarm",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fails its sha256 check" in err[0] and part.name in err[0]
-    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--budget-s", "0",
-                              "--suite", "projection"]) == 2
-    assert device_bench.main(["run", "--smoke", "--pack-dir", str(pack), "--methods", "nope",
-                              "--suite", "projection"]) == 2
+    assert (
+        device_bench.main(
+            ["run", "--smoke", "--pack-dir", str(pack), "--budget-s", "0", "--suite", "projection"]
+        )
+        == 2
+    )
+    assert (
+        device_bench.main(
+            [
+                "run",
+                "--smoke",
+                "--pack-dir",
+                str(pack),
+                "--methods",
+                "nope",
+                "--suite",
+                "projection",
+            ]
+        )
+        == 2
+    )
     assert "unknown method 'nope'" in capsys.readouterr().err
 
 
@@ -168,19 +250,24 @@ def test_peers_on_a_tiny_hf_model(tmp_path):
         pytest.skip(f"transformers cannot build a tiny model locally: {e}")
     pack = tmp_path / "pack"
     arts = [device.split_file(p, pack, n, d) for n, p, d in files]
-    device.write_manifest(pack, arts, device.smoke_prompts(vehicles["vocab"]), vehicles,
-                          smoke=True)
+    device.write_manifest(pack, arts, device.smoke_prompts(vehicles["vocab"]), vehicles, smoke=True)
     root = tmp_path / "un"
     device.unpack(pack, root)
     (root / device.PROMPTS).write_text((pack / device.PROMPTS).read_text())
     vs = device.load_vehicles(device.read_manifest(pack), root, log=lambda m: None)
     prompts = json.loads((root / device.PROMPTS).read_text())
-    res = peers.run_peers_suite(vs, prompts, device.RunSettings.smoke(), 600.0, compile=False,
-                                limit=1, log=lambda m: None)
+    res = peers.run_peers_suite(
+        vs, prompts, device.RunSettings.smoke(), 600.0, compile=False, limit=1, log=lambda m: None
+    )
     rows = {(r["system"], r["method"]): r for r in res["rows"]}
-    for key in [("jaxspec", "ar"), ("jaxspec", "ngram"), ("jaxspec", "sps"),
-                ("transformers", "ar-static"), ("transformers", "prompt-lookup"),
-                ("transformers", "assisted")]:
+    for key in [
+        ("jaxspec", "ar"),
+        ("jaxspec", "ngram"),
+        ("jaxspec", "sps"),
+        ("transformers", "ar-static"),
+        ("transformers", "prompt-lookup"),
+        ("transformers", "assisted"),
+    ]:
         assert key in rows and isinstance(rows[key]["identical_to_reference"], bool), key
     # lossless systems on the same float32 weights: the same tokens as jaxspec AR
     for key in [("jaxspec", "ngram"), ("jaxspec", "sps"), ("transformers", "ar-static")]:
@@ -189,8 +276,11 @@ def test_peers_on_a_tiny_hf_model(tmp_path):
 
 
 def test_projection_cost_model_uses_the_papers_mat():
-    t = {"Qwen2.5-32B": {"q1": 0.030, "q9": 0.033, "q6": 0.032, "q31": 0.045, "q36": 0.05},
-         "Qwen2.5-7B": {"q1": 0.008}, "Dream-7B": {"q30": 0.012}}
+    t = {
+        "Qwen2.5-32B": {"q1": 0.030, "q9": 0.033, "q6": 0.032, "q31": 0.045, "q36": 0.05},
+        "Qwen2.5-7B": {"q1": 0.008},
+        "Dream-7B": {"q30": 0.012},
+    }
     rows = {r["method"]: r for r in projection.project(t, ["Qwen2.5-32B"])}
     d = rows["diffuspec"]
     assert d["paper_mat"] == 6.99 and d["paper_speedup"] == 3.08
@@ -198,8 +288,16 @@ def test_projection_cost_model_uses_the_papers_mat():
     s = rows["sps"]
     assert s["projected_speedup_paper_mat"] == pytest.approx(0.030 * 6.18 / (0.032 + 5 * 0.008))
     assert rows["ngram"]["projected_speedup_paper_mat"] == pytest.approx(0.030 * 2.11 / 0.033)
-    measured = [{"vehicle": "causal", "family": "causal", "method": "ngram", "batch": 1,
-                 "temperature": 0.0, "mat": 1.5}]
+    measured = [
+        {
+            "vehicle": "causal",
+            "family": "causal",
+            "method": "ngram",
+            "batch": 1,
+            "temperature": 0.0,
+            "mat": 1.5,
+        }
+    ]
     ng = {r["method"]: r for r in projection.project(t, ["Qwen2.5-32B"], measured)}["ngram"]
     assert ng["projected_speedup_vehicle_mat"] == pytest.approx(0.030 * 1.5 / 0.033)
 

@@ -11,9 +11,19 @@ import pytest
 from jaxspec.bench import step_profile as sp
 from models.config import ModelConfig
 
-TINY = ModelConfig(arch="llama", vocab_size=96, hidden_size=64, intermediate_size=128,
-                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                   rope_theta=10000.0, tie_embeddings=True, max_position_embeddings=256)
+TINY = ModelConfig(
+    arch="llama",
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    tie_embeddings=True,
+    max_position_embeddings=256,
+)
 
 
 def test_rows_run_and_layouts_agree():
@@ -23,7 +33,9 @@ def test_rows_run_and_layouts_agree():
     ref = firsts.pop("step, stacked + lax.scan")
     for name, tok in firsts.items():  # the same function in every layout
         np.testing.assert_array_equal(tok, ref, err_msg=name)
-    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+    nbytes = (
+        sum(x.nbytes for x in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+    )
     assert rows["products only, output-major"][2] == nbytes
     np_rows = sp._numpy_rows(params, hidden=TINY.hidden_size)
     matrices = sum(params["layers"][m].nbytes for m in sp.M.MATRICES) + params["embed"].nbytes
@@ -39,8 +51,12 @@ def test_verify_rows_agree_across_layouts():
     vr = sp.verify_rows(TINY, params, [1, 3], S=128)
     assert len(vr) == 10
     for T in (1, 3):
-        a = np.asarray(vr[f"{T} rows: step, input-major"][0](*vr[f"{T} rows: step, input-major"][1])[0])
-        b = np.asarray(vr[f"{T} rows: step, output-major"][0](*vr[f"{T} rows: step, output-major"][1])[0])
+        a = np.asarray(
+            vr[f"{T} rows: step, input-major"][0](*vr[f"{T} rows: step, input-major"][1])[0]
+        )
+        b = np.asarray(
+            vr[f"{T} rows: step, output-major"][0](*vr[f"{T} rows: step, output-major"][1])[0]
+        )
         np.testing.assert_array_equal(a, b)
         f, args, _ = vr[f"{T} rows: products only, output-major"]
         g, gargs, _ = vr[f"{T} rows: products only, input-major"]

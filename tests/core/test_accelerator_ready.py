@@ -50,8 +50,14 @@ def test_causal_loops_have_no_host_round_trips(programs):
     model, params = tiny_model()
     for sampling in (SamplingConfig(), SamplingConfig(temperature=0.8, top_k=5)):
         for drafter in (None, NgramDrafter(3, 64)):
-            causal_decode.generate(model, params, [[1, 2, 3, 1, 2]], max_new_tokens=6,
-                                   sampling=sampling, drafter=drafter)
+            causal_decode.generate(
+                model,
+                params,
+                [[1, 2, 3, 1, 2]],
+                max_new_tokens=6,
+                sampling=sampling,
+                drafter=drafter,
+            )
     assert len(programs) == 4
     _no_host_ops(programs)
 
@@ -72,8 +78,9 @@ def test_one_compile_per_prompt_bucket(drafter):
     model, params = tiny_model()
     kw = dict(max_new_tokens=5, drafter=drafter, bucket=16, seed=11)
     first = causal_decode.generate(model, params, [[1, 2, 3]], **kw)
-    same_bucket = [causal_decode.generate(model, params, [list(range(1, n))], **kw)
-                   for n in (5, 12, 17)]          # 4, 11 and 16 prompt tokens: bucket 16
+    same_bucket = [
+        causal_decode.generate(model, params, [list(range(1, n))], **kw) for n in (5, 12, 17)
+    ]  # 4, 11 and 16 prompt tokens: bucket 16
     longer = causal_decode.generate(model, params, [list(range(1, 20))], **kw)  # bucket 32
     again = causal_decode.generate(model, params, [list(range(2, 25))], **kw)
     assert first.compile_s > 0
@@ -84,6 +91,7 @@ def test_one_compile_per_prompt_bucket(drafter):
 def test_one_compile_per_prompt_bucket_diffusion():
     model, params = tiny_diffusion_model()
     d = DiffusionDecodeConfig(8, 4, 8)
-    runs = [diffusion_generate(model, params, [list(range(3, n))], d, bucket=16)
-            for n in (5, 9, 18, 30)]                # 2, 6, 15, 27 tokens: buckets 16, 16, 16, 32
+    runs = [
+        diffusion_generate(model, params, [list(range(3, n))], d, bucket=16) for n in (5, 9, 18, 30)
+    ]  # 2, 6, 15, 27 tokens: buckets 16, 16, 16, 32
     assert [r.compile_s == 0.0 for r in runs] == [False, True, True, False]

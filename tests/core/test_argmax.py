@@ -17,19 +17,24 @@ def _reference(x, axis):
 def _cases():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 9, 4099)).astype(np.float32) * 4
-    ties = rng.integers(0, 3, size=(4, 7, 33)).astype(np.float32)      # many equal maxima
+    ties = rng.integers(0, 3, size=(4, 7, 33)).astype(np.float32)  # many equal maxima
     masked = logits.copy()
-    masked[0, 2] = -np.inf                                             # a slice of -inf
+    masked[0, 2] = -np.inf  # a slice of -inf
     masked[1, :, :100] = -np.inf
     nan = logits.copy()
-    nan[0, 1, 17] = np.nan                                             # first NaN wins
+    nan[0, 1, 17] = np.nan  # first NaN wins
     nan[0, 1, 3000] = np.nan
     nan[2, 5, 4098] = np.nan
     nan[1, 0, :] = np.nan
-    return {"logits": logits, "ties": ties, "masked": masked, "nan": nan,
-            "bf16 ties": jnp.asarray(ties, jnp.bfloat16),
-            "bf16 logits": jnp.asarray(logits, jnp.bfloat16),
-            "int": rng.integers(-5, 5, size=(5, 64)).astype(np.int32)}
+    return {
+        "logits": logits,
+        "ties": ties,
+        "masked": masked,
+        "nan": nan,
+        "bf16 ties": jnp.asarray(ties, jnp.bfloat16),
+        "bf16 logits": jnp.asarray(logits, jnp.bfloat16),
+        "int": rng.integers(-5, 5, size=(5, 64)).astype(np.int32),
+    }
 
 
 @pytest.mark.parametrize("name", list(_cases()))

@@ -44,11 +44,19 @@ def test_default_directory_and_switches(monkeypatch, tmp_path):
 
 
 def _run(tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items()
-            if k not in (cc.DIR_ENV, cc.DISABLE_ENV, cc.ROOT_ENV, "JAX_COMPILATION_CACHE_DIR")}
-    r = subprocess.run([sys.executable, "-c", PROGRAM], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300,
-                       env={**base, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **env})
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (cc.DIR_ENV, cc.DISABLE_ENV, cc.ROOT_ENV, "JAX_COMPILATION_CACHE_DIR")
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**base, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **env},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return r
 
@@ -66,8 +74,9 @@ def test_library_decoders_use_the_cache_by_default(tmp_path):
     first = _entries(root / "xla")
     assert first, "nothing was stored"
     _run(tmp_path, JAXSPEC_CACHE=str(root))
-    assert {e for e in _entries(root / "xla") if "atime" not in e} == \
-        {e for e in first if "atime" not in e}
+    assert {e for e in _entries(root / "xla") if "atime" not in e} == {
+        e for e in first if "atime" not in e
+    }
 
     off = tmp_path / "off-root"
     r = _run(tmp_path, JAXSPEC_CACHE=str(off), JAXSPEC_NO_COMPILE_CACHE="1")

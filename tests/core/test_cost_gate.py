@@ -20,7 +20,6 @@ from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.tiny import tiny_model
 from models.llama import layout
 from models.llama.layout import DecodePlan
-
 from tests.causal.test_decode import _exact_joint, _prompts
 
 
@@ -41,8 +40,9 @@ def test_gated_greedy_equals_ar_and_switches(cost):
     for prompt in _prompts(64, seed=2):
         ar = generate(model, params, [prompt], max_new_tokens=40, bucket=16)
         plain = generate(model, params, [prompt], max_new_tokens=40, bucket=16, drafter=ng)
-        gated = generate(model, params, [prompt], max_new_tokens=40, bucket=16,
-                         drafter=ng, gate=cost)
+        gated = generate(
+            model, params, [prompt], max_new_tokens=40, bucket=16, drafter=ng, gate=cost
+        )
         assert gated.tokens == ar.tokens == plain.tokens
         assert gated.settings["verify_cost"] == cost
         v_gated, v_plain = _verifications(gated.stats, k), _verifications(plain.stats, k)
@@ -66,10 +66,12 @@ def test_gate_withholds_and_resumes_on_one_prompt():
     ng = NgramDrafter(k, 64, max_ngram=3, min_ngram=1)
     ar = generate(model, params, [prompt], max_new_tokens=48, bucket=16)
     plain = generate(model, params, [prompt], max_new_tokens=48, bucket=16, drafter=ng)
-    gated = generate(model, params, [prompt], max_new_tokens=48, bucket=16, drafter=ng,
-                     gate=2.0)
+    gated = generate(model, params, [prompt], max_new_tokens=48, bucket=16, drafter=ng, gate=2.0)
     assert gated.tokens == ar.tokens
-    v_gated, v_plain = int(_verifications(gated.stats, k)[0]), int(_verifications(plain.stats, k)[0])
+    v_gated, v_plain = (
+        int(_verifications(gated.stats, k)[0]),
+        int(_verifications(plain.stats, k)[0]),
+    )
     steps = int(gated.stats.steps[0])
     assert 0 < v_gated < v_plain, (v_gated, v_plain)
     assert v_gated < steps  # one-token steps happened between verifications
@@ -95,9 +97,17 @@ def test_gated_sampling_distribution_exact(cost):
     model, params = tiny_model(V, seed=7, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
-    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
-                   drafter=NgramDrafter(k, V, max_ngram=2, min_ngram=1), seed=11, bucket=8,
-                   gate=cost)
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=k + 2,
+        sampling=cfg,
+        drafter=NgramDrafter(k, V, max_ngram=2, min_ngram=1),
+        seed=11,
+        bucket=8,
+        gate=cost,
+    )
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     if cost > k + 1:
@@ -111,13 +121,20 @@ def test_gate_estimates_follow_the_rule():
     ``n >= 1`` and ``beta`` sees ``n`` where ``n >= 1``; after a one-token step ``alpha`` sees
     "emitted == first draft" and ``beta`` is kept; rows without a draft or inactive keep both."""
     g = CostGate(NgramDrafter(4, 16), verify_cost=2.0, decay=0.5)
-    buf = jnp.asarray([[1, 2, 3, 7, 0], [1, 2, 3, 9, 0], [1, 2, 3, 7, 0], [1, 2, 3, 7, 0]],
-                      jnp.int32)
-    ctx = DraftContext(buffer=buf, length=jnp.full((4,), 3, jnp.int32), pad=jnp.zeros(4, jnp.int32),
-                       active=jnp.array([True, True, True, False]))
-    st = g.init_state((), ctx).replace(first=jnp.full((4,), 7, jnp.int32),
-                                       had=jnp.array([True, True, False, True]),
-                                       start=jnp.full((4,), 3, jnp.int32))
+    buf = jnp.asarray(
+        [[1, 2, 3, 7, 0], [1, 2, 3, 9, 0], [1, 2, 3, 7, 0], [1, 2, 3, 7, 0]], jnp.int32
+    )
+    ctx = DraftContext(
+        buffer=buf,
+        length=jnp.full((4,), 3, jnp.int32),
+        pad=jnp.zeros(4, jnp.int32),
+        active=jnp.array([True, True, True, False]),
+    )
+    st = g.init_state((), ctx).replace(
+        first=jnp.full((4,), 7, jnp.int32),
+        had=jnp.array([True, True, False, True]),
+        start=jnp.full((4,), 3, jnp.int32),
+    )
     # a one-token step: rows 0 (emitted 7 == first) and 1 (9 != 7) observe alpha
     one = g.update((), st.replace(verified=jnp.array(False)), ctx, jnp.zeros(4, jnp.int32))
     np.testing.assert_allclose(one.alpha, [1.0, 0.5, 1.0, 1.0])
@@ -127,8 +144,11 @@ def test_gate_estimates_follow_the_rule():
     np.testing.assert_allclose(ver.alpha, [1.0, 0.5, 1.0, 1.0])
     np.testing.assert_allclose(ver.beta, [3.0, 4.0, 4.0, 4.0])
     # propose withholds where alpha * beta <= cost - 1 = 1
-    ctx2 = ctx.replace(buffer=jnp.asarray([[1, 2, 1, 2, 1]] * 4, jnp.int32),
-                       length=jnp.full((4,), 5, jnp.int32), active=jnp.ones(4, bool))
+    ctx2 = ctx.replace(
+        buffer=jnp.asarray([[1, 2, 1, 2, 1]] * 4, jnp.int32),
+        length=jnp.full((4,), 5, jnp.int32),
+        active=jnp.ones(4, bool),
+    )
     low = ver.replace(alpha=jnp.array([1.0, 0.2, 0.3, 0.9]), beta=jnp.array([2.0, 4.0, 2.0, 1.0]))
     draft, st2 = g.propose((), low, ctx2, jax.random.PRNGKey(0), False)
     np.testing.assert_array_equal(draft.has_draft, [True, False, False, False])
@@ -145,6 +165,7 @@ def test_gate_bad_settings_are_clear_errors():
     with pytest.raises(ValueError, match="unknown gate 'fast'"):
         generate(model, params, [[1, 2, 3]], max_new_tokens=4, drafter=ng, gate="fast")
     from jaxspec.methods import get_method
+
     entry = get_method("ngram", "causal")
     with pytest.raises(ValueError, match="unknown --gate 'fast'"):
         entry.configure(gate="fast")
@@ -176,7 +197,8 @@ def test_plan_picks_the_faster_layout(monkeypatch):
     def fake(model, params, B, S, T, output_major, reps=5, store=None):
         calls.append((T, output_major))
         return {(5, False): 0.050, (5, True): 0.040, (1, True): 0.025, (1, False): 0.030}[
-            (T, output_major)]
+            (T, output_major)
+        ]
 
     monkeypatch.setattr(layout, "pass_seconds", fake)
     # the decode path reads no environment: $JAXSPEC_VERIFY_LAYOUT is a command-line default
@@ -184,34 +206,52 @@ def test_plan_picks_the_faster_layout(monkeypatch):
     kw = dict(batch=1, cache_slots=64, layer_loop="unrolled")
     plan = decode_plan(model, params, ng, gate="auto", **kw)
     assert plan.verify_layout == "output-major" and plan.verify_cost == 1.6
-    assert plan.settings == {"verify_layout": "output-major", "step_layout": "output-major",
-                             "verify_s": {"stored": 0.050, "output-major": 0.040},
-                             "verify_cost": 1.6}
+    assert plan.settings == {
+        "verify_layout": "output-major",
+        "step_layout": "output-major",
+        "verify_s": {"stored": 0.050, "output-major": 0.040},
+        "verify_cost": 1.6,
+    }
     plan = decode_plan(model, params, ng, gate="off", verify_layout="stored", **kw)
     assert plan.verify_cost is None
     assert plan.settings == {"verify_layout": "stored", "step_layout": "output-major"}
     # the gate weighs the stored verification pass against an output-major step
-    assert decode_plan(model, params, ng, gate="auto", verify_layout="stored",
-                       **kw).verify_cost == 2.0
+    assert (
+        decode_plan(model, params, ng, gate="auto", verify_layout="stored", **kw).verify_cost == 2.0
+    )
     # a model-based drafter is not gated by "auto"; a given cost gates any drafter
     from jaxspec.testing.drafters import TableDrafter
 
     assert decode_plan(model, params, TableDrafter(4, 64), gate="auto", **kw).verify_cost is None
     assert decode_plan(model, params, TableDrafter(4, 64), gate=1.5, **kw).verify_cost == 1.5
     calls.clear()
-    plan = decode_plan(model, params, ng, gate="auto", batch=1, cache_slots=64,
-                       layer_loop="scan")
+    plan = decode_plan(model, params, ng, gate="auto", batch=1, cache_slots=64, layer_loop="scan")
     assert plan.verify_cost is None and calls == []
     assert plan.settings == {"verify_layout": "stacked", "step_layout": "stacked"}
     # generate wraps the drafter in the plan's gate (greedy: AR's tokens either way)
-    res = generate(model, params, [[1, 2, 3, 1, 2, 3]], max_new_tokens=8, drafter=ng,
-                   plan=DecodePlan(layer_loop="scan", verify_cost=2.0))
+    res = generate(
+        model,
+        params,
+        [[1, 2, 3, 1, 2, 3]],
+        max_new_tokens=8,
+        drafter=ng,
+        plan=DecodePlan(layer_loop="scan", verify_cost=2.0),
+    )
     assert res.settings["verify_cost"] == 2.0
-    assert res.tokens == generate(model, params, [[1, 2, 3, 1, 2, 3]], max_new_tokens=8,
-                                  plan=DecodePlan(layer_loop="scan")).tokens
+    assert (
+        res.tokens
+        == generate(
+            model,
+            params,
+            [[1, 2, 3, 1, 2, 3]],
+            max_new_tokens=8,
+            plan=DecodePlan(layer_loop="scan"),
+        ).tokens
+    )
     with pytest.raises(ValueError, match="the plan holds the gate"):
-        generate(model, params, [[1, 2]], max_new_tokens=4, drafter=ng, gate="auto",
-                 plan=DecodePlan())
+        generate(
+            model, params, [[1, 2]], max_new_tokens=4, drafter=ng, gate="auto", plan=DecodePlan()
+        )
     with pytest.raises(ValueError, match="verify_cost must be >= 1"):
         DecodePlan(verify_cost=0.5)
     with pytest.raises(ValueError, match="unknown gate 'fast'"):
@@ -222,7 +262,7 @@ def test_pass_seconds_times_once_per_key():
     model, params = tiny_model(64)
     a = layout.pass_seconds(model, params, 1, 32, 3, True, reps=1)
     n = layout.passes_timed()
-    b = layout.pass_seconds(model, params, 1, 48, 3, True, reps=1)   # S is not in the key
+    b = layout.pass_seconds(model, params, 1, 48, 3, True, reps=1)  # S is not in the key
     assert a == b > 0 and layout.passes_timed() == n
     layout.pass_seconds(model, params, 1, 32, 4, True, reps=1)
     assert layout.passes_timed() == n + 1
@@ -260,7 +300,6 @@ def test_auto_layout_untimed_for_large_weights(monkeypatch):
     layout would keep another per-layer copy of a large model)."""
     model, params = tiny_model(64)
     monkeypatch.setattr(layout, "AUTO_LAYOUT_MAX_BYTES", 1000)
-    monkeypatch.setattr(layout, "pass_seconds",
-                        lambda *a, **k: pytest.fail("timed a large model"))
+    monkeypatch.setattr(layout, "pass_seconds", lambda *a, **k: pytest.fail("timed a large model"))
     plan = decode_plan(model, params, NgramDrafter(3, 64), layer_loop="unrolled")
     assert plan.settings == {"verify_layout": "stored", "step_layout": "stored"}

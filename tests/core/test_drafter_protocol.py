@@ -35,10 +35,19 @@ def test_optional_capabilities_have_defaults_overrides_and_the_gate_forwards_the
     from jaxspec.causal.sps import DraftModelDrafter
     from jaxspec.core.drafters import CostGate
 
-    caps = lambda d: (d.resample, d.context_length, d.position_overshoot, d.query_slots,
-                      d.one_token_steps, d.eos_id)
-    assert caps(NgramDrafter(3, 10)) == caps(TableDrafter(3, 10)) == (
-        "residual", None, 0, 0, False, None)
+    caps = lambda d: (
+        d.resample,
+        d.context_length,
+        d.position_overshoot,
+        d.query_slots,
+        d.one_token_steps,
+        d.eos_id,
+    )
+    assert (
+        caps(NgramDrafter(3, 10))
+        == caps(TableDrafter(3, 10))
+        == ("residual", None, 0, 0, False, None)
+    )
     space = SpaceDrafter(3, 10, mask_id=9, space_sampling="paper")
     assert caps(space) == ("target", None, 6, 12, False, None)
     model, _ = tiny_model(32)
@@ -58,8 +67,9 @@ def test_greedy_identical_to_ar_with_params_state_and_traced_length():
     prompts = [[1, 2, 3, 4, 5], [7, 7, 8], [9, 10, 11, 12, 13, 14, 15]]
     ar = generate(model, params, prompts, max_new_tokens=20, bucket=8)
     d = TableDrafter(4, V)
-    sp = generate(model, params, prompts, max_new_tokens=20, bucket=8, drafter=d,
-                  drafter_params=_table(V))
+    sp = generate(
+        model, params, prompts, max_new_tokens=20, bucket=8, drafter=d, drafter_params=_table(V)
+    )
     assert sp.tokens == ar.tokens
     st = sp.stats
     # one draft forward per drafted token, every step verified a draft of length k_t
@@ -78,10 +88,24 @@ def test_other_params_other_drafts_same_output_one_compile():
     model, params = tiny_model(V, seed=3)
     prompts = [[1, 2, 3, 4, 5]]
     ar = generate(model, params, prompts, max_new_tokens=16, bucket=8)
-    a = generate(model, params, prompts, max_new_tokens=16, bucket=8, drafter=TableDrafter(3, V),
-                 drafter_params=_table(V, 1))
-    b = generate(model, params, prompts, max_new_tokens=16, bucket=8, drafter=TableDrafter(3, V),
-                 drafter_params=_table(V, 2))
+    a = generate(
+        model,
+        params,
+        prompts,
+        max_new_tokens=16,
+        bucket=8,
+        drafter=TableDrafter(3, V),
+        drafter_params=_table(V, 1),
+    )
+    b = generate(
+        model,
+        params,
+        prompts,
+        max_new_tokens=16,
+        bucket=8,
+        drafter=TableDrafter(3, V),
+        drafter_params=_table(V, 2),
+    )
     assert a.tokens == b.tokens == ar.tokens
     assert b.compile_s == 0.0
     assert a.stats.acceptance_rate != b.stats.acceptance_rate
@@ -90,8 +114,14 @@ def test_other_params_other_drafts_same_output_one_compile():
 def test_vocab_mismatch_is_an_error():
     model, params = tiny_model(32)
     with pytest.raises(ValueError, match="vocabulary mismatch"):
-        generate(model, params, [[1, 2]], max_new_tokens=4, drafter=TableDrafter(2, 33),
-                 drafter_params=_table(33))
+        generate(
+            model,
+            params,
+            [[1, 2]],
+            max_new_tokens=4,
+            drafter=TableDrafter(2, 33),
+            drafter_params=_table(33),
+        )
 
 
 def test_sampled_distribution_equals_ar():
@@ -104,8 +134,17 @@ def test_sampled_distribution_equals_ar():
     model, params = tiny_model(V, seed=7, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, n_new, cfg)
-    res = generate(model, params, [prompt] * N, max_new_tokens=n_new, sampling=cfg,
-                   drafter=TableDrafter(k, V), drafter_params=_table(V, 4, 1.0), seed=5, bucket=8)
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=n_new,
+        sampling=cfg,
+        drafter=TableDrafter(k, V),
+        drafter_params=_table(V, 4, 1.0),
+        seed=5,
+        bucket=8,
+    )
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     assert 0.05 < res.stats.acceptance_rate < 0.95

@@ -12,16 +12,23 @@ import numpy as np
 import pytest
 
 from jaxspec.causal.decode import decode_plan, generate
-from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core import runtime
+from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.dllm.config import DiffusionDecodeConfig
 from jaxspec.dllm.decode import diffusion_generate
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 from models.llama import layout, modeling
 from models.llama.layout import DecodePlan, decode_layout, resolve_layer_loop
-from models.llama.modeling import (KVCache, _write_cache, gemv_blocks, grow_cache, init_cache,
-                                  layer_entry, output_major_product, unstack_layers)
+from models.llama.modeling import (
+    KVCache,
+    _write_cache,
+    gemv_blocks,
+    grow_cache,
+    init_cache,
+    output_major_product,
+    unstack_layers,
+)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied / tied LM head
@@ -38,13 +45,14 @@ def test_last_rows_are_the_full_passes_last_rows(per_layer, arch):
     mask = jnp.broadcast_to(jnp.arange(S)[None, :] <= jnp.arange(T)[:, None], (B, T, S))
     args = (tok, pos, mask)
     kw = dict(cache=init_cache(model.config, B, S), cache_index=jnp.zeros((B,), jnp.int32))
-    run = jax.jit(lambda p, n: model.apply({"params": p}, *args, **kw, last_rows=n),
-                  static_argnums=1)
+    run = jax.jit(
+        lambda p, n: model.apply({"params": p}, *args, **kw, last_rows=n), static_argnums=1
+    )
     full, cache = run(params, None)
     for n in (1, 3, T):
         part, c = run(params, n)
         assert part.shape == (B, n, model.config.vocab_size)
-        np.testing.assert_allclose(part, full[:, T - n:], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(part, full[:, T - n :], rtol=1e-5, atol=1e-5)
         # the layers are the full pass's (XLA may fuse them differently: rounding)
         np.testing.assert_allclose(c.k, cache.k, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(c.v, cache.v, rtol=1e-5, atol=1e-5)
@@ -63,8 +71,9 @@ def test_unrolled_forward_equals_scanned(arch, output_major):
     per_layer = unstack_layers(params, output_major)
     assert isinstance(per_layer["layers"], tuple) and len(per_layer["layers"]) == 3
     if output_major:
-        np.testing.assert_array_equal(per_layer["layers"][1]["w_up_t"],
-                                      params["layers"]["w_up"][1].T)
+        np.testing.assert_array_equal(
+            per_layer["layers"][1]["w_up_t"], params["layers"]["w_up"][1].T
+        )
         assert "w_up" not in per_layer["layers"][1]
         # q/k/v fused into one (out, in) matrix (modeling.fuse_qkv): their rows in order
         want = jnp.concatenate([params["layers"][m][1].T for m in ("wq", "wk", "wv")], axis=0)
@@ -94,10 +103,10 @@ def test_unrolled_forward_equals_scanned(arch, output_major):
 
 def test_gemv_blocks_only_for_one_task_one_row_products_on_the_cpu(monkeypatch):
     monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", 4)
-    assert gemv_blocks(1, 576, 576, "cpu") == 4        # SmolLM2-135M wo: one XLA:CPU task
-    assert gemv_blocks(2, 576, 576, "cpu") == 1        # two rows: a matrix-matrix product
-    assert gemv_blocks(1, 960, 576, "cpu") == 1        # fused q/k/v: already two tasks
-    assert gemv_blocks(1, 578, 576, "cpu") == 1        # blocks must divide the rows
+    assert gemv_blocks(1, 576, 576, "cpu") == 4  # SmolLM2-135M wo: one XLA:CPU task
+    assert gemv_blocks(2, 576, 576, "cpu") == 1  # two rows: a matrix-matrix product
+    assert gemv_blocks(1, 960, 576, "cpu") == 1  # fused q/k/v: already two tasks
+    assert gemv_blocks(1, 578, 576, "cpu") == 1  # blocks must divide the rows
     assert gemv_blocks(1, 576, 576, "gpu") == 1
     monkeypatch.setattr(modeling, "ONE_TASK_BLOCKS", 1)
     assert gemv_blocks(1, 576, 576, "cpu") == 1
@@ -132,18 +141,29 @@ def test_one_token_steps_identical_with_and_without_row_blocks(monkeypatch, samp
     drafters = {"ar": None, "ngram": NgramDrafter(3, 64, max_ngram=2, min_ngram=1)}
     outs = {}
     for blocks in (1, 4):
-        plans = {"ar": DecodePlan(row_blocks=blocks),  # AR: output-major throughout
-                 "ngram": DecodePlan(verify_layout="stored", row_blocks=blocks)}
-        outs[blocks] = {(name, seed, i): generate(model, params, [p], max_new_tokens=12,
-                                                   sampling=cfg, drafter=d, seed=seed,
-                                                   plan=plans[name]).tokens
-                        for name, d in drafters.items() for seed in (0, 1, 2)
-                        for i, p in enumerate(prompts)}
+        plans = {
+            "ar": DecodePlan(row_blocks=blocks),  # AR: output-major throughout
+            "ngram": DecodePlan(verify_layout="stored", row_blocks=blocks),
+        }
+        outs[blocks] = {
+            (name, seed, i): generate(
+                model,
+                params,
+                [p],
+                max_new_tokens=12,
+                sampling=cfg,
+                drafter=d,
+                seed=seed,
+                plan=plans[name],
+            ).tokens
+            for name, d in drafters.items()
+            for seed in (0, 1, 2)
+            for i, p in enumerate(prompts)
+        }
     assert outs[1] == outs[4]
     if not sampled:
         scan = DecodePlan(layer_loop="scan")
-        scan = [generate(model, params, [p], max_new_tokens=12, plan=scan).tokens
-                for p in prompts]
+        scan = [generate(model, params, [p], max_new_tokens=12, plan=scan).tokens for p in prompts]
         assert [outs[4][("ar", 0, i)] for i in range(len(prompts))] == scan
 
 
@@ -160,8 +180,10 @@ def test_decode_layout_walks_trees_and_leaves_xlnet_alone():
     assert again["layers"][0]["wq"] is decode_layout(params, "unrolled")["layers"][0]["wq"]
     _, xparams = tiny_xlnet()
     leaves = jax.tree_util.tree_leaves(xparams)
-    assert all(x is y for x, y in zip(jax.tree_util.tree_leaves(decode_layout(xparams, "unrolled")),
-                                      leaves))
+    assert all(
+        x is y
+        for x, y in zip(jax.tree_util.tree_leaves(decode_layout(xparams, "unrolled")), leaves)
+    )
 
 
 @pytest.mark.parametrize("B", [1, 3])
@@ -176,10 +198,16 @@ def test_cache_writes_land_in_the_head_major_slots(B):
         for t in range(T):
             keys[layer, b, :, index[b] + t, :] = new[b, t]
             vals[layer, b, :, :, index[b] + t] = new[b, t]
-    got_k = _write_cache(jnp.zeros(keys.shape), jnp.asarray(new), jnp.int32(layer),
-                         jnp.asarray(index))
-    got_v = _write_cache(jnp.zeros(vals.shape), jnp.asarray(new), jnp.int32(layer),
-                         jnp.asarray(index), slot_minor=True)
+    got_k = _write_cache(
+        jnp.zeros(keys.shape), jnp.asarray(new), jnp.int32(layer), jnp.asarray(index)
+    )
+    got_v = _write_cache(
+        jnp.zeros(vals.shape),
+        jnp.asarray(new),
+        jnp.int32(layer),
+        jnp.asarray(index),
+        slot_minor=True,
+    )
     np.testing.assert_array_equal(got_k, keys)
     np.testing.assert_array_equal(got_v, vals)
 
@@ -217,7 +245,7 @@ def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
     assert resolve_layer_loop("auto", nbytes=1000) == "unrolled"
     assert resolve_layer_loop("auto", nbytes=big) == "scan"
     assert resolve_layer_loop("auto") == "scan"  # size unknown: the loop that needs no copy
-    assert resolve_layer_loop("unrolled", nbytes=10 ** 12) == "unrolled"  # asked for: kept
+    assert resolve_layer_loop("unrolled", nbytes=10**12) == "unrolled"  # asked for: kept
     monkeypatch.setattr(layout, "device_memory", lambda: (15 * gib, 80 * gib))  # a 7B, H100
     assert resolve_layer_loop("auto", nbytes=15 * gib) == "unrolled"
     assert resolve_layer_loop("auto", nbytes=26 * gib) == "scan"  # 41 GiB > half of 80
@@ -226,8 +254,9 @@ def test_auto_layer_loop_on_gpu_unrolls_when_the_copy_fits(monkeypatch):
     assert isinstance(decode_layout(params, "auto")["layers"], tuple)
     monkeypatch.setattr(layout, "AUTO_UNROLL_MAX_BYTES", 0)
     monkeypatch.setattr(layout, "_UNSTACKED", [])  # no copy made yet
-    monkeypatch.setattr(layout, "device_memory",
-                        lambda: (gib, gib + layout.split_bytes(params) - 1))
+    monkeypatch.setattr(
+        layout, "device_memory", lambda: (gib, gib + layout.split_bytes(params) - 1)
+    )
     assert decode_layout(params, "auto") is params
     # a copy an earlier decode made is reused even when a second one would not fit
     made = decode_layout(params, "unrolled", output_major=True)["layers"]
@@ -272,8 +301,10 @@ def test_decode_layout_in_place_splits_once_and_deletes_the_stacked_weights(monk
     assert res.settings["verify_layout"] == "output-major" and "verify_s" not in res.settings
     # sampled: the same draws as on the stacked tree (whose distribution test_decode checks)
     samp = dict(kw, sampling=SamplingConfig(temperature=1.0), seed=3, drafter=NgramDrafter(3, 64))
-    assert (generate(model, split, prompts, **samp).tokens
-            == generate(model, keep, prompts, **samp).tokens)
+    assert (
+        generate(model, split, prompts, **samp).tokens
+        == generate(model, keep, prompts, **samp).tokens
+    )
     # on the CPU it splits when a copy would not fit the host's RAM (or when forced)
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "auto")  # the machine's rule (tests/conftest.py)
     _, small = tiny_model(layers=2)
@@ -313,10 +344,25 @@ def test_decoders_identical_with_either_layer_loop(monkeypatch, sampled):
     runs = {}
     for loop in ("scan", "unrolled"):
         plan = DecodePlan(layer_loop=loop, verify_layout="stored")
-        ar = generate(model, params, prompts, max_new_tokens=12, sampling=sampling, seed=3,
-                      plan=DecodePlan(layer_loop=loop))
-        ng = generate(model, params, prompts, max_new_tokens=12, sampling=sampling, seed=3,
-                      drafter=NgramDrafter(3, 64), plan=plan)
+        ar = generate(
+            model,
+            params,
+            prompts,
+            max_new_tokens=12,
+            sampling=sampling,
+            seed=3,
+            plan=DecodePlan(layer_loop=loop),
+        )
+        ng = generate(
+            model,
+            params,
+            prompts,
+            max_new_tokens=12,
+            sampling=sampling,
+            seed=3,
+            drafter=NgramDrafter(3, 64),
+            plan=plan,
+        )
         assert ng.settings["verify_layout"] == ("stacked" if loop == "scan" else "stored")
         runs[loop] = (ar.tokens, ng.tokens)
     assert runs["scan"] == runs["unrolled"]
@@ -336,13 +382,18 @@ def test_verification_identical_in_either_verify_layout(monkeypatch, sampled):
     monkeypatch.setattr(layout, "decode_layout", spy)
     monkeypatch.setenv("JAXSPEC_LAYER_LOOP", "unrolled")
     model, params = tiny_model()
-    kw = dict(max_new_tokens=12, seed=3, drafter=NgramDrafter(3, 64),
-              sampling=SamplingConfig(temperature=1.0 if sampled else 0.0))
+    kw = dict(
+        max_new_tokens=12,
+        seed=3,
+        drafter=NgramDrafter(3, 64),
+        sampling=SamplingConfig(temperature=1.0 if sampled else 0.0),
+    )
     prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 6]]
     stored = generate(model, params, prompts, plan=DecodePlan(verify_layout="stored"), **kw)
     om = generate(model, params, prompts, plan=DecodePlan(verify_layout="output-major"), **kw)
-    ar = generate(model, params, prompts, max_new_tokens=12, seed=3,
-                  sampling=kw["sampling"])           # AR (planned here): output-major
+    ar = generate(
+        model, params, prompts, max_new_tokens=12, seed=3, sampling=kw["sampling"]
+    )  # AR (planned here): output-major
     # per call: the target's verification layout, its one-token step layout when it differs
     # (output-major, the AR loop's), the drafter's
     assert seen == [False, True, False, True, False, True, False]
@@ -371,7 +422,10 @@ def test_one_token_steps_of_a_speculative_loop_run_on_the_ar_layout(monkeypatch)
     drafter = NgramDrafter(3, 64)
     plan = decode_plan(model, params, drafter, layer_loop="unrolled", verify_layout="stored")
     assert (plan.layer_loop, plan.verify_layout, plan.step_layout) == (
-        "unrolled", "stored", "output-major")
+        "unrolled",
+        "stored",
+        "output-major",
+    )
     ng = generate(model, params, prompts, drafter=drafter, plan=plan, **kw)
     assert ng.settings["step_layout"] == "output-major"
     assert sorted(set(traced)) == [(0, True), (3, False)]
@@ -408,9 +462,11 @@ def test_sps_draft_model_drafts_on_the_ar_layout(monkeypatch):
     drafter = DraftModelDrafter(dmodel, 3)
     plan = decode_plan(model, params, drafter, dparams, verify_layout="stored")
     assert (plan.layer_loop, plan.draft_loop, plan.draft_layout) == (
-        "unrolled", "unrolled", "output-major")
-    sps = generate(model, params, prompts, drafter=drafter, drafter_params=dparams, plan=plan,
-                   **kw)
+        "unrolled",
+        "unrolled",
+        "output-major",
+    )
+    sps = generate(model, params, prompts, drafter=drafter, drafter_params=dparams, plan=plan, **kw)
     assert traced == [True]
     assert sps.tokens == generate(model, params, prompts, plan=DecodePlan(), **kw).tokens
     runtime.clear_compiled()

@@ -25,7 +25,7 @@ def _first_emitted(p, q, N, point_mass, seed=0, **kw):
     V, k = p.shape[-1], p.shape[-2] - 1
     kd, kv = jax.random.split(jax.random.PRNGKey(seed))
     if point_mass:
-        draft = jnp.full((N, k), 2, jnp.int32)   # deterministic drafter
+        draft = jnp.full((N, k), 2, jnp.int32)  # deterministic drafter
         qq = None
     else:
         draft = jax.random.categorical(kd, jnp.log(jnp.asarray(q)), shape=(N, k)).astype(jnp.int32)
@@ -73,19 +73,24 @@ def test_bonus_token_when_all_accepted():
     ``max(p - q, 0)`` would never emit tokens 3 or 4 here."""
     V, k, N = 5, 2, 20000
     p = np.zeros((1, k + 1, V), np.float32)
-    p[0, 0, 1] = 1.0                                 # draft 0 = 1 is certain
-    p[0, 1] = [0.1, 0.1, 0.1, 0.6, 0.1]              # draft 1 = 3 has p/q = 1.2: accepted
-    p[0, 2] = [0.1, 0.2, 0.3, 0.25, 0.15]            # the bonus row
+    p[0, 0, 1] = 1.0  # draft 0 = 1 is certain
+    p[0, 1] = [0.1, 0.1, 0.1, 0.6, 0.1]  # draft 1 = 3 has p/q = 1.2: accepted
+    p[0, 2] = [0.1, 0.2, 0.3, 0.25, 0.15]  # the bonus row
     q = np.zeros((1, k, V), np.float32)
     q[0, 0] = [0.0, 0.7, 0.3, 0.0, 0.0]
     q[0, 1] = [0.0, 0.0, 0.0, 0.5, 0.5]
     draft = jnp.broadcast_to(jnp.asarray([[1, 3]], jnp.int32), (N, k))
     kt = jnp.asarray(np.arange(N) % 2 + 1, jnp.int32)  # rows alternate k_t = 2 and k_t = 1
-    n, nxt = verify_sample(jax.random.PRNGKey(0), jnp.broadcast_to(jnp.asarray(p), (N, k + 1, V)),
-                           draft, jnp.broadcast_to(jnp.asarray(q), (N, k, V)), draft_len=kt)
+    n, nxt = verify_sample(
+        jax.random.PRNGKey(0),
+        jnp.broadcast_to(jnp.asarray(p), (N, k + 1, V)),
+        draft,
+        jnp.broadcast_to(jnp.asarray(q), (N, k, V)),
+        draft_len=kt,
+    )
     n, nxt, kt = map(np.asarray, (n, nxt, kt))
     np.testing.assert_array_equal(n, kt)
-    for row in (2, 1):                                # bonus from p_{k_t}
+    for row in (2, 1):  # bonus from p_{k_t}
         chk = check_distribution(nxt[kt == row], dict(enumerate(p[0, row])))
         assert chk.passed, (row, chk.why)
     n, nxt = verify_greedy(jnp.log(jnp.asarray(p) + 1e-9), jnp.asarray([[1, 0]]))
@@ -118,6 +123,7 @@ def test_top_k_top_p_processing():
 
 # ---- n-gram drafter ------------------------------------------------------------------------
 
+
 def _ref_ngram(ctx, k, max_n, min_n):
     """Plain-Python prompt lookup: most recent earlier occurrence of the longest suffix,
     periodic copy; else greedy Eq. 23 bigram chain (ties -> smallest id, unseen -> repeat)."""
@@ -125,9 +131,9 @@ def _ref_ngram(ctx, k, max_n, min_n):
     for n in range(max_n, min_n - 1, -1):
         if L < n:
             continue
-        suf = ctx[L - n:]
+        suf = ctx[L - n :]
         for j in range(L - n - 1, -1, -1):
-            if ctx[j:j + n] == suf:
+            if ctx[j : j + n] == suf:
                 ext = list(ctx)
                 for t in range(k):
                     ext.append(ext[j + n + t])
@@ -154,10 +160,16 @@ def test_ngram_drafter_matches_python_reference(max_n, min_n):
         ctx = rng.integers(0, rng.integers(2, V), size=L - pad).tolist()
         buf = np.full(S, 7)
         buf[pad:L] = ctx
-        bufs.append(buf); lens.append(L); pads.append(pad); ctxs.append(ctx)
-    dctx = DraftContext(buffer=jnp.asarray(np.stack(bufs), jnp.int32),
-                        length=jnp.asarray(lens, jnp.int32), pad=jnp.asarray(pads, jnp.int32),
-                        active=jnp.ones((len(bufs),), bool))
+        bufs.append(buf)
+        lens.append(L)
+        pads.append(pad)
+        ctxs.append(ctx)
+    dctx = DraftContext(
+        buffer=jnp.asarray(np.stack(bufs), jnp.int32),
+        length=jnp.asarray(lens, jnp.int32),
+        pad=jnp.asarray(pads, jnp.int32),
+        active=jnp.ones((len(bufs),), bool),
+    )
     d, _ = drafter.propose((), (), dctx, jax.random.PRNGKey(0), False)
     draft, q = d.tokens, d.q
     assert q is None
@@ -180,8 +192,15 @@ def test_ngram_bigram_sampling_q_is_eq23():
     N = 10_000
     buf = jnp.asarray([ctx + [5] * 4] * N, jnp.int32)
     L = jnp.full((N,), len(ctx), jnp.int32)
-    d, _ = drafter.propose((), (), DraftContext(buffer=buf, length=L, pad=jnp.zeros((N,), jnp.int32),
-                                                active=jnp.ones((N,), bool)), jax.random.PRNGKey(3), True)
+    d, _ = drafter.propose(
+        (),
+        (),
+        DraftContext(
+            buffer=buf, length=L, pad=jnp.zeros((N,), jnp.int32), active=jnp.ones((N,), bool)
+        ),
+        jax.random.PRNGKey(3),
+        True,
+    )
     draft, q = d.tokens, d.q
     # c(.|0): successors of 0 are 1, 2, 1 -> (0, 2/3, 1/3, 0, 0, 0)
     np.testing.assert_allclose(np.asarray(q[0, 0]), [0, 2 / 3, 1 / 3, 0, 0, 0], atol=1e-6)
@@ -190,5 +209,7 @@ def test_ngram_bigram_sampling_q_is_eq23():
     # the second draft is conditioned on the first (Alg. 2 lines 2-6)
     d1 = np.asarray(draft[:, 1])
     first = np.asarray(draft[:, 0])
-    assert set(d1[first == 2].tolist()) == {0}        # 2 is always followed by 0
-    np.testing.assert_allclose(np.asarray(q[first == 1][0, 1]), [1 / 2, 0, 0, 1 / 2, 0, 0], atol=1e-6)
+    assert set(d1[first == 2].tolist()) == {0}  # 2 is always followed by 0
+    np.testing.assert_allclose(
+        np.asarray(q[first == 1][0, 1]), [1 / 2, 0, 0, 1 / 2, 0, 0], atol=1e-6
+    )

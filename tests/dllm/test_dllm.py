@@ -18,8 +18,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.dllm import (DiffusionDecodeConfig, diffusion_generate, num_transfer_tokens,
-                          prefix_widths, row_noise)
+from jaxspec.dllm import (
+    DiffusionDecodeConfig,
+    diffusion_generate,
+    num_transfer_tokens,
+    prefix_widths,
+    row_noise,
+)
 from jaxspec.testing.tiny import tiny_diffusion_model
 from models.llama.modeling import init_cache
 
@@ -47,8 +52,16 @@ def _forward_cached(head: str):
     def f(toks, cache, start):
         T, S = toks.shape[1], cache.size
         pos = start + np.arange(T)[None]
-        return model.apply(params, toks, pos, np.ones((1, T, S), bool), cache=cache,
-                           cache_index=np.full((1,), start, np.int32), shift=False)
+        return model.apply(
+            params,
+            toks,
+            pos,
+            np.ones((1, T, S), bool),
+            cache=cache,
+            cache_index=np.full((1,), start, np.int32),
+            shift=False,
+        )
+
     return jax.jit(f, static_argnums=2)
 
 
@@ -86,30 +99,31 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
         while True:
             if c.method == "stepwise" and i == spb:
                 break
-            if c.method != "stepwise" and not is_masked[lo:lo + L].any():
+            if c.method != "stepwise" and not is_masked[lo : lo + L].any():
                 break
             un = x.copy()
             un[:n] = MASK
             seqs = [x, un] if c.cfg_scale > 0 else [x]
             if c.cache == "none":
-                outs = [np.asarray(fwd(q[None].astype(np.int32)))[0][lo:lo + L] for q in seqs]
-            elif i == 0:   # block's first step: full forward, keep the caches
+                outs = [np.asarray(fwd(q[None].astype(np.int32)))[0][lo : lo + L] for q in seqs]
+            elif i == 0:  # block's first step: full forward, keep the caches
                 outs, caches, prevs = [], [], []
                 for q in seqs:
                     raw, cache = fwdc(q[None].astype(np.int32), init_cache(cfg_base, 1, n + G), 0)
                     raw = np.asarray(raw)[0]
                     caches.append(cache)
                     prevs.append(raw[lo - 1])
-                    outs.append(raw[lo - shift:lo - shift + L])
-            else:          # window against the block's first-step cache
+                    outs.append(raw[lo - shift : lo - shift + L])
+            else:  # window against the block's first-step cache
                 end = n + G if c.cache == "prefix" else lo + L
                 outs = []
                 for q, cache, prev in zip(seqs, caches, prevs):
                     raw = np.asarray(fwdc(x[None, lo:end].astype(np.int32), cache, lo)[0])[0]
-                    outs.append(np.concatenate([prev[None], raw[:L - 1]]) if shift else raw[:L])
+                    outs.append(np.concatenate([prev[None], raw[: L - 1]]) if shift else raw[:L])
             nfe += len(seqs)
-            ftok += (n + G if c.cache == "none" or i == 0 else
-                     (n + G - lo if c.cache == "prefix" else L))
+            ftok += (
+                n + G if c.cache == "none" or i == 0 else (n + G - lo if c.cache == "prefix" else L)
+            )
             logits = outs[0].astype(np.float32)
             if c.cfg_scale > 0:
                 unl = outs[1].astype(np.float32)
@@ -142,7 +156,7 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
                 x0 = np.argmax(sc + g, -1)
             else:
                 x0 = np.argmax(sc, -1)
-            if c.confidence_softmax == "official":   # the [MASK] logit stays in the softmax
+            if c.confidence_softmax == "official":  # the [MASK] logit stays in the softmax
                 lg, sc = process(True)
             if c.remasking in ("random", "origin"):
                 conf = u_pos.copy()
@@ -157,11 +171,11 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
                     conf = s[:, -1] - s[:, -2]
                 else:
                     conf = (p * np.log(p + np.float32(1e-10))).sum(-1)
-            m = is_masked[lo:lo + L]
+            m = is_masked[lo : lo + L]
             if c.confidence_eos_eot_inf:
                 conf = np.where(np.isin(x0, eos), np.finfo(np.float32).min, conf)
             conf = np.where(m, conf, -np.inf)
-            if c.alg_temp > 0:   # Dream's multinomial draw, as Gumbel-top-k
+            if c.alg_temp > 0:  # Dream's multinomial draw, as Gumbel-top-k
                 key_ = np.where(m, conf / np.float32(c.alg_temp) - np.log(-np.log(u_pos)), -np.inf)
                 order = np.argsort(-key_, kind="stable")
             else:
@@ -176,11 +190,11 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
                 k = n_left if i == spb - 1 else int(np.float32(n_left) * frac)
                 chosen = list(order[:k])
             elif c.method == "stepwise":
-                chosen = list(order[:counts[i]])
+                chosen = list(order[: counts[i]])
             elif c.method == "fixed-k":
-                chosen = list(order[:min(c.tokens_per_step, m.sum())])
+                chosen = list(order[: min(c.tokens_per_step, m.sum())])
             else:
-                chosen = [order[0]] + [j for j in order[1:m.sum()] if conf[j] >= c.threshold]
+                chosen = [order[0]] + [j for j in order[1 : m.sum()] if conf[j] >= c.threshold]
             for j in chosen:
                 x[lo + j] = x0[j]
                 is_masked[lo + j] = False
@@ -193,11 +207,14 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
 # ----------------------------------------------------------------------------- agreement
 
 CASES = [
-    ("llada", dict(gen_length=8, block_length=4, steps=8)),            # 1 token / step, greedy
-    ("llada", dict(gen_length=16, block_length=8, steps=8)),           # 2 tokens / step
-    ("llada", dict(gen_length=8, block_length=8, steps=3)),            # remainder: 3, 3, 2
+    ("llada", dict(gen_length=8, block_length=4, steps=8)),  # 1 token / step, greedy
+    ("llada", dict(gen_length=16, block_length=8, steps=8)),  # 2 tokens / step
+    ("llada", dict(gen_length=8, block_length=8, steps=3)),  # remainder: 3, 3, 2
     ("llada", dict(gen_length=8, block_length=4, steps=4, remasking="random", temperature=1.0)),
-    ("llada", dict(gen_length=8, block_length=8, steps=4, remasking="maskgit_plus", temperature=0.7)),
+    (
+        "llada",
+        dict(gen_length=8, block_length=8, steps=4, remasking="maskgit_plus", temperature=0.7),
+    ),
     ("llada", dict(gen_length=8, block_length=4, steps=4, remasking="topk_margin")),
     ("llada", dict(gen_length=8, block_length=4, steps=6, remasking="origin", temperature=0.5)),
     ("llada", dict(gen_length=8, block_length=4, tokens_per_step=3)),
@@ -206,28 +223,72 @@ CASES = [
     ("llada", dict(gen_length=8, block_length=4, steps=4, cfg_scale=1.5, temperature=0.8)),
     ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.5)),
     ("dream", dict(gen_length=8, block_length=8, threshold=0.5, remasking="maskgit_plus")),
-    ("dream", dict(gen_length=8, block_length=8, steps=4, remasking="topk_margin", schedule="dream")),
+    (
+        "dream",
+        dict(gen_length=8, block_length=8, steps=4, remasking="topk_margin", schedule="dream"),
+    ),
     # Dream's sampling knobs: top-k / top-p filtering, alg_temp position sampling
-    ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.7,
-                   top_k=5, top_p=0.9)),
-    ("dream", dict(gen_length=8, block_length=8, steps=4, remasking="maskgit_plus",
-                   temperature=0.5, alg_temp=0.5)),
+    (
+        "dream",
+        dict(
+            gen_length=8,
+            block_length=4,
+            steps=8,
+            remasking="entropy",
+            temperature=0.7,
+            top_k=5,
+            top_p=0.9,
+        ),
+    ),
+    (
+        "dream",
+        dict(
+            gen_length=8,
+            block_length=8,
+            steps=4,
+            remasking="maskgit_plus",
+            temperature=0.5,
+            alg_temp=0.5,
+        ),
+    ),
     ("llada", dict(gen_length=8, block_length=4, tokens_per_step=2, alg_temp=0.2)),
     # jaxspec's earlier confidence rule ([MASK] dropped from the confidence softmax)
     ("llada", dict(gen_length=8, block_length=4, threshold=0.3, confidence_softmax="renormalized")),
-    ("dream", dict(gen_length=8, block_length=4, steps=8, remasking="entropy", temperature=0.7,
-                   top_k=5, top_p=0.9, confidence_softmax="renormalized")),
+    (
+        "dream",
+        dict(
+            gen_length=8,
+            block_length=4,
+            steps=8,
+            remasking="entropy",
+            temperature=0.7,
+            top_k=5,
+            top_p=0.9,
+            confidence_softmax="renormalized",
+        ),
+    ),
     # Fast-dLLM prefix and dual caches (each is its own reference)
     ("llada", dict(gen_length=16, block_length=4, steps=16, cache="prefix")),
-    ("llada", dict(gen_length=16, block_length=1, steps=16, cache="prefix")),  # 16 blocks: padded widths
+    (
+        "llada",
+        dict(gen_length=16, block_length=1, steps=16, cache="prefix"),
+    ),  # 16 blocks: padded widths
     ("llada", dict(gen_length=16, block_length=4, threshold=0.5, cache="dual")),
-    ("llada", dict(gen_length=16, block_length=4, tokens_per_step=2, cache="prefix",
-                   temperature=0.8)),
-    ("llada", dict(gen_length=8, block_length=4, steps=4, cfg_scale=1.5, temperature=0.8,
-                   cache="dual")),
+    (
+        "llada",
+        dict(gen_length=16, block_length=4, tokens_per_step=2, cache="prefix", temperature=0.8),
+    ),
+    (
+        "llada",
+        dict(gen_length=8, block_length=4, steps=4, cfg_scale=1.5, temperature=0.8, cache="dual"),
+    ),
     ("dream", dict(gen_length=16, block_length=4, steps=16, cache="dual")),
-    ("dream", dict(gen_length=16, block_length=4, threshold=0.5, remasking="maskgit_plus",
-                   cache="prefix")),
+    (
+        "dream",
+        dict(
+            gen_length=16, block_length=4, threshold=0.5, remasking="maskgit_plus", cache="prefix"
+        ),
+    ),
 ]
 
 
@@ -252,7 +313,8 @@ def test_matches_numpy_oracle(head, kw):
     elif c.cache == "dual":
         nb = c.num_blocks
         assert res.stats.extra["forward_tokens"] == sum(
-            nb * S + (s - nb) * c.block_length for s in res.stats.steps)
+            nb * S + (s - nb) * c.block_length for s in res.stats.steps
+        )
     assert (res.transfer_step >= 0).all() and (res.full_tokens != MASK).all()
     # blocks are filled in order: every position of block k is transferred before block k+1
     L = c.block_length
@@ -272,8 +334,10 @@ def test_one_token_per_step_greedy_identical_across_methods():
     """Greedy, one token per step: stepwise (steps = gen_length), fixed-k with k = 1 and an
     unreachable threshold are the same decoder, bit for bit (tokens and transfer order)."""
     model, params = MODELS["llada"]
-    runs = [diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, **kw))
-            for kw in (dict(steps=8), dict(tokens_per_step=1), dict(threshold=2.0))]
+    runs = [
+        diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(8, 4, **kw))
+        for kw in (dict(steps=8), dict(tokens_per_step=1), dict(threshold=2.0))
+    ]
     for r in runs[1:]:
         np.testing.assert_array_equal(r.full_tokens, runs[0].full_tokens)
         np.testing.assert_array_equal(r.transfer_step, runs[0].transfer_step)
@@ -305,7 +369,7 @@ def test_eos_cut_and_stats():
     eos = int(r.full_tokens[0, 2])
     cut = diffusion_generate(model, params, PROMPTS, c, eos_ids=(eos,))
     first = int(np.argmax(r.full_tokens[0] == eos))
-    assert cut.tokens[0] == r.full_tokens[0, :first + 1].tolist()
+    assert cut.tokens[0] == r.full_tokens[0, : first + 1].tolist()
     assert cut.stats.new_tokens[0] == first + 1
     assert (cut.stats.target_nfe == 8).all()
 
@@ -316,16 +380,19 @@ def test_schedule():
     assert num_transfer_tokens(32, 8).sum() == 32
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(gen_length=10, block_length=4), "multiple"),
-    (dict(gen_length=8, block_length=4, steps=5), "divisible"),
-    (dict(remasking="nope"), "remasking"),
-    (dict(tokens_per_step=2, threshold=0.5), "exclusive"),
-    (dict(tokens_per_step=0), "tokens_per_step"),
-    (dict(remasking="origin", threshold=0.5), "origin"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(schedule="cosine"), "schedule"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(gen_length=10, block_length=4), "multiple"),
+        (dict(gen_length=8, block_length=4, steps=5), "divisible"),
+        (dict(remasking="nope"), "remasking"),
+        (dict(tokens_per_step=2, threshold=0.5), "exclusive"),
+        (dict(tokens_per_step=0), "tokens_per_step"),
+        (dict(remasking="origin", threshold=0.5), "origin"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(schedule="cosine"), "schedule"),
+    ],
+)
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
         DiffusionDecodeConfig(**kw)
@@ -352,7 +419,7 @@ def test_threshold_follows_the_official_confidence_softmax():
     model, params = MODELS["llada"]
     prompt = PROMPTS[0]
     x = np.array([prompt + [MASK] * 4], np.int32)
-    logits = np.asarray(_forward("llada")(x), np.float64)[0, len(prompt):]
+    logits = np.asarray(_forward("llada")(x), np.float64)[0, len(prompt) :]
     p_all = _softmax(logits)
     no_mask = logits.copy()
     no_mask[:, MASK] = -np.inf
@@ -362,14 +429,14 @@ def test_threshold_follows_the_official_confidence_softmax():
     second = int(np.argsort(-official, kind="stable")[1])
     assert np.argsort(-renorm, kind="stable")[1] == second and renorm[second] > official[second]
     thr = float((official[second] + renorm[second]) / 2)
-    assert renorm[second] - official[second] > 1e-4      # a margin float32 cannot blur
+    assert renorm[second] - official[second] > 1e-4  # a margin float32 cannot blur
     steps = {}
     for rule in ("official", "renormalized"):
         c = DiffusionDecodeConfig(4, 4, threshold=thr, confidence_softmax=rule)
         res = diffusion_generate(model, params, [prompt], c, seed=SEED)
         steps[rule] = res.transfer_step[0]
         toks, tstep, _, _ = oracle("llada", prompt, 0, 1, c, SEED)
-        np.testing.assert_array_equal(res.transfer_step[0], tstep)   # the oracle agrees
+        np.testing.assert_array_equal(res.transfer_step[0], tstep)  # the oracle agrees
     assert (steps["official"] == 0).sum() == 1, steps
     assert (steps["renormalized"] == 0).sum() >= 2, steps
     with pytest.raises(ValueError, match="confidence_softmax"):

@@ -24,12 +24,18 @@ import functools
 import numpy as np
 import pytest
 
-from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
-                          spiffy_generate, ssd_generate)
+from jaxspec.dllm import (
+    DiffusionDecodeConfig,
+    DraftGraph,
+    SpiffyConfig,
+    SSDConfig,
+    diffusion_generate,
+    spiffy_generate,
+    ssd_generate,
+)
 from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.mutants import DLLM_MUTANTS, inject_dllm
 from tests.dllm.test_ssd import _vocab6_model, exact_stepwise_distribution
-from jaxspec.dllm import DraftGraph
 
 PROMPT, G, T, N, SEED = [1, 2, 3, 4], 3, 0.9, 10_000, 11
 DECODE = DiffusionDecodeConfig(G, G, G, temperature=T)
@@ -39,15 +45,22 @@ DECODE = DiffusionDecodeConfig(G, G, G, temperature=T)
 SCALE = {"ssd-chain": 10.0, "ssd-mix-order": 10.0, "spiffy": 6.0}
 METHODS = tuple(SCALE)
 # D = 6 draft blocks of up to 3 positions (the whole 3-position block in one walk)
-GRAPH = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)), ((1, 2), (2, 1)),
-                    ((1, 1), (2, 1), (3, 1))))
+GRAPH = DraftGraph(
+    (
+        ((1, 1),),
+        ((1, 2),),
+        ((1, 1), (2, 1)),
+        ((1, 1), (2, 2)),
+        ((1, 2), (2, 1)),
+        ((1, 1), (2, 1), (3, 1)),
+    )
+)
 
 
 def _run(method):
     model, params = _vocab6_model(SCALE[method])
     if method == "spiffy":
-        return spiffy_generate(model, params, [PROMPT] * N, SpiffyConfig(DECODE, GRAPH),
-                               seed=SEED)
+        return spiffy_generate(model, params, [PROMPT] * N, SpiffyConfig(DECODE, GRAPH), seed=SEED)
     tree = method.split("-", 1)[1]
     return ssd_generate(model, params, [PROMPT] * N, SSDConfig(DECODE, 2, tree), seed=SEED)
 
@@ -55,13 +68,16 @@ def _run(method):
 @functools.lru_cache(maxsize=None)
 def _reference(scale: float):
     model, params = _vocab6_model(scale)
-    return (diffusion_generate(model, params, [PROMPT] * N, DECODE, seed=SEED),
-            exact_stepwise_distribution(PROMPT, G, T, scale))
+    return (
+        diffusion_generate(model, params, [PROMPT] * N, DECODE, seed=SEED),
+        exact_stepwise_distribution(PROMPT, G, T, scale),
+    )
 
 
 def _same_path(res, ref) -> bool:
-    return (np.array_equal(res.full_tokens, ref.full_tokens)
-            and np.array_equal(res.transfer_step, ref.transfer_step))
+    return np.array_equal(res.full_tokens, ref.full_tokens) and np.array_equal(
+        res.transfer_step, ref.transfer_step
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -91,8 +107,10 @@ def test_every_mutant_rejected(method, mutant):
 # sampled, two blocks, a padded batch of different prompts; SSD's mix-order tree and Spiffy
 # over threshold decoding. The reference path is the check here (the joint of 16 positions is
 # not enumerable): the real decoders replay it, every mutant leaves it.
-WIDE = {"ssd": DiffusionDecodeConfig(16, 8, 16, cache="dual", temperature=0.8),
-        "spiffy": DiffusionDecodeConfig(16, 8, 16, cache="dual", temperature=0.8, threshold=0.3)}
+WIDE = {
+    "ssd": DiffusionDecodeConfig(16, 8, 16, cache="dual", temperature=0.8),
+    "spiffy": DiffusionDecodeConfig(16, 8, 16, cache="dual", temperature=0.8, threshold=0.3),
+}
 
 
 def _run_wide(method, decode):
@@ -119,7 +137,7 @@ def test_dream_dual_cache_paths(method, mutant):
     if mutant is None:
         res = _run_wide(method, WIDE[method])
         assert _same_path(res, ref)
-        assert res.stats.accept_hist[:, 2:].sum() > 0     # drafts were accepted
+        assert res.stats.accept_hist[:, 2:].sum() > 0  # drafts were accepted
         return
     with inject_dllm(method, mutant):
         res = _run_wide(method, WIDE[method])

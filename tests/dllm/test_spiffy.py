@@ -18,34 +18,58 @@ import numpy as np
 import pytest
 
 from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
-from jaxspec.dllm.spiffy import (DraftGraph, GraphError, SpiffyConfig, calibration_counts,
-                            load_graph, plot_graph, record_calibration, save_graph, select_graph,
-                            spiffy_generate)
-from tests.dllm.test_dllm import MODELS, PROMPTS
+from jaxspec.dllm.spiffy import (
+    DraftGraph,
+    GraphError,
+    SpiffyConfig,
+    calibration_counts,
+    load_graph,
+    plot_graph,
+    record_calibration,
+    save_graph,
+    select_graph,
+    spiffy_generate,
+)
 from jaxspec.testing.distribution import check_distribution
+from tests.dllm.test_dllm import MODELS, PROMPTS
 from tests.dllm.test_ssd import _repetitive_model, _vocab6_model, exact_stepwise_distribution
 
-GRAPH = DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)),
-                    ((1, 2), (2, 1)), ((1, 1), (2, 1), (3, 1)), ((1, 1), (2, 1), (3, 1), (4, 1))))
+GRAPH = DraftGraph(
+    (
+        ((1, 1),),
+        ((1, 2),),
+        ((1, 1), (2, 1)),
+        ((1, 1), (2, 2)),
+        ((1, 2), (2, 1)),
+        ((1, 1), (2, 1), (3, 1)),
+        ((1, 1), (2, 1), (3, 1), (4, 1)),
+    )
+)
 
 
 def _check_stats(r, ref, c: SpiffyConfig):
     st = r.stats
     assert st.method == "spiffy" and st.reference == c.decode.method
-    np.testing.assert_array_equal(st.steps, ref.stats.steps)     # every reference step replayed
+    np.testing.assert_array_equal(st.steps, ref.stats.steps)  # every reference step replayed
     # each forward takes 1 + accepted steps
     assert ((st.accept_hist * np.arange(c.graph.size + 2)).sum(1) == st.steps).all()
     assert (st.accept_hist.sum(1) == st.target_nfe).all() and (st.accept_hist[:, 0] == 0).all()
     assert st.extra["nfe_speedup"] == pytest.approx(st.steps.sum() / st.target_nfe.sum())
 
 
-CASES = [(h, cache, kw) for h in ("llada", "dream") for cache in ("none", "dual")
-         for kw in ({}, {"temperature": 0.8}, {"tokens_per_step": 2}, {"threshold": 0.3})]
+CASES = [
+    (h, cache, kw)
+    for h in ("llada", "dream")
+    for cache in ("none", "dual")
+    for kw in ({}, {"temperature": 0.8}, {"tokens_per_step": 2}, {"threshold": 0.3})
+]
 
 
-@pytest.mark.parametrize("head,cache,kw", CASES,
-                         ids=[f"{h}-{c}-{'-'.join(f'{k}{v}' for k, v in kw.items()) or 'greedy'}"
-                              for h, c, kw in CASES])
+@pytest.mark.parametrize(
+    "head,cache,kw",
+    CASES,
+    ids=[f"{h}-{c}-{'-'.join(f'{k}{v}' for k, v in kw.items()) or 'greedy'}" for h, c, kw in CASES],
+)
 def test_identical_to_reference(head, cache, kw):
     model, params = MODELS[head]
     d = DiffusionDecodeConfig(16, 8, 16, cache=cache, **kw)
@@ -57,12 +81,17 @@ def test_identical_to_reference(head, cache, kw):
     _check_stats(r, ref, c)
 
 
-@pytest.mark.parametrize("kw", [dict(remasking="topk_margin", steps=8),
-                                dict(remasking="entropy", schedule="dream"),
-                                dict(remasking="random", temperature=0.5),
-                                dict(remasking="origin", temperature=0.5),
-                                dict(temperature=0.7, top_k=5, top_p=0.9),
-                                dict(remasking="maskgit_plus", temperature=0.5, alg_temp=0.3)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(remasking="topk_margin", steps=8),
+        dict(remasking="entropy", schedule="dream"),
+        dict(remasking="random", temperature=0.5),
+        dict(remasking="origin", temperature=0.5),
+        dict(temperature=0.7, top_k=5, top_p=0.9),
+        dict(remasking="maskgit_plus", temperature=0.5, alg_temp=0.3),
+    ],
+)
 def test_identical_to_reference_other_rules(kw):
     model, params = MODELS["dream"]
     d = DiffusionDecodeConfig(**dict(dict(gen_length=8, block_length=8, steps=8), **kw))
@@ -93,10 +122,13 @@ def test_accepts_a_whole_chain_when_drafts_are_right():
         np.testing.assert_array_equal(r.full_tokens, ref.full_tokens)
         # per block of 8: 1 (root only) + 4 + 3 (the block ends) = 3 forwards
         assert int(r.stats.target_nfe[0]) == 6, r.stats.accept_hist
-        assert r.stats.accept_hist[0, 4] == 2 and r.stats.extra["nfe_speedup"] == pytest.approx(16 / 6)
+        assert r.stats.accept_hist[0, 4] == 2 and r.stats.extra["nfe_speedup"] == pytest.approx(
+            16 / 6
+        )
     # fixed-k = 2 with the same graph: only even-sized formulas can equal a state (Eq. 7)
-    even = DraftGraph((((1, 1),), ((1, 1), (2, 1)), ((1, 1), (2, 1), (3, 1)),
-                       ((1, 1), (2, 1), (3, 1), (4, 1))))
+    even = DraftGraph(
+        (((1, 1),), ((1, 1), (2, 1)), ((1, 1), (2, 1), (3, 1)), ((1, 1), (2, 1), (3, 1), (4, 1)))
+    )
     d = DiffusionDecodeConfig(16, 8, tokens_per_step=2)
     ref = diffusion_generate(model, params, [[1, 2, 3]], d)
     r = spiffy_generate(model, params, [[1, 2, 3]], SpiffyConfig(d, even))
@@ -114,7 +146,7 @@ def test_sampling_distribution_equals_stepwise(kw):
     d = DiffusionDecodeConfig(G, G, G, temperature=T, **kw)
     g = DraftGraph((((1, 1),), ((1, 2),), ((2, 1),), ((1, 1), (2, 1))))
     r = spiffy_generate(model, params, [prompt] * R, SpiffyConfig(d, g), seed=11)
-    assert r.stats.accept_hist[:, 2:].sum() > 100          # drafts were accepted
+    assert r.stats.accept_hist[:, 2:].sum() > 100  # drafts were accepted
     ref = diffusion_generate(model, params, [prompt] * R, d, seed=11)
     np.testing.assert_array_equal(r.full_tokens, ref.full_tokens)
     if not kw:
@@ -130,22 +162,27 @@ def test_mesh_must_divide_the_batch():
 
     class Fake:
         size = 4
-    c = SpiffyConfig(DiffusionDecodeConfig(8, 4, 8), DraftGraph((((1, 1),),)))   # 2 x 2 rows
+
+    c = SpiffyConfig(DiffusionDecodeConfig(8, 4, 8), DraftGraph((((1, 1),),)))  # 2 x 2 rows
     with pytest.raises(ValueError, match="does not divide"):
         spiffy_generate(model, params, PROMPTS + PROMPTS[:1], c, mesh=Fake())
 
 
 # ----------------------------------------------------------------------------- graphs
 
-@pytest.mark.parametrize("forms,msg", [
-    ([[]], "empty"),
-    ([[[1, 1], [1, 2]]], "twice"),
-    ([[[0, 1]]], "positive"),
-    ([[[1, "a"]]], "positive"),
-    ([[[1, 1]], [[1, 1]]], "repeats"),
-    ([[[1, 1]], [[2, 1], [3, 1]]], "no parent"),
-    ([[[1, 1]], [[1, 1], [2, 1], [3, 1]]], "no parent"),
-])
+
+@pytest.mark.parametrize(
+    "forms,msg",
+    [
+        ([[]], "empty"),
+        ([[[1, 1], [1, 2]]], "twice"),
+        ([[[0, 1]]], "positive"),
+        ([[[1, "a"]]], "positive"),
+        ([[[1, 1]], [[1, 1]]], "repeats"),
+        ([[[1, 1]], [[2, 1], [3, 1]]], "no parent"),
+        ([[[1, 1]], [[1, 1], [2, 1], [3, 1]]], "no parent"),
+    ],
+)
 def test_graph_violations(forms, msg, tmp_path):
     p = tmp_path / "g.json"
     p.write_text(json.dumps({"formulas": forms}))
@@ -165,7 +202,7 @@ def test_graph_files(tmp_path):
     save_graph(GRAPH, tmp_path / "g.json")
     g = load_graph(tmp_path / "g.json")
     assert g == GRAPH and g.size == 7
-    assert sorted(g.parents(5)) == [2]                       # {c11,c21,c31} <- {c11,c21}
+    assert sorted(g.parents(5)) == [2]  # {c11,c21,c31} <- {c11,c21}
     assert sorted(g.parents(2)) == [0]
     with pytest.raises(GraphError, match="block length"):
         SpiffyConfig(DiffusionDecodeConfig(8, 2, 8), GRAPH)
@@ -173,14 +210,16 @@ def test_graph_files(tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(cache="prefix"), "cache"),
-                                    (dict(cfg_scale=1.0), "guidance")])
+@pytest.mark.parametrize(
+    "kw,msg", [(dict(cache="prefix"), "cache"), (dict(cfg_scale=1.0), "guidance")]
+)
 def test_config_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
         SpiffyConfig(DiffusionDecodeConfig(8, 4, 8, **kw), GRAPH)
 
 
 # ----------------------------------------------------------------------------- calibration
+
 
 def _brute_force(counts, D, strategy, per_level=3):
     """Every size-D subset of the top-3-per-level candidates that satisfies Eqs. 6-8."""
@@ -242,7 +281,7 @@ def test_calibration_records_the_reference_run():
     ref = diffusion_generate(model, params, PROMPTS, d)
     np.testing.assert_array_equal(rec.tokens, ref.full_tokens)
     np.testing.assert_array_equal(rec.transfer_step, ref.transfer_step)
-    assert rec.ok.sum() == len(PROMPTS) * (16 - 2)            # all but each block's first step
+    assert rec.ok.sum() == len(PROMPTS) * (16 - 2)  # all but each block's first step
     counts = calibration_counts([rec], 3)
     assert sum(counts[0].values()) <= rec.ok.sum() and all(len(w) == 1 for w in counts[0])
     assert all(len(w) == 2 for w in counts[1])

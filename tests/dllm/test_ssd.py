@@ -36,22 +36,35 @@ def _check_stats(r, c: SSDConfig, B: int):
     assert st.extra["step_reduction"] == pytest.approx(1 - st.target_nfe.sum() / (B * G))
 
 
-CASES = [(h, cache, tree, n, kw)
-         for h in ("llada", "dream") for cache in ("none", "dual")
-         for tree, n in (("chain", 1), ("chain", 3), ("mix-order", 3))
-         for kw in ({}, {"temperature": 0.8})]
+CASES = [
+    (h, cache, tree, n, kw)
+    for h in ("llada", "dream")
+    for cache in ("none", "dual")
+    for tree, n in (("chain", 1), ("chain", 3), ("mix-order", 3))
+    for kw in ({}, {"temperature": 0.8})
+]
 
 
 _IDS = [f"{h}-{c}-{t}{n}-{'T' if kw else 'greedy'}" for h, c, t, n, kw in CASES]
 # `make test` runs a pairwise-covering subset of the 24 (every pair of option values once);
 # `make test-all` runs them all (jaxspec.testing.cover)
-_COVERED = set(pairwise_cover({i: dict(head=h, cache=c, tree=f"{t}{n}", mode=bool(kw))
-                               for i, (h, c, t, n, kw) in zip(_IDS, CASES)}))
+_COVERED = set(
+    pairwise_cover(
+        {
+            i: dict(head=h, cache=c, tree=f"{t}{n}", mode=bool(kw))
+            for i, (h, c, t, n, kw) in zip(_IDS, CASES)
+        }
+    )
+)
 
 
-@pytest.mark.parametrize("head,cache,tree,n,kw", [
-    pytest.param(*case, id=i, marks=() if i in _COVERED else pytest.mark.slow)
-    for i, case in zip(_IDS, CASES)])
+@pytest.mark.parametrize(
+    "head,cache,tree,n,kw",
+    [
+        pytest.param(*case, id=i, marks=() if i in _COVERED else pytest.mark.slow)
+        for i, case in zip(_IDS, CASES)
+    ],
+)
 def test_identical_to_stepwise(head, cache, tree, n, kw):
     model, params = MODELS[head]
     d = DiffusionDecodeConfig(16, 4, 16, cache=cache, **kw)
@@ -63,10 +76,16 @@ def test_identical_to_stepwise(head, cache, tree, n, kw):
     _check_stats(r, c, len(PROMPTS))
 
 
-@pytest.mark.parametrize("kw", [dict(remasking="topk_margin"), dict(remasking="entropy"),
-                                dict(remasking="random", temperature=0.5),
-                                dict(temperature=0.7, top_k=5, top_p=0.9),
-                                dict(remasking="maskgit_plus", temperature=0.5, alg_temp=0.3)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(remasking="topk_margin"),
+        dict(remasking="entropy"),
+        dict(remasking="random", temperature=0.5),
+        dict(temperature=0.7, top_k=5, top_p=0.9),
+        dict(remasking="maskgit_plus", temperature=0.5, alg_temp=0.3),
+    ],
+)
 def test_identical_to_stepwise_other_rules(kw):
     model, params = MODELS["dream"]
     d = DiffusionDecodeConfig(8, 8, 8, **kw)
@@ -78,14 +97,26 @@ def test_identical_to_stepwise_other_rules(kw):
 
 # ----------------------------------------------------------------------------- an easy model
 
+
 def _repetitive_model():
     """A random LLaDA model whose embedding makes every position predict the token to its
     left: drafts are right, so SSD must accept several tokens per forward."""
     V = 12
-    base = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=64,
-                       num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=False,
-                       tie_embeddings=False, max_position_embeddings=64, rope_theta=10000.0,
-                       rms_norm_eps=1e-6)
+    base = ModelConfig(
+        arch="llama",
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        qkv_bias=False,
+        tie_embeddings=False,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+    )
     params = jax.tree_util.tree_map(lambda x: x * 0.0, init_params(base, 0))
     params = dict(params)
     # logits = constant bias towards token 3 through the final norm / head
@@ -115,23 +146,27 @@ def test_accepts_many_tokens_when_drafts_are_right():
 
 
 def test_tree_shapes():
-    np.testing.assert_array_equal(tree_inclusion(3, "chain"),
-                                  [[0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(
+        tree_inclusion(3, "chain"), [[0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    )
     mix = tree_inclusion(3, "mix-order")
     assert mix.shape == (6, 3)
-    np.testing.assert_array_equal(mix[4:], [[0, 1, 0], [1, 0, 1]])   # m_1, m_2
+    np.testing.assert_array_equal(mix[4:], [[0, 1, 0], [1, 0, 1]])  # m_1, m_2
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(draft_length=0), "draft_length"),
-    (dict(draft_length=5), "draft_length"),
-    (dict(tree="bushy"), "tree"),
-    (dict(decode=DiffusionDecodeConfig(8, 4, 4)), "one token per step"),
-    (dict(decode=DiffusionDecodeConfig(8, 4, tokens_per_step=2)), "one token per step"),
-    (dict(decode=DiffusionDecodeConfig(8, 4, 8, cache="prefix")), "cache"),
-    (dict(decode=DiffusionDecodeConfig(8, 4, 8, remasking="origin")), "origin"),
-    (dict(decode=DiffusionDecodeConfig(8, 4, 8, cfg_scale=1.0)), "guidance"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(draft_length=0), "draft_length"),
+        (dict(draft_length=5), "draft_length"),
+        (dict(tree="bushy"), "tree"),
+        (dict(decode=DiffusionDecodeConfig(8, 4, 4)), "one token per step"),
+        (dict(decode=DiffusionDecodeConfig(8, 4, tokens_per_step=2)), "one token per step"),
+        (dict(decode=DiffusionDecodeConfig(8, 4, 8, cache="prefix")), "cache"),
+        (dict(decode=DiffusionDecodeConfig(8, 4, 8, remasking="origin")), "origin"),
+        (dict(decode=DiffusionDecodeConfig(8, 4, 8, cfg_scale=1.0)), "guidance"),
+    ],
+)
 def test_config_errors(kw, msg):
     args = dict(decode=DiffusionDecodeConfig(8, 4, 8), draft_length=2)
     args.update(kw)
@@ -149,10 +184,21 @@ def _vocab6_model(scale: float = 6.0):
     """A one-layer vocabulary-6 LLaDA (mask id 5) with every matrix scaled by ``scale``: at 6 its
     conditionals barely depend on which block positions are filled; at 10 they do (the
     mutation tests use that one, :mod:`tests.dllm.test_mutants`)."""
-    base = ModelConfig(arch="llama", vocab_size=V6, hidden_size=16, intermediate_size=32,
-                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, qkv_bias=False,
-                       tie_embeddings=False, max_position_embeddings=40, rope_theta=10000.0,
-                       rms_norm_eps=1e-6)
+    base = ModelConfig(
+        arch="llama",
+        vocab_size=V6,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        qkv_bias=False,
+        tie_embeddings=False,
+        max_position_embeddings=40,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+    )
     params = jax.tree_util.tree_map(lambda x: x * scale if x.ndim >= 2 else x, init_params(base, 4))
     return DiffusionLM(DiffusionConfig(base, "llada", MASK6)), params
 
@@ -180,8 +226,8 @@ def exact_stepwise_distribution(prompt, G: int, T: float, scale: float = 6.0) ->
             out[tuple(x[n:])] = out.get(tuple(x[n:]), 0.0) + prob
             return
         lg = np.asarray(fwd(np.array([x], np.int32)))[0].astype(np.float64)[n:]
-        c = _softmax(lg)             # official confidence: the [MASK] logit stays in the softmax
-        lg[:, MASK6] = -np.inf       # ... but [MASK] is never drawn
+        c = _softmax(lg)  # official confidence: the [MASK] logit stays in the softmax
+        lg[:, MASK6] = -np.inf  # ... but [MASK] is never drawn
         q = _softmax(lg / T)
         moves: dict = {}
         for draw in itertools.product(range(V6 - 1), repeat=len(masked)):
@@ -209,11 +255,11 @@ def test_acceptance_limit():
     tok = np.array([1, 2, 3, 4, 5, 6])
     topk = np.zeros((G, G, 2), np.int32)
     for s in range(G):
-        topk[s, :, 0] = tok            # every draft right at top-1
+        topk[s, :, 0] = tok  # every draft right at top-1
     from jaxspec.dllm import acceptance_limit, stepwise_topk
 
-    assert acceptance_limit(pos, tok, topk, 2, 1) == pytest.approx(1 - 2 / 6)   # N/(N+1)
-    topk[0, 2, 0] = 9                  # step 2's token only at rank 2 of step 0's draft
+    assert acceptance_limit(pos, tok, topk, 2, 1) == pytest.approx(1 - 2 / 6)  # N/(N+1)
+    topk[0, 2, 0] = 9  # step 2's token only at rank 2 of step 0's draft
     topk[0, 2, 1] = 3
     assert acceptance_limit(pos, tok, topk, 2, 1) == pytest.approx(1 - 3 / 6)
     assert acceptance_limit(pos, tok, topk, 2, 2) == pytest.approx(1 - 2 / 6)
@@ -223,7 +269,7 @@ def test_acceptance_limit():
     ref = diffusion_generate(model, params, [PROMPTS[0]], d)
     assert sorted(p.tolist()) == list(range(8))
     np.testing.assert_array_equal(ref.full_tokens[0][p], t)
-    assert (tk[np.arange(8), p, 0] == t).all()   # each step's token is its state's top-1
+    assert (tk[np.arange(8), p, 0] == t).all()  # each step's token is its state's top-1
     lims = [acceptance_limit(p, t, tk, 3, k) for k in (1, 2, 3)]
     assert lims == sorted(lims) and 0 <= lims[0] and lims[-1] <= 3 / 4
 
@@ -271,11 +317,18 @@ def test_multi_device_verification_matches_one_device():
     import sys
     from pathlib import Path
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
+    )
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", _MESH_SCRIPT],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0 and "MESH-OK" in out.stdout, out.stderr[-3000:]
 
 
@@ -283,11 +336,12 @@ def test_mesh_must_divide_the_batch():
     from jaxspec.dllm import draft_mesh
 
     model, params = MODELS["llada"]
-    c = SSDConfig(DiffusionDecodeConfig(8, 4, 8), 2, "chain")     # 3 nodes x 2 prompts = 6
+    c = SSDConfig(DiffusionDecodeConfig(8, 4, 8), 2, "chain")  # 3 nodes x 2 prompts = 6
     mesh = draft_mesh(1)
     assert ssd_generate(model, params, PROMPTS, c, mesh=mesh).full_tokens.shape == (2, 8)
 
     class Fake:
         size = 4
+
     with pytest.raises(ValueError, match="does not divide"):
         ssd_generate(model, params, PROMPTS, c, mesh=Fake())

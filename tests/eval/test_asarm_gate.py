@@ -23,15 +23,16 @@ from jaxspec.testing.tiny import CharTok
 
 def _params(collapse_to=None):
     params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, init_params(CFG, 0))
-    if collapse_to is not None:            # a collapsed model: one token wins every position
+    if collapse_to is not None:  # a collapsed model: one token wins every position
         params["lm_bias"] = params["lm_bias"].at[collapse_to].set(1e4)
     return params
 
 
 def _ppl_judge(calls):
-    def judge(rows):                       # stand-in for SmolLM2: unigram "perplexity" 2^H
+    def judge(rows):  # stand-in for SmolLM2: unigram "perplexity" 2^H
         calls.append([list(r) for r in rows])
         return [float(2 ** shannon_entropy(r)) for r in rows]
+
     return judge
 
 
@@ -60,8 +61,12 @@ def test_infill_figures_use_masked_positions_only():
 
 
 def _figs(distinct, rep, ppl, degenerate=False):
-    return {"per_sequence": [{"degenerate": degenerate}], "distinct_token_share": distinct,
-            "repeated_ngram_rate": rep, "gen_ppl_geomean": ppl}
+    return {
+        "per_sequence": [{"degenerate": degenerate}],
+        "distinct_token_share": distinct,
+        "repeated_ngram_rate": rep,
+        "gen_ppl_geomean": ppl,
+    }
 
 
 def test_pass_rule():
@@ -72,10 +77,11 @@ def test_pass_rule():
 
     def failed(infill):
         return [c["check"] for c in Q.asarm_gate_checks(infill, truth) if c["passed"] is False]
+
     assert failed(_figs(0.5, 0.2, 30.0, degenerate=True)) == ["degenerate"]
-    assert failed(_figs(0.29, 0.2, 30.0)) == ["distinct"]          # bar 0.5 * 0.6 = 0.3
-    assert failed(_figs(0.5, 0.36, 30.0)) == ["repeated_4gram"]    # bar 0.10 + 0.25
-    assert failed(_figs(0.5, 0.2, 41.0)) == ["gen_ppl"]            # bar 10 * 4.0
+    assert failed(_figs(0.29, 0.2, 30.0)) == ["distinct"]  # bar 0.5 * 0.6 = 0.3
+    assert failed(_figs(0.5, 0.36, 30.0)) == ["repeated_4gram"]  # bar 0.10 + 0.25
+    assert failed(_figs(0.5, 0.2, 41.0)) == ["gen_ppl"]  # bar 10 * 4.0
     no_judge = Q.asarm_gate_checks(_figs(0.5, 0.2, None), _figs(0.6, 0.1, None))
     assert no_judge[-1]["passed"] is None and Q.gate_verdict(no_judge) == "PASS"
 
@@ -84,13 +90,26 @@ def test_gate_on_tiny_xlnet_scores_the_right_tokens():
     rng = np.random.default_rng(0)
     seqs = [list(map(int, rng.integers(32, 120, 30))) for _ in range(3)]
     calls = []
-    res = Q.run_asarm_gate(XLNetLM(CFG), _params(), seqs, judge=_ppl_judge(calls),
-                           decode=CharTok().decode, mask_rate=0.9, seed=1, batch=2, bucket=16,
-                           samples=2)
+    res = Q.run_asarm_gate(
+        XLNetLM(CFG),
+        _params(),
+        seqs,
+        judge=_ppl_judge(calls),
+        decode=CharTok().decode,
+        mask_rate=0.9,
+        seed=1,
+        batch=2,
+        bucket=16,
+        samples=2,
+    )
     masks = [random_mask(30, 0.9, 1 * 100003 + b) for b in range(3)]
     assert res["config"]["masked"] == [int(m.sum()) for m in masks] == [27] * 3
     gated = res["gated_run"]
-    assert gated == "sequential T=1" and list(res["figures"]) == ["true", gated, "sequential greedy"]
+    assert gated == "sequential T=1" and list(res["figures"]) == [
+        "true",
+        gated,
+        "sequential greedy",
+    ]
     # truth figures: the true tokens at the masked positions; the judge saw the true sequences
     t = res["figures"]["true"]["per_sequence"]
     for b, s in enumerate(seqs):
@@ -101,7 +120,9 @@ def test_gate_on_tiny_xlnet_scores_the_right_tokens():
     # infilled sequences: visible positions untouched, figures equal the judge's view at the masks
     for run, rows in zip(res["figures"], calls):
         for b, (s, r) in enumerate(zip(seqs, rows)):
-            assert [x for x, m in zip(r, masks[b]) if not m] == [x for x, m in zip(s, masks[b]) if not m]
+            assert [x for x, m in zip(r, masks[b]) if not m] == [
+                x for x, m in zip(s, masks[b]) if not m
+            ]
             inf = [x for x, m in zip(r, masks[b]) if m]
             p = res["figures"][run]["per_sequence"][b]
             assert p["entropy"] == round(shannon_entropy(inf), 4)
@@ -110,17 +131,34 @@ def test_gate_on_tiny_xlnet_scores_the_right_tokens():
     assert len(res["samples"]) == 2 and res["samples"][0]["true"] == CharTok().decode(seqs[0])
     assert "[" in res["samples"][0]["prompt"] and res["verdict"] in ("PASS", "FAIL")
     # same seed, same output
-    again = Q.run_asarm_gate(XLNetLM(CFG), _params(), seqs, judge=None, mask_rate=0.9, seed=1,
-                             batch=2, bucket=16, greedy=False)
+    again = Q.run_asarm_gate(
+        XLNetLM(CFG),
+        _params(),
+        seqs,
+        judge=None,
+        mask_rate=0.9,
+        seed=1,
+        batch=2,
+        bucket=16,
+        greedy=False,
+    )
     assert again["figures"][gated]["per_sequence"] == [
-        dict(p, gen_ppl=None) for p in res["figures"][gated]["per_sequence"]]
+        dict(p, gen_ppl=None) for p in res["figures"][gated]["per_sequence"]
+    ]
 
 
 def test_collapsed_model_fails_degenerate():
     rng = np.random.default_rng(1)
     seqs = [list(map(int, rng.integers(32, 120, 24))) for _ in range(2)]
-    res = Q.run_asarm_gate(XLNetLM(CFG), _params(collapse_to=65), seqs, judge=_ppl_judge([]),
-                           mask_rate=0.9, batch=2, bucket=16)
+    res = Q.run_asarm_gate(
+        XLNetLM(CFG),
+        _params(collapse_to=65),
+        seqs,
+        judge=_ppl_judge([]),
+        mask_rate=0.9,
+        batch=2,
+        bucket=16,
+    )
     fig = res["figures"][res["gated_run"]]
     assert fig["degenerate_share"] == 1.0 and fig["longest_run"] >= 20
     failed = {c["check"] for c in res["checks"] if c["passed"] is False}
@@ -155,26 +193,43 @@ def test_cli_writes_gate_json(fake_stdlib, capsys):
     from scripts.evaluate import main
 
     path, calls = fake_stdlib
-    rc = main(["--gate", "asarm-small", "--weights", str(path), "--sequences", "3",
-               "--seq-len", "32", "--batch", "3", "--samples", "1"])
+    rc = main(
+        [
+            "--gate",
+            "asarm-small",
+            "--weights",
+            str(path),
+            "--sequences",
+            "3",
+            "--seq-len",
+            "32",
+            "--batch",
+            "3",
+            "--samples",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     doc = json.loads((path.parent / "gate.json").read_text())
     assert doc["verdict"] in ("PASS", "FAIL") and f"verdict: {doc['verdict']}" in out
-    assert {s["source"] for s in doc["snippets"]} <= {"json/__init__.py", "csv.py"}   # held out only
+    assert {s["source"] for s in doc["snippets"]} <= {"json/__init__.py", "csv.py"}  # held out only
     assert doc["config"]["masked"] == [30] * 3 and doc["config"]["seq_len"] == [32] * 3
-    assert len(calls) == 4        # true, sampled, greedy, raw truth
+    assert len(calls) == 4  # true, sampled, greedy, raw truth
     assert doc["true_unk_share"] == 0.0 and len(doc["samples"]) == 1
     assert "distinct-token share" in out and ("[pass]" in out or "[FAIL]" in out)
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--weights", "/nonexistent/model.safetensors"], "AS-ARM weights not found"),
-    (["--mask-rate", "1.0"], "--mask-rate"),
-    (["--sequences", "0"], "--sequences"),
-    (["--seq-len", "4096"], "exceeds the model's context"),
-    (["--sequences", "500", "--seq-len", "200"], "held-out windows"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--weights", "/nonexistent/model.safetensors"], "AS-ARM weights not found"),
+        (["--mask-rate", "1.0"], "--mask-rate"),
+        (["--sequences", "0"], "--sequences"),
+        (["--seq-len", "4096"], "exceeds the model's context"),
+        (["--sequences", "500", "--seq-len", "200"], "held-out windows"),
+    ],
+)
 def test_cli_bad_input(fake_stdlib, capsys, argv, msg):
     from scripts.evaluate import main
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from jaxspec.eval.dllm_gate import (eos_completion_figures, heldout_function_prompts,
-                                    stepwise_completions, v2_gate_checks)
+from jaxspec.eval.dllm_gate import (
+    eos_completion_figures,
+    heldout_function_prompts,
+    stepwise_completions,
+    v2_gate_checks,
+)
 from jaxspec.eval.metrics import answer_degeneracy
 from jaxspec.eval.quality import completion_program
 from jaxspec.testing.tiny import CharTok, tiny_diffusion_model
@@ -19,8 +23,14 @@ def test_figures_are_computed_before_the_first_eos():
     looping = [3, 4] * 4  # never ends
     figs = eos_completion_figures([answer + [EOS] * 2, looping], [EOS], budget=8)
     a, b = figs["per_completion"]
-    assert a == {"answer_tokens": 6, "ends_with_eos": True, "eos_share": 0.25,
-                 "distinct_token_share": 1.0, "repeated_ngram_rate": 0.0, "longest_run": 1}
+    assert a == {
+        "answer_tokens": 6,
+        "ends_with_eos": True,
+        "eos_share": 0.25,
+        "distinct_token_share": 1.0,
+        "repeated_ngram_rate": 0.0,
+        "longest_run": 1,
+    }
     assert b["answer_tokens"] == 8 and not b["ends_with_eos"] and b["eos_share"] == 0.0
     assert b["distinct_token_share"] == pytest.approx(2 / 8)
     assert b["repeated_ngram_rate"] == pytest.approx(3 / 5)  # 5 4-grams, 3 seen before
@@ -54,17 +64,38 @@ def test_heldout_prompts_are_signatures_and_docstrings():
 
 def test_stepwise_completions_keep_eos_tails():
     model, params = tiny_diffusion_model("llada")
-    out = stepwise_completions(model, params, [[5, 6, 7], [3, 1, 4, 1]], gen_length=16,
-                               block_length=8, cache="dual", eos_ids=(2,), pad_id=0, batch=1)
+    out = stepwise_completions(
+        model,
+        params,
+        [[5, 6, 7], [3, 1, 4, 1]],
+        gen_length=16,
+        block_length=8,
+        cache="dual",
+        eos_ids=(2,),
+        pad_id=0,
+        batch=1,
+    )
     assert [len(c) for c in out] == [16, 16]
-    both = stepwise_completions(model, params, [[5, 6, 7], [3, 1, 4, 1]], gen_length=16,
-                                block_length=8, cache="dual", eos_ids=(2,), pad_id=0, batch=2)
+    both = stepwise_completions(
+        model,
+        params,
+        [[5, 6, 7], [3, 1, 4, 1]],
+        gen_length=16,
+        block_length=8,
+        cache="dual",
+        eos_ids=(2,),
+        pad_id=0,
+        batch=2,
+    )
     assert both == out  # batching does not change a greedy completion
 
 
 def test_completion_program_cuts_at_top_level():
-    p = {"prompt": "def f(x):\n", "test": "def check(g):\n    assert g(2) == 4\n",
-         "entry_point": "f"}
+    p = {
+        "prompt": "def f(x):\n",
+        "test": "def check(g):\n    assert g(2) == 4\n",
+        "entry_point": "f",
+    }
     prog = completion_program(p, "    return x * 2\ndef junk():\n    pass\n")
     assert "junk" not in prog and prog.startswith("def f(x):\n    return x * 2\n")
     ns: dict = {}

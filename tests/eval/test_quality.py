@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from jaxspec.eval import quality as Q
-from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from jaxspec.testing.tiny import tiny_model
+from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 
 
 def test_mask_positions_never_position_zero():
@@ -25,8 +25,9 @@ def test_masked_accuracy_matches_manual(head):
     model = DiffusionLM(DiffusionConfig(base=causal.config, head=head, mask_token_id=mask_id))
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 31, size=(3, 12)).astype(np.int32)
-    out, masks = Q.masked_accuracy(model, params, rows, 0.5, seed=3, batch_size=2,
-                                   return_masks=True)
+    out, masks = Q.masked_accuracy(
+        model, params, rows, 0.5, seed=3, batch_size=2, return_masks=True
+    )
     assert not masks[:, 0].any() and out["masked"] == masks.sum()
     # manual oracle: logits[:, i] predicts token i (the shift is inside DiffusionLM.apply)
     noisy = np.where(masks, mask_id, rows)
@@ -52,6 +53,7 @@ def test_causal_accuracy_at_positions():
     masks = np.zeros((1, 8), bool)
     masks[0, 3] = True
     from jaxspec.causal.decode import generate
+
     # greedy continuation of [0,0,0] gives the model's own next token -> accuracy 1
     nxt = generate(causal, params, [[0, 0, 0]], max_new_tokens=1).tokens[0][0]
     rows[0, 3] = nxt
@@ -63,7 +65,7 @@ def test_causal_accuracy_at_positions():
 def test_continuation_match_and_figures():
     assert Q.continuation_match([1, 2, 3, 4], [1, 2, 0, 4]) == 0.75
     assert Q.continuation_match([1, 2], [1, 2, 3, 4]) == 0.5
-    assert Q.continuation_match([5, 1, 2, 3], [1, 2, 3, 4]) == 0.0   # positional, not shifted
+    assert Q.continuation_match([5, 1, 2, 3], [1, 2, 3, 4]) == 0.0  # positional, not shifted
     with pytest.raises(Q.QualityError):
         Q.continuation_match([1], [])
     assert Q.is_degenerate([7] * 6 + [1, 2]) and not Q.is_degenerate([7] * 4 + [1, 2, 3, 4])
@@ -85,7 +87,8 @@ def test_heldout_snippets_deterministic(tmp_path):
     s = Q.heldout_snippets(_Tok(), ["json", "csv"], 3, prompt_len=6, cont_len=4, root=tmp_path)
     assert [x.source for x in s] == ["csv.py", "json/__init__.py", "json/__init__.py"]
     assert all(len(x.prompt) == 6 and len(x.target) == 4 for x in s)
-    assert s == Q.heldout_snippets(_Tok(), ["json", "csv"], 3, prompt_len=6, cont_len=4,
-                                   root=tmp_path)
+    assert s == Q.heldout_snippets(
+        _Tok(), ["json", "csv"], 3, prompt_len=6, cont_len=4, root=tmp_path
+    )
     with pytest.raises(Q.QualityError):
         Q.heldout_snippets(_Tok(), ["json", "csv"], 50, prompt_len=6, cont_len=4, root=tmp_path)

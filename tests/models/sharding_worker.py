@@ -23,17 +23,21 @@ def main(argv=None) -> int:
     ap.add_argument("--mesh", required=True)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--methods", default="all")
-    ap.add_argument("--checkpoint", default=None,
-                    help="instead: load this HF directory onto the mesh (bfloat16) and compare "
-                         "it with the one-device load")
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="instead: load this HF directory onto the mesh (bfloat16) and compare "
+        "it with the one-device load",
+    )
     args = ap.parse_args(argv)
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={args.devices}")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+    )
     import jax
     import numpy as np
 
-    from models.llama.layout import decode_layout
     from jaxspec.methods import METHODS
+    from models.llama.layout import decode_layout
     from models.sharding import make_mesh, mesh_of, shard_params
     from tests.test_methods import _inputs
 
@@ -75,12 +79,25 @@ def main(argv=None) -> int:
         many = m.run(model, sp, inp, m.configure(sharded(opts), strict=False), seed=3)
         spec = str(sp["layers"]["wq" if m.family != "asarm" else "q"].sharding.spec)
         # the AR loop's output-major layout keeps q/k/v apart on a mesh (modeling.fuse_qkv)
-        fused = (None if m.family == "asarm" else
-                 "wqkv_t" in decode_layout(sp, "unrolled", output_major=True)["layers"][0])
-        print(json.dumps({"method": name, "tokens": rows(one) == rows(many),
-                          "nfe": nfe(one) == nfe(many), "mesh": dict(mesh.shape),
-                          "on_mesh": mesh_of(sp) is not None, "wq_spec": spec,
-                          "fused_on_mesh": fused}), flush=True)
+        fused = (
+            None
+            if m.family == "asarm"
+            else "wqkv_t" in decode_layout(sp, "unrolled", output_major=True)["layers"][0]
+        )
+        print(
+            json.dumps(
+                {
+                    "method": name,
+                    "tokens": rows(one) == rows(many),
+                    "nfe": nfe(one) == nfe(many),
+                    "mesh": dict(mesh.shape),
+                    "on_mesh": mesh_of(sp) is not None,
+                    "wq_spec": spec,
+                    "fused_on_mesh": fused,
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 
@@ -96,13 +113,29 @@ def _check_loading(path, mesh) -> int:
     model, ref, _, _ = load_model("hf-directory", path, dtype="bfloat16")
     _, sp, _, _ = load_model("hf-directory", path, dtype="bfloat16", mesh=mesh)
     want = param_shardings(model.config, sp, mesh)
-    same = jax.tree.leaves(jax.tree.map(
-        lambda a, b: bool(np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-                          and a.dtype == b.dtype), ref, sp))
+    same = jax.tree.leaves(
+        jax.tree.map(
+            lambda a, b: bool(
+                np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+                and a.dtype == b.dtype
+            ),
+            ref,
+            sp,
+        )
+    )
     placed = jax.tree.leaves(jax.tree.map(lambda a, w: a.sharding == w, sp, want))
     split = sum(any(p is not None for p in w.spec) for w in jax.tree.leaves(want))
-    print(json.dumps({"values": all(same), "shardings": all(placed), "split_leaves": split,
-                      "dtype": str(sp["embed"].dtype)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "values": all(same),
+                "shardings": all(placed),
+                "split_leaves": split,
+                "dtype": str(sp["embed"].dtype),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from models.checkpoint import load_checkpoint
+from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig
 from models.diffusion.params import load_diffusion_dir
-from models.llama.params import load_hf_dir
 from models.llama.modeling import init_params
-from models.config import ModelConfig
+from models.llama.params import load_hf_dir
 from scripts import convert
 
 
@@ -38,12 +38,21 @@ def test_hf_roundtrip(which, request, tmp_path):
 
 @pytest.mark.parametrize("head", ["llada", "dream"])
 def test_diffusion_roundtrip(head, tmp_path):
-    from models.checkpoint import export_hf, save_checkpoint
+    from models.checkpoint import export_hf
 
-    base = ModelConfig(arch="llama" if head == "llada" else "qwen2", vocab_size=40,
-                       hidden_size=16, intermediate_size=32, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=4, qkv_bias=(head == "dream"),
-                       tie_embeddings=False, max_position_embeddings=64)
+    base = ModelConfig(
+        arch="llama" if head == "llada" else "qwen2",
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=4,
+        qkv_bias=(head == "dream"),
+        tie_embeddings=False,
+        max_position_embeddings=64,
+    )
     cfg = DiffusionConfig(base=base, head=head, mask_token_id=39)
     params = init_params(base, seed=3)
     export_hf(tmp_path / "hf", cfg, params)
@@ -71,9 +80,18 @@ def _multi_shard_dir(tmp_path):
     embeddings): 10.9 MB of float32, the largest stacked parameter 3.1 MB."""
     from models.checkpoint import export_hf
 
-    cfg = ModelConfig(arch="llama", vocab_size=512, hidden_size=64, intermediate_size=512,
-                      num_layers=24, num_heads=4, num_kv_heads=2, head_dim=16,
-                      tie_embeddings=False, max_position_embeddings=64)
+    cfg = ModelConfig(
+        arch="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=512,
+        num_layers=24,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        tie_embeddings=False,
+        max_position_embeddings=64,
+    )
     params = init_params(cfg, seed=5)
     export_hf(tmp_path / "hf", cfg, params)
     total = sum(x.size * 4 for x in jax.tree_util.tree_leaves(params))
@@ -118,7 +136,9 @@ def test_streaming_conversion_errors(tmp_path, capsys):
     (src / "model-00007-of-00025.safetensors").unlink()
     assert convert.main(["--to", "jaxspec", str(src), str(tmp_path / "js")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "model-00007-of-00025.safetensors" in err and "missing" in err
+    assert (
+        err.startswith("error:") and "model-00007-of-00025.safetensors" in err and "missing" in err
+    )
     assert not (tmp_path / "js").exists() and not (tmp_path / "js.partial").exists()
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")

@@ -34,15 +34,24 @@ LLADA_MASK_ID, DREAM_MASK_ID = 299, 298
 
 def _hf_to_llada_name(name: str) -> str:
     """transformers Llama tensor name -> LLaDA (``LLaDAModelLM``) name."""
-    top = {"model.embed_tokens.weight": "model.transformer.wte.weight",
-           "model.norm.weight": "model.transformer.ln_f.weight",
-           "lm_head.weight": "model.transformer.ff_out.weight"}
+    top = {
+        "model.embed_tokens.weight": "model.transformer.wte.weight",
+        "model.norm.weight": "model.transformer.ln_f.weight",
+        "lm_head.weight": "model.transformer.ff_out.weight",
+    }
     if name in top:
         return top[name]
-    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj",
-             "self_attn.v_proj": "v_proj", "self_attn.o_proj": "attn_out",
-             "post_attention_layernorm": "ff_norm", "mlp.gate_proj": "ff_proj",
-             "mlp.up_proj": "up_proj", "mlp.down_proj": "ff_out"}
+    layer = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "q_proj",
+        "self_attn.k_proj": "k_proj",
+        "self_attn.v_proj": "v_proj",
+        "self_attn.o_proj": "attn_out",
+        "post_attention_layernorm": "ff_norm",
+        "mlp.gate_proj": "ff_proj",
+        "mlp.up_proj": "up_proj",
+        "mlp.down_proj": "ff_out",
+    }
     _, _, i, rest = name.split(".", 3)
     mod, param = rest.rsplit(".", 1)
     return f"model.transformer.blocks.{i}.{layer[mod]}.{param}"
@@ -58,19 +67,41 @@ def _write_llada_dir(tiny, out, prefixed: bool = True):
     tensors = {}
     for k, v in sd.items():
         name = _hf_to_llada_name(k)
-        tensors[name if prefixed else name[len("model."):]] = np.ascontiguousarray(v)
+        tensors[name if prefixed else name[len("model.") :]] = np.ascontiguousarray(v)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
-    theta = (c.rope_parameters or {}).get("rope_theta") if getattr(c, "rope_parameters", None) else c.rope_theta
+    theta = (
+        (c.rope_parameters or {}).get("rope_theta")
+        if getattr(c, "rope_parameters", None)
+        else c.rope_theta
+    )
     cfg = {  # keys as in LLaDA's configuration_llada.py / LLaDA-8B config.json
-        "model_type": "llada", "architectures": ["LLaDAModelLM"],
-        "d_model": c.hidden_size, "n_heads": c.num_attention_heads, "n_kv_heads": c.num_key_value_heads,
-        "n_layers": c.num_hidden_layers, "mlp_hidden_size": c.intermediate_size, "mlp_ratio": 4,
-        "vocab_size": c.vocab_size, "embedding_size": c.vocab_size, "rope_theta": float(theta),
-        "rms_norm_eps": c.rms_norm_eps, "include_bias": False, "include_qkv_bias": False,
-        "weight_tying": bool(tiny.tied), "mask_token_id": LLADA_MASK_ID, "max_sequence_length": 128,
-        "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms", "rope": True,
-        "alibi": False, "scale_logits": False, "block_group_size": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "d_model": c.hidden_size,
+        "n_heads": c.num_attention_heads,
+        "n_kv_heads": c.num_key_value_heads,
+        "n_layers": c.num_hidden_layers,
+        "mlp_hidden_size": c.intermediate_size,
+        "mlp_ratio": 4,
+        "vocab_size": c.vocab_size,
+        "embedding_size": c.vocab_size,
+        "rope_theta": float(theta),
+        "rms_norm_eps": c.rms_norm_eps,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "weight_tying": bool(tiny.tied),
+        "mask_token_id": LLADA_MASK_ID,
+        "max_sequence_length": 128,
+        "activation_type": "silu",
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "rope": True,
+        "alibi": False,
+        "scale_logits": False,
+        "block_group_size": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
@@ -134,8 +165,12 @@ def test_llada_matches_torch_bidirectional(llada, tmp_path, prefixed):
     if not prefixed:
         d = _write_llada_dir(tiny, tmp_path / "noprefix", prefixed=False)
     cfg, params = load_llada_dir(d)
-    assert (cfg.head, cfg.mask_token_id, cfg.base.vocab_size, cfg.base.rope_theta) == \
-        ("llada", LLADA_MASK_ID, 300, 5000.0)
+    assert (cfg.head, cfg.mask_token_id, cfg.base.vocab_size, cfg.base.rope_theta) == (
+        "llada",
+        LLADA_MASK_ID,
+        300,
+        5000.0,
+    )
     assert (cfg.base.num_kv_heads, cfg.base.tie_embeddings, cfg.base.qkv_bias) == (2, False, False)
     model = DiffusionLM(cfg)
     tokens = _tokens(1, cfg.vocab_size, cfg.mask_token_id)
@@ -146,8 +181,10 @@ def test_llada_matches_torch_bidirectional(llada, tmp_path, prefixed):
     causal = _torch_logits(tiny.model, tokens, None)
     diff = float(np.abs(np.asarray(ours) - ref).max())
     gap = float(np.abs(causal - ref).max())
-    print(f"llada prefixed={prefixed}: max|ours - torch bidirectional| = {diff:.2e}; "
-          f"torch causal vs bidirectional differ by {gap:.2e}")
+    print(
+        f"llada prefixed={prefixed}: max|ours - torch bidirectional| = {diff:.2e}; "
+        f"torch causal vs bidirectional differ by {gap:.2e}"
+    )
     assert gap > 1e-2  # the 4D mask really is non-causal, so this test can fail
     assert diff < TOL
 
@@ -155,8 +192,13 @@ def test_llada_matches_torch_bidirectional(llada, tmp_path, prefixed):
 def test_dream_matches_torch_shifted(dream):
     tiny, d = dream
     cfg, params = load_dream_dir(d)
-    assert (cfg.head, cfg.mask_token_id, cfg.base.arch, cfg.base.qkv_bias, cfg.base.tie_embeddings) == \
-        ("dream", DREAM_MASK_ID, "qwen2", True, True)
+    assert (
+        cfg.head,
+        cfg.mask_token_id,
+        cfg.base.arch,
+        cfg.base.qkv_bias,
+        cfg.base.tie_embeddings,
+    ) == ("dream", DREAM_MASK_ID, "qwen2", True, True)
     model = DiffusionLM(cfg)
     tokens = _tokens(2, cfg.vocab_size, cfg.mask_token_id)
     apply = jax.jit(model.apply, static_argnames="shift")
@@ -168,8 +210,10 @@ def test_dream_matches_torch_shifted(dream):
     d_raw = float(np.abs(raw - ref).max())
     ref_shift = np.concatenate([ref[:, :1], ref[:, :-1]], axis=1)
     d_shift = float(np.abs(out - ref_shift).max())
-    print(f"dream: raw vs torch bidirectional {d_raw:.2e}, shifted vs shifted torch {d_shift:.2e}, "
-          f"causal gap {gap:.2e}")
+    print(
+        f"dream: raw vs torch bidirectional {d_raw:.2e}, shifted vs shifted torch {d_shift:.2e}, "
+        f"causal gap {gap:.2e}"
+    )
     assert gap > 1e-2
     assert d_raw < TOL and d_shift < TOL
     # the shift, explicitly: out[:, i] = raw[:, i-1] (i >= 1), out[:, 0] = raw[:, 0]
@@ -209,16 +253,16 @@ def test_left_padding_matches_unpadded(which, request):
     for b, n in enumerate(lengths):
         row = rs.randint(0, cfg.vocab_size, size=n)
         rows.append(row)
-        tokens[b, pad[b]:] = row
-        valid[b, pad[b]:] = True
-        positions[b, pad[b]:] = np.arange(n)
+        tokens[b, pad[b] :] = row
+        valid[b, pad[b] :] = True
+        positions[b, pad[b] :] = np.arange(n)
     mask = bidirectional_mask(jnp.asarray(valid))
     padded, _ = apply(params, jnp.asarray(tokens), jnp.asarray(positions), mask)
     padded = np.asarray(padded)
     worst = 0.0
     for b, n in enumerate(lengths):
         alone, _ = apply(params, jnp.asarray(rows[b])[None], _pos(1, n))
-        ours = padded[b, pad[b]:]
+        ours = padded[b, pad[b] :]
         if cfg.head == "dream":  # the shift of a left-padded row starts at the pad boundary
             ours = ours[1:]
             alone = alone[:, 1:]
@@ -234,7 +278,9 @@ def test_bidirectional_mask_shape_and_pad_rows():
     valid = jnp.array([[False, True, True], [True, True, True]])
     m = np.asarray(bidirectional_mask(valid))
     assert m.shape == (2, 3, 3) and m.dtype == bool
-    np.testing.assert_array_equal(m[0], [[True, False, False], [False, True, True], [False, True, True]])
+    np.testing.assert_array_equal(
+        m[0], [[True, False, False], [False, True, True], [False, True, True]]
+    )
     assert m[1].all()
 
 
@@ -256,12 +302,26 @@ def test_kv_cache_prefix_matches_full_pass(which, request):
     cache = init_cache(cfg.base, B, CACHE)
     slots = np.arange(CACHE)[None, :]
     pre_mask = jnp.broadcast_to(jnp.asarray(slots < PREFIX), (B, PREFIX, CACHE))
-    pre, cache = apply(params, tokens[:, :PREFIX], _pos(B, PREFIX), pre_mask, cache=cache,
-                       cache_index=jnp.zeros((B,), jnp.int32), shift=False)
+    pre, cache = apply(
+        params,
+        tokens[:, :PREFIX],
+        _pos(B, PREFIX),
+        pre_mask,
+        cache=cache,
+        cache_index=jnp.zeros((B,), jnp.int32),
+        shift=False,
+    )
     rest_mask = jnp.broadcast_to(jnp.asarray(slots < T), (B, T - PREFIX, CACHE))
     rest_pos = jnp.broadcast_to(jnp.arange(PREFIX, T, dtype=jnp.int32), (B, T - PREFIX))
-    rest, _ = apply(params, tokens[:, PREFIX:], rest_pos, rest_mask, cache=cache,
-                    cache_index=jnp.full((B,), PREFIX, jnp.int32), shift=False)
+    rest, _ = apply(
+        params,
+        tokens[:, PREFIX:],
+        rest_pos,
+        rest_mask,
+        cache=cache,
+        cache_index=jnp.full((B,), PREFIX, jnp.int32),
+        shift=False,
+    )
     d_pre = float(np.abs(np.asarray(pre) - full[:, :PREFIX]).max())
     d_rest = float(np.abs(np.asarray(rest) - full[:, PREFIX:]).max())
     print(f"{which}: cached prefix {d_pre:.2e}, cached rest {d_rest:.2e}")
@@ -275,8 +335,16 @@ def test_kv_cache_prefix_matches_full_pass(which, request):
 
 
 def test_mask_id_outside_vocab_raises():
-    base = ModelConfig(arch="llama", vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1,
-                       num_heads=2, num_kv_heads=1, head_dim=8)
+    base = ModelConfig(
+        arch="llama",
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+    )
     for bad in (50, -1, 10**6):
         with pytest.raises(ValueError, match="outside the vocabulary"):
             DiffusionConfig(base=base, head="llada", mask_token_id=bad)
@@ -298,8 +366,11 @@ def test_mask_id_outside_vocab_in_checkpoint_raises(llada, tmp_path):
 def test_unknown_layout_raises(llada, dream, tiny_hf, tmp_path):
     tiny_llama = tiny_hf("llama", tied=False)
     # a plain Llama dir is not LLaDA, a LLaDA dir is not Dream, a plain Llama is neither
-    for loader, path in ((load_llada_dir, tiny_llama.path), (load_dream_dir, llada[1]),
-                         (load_diffusion_dir, tiny_llama.path)):
+    for loader, path in (
+        (load_llada_dir, tiny_llama.path),
+        (load_dream_dir, llada[1]),
+        (load_diffusion_dir, tiny_llama.path),
+    ):
         with pytest.raises((WeightFileError, ValueError)) as e:
             loader(path)
         assert "\n" not in str(e.value)
@@ -325,8 +396,14 @@ def test_attn_mask_required_with_cache(llada):
     cfg, params = load_llada_dir(d)
     model = DiffusionLM(cfg)
     with pytest.raises(ValueError, match="attn_mask"):
-        model.apply(params, jnp.zeros((1, 2), jnp.int32), _pos(1, 2), None,
-                    cache=init_cache(cfg.base, 1, 4), cache_index=jnp.zeros((1,), jnp.int32))
+        model.apply(
+            params,
+            jnp.zeros((1, 2), jnp.int32),
+            _pos(1, 2),
+            None,
+            cache=init_cache(cfg.base, 1, 4),
+            cache_index=jnp.zeros((1,), jnp.int32),
+        )
     with pytest.raises(ValueError, match="shape"):
         model.apply(params, jnp.zeros((1, 2), jnp.int32), _pos(1, 2), jnp.ones((1, 2, 3), bool))
 
@@ -344,6 +421,7 @@ def test_llada_weight_tying(tiny_hf, tmp_path):
 
 
 # ----------------------------------------------------------------------------- from the CLI
+
 
 def _with_tokenizer(tiny, d):
     import shutil
@@ -370,16 +448,35 @@ def test_weights_family_and_cli_on_llada_and_dream_dirs(llada, dream, tmp_path, 
     _with_tokenizer(llada[0], native)
     assert weights_family(native) == "dllm"
     capsys.readouterr()
-    for d, method, name in ((ld, "stepwise", "hf-directory"), (dd, "ssd", "auto"),
-                            (native, "stepwise", "auto")):
-        rc = gen_cli.main(["--model", name, "--weights", str(d), "--method", method,
-                           "--gen-length", "8", "--block-length", "4", "--prompt", "def f(x):",
-                           "--compare", "--quiet"])
+    for d, method, name in (
+        (ld, "stepwise", "hf-directory"),
+        (dd, "ssd", "auto"),
+        (native, "stepwise", "auto"),
+    ):
+        rc = gen_cli.main(
+            [
+                "--model",
+                name,
+                "--weights",
+                str(d),
+                "--method",
+                method,
+                "--gen-length",
+                "8",
+                "--block-length",
+                "4",
+                "--prompt",
+                "def f(x):",
+                "--compare",
+                "--quiet",
+            ]
+        )
         out = capsys.readouterr().out
         # one-token-per-step stepwise is its own reference: --compare says so, runs nothing
         want = "is its own reference" if method == "stepwise" else "outputs: identical"
         assert rc == 0 and want in out, (d, method, out)
-    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(ld), "--method", "ngram",
-                       "--prompt", "x"])
+    rc = gen_cli.main(
+        ["--model", "hf-directory", "--weights", str(ld), "--method", "ngram", "--prompt", "x"]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "needs a causal model" in err and "masked-diffusion" in err, err

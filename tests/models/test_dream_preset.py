@@ -21,7 +21,12 @@ REAL = get_preset(NAME)  # read before any test swaps the preset directory
 
 def test_preset_fields_and_committed_delta_hash():
     p = get_preset(NAME)
-    assert (p.format, p.base, p.head, p.mask_token_id) == ("delta", "smollm2-135m-instruct", "dream", 16)
+    assert (p.format, p.base, p.head, p.mask_token_id) == (
+        "delta",
+        "smollm2-135m-instruct",
+        "dream",
+        16,
+    )
     assert p.is_diffusion and not get_preset("smollm2-135m-instruct").is_diffusion
     assert p.delta == "checkpoints/dream-smollm2-135m-v2/delta.safetensors"  # v2 is the default
     assert sha256_of(presets.delta_path(p)) == p.sha256
@@ -38,16 +43,27 @@ def preset_dir(tmp_path, monkeypatch):
     preset named ``bad`` (absolute delta path) to it."""
     d = tmp_path / "presets"
     d.mkdir()
-    shutil.copyfile(presets.CONFIG_DIR / "smollm2-135m-instruct.yaml", d / "smollm2-135m-instruct.yaml")
+    shutil.copyfile(
+        presets.CONFIG_DIR / "smollm2-135m-instruct.yaml", d / "smollm2-135m-instruct.yaml"
+    )
     monkeypatch.setattr(presets, "CONFIG_DIR", d)
 
     def write(**fields):
-        base = dict(name="bad", format="delta", base="smollm2-135m-instruct",
-                    delta=str(tmp_path / "delta.safetensors"), sha256="0" * 64, head="dream",
-                    mask_token_id=16)
+        base = dict(
+            name="bad",
+            format="delta",
+            base="smollm2-135m-instruct",
+            delta=str(tmp_path / "delta.safetensors"),
+            sha256="0" * 64,
+            head="dream",
+            mask_token_id=16,
+        )
         base.update(fields)
-        (d / "bad.yaml").write_text("".join(f"{k}: {v}\n" for k, v in base.items() if v is not None))
+        (d / "bad.yaml").write_text(
+            "".join(f"{k}: {v}\n" for k, v in base.items() if v is not None)
+        )
         return tmp_path / "delta.safetensors"
+
     return write
 
 
@@ -98,29 +114,49 @@ def test_cli_corrupt_delta_exit_2(preset_dir, capsys):
     assert err.startswith("error: ") and "delta file" in err and "\n" not in err
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", NAME, "--method", "ar"], "method 'ar' needs a causal model"),
-    (["--model", NAME, "--method", "ngram"], "method 'ngram' needs a causal model"),
-    (["--method", "stepwise"], "needs a masked-diffusion model, but 'smollm2-135m-instruct' is causal"),
-    (["--method", "threshold", "--threshold", "0.9"], "needs a masked-diffusion model"),
-    (["--model", "hf-directory", "--method", "fixed-k"], "needs --weights PATH"),
-    (["--method", "ngram", "--tokens-per-step", "2"], "--tokens-per-step does not apply"),
-    (["--model", NAME, "--method", "medusa"], "unknown method 'medusa'"),
-    (["--model", NAME, "--method", "fixed-k"], "method 'fixed-k' needs --tokens-per-step K"),
-    (["--model", NAME, "--method", "threshold"], "method 'threshold' needs --threshold T"),
-    (["--model", NAME, "--gen-length", "12"], "gen_length 12 is not a multiple of block_length 8"),
-    (["--model", NAME, "--gen-length", "16", "--steps", "3"], "steps 3 is not divisible"),
-    (["--model", NAME, "--remasking", "greedy"], "unknown remasking 'greedy'"),
-    (["--model", NAME, "--tokens-per-step", "0"], "tokens_per_step must be >= 1"),
-    (["--model", NAME, "--tokens-per-step", "2", "--threshold", "0.5"], "exclusive"),
-    (["--model", NAME, "--remasking", "origin", "--threshold", "0.5"], "only works with stepwise"),
-    (["--model", NAME, "--temperature", "-1"], "temperature must be >= 0"),
-    (["--model", NAME, "--method", "ssd", "--threshold", "0.9"],
-     "--threshold does not apply to --method ssd"),
-    (["--model", NAME, "--method", "ssd", "--draft-length", "9"], "draft_length must be an int in [1, block_length=8]"),
-    (["--model", NAME, "--method", "ssd", "--cache", "prefix"], "SSD supports cache 'none' or 'dual'"),
-    (["--method", "ngram", "--cache", "dual"], "--cache does not apply to --method ngram"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", NAME, "--method", "ar"], "method 'ar' needs a causal model"),
+        (["--model", NAME, "--method", "ngram"], "method 'ngram' needs a causal model"),
+        (
+            ["--method", "stepwise"],
+            "needs a masked-diffusion model, but 'smollm2-135m-instruct' is causal",
+        ),
+        (["--method", "threshold", "--threshold", "0.9"], "needs a masked-diffusion model"),
+        (["--model", "hf-directory", "--method", "fixed-k"], "needs --weights PATH"),
+        (["--method", "ngram", "--tokens-per-step", "2"], "--tokens-per-step does not apply"),
+        (["--model", NAME, "--method", "medusa"], "unknown method 'medusa'"),
+        (["--model", NAME, "--method", "fixed-k"], "method 'fixed-k' needs --tokens-per-step K"),
+        (["--model", NAME, "--method", "threshold"], "method 'threshold' needs --threshold T"),
+        (
+            ["--model", NAME, "--gen-length", "12"],
+            "gen_length 12 is not a multiple of block_length 8",
+        ),
+        (["--model", NAME, "--gen-length", "16", "--steps", "3"], "steps 3 is not divisible"),
+        (["--model", NAME, "--remasking", "greedy"], "unknown remasking 'greedy'"),
+        (["--model", NAME, "--tokens-per-step", "0"], "tokens_per_step must be >= 1"),
+        (["--model", NAME, "--tokens-per-step", "2", "--threshold", "0.5"], "exclusive"),
+        (
+            ["--model", NAME, "--remasking", "origin", "--threshold", "0.5"],
+            "only works with stepwise",
+        ),
+        (["--model", NAME, "--temperature", "-1"], "temperature must be >= 0"),
+        (
+            ["--model", NAME, "--method", "ssd", "--threshold", "0.9"],
+            "--threshold does not apply to --method ssd",
+        ),
+        (
+            ["--model", NAME, "--method", "ssd", "--draft-length", "9"],
+            "draft_length must be an int in [1, block_length=8]",
+        ),
+        (
+            ["--model", NAME, "--method", "ssd", "--cache", "prefix"],
+            "SSD supports cache 'none' or 'dual'",
+        ),
+        (["--method", "ngram", "--cache", "dual"], "--cache does not apply to --method ngram"),
+    ],
+)
 def test_cli_diffusion_bad_input_exit_2(args, needle, capsys):
     assert gen_cli.main(args + ["--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip()
@@ -151,8 +187,22 @@ def test_merged_params_differ_from_base_exactly_in_the_delta(smollm2_gguf):
 @pytest.mark.real
 @pytest.mark.slow  # `make test-all`: the CLI path of stepwise on real weights (21 s); the real goldens run the decoder
 def test_real_cli_stepwise(smollm2_gguf, capsys):
-    rc = gen_cli.main(["--model", NAME, "--weights", str(smollm2_gguf), "--method", "stepwise",
-                       "--gen-length", "16", "--block-length", "8", "--prompt", "def add(a, b):"])
+    rc = gen_cli.main(
+        [
+            "--model",
+            NAME,
+            "--weights",
+            str(smollm2_gguf),
+            "--method",
+            "stepwise",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--prompt",
+            "def add(a, b):",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "def add(a, b):" in out
@@ -167,9 +217,27 @@ def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
     """SSD on the real adapted model reproduces stepwise decoding through the CLI (a short
     prompt, no cache, mix-order; the chain tree with the dual cache is a real golden case)."""
     for extra in (["--cache", "none", "--tree", "mix-order"],):
-        rc = gen_cli.main(["--model", NAME, "--weights", str(smollm2_gguf), "--method", "ssd",
-                           "--gen-length", "16", "--block-length", "8", "--draft-length", "3",
-                           "--prompt", "def add(a, b):", "--compare", "--quiet", *extra])
+        rc = gen_cli.main(
+            [
+                "--model",
+                NAME,
+                "--weights",
+                str(smollm2_gguf),
+                "--method",
+                "ssd",
+                "--gen-length",
+                "16",
+                "--block-length",
+                "8",
+                "--draft-length",
+                "3",
+                "--prompt",
+                "def add(a, b):",
+                "--compare",
+                "--quiet",
+                *extra,
+            ]
+        )
         out = capsys.readouterr().out
         assert rc == 0, out
         assert "outputs: identical" in out and "step_reduction=" in out
@@ -182,8 +250,22 @@ def test_dlm_tiny_preset_ssd(smollm2_gguf, monkeypatch, capsys):
     monkeypatch.setenv("JAXSPEC_CACHE", str(smollm2_gguf.parent))
     if smollm2_gguf.name != "SmolLM2-135M-Instruct.Q4_1.gguf":
         pytest.skip("dlm-tiny reads the tokenizer from the cached smollm2 preset file")
-    rc = gen_cli.main(["--model", "dlm-tiny", "--method", "ssd", "--gen-length", "16",
-                       "--block-length", "8", "--compare", "--quiet", "--prompt", "def f(x):"])
+    rc = gen_cli.main(
+        [
+            "--model",
+            "dlm-tiny",
+            "--method",
+            "ssd",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--compare",
+            "--quiet",
+            "--prompt",
+            "def f(x):",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "outputs: identical" in out, out
     model, _, tok, preset = load_model("dlm-tiny", log=lambda m: None)

@@ -22,7 +22,9 @@ from models.registry import PresetError, cast_params, resolve_dtype
 
 def test_resolve_and_cast():
     assert resolve_dtype("float32") == jnp.float32 and resolve_dtype("bfloat16") == jnp.bfloat16
-    assert resolve_dtype("auto") == (jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    assert resolve_dtype("auto") == (
+        jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    )
     with pytest.raises(PresetError, match="unknown dtype 'fp8'"):
         resolve_dtype("fp8")
     _, params = tiny_model()

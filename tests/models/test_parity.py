@@ -52,16 +52,23 @@ def _cached(apply, params, cache, tokens: np.ndarray, start: int):
     b, t = tokens.shape
     pos = start + jnp.arange(t, dtype=jnp.int32)
     mask = jnp.arange(cache.size)[None, :] <= pos[:, None]  # slot s visible iff s <= position
-    logits, cache = apply({"params": params}, jnp.asarray(tokens, jnp.int32),
-                          jnp.broadcast_to(pos, (b, t)), jnp.broadcast_to(mask, (b, t, cache.size)),
-                          cache=cache, cache_index=jnp.full((b,), start, jnp.int32))
+    logits, cache = apply(
+        {"params": params},
+        jnp.asarray(tokens, jnp.int32),
+        jnp.broadcast_to(pos, (b, t)),
+        jnp.broadcast_to(mask, (b, t, cache.size)),
+        cache=cache,
+        cache_index=jnp.full((b,), start, jnp.int32),
+    )
     return np.asarray(logits), cache
 
 
 def _tree_max_diff(a, b) -> float:
     la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
     assert [p for p, _ in la] == [p for p, _ in lb]
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for (_, x), (_, y) in zip(la, lb))
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for (_, x), (_, y) in zip(la, lb)
+    )
 
 
 # ----------------------------------------------------------------------------- tiny models
@@ -74,11 +81,21 @@ def tiny(request):
 
 def test_hf_dir_config(tiny_llama, tiny_qwen2):
     cfg, _ = load_hf_dir(tiny_llama.path)
-    assert (cfg.arch, cfg.tie_embeddings, cfg.qkv_bias, cfg.rope_theta, cfg.num_layers) == \
-        ("llama", False, False, 5000.0, 3)
+    assert (cfg.arch, cfg.tie_embeddings, cfg.qkv_bias, cfg.rope_theta, cfg.num_layers) == (
+        "llama",
+        False,
+        False,
+        5000.0,
+        3,
+    )
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (4, 2, 16, 300)
     cfg, params = load_hf_dir(tiny_qwen2.path)
-    assert (cfg.arch, cfg.tie_embeddings, cfg.qkv_bias, cfg.rms_norm_eps) == ("qwen2", True, True, 1e-6)
+    assert (cfg.arch, cfg.tie_embeddings, cfg.qkv_bias, cfg.rms_norm_eps) == (
+        "qwen2",
+        True,
+        True,
+        1e-6,
+    )
     assert "lm_head" not in params and params["layers"]["bq"].shape == (3, 64)
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
 
@@ -89,7 +106,9 @@ def test_full_pass_matches_torch(tiny):
     ours = _causal(tokens, _apply_fn(cfg), params)
     ref = _torch_logits(tiny.model, tokens)
     diff = float(np.abs(ours - ref).max())
-    print(f"{tiny.arch} tied={tiny.tied}: full-pass max|dlogit| = {diff:.2e} (|logit| max {np.abs(ref).max():.1f})")
+    print(
+        f"{tiny.arch} tied={tiny.tied}: full-pass max|dlogit| = {diff:.2e} (|logit| max {np.abs(ref).max():.1f})"
+    )
     assert diff < TOL_TINY
 
 
@@ -104,7 +123,7 @@ def test_kv_cache_incremental_matches_full(tiny):
     pre_logits, pre_cache = _cached(apply, params, cache, tokens[:, :PREFILL], 0)
     steps, cache = [pre_logits], pre_cache
     for t in range(PREFILL, T):  # one token at a time
-        lg, cache = _cached(apply, params, cache, tokens[:, t:t + 1], t)
+        lg, cache = _cached(apply, params, cache, tokens[:, t : t + 1], t)
         steps.append(lg)
     stepwise = np.concatenate(steps, axis=1)
     chunk, _ = _cached(apply, params, pre_cache, tokens[:, PREFILL:], PREFILL)  # one chunk of 5
@@ -140,17 +159,31 @@ def test_tiny_gguf_matches_hf_dir_and_torch(tiny, tiny_gguf):
     path = tiny_gguf(tiny)
     cfg_h, params_h = load_hf_dir(tiny.path)
     cfg_g, params_g = load_weights(path)
-    for field in ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                  "num_kv_heads", "head_dim", "rope_theta", "tie_embeddings", "qkv_bias"):
+    for field in (
+        "arch",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "rope_theta",
+        "tie_embeddings",
+        "qkv_bias",
+    ):
         assert getattr(cfg_g, field) == pytest.approx(getattr(cfg_h, field)), field
     assert cfg_g.rms_norm_eps == pytest.approx(cfg_h.rms_norm_eps, rel=1e-6)
     assert (cfg_g.bos_token_id, cfg_g.eos_token_ids, cfg_g.pad_token_id) == (1, (2,), 0)
     assert _tree_max_diff(params_h, params_g) == 0.0  # F32 storage, permutation undone exactly
     # transformers reading the same GGUF
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     tokens = np.random.RandomState(3).randint(0, cfg_g.vocab_size, size=(B, T))
-    diff = float(np.abs(_causal(tokens, _apply_fn(cfg_g), params_g) - _torch_logits(hf, tokens)).max())
+    diff = float(
+        np.abs(_causal(tokens, _apply_fn(cfg_g), params_g) - _torch_logits(hf, tokens)).max()
+    )
     print(f"{tiny.arch} GGUF vs transformers-GGUF: max|dlogit| = {diff:.2e}")
     assert diff < TOL_TINY
 
@@ -178,7 +211,12 @@ def test_tiny_tokenizers(tiny, tiny_gguf):
         assert from_dir.decode(ids, skip_special_tokens=False) == text
         assert from_dir.decode(ids) == ref.decode(ids, skip_special_tokens=True)
     for tok in (from_dir, from_gguf):
-        assert (tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id, tok.vocab_size) == (1, (2,), 0, 300)
+        assert (tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id, tok.vocab_size) == (
+            1,
+            (2,),
+            0,
+            300,
+        )
     with pytest.raises(Exception, match="unknown role"):
         from_dir.apply_chat_template([{"role": "tool", "content": "x"}])
     if tiny.arch == "qwen2":  # transformers' own GGUF tokenizer path uses the same qwen2 split
@@ -280,8 +318,9 @@ def smol_tok(smollm2_gguf):
     tests do not make an xdist worker load both models."""
     cfg = gguf_config(gguf.GGUFReader(str(smollm2_gguf), "r"), str(smollm2_gguf))
     tok = Tokenizer.from_gguf(smollm2_gguf)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent),
-                                                        gguf_file=smollm2_gguf.name)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name
+    )
     return cfg, tok, hf_tok
 
 
@@ -290,22 +329,33 @@ def smol(smollm2_gguf, smol_tok):
     """(our config, our params, our tokenizer, HF model, HF tokenizer) for SmolLM2."""
     cfg, params = load_gguf(smollm2_gguf)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), dtype=torch.float32, gguf_file=smollm2_gguf.name).eval()
+        str(smollm2_gguf.parent), dtype=torch.float32, gguf_file=smollm2_gguf.name
+    ).eval()
     return cfg, params, smol_tok[1], hf, smol_tok[2]
 
 
 @pytest.mark.real
 def test_smollm2_tokenizer_matches_transformers(smol_tok):
     cfg, tok, hf_tok = smol_tok
-    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id) == (49152, 1, (2,), 2)
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id) == (
+        49152,
+        1,
+        (2,),
+        2,
+    )
     assert cfg.eos_token_ids == tok.eos_token_ids
     msgs = [{"role": "user", "content": PROMPT}]
     chat = tok.apply_chat_template(msgs)
     assert chat == hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    msgs2 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-             {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
-    assert tok.apply_chat_template(msgs2, add_generation_prompt=False) == \
-        hf_tok.apply_chat_template(msgs2, tokenize=False, add_generation_prompt=False)
+    msgs2 = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+    ]
+    assert tok.apply_chat_template(
+        msgs2, add_generation_prompt=False
+    ) == hf_tok.apply_chat_template(msgs2, tokenize=False, add_generation_prompt=False)
     for text in TEXTS + [PROMPT, chat]:
         ids = tok.encode(text)
         assert ids == hf_tok.encode(text, add_special_tokens=False), text
@@ -334,7 +384,9 @@ def test_smollm2_logits_and_greedy_match_transformers(smol):
     ours = _causal(np.asarray([ids]), apply, params)
     ref = _torch_logits(hf, np.asarray([ids]))
     diff = float(np.abs(ours - ref).max())
-    print(f"SmolLM2 prompt ({P} tokens): max|dlogit| = {diff:.2e} (|logit| max {np.abs(ref).max():.1f})")
+    print(
+        f"SmolLM2 prompt ({P} tokens): max|dlogit| = {diff:.2e} (|logit| max {np.abs(ref).max():.1f})"
+    )
     assert diff < TOL_REAL
 
     # ours: greedy through the KV cache (prefill, then one token per call)
@@ -378,7 +430,9 @@ def test_smollm2_bf16_logits_match_transformers_bf16(smol):
     d_ref = float(np.abs(ours16 - ref16).max())
     agree = float(np.mean(ours16.argmax(-1) == ref16.argmax(-1)))
     agree32 = float(np.mean(ours16.argmax(-1) == ours32.argmax(-1)))
-    print(f"SmolLM2 bf16 vs transformers bf16: max|dlogit| {d_ref:.3g} (scale {scale:.3g}), "
-          f"argmax agreement {agree:.3f}; bf16 vs our f32 argmax agreement {agree32:.3f}")
+    print(
+        f"SmolLM2 bf16 vs transformers bf16: max|dlogit| {d_ref:.3g} (scale {scale:.3g}), "
+        f"argmax agreement {agree:.3f}; bf16 vs our f32 argmax agreement {agree32:.3f}"
+    )
     assert d_ref < 0.08 * scale
     assert agree >= 0.9 and agree32 >= 0.9

@@ -5,21 +5,32 @@ against int8 AR, the ``-int8`` benchmark systems report drift, and bad input fai
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.bench.common import (BenchError, BenchPrompt, JaxspecSystem, first_divergence,
-                                  parse_systems, quantized_params, run_ar_suite)
+from jaxspec.bench.common import (
+    BenchError,
+    BenchPrompt,
+    JaxspecSystem,
+    first_divergence,
+    parse_systems,
+    quantized_params,
+    run_ar_suite,
+)
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.testing.tiny import tiny_model, tiny_xlnet
 from models.llama.layout import decode_layout
-from models.llama.modeling import CausalLM, MATRICES, param_dtype, unstack_layers
+from models.llama.modeling import MATRICES, CausalLM, param_dtype, unstack_layers
 from models.llama.params import load_hf_dir
-from models.quant import (QuantError, dequantize_matrix, is_quantized, quantize_matrix,
-                          quantize_params)
+from models.quant import (
+    QuantError,
+    dequantize_matrix,
+    is_quantized,
+    quantize_matrix,
+    quantize_params,
+)
 from models.registry import PresetError, load_model
 from scripts import generate as gen_cli
 
@@ -71,9 +82,16 @@ def test_int8_logits_equal_dequantized_and_close_to_f32(tiny_llama):
     cfg, params = load_hf_dir(tiny_llama.path)
     model = CausalLM(cfg)
     qp = quantize_params(params)
-    deq = {**params, "layers": {**{k: v for k, v in params["layers"].items() if k not in MATRICES},
-                                **{m: dequantize_matrix(qp["layers"][m + "_q"], qp["layers"][m + "_s"])
-                                   for m in MATRICES}}}
+    deq = {
+        **params,
+        "layers": {
+            **{k: v for k, v in params["layers"].items() if k not in MATRICES},
+            **{
+                m: dequantize_matrix(qp["layers"][m + "_q"], qp["layers"][m + "_s"])
+                for m in MATRICES
+            },
+        },
+    }
     f32, q8, d32 = _forward(model, params), _forward(model, qp), _forward(model, deq)
     scale = float(np.abs(f32).max())
     # (x @ q) * s is the float forward of the weights s * q, up to float32 rounding
@@ -89,9 +107,12 @@ def test_layouts_give_the_same_int8_logits():
     model, params = tiny_model(arch="qwen2")  # biases and a tied head
     qp = quantize_params(params)
     ref = _forward(model, qp)  # stacked weights, lax.scan
-    for tree in (unstack_layers(qp), unstack_layers(qp, output_major=True),
-                 decode_layout(qp, "unrolled", output_major=True), quantize_params(
-                     unstack_layers(params, output_major=True))):
+    for tree in (
+        unstack_layers(qp),
+        unstack_layers(qp, output_major=True),
+        decode_layout(qp, "unrolled", output_major=True),
+        quantize_params(unstack_layers(params, output_major=True)),
+    ):
         assert isinstance(tree["layers"], tuple) and is_quantized(tree)
         np.testing.assert_allclose(_forward(model, tree), ref, rtol=0, atol=1e-5)
     assert decode_layout(qp, "scan") is qp
@@ -131,16 +152,35 @@ def test_bad_input():
 
 
 def test_generate_cli_int8_compare(tiny_llama, capsys):
-    rc = gen_cli.main(["--model", "hf-directory", "--weights", str(tiny_llama.path),
-                       "--quant", "int8", "--method", "ngram", "--draft-length", "3",
-                       "--prompt", "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
-                       "--max-new-tokens", "16", "--compare"])
+    rc = gen_cli.main(
+        [
+            "--model",
+            "hf-directory",
+            "--weights",
+            str(tiny_llama.path),
+            "--quant",
+            "int8",
+            "--method",
+            "ngram",
+            "--draft-length",
+            "3",
+            "--prompt",
+            "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+            "--max-new-tokens",
+            "16",
+            "--compare",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "[compare] ngram vs ar outputs: identical" in out
-    for argv, needle in ((["--quant", "fp8"], "unknown quantization 'fp8'"),
-                         (["--model", "asarm-small", "--quant", "int8", "--infill", "a<mask:2>"],
-                          "not to AS-ARM infilling")):
+    for argv, needle in (
+        (["--quant", "fp8"], "unknown quantization 'fp8'"),
+        (
+            ["--model", "asarm-small", "--quant", "int8", "--infill", "a<mask:2>"],
+            "not to AS-ARM infilling",
+        ),
+    ):
         base = ["--model", "hf-directory", "--weights", str(tiny_llama.path), "--prompt", "x"]
         assert gen_cli.main(base + argv) == 2
         err = capsys.readouterr().err.strip()
@@ -150,8 +190,11 @@ def test_generate_cli_int8_compare(tiny_llama, capsys):
 def test_int8_benchmark_systems_report_drift():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 5, 3], [1, 2, 3]) == 1 and first_divergence([1, 2], [1, 2, 3]) == 2
-    assert parse_systems(["jaxspec/ngram-int8"]) == ["jaxspec/ar", "jaxspec/ar-int8",
-                                                     "jaxspec/ngram-int8"]
+    assert parse_systems(["jaxspec/ngram-int8"]) == [
+        "jaxspec/ar",
+        "jaxspec/ar-int8",
+        "jaxspec/ngram-int8",
+    ]
     model, params = tiny_model(vocab=16)
     common = dict(max_new_tokens=12, eos_ids=(), pad_id=0, draft_length=3)
     systems = [JaxspecSystem(m, model, params, **common) for m in ("ar", "ar-int8", "ngram-int8")]

@@ -14,27 +14,42 @@ import sys
 from pathlib import Path
 
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
 
 from jaxspec.methods import METHODS
 from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
-from models.sharding import (RULES, MeshError, check_mesh, make_mesh, param_shardings,
-                             parse_mesh, partition_spec)
+from models.sharding import (
+    RULES,
+    MeshError,
+    check_mesh,
+    make_mesh,
+    param_shardings,
+    parse_mesh,
+    partition_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(devices: int) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    )
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
 
 def _worker(devices: int, *args: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "tests.models.sharding_worker", "--devices",
-                          str(devices), *args], cwd=ROOT, env=_env(devices), capture_output=True,
-                         text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.models.sharding_worker", "--devices", str(devices), *args],
+        cwd=ROOT,
+        env=_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
@@ -47,12 +62,12 @@ MESH = AbstractMesh((2, 4), ("data", "model"))
 def test_causal_rules_megatron_layout():
     cfg = tiny_model()[0].config  # 4 heads, 2 KV heads, MLP 64, vocab 64
     spec = lambda path, shape: partition_spec(cfg, MESH, path, shape)
-    assert spec("layers/wq", (2, 32, 32)) == P(None, None, "model")   # column parallel
+    assert spec("layers/wq", (2, 32, 32)) == P(None, None, "model")  # column parallel
     assert spec("layers/w_up", (2, 32, 64)) == P(None, None, "model")
-    assert spec("layers/wo", (2, 32, 32)) == P(None, "model", None)   # row parallel
+    assert spec("layers/wo", (2, 32, 32)) == P(None, "model", None)  # row parallel
     assert spec("layers/w_down", (2, 64, 32)) == P(None, "model", None)
-    assert spec("layers/wk", (2, 32, 16)) == P(None, None, None)      # 2 KV heads < 4: replicated
-    assert spec("embed", (64, 32)) == P("model", None)                # vocabulary rows
+    assert spec("layers/wk", (2, 32, 16)) == P(None, None, None)  # 2 KV heads < 4: replicated
+    assert spec("embed", (64, 32)) == P("model", None)  # vocabulary rows
     assert spec("layers/attn_norm", (2, 32)) == P(None, None)
     # the decode layouts: per-layer, output-major copies and int8 scales
     assert spec("layers/wq", (32, 32)) == P(None, "model")
@@ -66,7 +81,9 @@ def test_causal_rules_megatron_layout():
 
 def test_xlnet_rules_and_every_parameter_has_a_rule():
     model, params = tiny_xlnet(11, 1, n_head=4)
-    assert partition_spec(model.config, MESH, "layers/q", (2, 16, 4, 4)) == P(None, None, "model", None)
+    assert partition_spec(model.config, MESH, "layers/q", (2, 16, 4, 4)) == P(
+        None, None, "model", None
+    )
     shard = param_shardings(model.config, params, make_mesh("1x1"))
     assert set(shard) == set(params)
     for m, p in (tiny_model(), tiny_diffusion_model("dream")):
@@ -78,7 +95,9 @@ def test_xlnet_rules_and_every_parameter_has_a_rule():
 
 def test_mesh_errors():
     cfg = tiny_model()[0].config
-    with pytest.raises(MeshError, match="model axis of 3 devices does not divide the model's 4 attention heads"):
+    with pytest.raises(
+        MeshError, match="model axis of 3 devices does not divide the model's 4 attention heads"
+    ):
         check_mesh(cfg, AbstractMesh((1, 3), ("data", "model")))
     with pytest.raises(MeshError, match="data axis of 2 devices does not divide the batch of 3"):
         check_mesh(cfg, MESH, batch=3)
@@ -90,6 +109,7 @@ def test_mesh_errors():
 
 
 # ------------------------------------------------------------------- fake devices (subprocess)
+
 
 @pytest.mark.slow  # 5 min on 2 cores: `make test-all`
 def test_every_method_identical_on_a_mesh():
@@ -115,23 +135,50 @@ def test_sampling_identical_on_a_mesh():
 
 def test_loading_shard_by_shard(tiny_qwen2):
     (r,) = _worker(8, "--mesh", "2x4", "--checkpoint", str(tiny_qwen2.path))
-    assert r == {"values": True, "shardings": True, "split_leaves": r["split_leaves"],
-                 "dtype": "bfloat16"} and r["split_leaves"] >= 6
+    assert (
+        r
+        == {
+            "values": True,
+            "shardings": True,
+            "split_leaves": r["split_leaves"],
+            "dtype": "bfloat16",
+        }
+        and r["split_leaves"] >= 6
+    )
 
 
 def _generate(devices: int, *args: str):
-    return subprocess.run([sys.executable, "-m", "scripts.generate", *args], cwd=ROOT,
-                          env=_env(devices), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.generate", *args],
+        cwd=ROOT,
+        env=_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_cli_mesh(tiny_llama):
-    base = ["--model", "hf-directory", "--weights", str(tiny_llama.path), "--prompt", "ab",
-            "--prompt", "cd", "--max-new-tokens", "8"]
+    base = [
+        "--model",
+        "hf-directory",
+        "--weights",
+        str(tiny_llama.path),
+        "--prompt",
+        "ab",
+        "--prompt",
+        "cd",
+        "--max-new-tokens",
+        "8",
+    ]
     ok = _generate(4, *base, "--mesh", "2x2", "--method", "ngram", "--compare")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "identical" in ok.stdout
-    for mesh, needle in (("1x3", "does not divide the model's"), ("1x8", "needs 8 devices"),
-                         ("4x1", "does not divide the batch of 2")):
+    for mesh, needle in (
+        ("1x3", "does not divide the model's"),
+        ("1x8", "needs 8 devices"),
+        ("4x1", "does not divide the batch of 2"),
+    ):
         bad = _generate(4, *base, "--mesh", mesh)
         assert bad.returncode == 2, (mesh, bad.stderr[-2000:])
         lines = bad.stderr.strip().splitlines()

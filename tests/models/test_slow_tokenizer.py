@@ -50,11 +50,14 @@ def _slow_dir(src: Path, dst: Path, tokenizer_class="Qwen2Tokenizer") -> Path:
     tj = json.loads((src / "tokenizer.json").read_text())
     HFTokenizer.from_file(str(src / "tokenizer.json")).model.save(str(dst))
     (dst / "added_tokens.json").write_text(
-        json.dumps({t["content"]: t["id"] for t in tj["added_tokens"]}))
+        json.dumps({t["content"]: t["id"] for t in tj["added_tokens"]})
+    )
     cfg = json.loads((src / "tokenizer_config.json").read_text())
     cfg["tokenizer_class"] = tokenizer_class
-    cfg["added_tokens_decoder"] = {"300": {"content": MASK, "special": True, "normalized": False},
-                                   "301": {"content": TOOL, "special": False, "normalized": False}}
+    cfg["added_tokens_decoder"] = {
+        "300": {"content": MASK, "special": True, "normalized": False},
+        "301": {"content": TOOL, "special": False, "normalized": False},
+    }
     (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert not (dst / "tokenizer.json").exists()
     return dst
@@ -70,13 +73,18 @@ def test_slow_layout_tokenizes_like_the_fast_tokenizer(tiny_qwen2, tmp_path):
     for text in TEXTS:
         ids = slow.encode(text)
         assert ids == fast.encode(text, add_special_tokens=False).ids, text
-        assert slow.decode(ids, skip_special_tokens=False) == fast.decode(ids, skip_special_tokens=False)
+        assert slow.decode(ids, skip_special_tokens=False) == fast.decode(
+            ids, skip_special_tokens=False
+        )
         assert slow.decode(ids) == fast.decode(ids), text
     assert slow.encode(MASK) == [300] and slow.encode(TOOL) == [301]
     assert slow.decode([300, 301, 72]) == fast.decode([300, 301, 72]) == TOOL + fast.decode([72])
     # special tokens and chat template come from tokenizer_config.json as for a fast directory
-    assert (slow.bos_token_id, slow.eos_token_ids, slow.pad_token_id) == \
-        (ref_cfg.bos_token_id, ref_cfg.eos_token_ids, ref_cfg.pad_token_id) == (1, (2,), 0)
+    assert (
+        (slow.bos_token_id, slow.eos_token_ids, slow.pad_token_id)
+        == (ref_cfg.bos_token_id, ref_cfg.eos_token_ids, ref_cfg.pad_token_id)
+        == (1, (2,), 0)
+    )
     msgs = [{"role": "user", "content": f"fill {MASK} in"}]
     assert slow.apply_chat_template(msgs) == ref_cfg.apply_chat_template(msgs)
 
@@ -96,7 +104,9 @@ def test_slow_layout_matches_transformers_qwen2_tokenizer(tiny_qwen2, tmp_path):
 def test_slow_layout_errors(tiny_qwen2, tmp_path):
     d = _slow_dir(tiny_qwen2.path, tmp_path / "gap")
     cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["added_tokens_decoder"]["305"] = cfg["added_tokens_decoder"].pop("301")  # ids 302..304 missing
+    cfg["added_tokens_decoder"]["305"] = cfg["added_tokens_decoder"].pop(
+        "301"
+    )  # ids 302..304 missing
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     with pytest.raises(TokenizerError, match=r"'<tool_call>' should have id 305, got 301"):
         Tokenizer.from_hf_dir(d)
@@ -107,7 +117,9 @@ def test_slow_layout_errors(tiny_qwen2, tmp_path):
 
     d = _slow_dir(tiny_qwen2.path, tmp_path / "no-merges")
     (d / "merges.txt").unlink()
-    with pytest.raises(TokenizerError, match=r"tokenizer\.json: file is missing .*vocab\.json \+ merges\.txt"):
+    with pytest.raises(
+        TokenizerError, match=r"tokenizer\.json: file is missing .*vocab\.json \+ merges\.txt"
+    ):
         Tokenizer.from_hf_dir(d)
     with pytest.raises(TokenizerError, match=r"merges\.txt: file is missing"):
         slow_bpe_tokenizer(d)
@@ -125,7 +137,8 @@ def test_notebook_cli_writes_the_same_tokenizer(tiny_qwen2, tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "tokenizer_json", Path(__file__).resolve().parents[2] / "notebooks" / "tokenizer_json.py")
+        "tokenizer_json", Path(__file__).resolve().parents[2] / "notebooks" / "tokenizer_json.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     d = _slow_dir(tiny_qwen2.path, tmp_path / "slow")

@@ -6,13 +6,20 @@ from __future__ import annotations
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from models.llama.params import WeightFileError
-from models.xlnet.modeling import (CompactVocab, XLNetLM, density_masks, init_cache, init_params,
-                          load_hf_xlnet, order_to_rank, parallel_masks)
+from models.xlnet.modeling import (
+    CompactVocab,
+    XLNetLM,
+    density_masks,
+    init_cache,
+    init_params,
+    load_hf_xlnet,
+    order_to_rank,
+    parallel_masks,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -22,9 +29,19 @@ TOL = 1e-4
 
 def _hf_model(seed=0, clamp_len=-1, vocab=61, d_model=32, n_layer=2, n_head=4, d_inner=48):
     torch.manual_seed(seed)
-    cfg = transformers.XLNetConfig(vocab_size=vocab, d_model=d_model, n_layer=n_layer, n_head=n_head,
-                                   d_inner=d_inner, clamp_len=clamp_len, dropout=0.0,
-                                   ff_activation="gelu", attn_type="bi", bi_data=False, mem_len=None)
+    cfg = transformers.XLNetConfig(
+        vocab_size=vocab,
+        d_model=d_model,
+        n_layer=n_layer,
+        n_head=n_head,
+        d_inner=d_inner,
+        clamp_len=clamp_len,
+        dropout=0.0,
+        ff_activation="gelu",
+        attn_type="bi",
+        bi_data=False,
+        mem_len=None,
+    )
     m = transformers.XLNetLMHeadModel(cfg).eval().float()
     with torch.no_grad():  # perturb LayerNorms and the LM bias so every parameter matters
         for name, prm in m.named_parameters():
@@ -84,7 +101,8 @@ def test_parity_fig1_masks(hf_dir, kind):
     cmask, qmask = np.asarray(cmask), np.asarray(qmask)
     # full query stream (fast relative-shift path) and content stream
     (lq, lc), _ = jax.jit(lambda p, t, c, q: model.apply(p, t, c, q, content_logits=True))(
-        params, tokens, cmask, qmask)
+        params, tokens, cmask, qmask
+    )
     targets = np.stack([np.flatnonzero(~visible[b]) for b in range(B)])
     ref_q = _hf_logits(hf, tokens, qmask, targets)
     got_q = np.take_along_axis(np.asarray(lq), targets[:, :, None], axis=1)
@@ -151,20 +169,38 @@ def test_kv_cache_matches_uncached():
     cache = init_cache(cfg, B, N)
     take = lambda a, idx: np.take_along_axis(a, idx[:, :, None], axis=1)
     # 1) prompt content only (no query stream)
-    _, cache = model.apply(params, np.take_along_axis(tokens, vis_pos, 1), take(cm, vis_pos), cache=cache,
-                           content_pos=vis_pos)
+    _, cache = model.apply(
+        params,
+        np.take_along_axis(tokens, vis_pos, 1),
+        take(cm, vis_pos),
+        cache=cache,
+        content_pos=vis_pos,
+    )
     # 2) query all masked positions from the prompt alone (T = 0 new tokens)
-    q0, _ = model.apply(params, np.zeros((B, 0), np.int32), np.zeros((B, 0, N), bool),
-                        take(qm, hid_pos[:, :1]), cache=cache, content_pos=np.zeros((B, 0), np.int32),
-                        query_pos=hid_pos[:, :1])
+    q0, _ = model.apply(
+        params,
+        np.zeros((B, 0), np.int32),
+        np.zeros((B, 0, N), bool),
+        take(qm, hid_pos[:, :1]),
+        cache=cache,
+        content_pos=np.zeros((B, 0), np.int32),
+        query_pos=hid_pos[:, :1],
+    )
     err = [np.max(np.abs(np.asarray(q0)[:, 0] - take(ref, hid_pos[:, :1])[:, 0]))]
     # 3) add masked tokens in chunks of 2 (causal) and query those two plus the next position
     #    (a verification pass: each query sees the prompt and the masked tokens before it)
     for s in range(0, hid_pos.shape[1] - 2, 2):
-        new = hid_pos[:, s:s + 2]
-        nxt = hid_pos[:, s:s + 3]
-        lq, cache = model.apply(params, np.take_along_axis(tokens, new, 1), take(cm, new), take(qm, nxt),
-                                cache=cache, content_pos=new, query_pos=nxt)
+        new = hid_pos[:, s : s + 2]
+        nxt = hid_pos[:, s : s + 3]
+        lq, cache = model.apply(
+            params,
+            np.take_along_axis(tokens, new, 1),
+            take(cm, new),
+            take(qm, nxt),
+            cache=cache,
+            content_pos=new,
+            query_pos=nxt,
+        )
         err.append(np.max(np.abs(np.asarray(lq) - take(ref, nxt))))
     print(f"cache: max|dlogit| {max(err):.2e}")
     assert max(err) <= 1e-5, err

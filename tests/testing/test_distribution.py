@@ -9,8 +9,12 @@ import itertools
 import numpy as np
 import pytest
 
-from jaxspec.testing.distribution import (_pooled_cells, check_distribution, check_groups,
-                                          enumerate_chain)
+from jaxspec.testing.distribution import (
+    _pooled_cells,
+    check_distribution,
+    check_groups,
+    enumerate_chain,
+)
 
 
 def _exact(seed=0, K=40, zeros=5):
@@ -43,8 +47,9 @@ def test_exact_samples_pass():
 def test_false_rejection_rate_is_small():
     """200 exact sample sets: the rule's stated rate is <= 2e-3 per check."""
     exact = _exact(seed=3, K=20)
-    fails = sum(not check_distribution(_draw(exact, 2000, seed=s), exact).passed
-                for s in range(200))
+    fails = sum(
+        not check_distribution(_draw(exact, 2000, seed=s), exact).passed for s in range(200)
+    )
     assert fails <= 3
 
 
@@ -52,7 +57,7 @@ def test_shifted_distribution_fails():
     exact = _exact()
     keys = list(exact)
     p = np.array([exact[k] for k in keys])
-    q = np.roll(p, 1) * (p > 0)              # a different law on the same support
+    q = np.roll(p, 1) * (p > 0)  # a different law on the same support
     shifted = 0.9 * p + 0.1 * q / q.sum()
     res = check_distribution(_draw(exact, 20000, seed=2, p=shifted), exact)
     assert not res.passed and res.impossible == 0
@@ -108,7 +113,7 @@ def test_groups_fail_together_and_split_alpha():
     good = (_draw(exact, 10000, seed=1), exact)
     keys = list(exact)
     p = np.array([exact[k] for k in keys])
-    bad = (_draw(exact, 10000, seed=2, p=p ** 2), exact)
+    bad = (_draw(exact, 10000, seed=2, p=p**2), exact)
     ok = check_groups([good, good])
     assert ok.passed and ok.n == 20000 and len(ok.groups) == 2
     res = check_groups([good, bad])
@@ -119,7 +124,7 @@ def test_enumerate_chain_with_eos_matches_brute_force():
     V, n, eos = 4, 3, 3
     rng = np.random.default_rng(0)
     table = np.log(rng.dirichlet(np.ones(V), size=V + 1))  # next | last token (V = start)
-    table[1, 2] = -np.inf                                   # 1 is never followed by 2
+    table[1, 2] = -np.inf  # 1 is never followed by 2
     table[1] -= np.log(np.exp(table[1]).sum())
 
     def next_lp(prefixes):
@@ -129,7 +134,7 @@ def test_enumerate_chain_with_eos_matches_brute_force():
     got = enumerate_chain(next_lp, n, eos_ids=(eos,))
     want = {}
     for seq in itertools.product(range(V), repeat=n):
-        cut = seq[:seq.index(eos) + 1] if eos in seq else seq
+        cut = seq[: seq.index(eos) + 1] if eos in seq else seq
         if cut in want:
             continue
         lp, prev = 0.0, V

@@ -11,11 +11,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.training.asarm import (AsarmSection, asarm_loss, build_vocab, joint_loss, lattice_order,
-                                 low_discrepancy_uniform, mask_rate_range, projected_embeddings,
-                                 prompt_lengths, xlnet_config)
-from jaxspec.training.data import PackedDataset
+from jaxspec.training.asarm import (
+    AsarmSection,
+    build_vocab,
+    joint_loss,
+    lattice_order,
+    low_discrepancy_uniform,
+    mask_rate_range,
+    projected_embeddings,
+    prompt_lengths,
+    xlnet_config,
+)
 from jaxspec.training.config import TrainConfigError, config_from_dict
+from jaxspec.training.data import PackedDataset
 from jaxspec.training.loop import train
 from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params, load_xlnet
 
@@ -42,15 +50,17 @@ def test_joint_loss_equals_separate_per_position_passes():
     total, n = 0.0, 0
     for b in range(B):
         for i in np.flatnonzero(~visible[b]):
-            t = tokens[b:b + 1].copy()
+            t = tokens[b : b + 1].copy()
             later = (~visible[b]) & (np.arange(N) >= i)
             t[0, later] = rng.integers(0, V, later.sum())  # the target itself and everything after
-            vis = visible[b:b + 1]
+            vis = visible[b : b + 1]
             # conditioning set for position i: prompt + masked positions before i (Eq. 4 order)
             from models.xlnet.modeling import density_masks
 
             cm, qm = density_masks(vis)
-            lq, _ = model.apply(params, t, cm, np.asarray(qm)[:, i:i + 1], query_pos=np.array([[i]]))
+            lq, _ = model.apply(
+                params, t, cm, np.asarray(qm)[:, i : i + 1], query_pos=np.array([[i]])
+            )
             logp = jax.nn.log_softmax(lq[0, 0])
             total += -float(logp[tokens[b, i]])
             n += 1
@@ -67,7 +77,7 @@ def test_lattice_order_properties():
     assert visible.sum(1).tolist() == m.tolist()
     for b in range(B):
         assert sorted(sigma[b]) == list(range(N))  # a permutation
-        pre, post = sigma[b, :m[b]], sigma[b, m[b]:]
+        pre, post = sigma[b, : m[b]], sigma[b, m[b] :]
         assert visible[b, pre].all() and not visible[b, post].any()
         assert (np.diff(pre) > 0).all() and (np.diff(post) > 0).all()  # each part sorted (Eq. 4)
     # the prompt set is uniform: every position is in the prompt about equally often
@@ -111,18 +121,39 @@ def test_vocab_and_embedding_projection():
 
 
 def _cfg(steps=16, warmup=8, **train_kw):
-    return config_from_dict({
-        "name": "asarm-test",
-        "model": {"init": "scratch", "hidden_size": 32, "intermediate_size": 48, "num_layers": 2,
-                  "num_heads": 4, "head_dim": 8},
-        "objective": {"kind": "asarm"},
-        "asarm": {"vocab_size": V, "init_std": 0.05, "mask_start": 0.15, "mask_min": 0.3,
-                  "mask_max": 0.6, "mask_warmup_steps": warmup},
-        "data": {"seq_len": 16, "batch_size": 4},
-        "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_accum": 2, "weight_decay": 0.0},
-        "train": {"steps": steps, "seed": 3, "ckpt_every": 1000, "eval_every": 8,
-                  "eval_batches": 1, "log_every": 1, **train_kw},
-    })
+    return config_from_dict(
+        {
+            "name": "asarm-test",
+            "model": {
+                "init": "scratch",
+                "hidden_size": 32,
+                "intermediate_size": 48,
+                "num_layers": 2,
+                "num_heads": 4,
+                "head_dim": 8,
+            },
+            "objective": {"kind": "asarm"},
+            "asarm": {
+                "vocab_size": V,
+                "init_std": 0.05,
+                "mask_start": 0.15,
+                "mask_min": 0.3,
+                "mask_max": 0.6,
+                "mask_warmup_steps": warmup,
+            },
+            "data": {"seq_len": 16, "batch_size": 4},
+            "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_accum": 2, "weight_decay": 0.0},
+            "train": {
+                "steps": steps,
+                "seed": 3,
+                "ckpt_every": 1000,
+                "eval_every": 8,
+                "eval_batches": 1,
+                "log_every": 1,
+                **train_kw,
+            },
+        }
+    )
 
 
 def _data():
@@ -146,7 +177,9 @@ def test_train_loss_decreases_resume_is_exact_and_export(tmp_path):
     kw = dict(datasets=_data(), progress=False, log=lambda m: None)
     straight = train(cfg, tmp_path / "a", model_and_params=model_params(), **kw)
     losses = straight["losses"]
-    assert np.mean([losses[s] for s in (14, 15, 16)]) < 0.7 * np.mean([losses[s] for s in (2, 3, 4)])
+    assert np.mean([losses[s] for s in (14, 15, 16)]) < 0.7 * np.mean(
+        [losses[s] for s in (2, 3, 4)]
+    )
     part = train(cfg, tmp_path / "b", model_and_params=model_params(), stop_after=7, **kw)
     resumed = train(cfg, tmp_path / "b", model_and_params=model_params(), resume=True, **kw)
     assert {**part["losses"], **resumed["losses"]} == losses
@@ -171,8 +204,14 @@ def test_train_loss_decreases_resume_is_exact_and_export(tmp_path):
 
 def test_timed_checkpoints(tmp_path):
     cfg = _cfg(steps=3, ckpt_every_s=0.0)  # every step passes the wall-time threshold
-    train(cfg, tmp_path, model_and_params=(XLNetLM(xlnet_config(cfg)), init_params(xlnet_config(cfg), 3)),
-          datasets=_data(), progress=False, log=lambda m: None)
+    train(
+        cfg,
+        tmp_path,
+        model_and_params=(XLNetLM(xlnet_config(cfg)), init_params(xlnet_config(cfg), 3)),
+        datasets=_data(),
+        progress=False,
+        log=lambda m: None,
+    )
     kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert kept == [2, 3]  # keep_checkpoints = 2 of the three written
 
@@ -187,7 +226,9 @@ def test_continued_training_from_exported_weights(tmp_path):
     cfg = _cfg(steps=4, warmup=1)
     xcfg = xlnet_config(cfg)
     kw = dict(datasets=_data(), progress=False, log=lambda m: None)
-    first = train(cfg, tmp_path / "a", model_and_params=(XLNetLM(xcfg), init_params(xcfg, 3, 0.05)), **kw)
+    first = train(
+        cfg, tmp_path / "a", model_and_params=(XLNetLM(xcfg), init_params(xcfg, 3, 0.05)), **kw
+    )
     vocab = CompactVocab(ids=tuple(range(V - 1)), external_size=40)
     start = tmp_path / "start.safetensors"
     save_xlnet(start, xcfg, first["trainable"], vocab, {"step": 4, "tokens_seen": 4 * 128})
@@ -197,7 +238,9 @@ def test_continued_training_from_exported_weights(tmp_path):
     cont = config_from_dict(d)
     params = _continued_params(start, xcfg, vocab)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(first["trainable"])):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b).astype(np.float16).astype(np.float32)
+        )
     second = train(cont, tmp_path / "b", model_and_params=(XLNetLM(xcfg), params), **kw)
     assert second["step"] == 3
     _, _, _, meta = load_xlnet(tmp_path / "b" / "model.safetensors")
@@ -210,9 +253,15 @@ def test_continued_training_from_exported_weights(tmp_path):
     start.write_bytes(b"gone")
     assert prior_training(cont, tmp_path / "b")["step"] == 4
     with pytest.raises(TrainConfigError, match="architecture differs"):
-        save_xlnet(tmp_path / "wide.safetensors", XLNetConfig(vocab_size=V, d_model=32, n_layer=1, n_head=4,
-                   d_head=8, d_inner=48), {**first["trainable"], "layers": jax.tree.map(
-                       lambda x: x[:1], first["trainable"]["layers"])}, vocab)
+        save_xlnet(
+            tmp_path / "wide.safetensors",
+            XLNetConfig(vocab_size=V, d_model=32, n_layer=1, n_head=4, d_head=8, d_inner=48),
+            {
+                **first["trainable"],
+                "layers": jax.tree.map(lambda x: x[:1], first["trainable"]["layers"]),
+            },
+            vocab,
+        )
         _continued_params(tmp_path / "wide.safetensors", xcfg, vocab)
     with pytest.raises(TrainConfigError, match="not found"):
         _continued_params(tmp_path / "missing.safetensors", xcfg, vocab)

@@ -11,8 +11,13 @@ import pytest
 
 from jaxspec.testing.tiny import CharTok, tiny_model
 from jaxspec.training.data import DataError, PackedDataset
-from jaxspec.training.distill import (MixedWindows, distill_prompts, distill_stream,
-                                      read_distill, self_distill)
+from jaxspec.training.distill import (
+    MixedWindows,
+    distill_prompts,
+    distill_stream,
+    read_distill,
+    self_distill,
+)
 
 SRC = '''
 def add(a, b):
@@ -58,15 +63,16 @@ def stdlib(tmp_path):
 def test_prompts_come_from_the_asked_split_with_the_asked_mix(stdlib):
     tok = _ChatTok()
     train = distill_prompts(tok, ["held"], split="train", n=100, chat_fraction=0.0, root=stdlib)
-    assert len(train) == 4 and {p["kind"] for p in train} == {"code"}      # 2 functions x 2 files
-    assert {p["source"] for p in train} == {"alpha.py", "beta.py"}         # nodoc skipped
+    assert len(train) == 4 and {p["kind"] for p in train} == {"code"}  # 2 functions x 2 files
+    assert {p["source"] for p in train} == {"alpha.py", "beta.py"}  # nodoc skipped
     assert all(p["text"].lstrip().startswith(("def ", "@staticmethod")) for p in train)
     val = distill_prompts(tok, ["held"], split="val", n=100, chat_fraction=1.0, root=stdlib)
     assert {p["source"] for p in val} == {"held.py"} and {p["kind"] for p in val} == {"chat"}
     assert all(p["text"].startswith("<user>Write the body") for p in val)
     again = distill_prompts(tok, ["held"], split="train", n=3, chat_fraction=0.5, root=stdlib)
-    assert again == distill_prompts(tok, ["held"], split="train", n=3, chat_fraction=0.5,
-                                    root=stdlib)                           # seeded
+    assert again == distill_prompts(
+        tok, ["held"], split="train", n=3, chat_fraction=0.5, root=stdlib
+    )  # seeded
     with pytest.raises(DataError, match="chat template"):
         distill_prompts(CharTok(), ["held"], n=2, chat_fraction=0.5, root=stdlib)
     with pytest.raises(DataError, match="split"):
@@ -78,19 +84,22 @@ def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path
 
     model, params = tiny_model(128, seed=3)
     tok = _ChatTok()
-    prompts = [{"kind": "code", "split": "train", "text": t, "source": "x.py"}
-               for t in ("def f(x):", "import os\n", "class A:\n    pass", "x = 1", "y")]
+    prompts = [
+        {"kind": "code", "split": "train", "text": t, "source": "x.py"}
+        for t in ("def f(x):", "import os\n", "class A:\n    pass", "x = 1", "y")
+    ]
     out = tmp_path / "d.jsonl"
     self_distill(model, params, tok, prompts[:3], out, max_new_tokens=12, batch=2, progress=False)
-    rows = self_distill(model, params, tok, prompts, out, max_new_tokens=12, batch=2,
-                        bucket=8, progress=False)                          # shortest first
-    assert sorted(r["i"] for r in rows) == [0, 1, 2, 3, 4]                 # no row twice
+    rows = self_distill(
+        model, params, tok, prompts, out, max_new_tokens=12, batch=2, bucket=8, progress=False
+    )  # shortest first
+    assert sorted(r["i"] for r in rows) == [0, 1, 2, 3, 4]  # no row twice
     assert len(out.read_text().splitlines()) == 5
-    for r in rows:                                                         # alone, unpadded
+    for r in rows:  # alone, unpadded
         ids = tok.encode(prompts[r["i"]]["text"])
         ref = generate(model, params, [ids], max_new_tokens=12, eos_ids=(4,)).tokens[0]
         assert r["prompt"] == ids and r["answer"] == [t for t in ref if t != 4]
-    with out.open("a") as f:                                               # an interrupted write
+    with out.open("a") as f:  # an interrupted write
         f.write('{"i": 9, "kind"')
     assert len(read_distill(out)) == 5
     stream = distill_stream(rows, eos_id=4, drop_ids=[ord("x")])
@@ -98,11 +107,11 @@ def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path
 
 
 def test_mixed_windows_interleave_exactly_and_reproducibly():
-    a = PackedDataset(np.zeros(64 * 8, np.int32), 8, seed=1)               # all 0
-    b = PackedDataset(np.ones(32 * 8, np.int32), 8, seed=2)                # all 1
+    a = PackedDataset(np.zeros(64 * 8, np.int32), 8, seed=1)  # all 0
+    b = PackedDataset(np.ones(32 * 8, np.int32), 8, seed=2)  # all 1
     mix = MixedWindows(a, b, 0.25)
     batch = mix.batch(3, 8)
-    assert batch.shape == (8, 8) and int(batch[:, 0].sum()) == 2           # 2 of every 8 from b
+    assert batch.shape == (8, 8) and int(batch[:, 0].sum()) == 2  # 2 of every 8 from b
     np.testing.assert_array_equal(batch, MixedWindows(a, b, 0.25).batch(3, 8))
     with pytest.raises(DataError, match="seq_len"):
         MixedWindows(a, PackedDataset(np.ones(64, np.int32), 16), 0.5)
@@ -114,8 +123,10 @@ def test_stdlib_distill_source_needs_a_file(tmp_path):
     from jaxspec.training.build import build_data
     from jaxspec.training.config import TrainConfigError, load_config
 
-    cfg = load_config("configs/train/smollm2-135m-space-distill.yaml",
-                      [f"data.distill={tmp_path / 'missing.jsonl'}"])
+    cfg = load_config(
+        "configs/train/smollm2-135m-space-distill.yaml",
+        [f"data.distill={tmp_path / 'missing.jsonl'}"],
+    )
     assert cfg.data.source == "stdlib+distill"
     with pytest.raises(TrainConfigError, match="data.distill"):
         build_data(cfg, _ChatTok(), 16, log=lambda m: None)
@@ -127,9 +138,15 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["--config", "configs/train/smollm2-135m-space-distill.yaml", "--batch", "0"]) == 2
     assert "--batch must be >= 1" in capsys.readouterr().err
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(json.dumps({"name": "x", "model": {"init": "preset", "preset": "nope",
-                                                      "mask_token_id": 1},
-                               "objective": {"kind": "sar"}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "name": "x",
+                "model": {"init": "preset", "preset": "nope", "mask_token_id": 1},
+                "objective": {"kind": "sar"},
+            }
+        )
+    )
     assert main(["--config", str(cfg)]) == 2
     assert "no data.distill" in capsys.readouterr().err
 
@@ -141,12 +158,14 @@ def test_distill_datasets_mix_the_answers_into_the_windows(tmp_path):
     from jaxspec.training.build import _distill_data
     from jaxspec.training.config import load_config
 
-    cfg = load_config("configs/train/smollm2-135m-space-distill.yaml",
-                      ["data.seq_len=8", "data.distill_fraction=0.5"])
+    cfg = load_config(
+        "configs/train/smollm2-135m-space-distill.yaml",
+        ["data.seq_len=8", "data.distill_fraction=0.5"],
+    )
     rows = [{"i": i, "split": "train", "prompt": [5, 6, 7], "answer": [9] * 6} for i in range(4)]
     plain = (PackedDataset(np.zeros(80, np.int32), 8), PackedDataset(np.zeros(40, np.int32), 8))
     train, val, meta = _distill_data(cfg, rows, plain, 4, {16}, {})
     batch = train.batch(0, 4)
-    assert [int(r.any()) for r in batch] == [0, 1, 0, 1]                   # every other one
+    assert [int(r.any()) for r in batch] == [0, 1, 0, 1]  # every other one
     assert set(np.unique(batch[1])) <= {4, 5, 6, 7, 9}
     assert val is plain[1] and meta["distill"]["train"] == {"rows": 4, "answer_tokens": 24}

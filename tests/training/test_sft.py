@@ -15,7 +15,7 @@ from jaxspec.training.data import DataError, PackedDataset
 from jaxspec.training.loop import train
 from jaxspec.training.objectives import diffusion_loss
 from jaxspec.training.sft import SFTMixDataset, function_samples, pack_samples
-from tests.training.test_train import V, tiny_cfg, tiny_model
+from tests.training.test_train import tiny_cfg, tiny_model
 
 SRC = textwrap.dedent('''\
     import functools
@@ -53,16 +53,18 @@ def test_function_samples_split_prompt_and_body():
 
 
 def test_pack_samples_eos_padding_and_skips():
-    toks, plen, too_long = pack_samples([([1, 2], [3, 4, 5]), ([1] * 6, [2] * 4), ([], [3])],
-                                        seq_len=8, eos_id=0)
+    toks, plen, too_long = pack_samples(
+        [([1, 2], [3, 4, 5]), ([1] * 6, [2] * 4), ([], [3])], seq_len=8, eos_id=0
+    )
     assert too_long == 2  # 6 + 4 + EOS > 8, and an empty prompt
     np.testing.assert_array_equal(toks, [[1, 2, 3, 4, 5, 0, 0, 0]])
     np.testing.assert_array_equal(plen, [2])
 
 
 def _mix(f=0.25, T=8):
-    toks, plen, _ = pack_samples([([1, 2], [3, 4]), ([5], [6, 7, 8]), ([9, 9, 9], [10])],
-                                 seq_len=T, eos_id=0)
+    toks, plen, _ = pack_samples(
+        [([1, 2], [3, 4]), ([5], [6, 7, 8]), ([9, 9, 9], [10])], seq_len=T, eos_id=0
+    )
     windows = PackedDataset(np.arange(100, 100 + 40 * T) % 20 + 11, T, seed=2)  # ids < V - 1
     return SFTMixDataset(toks, plen, windows, f, seed=5), toks, plen
 
@@ -103,15 +105,21 @@ def test_sft_batch_loss_is_the_response_masked_loss():
 
 def test_sft_training_runs_and_resumes_exactly(tmp_path):
     cfg = tiny_cfg(steps=6, ckpt_every=3, eval_every=3)
-    toks, plen, _ = pack_samples([([3, 7], [9, 12, 3]), ([7], [7, 9]), ([12, 3, 3], [7])],
-                                 seq_len=16, eos_id=2)
+    toks, plen, _ = pack_samples(
+        [([3, 7], [9, 12, 3]), ([7], [7, 9]), ([12, 3, 3], [7])], seq_len=16, eos_id=2
+    )
     stream = np.tile(np.asarray([3, 7, 9, 12], np.int32), 64)
-    data = (SFTMixDataset(toks, plen, PackedDataset(stream, 16, 1), 0.5, 1),
-            SFTMixDataset(toks, plen, PackedDataset(stream, 16, 1), 0.5, 2))
+    data = (
+        SFTMixDataset(toks, plen, PackedDataset(stream, 16, 1), 0.5, 1),
+        SFTMixDataset(toks, plen, PackedDataset(stream, 16, 1), 0.5, 2),
+    )
     quiet = dict(progress=False, log=lambda m: None)
     full = train(cfg, tmp_path / "a", datasets=data, model_and_params=tiny_model(cfg), **quiet)
-    train(cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg), stop_after=3, **quiet)
-    resumed = train(cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg),
-                    resume=True, **quiet)
+    train(
+        cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg), stop_after=3, **quiet
+    )
+    resumed = train(
+        cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg), resume=True, **quiet
+    )
     assert all(np.isfinite(v) for v in full["losses"].values())
     assert resumed["losses"][6] == pytest.approx(full["losses"][6], rel=1e-6)

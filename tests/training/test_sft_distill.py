@@ -24,41 +24,71 @@ EOS, MASK, CAP, T = 2, 16, 6, 10
 
 
 def _row(prompt, answer, split="train"):
-    return {"i": 0, "kind": "code", "split": split, "source": "x.py", "prompt": prompt,
-            "answer": answer}
+    return {
+        "i": 0,
+        "kind": "code",
+        "split": split,
+        "source": "x.py",
+        "prompt": prompt,
+        "answer": answer,
+    }
 
 
 def test_eos_only_where_the_model_ended_the_answer():
-    rows = [_row([5, 6], [7, 8, 9]),                   # ended: + EOS + EOS padding
-            _row([5, 6, 7, 8], [9] * CAP),             # cut at the budget, fills T: no EOS
-            _row([5], [9] * CAP),                      # cut, 1 + 6 < T: dropped
-            _row([5, 6, 7, 8, 9], [10, 11, 12, 13, 14]),  # ended but 5 + 5 + EOS > T: open
-            _row([5] * T, [7]),                        # prompt fills the row: dropped
-            _row([MASK, 5, 6], [7, MASK, 8])]          # [MASK] ids removed, then ended
+    rows = [
+        _row([5, 6], [7, 8, 9]),  # ended: + EOS + EOS padding
+        _row([5, 6, 7, 8], [9] * CAP),  # cut at the budget, fills T: no EOS
+        _row([5], [9] * CAP),  # cut, 1 + 6 < T: dropped
+        _row([5, 6, 7, 8, 9], [10, 11, 12, 13, 14]),  # ended but 5 + 5 + EOS > T: open
+        _row([5] * T, [7]),  # prompt fills the row: dropped
+        _row([MASK, 5, 6], [7, MASK, 8]),
+    ]  # [MASK] ids removed, then ended
     toks, plen, st = distill_samples(rows, T, EOS, answer_cap=CAP, drop_ids=(MASK,))
-    np.testing.assert_array_equal(toks, [[5, 6, 7, 8, 9, EOS, EOS, EOS, EOS, EOS],
-                                         [5, 6, 7, 8, EOS, EOS, EOS, EOS, EOS, EOS],
-                                         [5, 6, 7, 8, 9, 9, 9, 9, 9, 9],
-                                         [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
+    np.testing.assert_array_equal(
+        toks,
+        [
+            [5, 6, 7, 8, 9, EOS, EOS, EOS, EOS, EOS],
+            [5, 6, 7, 8, EOS, EOS, EOS, EOS, EOS, EOS],
+            [5, 6, 7, 8, 9, 9, 9, 9, 9, 9],
+            [5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+        ],
+    )
     np.testing.assert_array_equal(plen, [2, 2, 4, 5])
-    assert st == {"rows": 6, "ended": 2, "open": 2, "dropped_cut_short": 1,
-                  "dropped_prompt_too_long": 1, "response_tokens": 8 + 8 + 6 + 5}
+    assert st == {
+        "rows": 6,
+        "ended": 2,
+        "open": 2,
+        "dropped_cut_short": 1,
+        "dropped_prompt_too_long": 1,
+        "response_tokens": 8 + 8 + 6 + 5,
+    }
     # an ended answer one token short of the budget still gets its EOS
     toks, _, st = distill_samples([_row([5], [9] * (CAP - 1))], T, EOS, answer_cap=CAP)
     assert st["ended"] == 1 and toks[0, CAP] == EOS
 
 
 def _three_way(fd=0.5, fs=0.25, seed=3):
-    cfg = load_config("configs/train/dream-smollm2-135m-v3.yaml",
-                      [f"data.seq_len={T}", f"data.distill_fraction={fd}",
-                       f"data.sft_fraction={fs}", f"train.seed={seed}"])
-    rows = ([_row([20 + i, 21], [30 + i] * 3) for i in range(5)]
-            + [_row([40 + i, 41], [50 + i] * 2, "val") for i in range(2)])
-    sft = {s: pack_samples([([60 + i], [70 + i] * 4) for i in range(n)], T, EOS)[:2]
-           for s, n in (("train", 3), ("val", 2))}
+    cfg = load_config(
+        "configs/train/dream-smollm2-135m-v3.yaml",
+        [
+            f"data.seq_len={T}",
+            f"data.distill_fraction={fd}",
+            f"data.sft_fraction={fs}",
+            f"train.seed={seed}",
+        ],
+    )
+    rows = [_row([20 + i, 21], [30 + i] * 3) for i in range(5)] + [
+        _row([40 + i, 41], [50 + i] * 2, "val") for i in range(2)
+    ]
+    sft = {
+        s: pack_samples([([60 + i], [70 + i] * 4) for i in range(n)], T, EOS)[:2]
+        for s, n in (("train", 3), ("val", 2))
+    }
     sft["meta"] = {}
-    windows = (PackedDataset(np.full(40 * T, 90, np.int32), T, 1),
-               PackedDataset(np.full(8 * T, 91, np.int32), T, 1))
+    windows = (
+        PackedDataset(np.full(40 * T, 90, np.int32), T, 1),
+        PackedDataset(np.full(8 * T, 91, np.int32), T, 1),
+    )
     return _sft_distill_data(cfg, rows, sft, windows, EOS, MASK, {})
 
 
@@ -101,8 +131,10 @@ def test_three_way_mix_is_a_pure_function_of_the_step():
 
 
 def test_fraction_bounds_and_nested_mix():
-    cfg = load_config("configs/train/dream-smollm2-135m-v3.yaml",
-                      ["data.sft_fraction=0.6", "data.distill_fraction=0.5"])
+    cfg = load_config(
+        "configs/train/dream-smollm2-135m-v3.yaml",
+        ["data.sft_fraction=0.6", "data.distill_fraction=0.5"],
+    )
     with pytest.raises(TrainConfigError, match="sft_fraction \\+ data.distill_fraction"):
         build_data(cfg, None, MASK, log=lambda m: None)
     train_ds, _, _ = _three_way(fd=1.0, fs=0.0)  # all distilled rows
@@ -129,9 +161,11 @@ def test_three_way_mix_trains_and_resumes_exactly(tmp_path):
     data = (SFTMixDataset(dt, dp, inner, 0.5, 2), SFTMixDataset(dt, dp, inner, 0.5, 3))
     quiet = dict(progress=False, log=lambda m: None)
     full = train(cfg, tmp_path / "a", datasets=data, model_and_params=tiny_model(cfg), **quiet)
-    train(cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg), stop_after=3,
-          **quiet)
-    resumed = train(cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg),
-                    resume=True, **quiet)
+    train(
+        cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg), stop_after=3, **quiet
+    )
+    resumed = train(
+        cfg, tmp_path / "b", datasets=data, model_and_params=tiny_model(cfg), resume=True, **quiet
+    )
     assert all(np.isfinite(v) for v in full["losses"].values())
     assert resumed["losses"][6] == pytest.approx(full["losses"][6], rel=1e-6)

@@ -33,8 +33,16 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.asarm import passes as assd_passes
-from jaxspec.bench.common import (JaxspecSystem, ab_seconds, ab_table, compile_arms,
-                                  cpu_model, emit_lines, run_arm, suite_prompts)
+from jaxspec.bench.common import (
+    JaxspecSystem,
+    ab_seconds,
+    ab_table,
+    compile_arms,
+    cpu_model,
+    emit_lines,
+    run_arm,
+    suite_prompts,
+)
 from jaxspec.bench.dllm import forward_costs, method_config, stepwise_forward_seconds
 from jaxspec.causal import diffuspec, space, sps
 from jaxspec.core import sampling, verify
@@ -57,11 +65,14 @@ def switch(arm):
 
 
 def micro(reps: int) -> list[str]:
-    lines = ["**Alone** (jitted, float32 normal logits; ms per call over "
-             f"{10 * reps} alternating calls)", "",
-             "| shape | jnp.argmax median | fastest | two reductions median | fastest "
-             "| speedup (medians) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "**Alone** (jitted, float32 normal logits; ms per call over "
+        f"{10 * reps} alternating calls)",
+        "",
+        "| shape | jnp.argmax median | fastest | two reductions median | fastest "
+        "| speedup (medians) |",
+        "|---|---|---|---|---|---|",
+    ]
     fns = {ARMS[0]: jax.jit(plain_argmax), ARMS[1]: jax.jit(LIBRARY)}
     for V in (49152, 151936):
         for rows in (1, 9, 32):
@@ -69,14 +80,16 @@ def micro(reps: int) -> list[str]:
             assert (fns[ARMS[0]](x) == fns[ARMS[1]](x)).all()
             ts = {a: [] for a in ARMS}
             for i in range(10 * reps):
-                for a in (ARMS if i % 2 == 0 else ARMS[::-1]):
+                for a in ARMS if i % 2 == 0 else ARMS[::-1]:
                     t0 = time.perf_counter()
                     jax.block_until_ready(fns[a](x))
                     ts[a].append((time.perf_counter() - t0) * 1e3)
             m = {a: statistics.median(t) for a, t in ts.items()}
-            lines.append(f"| (1, {rows}, {V}) | {m[ARMS[0]]:.3f} | {min(ts[ARMS[0]]):.3f} | "
-                         f"{m[ARMS[1]]:.3f} | {min(ts[ARMS[1]]):.3f} | "
-                         f"{m[ARMS[0]] / m[ARMS[1]]:.2f}x |")
+            lines.append(
+                f"| (1, {rows}, {V}) | {m[ARMS[0]]:.3f} | {min(ts[ARMS[0]]):.3f} | "
+                f"{m[ARMS[1]]:.3f} | {min(ts[ARMS[1]]):.3f} | "
+                f"{m[ARMS[0]] / m[ARMS[1]]:.2f}x |"
+            )
     return lines + [""]
 
 
@@ -91,8 +104,12 @@ def dllm(reps: int, caches, gen_length: int) -> list[str]:
         outs, exes = compile_arms(ARMS, switch, lambda arm: [gen(ids).tokens for ids in prompts])
         switch(ARMS[1])
         same = outs[ARMS[0]] == outs[ARMS[1]]
-        lone = [stepwise_forward_seconds(forward_costs(model, params, len(ids), cfg, reps=5),
-                                         len(ids), cfg) for ids in prompts]
+        lone = [
+            stepwise_forward_seconds(
+                forward_costs(model, params, len(ids), cfg, reps=5), len(ids), cfg
+            )
+            for ids in prompts
+        ]
         run_s = {a: [] for a in ARMS}
 
         def run(arm, i):
@@ -100,12 +117,19 @@ def dllm(reps: int, caches, gen_length: int) -> list[str]:
 
         secs, ratios = ab_seconds(run, ARMS, range(len(prompts)), reps)
         over = {a: statistics.median(s / lone[i] - 1 for i, s in run_s[a]) for a in ARMS}
-        lines += [f"**dLLM stepwise, {cache} cache, gen {gen_length}** (2 prompts x {reps} reps; "
-                  f"identical tokens: {'yes' if same else 'NO'}; lone forwards "
-                  f"{', '.join(f'{s:.2f}' for s in lone)} s per prompt)", ""]
+        lines += [
+            f"**dLLM stepwise, {cache} cache, gen {gen_length}** (2 prompts x {reps} reps; "
+            f"identical tokens: {'yes' if same else 'NO'}; lone forwards "
+            f"{', '.join(f'{s:.2f}' for s in lone)} s per prompt)",
+            "",
+        ]
         lines += ab_table(secs, ratios, "argmax")
-        lines += ["", "loop overhead (median over calls of decode seconds / lone forwards - 1): "
-                  + ", ".join(f"{a} {over[a]:+.1%}" for a in ARMS), ""]
+        lines += [
+            "",
+            "loop overhead (median over calls of decode seconds / lone forwards - 1): "
+            + ", ".join(f"{a} {over[a]:+.1%}" for a in ARMS),
+            "",
+        ]
     return lines
 
 
@@ -114,24 +138,29 @@ def ar(reps: int) -> list[str]:
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], 8)["humaneval"]]
     lines = []
     for method in ("ar", "ngram"):
-        system = JaxspecSystem(method, model, params, max_new_tokens=128, eos_ids=(2,),
-                               pad_id=0)
-        outs, exes = compile_arms(ARMS, switch, lambda arm: [system.run(ids).tokens
-                                                             for ids in prompts])
+        system = JaxspecSystem(method, model, params, max_new_tokens=128, eos_ids=(2,), pad_id=0)
+        outs, exes = compile_arms(
+            ARMS, switch, lambda arm: [system.run(ids).tokens for ids in prompts]
+        )
         switch(ARMS[1])
         same = outs[ARMS[0]] == outs[ARMS[1]]
-        secs, ratios = ab_seconds(lambda arm, ids: run_arm(exes, arm, system.run, ids), ARMS,
-                                  prompts, reps)
-        lines += [f"**jaxspec/{method}, SmolLM2-135M-Instruct** (8 prompts x {reps} reps, 128 "
-                  f"new tokens, draft length 8; identical tokens: {'yes' if same else 'NO'})", ""]
+        secs, ratios = ab_seconds(
+            lambda arm, ids: run_arm(exes, arm, system.run, ids), ARMS, prompts, reps
+        )
+        lines += [
+            f"**jaxspec/{method}, SmolLM2-135M-Instruct** (8 prompts x {reps} reps, 128 "
+            f"new tokens, draft length 8; identical tokens: {'yes' if same else 'NO'})",
+            "",
+        ]
         lines += ab_table(secs, ratios, "argmax") + [""]
     return lines
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["micro", "dllm", "ar"],
-                    choices=["micro", "dllm", "ar"])
+    ap.add_argument(
+        "--parts", nargs="+", default=["micro", "dllm", "ar"], choices=["micro", "dllm", "ar"]
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--caches", nargs="+", default=["dual"], choices=["none", "prefix", "dual"])
     ap.add_argument("--gen-length", type=int, default=64)
@@ -140,8 +169,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     lines = [f"{cpu_model()}, jax {jax.__version__}, float32, greedy", ""]
     for part in args.parts:
-        lines += (dllm(args.dllm_reps, args.caches, args.gen_length) if part == "dllm"
-                  else {"micro": micro, "ar": ar}[part](args.reps))
+        lines += (
+            dllm(args.dllm_reps, args.caches, args.gen_length)
+            if part == "dllm"
+            else {"micro": micro, "ar": ar}[part](args.reps)
+        )
         print("\n".join(lines), file=sys.stderr)
     emit_lines(lines, args.out)
     return 0

@@ -17,6 +17,7 @@ compared by the same script:
     python benchmarks/probes/assd-ppl-100/paired.py results/assd-seeds-fixed/run0/assd.json \
         results/assd-seeds-fixed/run1/assd.json results/assd-seeds-fixed/paired.md "TITLE"
 """
+
 import json
 import sys
 from pathlib import Path
@@ -26,8 +27,9 @@ from scipy import stats
 
 HERE = Path(__file__).resolve().parents[3] / "results" / "assd-ppl-100"  # the data
 ARGS = sys.argv[1:]
-PATH0, PATH1 = ((Path(a) for a in ARGS[:2]) if ARGS
-                else (HERE / "assd.json", HERE / "seed1" / "assd.json"))
+PATH0, PATH1 = (
+    (Path(a) for a in ARGS[:2]) if ARGS else (HERE / "assd.json", HERE / "seed1" / "assd.json")
+)
 OUT = Path(ARGS[2]) if len(ARGS) > 2 else HERE / "paired.md"
 RUN0 = json.loads(PATH0.read_text())["per_sequence"]
 RUN1 = json.loads(PATH1.read_text())["per_sequence"]
@@ -44,35 +46,54 @@ def both(method, field):
     return (fig(RUN0, method, field) + fig(RUN1, method, field)) / 2
 
 
-PAIRS = [("sequential run 1 - sequential run 0 (same decoder)",
-          lambda f: fig(RUN1, SEQ, f) - fig(RUN0, SEQ, f)),
-         ("fused run 1 - fused run 0 (same decoder)",
-          lambda f: fig(RUN1, FUSED, f) - fig(RUN0, FUSED, f)),
-         ("fused run 0 - sequential run 0", lambda f: fig(RUN0, FUSED, f) - fig(RUN0, SEQ, f)),
-         ("fused run 1 - sequential run 1", lambda f: fig(RUN1, FUSED, f) - fig(RUN1, SEQ, f)),
-         ("fused run 0 - sequential run 1", lambda f: fig(RUN0, FUSED, f) - fig(RUN1, SEQ, f)),
-         ("fused run 1 - sequential run 0", lambda f: fig(RUN1, FUSED, f) - fig(RUN0, SEQ, f)),
-         ("fused (mean of 2 runs) - sequential (mean of 2 runs)",
-          lambda f: both(FUSED, f) - both(SEQ, f))]
+PAIRS = [
+    (
+        "sequential run 1 - sequential run 0 (same decoder)",
+        lambda f: fig(RUN1, SEQ, f) - fig(RUN0, SEQ, f),
+    ),
+    (
+        "fused run 1 - fused run 0 (same decoder)",
+        lambda f: fig(RUN1, FUSED, f) - fig(RUN0, FUSED, f),
+    ),
+    ("fused run 0 - sequential run 0", lambda f: fig(RUN0, FUSED, f) - fig(RUN0, SEQ, f)),
+    ("fused run 1 - sequential run 1", lambda f: fig(RUN1, FUSED, f) - fig(RUN1, SEQ, f)),
+    ("fused run 0 - sequential run 1", lambda f: fig(RUN0, FUSED, f) - fig(RUN1, SEQ, f)),
+    ("fused run 1 - sequential run 0", lambda f: fig(RUN1, FUSED, f) - fig(RUN0, SEQ, f)),
+    (
+        "fused (mean of 2 runs) - sequential (mean of 2 runs)",
+        lambda f: both(FUSED, f) - both(SEQ, f),
+    ),
+]
 for m in [m for m in ("assd/5", "assd-ngram/5", "assd-fused-ngram/5") if m in RUN0[0]["runs"]]:
-    PAIRS.append((f"{m.split('/')[0]} run 0 - sequential (mean of 2 runs)",
-                  lambda f, m=m: fig(RUN0, m, f) - both(SEQ, f)))
+    PAIRS.append(
+        (
+            f"{m.split('/')[0]} run 0 - sequential (mean of 2 runs)",
+            lambda f, m=m: fig(RUN0, m, f) - both(SEQ, f),
+        )
+    )
 
 TITLE = ARGS[3] if len(ARGS) > 3 else "two 100-sequence ASSD runs (one seed per row)"
-lines = [f"# Paired comparison of the {TITLE}", "",
-         f"asarm-small, {len(RUN0)} held-out stdlib sequences, 95% masked, T 1.0, content cache, "
-         "UNK suppressed; gen-PPL judged by SmolLM2-135M. Differences per sequence (log gen-PPL, "
-         "entropy in nats), paired t-test and Wilcoxon signed-rank p-values; `sign` is the share "
-         "of negative differences.", "",
-         "| comparison | mean diff log PPL | t p | Wilcoxon p | mean diff entropy | t p "
-         "| Wilcoxon p | entropy sign |",
-         "|---|---|---|---|---|---|---|---|"]
+lines = [
+    f"# Paired comparison of the {TITLE}",
+    "",
+    f"asarm-small, {len(RUN0)} held-out stdlib sequences, 95% masked, T 1.0, content cache, "
+    "UNK suppressed; gen-PPL judged by SmolLM2-135M. Differences per sequence (log gen-PPL, "
+    "entropy in nats), paired t-test and Wilcoxon signed-rank p-values; `sign` is the share "
+    "of negative differences.",
+    "",
+    "| comparison | mean diff log PPL | t p | Wilcoxon p | mean diff entropy | t p "
+    "| Wilcoxon p | entropy sign |",
+    "|---|---|---|---|---|---|---|---|",
+]
 for name, diff in PAIRS:
     row = [name]
     for f in ("gen_ppl", "entropy"):
         d = diff(f)
-        row += [f"{d.mean():+.3f}", f"{stats.ttest_1samp(d, 0).pvalue:.3f}",
-                f"{stats.wilcoxon(d).pvalue:.3f}"]
+        row += [
+            f"{d.mean():+.3f}",
+            f"{stats.ttest_1samp(d, 0).pvalue:.3f}",
+            f"{stats.wilcoxon(d).pvalue:.3f}",
+        ]
     row.append(f"{np.mean(diff('entropy') < 0):.2f}")
     lines.append("| " + " | ".join(row) + " |")
 OUT.write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ the repository root:
 
     python benchmarks/probes/kv-layout/prefill_slots.py --prompt 128 --max-new 128 512 1024
 """
+
 import argparse
 import sys
 import time
@@ -28,10 +29,16 @@ def prompt_pass(P: int, attend: int, S: int):
     def f(params, tokens):
         pos = jnp.arange(P, dtype=jnp.int32)[None]
         mask = jnp.arange(attend)[None, None, :] <= pos[..., None]
-        logits, cache = model.apply({"params": params}, tokens, pos, mask,
-                                    cache=M.init_cache(SMOLLM2, 1, attend),
-                                    cache_index=jnp.zeros((1,), jnp.int32))
+        logits, cache = model.apply(
+            {"params": params},
+            tokens,
+            pos,
+            mask,
+            cache=M.init_cache(SMOLLM2, 1, attend),
+            cache_index=jnp.zeros((1,), jnp.int32),
+        )
         return logits[:, -1].argmax(-1), M.grow_cache(cache, S)
+
     return jax.jit(f)
 
 
@@ -45,11 +52,12 @@ def main():
     P = a.prompt
     params = M.unstack_layers(M.init_params(SMOLLM2, 0), True)
     tok = jnp.full((1, P), 5, jnp.int32)
-    print(f"{cpu_model()} · jax {jax.__version__} · prompt {P} tokens · "
-          f"{a.reps} interleaved calls")
-    print("\n| max_new | loop cache slots | before: attend all, ms (fastest / median) "
-          "| now: attend "
-          "the prompt's, then grow, ms (fastest / median) | median ratio |")
+    print(f"{cpu_model()} · jax {jax.__version__} · prompt {P} tokens · {a.reps} interleaved calls")
+    print(
+        "\n| max_new | loop cache slots | before: attend all, ms (fastest / median) "
+        "| now: attend "
+        "the prompt's, then grow, ms (fastest / median) | median ratio |"
+    )
     print("|---|---|---|---|---|")
     runs = {}
     for n in a.max_new:
@@ -57,15 +65,18 @@ def main():
         runs[n, "before"], runs[n, "now"] = prompt_pass(P, S, S), prompt_pass(P, P, S)
     ts = {key: [] for key in runs}
     for r in range(a.reps + 2):
-        for key in (list(runs) if r % 2 else list(runs)[::-1]):
+        for key in list(runs) if r % 2 else list(runs)[::-1]:
             t = time.perf_counter()
             runs[key](params, tok)[0].block_until_ready()
             if r >= 2:
                 ts[key].append(time.perf_counter() - t)
     for n in a.max_new:
         b, w = (np.array(ts[n, x]) * 1e3 for x in ("before", "now"))
-        print(f"| {n} | {P + n + a.k + 1} | {b.min():.1f} / {np.median(b):.1f} | "
-              f"{w.min():.1f} / {np.median(w):.1f} | {np.median(b) / np.median(w):.2f}x |")
+        print(
+            f"| {n} | {P + n + a.k + 1} | {b.min():.1f} / {np.median(b):.1f} | "
+            f"{w.min():.1f} / {np.median(w):.1f} | {np.median(b) / np.median(w):.2f}x |"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,11 @@ Each variant is a ``lax.fori_loop`` of ``--steps`` greedy steps (the decode loop
 donated), timed per step, interleaved; it also counts the compiled program's ``copy``
 instructions and slot slices. Greedy tokens must agree.
 """
-import argparse, re, statistics, time
+
+import argparse
+import re
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -33,14 +37,25 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--slots", type=int, default=384)
 ap.add_argument("--reps", type=int, default=10)
 ap.add_argument("--steps", type=int, default=32)
-ap.add_argument("--variants", nargs="+", default=["stacked", "tuple-write-first", "read-then-write",
-                                                   "ew-scores", "ew-values", "ew-both"])
+ap.add_argument(
+    "--variants",
+    nargs="+",
+    default=[
+        "stacked",
+        "tuple-write-first",
+        "read-then-write",
+        "ew-scores",
+        "ew-values",
+        "ew-both",
+    ],
+)
 args = ap.parse_args()
 S = args.slots
 params = M.unstack_layers(M.init_params(C, 0), True)
 H, K, Dh = C.num_heads, C.num_kv_heads, C.head_dim
 G = H // K
-scale = Dh ** -0.5
+scale = Dh**-0.5
+
 
 def make(variant):
     def f(params, cache, tok, idx):
@@ -101,25 +116,30 @@ def make(variant):
                 m = jnp.maximum(s_o.max(-1), s_n)
                 e_o, e_n = jnp.exp(s_o - m[..., None]), jnp.exp(s_n - m)
                 z = e_o.sum(-1) + e_n
-                o = (jnp.einsum("bkgs,bkds->bkgd", e_o, vc)
-                     + e_n[..., None] * v[:, 0][:, :, None]) / z[..., None]
+                o = (
+                    jnp.einsum("bkgs,bkds->bkgd", e_o, vc) + e_n[..., None] * v[:, 0][:, :, None]
+                ) / z[..., None]
                 kc = jax.lax.dynamic_update_slice(kc, jnp.moveaxis(k, 1, 2), (0, 0, idx, 0))
                 vc = jax.lax.dynamic_update_slice(vc, jnp.moveaxis(v, 1, -1), (0, 0, 0, idx))
                 out_cache.append((kc, vc))
             h = x + M.proj(o.reshape(1, 1, H * Dh), lp, "wo")
             mm = M.rms_norm(h, lp["mlp_norm"], C.rms_norm_eps)
-            x = h + M.proj(jax.nn.silu(M.proj(mm, lp, "w_gate")) * M.proj(mm, lp, "w_up"), lp,
-                           "w_down")
+            x = h + M.proj(
+                jax.nn.silu(M.proj(mm, lp, "w_gate")) * M.proj(mm, lp, "w_up"), lp, "w_down"
+            )
         x = M.rms_norm(x, params["final_norm"], C.rms_norm_eps)
         nxt = M.lm_logits(x, params["embed"], None)[:, -1].argmax(-1)
         new = M.KVCache(kc_all, vc_all) if kc_all is not None else tuple(out_cache)
         return nxt, new
+
     return f
+
 
 def init(variant):
     if variant == "stacked" or variant.startswith("ew"):
         return M.init_cache(C, 1, S)
     return tuple((jnp.zeros((1, K, S, Dh)), jnp.zeros((1, K, Dh, S))) for _ in range(C.num_layers))
+
 
 variants = args.variants
 N = args.steps
@@ -133,8 +153,10 @@ def looped(v):
             cache, t = c
             n, cache = step(params, cache, t, 100 + j)
             return cache, n[:, None].astype(jnp.int32)
+
         cache, t = jax.lax.fori_loop(0, N, body, (cache, tok))
         return t, cache
+
     return jax.jit(loop, donate_argnums=(1,))
 
 
@@ -147,19 +169,22 @@ for v in variants:  # compile, and the greedy token after N steps
     last[v] = int(t[0, 0])
 times = {v: [] for v in variants}
 for r in range(args.reps):
-    for v in (variants if r % 2 == 0 else variants[::-1]):
+    for v in variants if r % 2 == 0 else variants[::-1]:
         t0 = time.perf_counter()
         t, caches[v] = fns[v](params, caches[v], tok)
         jax.block_until_ready(t)
         times[v].append((time.perf_counter() - t0) * 1e3 / N)
-print(f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M shapes, float32, {S} slots, "
-      f"{N} steps a call, {args.reps} interleaved calls; greedy tokens agree: "
-      f"{'yes' if len(set(last.values())) == 1 else 'NO'}\n")
+print(
+    f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M shapes, float32, {S} slots, "
+    f"{N} steps a call, {args.reps} interleaved calls; greedy tokens agree: "
+    f"{'yes' if len(set(last.values())) == 1 else 'NO'}\n"
+)
 print("| variant | ms / step, median | fastest | copies | slot slices |")
 print("|---|---|---|---|---|")
 for v in variants:
     txt = fns[v].lower(params, caches[v], tok).compile().as_text()
     copies = len(re.findall(r"\} copy\(", txt))
     slices = len(re.findall(r"slice_bitcast_fusion[.\d]* = ", txt))
-    print(f"| {v} | {statistics.median(times[v]):.2f} | {min(times[v]):.2f} | {copies} "
-          f"| {slices} |")
+    print(
+        f"| {v} | {statistics.median(times[v]):.2f} | {min(times[v]):.2f} | {copies} | {slices} |"
+    )

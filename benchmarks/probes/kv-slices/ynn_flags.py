@@ -7,6 +7,7 @@ again"):
     for f in "" "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise" ...; do
       XLA_FLAGS="$f" python benchmarks/probes/kv-slices/ynn_flags.py; done
 """
+
 import os
 import re
 import statistics
@@ -15,7 +16,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxspec.bench.quant_matmul import SMOLLM2 as C, _step
+from jaxspec.bench.quant_matmul import SMOLLM2 as C
+from jaxspec.bench.quant_matmul import _step
 from models.llama import modeling as M
 
 params = M.unstack_layers(M.init_params(C, 0), True)
@@ -30,5 +32,7 @@ for _ in range(40):
     ts.append((time.perf_counter() - t0) * 1e3)
 txt = f.lower(params, cache, tok).compile().as_text()
 kinds = {k: len(re.findall(k + r"[.\d]* = ", txt)) for k in ("slice_bitcast_fusion", "ynn_fusion")}
-print(f"| `{os.environ.get('XLA_FLAGS', '') or '(none)'}` | {statistics.median(ts):.2f} | "
-      f"{min(ts):.2f} | {int(out[0])} | {kinds['slice_bitcast_fusion']} | {kinds['ynn_fusion']} |")
+print(
+    f"| `{os.environ.get('XLA_FLAGS', '') or '(none)'}` | {statistics.median(ts):.2f} | "
+    f"{min(ts):.2f} | {int(out[0])} | {kinds['slice_bitcast_fusion']} | {kinds['ynn_fusion']} |"
+)

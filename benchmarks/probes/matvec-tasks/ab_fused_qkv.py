@@ -24,10 +24,11 @@ from jaxspec.causal.decode import generate
 from models.llama import modeling as M
 from models.registry import load_model
 
-PROMPTS = ['def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-           'def is_palindrome(s: str) -> bool:\n'
-           '    """Check whether s reads the same backwards."""\n',
-           'from typing import List\n\n\ndef mean(xs: List[float]) -> float:\n']
+PROMPTS = [
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    'def is_palindrome(s: str) -> bool:\n    """Check whether s reads the same backwards."""\n',
+    "from typing import List\n\n\ndef mean(xs: List[float]) -> float:\n",
+]
 
 
 def unfused(tree, config):
@@ -36,8 +37,12 @@ def unfused(tree, config):
 
     def split(lp):
         q, k, v = jnp.split(lp["wqkv_t"], (q_dim, q_dim + kv_dim), axis=0)
-        return {**{key: w for key, w in lp.items() if key != "wqkv_t"},
-                "wq_t": q, "wk_t": k, "wv_t": v}
+        return {
+            **{key: w for key, w in lp.items() if key != "wqkv_t"},
+            "wq_t": q,
+            "wk_t": k,
+            "wv_t": v,
+        }
 
     return {**tree, "layers": tuple(split(lp) for lp in tree["layers"])}
 
@@ -51,8 +56,10 @@ def main(argv=None) -> int:
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     fused = M.unstack_layers(params, output_major=True)
     assert "wqkv_t" in fused["layers"][0]
-    trees = {"three products (wq_t, wk_t, wv_t)": unfused(fused, model.config),
-             "fused (wqkv_t)": fused}
+    trees = {
+        "three products (wq_t, wk_t, wv_t)": unfused(fused, model.config),
+        "fused (wqkv_t)": fused,
+    }
     prompts = [tok.encode(p) for p in PROMPTS]
     kw = dict(max_new_tokens=args.new, eos_ids=())
     outs = {n: [generate(model, t, [p], **kw).tokens for p in prompts] for n, t in trees.items()}
@@ -60,19 +67,25 @@ def main(argv=None) -> int:
     ms = {n: [] for n in trees}
     order = list(trees)
     for r in range(args.reps):
-        for n in (order if r % 2 == 0 else order[::-1]):
+        for n in order if r % 2 == 0 else order[::-1]:
             for p in prompts:
                 t0 = time.perf_counter()
                 generate(model, trees[n], [p], **kw)
                 ms[n].append((time.perf_counter() - t0) / args.new * 1e3)
     base = statistics.median(ms[order[0]])
-    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
-             f"{args.new} new tokens, {len(prompts)} prompts x {args.reps} interleaved reps; "
-             f"identical tokens: {'yes' if same else 'NO'}", "",
-             "| layout | ms / token median | fastest | median speedup |", "|---|---|---|---|"]
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
+        f"{args.new} new tokens, {len(prompts)} prompts x {args.reps} interleaved reps; "
+        f"identical tokens: {'yes' if same else 'NO'}",
+        "",
+        "| layout | ms / token median | fastest | median speedup |",
+        "|---|---|---|---|",
+    ]
     for n, t in ms.items():
-        lines.append(f"| {n} | {statistics.median(t):.2f} | {min(t):.2f} | "
-                     f"{base / statistics.median(t):.2f}x |")
+        lines.append(
+            f"| {n} | {statistics.median(t):.2f} | {min(t):.2f} | "
+            f"{base / statistics.median(t):.2f}x |"
+        )
     emit_lines(lines, args.out)
     return 0 if same else 1
 

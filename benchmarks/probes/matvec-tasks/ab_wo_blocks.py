@@ -18,8 +18,15 @@ import argparse
 
 import jax
 
-from jaxspec.bench.common import (ab_seconds, ab_table, compile_arms, cpu_model, emit_lines,
-                                  run_arm, suite_prompts)
+from jaxspec.bench.common import (
+    ab_seconds,
+    ab_table,
+    compile_arms,
+    cpu_model,
+    emit_lines,
+    run_arm,
+    suite_prompts,
+)
 from jaxspec.causal.decode import generate
 from models.llama import modeling as M
 from models.registry import load_model
@@ -37,24 +44,34 @@ def main(argv=None) -> int:
     tree = M.unstack_layers(params, output_major=True)
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
     kw = dict(max_new_tokens=args.new, eos_ids=(2,))
+
     def switch(b):
         M.ONE_TASK_BLOCKS = b
 
     # the check, which also compiles each arm
-    outs, exes = compile_arms(args.blocks, switch, lambda b: [
-        generate(model, tree, [ids], **kw).tokens for ids in prompts])
+    outs, exes = compile_arms(
+        args.blocks,
+        switch,
+        lambda b: [generate(model, tree, [ids], **kw).tokens for ids in prompts],
+    )
     same = len({str(o) for o in outs.values()}) == 1
 
     def run(b, ids):
         return run_arm(exes, b, generate, model, tree, [ids], **kw)
 
     secs, ratios = ab_seconds(run, tuple(args.blocks), prompts, args.reps)
-    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
-             f"{args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} interleaved "
-             f"reps; identical tokens: {'yes' if same else 'NO'}", ""]
-    lines += ab_table(secs, ratios, "one-task products (`wo`, 576 x 576)",
-                      lambda b: "plain matrix-vector product" if b == 1
-                      else f"batched over {b} row blocks")
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
+        f"{args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} interleaved "
+        f"reps; identical tokens: {'yes' if same else 'NO'}",
+        "",
+    ]
+    lines += ab_table(
+        secs,
+        ratios,
+        "one-task products (`wo`, 576 x 576)",
+        lambda b: "plain matrix-vector product" if b == 1 else f"batched over {b} row blocks",
+    )
     emit_lines(lines, args.out)
     return 0 if same else 1
 

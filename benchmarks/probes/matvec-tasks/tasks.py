@@ -24,13 +24,17 @@ import numpy as np
 
 from jaxspec.bench.common import cpu_model
 
-SHAPES = {"wq, wo (576 x 576)": (576, 576), "wk, wv (192 x 576)": (192, 576),
-          "wq + wk + wv fused (960 x 576)": (960, 576), "w_gate, w_up (1536 x 576)": (1536, 576),
-          "w_down (576 x 1536)": (576, 1536)}
+SHAPES = {
+    "wq, wo (576 x 576)": (576, 576),
+    "wk, wv (192 x 576)": (192, 576),
+    "wq + wk + wv fused (960 x 576)": (960, 576),
+    "w_gate, w_up (1536 x 576)": (1536, 576),
+    "w_down (576 x 1536)": (576, 1536),
+}
 
 
 def predicted_tasks(m: int, k: int) -> int:
-    return min(math.ceil(m / math.ceil(2 ** 19 / k)), 8)
+    return min(math.ceil(m / math.ceil(2**19 / k)), 8)
 
 
 def chain(m: int, k: int, total_bytes: float = 300e6, seed: int = 0):
@@ -66,15 +70,20 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    lines = [f"{cpu_model()}, {jax.device_count()} device(s), jax {jax.__version__}, "
-             f"{args.reps} calls per shape, float32", "",
-             "| product | XLA tasks (2^19 FMA each) | GB/s median | GB/s fastest | threads busy |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"{cpu_model()}, {jax.device_count()} device(s), jax {jax.__version__}, "
+        f"{args.reps} calls per shape, float32",
+        "",
+        "| product | XLA tasks (2^19 FMA each) | GB/s median | GB/s fastest | threads busy |",
+        "|---|---|---|---|---|",
+    ]
     for name, (m, k) in SHAPES.items():
         f, a, nbytes = chain(m, k)
         med, best, threads = measure(f, a, args.reps)
-        lines.append(f"| {name} | {predicted_tasks(m, k)} | {nbytes / med / 1e9:.1f} | "
-                     f"{nbytes / best / 1e9:.1f} | {threads:.2f} |")
+        lines.append(
+            f"| {name} | {predicted_tasks(m, k)} | {nbytes / med / 1e9:.1f} | "
+            f"{nbytes / best / 1e9:.1f} | {threads:.2f} |"
+        )
         print(lines[-1], flush=True)
     if args.out:  # the rows were printed as they came
         pathlib.Path(args.out).write_text("\n".join(lines) + "\n")

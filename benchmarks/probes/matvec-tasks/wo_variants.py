@@ -44,7 +44,7 @@ def _layout(kind: str, w: np.ndarray):
     if kind == "stored":
         return jnp.asarray(w.T.copy())
     if kind == "halves":
-        return (jnp.asarray(w[: m // 2].copy()), jnp.asarray(w[m // 2:].copy()))
+        return (jnp.asarray(w[: m // 2].copy()), jnp.asarray(w[m // 2 :].copy()))
     if kind.endswith("blocks"):
         b = int(kind.split()[0])
         return jnp.asarray(w.reshape(b, m // b, k).copy())
@@ -63,6 +63,7 @@ def compare(m: int, k: int, kinds, reps: int, total_bytes: float = 300e6) -> lis
                 y = _product(kind, x, w)
                 x = jnp.tanh(jnp.resize(y, x.shape) + 1e-3 * y.sum())
             return x
+
         return jax.jit(f)
 
     fs, x = {kd: chain(kd) for kd in kinds}, jnp.ones((1, k), jnp.float32)
@@ -77,8 +78,11 @@ def compare(m: int, k: int, kinds, reps: int, total_bytes: float = 300e6) -> lis
             wall[kd].append(time.perf_counter() - t0)
             cpu[kd] += time.process_time() - c0
     nbytes = n * m * k * 4
-    return [f"| {m} x {k} | {kd} | {nbytes / np.median(wall[kd]) / 1e9:.1f} | "
-            f"{nbytes / min(wall[kd]) / 1e9:.1f} | {cpu[kd] / sum(wall[kd]):.2f} |" for kd in kinds]
+    return [
+        f"| {m} x {k} | {kd} | {nbytes / np.median(wall[kd]) / 1e9:.1f} | "
+        f"{nbytes / min(wall[kd]) / 1e9:.1f} | {cpu[kd] / sum(wall[kd]):.2f} |"
+        for kd in kinds
+    ]
 
 
 def main(argv=None) -> int:
@@ -86,10 +90,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    lines = [f"{cpu_model()}, jax {jax.__version__}, {args.reps} interleaved calls per variant, "
-             "float32, one input row", "",
-             "| product (out x in) | written as | GB/s median | GB/s fastest | threads busy |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, {args.reps} interleaved calls per variant, "
+        "float32, one input row",
+        "",
+        "| product (out x in) | written as | GB/s median | GB/s fastest | threads busy |",
+        "|---|---|---|---|---|",
+    ]
     wo = ["plain", "stored", "halves", "pad2", "pad8", "multiply-reduce", "2 blocks", "4 blocks"]
     lines += compare(576, 576, wo, args.reps)
     for m, k in [(960, 576), (1536, 576), (576, 1536)]:

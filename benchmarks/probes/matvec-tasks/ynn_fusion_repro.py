@@ -12,6 +12,7 @@ row blocks, against numpy. (In the tiny test model the q/k/v product of a 64-pro
 prompt pass, 4,096 rows, changed every greedy output; the shipped code blocks only one-row
 products, whose tokens the tests check.)
 """
+
 import argparse
 
 import jax
@@ -36,18 +37,26 @@ def main(argv=None) -> int:
     k, m = 32, 64
     g = jnp.ones((k,))
     norm = lambda x: rms_norm(x, g, 1e-6)
-    lines = [f"{cpu_model()}, jax {jax.__version__}, RMSNorm then a (64, 32) matrix; max |error| "
-             "against numpy (float32)", "",
-             "| rows | norm + plain product | norm + 4 row blocks | 4 row blocks alone |",
-             "|---|---|---|---|"]
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, RMSNorm then a (64, 32) matrix; max |error| "
+        "against numpy (float32)",
+        "",
+        "| rows | norm + plain product | norm + 4 row blocks | 4 row blocks alone |",
+        "|---|---|---|---|",
+    ]
     w = jax.random.normal(jax.random.PRNGKey(1), (m, k))
     for rows in (2048, 4095, 4096, 8192):
         x = jax.random.normal(jax.random.PRNGKey(0), (rows, k))
         ref = np.asarray(norm(x)) @ np.asarray(w).T
         xn = norm(x)
-        errs = [float(np.abs(np.asarray(jax.jit(f)(a, w)) - ref).max())
-                for f, a in ((lambda x, w: norm(x) @ w.T, x), (lambda x, w: blocked(norm(x), w), x),
-                             (blocked, xn))]
+        errs = [
+            float(np.abs(np.asarray(jax.jit(f)(a, w)) - ref).max())
+            for f, a in (
+                (lambda x, w: norm(x) @ w.T, x),
+                (lambda x, w: blocked(norm(x), w), x),
+                (blocked, xn),
+            )
+        ]
         lines.append(f"| {rows} | " + " | ".join(f"{e:.2g}" for e in errs) + " |")
     emit_lines(lines, args.out)
     return 0

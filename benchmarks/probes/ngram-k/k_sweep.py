@@ -22,8 +22,14 @@ from pathlib import Path
 
 import jax
 
-from jaxspec.bench.common import (JaxspecSystem, cpu_model, emit_lines, plot_k_sweep, save_figure,
-                                  suite_prompts)
+from jaxspec.bench.common import (
+    JaxspecSystem,
+    cpu_model,
+    emit_lines,
+    plot_k_sweep,
+    save_figure,
+    suite_prompts,
+)
 from jaxspec.core.plotting import pyplot
 from jaxspec.eval.metrics import mean_degeneracy
 from models.registry import load_model
@@ -45,8 +51,9 @@ def main(argv=None) -> int:
     systems = {"ar": JaxspecSystem("ar", model, params, **common)}
     for k in args.ks:
         for gate in ("", "-gate"):
-            systems[f"ngram{gate} K={k}"] = JaxspecSystem(f"ngram{gate}", model, params,
-                                                           draft_length=k, **common)
+            systems[f"ngram{gate} K={k}"] = JaxspecSystem(
+                f"ngram{gate}", model, params, draft_length=k, **common
+            )
     names = list(systems)
     secs = {n: [[] for _ in prompts] for n in names}
     outs = {n: [None] * len(prompts) for n in names}
@@ -54,20 +61,24 @@ def main(argv=None) -> int:
         for n in names:  # untimed: compiles (and times the verification layouts once per K)
             outs[n][i] = systems[n].run(ids)
         for r in range(args.reps):
-            order = names[(i + r) % len(names):] + names[:(i + r) % len(names)]
+            order = names[(i + r) % len(names) :] + names[: (i + r) % len(names)]
             for n in order:
                 out = systems[n].run(ids)
                 secs[n][i].append(out.seconds)
         print(f"prompt {i + 1}/{len(prompts)} done", flush=True)
     ref = [o.tokens for o in outs["ar"]]
     deg = mean_degeneracy(ref)
-    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy, "
-             f"batch 1, {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
-             f"interleaved reps. Degeneracy of the (AR) outputs: distinct "
-             f"{deg['distinct_token_share']:.2f}, repeated 4-gram rate "
-             f"{deg['repeated_ngram_rate']:.2f}, longest run {deg['longest_run']}.", "",
-             "| system | median tok/s | median of per-prompt speedups vs AR | MAT | acceptance "
-             "| identical to AR |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy, "
+        f"batch 1, {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
+        f"interleaved reps. Degeneracy of the (AR) outputs: distinct "
+        f"{deg['distinct_token_share']:.2f}, repeated 4-gram rate "
+        f"{deg['repeated_ngram_rate']:.2f}, longest run {deg['longest_run']}.",
+        "",
+        "| system | median tok/s | median of per-prompt speedups vs AR | MAT | acceptance "
+        "| identical to AR |",
+        "|---|---|---|---|---|---|",
+    ]
     rows = {}
     for n in names:
         med = [statistics.median(s) for s in secs[n]]
@@ -79,14 +90,20 @@ def main(argv=None) -> int:
         acc = sum(o.accepted for o in outs[n]) / prop if prop else float("nan")
         same = all(o.tokens == r for o, r in zip(outs[n], ref))
         rows[n] = dict(mat=mat, speedup_vs_baseline=speed)
-        lines.append(f"| {n} | {tps:.1f} | {speed:.2f}x | {mat:.2f} | "
-                     f"{'-' if n == 'ar' else f'{acc:.3f}'} | {'yes' if same else 'NO'} |")
+        lines.append(
+            f"| {n} | {tps:.1f} | {speed:.2f}x | {mat:.2f} | "
+            f"{'-' if n == 'ar' else f'{acc:.3f}'} | {'yes' if same else 'NO'} |"
+        )
     out_dir = Path(args.out_dir)
     emit_lines(lines, str(out_dir / "k_sweep.md"))
     fig, axes = pyplot().subplots(1, 2, figsize=(9, 3.4), sharey=True)
     for ax, gate in zip(axes, ("", "-gate")):
-        plot_k_sweep(ax, [dict(k=k, **rows[f"ngram{gate} K={k}"]) for k in args.ks],
-                     "draft length K", "n-gram" + (" + cost gate" if gate else ""))
+        plot_k_sweep(
+            ax,
+            [dict(k=k, **rows[f"ngram{gate} K={k}"]) for k in args.ks],
+            "draft length K",
+            "n-gram" + (" + cost gate" if gate else ""),
+        )
     save_figure(fig, out_dir / "k_sweep.png", f"n-gram draft length, {cpu_model()}")
     return 0
 

@@ -20,8 +20,15 @@ import argparse
 
 import jax
 
-from jaxspec.bench.common import (ab_seconds, ab_table, compile_arms, cpu_model, emit_lines,
-                                  run_arm, suite_prompts)
+from jaxspec.bench.common import (
+    ab_seconds,
+    ab_table,
+    compile_arms,
+    cpu_model,
+    emit_lines,
+    run_arm,
+    suite_prompts,
+)
 from jaxspec.causal import decode
 from models.llama import modeling as M
 from models.registry import load_model
@@ -39,9 +46,12 @@ def main(argv=None) -> int:
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     tree = M.unstack_layers(params, output_major=True)
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
-    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
-             f"{len(prompts)} HumanEval prompts ({min(map(len, prompts))}-"
-             f"{max(map(len, prompts))} tokens) x {args.reps} interleaved reps", ""]
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy AR, "
+        f"{len(prompts)} HumanEval prompts ({min(map(len, prompts))}-"
+        f"{max(map(len, prompts))} tokens) x {args.reps} interleaved reps",
+        "",
+    ]
     library = decode.target_pass
 
     def every_row(*a, last_only=False, **k):
@@ -53,8 +63,11 @@ def main(argv=None) -> int:
     for new in args.new:
         kw = dict(max_new_tokens=new, eos_ids=(2,))
         # the check, which also compiles each arm
-        outs, exes = compile_arms(ARMS, switch, lambda arm: [
-            decode.generate(model, tree, [ids], **kw).tokens for ids in prompts])
+        outs, exes = compile_arms(
+            ARMS,
+            switch,
+            lambda arm: [decode.generate(model, tree, [ids], **kw).tokens for ids in prompts],
+        )
         decode.target_pass = library
         same = outs[ARMS[0]] == outs[ARMS[1]]
 
@@ -62,8 +75,11 @@ def main(argv=None) -> int:
             return run_arm(exes, arm, decode.generate, model, tree, [ids], **kw)
 
         secs, ratios = ab_seconds(run, ARMS, prompts, args.reps)
-        lines += [f"**{new} new token{'s' if new > 1 else ''}** (identical tokens: "
-                  f"{'yes' if same else 'NO'})", ""]
+        lines += [
+            f"**{new} new token{'s' if new > 1 else ''}** (identical tokens: "
+            f"{'yes' if same else 'NO'})",
+            "",
+        ]
         lines += ab_table(secs, ratios, "prompt pass's LM head") + [""]
     emit_lines(lines, args.out)
     return 0

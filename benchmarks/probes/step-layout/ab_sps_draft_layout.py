@@ -32,28 +32,37 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
-    kw = dict(max_new_tokens=args.new, eos_ids=(2,), drafter=DraftModelDrafter(model, 5),
-              drafter_params=params)
+    kw = dict(
+        max_new_tokens=args.new,
+        eos_ids=(2,),
+        drafter=DraftModelDrafter(model, 5),
+        drafter_params=params,
+    )
 
     def run(arm, ids):
         # the target verifies on stored weights in both arms; the arm is the draft's layout
-        plan = DecodePlan(layer_loop="unrolled", verify_layout="stored", draft_loop="unrolled",
-                          draft_layout=arm)
+        plan = DecodePlan(
+            layer_loop="unrolled", verify_layout="stored", draft_loop="unrolled", draft_layout=arm
+        )
         return generate(model, params, [ids], plan=plan, **kw)
 
     arms = ("stored", "output-major")
     same = True
     ar_plan = DecodePlan(layer_loop="unrolled")
     for ids in prompts:  # the check, which also compiles both arms
-        ref = generate(model, params, [ids], max_new_tokens=args.new, eos_ids=(2,),
-                       plan=ar_plan).tokens
+        ref = generate(
+            model, params, [ids], max_new_tokens=args.new, eos_ids=(2,), plan=ar_plan
+        ).tokens
         same &= all(run(a, ids).tokens == ref for a in arms)
     secs, ratios = ab_seconds(run, arms, prompts, args.reps)
-    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32 drafting for "
-             f"itself (SPS, k = 5, greedy), {args.new} new tokens, {len(prompts)} HumanEval "
-             "prompts "
-             f"x {args.reps} interleaved reps; identical to AR in both arms: "
-             f"{'yes' if same else 'NO'}", ""] + ab_table(secs, ratios, "draft model's weights")
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32 drafting for "
+        f"itself (SPS, k = 5, greedy), {args.new} new tokens, {len(prompts)} HumanEval "
+        "prompts "
+        f"x {args.reps} interleaved reps; identical to AR in both arms: "
+        f"{'yes' if same else 'NO'}",
+        "",
+    ] + ab_table(secs, ratios, "draft model's weights")
     emit_lines(lines, args.out)
     return 0 if same else 1
 

@@ -34,8 +34,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     prompts = [p.ids for p in suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]]
-    drafter = NgramDrafter(8, model.config.vocab_size, max_ngram=3, min_ngram=2,
-                           bigram_fallback=False)
+    drafter = NgramDrafter(
+        8, model.config.vocab_size, max_ngram=3, min_ngram=2, bigram_fallback=False
+    )
     kw = dict(max_new_tokens=args.new, eos_ids=(2,))
     ar_plan = DecodePlan(layer_loop="unrolled")
 
@@ -57,10 +58,13 @@ def main(argv=None) -> int:
         steps += int(res.stats.target_nfe[0]) - 1
         no_draft += int(res.stats.target_nfe[0]) - 1 - int(res.stats.drafts_proposed[0]) // 8
     secs, ratios = ab_seconds(run, arms, prompts, args.reps)
-    lines = [f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy n-gram "
-             f"(k = 8), {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
-             f"interleaved reps; identical to AR in both arms: {'yes' if same else 'NO'}; "
-             f"{no_draft} of {steps} loop steps had no draft ({no_draft / max(steps, 1):.0%})", ""]
+    lines = [
+        f"{cpu_model()}, jax {jax.__version__}, SmolLM2-135M-Instruct float32, greedy n-gram "
+        f"(k = 8), {args.new} new tokens, {len(prompts)} HumanEval prompts x {args.reps} "
+        f"interleaved reps; identical to AR in both arms: {'yes' if same else 'NO'}; "
+        f"{no_draft} of {steps} loop steps had no draft ({no_draft / max(steps, 1):.0%})",
+        "",
+    ]
     lines += ab_table(secs, ratios, "one-token steps on", lambda a: f"{a} weights")
     emit_lines(lines, args.out)
     return 0 if same else 1

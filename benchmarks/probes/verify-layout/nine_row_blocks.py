@@ -5,6 +5,7 @@ verification-sized passes). 8 interleaved calls each; median / fastest ms and GB
 
     python benchmarks/probes/verify-layout/nine_row_blocks.py [T]  # default 9; 1: the one-row chain
 """
+
 import statistics
 import sys
 import time
@@ -17,8 +18,9 @@ from models.llama import modeling as M
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 9
 params = M.unstack_layers(M.init_params(C, 0), True)
-mats = [lp[n] for lp in params["layers"]
-        for n in ("wqkv_t", "wo_t", "w_gate_t", "w_up_t", "w_down_t")]
+mats = [
+    lp[n] for lp in params["layers"] for n in ("wqkv_t", "wo_t", "w_gate_t", "w_up_t", "w_down_t")
+]
 nbytes = sum(m.nbytes for m in mats)
 
 
@@ -36,6 +38,7 @@ def make(b):
             acc = acc + y[:, :8].sum()
             x = x + 1e-6 * acc
         return acc
+
     return jax.jit(f)
 
 
@@ -50,5 +53,7 @@ for r in range(8):
         jax.block_until_ready(f(mats, x))
         ts[b].append(time.perf_counter() - t0)
 for b in fs:
-    print(f"T={T} blocks {b:3d} median {statistics.median(ts[b]) * 1e3:7.1f} ms fastest "
-          f"{min(ts[b]) * 1e3:7.1f} ms  {nbytes / min(ts[b]) / 1e9:5.1f} GB/s")
+    print(
+        f"T={T} blocks {b:3d} median {statistics.median(ts[b]) * 1e3:7.1f} ms fastest "
+        f"{min(ts[b]) * 1e3:7.1f} ms  {nbytes / min(ts[b]) / 1e9:5.1f} GB/s"
+    )

@@ -10,14 +10,46 @@ Source: "Spiffy: Multiplying Diffusion LLM Acceleration via Lossless Speculative
 * :mod:`jaxspec.dllm.spiffy.calibrate`: offline calibration (Algorithm 2, Eqs. 24-28).
 """
 
-from jaxspec.dllm.spiffy.calibrate import (STRATEGIES, CalibrationRecord, calibration_counts,
-                                           candidate_graph, record_calibration, select_graph)
-from jaxspec.dllm.spiffy.decode import (SpiffyConfig, draft_blocks, draft_ranks, run_spiffy,
-                                        spiffy_generate)
-from jaxspec.dllm.spiffy.graph import (DraftGraph, GraphError, formula_arrays, load_graph,
-                                       plot_graph, save_graph)
+from jaxspec.dllm.spiffy.calibrate import (
+    STRATEGIES,
+    CalibrationRecord,
+    calibration_counts,
+    candidate_graph,
+    record_calibration,
+    select_graph,
+)
+from jaxspec.dllm.spiffy.decode import (
+    SpiffyConfig,
+    draft_blocks,
+    draft_ranks,
+    run_spiffy,
+    spiffy_generate,
+)
+from jaxspec.dllm.spiffy.graph import (
+    DraftGraph,
+    GraphError,
+    formula_arrays,
+    load_graph,
+    plot_graph,
+    save_graph,
+)
 
-__all__ = ["DraftGraph", "GraphError", "SpiffyConfig", "spiffy_generate", "load_graph",
-           "save_graph", "draft_ranks", "draft_blocks", "record_calibration",
-           "CalibrationRecord", "calibration_counts", "candidate_graph", "select_graph",
-           "plot_graph", "STRATEGIES", "run_spiffy", "formula_arrays"]
+__all__ = [
+    "DraftGraph",
+    "GraphError",
+    "SpiffyConfig",
+    "spiffy_generate",
+    "load_graph",
+    "save_graph",
+    "draft_ranks",
+    "draft_blocks",
+    "record_calibration",
+    "CalibrationRecord",
+    "calibration_counts",
+    "candidate_graph",
+    "select_graph",
+    "plot_graph",
+    "STRATEGIES",
+    "run_spiffy",
+    "formula_arrays",
+]

@@ -45,10 +45,17 @@ class CalibrationRecord:
     block_length: int
 
 
-def record_calibration(model: DiffusionLM, params, prompts: Sequence[Sequence[int]],
-                       decode: DiffusionDecodeConfig, max_vocab_rank: int = 3, seed: int = 0,
-                       eos_ids: Sequence[int] = (), pad_id: int = 0,
-                       max_context: Optional[int] = None) -> CalibrationRecord:
+def record_calibration(
+    model: DiffusionLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    decode: DiffusionDecodeConfig,
+    max_vocab_rank: int = 3,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    max_context: Optional[int] = None,
+) -> CalibrationRecord:
     """Run the reference (Spiffy with an empty graph: the vanilla decoder) and record, before
     every step, the drafting ranks (Algorithm 2, Part 1).
 
@@ -56,8 +63,9 @@ def record_calibration(model: DiffusionLM, params, prompts: Sequence[Sequence[in
     if not prompts:
         raise ValueError("the calibration set has no samples")
     cfg = SpiffyConfig(decode, DraftGraph(()))
-    (toks, tstep, _, rec), _, _ = run_spiffy(model, params, prompts, cfg, seed, eos_ids, pad_id,
-                                             16, max_context, None, max_vocab_rank)
+    (toks, tstep, _, rec), _, _ = run_spiffy(
+        model, params, prompts, cfg, seed, eos_ids, pad_id, 16, max_context, None, max_vocab_rank
+    )
     return CalibrationRecord(tstep, toks, rec.rank, rec.top, rec.ok, decode.block_length)
 
 
@@ -113,8 +121,9 @@ def calibration_counts(records: Iterable[CalibrationRecord], lookahead: int) -> 
                 for k, w in _lookahead_sets(rec, b, s, order, lookahead):
                     counts[k][w] += 1
     if not seen:
-        raise ValueError("the calibration set has no samples (no step with a drafting "
-                         "distribution was recorded)")
+        raise ValueError(
+            "the calibration set has no samples (no step with a drafting distribution was recorded)"
+        )
     return counts
 
 
@@ -138,8 +147,9 @@ def _subsets(cands: list):
         yield [cands[t] for t in range(n) if mask >> t & 1]
 
 
-def _level_scores(sub: list, prev: list, prev_tot: dict, first: bool, count: dict,
-                  strategy: str) -> Optional[dict]:
+def _level_scores(
+    sub: list, prev: list, prev_tot: dict, first: bool, count: dict, strategy: str
+) -> Optional[dict]:
     """The score of every formula of ``sub`` (one level's choice) under ``strategy`` (Eqs. 24,
     26, 27-28), given the previous level's choice ``prev`` and its scores ``prev_tot``;
     ``None`` when a member has no parent in ``prev`` (Eqs. 6-8)."""
@@ -157,8 +167,17 @@ def _level_scores(sub: list, prev: list, prev_tot: dict, first: bool, count: dic
     return tot
 
 
-def _subgraphs(levels: list, count: dict, strategy: str, k: int, prev: list, prev_tot: dict,
-               chosen: list, score: float, left: int):
+def _subgraphs(
+    levels: list,
+    count: dict,
+    strategy: str,
+    k: int,
+    prev: list,
+    prev_tot: dict,
+    chosen: list,
+    score: float,
+    left: int,
+):
     """Yield ``(score, formulas)`` of every valid subgraph of ``left`` more formulas from
     level ``k`` on (exhaustive, depth first)."""
     if left == 0:
@@ -174,12 +193,18 @@ def _subgraphs(levels: list, count: dict, strategy: str, k: int, prev: list, pre
             sc = 0.0
             for v in tot.values():
                 sc += v
-            yield from _subgraphs(levels, count, strategy, k + 1, sub, tot, chosen + sub,
-                                  score + sc, left - len(sub))
+            yield from _subgraphs(
+                levels, count, strategy, k + 1, sub, tot, chosen + sub, score + sc, left - len(sub)
+            )
 
 
-def select_graph(counts: Sequence[Counter], D: int, strategy: str = "degree-1",
-                 per_level: int = 3, meta: Optional[dict] = None) -> DraftGraph:
+def select_graph(
+    counts: Sequence[Counter],
+    D: int,
+    strategy: str = "degree-1",
+    per_level: int = 3,
+    meta: Optional[dict] = None,
+) -> DraftGraph:
     """Part 3: the size-``D`` subgraph of the candidate graph that satisfies Eqs. 6-8 and
     maximises the calibration score.
 
@@ -192,8 +217,9 @@ def select_graph(counts: Sequence[Counter], D: int, strategy: str = "degree-1",
     Raises: ValueError: unknown strategy, ``D < 1``, or fewer than ``D`` reachable candidates.
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown calibration strategy {strategy!r}; expected one of "
-                         f"{', '.join(STRATEGIES)}")
+        raise ValueError(
+            f"unknown calibration strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}"
+        )
     if D < 1:
         raise ValueError(f"D must be >= 1, got {D}")
     levels, count = candidate_graph(counts, per_level)
@@ -203,13 +229,21 @@ def select_graph(counts: Sequence[Counter], D: int, strategy: str = "degree-1",
             best = (score, chosen)
     if best[1] is None:
         n = sum(len(v) for v in levels)
-        raise ValueError(f"only {n} candidate draft formulas were found; cannot pick D={D} "
-                         "(record more calibration samples or a longer look-ahead)")
+        raise ValueError(
+            f"only {n} candidate draft formulas were found; cannot pick D={D} "
+            "(record more calibration samples or a longer look-ahead)"
+        )
     chosen = best[1]
     forms = tuple(tuple(sorted(w)) for w in chosen)
     info = dict(meta or {}, strategy=strategy, score=best[0])
     return DraftGraph(forms, tuple(count[w] for w in chosen), tuple(info.items()))
 
 
-__all__ = ["STRATEGIES", "CalibrationRecord", "record_calibration", "calibration_counts",
-           "candidate_graph", "select_graph"]
+__all__ = [
+    "STRATEGIES",
+    "CalibrationRecord",
+    "record_calibration",
+    "calibration_counts",
+    "candidate_graph",
+    "select_graph",
+]

@@ -69,10 +69,15 @@ from jax.sharding import Mesh
 
 from jaxspec.core.batching import place_batch
 from jaxspec.core.runtime import run_compiled
-from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
-                                 advance_blocks)
-from jaxspec.dllm.config import (DiffusionDecodeConfig, DiffusionResult, diffusion_result,
-                                 eos_statics, prepare_batch, structural)
+from jaxspec.dllm.blocks import BlockCache, BlockCursor, Canvas, Counters, Layout, advance_blocks
+from jaxspec.dllm.config import (
+    DiffusionDecodeConfig,
+    DiffusionResult,
+    diffusion_result,
+    eos_statics,
+    prepare_batch,
+    structural,
+)
 from jaxspec.dllm.nodes import NodeForwards, check_mesh
 from jaxspec.dllm.reference import Knobs, Rule, processed_logits, reference_step, transfer_rank
 from jaxspec.dllm.spiffy.graph import DraftGraph, formula_arrays
@@ -180,9 +185,11 @@ class Record:
         """Store ``drafting`` at step ``at`` int32 ``(B,)`` of the rows that are ``alive``."""
         rows = jnp.arange(at.shape[0])
         put = lambda a, v, cond: a.at[rows, at].set(jnp.where(cond, v, a[rows, at]))
-        return Record(rank=put(self.rank, drafting.rank, alive[:, None]),
-                      top=put(self.top, drafting.top, alive[:, None, None]),
-                      ok=put(self.ok, drafting.have, alive))
+        return Record(
+            rank=put(self.rank, drafting.rank, alive[:, None]),
+            top=put(self.top, drafting.top, alive[:, None, None]),
+            ok=put(self.ok, drafting.have, alive),
+        )
 
 
 @flax.struct.dataclass
@@ -209,6 +216,7 @@ class State:
 
 # ----------------------------------------------------------------------------- drafting
 
+
 def draft_ranks(blk: jax.Array, bmask: jax.Array, rule: Rule, J: int):
     """Position ranks (Eqs. 10, 12) and the top-``J`` tokens (Eqs. 11, 13) of a drafting
     distribution.
@@ -229,8 +237,15 @@ def draft_ranks(blk: jax.Array, bmask: jax.Array, rule: Rule, J: int):
     return rank, top.astype(jnp.int32)
 
 
-def draft_blocks(tok: jax.Array, msk: jax.Array, rank: jax.Array, top: jax.Array,
-                 fi: np.ndarray, fj: np.ndarray, fv: np.ndarray):
+def draft_blocks(
+    tok: jax.Array,
+    msk: jax.Array,
+    rank: jax.Array,
+    top: jax.Array,
+    fi: np.ndarray,
+    fj: np.ndarray,
+    fv: np.ndarray,
+):
     """The draft blocks of one state (Sec. 4.3): the block with each formula's ``c_ij``
     unmasked.
 
@@ -243,14 +258,14 @@ def draft_blocks(tok: jax.Array, msk: jax.Array, rank: jax.Array, top: jax.Array
     False where a formula names a position rank at or past the masked count.
     """
     L = tok.shape[-1]
-    n_masked = jnp.sum(msk, axis=-1)                                   # (B,)
+    n_masked = jnp.sum(msk, axis=-1)  # (B,)
     pos_of = jnp.argmax(rank[:, None, :] == jnp.arange(L)[None, :, None], axis=-1)  # (B, L)
     fi, fj, fv = jnp.asarray(fi), jnp.asarray(fj), jnp.asarray(fv)
-    pos = pos_of[:, fi]                                                # (B, D, K)
+    pos = pos_of[:, fi]  # (B, D, K)
     B, J = top.shape[0], top.shape[-1]
-    flat = (pos * J + fj[None]).reshape(B, -1)                         # top[b, pos, j]
+    flat = (pos * J + fj[None]).reshape(B, -1)  # top[b, pos, j]
     val = jnp.take_along_axis(top.reshape(B, L * J), flat, axis=1).reshape(pos.shape)
-    ok = jnp.all(~fv[None] | (fi[None] < n_masked[:, None, None]), axis=-1)      # (B, D)
+    ok = jnp.all(~fv[None] | (fi[None] < n_masked[:, None, None]), axis=-1)  # (B, D)
     oh = (jnp.arange(L)[None, None, None] == pos[..., None]) & fv[None, :, :, None]  # (B, D, K, L)
     fill = oh.any(2)
     v = jnp.sum(jnp.where(oh, val[..., None], 0), axis=2)
@@ -280,12 +295,13 @@ def build_nodes(loop: Loop, st: State, tok0: jax.Array, msk0: jax.Array, active:
     has a draft; with the cache at a block's first iteration."""
     B = tok0.shape[0]
     if loop.cfg.graph.size:
-        dtok, dmsk, dok = draft_blocks(tok0, msk0, st.drafting.rank, st.drafting.top,
-                                       *formula_arrays(loop.cfg.graph))
+        dtok, dmsk, dok = draft_blocks(
+            tok0, msk0, st.drafting.rank, st.drafting.top, *formula_arrays(loop.cfg.graph)
+        )
         dok = dok & (st.drafting.have & active)[:, None]
         ntok = jnp.concatenate([tok0[:, None], jnp.where(dok[..., None], dtok, tok0[:, None])], 1)
         nmsk = jnp.concatenate([msk0[:, None], jnp.where(dok[..., None], dmsk, msk0[:, None])], 1)
-        nok = jnp.concatenate([jnp.ones((B, 1), bool), dok], 1)               # (B, M)
+        nok = jnp.concatenate([jnp.ones((B, 1), bool), dok], 1)  # (B, M)
     else:
         ntok, nmsk, nok = tok0[:, None], msk0[:, None], jnp.ones((B, 1), bool)
     root_only = st.cursor.fresh if loop.cached else ~jnp.any(nok[:, 1:])
@@ -294,6 +310,7 @@ def build_nodes(loop: Loop, st: State, tok0: jax.Array, msk0: jax.Array, active:
 
 
 # ----------------------------------------------------------------------------- the walk
+
 
 @flax.struct.dataclass
 class Walk:
@@ -329,56 +346,80 @@ def walk_step(loop: Loop, st: State, rows: jax.Array, nodes: Nodes, dd, w: Walk)
     Args: rows float32 ``(B, M, L, V)`` every node's logits; dd int32 ``()`` the step's index
     in this iteration."""
     d = loop.cfg.decode
-    blk = rows[jnp.arange(rows.shape[0]), w.node]                      # (B, L, V)
+    blk = rows[jnp.arange(rows.shape[0]), w.node]  # (B, L, V)
     steps, sib = st.counters.steps + dd, st.cursor.step_in_block + dd
     x0, tr = reference_step(loop.rule, blk, w.masked, loop.key, steps, sib)
     tr = tr & w.alive[:, None]
     tokens, masked = jnp.where(tr, x0, w.tokens), w.masked & ~tr
     drafting, record = w.drafting, w.record
-    if loop.record:   # drafting ranks in force before this step (Algorithm 2, Part 1)
+    if loop.record:  # drafting ranks in force before this step (Algorithm 2, Part 1)
         record = record.write(jnp.clip(steps, 0, d.gen_length - 1), w.alive, drafting)
-        rank, top = loop.ranks(blk, masked)                # this node's: drafts the next step
+        rank, top = loop.ranks(blk, masked)  # this node's: drafts the next step
         drafting = Drafting(have=jnp.ones_like(drafting.have), rank=rank, top=top)
     if d.method == "stepwise":
         full = sib + 1 >= d.steps_per_block
     else:
         full = ~jnp.any(masked, axis=-1)
-    eq = nodes.ok & jnp.all(nodes.tokens == tokens[:, None], -1) \
+    eq = (
+        nodes.ok
+        & jnp.all(nodes.tokens == tokens[:, None], -1)
         & jnp.all(nodes.masked == masked[:, None], -1)
+    )
     eq = eq.at[:, 0].set(False)
     go = w.alive & jnp.any(eq, axis=-1) & ~full
-    return Walk(node=jnp.where(go, jnp.argmax(eq, axis=-1).astype(jnp.int32), w.node), alive=go,
-                tokens=tokens, masked=masked,
-                transfer_step=jnp.where(tr, steps[:, None], w.transfer_step),
-                steps_taken=w.steps_taken + w.alive.astype(jnp.int32),
-                accepted=w.accepted + go.astype(jnp.int32),
-                stop=jnp.where(w.alive, w.node, w.stop), drafting=drafting, record=record)
+    return Walk(
+        node=jnp.where(go, jnp.argmax(eq, axis=-1).astype(jnp.int32), w.node),
+        alive=go,
+        tokens=tokens,
+        masked=masked,
+        transfer_step=jnp.where(tr, steps[:, None], w.transfer_step),
+        steps_taken=w.steps_taken + w.alive.astype(jnp.int32),
+        accepted=w.accepted + go.astype(jnp.int32),
+        stop=jnp.where(w.alive, w.node, w.stop),
+        drafting=drafting,
+        record=record,
+    )
 
 
-def walk(loop: Loop, st: State, rows: jax.Array, nodes: Nodes, active: jax.Array,
-         tstep0: jax.Array) -> Walk:
+def walk(
+    loop: Loop, st: State, rows: jax.Array, nodes: Nodes, active: jax.Array, tstep0: jax.Array
+) -> Walk:
     """Up to ``D + 1`` reference steps from the current node (one for ``D = 0``)."""
     zeros = jnp.zeros_like(active, jnp.int32)
-    start = Walk(node=zeros, alive=active, tokens=nodes.tokens[:, 0], masked=nodes.masked[:, 0],
-                 transfer_step=tstep0, steps_taken=zeros, accepted=zeros, stop=zeros,
-                 drafting=st.drafting, record=st.record)
+    start = Walk(
+        node=zeros,
+        alive=active,
+        tokens=nodes.tokens[:, 0],
+        masked=nodes.masked[:, 0],
+        transfer_step=tstep0,
+        steps_taken=zeros,
+        accepted=zeros,
+        stop=zeros,
+        drafting=st.drafting,
+        record=st.record,
+    )
     D = loop.cfg.graph.size
-    return jax.lax.fori_loop(0, 1 if D == 0 else D + 1,
-                             lambda dd, w: walk_step(loop, st, rows, nodes, dd, w), start)
+    return jax.lax.fori_loop(
+        0, 1 if D == 0 else D + 1, lambda dd, w: walk_step(loop, st, rows, nodes, dd, w), start
+    )
 
 
-def next_drafting(loop: Loop, st: State, rows: jax.Array, w: Walk, active: jax.Array,
-                  block_done: jax.Array) -> Drafting:
+def next_drafting(
+    loop: Loop, st: State, rows: jax.Array, w: Walk, active: jax.Array, block_done: jax.Array
+) -> Drafting:
     """The distribution of the node the walk stopped at drafts the next iteration (one step
     stale); a row whose block is complete has none for its next block."""
     rank, top = loop.ranks(rows[jnp.arange(rows.shape[0]), w.stop], w.masked)
     old = st.drafting
-    return Drafting(have=active & ~block_done | (old.have & ~active),
-                    rank=jnp.where(active[:, None], rank, old.rank),
-                    top=jnp.where(active[:, None, None], top, old.top))
+    return Drafting(
+        have=active & ~block_done | (old.have & ~active),
+        rank=jnp.where(active[:, None], rank, old.rank),
+        top=jnp.where(active[:, None, None], top, old.top),
+    )
 
 
 # ----------------------------------------------------------------------------- the loop
+
 
 def step(loop: Loop, st: State) -> State:
     """One Spiffy iteration: draft, one batched forward, walk, commit."""
@@ -388,29 +429,52 @@ def step(loop: Loop, st: State) -> State:
     start = st.cursor.start_slot(P, L, nb)
     tok0, msk0, tstep0 = st.canvas.block(start, P, L)
     nodes, root_only = build_nodes(loop, st, tok0, msk0, active)
-    seqs = jax.vmap(lambda r, w, s: jax.vmap(
-        lambda x: jax.lax.dynamic_update_slice_in_dim(r, x, s, 0))(w))(
-        st.canvas.tokens, nodes.tokens, start)                         # (B, M, S)
+    seqs = jax.vmap(
+        lambda r, w, s: jax.vmap(lambda x: jax.lax.dynamic_update_slice_in_dim(r, x, s, 0))(w)
+    )(st.canvas.tokens, nodes.tokens, start)  # (B, M, S)
     rows, cache = loop.forwards(root_only, st.canvas.tokens, seqs, st.cache, start)
     w = walk(loop, st, rows, nodes, active, tstep0)
     canvas = st.canvas.put_block(start, P, w.tokens, w.masked, w.transfer_step)
     sib = st.cursor.step_in_block + w.steps_taken
-    block_done = (sib >= d.steps_per_block) if d.method == "stepwise" \
-        else ~jnp.any(w.masked, axis=-1)
+    block_done = (
+        (sib >= d.steps_per_block) if d.method == "stepwise" else ~jnp.any(w.masked, axis=-1)
+    )
     drafting = next_drafting(loop, st, rows, w, active, block_done)
     cursor = advance_blocks(st.cursor, active, block_done, w.steps_taken, nb, loop.cached)
     if loop.cached:
         drafting = drafting.replace(have=drafting.have & ~cursor.fresh)
     proposed = jnp.where(root_only, 0, jnp.sum(nodes.ok[:, 1:], -1)) * active.astype(jnp.int32)
-    counters = st.counters.add(active, w.steps_taken, w.accepted + 1, proposed,
-                               loop.forwards.query_tokens(root_only, P + d.gen_length))
-    return State(canvas=canvas, cursor=cursor, cache=cache, counters=counters,
-                 drafting=drafting, record=w.record)
+    counters = st.counters.add(
+        active,
+        w.steps_taken,
+        w.accepted + 1,
+        proposed,
+        loop.forwards.query_tokens(root_only, P + d.gen_length),
+    )
+    return State(
+        canvas=canvas,
+        cursor=cursor,
+        cache=cache,
+        counters=counters,
+        drafting=drafting,
+        record=w.record,
+    )
 
 
-def spiffy_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: Knobs, *,
-                model: DiffusionLM, cfg: SpiffyConfig, mask_id: int,
-                eos_ids: tuple[int, ...] = (), mesh: Optional[Mesh] = None, record: int = 0):
+def spiffy_loop(
+    params,
+    prompt: jax.Array,
+    pad: jax.Array,
+    key: jax.Array,
+    knobs: Knobs,
+    *,
+    model: DiffusionLM,
+    cfg: SpiffyConfig,
+    mask_id: int,
+    eos_ids: tuple[int, ...] = (),
+    mesh: Optional[Mesh] = None,
+    record: int = 0,
+):
     """The jitted Spiffy loop (``cfg.decode`` structural, the numbers traced in ``knobs``).
 
     Args: prompt int32 ``(B, P)`` left-padded, pad int32 ``(B,)``, key the run's PRNG key;
@@ -421,32 +485,61 @@ def spiffy_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs
     B, P = prompt.shape
     G, L = d.gen_length, d.block_length
     S, cached = P + G, d.cache == "dual"
-    forwards = NodeForwards(model, params, pad, Layout.of(pad, S), cfg.num_nodes, L, L, cached,
-                            mesh)
-    loop = Loop(cfg=cfg, rule=Rule(knobs, d, mask_id, eos_ids), key=key, prompt_len=P,
-                forwards=forwards, record=record)
+    forwards = NodeForwards(
+        model, params, pad, Layout.of(pad, S), cfg.num_nodes, L, L, cached, mesh
+    )
+    loop = Loop(
+        cfg=cfg,
+        rule=Rule(knobs, d, mask_id, eos_ids),
+        key=key,
+        prompt_len=P,
+        forwards=forwards,
+        record=record,
+    )
     J = loop.vocab_ranks
-    st = State(canvas=Canvas.start(prompt, G, mask_id), cursor=BlockCursor.start(B),
-               cache=BlockCache.start(model, B, S, B, cached, params),
-               counters=Counters.start(B, cfg.graph.size + 2, G),
-               drafting=Drafting(have=jnp.zeros((B,), bool), rank=jnp.zeros((B, L), jnp.int32),
-                                 top=jnp.zeros((B, L, J), jnp.int32)),
-               record=Record(rank=jnp.zeros((B, G, L), jnp.int32),
-                             top=jnp.zeros((B, G, L, J), jnp.int32),
-                             ok=jnp.zeros((B, G), bool)) if record else None)
-    st = jax.lax.while_loop(lambda s: jnp.any(s.cursor.block < d.num_blocks),
-                            lambda s: step(loop, s), st)
+    st = State(
+        canvas=Canvas.start(prompt, G, mask_id),
+        cursor=BlockCursor.start(B),
+        cache=BlockCache.start(model, B, S, B, cached, params),
+        counters=Counters.start(B, cfg.graph.size + 2, G),
+        drafting=Drafting(
+            have=jnp.zeros((B,), bool),
+            rank=jnp.zeros((B, L), jnp.int32),
+            top=jnp.zeros((B, L, J), jnp.int32),
+        ),
+        record=Record(
+            rank=jnp.zeros((B, G, L), jnp.int32),
+            top=jnp.zeros((B, G, L, J), jnp.int32),
+            ok=jnp.zeros((B, G), bool),
+        )
+        if record
+        else None,
+    )
+    st = jax.lax.while_loop(
+        lambda s: jnp.any(s.cursor.block < d.num_blocks), lambda s: step(loop, s), st
+    )
     rec = st.record.replace(top=st.record.top[..., :record]) if record else None
     return st.canvas.tokens[:, P:], st.canvas.transfer_step, st.counters, rec
 
 
-_spiffy_jit = jax.jit(spiffy_loop, static_argnames=("model", "cfg", "mask_id", "eos_ids", "mesh",
-                                                    "record"))
+_spiffy_jit = jax.jit(
+    spiffy_loop, static_argnames=("model", "cfg", "mask_id", "eos_ids", "mesh", "record")
+)
 
 
-def run_spiffy(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], cfg: SpiffyConfig,
-               seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0, bucket: int = 16,
-               max_context: Optional[int] = None, mesh: Optional[Mesh] = None, record: int = 0):
+def run_spiffy(
+    model: DiffusionLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    cfg: SpiffyConfig,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 16,
+    max_context: Optional[int] = None,
+    mesh: Optional[Mesh] = None,
+    record: int = 0,
+):
     """Check, pad, compile (cached) and run :func:`spiffy_loop` on the host.
 
     Returns: ``(tokens, transfer_step, Counters, Record or None)`` as numpy, ``compile_s``,
@@ -457,18 +550,36 @@ def run_spiffy(model: DiffusionLM, params, prompts: Sequence[Sequence[int]], cfg
     check_mesh(mesh, len(prompts), cfg.num_nodes)
     buf, pad, mask_id = prepare_batch(model, prompts, d, eos_ids, pad_id, bucket, max_context)
     scfg = dataclasses.replace(cfg, decode=structural(d), graph=DraftGraph(cfg.graph.formulas))
-    statics = dict(model=model, cfg=scfg, mask_id=mask_id, eos_ids=eos_statics(d, eos_ids),
-                   mesh=mesh, record=record)
-    args = (decode_layout(params), *place_batch(params, buf, pad), jax.random.PRNGKey(seed),
-            Knobs.of(d))
+    statics = dict(
+        model=model,
+        cfg=scfg,
+        mask_id=mask_id,
+        eos_ids=eos_statics(d, eos_ids),
+        mesh=mesh,
+        record=record,
+    )
+    args = (
+        decode_layout(params),
+        *place_batch(params, buf, pad),
+        jax.random.PRNGKey(seed),
+        Knobs.of(d),
+    )
     out, compile_s, run_s = run_compiled(_spiffy_jit, args, statics)
     return jax.tree_util.tree_map(np.asarray, out), compile_s, run_s
 
 
-def spiffy_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]],
-                    cfg: SpiffyConfig, seed: int = 0, eos_ids: Sequence[int] = (),
-                    pad_id: int = 0, bucket: int = 16, max_context: Optional[int] = None,
-                    mesh: Optional[Mesh] = None) -> DiffusionResult:
+def spiffy_generate(
+    model: DiffusionLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    cfg: SpiffyConfig,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 16,
+    max_context: Optional[int] = None,
+    mesh: Optional[Mesh] = None,
+) -> DiffusionResult:
     """Decode a batch with Spiffy (module docstring, Algorithm 1); lossless against
     ``diffusion_generate(model, params, prompts, cfg.decode, seed, ...)``.
 
@@ -492,20 +603,56 @@ def spiffy_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]]
         divide the verification batch.
     """
     d = cfg.decode
-    (toks, tstep, c, _), compile_s, run_s = run_spiffy(model, params, prompts, cfg, seed, eos_ids,
-                                                       pad_id, bucket, max_context, mesh)
-    unmasking = {"stepwise": f"stepwise-{d.steps}", "fixed-k": f"fixed-{d.tokens_per_step}",
-                 "threshold": f"threshold-{d.threshold}"}[d.method]
+    (toks, tstep, c, _), compile_s, run_s = run_spiffy(
+        model, params, prompts, cfg, seed, eos_ids, pad_id, bucket, max_context, mesh
+    )
+    unmasking = {
+        "stepwise": f"stepwise-{d.steps}",
+        "fixed-k": f"fixed-{d.tokens_per_step}",
+        "threshold": f"threshold-{d.threshold}",
+    }[d.method]
     return diffusion_result(
-        toks, tstep, eos_ids, d, compile_s, run_s, method="spiffy", reference=d.method,
-        target_nfe=c.nfe, steps=c.steps, accept_hist=c.accept_hist,
-        draft_length=cfg.graph.size, drafts_proposed=c.proposed, forward_tokens=c.forward_tokens,
+        toks,
+        tstep,
+        eos_ids,
+        d,
+        compile_s,
+        run_s,
+        method="spiffy",
+        reference=d.method,
+        target_nfe=c.nfe,
+        steps=c.steps,
+        accept_hist=c.accept_hist,
+        draft_length=cfg.graph.size,
+        drafts_proposed=c.proposed,
+        forward_tokens=c.forward_tokens,
         steps_by_nfe=c.steps_by_nfe,
-        extra={"graph_D": cfg.graph.size, "nodes": cfg.num_nodes, "unmasking": unmasking,
-               "nfe_speedup": float(c.steps.sum() / max(c.nfe.sum(), 1)),
-               "step_reduction": float(1.0 - c.nfe.sum() / max(c.steps.sum(), 1))})
+        extra={
+            "graph_D": cfg.graph.size,
+            "nodes": cfg.num_nodes,
+            "unmasking": unmasking,
+            "nfe_speedup": float(c.steps.sum() / max(c.nfe.sum(), 1)),
+            "step_reduction": float(1.0 - c.nfe.sum() / max(c.steps.sum(), 1)),
+        },
+    )
 
 
-__all__ = ["SpiffyConfig", "spiffy_generate", "run_spiffy", "spiffy_loop", "draft_ranks",
-           "draft_blocks", "build_nodes", "walk_step", "walk", "next_drafting", "step", "Loop",
-           "State", "Drafting", "Record", "Nodes", "Walk"]
+__all__ = [
+    "SpiffyConfig",
+    "spiffy_generate",
+    "run_spiffy",
+    "spiffy_loop",
+    "draft_ranks",
+    "draft_blocks",
+    "build_nodes",
+    "walk_step",
+    "walk",
+    "next_drafting",
+    "step",
+    "Loop",
+    "State",
+    "Drafting",
+    "Record",
+    "Nodes",
+    "Walk",
+]

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxspec.core.plotting import pyplot
 
+
 class GraphError(ValueError):
     """A draft graph that does not parse or violates Eqs. 6-8."""
 
@@ -47,11 +48,18 @@ class DraftGraph:
         for f in self.formulas:
             pairs = []
             for pr in f:
-                if (not isinstance(pr, (tuple, list)) or len(pr) != 2
-                        or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1
-                               for x in pr)):
-                    raise GraphError(f"draft formula {list(f)}: every pair must be two positive "
-                                     f"integers (i, j), got {pr!r}")
+                if (
+                    not isinstance(pr, (tuple, list))
+                    or len(pr) != 2
+                    or any(
+                        isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1
+                        for x in pr
+                    )
+                ):
+                    raise GraphError(
+                        f"draft formula {list(f)}: every pair must be two positive "
+                        f"integers (i, j), got {pr!r}"
+                    )
                 pairs.append((int(pr[0]), int(pr[1])))
             if not pairs:
                 raise GraphError("a draft formula is empty (it must unmask at least one token)")
@@ -63,9 +71,11 @@ class DraftGraph:
         have = set(forms)
         for f in forms:
             if len(f) > 1 and not any(tuple(p for p in f if p != q) in have for q in f):
-                raise GraphError(f"draft formula {list(f)} (level {len(f)}) has no parent in the "
-                                 f"graph: Eqs. 6-8 need a level-{len(f) - 1} formula that it "
-                                 "extends by one pair")
+                raise GraphError(
+                    f"draft formula {list(f)} (level {len(f)}) has no parent in the "
+                    f"graph: Eqs. 6-8 need a level-{len(f) - 1} formula that it "
+                    "extends by one pair"
+                )
         object.__setattr__(self, "formulas", tuple(forms))
         if self.counts and len(self.counts) != len(forms):
             raise GraphError(f"{len(self.counts)} counts for {len(forms)} formulas")
@@ -90,20 +100,25 @@ class DraftGraph:
     def parents(self, q: int) -> list[int]:
         """Indices of the parents of formula ``q`` (Eqs. 6-8 at ``S = 1``)."""
         f = set(self.formulas[q])
-        return [p for p, g in enumerate(self.formulas)
-                if len(g) + 1 == len(f) and set(g) < f]
+        return [p for p, g in enumerate(self.formulas) if len(g) + 1 == len(f) and set(g) < f]
 
     def check_block(self, block_length: int) -> None:
         """Raises GraphError when a position rank exceeds ``block_length``."""
         bad = [f for f in self.formulas if max(i for i, _ in f) > block_length]
         if bad:
-            raise GraphError(f"draft formula {list(bad[0])} names a position rank above the "
-                             f"block length {block_length}")
+            raise GraphError(
+                f"draft formula {list(bad[0])} names a position rank above the "
+                f"block length {block_length}"
+            )
 
     def to_json(self) -> dict:
         """``{"D", "formulas": [[[i, j], ...], ...], "counts", "meta"}`` (:func:`save_graph`)."""
-        return {"D": self.size, "formulas": [[list(p) for p in f] for f in self.formulas],
-                "counts": list(self.counts), "meta": dict(self.meta)}
+        return {
+            "D": self.size,
+            "formulas": [[list(p) for p in f] for f in self.formulas],
+            "counts": list(self.counts),
+            "meta": dict(self.meta),
+        }
 
 
 def load_graph(path) -> DraftGraph:
@@ -123,9 +138,16 @@ def load_graph(path) -> DraftGraph:
     if not d["formulas"]:
         raise GraphError(f"draft graph file {path} has no draft formula")
     try:
-        return DraftGraph(tuple(tuple(tuple(p) if isinstance(p, list) else p for p in f)
-                                if isinstance(f, list) else f for f in d["formulas"]),
-                          tuple(d.get("counts") or ()), tuple((d.get("meta") or {}).items()))
+        return DraftGraph(
+            tuple(
+                tuple(tuple(p) if isinstance(p, list) else p for p in f)
+                if isinstance(f, list)
+                else f
+                for f in d["formulas"]
+            ),
+            tuple(d.get("counts") or ()),
+            tuple((d.get("meta") or {}).items()),
+        )
     except GraphError as e:
         raise GraphError(f"draft graph file {path}: {e}") from None
     except TypeError as e:
@@ -135,7 +157,6 @@ def load_graph(path) -> DraftGraph:
 def save_graph(graph: DraftGraph, path) -> None:
     """Write ``graph`` as JSON (:meth:`DraftGraph.to_json`; :func:`load_graph` reads it)."""
     Path(path).write_text(json.dumps(graph.to_json(), indent=1) + "\n")
-
 
 
 def formula_arrays(graph: DraftGraph):
@@ -149,7 +170,6 @@ def formula_arrays(graph: DraftGraph):
         for k, (i, j) in enumerate(f):
             fi[m, k], fj[m, k], fv[m, k] = i - 1, j - 1, True
     return fi[:D], fj[:D], fv[:D]
-
 
 
 def plot_graph(graph: DraftGraph, path, title: str = "") -> None:
@@ -170,16 +190,27 @@ def plot_graph(graph: DraftGraph, path, title: str = "") -> None:
     for q, f in enumerate(graph.formulas):
         pars = graph.parents(q) if len(f) > 1 else [-1]
         for p in pars:
-            ax.annotate("", xy=xy[q], xytext=xy[p],
-                        arrowprops=dict(arrowstyle="->", color="0.5", shrinkA=22, shrinkB=22))
-    ax.text(*xy[-1], "X(t)", ha="center", va="center",
-            bbox=dict(boxstyle="round", fc="0.85", ec="0.3"))
+            ax.annotate(
+                "",
+                xy=xy[q],
+                xytext=xy[p],
+                arrowprops=dict(arrowstyle="->", color="0.5", shrinkA=22, shrinkB=22),
+            )
+    ax.text(
+        *xy[-1], "X(t)", ha="center", va="center", bbox=dict(boxstyle="round", fc="0.85", ec="0.3")
+    )
     for q, f in enumerate(graph.formulas):
         label = "\n".join(f"c{i},{j}" for i, j in f)
         if graph.counts:
             label += f"\n[{graph.counts[q]}]"
-        ax.text(*xy[q], label, ha="center", va="center", fontsize=7,
-                bbox=dict(boxstyle="round", fc="#dbe9f6", ec="#2b6ca3"))
+        ax.text(
+            *xy[q],
+            label,
+            ha="center",
+            va="center",
+            fontsize=7,
+            bbox=dict(boxstyle="round", fc="#dbe9f6", ec="#2b6ca3"),
+        )
     ax.set_xlim(-0.6, n_lv + 0.6)
     ax.set_ylim(-height / 2.0 - 0.6, height / 2.0 + 0.6)
     ax.set_xticks(range(n_lv + 1))
@@ -193,5 +224,4 @@ def plot_graph(graph: DraftGraph, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["GraphError", "DraftGraph", "load_graph", "save_graph", "plot_graph",
-           "formula_arrays"]
+__all__ = ["GraphError", "DraftGraph", "load_graph", "save_graph", "plot_graph", "formula_arrays"]

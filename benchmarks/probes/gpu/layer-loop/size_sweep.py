@@ -43,23 +43,50 @@ import numpy as np
 from jaxspec.bench.common import cpu_model
 from jaxspec.causal.decode import decode_plan, generate
 from jaxspec.core import runtime
-from models.llama import layout
 from models.config import ModelConfig
+from models.llama import layout
 from models.llama import modeling as M
 
 CONFIGS = {
-    "smollm2-135m": ModelConfig(arch="llama", vocab_size=49152, hidden_size=576,
-                                intermediate_size=1536, num_layers=30, num_heads=9,
-                                num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                                tie_embeddings=True, max_position_embeddings=2048),
-    "smollm2-1.7b": ModelConfig(arch="llama", vocab_size=49152, hidden_size=2048,
-                                intermediate_size=8192, num_layers=24, num_heads=32,
-                                num_kv_heads=32, head_dim=64, rope_theta=130000.0,
-                                tie_embeddings=True, max_position_embeddings=8192),
-    "qwen2.5-7b": ModelConfig(arch="qwen2", vocab_size=152064, hidden_size=3584,
-                              intermediate_size=18944, num_layers=28, num_heads=28,
-                              num_kv_heads=4, head_dim=128, rope_theta=1e6, qkv_bias=True,
-                              max_position_embeddings=32768),
+    "smollm2-135m": ModelConfig(
+        arch="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        tie_embeddings=True,
+        max_position_embeddings=2048,
+    ),
+    "smollm2-1.7b": ModelConfig(
+        arch="llama",
+        vocab_size=49152,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=24,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=64,
+        rope_theta=130000.0,
+        tie_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "qwen2.5-7b": ModelConfig(
+        arch="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        rope_theta=1e6,
+        qkv_bias=True,
+        max_position_embeddings=32768,
+    ),
 }
 
 
@@ -70,7 +97,8 @@ def random_params(config: ModelConfig, dtype, seed: int = 0):
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
     make = jax.jit(lambda k, s: jax.random.normal(k, s.shape, dtype) * 0.02, static_argnums=1)
     return jax.tree_util.tree_unflatten(
-        tree, [make(k, jax.ShapeDtypeStruct(s.shape, dtype)) for k, s in zip(keys, leaves)])
+        tree, [make(k, jax.ShapeDtypeStruct(s.shape, dtype)) for k, s in zip(keys, leaves)]
+    )
 
 
 def _in_use() -> int | None:
@@ -101,14 +129,23 @@ def run_loop(name: str, config: ModelConfig, params, new: int, reps: int) -> dic
         plan = decode_plan(model, params, layer_loop=loop)
         picked = plan.layer_loop
         first = generate(model, params, prompt, max_new_tokens=new, eos_ids=(), plan=plan)
-        runs = [generate(model, params, prompt, max_new_tokens=new, eos_ids=(), plan=plan)
-                for _ in range(reps)]
+        runs = [
+            generate(model, params, prompt, max_new_tokens=new, eos_ids=(), plan=plan)
+            for _ in range(reps)
+        ]
     finally:
         jax.lax.scan = scan
     run_s = float(np.median([r.run_s for r in runs]))
-    return {"loop": name, "ran": picked, "compile_s": round(first.compile_s, 1),
-            "tok_s": round(new / run_s, 1), "ms_per_token": round(1e3 * run_s / new, 3),
-            "temp_bytes": _temp_bytes(), "bytes_in_use": _in_use(), "tokens": first.tokens[0]}
+    return {
+        "loop": name,
+        "ran": picked,
+        "compile_s": round(first.compile_s, 1),
+        "tok_s": round(new / run_s, 1),
+        "ms_per_token": round(1e3 * run_s / new, 3),
+        "temp_bytes": _temp_bytes(),
+        "bytes_in_use": _in_use(),
+        "tokens": first.tokens[0],
+    }
 
 
 def main(argv=None) -> int:
@@ -122,9 +159,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/gpu/layer-loop/size-sweep.json")
     args = ap.parse_args(argv)
     dev = jax.devices()[0]
-    out = {"device": f"{dev.device_kind} ({jax.default_backend()})", "host_cpu": cpu_model(),
-           "jax": jax.__version__, "python": platform.python_version(), "dtype": args.dtype,
-           "new_tokens": args.new, "reps": args.reps, "models": {}}
+    out = {
+        "device": f"{dev.device_kind} ({jax.default_backend()})",
+        "host_cpu": cpu_model(),
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "dtype": args.dtype,
+        "new_tokens": args.new,
+        "reps": args.reps,
+        "models": {},
+    }
     for name in args.models:
         config = CONFIGS[name]
         params = random_params(config, jnp.dtype(args.dtype))
@@ -145,9 +189,11 @@ def main(argv=None) -> int:
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
             print(name, {k: v for k, v in row.items() if k != "tokens"}, flush=True)
-        out["models"][name] = {"param_bytes": nbytes, "memory": layout.device_memory(),
-                               "rows": [{k: v for k, v in r.items() if k != "tokens"}
-                                        for r in rows]}
+        out["models"][name] = {
+            "param_bytes": nbytes,
+            "memory": layout.device_memory(),
+            "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows],
+        }
         del params
         layout._UNSTACKED.clear()
         runtime._EXECUTABLES.clear()
