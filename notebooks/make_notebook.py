@@ -525,10 +525,12 @@ def build() -> nbformat.NotebookNode:
     for i, c in enumerate(cells):
         c["id"] = f"cell-{i:02d}"  # stable ids: regenerating gives the same file
     nb = v4.new_notebook(cells=cells)
-    nb.metadata = {"accelerator": "TPU",
-                   "colab": {"provenance": []},
-                   "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                   "language_info": {"name": "python"}}
+    nb.metadata = {
+        "accelerator": "TPU",
+        "colab": {"provenance": []},
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
     return nb
 
 

@@ -38,15 +38,39 @@ from models.sharding import MeshError, check_mesh, partition_spec
 # Qwen2.5-7B body: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 # intermediate_size, vocab_size, tie_word_embeddings false; q/k/v biases).
 PUBLISHED = {
-    "LLaDA-8B-Instruct": ModelConfig(arch="llama", vocab_size=126464, hidden_size=4096,
-                                     intermediate_size=12288, num_layers=32, num_heads=32,
-                                     num_kv_heads=32, head_dim=128, qkv_bias=False),
-    "Dream-v0-Instruct-7B": ModelConfig(arch="qwen2", vocab_size=152064, hidden_size=3584,
-                                        intermediate_size=18944, num_layers=28, num_heads=28,
-                                        num_kv_heads=4, head_dim=128, qkv_bias=True),
-    "Qwen2.5-7B-Instruct": ModelConfig(arch="qwen2", vocab_size=152064, hidden_size=3584,
-                                       intermediate_size=18944, num_layers=28, num_heads=28,
-                                       num_kv_heads=4, head_dim=128, qkv_bias=True),
+    "LLaDA-8B-Instruct": ModelConfig(
+        arch="llama",
+        vocab_size=126464,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        qkv_bias=False,
+    ),
+    "Dream-v0-Instruct-7B": ModelConfig(
+        arch="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        qkv_bias=True,
+    ),
+    "Qwen2.5-7B-Instruct": ModelConfig(
+        arch="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        qkv_bias=True,
+    ),
 }
 DEVICES = (1, 4, 8)
 GB = 1e9
@@ -111,8 +135,13 @@ def rows() -> list[dict]:
         n = sum(int(jnp.prod(jnp.asarray(s))) for s in shapes.values())
         if n != formula_count(c):
             raise AssertionError(f"{name}: parameter tree {n} != formula {formula_count(c)}")
-        row = {"model": name, "params": n, "f32_gb": 4 * n / GB, "bf16_gb": 2 * n / GB,
-               "kv_1k_bf16_gb": 2 * c.num_layers * c.num_kv_heads * c.head_dim * 1024 * 2 / GB}
+        row = {
+            "model": name,
+            "params": n,
+            "f32_gb": 4 * n / GB,
+            "bf16_gb": 2 * n / GB,
+            "kv_1k_bf16_gb": 2 * c.num_layers * c.num_kv_heads * c.head_dim * 1024 * 2 / GB,
+        }
         for d in DEVICES:
             m = model_axis(c, d)
             row[f"mesh_{d}"] = f"{d // m}x{m}"
@@ -122,14 +151,18 @@ def rows() -> list[dict]:
 
 
 def markdown(table: list[dict]) -> str:
-    head = ("| model | parameters | weights f32 | weights bf16 | "
-            + " | ".join(f"bf16 per device, {d} device{'s' * (d > 1)} (mesh)" for d in DEVICES)
-            + " | KV cache per 1k tokens, bf16 (f32: x2) |")
+    head = (
+        "| model | parameters | weights f32 | weights bf16 | "
+        + " | ".join(f"bf16 per device, {d} device{'s' * (d > 1)} (mesh)" for d in DEVICES)
+        + " | KV cache per 1k tokens, bf16 (f32: x2) |"
+    )
     lines = [head, "|" + "---|" * (5 + len(DEVICES))]
     for r in table:
         per = " | ".join(f"{r[f'bf16_per_device_{d}']:.1f} GB ({r[f'mesh_{d}']})" for d in DEVICES)
-        lines.append(f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['f32_gb']:.1f} GB | "
-                     f"{r['bf16_gb']:.1f} GB | {per} | {r['kv_1k_bf16_gb'] * 1e3:.0f} MB |")
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['f32_gb']:.1f} GB | "
+            f"{r['bf16_gb']:.1f} GB | {per} | {r['kv_1k_bf16_gb'] * 1e3:.0f} MB |"
+        )
     return "\n".join(lines)
 
 

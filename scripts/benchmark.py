@@ -94,105 +94,218 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxspec.bench.common import SUITES, SYSTEMS
-
     from scripts.common import add_compile_cache_flag
 
-    ap = argparse.ArgumentParser(prog="python -m scripts.benchmark", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.benchmark", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--suite", required=True, help=f"benchmark suite: {', '.join(SUITES)}")
-    ap.add_argument("--limit", type=int, default=None,
-                    help="number of HumanEval prompts (default 20 for ar, 3 for dllm)")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="number of HumanEval prompts (default 20 for ar, 3 for dllm)",
+    )
     ap.add_argument("--start", type=int, default=0, help="first HumanEval problem index")
-    ap.add_argument("--out", default=None, help="result JSON (default: a new scratch file "
-                    "runs/bench/SUITE-YYYYmmdd-HHMMSS.json); the markdown table and the chart go "
-                    "next to it. An existing file (e.g. the committed results/SUITE.json) is "
-                    "replaced only with --overwrite")
-    ap.add_argument("--overwrite", action="store_true",
-                    help="replace an existing --out file (and its .md / .png)")
-    ap.add_argument("--model", default=None, help="model preset name (default "
-                    "smollm2-135m-instruct for ar, dream-smollm2-135m for dllm)")
-    ap.add_argument("--weights", default=None, help="GGUF file or HF directory (overrides the preset)")
-    ap.add_argument("--dtype", default="auto", help="jaxspec parameter / activation dtype: auto "
-                    "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16 (suites ar and "
-                    "dllm; the transformers peers load the same dtype)")
-    ap.add_argument("--quant", default="none", help="weight-only quantization of the jaxspec "
-                    "model: none or int8 (models.quant; suites ar, dllm, ssd, spiffy). For the "
-                    "drift from float in one run use --systems jaxspec/ar-int8 jaxspec/ngram-int8")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="result JSON (default: a new scratch file "
+        "runs/bench/SUITE-YYYYmmdd-HHMMSS.json); the markdown table and the chart go "
+        "next to it. An existing file (e.g. the committed results/SUITE.json) is "
+        "replaced only with --overwrite",
+    )
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out file (and its .md / .png)",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="model preset name (default "
+        "smollm2-135m-instruct for ar, dream-smollm2-135m for dllm)",
+    )
+    ap.add_argument(
+        "--weights", default=None, help="GGUF file or HF directory (overrides the preset)"
+    )
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="jaxspec parameter / activation dtype: auto "
+        "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16 (suites ar and "
+        "dllm; the transformers peers load the same dtype)",
+    )
+    ap.add_argument(
+        "--quant",
+        default="none",
+        help="weight-only quantization of the jaxspec "
+        "model: none or int8 (models.quant; suites ar, dllm, ssd, spiffy). For the "
+        "drift from float in one run use --systems jaxspec/ar-int8 jaxspec/ngram-int8",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--draft-length", type=int, default=8,
-                    help="K: draft tokens per step of jaxspec/ngram and prompt_lookup_num_tokens")
-    ap.add_argument("--max-ngram", type=int, default=3,
-                    help="longest suffix matched (jaxspec n-gram drafter and transformers' "
-                         "max_matching_ngram_size)")
+    ap.add_argument(
+        "--draft-length",
+        type=int,
+        default=8,
+        help="K: draft tokens per step of jaxspec/ngram and prompt_lookup_num_tokens",
+    )
+    ap.add_argument(
+        "--max-ngram",
+        type=int,
+        default=3,
+        help="longest suffix matched (jaxspec n-gram drafter and transformers' "
+        "max_matching_ngram_size)",
+    )
     ap.add_argument("--min-ngram", type=int, default=2, help="shortest suffix of jaxspec's drafter")
-    ap.add_argument("--systems", nargs="+", default=None,
-                    help=f"subset of: {', '.join(SYSTEMS)} (jaxspec/ar is always run: it is the baseline)")
-    ap.add_argument("--draft-model", default=None,
-                    help="draft model preset of jaxspec/sps and transformers/assisted (same "
-                         "tokenizer as --model)")
+    ap.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        help=f"subset of: {', '.join(SYSTEMS)} (jaxspec/ar is always run: it is the baseline)",
+    )
+    ap.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft model preset of jaxspec/sps and transformers/assisted (same "
+        "tokenizer as --model)",
+    )
     ap.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    ap.add_argument("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
-                    help="device of the transformers peers: auto = cuda when JAX runs on a GPU "
-                         "and torch sees one, else cpu")
+    ap.add_argument(
+        "--torch-device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="device of the transformers peers: auto = cuda when JAX runs on a GPU "
+        "and torch sees one, else cpu",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compile_cache_flag(ap)
     dg = ap.add_argument_group("suites dllm and ssd")
     dg.add_argument("--gen-length", type=int, default=256)
-    dg.add_argument("--block-length", type=int, default=None,
-                    help="block length (default 32 for dllm, 8 for ssd)")
-    dg.add_argument("--methods", nargs="+", default=None,
-                    help="rows: stepwise, fixed-K, threshold-T (default: stepwise fixed-2 "
-                         "fixed-4 threshold-0.9)")
+    dg.add_argument(
+        "--block-length",
+        type=int,
+        default=None,
+        help="block length (default 32 for dllm, 8 for ssd)",
+    )
+    dg.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="rows: stepwise, fixed-K, threshold-T (default: stepwise fixed-2 "
+        "fixed-4 threshold-0.9)",
+    )
     dg.add_argument("--caches", nargs="+", default=None, help="subset of none prefix dual")
     dg.add_argument("--remasking", default="low_confidence")
-    dg.add_argument("--prompt-set", choices=("long", "chat"), default=None,
-                    help="prompts of suites dllm, ssd and spiffy: long = HumanEval raw "
-                         "completions alternating with held-out stdlib function bodies "
-                         "(default), chat = HumanEval in the chat template alternating with "
-                         "MT-Bench first turns (also picked by --chat); suite diffuspec: the "
-                         "default of --diffuspec-sets (long, or humaneval-chat mt-bench)")
-    dg.add_argument("--overhead-reps", type=int, default=3,
-                    help="timed repetitions of each lone forward for loop_overhead (0 = skip)")
+    dg.add_argument(
+        "--prompt-set",
+        choices=("long", "chat"),
+        default=None,
+        help="prompts of suites dllm, ssd and spiffy: long = HumanEval raw "
+        "completions alternating with held-out stdlib function bodies "
+        "(default), chat = HumanEval in the chat template alternating with "
+        "MT-Bench first turns (also picked by --chat); suite diffuspec: the "
+        "default of --diffuspec-sets (long, or humaneval-chat mt-bench)",
+    )
+    dg.add_argument(
+        "--overhead-reps",
+        type=int,
+        default=3,
+        help="timed repetitions of each lone forward for loop_overhead (0 = skip)",
+    )
     sg = ap.add_argument_group("suite ssd")
-    sg.add_argument("--ssd-rows", nargs="+", default=None,
-                    help="SSD rows as N:tree:cache (default 3:chain:dual 4:chain:dual "
-                         "5:chain:dual 4:mix-order:dual)")
-    sg.add_argument("--no-limit-analysis", action="store_true",
-                    help="skip the Sec. 5.1 acceptance-limit table")
+    sg.add_argument(
+        "--ssd-rows",
+        nargs="+",
+        default=None,
+        help="SSD rows as N:tree:cache (default 3:chain:dual 4:chain:dual "
+        "5:chain:dual 4:mix-order:dual)",
+    )
+    sg.add_argument(
+        "--no-limit-analysis", action="store_true", help="skip the Sec. 5.1 acceptance-limit table"
+    )
     pg = ap.add_argument_group("suite spiffy")
-    pg.add_argument("--spiffy-rows", nargs="+", default=None,
-                    help="Spiffy rows as D:rule, rule = stepwise | fixed-K | threshold-T "
-                         "(default 3/5/8/10:stepwise 10:fixed-2 10:threshold-0.9)")
-    pg.add_argument("--graph-dir", default="configs/graphs/dream-smollm2-135m",
-                    help="directory of calibrated graphs D<D>.json")
-    pg.add_argument("--cache", choices=("none", "dual"), default="dual",
-                    help="cache policy of every spiffy row and its reference (default dual)")
+    pg.add_argument(
+        "--spiffy-rows",
+        nargs="+",
+        default=None,
+        help="Spiffy rows as D:rule, rule = stepwise | fixed-K | threshold-T "
+        "(default 3/5/8/10:stepwise 10:fixed-2 10:threshold-0.9)",
+    )
+    pg.add_argument(
+        "--graph-dir",
+        default="configs/graphs/dream-smollm2-135m",
+        help="directory of calibrated graphs D<D>.json",
+    )
+    pg.add_argument(
+        "--cache",
+        choices=("none", "dual"),
+        default="dual",
+        help="cache policy of every spiffy row and its reference (default dual)",
+    )
     xg = ap.add_argument_group("suite space")
-    xg.add_argument("--base-model", default="smollm2-135m-instruct",
-                    help="the base model of the SAR delta (the jaxspec/ar-base rows)")
+    xg.add_argument(
+        "--base-model",
+        default="smollm2-135m-instruct",
+        help="the base model of the SAR delta (the jaxspec/ar-base rows)",
+    )
     xg.add_argument("--mask-groups", type=int, default=5, help="SPACE's k (default 5)")
-    xg.add_argument("--space-sets", nargs="+", default=None,
-                    help="prompt sets: humaneval humaneval-chat mt-bench news (default all)")
-    xg.add_argument("--space-k-sweep", nargs="*", type=int, default=None,
-                    help="k ablation values (default 1..8; empty: skip)")
-    xg.add_argument("--space-batches", nargs="*", type=int, default=None,
-                    help="batch sizes (default 1 2 4 8 16; empty: skip)")
+    xg.add_argument(
+        "--space-sets",
+        nargs="+",
+        default=None,
+        help="prompt sets: humaneval humaneval-chat mt-bench news (default all)",
+    )
+    xg.add_argument(
+        "--space-k-sweep",
+        nargs="*",
+        type=int,
+        default=None,
+        help="k ablation values (default 1..8; empty: skip)",
+    )
+    xg.add_argument(
+        "--space-batches",
+        nargs="*",
+        type=int,
+        default=None,
+        help="batch sizes (default 1 2 4 8 16; empty: skip)",
+    )
     xg.add_argument("--quality", default=None, help="JSON of the SAR model's quality figures")
-    fg = ap.add_argument_group("suite diffuspec (--draft-model: the diffusion drafter, default "
-                               "dream-smollm2-135m)")
+    fg = ap.add_argument_group(
+        "suite diffuspec (--draft-model: the diffusion drafter, default dream-smollm2-135m)"
+    )
     fg.add_argument("--k-max", type=int, default=30, help="DiffuSpec's k_max (default 30)")
     fg.add_argument("--k-min", type=int, default=20, help="DiffuSpec's k_min (default 20)")
-    fg.add_argument("--diffuspec-sets", nargs="+", default=None,
-                    help="prompt sets: humaneval humaneval-chat mt-bench news (default all)")
-    fg.add_argument("--diffuspec-fixed-k", nargs="*", type=int, default=None,
-                    help="Table 5 fixed draft lengths (default 5 10 20 30; empty: skip)")
-    fg.add_argument("--diffuspec-refine-steps", nargs="*", type=int, default=None,
-                    help="drafter refinement steps S (default 1 2 4; empty: skip)")
+    fg.add_argument(
+        "--diffuspec-sets",
+        nargs="+",
+        default=None,
+        help="prompt sets: humaneval humaneval-chat mt-bench news (default all)",
+    )
+    fg.add_argument(
+        "--diffuspec-fixed-k",
+        nargs="*",
+        type=int,
+        default=None,
+        help="Table 5 fixed draft lengths (default 5 10 20 30; empty: skip)",
+    )
+    fg.add_argument(
+        "--diffuspec-refine-steps",
+        nargs="*",
+        type=int,
+        default=None,
+        help="drafter refinement steps S (default 1 2 4; empty: skip)",
+    )
     fg.add_argument("--no-ablations", action="store_true", help="skip the Table 2 CPS x ADL grid")
-    fg.add_argument("--drafter-cache", nargs="+", default=["none", "prefix"],
-                    choices=("none", "prefix"),
-                    help="drafter caches of the prompt-set rows (default: none prefix; prefix "
-                         "adds specdiff+prefix / diffuspec+prefix rows)")
+    fg.add_argument(
+        "--drafter-cache",
+        nargs="+",
+        default=["none", "prefix"],
+        choices=("none", "prefix"),
+        help="drafter caches of the prompt-set rows (default: none prefix; prefix "
+        "adds specdiff+prefix / diffuspec+prefix rows)",
+    )
     from jaxspec.bench.assd import add_arguments as add_assd_arguments
 
     add_assd_arguments(ap)
@@ -232,15 +345,18 @@ def resolve_out(args, now: float | None = None) -> Path:
     else:
         out = Path(args.out)
         if out.suffix != ".json":
-            raise BenchError(f"--out must name a .json file (the .md and .png go next to it), "
-                             f"got {args.out}")
+            raise BenchError(
+                f"--out must name a .json file (the .md and .png go next to it), got {args.out}"
+            )
     if out.is_dir():
         raise BenchError(f"--out {out} is a directory; name a .json file")
     if not args.overwrite:
         for f in (out, out.with_suffix(".md")):
             if f.exists():
-                raise BenchError(f"--out {out}: {f} exists; pass --overwrite to replace it, or "
-                                 f"leave out --out (results go to runs/bench/)")
+                raise BenchError(
+                    f"--out {out}: {f} exists; pass --overwrite to replace it, or "
+                    f"leave out --out (results go to runs/bench/)"
+                )
     for parent in (out.parent, *out.parent.parents):
         if parent.exists():
             if not parent.is_dir():
@@ -251,8 +367,9 @@ def resolve_out(args, now: float | None = None) -> Path:
         with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.stem}.", suffix=".probe"):
             pass
     except OSError as e:
-        raise BenchError(f"--out {out}: cannot write into {out.parent} "
-                         f"({e.strerror or e})") from None
+        raise BenchError(
+            f"--out {out}: cannot write into {out.parent} ({e.strerror or e})"
+        ) from None
     return out
 
 
@@ -276,61 +393,78 @@ def validate_args(args) -> None:
         raise BenchError(f"unknown --quant {args.quant!r}; choose none or int8")
     _at_least("--limit", args.limit, 1)
     if not 0 <= args.start < HUMANEVAL_PROBLEMS:
-        raise BenchError(f"--start must lie in [0, {HUMANEVAL_PROBLEMS - 1}] (HumanEval has "
-                         f"{HUMANEVAL_PROBLEMS} problems), got {args.start}")
-    for flag, value, least in (("--max-new-tokens", args.max_new_tokens, 1),
-                               ("--draft-length", args.draft_length, 1),
-                               ("--min-ngram", args.min_ngram, 1),
-                               ("--gen-length", args.gen_length, 1),
-                               ("--block-length", args.block_length, 1),
-                               ("--overhead-reps", args.overhead_reps, 0),
-                               ("--threads", args.threads, 1),
-                               ("--mask-groups", args.mask_groups, 1),
-                               ("--assd-k", args.assd_k, 1),
-                               ("--assd-seq-len", args.assd_seq_len, 2),
-                               ("--assd-infill-tasks", args.assd_infill_tasks, 0)):
+        raise BenchError(
+            f"--start must lie in [0, {HUMANEVAL_PROBLEMS - 1}] (HumanEval has "
+            f"{HUMANEVAL_PROBLEMS} problems), got {args.start}"
+        )
+    for flag, value, least in (
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--draft-length", args.draft_length, 1),
+        ("--min-ngram", args.min_ngram, 1),
+        ("--gen-length", args.gen_length, 1),
+        ("--block-length", args.block_length, 1),
+        ("--overhead-reps", args.overhead_reps, 0),
+        ("--threads", args.threads, 1),
+        ("--mask-groups", args.mask_groups, 1),
+        ("--assd-k", args.assd_k, 1),
+        ("--assd-seq-len", args.assd_seq_len, 2),
+        ("--assd-infill-tasks", args.assd_infill_tasks, 0),
+    ):
         _at_least(flag, value, least)
     if args.max_ngram < args.min_ngram:
-        raise BenchError(f"--max-ngram must be >= --min-ngram, got {args.max_ngram} < "
-                         f"{args.min_ngram}")
+        raise BenchError(
+            f"--max-ngram must be >= --min-ngram, got {args.max_ngram} < {args.min_ngram}"
+        )
     if args.suite == "diffuspec" and not 1 <= args.k_min <= args.k_max:
         raise BenchError(f"need 1 <= --k-min <= --k-max, got {args.k_min} and {args.k_max}")
-    for flag, values in (("--space-k-sweep", args.space_k_sweep),
-                         ("--space-batches", args.space_batches),
-                         ("--diffuspec-fixed-k", args.diffuspec_fixed_k),
-                         ("--diffuspec-refine-steps", args.diffuspec_refine_steps),
-                         ("--assd-k-sweep", args.assd_k_sweep)):
+    for flag, values in (
+        ("--space-k-sweep", args.space_k_sweep),
+        ("--space-batches", args.space_batches),
+        ("--diffuspec-fixed-k", args.diffuspec_fixed_k),
+        ("--diffuspec-refine-steps", args.diffuspec_refine_steps),
+        ("--assd-k-sweep", args.assd_k_sweep),
+    ):
         for v in values or ():
             _at_least(flag, v, 1)
-    for flag, values in (("--space-sets", args.space_sets),
-                         ("--diffuspec-sets", args.diffuspec_sets)):
-        bad = sorted(set(values or ()) - set(PROMPT_SETS)
-                     - ({"long"} if flag == "--diffuspec-sets" else set()))
+    for flag, values in (
+        ("--space-sets", args.space_sets),
+        ("--diffuspec-sets", args.diffuspec_sets),
+    ):
+        bad = sorted(
+            set(values or ())
+            - set(PROMPT_SETS)
+            - ({"long"} if flag == "--diffuspec-sets" else set())
+        )
         if bad:
             extra = ", long" if flag == "--diffuspec-sets" else ""
-            raise BenchError(f"unknown {flag} {bad[0]!r}; available: "
-                             f"{', '.join(PROMPT_SETS)}{extra}")
+            raise BenchError(
+                f"unknown {flag} {bad[0]!r}; available: {', '.join(PROMPT_SETS)}{extra}"
+            )
     if args.suite == "assd":
         from jaxspec.bench.assd import MAIN_METHODS
 
         if not 0.0 < args.assd_mask_rate <= 1.0:
             raise BenchError(f"--assd-mask-rate must lie in (0, 1], got {args.assd_mask_rate}")
-        for flag, t in (("--assd-temperature", args.assd_temperature),
-                        ("--assd-infill-temperature", args.assd_infill_temperature)):
+        for flag, t in (
+            ("--assd-temperature", args.assd_temperature),
+            ("--assd-infill-temperature", args.assd_infill_temperature),
+        ):
             if not 0.0 <= t < float("inf"):
                 raise BenchError(f"{flag} must be a finite value >= 0, got {t}")
         bad = sorted(set(args.assd_methods) - set(MAIN_METHODS))
         if bad:
-            raise BenchError(f"unknown --assd-methods {bad[0]!r}; available: "
-                             f"{', '.join(MAIN_METHODS)}")
+            raise BenchError(
+                f"unknown --assd-methods {bad[0]!r}; available: {', '.join(MAIN_METHODS)}"
+            )
     if args.suite == "ar":
         parse_systems(args.systems)
     if args.suite in ("dllm", "ssd", "spiffy"):
         from jaxspec.dllm import REMASKING
 
         if args.remasking not in REMASKING:
-            raise BenchError(f"unknown --remasking {args.remasking!r}; available: "
-                             f"{', '.join(REMASKING)}")
+            raise BenchError(
+                f"unknown --remasking {args.remasking!r}; available: {', '.join(REMASKING)}"
+            )
     if args.suite == "dllm":
         from jaxspec.bench.dllm import DLLM_METHODS, method_config
         from jaxspec.dllm import CACHES
@@ -341,8 +475,13 @@ def validate_args(args) -> None:
         block = 32 if args.block_length is None else args.block_length
         for m in args.methods or DLLM_METHODS:
             for c in args.caches or CACHES:
-                method_config(m, gen_length=args.gen_length, block_length=block, cache=c,
-                              remasking=args.remasking)
+                method_config(
+                    m,
+                    gen_length=args.gen_length,
+                    block_length=block,
+                    cache=c,
+                    remasking=args.remasking,
+                )
     if args.suite == "ssd":
         from jaxspec.bench.ssd import parse_rows
 
@@ -352,11 +491,17 @@ def validate_args(args) -> None:
 
         parse_rows(args.spiffy_rows)
         graph_dir = Path(args.graph_dir)
-        if not graph_dir.is_dir() and not graph_dir.is_absolute() \
-                and (REPO_ROOT / graph_dir).is_dir():
+        if (
+            not graph_dir.is_dir()
+            and not graph_dir.is_absolute()
+            and (REPO_ROOT / graph_dir).is_dir()
+        ):
             args.graph_dir = str(REPO_ROOT / graph_dir)  # the packaged graphs (installed wheel)
-    for flag, name in (("--model", args.model), ("--draft-model", args.draft_model),
-                       ("--base-model", args.base_model if args.suite == "space" else None)):
+    for flag, name in (
+        ("--model", args.model),
+        ("--draft-model", args.draft_model),
+        ("--base-model", args.base_model if args.suite == "space" else None),
+    ):
         if name is not None and (flag != "--model" or args.suite != "assd" or is_preset(name)):
             get_preset(name)  # PresetError: unknown name, lists the presets
     if args.weights is not None and not Path(args.weights).exists():
@@ -377,9 +522,14 @@ def _run_config(args, model_name: str, limit: int, params) -> dict:
     quantization the model actually runs in (``--dtype auto`` resolves per backend)."""
     from models.llama.modeling import param_dtype
 
-    return {"model": model_name, "limit": limit, "start": args.start,
-            "prompt_set": args.prompt_set, "dtype": str(param_dtype(params)),
-            "quant": args.quant}
+    return {
+        "model": model_name,
+        "limit": limit,
+        "start": args.start,
+        "prompt_set": args.prompt_set,
+        "dtype": str(param_dtype(params)),
+        "quant": args.quant,
+    }
 
 
 def _diffusion_setup(args, log, default_limit: int):
@@ -393,8 +543,9 @@ def _diffusion_setup(args, log, default_limit: int):
         raise BenchError(f"--limit must be >= 1, got {limit}")
     # hf-directory / auto: the family is read from --weights (LLaDA / Dream directories)
     require_family(model_name, args.weights, "dllm", f"suite {args.suite}")
-    model, params, tok, _ = load_model(model_name, args.weights, log=log, dtype=args.dtype,
-                                       quant=args.quant)
+    model, params, tok, _ = load_model(
+        model_name, args.weights, log=log, dtype=args.dtype, quant=args.quant
+    )
     from jaxspec.bench.answers import prompt_set
 
     args.prompt_set = args.prompt_set or ("chat" if args.chat else "long")
@@ -414,17 +565,35 @@ def main_ssd(args, log) -> int:
         block = 8 if args.block_length is None else args.block_length
         model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 2)
         eos = tuple(tok.eos_token_ids)
-        config = {**_run_config(args, model_name, limit, params),
-                  "gen_length": args.gen_length, "block_length": block,
-                  "rows": [f"{n}:{t}:{c}" for n, t, c in rows], "remasking": args.remasking,
-                  "chat": args.chat, "eos_ids": list(eos), "batch": 1, "temperature": 0.0,
-                  "prompt_tokens_max": max(len(p.ids) for p in prompts)}
-        result = run_ssd_suite(model, params, prompts, model_name=model_name,
-                               gen_length=args.gen_length, block_length=block, rows=rows,
-                               remasking=args.remasking, eos_ids=eos,
-                               pad_id=tok.pad_token_id or 0, config=config,
-                               progress=not args.no_progress, prompt_set=args.prompt_set,
-                               limit_analysis=not args.no_limit_analysis, log=log)
+        config = {
+            **_run_config(args, model_name, limit, params),
+            "gen_length": args.gen_length,
+            "block_length": block,
+            "rows": [f"{n}:{t}:{c}" for n, t, c in rows],
+            "remasking": args.remasking,
+            "chat": args.chat,
+            "eos_ids": list(eos),
+            "batch": 1,
+            "temperature": 0.0,
+            "prompt_tokens_max": max(len(p.ids) for p in prompts),
+        }
+        result = run_ssd_suite(
+            model,
+            params,
+            prompts,
+            model_name=model_name,
+            gen_length=args.gen_length,
+            block_length=block,
+            rows=rows,
+            remasking=args.remasking,
+            eos_ids=eos,
+            pad_id=tok.pad_token_id or 0,
+            config=config,
+            progress=not args.no_progress,
+            prompt_set=args.prompt_set,
+            limit_analysis=not args.no_limit_analysis,
+            log=log,
+        )
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -434,8 +603,13 @@ def main_ssd(args, log) -> int:
 def main_spiffy(args, log) -> int:
     """``--suite spiffy``."""
     from jaxspec.bench.common import BenchError
-    from jaxspec.bench.spiffy import (load_graphs, markdown_report, parse_rows, run_spiffy_suite,
-                                      write_results)
+    from jaxspec.bench.spiffy import (
+        load_graphs,
+        markdown_report,
+        parse_rows,
+        run_spiffy_suite,
+        write_results,
+    )
     from models.llama.params import WeightFileError
     from models.registry import PresetError
 
@@ -445,17 +619,37 @@ def main_spiffy(args, log) -> int:
         block = 32 if args.block_length is None else args.block_length
         model_name, limit, model, params, tok, prompts = _diffusion_setup(args, log, 2)
         eos = tuple(tok.eos_token_ids)
-        config = {**_run_config(args, model_name, limit, params),
-                  "gen_length": args.gen_length, "block_length": block, "cache": args.cache,
-                  "rows": [f"{D}:{r}" for D, r in rows], "graph_dir": args.graph_dir,
-                  "remasking": args.remasking, "chat": args.chat, "eos_ids": list(eos),
-                  "batch": 1, "temperature": 0.0,
-                  "prompt_tokens_max": max(len(p.ids) for p in prompts)}
-        result = run_spiffy_suite(model, params, prompts, model_name=model_name, graphs=graphs,
-                                  gen_length=args.gen_length, block_length=block, rows=rows,
-                                  cache=args.cache, remasking=args.remasking, eos_ids=eos,
-                                  pad_id=tok.pad_token_id or 0, config=config,
-                                  progress=not args.no_progress, prompt_set=args.prompt_set)
+        config = {
+            **_run_config(args, model_name, limit, params),
+            "gen_length": args.gen_length,
+            "block_length": block,
+            "cache": args.cache,
+            "rows": [f"{D}:{r}" for D, r in rows],
+            "graph_dir": args.graph_dir,
+            "remasking": args.remasking,
+            "chat": args.chat,
+            "eos_ids": list(eos),
+            "batch": 1,
+            "temperature": 0.0,
+            "prompt_tokens_max": max(len(p.ids) for p in prompts),
+        }
+        result = run_spiffy_suite(
+            model,
+            params,
+            prompts,
+            model_name=model_name,
+            graphs=graphs,
+            gen_length=args.gen_length,
+            block_length=block,
+            rows=rows,
+            cache=args.cache,
+            remasking=args.remasking,
+            eos_ids=eos,
+            pad_id=tok.pad_token_id or 0,
+            config=config,
+            progress=not args.no_progress,
+            prompt_set=args.prompt_set,
+        )
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -476,18 +670,38 @@ def main_dllm(args, log) -> int:
         methods = args.methods or list(DLLM_METHODS)
         block = 32 if args.block_length is None else args.block_length
         caches = args.caches or list(CACHES)
-        config = {**_run_config(args, model_name, limit, params),
-                  "gen_length": args.gen_length, "block_length": block,
-                  "methods": methods, "caches": caches, "remasking": args.remasking,
-                  "chat": args.chat, "eos_ids": list(eos), "batch": 1, "temperature": 0.0,
-                  "prompt_tokens_max": max(len(p.ids) for p in prompts)}
+        config = {
+            **_run_config(args, model_name, limit, params),
+            "gen_length": args.gen_length,
+            "block_length": block,
+            "methods": methods,
+            "caches": caches,
+            "remasking": args.remasking,
+            "chat": args.chat,
+            "eos_ids": list(eos),
+            "batch": 1,
+            "temperature": 0.0,
+            "prompt_tokens_max": max(len(p.ids) for p in prompts),
+        }
         result = run_dllm_suite(
-            model, params, prompts, model_name=model_name, gen_length=args.gen_length,
-            block_length=block, methods=methods, caches=caches,
-            remasking=args.remasking, eos_ids=eos, pad_id=tok.pad_token_id or 0, config=config,
-            progress=not args.no_progress, overhead_reps=args.overhead_reps,
+            model,
+            params,
+            prompts,
+            model_name=model_name,
+            gen_length=args.gen_length,
+            block_length=block,
+            methods=methods,
+            caches=caches,
+            remasking=args.remasking,
+            eos_ids=eos,
+            pad_id=tok.pad_token_id or 0,
+            config=config,
+            progress=not args.no_progress,
+            overhead_reps=args.overhead_reps,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
-            prompt_set=args.prompt_set, log=log)
+            prompt_set=args.prompt_set,
+            log=log,
+        )
     except (BenchError, PresetError, WeightFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -499,8 +713,14 @@ def main_space(args, log) -> int:
     import json
 
     from jaxspec.bench.common import BenchError
-    from jaxspec.bench.space import (BATCH_SIZES, K_SWEEP, PROMPT_SETS, markdown_report,
-                                     run_space_suite, write_results)
+    from jaxspec.bench.space import (
+        BATCH_SIZES,
+        K_SWEEP,
+        PROMPT_SETS,
+        markdown_report,
+        run_space_suite,
+        write_results,
+    )
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model, require_family
 
@@ -513,12 +733,21 @@ def main_space(args, log) -> int:
         _, base_params, _, _ = load_model(args.base_model, log=log)
         quality = json.loads(Path(args.quality).read_text()) if args.quality else None
         result = run_space_suite(
-            (model, params), base_params, tok, sets=args.space_sets or PROMPT_SETS,
-            limit=5 if args.limit is None else args.limit, k=args.mask_groups,
+            (model, params),
+            base_params,
+            tok,
+            sets=args.space_sets or PROMPT_SETS,
+            limit=5 if args.limit is None else args.limit,
+            k=args.mask_groups,
             ks=K_SWEEP if args.space_k_sweep is None else args.space_k_sweep,
             batch_sizes=BATCH_SIZES if args.space_batches is None else args.space_batches,
-            max_new_tokens=args.max_new_tokens, model_name=name, quality=quality,
-            config={"base_model": args.base_model}, progress=not args.no_progress, log=log)
+            max_new_tokens=args.max_new_tokens,
+            model_name=name,
+            quality=quality,
+            config={"base_model": args.base_model},
+            progress=not args.no_progress,
+            log=log,
+        )
     except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -528,8 +757,14 @@ def main_space(args, log) -> int:
 def main_diffuspec(args, log) -> int:
     """``--suite diffuspec``."""
     from jaxspec.bench.common import PROMPT_SETS, BenchError
-    from jaxspec.bench.diffuspec import (FIXED_K, REFINE_STEPS, diffuspec_drafter_options,
-                                         markdown_report, run_diffuspec_suite, write_results)
+    from jaxspec.bench.diffuspec import (
+        FIXED_K,
+        REFINE_STEPS,
+        diffuspec_drafter_options,
+        markdown_report,
+        run_diffuspec_suite,
+        write_results,
+    )
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model, require_family
 
@@ -543,21 +778,35 @@ def main_diffuspec(args, log) -> int:
         model, params, tok, _ = load_model(name, args.weights, log=log, dtype=args.dtype)
         dmodel, dparams, dtok, _ = load_model(dname, log=log, dtype=args.dtype)
         if not tok.same_vocabulary(dtok):
-            log(f"[diffuspec] {dname} and {name} have different tokenizers: drafts are "
-                f"translated through text (jaxspec.causal.hetero)")
+            log(
+                f"[diffuspec] {dname} and {name} have different tokenizers: drafts are "
+                f"translated through text (jaxspec.causal.hetero)"
+            )
         log("[diffuspec] fitting the 3-gram proxy on the stdlib training split")
         drafter = diffuspec_drafter_options((dmodel, dparams), dtok, tok)
         result = run_diffuspec_suite(
-            (model, params), drafter, tok,
-            sets=args.diffuspec_sets or {"long": ("long",), "chat": ("humaneval-chat", "mt-bench"),
-                                         None: PROMPT_SETS}[args.prompt_set],
-            limit=5 if args.limit is None else args.limit, k_max=args.k_max, k_min=args.k_min,
+            (model, params),
+            drafter,
+            tok,
+            sets=args.diffuspec_sets
+            or {"long": ("long",), "chat": ("humaneval-chat", "mt-bench"), None: PROMPT_SETS}[
+                args.prompt_set
+            ],
+            limit=5 if args.limit is None else args.limit,
+            k_max=args.k_max,
+            k_min=args.k_min,
             fixed_k=FIXED_K if args.diffuspec_fixed_k is None else args.diffuspec_fixed_k,
-            refine_steps=(REFINE_STEPS if args.diffuspec_refine_steps is None
-                          else args.diffuspec_refine_steps),
-            ablations=not args.no_ablations, drafter_caches=args.drafter_cache,
+            refine_steps=(
+                REFINE_STEPS if args.diffuspec_refine_steps is None else args.diffuspec_refine_steps
+            ),
+            ablations=not args.no_ablations,
+            drafter_caches=args.drafter_cache,
             max_new_tokens=args.max_new_tokens,
-            model_name=name, drafter_name=dname, progress=not args.no_progress, log=log)
+            model_name=name,
+            drafter_name=dname,
+            progress=not args.no_progress,
+            log=log,
+        )
     except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -566,15 +815,31 @@ def main_diffuspec(args, log) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.bench.common import (BASELINE, SUITES, BenchError, BenchPrompt, JaxspecSystem,
-                               TransformersSystem, load_transformers_model, markdown_report,
-                               parse_systems, run_ar_suite, streamed_params, torch_device,
-                               write_results)
+    from jaxspec.bench.common import (
+        BASELINE,
+        SUITES,
+        BenchError,
+        BenchPrompt,
+        JaxspecSystem,
+        TransformersSystem,
+        load_transformers_model,
+        markdown_report,
+        parse_systems,
+        run_ar_suite,
+        streamed_params,
+        torch_device,
+        write_results,
+    )
     from jaxspec.causal.decode import DecodeInputError
     from models.llama.params import WeightFileError
-    from models.registry import (PresetError, fetch, get_preset, is_preset, load_model,
-                                 require_family)
-
+    from models.registry import (
+        PresetError,
+        fetch,
+        get_preset,
+        is_preset,
+        load_model,
+        require_family,
+    )
     from scripts.common import setup_compile_cache
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
@@ -582,7 +847,9 @@ def main(argv=None) -> int:
         validate_args(args)  # before any model loads: exit 2 with one line
         setup_compile_cache(args)
         if args.quant != "none" and args.suite in ("assd", "space", "diffuspec"):
-            raise BenchError(f"--quant applies to suites ar, dllm, ssd and spiffy, not {args.suite}")
+            raise BenchError(
+                f"--quant applies to suites ar, dllm, ssd and spiffy, not {args.suite}"
+            )
         if args.suite == "assd":
             from jaxspec.bench.assd import main_assd
 
@@ -606,8 +873,11 @@ def main(argv=None) -> int:
         systems = parse_systems(args.systems)
         if args.systems and BASELINE not in " ".join(args.systems):
             log(f"[bench] adding {BASELINE}: it is the baseline and reference of every row")
-        for flag, v in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens),
-                        ("--draft-length", args.draft_length)):
+        for flag, v in (
+            ("--limit", args.limit),
+            ("--max-new-tokens", args.max_new_tokens),
+            ("--draft-length", args.draft_length),
+        ):
             if v < 1:
                 raise BenchError(f"{flag} must be >= 1, got {v}")
         preset = get_preset(args.model)
@@ -618,70 +888,108 @@ def main(argv=None) -> int:
         elif preset.parts:
             path = fetch(preset, log=log)
         else:
-            raise PresetError(f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)")
-        model, params, tok, preset = load_model(args.model, str(path), log=log, dtype=args.dtype,
-                                                quant=args.quant)
+            raise PresetError(
+                f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)"
+            )
+        model, params, tok, preset = load_model(
+            args.model, str(path), log=log, dtype=args.dtype, quant=args.quant
+        )
+        from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
         from models.llama.modeling import param_dtype
 
-        from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
-
-        probs = humaneval_problems()[args.start:args.start + args.limit]
+        probs = humaneval_problems()[args.start : args.start + args.limit]
         if not probs:
             raise BenchError(f"no HumanEval problems at --start {args.start}")
-        prompts = [BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat)))
-                   for p in probs]
+        prompts = [
+            BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat)))
+            for p in probs
+        ]
         ctx = model.config.max_position_embeddings
         longest = max(len(p.ids) for p in prompts)
         if longest + args.max_new_tokens > ctx:
-            raise DecodeInputError(f"prompt of {longest} tokens + {args.max_new_tokens} new tokens "
-                                   f"exceeds the model's context of {ctx} tokens")
+            raise DecodeInputError(
+                f"prompt of {longest} tokens + {args.max_new_tokens} new tokens "
+                f"exceeds the model's context of {ctx} tokens"
+            )
         eos = tuple(tok.eos_token_ids)
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-        common = dict(max_new_tokens=args.max_new_tokens, eos_ids=eos, pad_id=pad,
-                      draft_length=args.draft_length)
+        common = dict(
+            max_new_tokens=args.max_new_tokens,
+            eos_ids=eos,
+            pad_id=pad,
+            draft_length=args.draft_length,
+        )
         objs, hf, draft = [], None, None
         if any(s in ("jaxspec/sps", "transformers/assisted") for s in systems):
             if not args.draft_model:
                 raise BenchError("jaxspec/sps and transformers/assisted need --draft-model NAME")
             dmodel, dparams, dtok, _ = load_model(args.draft_model, log=log, dtype=args.dtype)
             if not tok.same_vocabulary(dtok):
-                raise BenchError(f"draft model {args.draft_model!r} has a different tokenizer "
-                                 f"than {args.model!r}")
+                raise BenchError(
+                    f"draft model {args.draft_model!r} has a different tokenizer "
+                    f"than {args.model!r}"
+                )
             draft = (dmodel, dparams, fetch(get_preset(args.draft_model), log=log))
         for name in systems:
             family, method = name.split("/")
             if family == "jaxspec":
                 # the methods that take a causal draft model read it; the others ignore it
                 opts = {"draft_model": draft[:2]} if draft else None
-                objs.append(JaxspecSystem(method, model, params, max_ngram=args.max_ngram,
-                                          min_ngram=args.min_ngram, options=opts, **common))
+                objs.append(
+                    JaxspecSystem(
+                        method,
+                        model,
+                        params,
+                        max_ngram=args.max_ngram,
+                        min_ngram=args.min_ngram,
+                        options=opts,
+                        **common,
+                    )
+                )
             else:
                 if hf is None:
                     tdtype = str(param_dtype(params))
                     tdev = torch_device(args.torch_device)
                     log(f"[bench] loading {path} into transformers ({tdtype}, {tdev})")
-                    hf = load_transformers_model(path, threads=args.threads, dtype=tdtype,
-                                                 device=tdev)
+                    hf = load_transformers_model(
+                        path, threads=args.threads, dtype=tdtype, device=tdev
+                    )
                 assistant = None
                 if method == "assisted":
                     log(f"[bench] loading {draft[2]} into transformers ({tdtype}, {tdev})")
-                    assistant = load_transformers_model(draft[2], threads=args.threads,
-                                                        dtype=tdtype, device=tdev)
-                objs.append(TransformersSystem(method, hf, max_ngram=args.max_ngram,
-                                               assistant=assistant, **common))
-        config = {**vars(args), "systems": systems, "weights": str(path), "eos_ids": list(eos),
-                  "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
-                  "torch_device": str(next(hf.parameters()).device) if hf is not None else None,
-                  "prompt_tokens_max": longest}
-        result = run_ar_suite(objs, prompts, model_name=args.model, num_params=streamed_params(params),
-                              param_dtype=str(param_dtype(params)), config=config, progress=not args.no_progress,
-                              decode=lambda ids: tok.decode(ids, skip_special_tokens=False), log=log)
+                    assistant = load_transformers_model(
+                        draft[2], threads=args.threads, dtype=tdtype, device=tdev
+                    )
+                objs.append(
+                    TransformersSystem(
+                        method, hf, max_ngram=args.max_ngram, assistant=assistant, **common
+                    )
+                )
+        config = {
+            **vars(args),
+            "systems": systems,
+            "weights": str(path),
+            "eos_ids": list(eos),
+            "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
+            "torch_device": str(next(hf.parameters()).device) if hf is not None else None,
+            "prompt_tokens_max": longest,
+        }
+        result = run_ar_suite(
+            objs,
+            prompts,
+            model_name=args.model,
+            num_params=streamed_params(params),
+            param_dtype=str(param_dtype(params)),
+            config=config,
+            progress=not args.no_progress,
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+            log=log,
+        )
     except (BenchError, PresetError, WeightFileError, DecodeInputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    return _write(result, args.out, write_results,
-                  markdown_report, log)
+    return _write(result, args.out, write_results, markdown_report, log)
 
 
 if __name__ == "__main__":

@@ -32,41 +32,69 @@ from pathlib import Path
 
 import numpy as np
 
-
 HUMANEVAL_PROBLEMS = 164
 
 
 def build_parser() -> argparse.ArgumentParser:
     from scripts.common import add_compile_cache_flag
 
-    ap = argparse.ArgumentParser(prog="python -m scripts.calibrate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="dream-smollm2-135m",
-                    help="a masked-diffusion preset, or auto / hf-directory with --weights DIR "
-                         "(a LLaDA / Dream directory or a diffusion jaxspec checkpoint)")
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.calibrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model",
+        default="dream-smollm2-135m",
+        help="a masked-diffusion preset, or auto / hf-directory with --weights DIR "
+        "(a LLaDA / Dream directory or a diffusion jaxspec checkpoint)",
+    )
     ap.add_argument("--weights", default=None, help="override the preset's weight path")
-    ap.add_argument("--dtype", default="auto", help="parameter / activation dtype: auto "
-                    "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16")
-    ap.add_argument("--mesh", default=None, metavar="DATAxMODEL",
-                    help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
-                         "over 8 devices), as scripts.generate does: models.sharding")
-    ap.add_argument("--prompts", type=int, default=20,
-                    help="calibration prompts, taken from the end of HumanEval (default 20)")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 10],
-                    help="draft budgets D to select (default 3 5 8 10)")
-    ap.add_argument("--strategy", default="degree-1", choices=["degree-1", "degree-0", "total"],
-                    help="Eq. 24 (degree-1), Eq. 26 (degree-0) or Eqs. 27-28 (total)")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="parameter / activation dtype: auto "
+        "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16",
+    )
+    ap.add_argument(
+        "--mesh",
+        default=None,
+        metavar="DATAxMODEL",
+        help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
+        "over 8 devices), as scripts.generate does: models.sharding",
+    )
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=20,
+        help="calibration prompts, taken from the end of HumanEval (default 20)",
+    )
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[3, 5, 8, 10],
+        help="draft budgets D to select (default 3 5 8 10)",
+    )
+    ap.add_argument(
+        "--strategy",
+        default="degree-1",
+        choices=["degree-1", "degree-0", "total"],
+        help="Eq. 24 (degree-1), Eq. 26 (degree-0) or Eqs. 27-28 (total)",
+    )
     ap.add_argument("--lookahead", type=int, default=10, help="look-ahead levels (default 10)")
-    ap.add_argument("--max-vocab-rank", type=int, default=3,
-                    help="vocabulary ranks j recorded (default 3)")
+    ap.add_argument(
+        "--max-vocab-rank", type=int, default=3, help="vocabulary ranks j recorded (default 3)"
+    )
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--cache", default="dual", choices=["none", "dual"])
     ap.add_argument("--remasking", default="low_confidence")
     ap.add_argument("--batch", type=int, default=4, help="prompts per decode call")
     ap.add_argument("--out-dir", default="configs/graphs/dream-smollm2-135m")
-    ap.add_argument("--reuse", action="store_true",
-                    help="reuse --out-dir/records.npz instead of decoding again")
+    ap.add_argument(
+        "--reuse", action="store_true", help="reuse --out-dir/records.npz instead of decoding again"
+    )
     add_compile_cache_flag(ap)
     return ap
 
@@ -94,13 +122,23 @@ def _load_records(path: Path):
             missing = [f"{i}_{f}" for i in range(n) for f in fields if f"{i}_{f}" not in z.files]
             if not n or missing:
                 raise ValueError(f"missing arrays {missing[:3]}" if missing else "no records")
-            return [CalibrationRecord(z[f"{i}_transfer_step"], z[f"{i}_tokens"], z[f"{i}_rank"],
-                                      z[f"{i}_top"], z[f"{i}_ok"], int(z[f"{i}_block_length"]))
-                    for i in range(n)]
+            return [
+                CalibrationRecord(
+                    z[f"{i}_transfer_step"],
+                    z[f"{i}_tokens"],
+                    z[f"{i}_rank"],
+                    z[f"{i}_top"],
+                    z[f"{i}_ok"],
+                    int(z[f"{i}_block_length"]),
+                )
+                for i in range(n)
+            ]
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
-        raise ValueError(f"--reuse: {path} is corrupt or not a records file of scripts.calibrate "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); delete "
-                         f"it and run without --reuse") from None
+        raise ValueError(
+            f"--reuse: {path} is corrupt or not a records file of scripts.calibrate "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); delete "
+            f"it and run without --reuse"
+        ) from None
 
 
 def main(argv=None) -> int:
@@ -109,18 +147,30 @@ def main(argv=None) -> int:
 
     log = lambda m: print(m, file=sys.stderr, flush=True)
     from jaxspec.dllm import DiffusionDecodeConfig
-    from jaxspec.dllm.spiffy import (GraphError, calibration_counts, plot_graph, record_calibration,
-                                save_graph, select_graph)
+    from jaxspec.dllm.spiffy import (
+        GraphError,
+        calibration_counts,
+        plot_graph,
+        record_calibration,
+        save_graph,
+        select_graph,
+    )
 
     out = Path(args.out_dir)
     try:
         # every check that needs no model first (exit 2, one line)
         if not 1 <= args.prompts <= HUMANEVAL_PROBLEMS:
-            raise ValueError(f"--prompts must lie in [1, {HUMANEVAL_PROBLEMS}] (the calibration "
-                             f"prompts come from HumanEval's {HUMANEVAL_PROBLEMS}), got "
-                             f"{args.prompts}")
-        for flag, value in (("--lookahead", args.lookahead), ("--sizes", min(args.sizes)),
-                            ("--max-vocab-rank", args.max_vocab_rank), ("--batch", args.batch)):
+            raise ValueError(
+                f"--prompts must lie in [1, {HUMANEVAL_PROBLEMS}] (the calibration "
+                f"prompts come from HumanEval's {HUMANEVAL_PROBLEMS}), got "
+                f"{args.prompts}"
+            )
+        for flag, value in (
+            ("--lookahead", args.lookahead),
+            ("--sizes", min(args.sizes)),
+            ("--max-vocab-rank", args.max_vocab_rank),
+            ("--batch", args.batch),
+        ):
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         from models.registry import DTYPES, get_preset, is_preset
@@ -132,8 +182,13 @@ def main(argv=None) -> int:
                 get_preset(args.model)  # PresetError: unknown model, lists the presets
             if args.weights is not None and not Path(args.weights).exists():
                 raise ValueError(f"--weights {args.weights} does not exist")
-        decode = DiffusionDecodeConfig(args.gen_length, args.block_length, args.gen_length,
-                                       remasking=args.remasking, cache=args.cache)
+        decode = DiffusionDecodeConfig(
+            args.gen_length,
+            args.block_length,
+            args.gen_length,
+            remasking=args.remasking,
+            cache=args.cache,
+        )
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out-dir {out} is a file, not a directory")
         rec_path = out / "records.npz"
@@ -143,10 +198,16 @@ def main(argv=None) -> int:
         except OSError as e:
             raise ValueError(f"--out-dir {out}: cannot create it ({e.strerror or e})") from None
         setup_compile_cache(args)
-        meta = {"model": args.model, "prompts": args.prompts, "gen_length": args.gen_length,
-                "block_length": args.block_length, "cache": args.cache,
-                "remasking": args.remasking, "lookahead": args.lookahead,
-                "calibration_set": f"HumanEval/{164 - args.prompts}..163"}
+        meta = {
+            "model": args.model,
+            "prompts": args.prompts,
+            "gen_length": args.gen_length,
+            "block_length": args.block_length,
+            "cache": args.cache,
+            "remasking": args.remasking,
+            "lookahead": args.lookahead,
+            "calibration_set": f"HumanEval/{164 - args.prompts}..163",
+        }
         if not args.reuse:
             from tqdm import tqdm
 
@@ -160,16 +221,28 @@ def main(argv=None) -> int:
                 from models.sharding import make_mesh
 
                 mesh = make_mesh(args.mesh)
-            model, params, tok, _ = load_model(args.model, args.weights, log=log,
-                                               dtype=args.dtype, mesh=mesh)
-            probs = humaneval_problems()[-args.prompts:]
+            model, params, tok, _ = load_model(
+                args.model, args.weights, log=log, dtype=args.dtype, mesh=mesh
+            )
+            probs = humaneval_problems()[-args.prompts :]
             prompts = [tok.encode(humaneval_prompt(p, tok)) for p in probs]
             recs, t0 = [], time.perf_counter()
-            for a in tqdm(range(0, len(prompts), args.batch), desc="calibration runs",
-                          unit="batch", file=sys.stderr):
-                recs.append(record_calibration(model, params, prompts[a:a + args.batch], decode,
-                                               args.max_vocab_rank,
-                                               eos_ids=tuple(tok.eos_token_ids)))
+            for a in tqdm(
+                range(0, len(prompts), args.batch),
+                desc="calibration runs",
+                unit="batch",
+                file=sys.stderr,
+            ):
+                recs.append(
+                    record_calibration(
+                        model,
+                        params,
+                        prompts[a : a + args.batch],
+                        decode,
+                        args.max_vocab_rank,
+                        eos_ids=tuple(tok.eos_token_ids),
+                    )
+                )
             meta["record_seconds"] = round(time.perf_counter() - t0, 1)
             _save_records(rec_path, recs)
         counts = calibration_counts(recs, args.lookahead)
@@ -178,8 +251,11 @@ def main(argv=None) -> int:
             g = select_graph(counts, D, args.strategy, meta=meta)
             stem = out / (f"D{D}" if args.strategy == "degree-1" else f"D{D}-{args.strategy}")
             save_graph(g, stem.with_suffix(".json"))
-            plot_graph(g, stem.with_suffix(".png"),
-                       f"{args.model}: D = {D} ({args.strategy}, {args.prompts} prompts)")
+            plot_graph(
+                g,
+                stem.with_suffix(".png"),
+                f"{args.model}: D = {D} ({args.strategy}, {args.prompts} prompts)",
+            )
             summary[D] = [[list(p) for p in f] for f in g.formulas]
             log(f"D={D}: {stem.with_suffix('.json')} score {dict(g.meta)['score']:.0f}")
         print(json.dumps({"strategy": args.strategy, "graphs": summary}))

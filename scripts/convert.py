@@ -29,10 +29,13 @@ import argparse
 import sys
 from pathlib import Path
 
+
 def main(argv=None) -> int:
     from scripts.common import add_compile_cache_flag, setup_compile_cache
 
-    ap = argparse.ArgumentParser(prog="python -m scripts.convert", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.convert", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--to", choices=("jaxspec", "hf"), required=True, help="target format")
     ap.add_argument("src", help="source checkpoint (directory or .gguf)")
     ap.add_argument("out", help="output directory")
@@ -40,9 +43,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     setup_compile_cache(args)
     from models.checkpoint import convert_streaming, copy_tokenizer, export_hf
-    from models.registry import is_preset, load_any
     from models.config import ConfigError
     from models.llama.params import WeightFileError
+    from models.registry import is_preset, load_any
 
     src, out = Path(args.src), Path(args.out)
     if not src.exists() and is_preset(args.src):
@@ -64,8 +67,11 @@ def main(argv=None) -> int:
         print(f"warning: {path}: no tokenizer written ({e})", file=sys.stderr)
         copied = None
     if copied == []:
-        print(f"warning: {src} has no tokenizer files, so {path} has none: add a tokenizer.json "
-              f"before loading it with --model auto", file=sys.stderr)
+        print(
+            f"warning: {src} has no tokenizer files, so {path} has none: add a tokenizer.json "
+            f"before loading it with --model auto",
+            file=sys.stderr,
+        )
     kind = type(config).__name__
     tok = f"; tokenizer: {', '.join(copied)}" if copied else ""
     print(f"converted {src} -> {path} ({args.to}, {kind}{tok})")
@@ -83,9 +89,11 @@ def _convert_preset(name: str, out: Path, to: str) -> int:
     try:
         preset = get_preset(name)
         if preset.format == "asarm":
-            raise PresetError(f"{name!r} is an XLNet AS-ARM whose checkpoint is already a file "
-                              f"--model auto --weights reads ({preset.checkpoint}); there is no "
-                              f"HF export of jaxspec XLNet weights")
+            raise PresetError(
+                f"{name!r} is an XLNet AS-ARM whose checkpoint is already a file "
+                f"--model auto --weights reads ({preset.checkpoint}); there is no "
+                f"HF export of jaxspec XLNet weights"
+            )
         if preset.format == "hf_dir":
             raise PresetError(f"{name!r} names no model by itself: give the directory as SRC")
         model, params, tok, _ = load_model(name)
@@ -94,8 +102,10 @@ def _convert_preset(name: str, out: Path, to: str) -> int:
     except (PresetError, WeightFileError, ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"converted preset {name} -> {path} ({to}, {type(model.config).__name__}; "
-          f"tokenizer: {', '.join(written)})")
+    print(
+        f"converted preset {name} -> {path} ({to}, {type(model.config).__name__}; "
+        f"tokenizer: {', '.join(written)})"
+    )
     return 0
 
 

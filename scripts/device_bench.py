@@ -45,36 +45,62 @@ REPO = Path(__file__).resolve().parents[1]
 def build_parser() -> argparse.ArgumentParser:
     from jaxspec.bench.device import PACK_DIR, SUITES
 
-    ap = argparse.ArgumentParser(prog="python -m scripts.device_bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.device_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="pack weights, wheels and prompts (CPU machine)")
     p.add_argument("--pack-dir", default=PACK_DIR)
     p.add_argument("--smoke", action="store_true", help="tiny random vehicles")
     p.add_argument("--part-max-mib", type=float, default=60.0)
     p.add_argument("--no-wheels", action="store_true", help="pack no wheels")
-    p.add_argument("--wheel-cache", default=".cache/device-wheels",
-                   help="where pip download keeps the wheels between packs")
+    p.add_argument(
+        "--wheel-cache",
+        default=".cache/device-wheels",
+        help="where pip download keeps the wheels between packs",
+    )
     p.add_argument("--gguf", default=None, help="the SmolLM2 GGUF (default: fetched preset)")
-    p.add_argument("--no-hf", action="store_true",
-                   help="smoke: no transformers copy of the causal vehicle")
+    p.add_argument(
+        "--no-hf", action="store_true", help="smoke: no transformers copy of the causal vehicle"
+    )
     r = sub.add_parser("run", help="run the suites (device)")
     r.add_argument("--pack-dir", default=PACK_DIR)
     r.add_argument("--smoke", action="store_true", help="the tiny pack, CPU, seconds")
-    r.add_argument("--out-dir", default=None,
-                   help="default results/gpu (smoke: <pack-dir>/results)")
+    r.add_argument(
+        "--out-dir", default=None, help="default results/gpu (smoke: <pack-dir>/results)"
+    )
     r.add_argument("--budget-s", type=float, default=540.0)
     r.add_argument("--suite", nargs="+", default=list(SUITES), choices=SUITES)
-    r.add_argument("--shapes", default=None, choices=("papers", "tiny"),
-                   help="projection shapes (default papers; smoke: tiny)")
-    r.add_argument("--bundle", default=None,
-                   help="one .tgz of every result (default $OUT/device-bench.tgz if $OUT)")
-    r.add_argument("--stage-dir", action="append", default=[],
-                   help="where earlier calls staged parts (repeatable)")
-    r.add_argument("--methods", nargs="+", default=None,
-                   help="only these registered methods (their references always run)")
-    r.add_argument("--no-compile", action="store_true",
-                   help="transformers static-cache peer without torch.compile")
+    r.add_argument(
+        "--shapes",
+        default=None,
+        choices=("papers", "tiny"),
+        help="projection shapes (default papers; smoke: tiny)",
+    )
+    r.add_argument(
+        "--bundle",
+        default=None,
+        help="one .tgz of every result (default $OUT/device-bench.tgz if $OUT)",
+    )
+    r.add_argument(
+        "--stage-dir",
+        action="append",
+        default=[],
+        help="where earlier calls staged parts (repeatable)",
+    )
+    r.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="only these registered methods (their references always run)",
+    )
+    r.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="transformers static-cache peer without torch.compile",
+    )
     v = sub.add_parser("verify", help="check a pack's sha256")
     v.add_argument("--pack-dir", default=PACK_DIR)
     v.add_argument("--stage-dir", action="append", default=[])
@@ -98,16 +124,19 @@ def _plan_lines(manifest: dict, pack: str) -> list[str]:
 
     tree = travel_bytes(REPO)
     plan = carry_plan(manifest, tree)
-    lines = [f"[pack] pack {manifest['total_bytes'] / MiB:.1f} MiB; working tree that travels "
-             f"{tree / MiB:.1f} MiB; carry plan: {plan['reason']}"]
+    lines = [
+        f"[pack] pack {manifest['total_bytes'] / MiB:.1f} MiB; working tree that travels "
+        f"{tree / MiB:.1f} MiB; carry plan: {plan['reason']}"
+    ]
     last = len(plan["calls"])
     for i, (files, size) in enumerate(zip(plan["calls"], plan["call_bytes"]), 1):
         carry = [f"{pack}/{f}" for f in files]
         if i < last:
             carry.append(f"{pack}/{device.MANIFEST}")
-        cmd = ("make device-bench" if i == last else "true  # parts stay on the warm machine")
-        lines.append(f"[pack]   call {i} ({size / MiB:.1f} MiB with the tree): carry "
-                     f"{carry}; command: {cmd}")
+        cmd = "make device-bench" if i == last else "true  # parts stay on the warm machine"
+        lines.append(
+            f"[pack]   call {i} ({size / MiB:.1f} MiB with the tree): carry {carry}; command: {cmd}"
+        )
     return lines
 
 
@@ -122,20 +151,30 @@ def main(argv=None) -> int:
             wheels = []
             if not args.no_wheels and not args.smoke:
                 wheels = device.download_wheels(device.DEVICE_WHEELS, REPO / args.wheel_cache)
-            m = device.build_pack(Path(args.pack_dir), smoke=args.smoke,
-                                  part_max=int(args.part_max_mib * device.MiB), wheels=wheels,
-                                  gguf=args.gguf, hf=not args.no_hf, log=log)
-            log(f"[pack] {args.pack_dir}: {len(m['artifacts'])} artifacts, "
+            m = device.build_pack(
+                Path(args.pack_dir),
+                smoke=args.smoke,
+                part_max=int(args.part_max_mib * device.MiB),
+                wheels=wheels,
+                gguf=args.gguf,
+                hf=not args.no_hf,
+                log=log,
+            )
+            log(
+                f"[pack] {args.pack_dir}: {len(m['artifacts'])} artifacts, "
                 f"{sum(len(a['parts']) for a in m['artifacts'])} parts, "
-                f"{len(m['wheels'])} wheels, {m['total_bytes'] / device.MiB:.2f} MiB in all")
+                f"{len(m['wheels'])} wheels, {m['total_bytes'] / device.MiB:.2f} MiB in all"
+            )
             if not args.smoke:
                 for line in _plan_lines(m, args.pack_dir):
                     log(line)
             return 0
         if args.cmd == "verify":
             m = device.verify_pack(Path(args.pack_dir), [Path(d) for d in args.stage_dir])
-            log(f"[verify] {args.pack_dir}: every part matches its sha256 "
-                f"({m['total_bytes'] / device.MiB:.2f} MiB)")
+            log(
+                f"[verify] {args.pack_dir}: every part matches its sha256 "
+                f"({m['total_bytes'] / device.MiB:.2f} MiB)"
+            )
             return 0
         if args.cmd == "stage":
             done = device.stage_parts(Path(args.pack_dir), Path(args.stage_dir))
@@ -149,16 +188,25 @@ def main(argv=None) -> int:
             for p in device.collect(Path(args.bundle), Path(args.out_dir)):
                 log(f"[collect] {p}")
             return 0
-        out_dir = Path(args.out_dir or (Path(args.pack_dir) / "results" if args.smoke
-                                        else "results/gpu"))
-        bundle = args.bundle or (Path(os.environ["OUT"]) / "device-bench.tgz"
-                                 if os.environ.get("OUT") else None)
+        out_dir = Path(
+            args.out_dir or (Path(args.pack_dir) / "results" if args.smoke else "results/gpu")
+        )
+        bundle = args.bundle or (
+            Path(os.environ["OUT"]) / "device-bench.tgz" if os.environ.get("OUT") else None
+        )
         device.run_device_bench(
-            Path(args.pack_dir), out_dir, budget_s=args.budget_s, smoke=args.smoke,
-            suites=args.suite, bundle_path=bundle,
+            Path(args.pack_dir),
+            out_dir,
+            budget_s=args.budget_s,
+            smoke=args.smoke,
+            suites=args.suite,
+            bundle_path=bundle,
             shapes=args.shapes or ("tiny" if args.smoke else "papers"),
             stage_dirs=[Path(d) for d in args.stage_dir],
-            peers_compile=False if args.no_compile else None, methods=args.methods, log=log)
+            peers_compile=False if args.no_compile else None,
+            methods=args.methods,
+            log=log,
+        )
         return 0
     except (device.PackError, ProjectionError) as e:
         print(f"error: {e}", file=sys.stderr)

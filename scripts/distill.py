@@ -21,20 +21,36 @@ from pathlib import Path
 def build_parser() -> argparse.ArgumentParser:
     from scripts.common import add_compile_cache_flag
 
-    ap = argparse.ArgumentParser(prog="python -m scripts.distill", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.distill", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--config", required=True, help="configs/train/NAME.yaml (a SAR config)")
     ap.add_argument("--prompts", type=int, default=2000, help="training prompts (default 2000)")
-    ap.add_argument("--val-prompts", type=int, default=64,
-                    help="held-out prompts, from the config's hold-out modules (default 64)")
+    ap.add_argument(
+        "--val-prompts",
+        type=int,
+        default=64,
+        help="held-out prompts, from the config's hold-out modules (default 64)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=192, help="answer budget (default 192)")
     ap.add_argument("--batch", type=int, default=8, help="prompts per decode batch (default 8)")
-    ap.add_argument("--bucket", type=int, default=64,
-                    help="prompt lengths round up to a multiple of this: one compile per bucket "
-                         "(default 64; 256 on an accelerator)")
-    ap.add_argument("--chat-fraction", type=float, default=0.5,
-                    help="share of prompts in the chat template (the rest: code continuation)")
+    ap.add_argument(
+        "--bucket",
+        type=int,
+        default=64,
+        help="prompt lengths round up to a multiple of this: one compile per bucket "
+        "(default 64; 256 on an accelerator)",
+    )
+    ap.add_argument(
+        "--chat-fraction",
+        type=float,
+        default=0.5,
+        help="share of prompts in the chat template (the rest: code continuation)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="prompt order seed")
-    ap.add_argument("--out", default=None, help="JSON-lines file (default: the config's data.distill)")
+    ap.add_argument(
+        "--out", default=None, help="JSON-lines file (default: the config's data.distill)"
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compile_cache_flag(ap)
     return ap
@@ -52,11 +68,13 @@ def main(argv=None) -> int:
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
-        for flag, value, least in (("--prompts", args.prompts, 1),
-                                   ("--val-prompts", args.val_prompts, 0),
-                                   ("--max-new-tokens", args.max_new_tokens, 1),
-                                   ("--batch", args.batch, 1),
-                                   ("--bucket", args.bucket, 1)):
+        for flag, value, least in (
+            ("--prompts", args.prompts, 1),
+            ("--val-prompts", args.val_prompts, 0),
+            ("--max-new-tokens", args.max_new_tokens, 1),
+            ("--batch", args.batch, 1),
+            ("--bucket", args.bucket, 1),
+        ):
             if value < least:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
         if not 0.0 <= args.chat_fraction <= 1.0:
@@ -75,11 +93,27 @@ def main(argv=None) -> int:
         prompts = distill_prompts(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
         if args.val_prompts:
             prompts += distill_prompts(tok, cfg.data.holdout, split="val", n=args.val_prompts, **kw)
-        rows = self_distill(model, params, tok, prompts, out, max_new_tokens=args.max_new_tokens,
-                            batch=args.batch, bucket=args.bucket,
-                            progress=not args.no_progress, log=log)
-    except (TrainConfigError, DataError, PresetError, WeightFileError, DecodeInputError,
-            ValueError, OSError) as e:
+        rows = self_distill(
+            model,
+            params,
+            tok,
+            prompts,
+            out,
+            max_new_tokens=args.max_new_tokens,
+            batch=args.batch,
+            bucket=args.bucket,
+            progress=not args.no_progress,
+            log=log,
+        )
+    except (
+        TrainConfigError,
+        DataError,
+        PresetError,
+        WeightFileError,
+        DecodeInputError,
+        ValueError,
+        OSError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     answered = sum(len(r["answer"]) for r in rows)

@@ -76,52 +76,100 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m scripts.evaluate", description=__doc__.split("\n")[0])
-    ap.add_argument("--gate", default=None, help="trained model name (configs/train/<name>.yaml, "
-                    "checkpoints/<name>/delta.safetensors); with --model: the config whose "
-                    "held-out modules to use")
-    ap.add_argument("--model", default=None,
-                    help="auto / hf-directory with --weights DIR (or a preset): gate a checkpoint "
-                         "by its family: masked diffusion (LLaDA / Dream) or AS-ARM (XLNet)")
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.evaluate", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--gate",
+        default=None,
+        help="trained model name (configs/train/<name>.yaml, "
+        "checkpoints/<name>/delta.safetensors); with --model: the config whose "
+        "held-out modules to use",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="auto / hf-directory with --weights DIR (or a preset): gate a checkpoint "
+        "by its family: masked diffusion (LLaDA / Dream) or AS-ARM (XLNet)",
+    )
     ap.add_argument("--prompts", type=int, default=20, help="held-out snippets (default 20)")
-    ap.add_argument("--gen-prompts", type=int, default=None,
-                    help="how many of them get completions (default: all); masked accuracy "
-                         "always uses all --prompts")
+    ap.add_argument(
+        "--gen-prompts",
+        type=int,
+        default=None,
+        help="how many of them get completions (default: all); masked accuracy "
+        "always uses all --prompts",
+    )
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--prompt-length", type=int, default=128)
     ap.add_argument("--block", type=int, default=8, help="block length (default 8)")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="rows per forward / decode batch (default 4; AS-ARM gate 10)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="rows per forward / decode batch (default 4; AS-ARM gate 10)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--delta", default=None, help="override checkpoints/<gate>/delta.safetensors")
-    ap.add_argument("--out", default=None, help="JSON output path (AS-ARM gate: default gate.json "
-                    "next to the weights)")
-    ap.add_argument("--eos-gate", action="store_true",
-                    help="masked diffusion: the v2 gate (answers end with EOS, no loop "
-                         "before it; the default for configs with data.source stdlib-sft); "
-                         "use with --gen-length 256 --block 32")
-    ap.add_argument("--cache", default="dual", choices=("none", "prefix", "dual"),
-                    help="EOS gate: block cache of the stepwise completions (default dual)")
-    ap.add_argument("--humaneval", type=int, default=20,
-                    help="SAR gate: HumanEval problems for pass@1 (default 20; 0 = skip)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON output path (AS-ARM gate: default gate.json next to the weights)",
+    )
+    ap.add_argument(
+        "--eos-gate",
+        action="store_true",
+        help="masked diffusion: the v2 gate (answers end with EOS, no loop "
+        "before it; the default for configs with data.source stdlib-sft); "
+        "use with --gen-length 256 --block 32",
+    )
+    ap.add_argument(
+        "--cache",
+        default="dual",
+        choices=("none", "prefix", "dual"),
+        help="EOS gate: block cache of the stepwise completions (default dual)",
+    )
+    ap.add_argument(
+        "--humaneval",
+        type=int,
+        default=20,
+        help="SAR gate: HumanEval problems for pass@1 (default 20; 0 = skip)",
+    )
     g = ap.add_argument_group("AS-ARM gate (objective.kind: asarm)")
-    g.add_argument("--weights", default=None, help="AS-ARM .safetensors or XLNet directory "
-                   "(default checkpoints/<gate>/model.safetensors); with --model auto: any "
-                   "LLaDA / Dream / XLNet checkpoint directory")
+    g.add_argument(
+        "--weights",
+        default=None,
+        help="AS-ARM .safetensors or XLNet directory "
+        "(default checkpoints/<gate>/model.safetensors); with --model auto: any "
+        "LLaDA / Dream / XLNet checkpoint directory",
+    )
     g.add_argument("--sequences", type=int, default=20, help="held-out sequences (default 20)")
-    g.add_argument("--seq-len", type=int, default=None,
-                   help="tokens per sequence (default: the config's data.seq_len, else 256)")
+    g.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: the config's data.seq_len, else 256)",
+    )
     g.add_argument("--mask-rate", type=float, default=0.95, help="share of positions infilled")
     asarm = methods_of("asarm")
-    g.add_argument("--method", default=asarm[0], choices=asarm,
-                   help=f"infilling method of the method registry: {', '.join(asarm)} (default "
-                        f"{asarm[0]}, the reference; the ASSD ones are lossless against it)")
-    g.add_argument("--temperature", type=float, default=1.0,
-                   help="sampling temperature of the gated run (default 1.0, the paper's)")
+    g.add_argument(
+        "--method",
+        default=asarm[0],
+        choices=asarm,
+        help=f"infilling method of the method registry: {', '.join(asarm)} (default "
+        f"{asarm[0]}, the reference; the ASSD ones are lossless against it)",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the gated run (default 1.0, the paper's)",
+    )
     g.add_argument("--k", type=int, default=5, help="ASSD draft length (default 5)")
     g.add_argument("--no-greedy", action="store_true", help="skip the greedy run")
-    g.add_argument("--no-judge", action="store_true",
-                   help="skip generative perplexity (no SmolLM2-135M judge)")
+    g.add_argument(
+        "--no-judge", action="store_true", help="skip generative perplexity (no SmolLM2-135M judge)"
+    )
     g.add_argument("--samples", type=int, default=3, help="decoded samples kept in the JSON")
     return ap
 
@@ -153,10 +201,16 @@ def asarm_main(args, cfg_path) -> int:
     :data:`jaxspec.bench.assd.DEFAULT_HOLDOUT`, and ``--seq-len`` or 256). Exit 0 after writing
     the JSON (PASS or FAIL: the verdict is in the output), 2 with one ``error:`` line on bad
     input."""
-    weights = Path(args.weights) if args.weights else ROOT / "checkpoints" / args.gate / "model.safetensors"
+    weights = (
+        Path(args.weights)
+        if args.weights
+        else ROOT / "checkpoints" / args.gate / "model.safetensors"
+    )
     if not weights.exists():
-        return _fail(f"AS-ARM weights not found: {weights} (export them with "
-                     f"jaxspec.training.asarm.export_checkpoint)")
+        return _fail(
+            f"AS-ARM weights not found: {weights} (export them with "
+            f"jaxspec.training.asarm.export_checkpoint)"
+        )
     batch = 10 if args.batch is None else args.batch
     for name, v in (("sequences", args.sequences), ("batch", batch), ("k", args.k)):
         if v < 1:
@@ -193,19 +247,35 @@ def asarm_main(args, cfg_path) -> int:
         asarm = load_asarm(str(weights), log=log)
         if asarm.max_len is not None and seq_len > asarm.max_len:
             return _fail(f"--seq-len {seq_len} exceeds the model's context {asarm.max_len}")
-        snips = Q.heldout_snippets(asarm.tokenizer, holdout, args.sequences,
-                                   prompt_len=seq_len - 1, cont_len=1)
+        snips = Q.heldout_snippets(
+            asarm.tokenizer, holdout, args.sequences, prompt_len=seq_len - 1, cont_len=1
+        )
         raw = [s.tokens for s in snips]
         seqs = [asarm.to_model(r) for r in raw]
         judge = None if args.no_judge else judges.smollm2_judge(log)
-        log(f"[evaluate] {len(seqs)} held-out sequences of {seq_len} tokens from "
+        log(
+            f"[evaluate] {len(seqs)} held-out sequences of {seq_len} tokens from "
             f"{len(set(s.source for s in snips))} files; loaded in "
-            f"{time.perf_counter() - t_start:.1f}s")
-        res = Q.run_asarm_gate(asarm.model, asarm.params, seqs, to_external=asarm.to_external,
-                               judge=judge, decode=asarm.decode, mask_rate=args.mask_rate,
-                               seed=args.seed, method=args.method, temperature=args.temperature,
-                               k=args.k, greedy=not args.no_greedy, batch=batch,
-                               max_len=asarm.max_len, samples=args.samples, log=log)
+            f"{time.perf_counter() - t_start:.1f}s"
+        )
+        res = Q.run_asarm_gate(
+            asarm.model,
+            asarm.params,
+            seqs,
+            to_external=asarm.to_external,
+            judge=judge,
+            decode=asarm.decode,
+            mask_rate=args.mask_rate,
+            seed=args.seed,
+            method=args.method,
+            temperature=args.temperature,
+            k=args.k,
+            greedy=not args.no_greedy,
+            batch=batch,
+            max_len=asarm.max_len,
+            samples=args.samples,
+            log=log,
+        )
         raw_ppl = judge(raw) if judge is not None else None
     except (Q.QualityError, BenchError, WeightFileError, ValueError, OSError, KeyError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -215,9 +285,13 @@ def asarm_main(args, cfg_path) -> int:
     rel = lambda p: str(p.relative_to(ROOT) if p.resolve().is_relative_to(ROOT) else p)  # noqa: E731
     unk = [sum(1 for t in asarm.to_external(s) if t < 0) / len(s) for s in seqs]
     result = {
-        "gate": args.gate or weights.name, "weights": rel(weights.resolve()), "meta": asarm.meta,
-        "python": platform.python_version(), "jax": jax.__version__,
-        "device": str(jax.devices()[0]), "holdout": holdout,
+        "gate": args.gate or weights.name,
+        "weights": rel(weights.resolve()),
+        "meta": asarm.meta,
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "holdout": holdout,
         "snippets": [{"source": s.source, "offset": s.offset} for s in snips],
         "judge": None if judge is None else "smollm2-135m-instruct",
         "true_unk_share": round(float(sum(unk) / len(unk)), 4),
@@ -226,34 +300,53 @@ def asarm_main(args, cfg_path) -> int:
     }
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     labels = list(result["figures"])
-    rows = (("distinct_token_share", "distinct-token share (mean)"),
-            ("repeated_ngram_rate", "repeated 4-gram rate (mean)"),
-            ("longest_run", "longest run (max)"), ("entropy", "entropy of the infill, bits"),
-            ("seq_entropy", "entropy of the sequence, bits (Eq. 22)"),
-            ("gen_ppl_geomean", "gen. PPL, SmolLM2 (geo. mean)"),
-            ("gen_ppl_median", "gen. PPL, SmolLM2 (median)"),
-            ("degenerate_share", "degenerate infills (share)"))
+    rows = (
+        ("distinct_token_share", "distinct-token share (mean)"),
+        ("repeated_ngram_rate", "repeated 4-gram rate (mean)"),
+        ("longest_run", "longest run (max)"),
+        ("entropy", "entropy of the infill, bits"),
+        ("seq_entropy", "entropy of the sequence, bits (Eq. 22)"),
+        ("gen_ppl_geomean", "gen. PPL, SmolLM2 (geo. mean)"),
+        ("gen_ppl_median", "gen. PPL, SmolLM2 (median)"),
+        ("degenerate_share", "degenerate infills (share)"),
+    )
     lines = ["| figure | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for key, label in rows:
-        lines.append(f"| {label} | " + " | ".join(_fmt(result["figures"][x][key]) for x in labels) + " |")
-    lines.append("| NFE per token | - | " + " | ".join(_fmt(result["nfe_per_token"][x])
-                                                   for x in labels[1:]) + " |")
+        lines.append(
+            f"| {label} | " + " | ".join(_fmt(result["figures"][x][key]) for x in labels) + " |"
+        )
+    lines.append(
+        "| NFE per token | - | "
+        + " | ".join(_fmt(result["nfe_per_token"][x]) for x in labels[1:])
+        + " |"
+    )
     result["table_md"] = "\n".join(lines)
-    print(f"gate {result['gate']}: {len(seqs)} held-out sequences x {seq_len} tokens, "
-          f"{args.mask_rate:.0%} masked, seed {args.seed}; figures on the masked positions, "
-          f"PPL on whole sequences")
+    print(
+        f"gate {result['gate']}: {len(seqs)} held-out sequences x {seq_len} tokens, "
+        f"{args.mask_rate:.0%} masked, seed {args.seed}; figures on the masked positions, "
+        f"PPL on whole sequences"
+    )
     print(result["table_md"])
     for c in result["checks"]:
         tag = {True: "pass", False: "FAIL", None: "skip"}[c["passed"]]
         print(f"  [{tag}] {c['check']}: {c['text']}")
     if "greedy_verdict" in result:
         failed = [c["check"] for c in result["greedy_checks"] if c["passed"] is False]
-        print(f"greedy (informational): {result['greedy_verdict']}"
-              + (f" ({', '.join(failed)})" if failed else ""))
+        print(
+            f"greedy (informational): {result['greedy_verdict']}"
+            + (f" ({', '.join(failed)})" if failed else "")
+        )
     failed = [c["check"] for c in result["checks"] if c["passed"] is False]
-    print(f"verdict: {result['verdict']} on {result['gated_run']}"
-          + (f"; failed: {', '.join(failed)}" if failed else "") + f"; wall {result['wall_s']}s")
-    out = Path(args.out) if args.out else (weights if weights.is_dir() else weights.parent) / "gate.json"
+    print(
+        f"verdict: {result['verdict']} on {result['gated_run']}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + f"; wall {result['wall_s']}s"
+    )
+    out = (
+        Path(args.out)
+        if args.out
+        else (weights if weights.is_dir() else weights.parent) / "gate.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     log(f"[evaluate] wrote {out}")
@@ -279,22 +372,37 @@ def sar_main(args, cfg_path: Path) -> int:
         cfg = load_config(cfg_path)
         sar, sar_params, tok, _ = load_model(args.gate, log=log)
         _, base_params, _, _ = load_model(cfg.model.preset, log=log)
-        snips = Q.heldout_snippets(tok, cfg.data.holdout, args.prompts, prompt_len=args.prompt_length,
-                                   cont_len=args.gen_length, drop_ids=[cfg.model.mask_token_id])
+        snips = Q.heldout_snippets(
+            tok,
+            cfg.data.holdout,
+            args.prompts,
+            prompt_len=args.prompt_length,
+            cont_len=args.gen_length,
+            drop_ids=[cfg.model.mask_token_id],
+        )
     except (PresetError, WeightFileError, ValueError, OSError) as e:
         return _fail(str(e))
     rows = [s.tokens for s in snips]
     t0 = time.perf_counter()
-    out = {"gate": args.gate, "machine": platform.processor() or platform.machine(),
-           "heldout_windows": len(rows), "window_tokens": len(rows[0]),
-           "heldout_ar_loss_sar": Q.heldout_ar_loss(sar, sar_params, rows, args.batch),
-           "heldout_ar_loss_base": Q.heldout_ar_loss(sar, base_params, rows, args.batch),
-           "mask_row_accuracy_by_offset": Q.mask_row_accuracy(sar, sar_params, rows,
-                                                              cfg.objective.sar_k, seed=args.seed)}
-    probs = humaneval_problems()[:args.humaneval]
+    out = {
+        "gate": args.gate,
+        "machine": platform.processor() or platform.machine(),
+        "heldout_windows": len(rows),
+        "window_tokens": len(rows[0]),
+        "heldout_ar_loss_sar": Q.heldout_ar_loss(sar, sar_params, rows, args.batch),
+        "heldout_ar_loss_base": Q.heldout_ar_loss(sar, base_params, rows, args.batch),
+        "mask_row_accuracy_by_offset": Q.mask_row_accuracy(
+            sar, sar_params, rows, cfg.objective.sar_k, seed=args.seed
+        ),
+    }
+    probs = humaneval_problems()[: args.humaneval]
     if probs:
-        out["humaneval_pass_at_1_sar"] = Q.humaneval_pass_at_1(sar, sar_params, tok, probs, args.gen_length)
-        out["humaneval_pass_at_1_base"] = Q.humaneval_pass_at_1(sar, base_params, tok, probs, args.gen_length)
+        out["humaneval_pass_at_1_sar"] = Q.humaneval_pass_at_1(
+            sar, sar_params, tok, probs, args.gen_length
+        )
+        out["humaneval_pass_at_1_base"] = Q.humaneval_pass_at_1(
+            sar, base_params, tok, probs, args.gen_length
+        )
     out["seconds"] = round(time.perf_counter() - t0, 1)
     dest = Path(args.out) if args.out else ROOT / "checkpoints" / args.gate / "quality.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -312,12 +420,16 @@ def checkpoint_main(args) -> int:
     held-out modules and sequence length come from ``configs/train/<--gate>.yaml`` when
     ``--gate`` is given, else :data:`jaxspec.bench.assd.DEFAULT_HOLDOUT`. A causal checkpoint
     is a one-line error (exit 2): no gate measures a plain causal model."""
-    from models.registry import PresetError, require_family
     from models.llama.params import WeightFileError
+    from models.registry import PresetError, require_family
 
     try:
-        family = require_family(args.model, args.weights, ("dllm", "asarm"),
-                                "scripts.evaluate (the masked-diffusion and AS-ARM gates)")
+        family = require_family(
+            args.model,
+            args.weights,
+            ("dllm", "asarm"),
+            "scripts.evaluate (the masked-diffusion and AS-ARM gates)",
+        )
     except (PresetError, WeightFileError, ValueError) as e:
         return _fail(str(e))
     cfg_path = None
@@ -352,11 +464,30 @@ def checkpoint_main(args) -> int:
     if args.eos_gate:
         if args.out is None:
             return _fail("--eos-gate with --model needs --out PATH (no checkpoints/<gate> folder)")
-        return eos_gate(args, name=name, model=model, params=params, tok=tok, holdout=holdout,
-                        info=info, causal=None, base=None, log=log)
-    return diffusion_gate(args, name=name, model=model, params=params, tok=tok,
-                          mask_id=int(model.config.mask_token_id), holdout=holdout, info=info,
-                          t_start=t_start, log=log)
+        return eos_gate(
+            args,
+            name=name,
+            model=model,
+            params=params,
+            tok=tok,
+            holdout=holdout,
+            info=info,
+            causal=None,
+            base=None,
+            log=log,
+        )
+    return diffusion_gate(
+        args,
+        name=name,
+        model=model,
+        params=params,
+        tok=tok,
+        mask_id=int(model.config.mask_token_id),
+        holdout=holdout,
+        info=info,
+        t_start=t_start,
+        log=log,
+    )
 
 
 def _check_diffusion_args(args):
@@ -380,8 +511,10 @@ def main(argv=None) -> int:
     if args.model is not None:
         return checkpoint_main(args)
     if args.gate is None:
-        return _fail("give --gate NAME (a trained model, configs/train/NAME.yaml) or --model "
-                     "auto --weights DIR (a checkpoint directory)")
+        return _fail(
+            "give --gate NAME (a trained model, configs/train/NAME.yaml) or --model "
+            "auto --weights DIR (a checkpoint directory)"
+        )
     cfg_path = ROOT / "configs" / "train" / f"{args.gate}.yaml"
     if cfg_path.is_file() and _objective_kind(cfg_path) == "asarm":
         return asarm_main(args, cfg_path)
@@ -391,7 +524,9 @@ def main(argv=None) -> int:
         return sar_main(args, cfg_path)
     if args.batch is None:
         args.batch = 4
-    delta_path = Path(args.delta) if args.delta else ROOT / "checkpoints" / args.gate / "delta.safetensors"
+    delta_path = (
+        Path(args.delta) if args.delta else ROOT / "checkpoints" / args.gate / "delta.safetensors"
+    )
     if not cfg_path.is_file():
         return _fail(f"unknown gate {args.gate!r}: {cfg_path} not found")
     if not delta_path.is_file():
@@ -414,23 +549,49 @@ def main(argv=None) -> int:
         mask_id = int(cfg.model.mask_token_id)
         causal, base, tok, _ = load_model(cfg.model.preset, log=lambda m: None)
         delta, meta = load_delta(str(delta_path))
-        params = merge_delta(base, delta, alpha=float(meta["alpha"]), rank=int(meta["rank"]),
-                             mask_token_id=mask_id)
-        model = DiffusionLM(DiffusionConfig(base=causal.config, head=cfg.model.head,
-                                            mask_token_id=mask_id))
+        params = merge_delta(
+            base, delta, alpha=float(meta["alpha"]), rank=int(meta["rank"]), mask_token_id=mask_id
+        )
+        model = DiffusionLM(
+            DiffusionConfig(base=causal.config, head=cfg.model.head, mask_token_id=mask_id)
+        )
     except (ValueError, OSError, KeyError) as e:
         return _fail(str(e))
-    info = {"delta": str(delta_path.relative_to(ROOT) if delta_path.is_relative_to(ROOT)
-                         else delta_path),
-            "base_preset": cfg.model.preset, "head": cfg.model.head}
+    info = {
+        "delta": str(
+            delta_path.relative_to(ROOT) if delta_path.is_relative_to(ROOT) else delta_path
+        ),
+        "base_preset": cfg.model.preset,
+        "head": cfg.model.head,
+    }
     if args.eos_gate or cfg.data.source == "stdlib-sft":
-        return eos_gate(args, name=args.gate, model=model, params=params, tok=tok,
-                        holdout=list(cfg.data.holdout), info=info, causal=causal, base=base,
-                        log=log)
-    return diffusion_gate(args, name=args.gate, model=model, params=params, tok=tok,
-                          mask_id=mask_id, holdout=list(cfg.data.holdout), info=info,
-                          causal=causal, base=base, base_name=cfg.model.preset,
-                          t_start=t_start, log=log)
+        return eos_gate(
+            args,
+            name=args.gate,
+            model=model,
+            params=params,
+            tok=tok,
+            holdout=list(cfg.data.holdout),
+            info=info,
+            causal=causal,
+            base=base,
+            log=log,
+        )
+    return diffusion_gate(
+        args,
+        name=args.gate,
+        model=model,
+        params=params,
+        tok=tok,
+        mask_id=mask_id,
+        holdout=list(cfg.data.holdout),
+        info=info,
+        causal=causal,
+        base=base,
+        base_name=cfg.model.preset,
+        t_start=t_start,
+        log=log,
+    )
 
 
 def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, base, log) -> int:
@@ -444,22 +605,47 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
     from jaxspec.eval.dllm_gate import run_v2_gate
 
     try:
-        res = run_v2_gate(model, params, tok, holdout, causal=causal, base=base,
-                          prompts=args.prompts, gen_length=args.gen_length,
-                          block_length=args.block, cache=args.cache, humaneval=args.humaneval,
-                          masked_rows=args.prompts, batch=args.batch, log=log)
+        res = run_v2_gate(
+            model,
+            params,
+            tok,
+            holdout,
+            causal=causal,
+            base=base,
+            prompts=args.prompts,
+            gen_length=args.gen_length,
+            block_length=args.block,
+            cache=args.cache,
+            humaneval=args.humaneval,
+            masked_rows=args.prompts,
+            batch=args.batch,
+            log=log,
+        )
     except (ValueError, OSError, KeyError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    res = {"gate": name, **info, "python": platform.python_version(), "jax": jax.__version__,
-           "cpu": platform.processor() or platform.machine(), "holdout": holdout, **res}
+    res = {
+        "gate": name,
+        **info,
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "holdout": holdout,
+        **res,
+    }
     f = res["completion_figures"]
-    print(f"eos gate {name}: {res['settings']['prompts']} held-out function prompts, gen "
-          f"{args.gen_length}, block {args.block}, cache {args.cache}, greedy stepwise")
-    print(f"  answer tokens (before EOS) {f['answer_tokens']:.1f}, EOS positions "
-          f"{f['eos_share']:.3f}, longest run {f['longest_run']:.1f}")
+    print(
+        f"eos gate {name}: {res['settings']['prompts']} held-out function prompts, gen "
+        f"{args.gen_length}, block {args.block}, cache {args.cache}, greedy stepwise"
+    )
+    print(
+        f"  answer tokens (before EOS) {f['answer_tokens']:.1f}, EOS positions "
+        f"{f['eos_share']:.3f}, longest run {f['longest_run']:.1f}"
+    )
     for c in res["checks"]:
-        print(f"  [{'pass' if c['passed'] else 'FAIL'}] {c['check']}: {c['value']:.3f} "
-              f"(bound {c['bound']})")
+        print(
+            f"  [{'pass' if c['passed'] else 'FAIL'}] {c['check']}: {c['value']:.3f} "
+            f"(bound {c['bound']})"
+        )
     for k, v in (res.get("masked_accuracy") or {}).items():
         print(f"  masked accuracy at {float(k):.0%}: {v:.4f}")
     for k, v in (res.get("humaneval") or {}).items():
@@ -472,8 +658,22 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
     return 0
 
 
-def diffusion_gate(args, *, name, model, params, tok, mask_id: int, holdout, info: dict,
-                   causal=None, base=None, base_name=None, t_start: float, log) -> int:
+def diffusion_gate(
+    args,
+    *,
+    name,
+    model,
+    params,
+    tok,
+    mask_id: int,
+    holdout,
+    info: dict,
+    causal=None,
+    base=None,
+    base_name=None,
+    t_start: float,
+    log,
+) -> int:
     """The masked-diffusion figures (module docstring) of ``model`` / ``params`` (a
     :class:`models.diffusion.modeling.DiffusionLM`) on ``--prompts`` held-out windows of the
     stdlib modules ``holdout``; with ``causal`` / ``base`` (the AR base model and its params)
@@ -488,34 +688,55 @@ def diffusion_gate(args, *, name, model, params, tok, mask_id: int, holdout, inf
 
     gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
     try:
-        specials = [i for i in range(min(tok.vocab_size, 64))
-                    if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")]
-        snippets = Q.heldout_snippets(tok, holdout, args.prompts,
-                                      prompt_len=args.prompt_length, cont_len=args.gen_length,
-                                      drop_ids=set(specials) | {mask_id})
+        specials = [
+            i
+            for i in range(min(tok.vocab_size, 64))
+            if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")
+        ]
+        snippets = Q.heldout_snippets(
+            tok,
+            holdout,
+            args.prompts,
+            prompt_len=args.prompt_length,
+            cont_len=args.gen_length,
+            drop_ids=set(specials) | {mask_id},
+        )
     except (ValueError, OSError, KeyError) as e:
         return _fail(str(e))
-    log(f"[evaluate] {len(snippets)} snippets from "
+    log(
+        f"[evaluate] {len(snippets)} snippets from "
         f"{len(set(s.source for s in snippets))} held-out files; loaded in "
-        f"{time.perf_counter() - t_start:.1f}s")
+        f"{time.perf_counter() - t_start:.1f}s"
+    )
 
     rows = [s.tokens for s in snippets]
     masked = {}
     try:
         for rate in (0.15, 0.5):
             t0 = time.perf_counter()
-            d, masks = Q.masked_accuracy(model, params, rows, rate, seed=args.seed,
-                                         batch_size=args.batch, return_masks=True)
-            a = (None if causal is None else
-                 Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch))
+            d, masks = Q.masked_accuracy(
+                model, params, rows, rate, seed=args.seed, batch_size=args.batch, return_masks=True
+            )
+            a = (
+                None
+                if causal is None
+                else Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch)
+            )
             masked[f"{rate:.2f}"] = {"diffusion": d, "ar_next_token_same_positions": a}
-            log(f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}"
+            log(
+                f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}"
                 + ("" if a is None else f", AR next-token {a['accuracy']:.4f}")
-                + f" ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)")
+                + f" ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)"
+            )
 
-        dcfg = DiffusionDecodeConfig(gen_length=args.gen_length, block_length=args.block,
-                                     steps=args.gen_length, remasking="low_confidence",
-                                     temperature=0.0, mask_id=mask_id)
+        dcfg = DiffusionDecodeConfig(
+            gen_length=args.gen_length,
+            block_length=args.block,
+            steps=args.gen_length,
+            remasking="low_confidence",
+            temperature=0.0,
+            mask_id=mask_id,
+        )
         gen = snippets[:gen_prompts]
         prompts = [s.prompt for s in gen]
         targets = [s.target for s in gen]
@@ -523,18 +744,26 @@ def diffusion_gate(args, *, name, model, params, tok, mask_id: int, holdout, inf
         diff_s = ar_s = 0.0
         for s in range(0, len(prompts), args.batch):
             t0 = time.perf_counter()
-            r = diffusion_generate(model, params, prompts[s:s + args.batch], dcfg, seed=args.seed)
+            r = diffusion_generate(model, params, prompts[s : s + args.batch], dcfg, seed=args.seed)
             diff_out += [[int(t) for t in row] for row in np.asarray(r.full_tokens)]
             diff_s += time.perf_counter() - t0
             if causal is not None:
                 t0 = time.perf_counter()
-                g = generate(causal, base, prompts[s:s + args.batch],
-                             max_new_tokens=args.gen_length, seed=args.seed)
+                g = generate(
+                    causal,
+                    base,
+                    prompts[s : s + args.batch],
+                    max_new_tokens=args.gen_length,
+                    seed=args.seed,
+                )
                 ar_out += [list(map(int, row)) for row in g.tokens]
                 ar_s += time.perf_counter() - t0
-            log(f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
-                f"(diffusion {diff_s:.0f}s" + ("" if causal is None else f", AR {ar_s:.0f}s")
-                + " so far)")
+            log(
+                f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
+                f"(diffusion {diff_s:.0f}s"
+                + ("" if causal is None else f", AR {ar_s:.0f}s")
+                + " so far)"
+            )
     except ValueError as e:  # DecodeInputError: prompt + gen length past the context
         return _fail(str(e))
 
@@ -551,42 +780,66 @@ def diffusion_gate(args, *, name, model, params, tok, mask_id: int, holdout, inf
         "gen_length": args.gen_length,
         "seed": args.seed,
         "masked_accuracy": masked,
-        "decode": {"diffusion": {"gen_length": dcfg.gen_length, "block_length": dcfg.block_length,
-                                 "steps": dcfg.steps, "remasking": dcfg.remasking,
-                                 "temperature": dcfg.temperature, "eos_cut": False},
-                   "ar": None if causal is None else
-                   {"greedy": True, "max_new_tokens": args.gen_length, "eos_ids": []}},
+        "decode": {
+            "diffusion": {
+                "gen_length": dcfg.gen_length,
+                "block_length": dcfg.block_length,
+                "steps": dcfg.steps,
+                "remasking": dcfg.remasking,
+                "temperature": dcfg.temperature,
+                "eos_cut": False,
+            },
+            "ar": None
+            if causal is None
+            else {"greedy": True, "max_new_tokens": args.gen_length, "eos_ids": []},
+        },
         "completion_prompts": len(gen),
     }
     if gen:
         dfig = Q.completion_figures(diff_out, targets)
         afig = Q.completion_figures(ar_out, targets) if causal is not None else None
-        result["completions"] = {"diffusion": dfig, "ar": afig,
-                                 "diffusion_s": round(diff_s, 1),
-                                 "ar_s": None if causal is None else round(ar_s, 1)}
+        result["completions"] = {
+            "diffusion": dfig,
+            "ar": afig,
+            "diffusion_s": round(diff_s, 1),
+            "ar_s": None if causal is None else round(ar_s, 1),
+        }
         result["samples"] = {"diffusion": diff_out, "ar": ar_out if causal is not None else None}
         result["verdict"] = "FAIL" if dfig["degenerate_share"] > 0 else "PASS"
     else:
         result["verdict"] = "NOT MEASURED (no completions)"
-    result["rule"] = ("FAIL if any diffusion completion is degenerate (one token > 50% of its "
-                      "gen_length tokens); otherwise PASS")
+    result["rule"] = (
+        "FAIL if any diffusion completion is degenerate (one token > 50% of its "
+        "gen_length tokens); otherwise PASS"
+    )
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
 
     def f(x):
         return f"{x:.4f}" if isinstance(x, float) else str(x)
+
     ar = causal is not None
-    lines = [f"| figure | {name} |" + (f" {base_name} (AR) |" if ar else ""),
-             "|---|---|" + ("---|" if ar else "")]
+    lines = [
+        f"| figure | {name} |" + (f" {base_name} (AR) |" if ar else ""),
+        "|---|---|" + ("---|" if ar else ""),
+    ]
     for k, v in masked.items():
-        lines.append(f"| masked acc. {float(k):.0%} | {f(v['diffusion']['accuracy'])} |"
-                     + (f" {f(v['ar_next_token_same_positions']['accuracy'])} (next-token, same "
-                        f"positions) |" if ar else ""))
+        lines.append(
+            f"| masked acc. {float(k):.0%} | {f(v['diffusion']['accuracy'])} |"
+            + (
+                f" {f(v['ar_next_token_same_positions']['accuracy'])} (next-token, same "
+                f"positions) |"
+                if ar
+                else ""
+            )
+        )
     if gen:
-        for key, label in (("distinct_token_share", "distinct-token share"),
-                           ("repeated_ngram_rate", "repeated 4-gram rate"),
-                           ("continuation_match", "continuation match"),
-                           ("longest_run", "longest run (max)"),
-                           ("degenerate_share", "degenerate completions")):
+        for key, label in (
+            ("distinct_token_share", "distinct-token share"),
+            ("repeated_ngram_rate", "repeated 4-gram rate"),
+            ("continuation_match", "continuation match"),
+            ("longest_run", "longest run (max)"),
+            ("degenerate_share", "degenerate completions"),
+        ):
             lines.append(f"| {label} | {f(dfig[key])} |" + (f" {f(afig[key])} |" if ar else ""))
     result["table_md"] = "\n".join(lines)
     print(result["table_md"])

@@ -1,6 +1,6 @@
 """Fetch a model preset's weights into the local cache (sha256-checked, re-fetched if corrupt).
 
-    python -m scripts.fetch --model smollm2-135m-instruct [--print-path]
+python -m scripts.fetch --model smollm2-135m-instruct [--print-path]
 """
 
 from __future__ import annotations

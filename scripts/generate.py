@@ -36,15 +36,38 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxspec.methods import FAMILY_WORDS, METHODS, default_method, get_method, methods_of
+from jaxspec.methods import (
+    FAMILY_WORDS,
+    METHODS,
+    default_method,
+    get_method,
+    methods_of,
+    reference_of,
+    run,
+)
 from jaxspec.methods import check_needs as check_model_needs
-from jaxspec.methods import reference_of, run
 from jaxspec.methods.dllm import DEFAULT_GRAPH
 from scripts.common import add_compile_cache_flag, compare_line, setup_compile_cache
 
-GENERAL = ("model", "weights", "dtype", "quant", "mesh", "method", "prompt", "limit", "start",
-           "chat", "seed", "draft_name", "draft_weights", "infill", "compare", "quiet",
-           "no_compile_cache")
+GENERAL = (
+    "model",
+    "weights",
+    "dtype",
+    "quant",
+    "mesh",
+    "method",
+    "prompt",
+    "limit",
+    "start",
+    "chat",
+    "seed",
+    "draft_name",
+    "draft_weights",
+    "infill",
+    "compare",
+    "quiet",
+    "no_compile_cache",
+)
 """Options of the command itself; every other option sets a field of the method's config."""
 
 
@@ -56,45 +79,81 @@ def _presets() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     methods = "; ".join(f"{n} ({m.family})" for n, m in METHODS.items())
-    ap = argparse.ArgumentParser(prog="python -m scripts.generate",
-                                 description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                 epilog="methods: " + "; ".join(
-                                     f"{n}: {m.summary}" for n, m in METHODS.items()))
-    ap.add_argument("--model", default="smollm2-135m-instruct",
-                    help=f"model preset (default smollm2-135m-instruct): {_presets()}; "
-                         "'auto' / 'hf-directory' load --weights")
-    ap.add_argument("--weights", default=None,
-                    help="GGUF file or HF directory (overrides the preset)")
-    ap.add_argument("--dtype", default="auto", help="parameter / activation dtype: auto "
-                    "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16; the draft "
-                    "model and the --compare reference use the same")
-    ap.add_argument("--quant", default="none", help="weight-only quantization: none or int8 "
-                    "(per-output-channel int8 projection matrices, models.quant; activations "
-                    "and KV caches stay in --dtype; Llama / Qwen2-layout models). The draft "
-                    "model and the --compare reference use the same, so --compare checks "
-                    "losslessness against AR of the int8 model")
-    ap.add_argument("--mesh", default=None, metavar="DATAxMODEL",
-                    help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
-                         "over 8 devices; 2x4: also the batch over 2): models.sharding")
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.generate",
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="methods: " + "; ".join(f"{n}: {m.summary}" for n, m in METHODS.items()),
+    )
+    ap.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help=f"model preset (default smollm2-135m-instruct): {_presets()}; "
+        "'auto' / 'hf-directory' load --weights",
+    )
+    ap.add_argument(
+        "--weights", default=None, help="GGUF file or HF directory (overrides the preset)"
+    )
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="parameter / activation dtype: auto "
+        "(float32 on CPU, bfloat16 on GPU/TPU), float32 or bfloat16; the draft "
+        "model and the --compare reference use the same",
+    )
+    ap.add_argument(
+        "--quant",
+        default="none",
+        help="weight-only quantization: none or int8 "
+        "(per-output-channel int8 projection matrices, models.quant; activations "
+        "and KV caches stay in --dtype; Llama / Qwen2-layout models). The draft "
+        "model and the --compare reference use the same, so --compare checks "
+        "losslessness against AR of the int8 model",
+    )
+    ap.add_argument(
+        "--mesh",
+        default=None,
+        metavar="DATAxMODEL",
+        help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
+        "over 8 devices; 2x4: also the batch over 2): models.sharding",
+    )
     defaults = ", ".join(default_method(f).name for f in FAMILY_WORDS)
-    ap.add_argument("--method", default=None,
-                    help=f"decoding method: {methods} (default: the model family's: {defaults})")
-    ap.add_argument("--prompt", action="append", default=None,
-                    help="prompt text (repeat for a batch); default: HumanEval prompts")
-    ap.add_argument("--limit", type=int, default=1,
-                    help="number of HumanEval prompts when no --prompt (>= 1)")
+    ap.add_argument(
+        "--method",
+        default=None,
+        help=f"decoding method: {methods} (default: the model family's: {defaults})",
+    )
+    ap.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="prompt text (repeat for a batch); default: HumanEval prompts",
+    )
+    ap.add_argument(
+        "--limit", type=int, default=1, help="number of HumanEval prompts when no --prompt (>= 1)"
+    )
     ap.add_argument("--start", type=int, default=0, help="first HumanEval problem index")
     ap.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--draft-model", dest="draft_name", default=None, metavar="NAME",
-                    help="the draft model preset of the methods that take one (sps: a causal "
-                         "model with the target's tokenizer, e.g. qwen2.5-coder-0.5b-instruct "
-                         "for the 1.5b target; diffuspec / specdiff: a masked-diffusion model, "
-                         "e.g. dream-smollm2-135m)")
-    ap.add_argument("--draft-weights", default=None,
-                    help="GGUF file or HF directory of the draft model (overrides its preset)")
-    ap.add_argument("--compare", action="store_true",
-                    help="also run the method's reference and check identity / speedup")
+    ap.add_argument(
+        "--draft-model",
+        dest="draft_name",
+        default=None,
+        metavar="NAME",
+        help="the draft model preset of the methods that take one (sps: a causal "
+        "model with the target's tokenizer, e.g. qwen2.5-coder-0.5b-instruct "
+        "for the 1.5b target; diffuspec / specdiff: a masked-diffusion model, "
+        "e.g. dream-smollm2-135m)",
+    )
+    ap.add_argument(
+        "--draft-weights",
+        default=None,
+        help="GGUF file or HF directory of the draft model (overrides its preset)",
+    )
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the method's reference and check identity / speedup",
+    )
     ap.add_argument("--quiet", action="store_true", help="print only the stats lines")
     add_compile_cache_flag(ap)
 
@@ -105,79 +164,168 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--top-p", type=float, default=None, help="in (0, 1]; 1.0 = off (default)")
     cg = ap.add_argument_group("causal methods")
     cg.add_argument("--max-new-tokens", type=int, default=None, help="budget per row (default 128)")
-    cg.add_argument("--draft-length", type=int, default=None,
-                    help="k, draft tokens per step (default: ngram 8, sps 5, diffuspec / specdiff "
-                         "30 (k_max), ssd 3, assd 5)")
-    cg.add_argument("--max-ngram", type=int, default=None,
-                    help="ngram: longest suffix matched (default 3)")
-    cg.add_argument("--min-ngram", type=int, default=None,
-                    help="ngram: shortest suffix matched, <= --max-ngram (default 2)")
-    cg.add_argument("--fallback", choices=("none", "bigram"), default=None,
-                    help="ngram: when no suffix matches: 'none' (default) runs a plain AR step, "
-                         "'bigram' drafts from the ASSD Eq. 23 context bigram model")
-    cg.add_argument("--gate", default=None,
-                    help="speculative methods: verify drafts only while their expected accepted "
-                         "length pays for the verification pass: off (default), auto (the pass "
-                         "cost measured on the CPU; off on GPU/TPU) or the pass cost in "
-                         "one-token steps (lossless either way)")
-    cg.add_argument("--mask-groups", type=int, default=None,
-                    help="space: k, candidates per step = [MASK] tokens per group (default 5)")
-    cg.add_argument("--space-sampling", choices=("exact", "paper"), default=None,
-                    help="space: 'exact' (default) resamples the residual (lossless); 'paper' "
-                         "draws the extra token from p as Algorithm 1 line 18 does (approximate)")
-    cg.add_argument("--k-min", type=int, default=None,
-                    help="diffuspec: ADL's shortest draft (default 20; --draft-length is k_max)")
-    cg.add_argument("--refine-steps", type=int, default=None,
-                    help="diffuspec / specdiff: drafter refinement steps S per draft (default 1)")
-    cg.add_argument("--no-cps", dest="cps", action="store_const", const=False, default=None,
-                    help="diffuspec: argmax drafts instead of the CPS path search (Table 2 "
-                         "ablation)")
-    cg.add_argument("--no-adl", dest="adl", action="store_const", const=False, default=None,
-                    help="diffuspec: fixed draft length k_max instead of ADL (Table 2 ablation)")
-    cg.add_argument("--drafter-cache", choices=("none", "prefix"), default=None,
-                    help="diffuspec / specdiff: 'prefix' keeps the drafter's context keys / values "
-                         "(Fast-dLLM prefix cache; drafts change, output does not); same "
-                         "vocabulary only (default none)")
+    cg.add_argument(
+        "--draft-length",
+        type=int,
+        default=None,
+        help="k, draft tokens per step (default: ngram 8, sps 5, diffuspec / specdiff "
+        "30 (k_max), ssd 3, assd 5)",
+    )
+    cg.add_argument(
+        "--max-ngram", type=int, default=None, help="ngram: longest suffix matched (default 3)"
+    )
+    cg.add_argument(
+        "--min-ngram",
+        type=int,
+        default=None,
+        help="ngram: shortest suffix matched, <= --max-ngram (default 2)",
+    )
+    cg.add_argument(
+        "--fallback",
+        choices=("none", "bigram"),
+        default=None,
+        help="ngram: when no suffix matches: 'none' (default) runs a plain AR step, "
+        "'bigram' drafts from the ASSD Eq. 23 context bigram model",
+    )
+    cg.add_argument(
+        "--gate",
+        default=None,
+        help="speculative methods: verify drafts only while their expected accepted "
+        "length pays for the verification pass: off (default), auto (the pass "
+        "cost measured on the CPU; off on GPU/TPU) or the pass cost in "
+        "one-token steps (lossless either way)",
+    )
+    cg.add_argument(
+        "--mask-groups",
+        type=int,
+        default=None,
+        help="space: k, candidates per step = [MASK] tokens per group (default 5)",
+    )
+    cg.add_argument(
+        "--space-sampling",
+        choices=("exact", "paper"),
+        default=None,
+        help="space: 'exact' (default) resamples the residual (lossless); 'paper' "
+        "draws the extra token from p as Algorithm 1 line 18 does (approximate)",
+    )
+    cg.add_argument(
+        "--k-min",
+        type=int,
+        default=None,
+        help="diffuspec: ADL's shortest draft (default 20; --draft-length is k_max)",
+    )
+    cg.add_argument(
+        "--refine-steps",
+        type=int,
+        default=None,
+        help="diffuspec / specdiff: drafter refinement steps S per draft (default 1)",
+    )
+    cg.add_argument(
+        "--no-cps",
+        dest="cps",
+        action="store_const",
+        const=False,
+        default=None,
+        help="diffuspec: argmax drafts instead of the CPS path search (Table 2 ablation)",
+    )
+    cg.add_argument(
+        "--no-adl",
+        dest="adl",
+        action="store_const",
+        const=False,
+        default=None,
+        help="diffuspec: fixed draft length k_max instead of ADL (Table 2 ablation)",
+    )
+    cg.add_argument(
+        "--drafter-cache",
+        choices=("none", "prefix"),
+        default=None,
+        help="diffuspec / specdiff: 'prefix' keeps the drafter's context keys / values "
+        "(Fast-dLLM prefix cache; drafts change, output does not); same "
+        "vocabulary only (default none)",
+    )
     dg = ap.add_argument_group("masked-diffusion methods")
     dg.add_argument("--gen-length", type=int, default=None, help="generated positions (default 64)")
-    dg.add_argument("--block-length", type=int, default=None,
-                    help="semi-autoregressive block size (default 8)")
-    dg.add_argument("--steps", type=int, default=None,
-                    help="stepwise / spiffy: steps (default: gen length, one token per step)")
-    dg.add_argument("--remasking", default=None,
-                    help="low_confidence (default), random, origin, maskgit_plus, topk_margin "
-                         "or entropy")
-    dg.add_argument("--tokens-per-step", type=int, default=None,
-                    help="fixed-k (and spiffy over fixed-k): K tokens per step")
-    dg.add_argument("--threshold", type=float, default=None,
-                    help="threshold (and spiffy over threshold): unmask every position with "
-                         "confidence >= T, T in (0, 1] (at least one per step)")
-    dg.add_argument("--cache", choices=("none", "prefix", "dual", "content"), default=None,
-                    help="masked diffusion: Fast-dLLM KV cache none (default) | prefix | dual "
-                         "(approximate; --compare uses the same policy); AS-ARM: none | content "
-                         "(the content-stream cache)")
-    dg.add_argument("--tree", choices=("chain", "mix-order"), default=None,
-                    help="ssd verification tree: greedy chain (default, N+1 nodes) or "
-                         "mix-order (2N)")
-    dg.add_argument("--graph", default=None,
-                    help=f"spiffy draft graph JSON (default {DEFAULT_GRAPH}, pruned to the block)")
-    dg.add_argument("--alg-temp", type=float, default=None,
-                    help="Dream's alg_temp: sample the unmasked positions from "
-                         "softmax(confidence / alg_temp) (default 0: most confident first)")
-    dg.add_argument("--confidence-softmax", choices=("official", "renormalized"), default=None,
-                    help="official (default): the [MASK] logit stays in the confidence softmax "
-                         "(LLaDA, Fast-dLLM, Dream); renormalized: it is dropped "
-                         "(p / (1 - p_mask))")
+    dg.add_argument(
+        "--block-length", type=int, default=None, help="semi-autoregressive block size (default 8)"
+    )
+    dg.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="stepwise / spiffy: steps (default: gen length, one token per step)",
+    )
+    dg.add_argument(
+        "--remasking",
+        default=None,
+        help="low_confidence (default), random, origin, maskgit_plus, topk_margin or entropy",
+    )
+    dg.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=None,
+        help="fixed-k (and spiffy over fixed-k): K tokens per step",
+    )
+    dg.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="threshold (and spiffy over threshold): unmask every position with "
+        "confidence >= T, T in (0, 1] (at least one per step)",
+    )
+    dg.add_argument(
+        "--cache",
+        choices=("none", "prefix", "dual", "content"),
+        default=None,
+        help="masked diffusion: Fast-dLLM KV cache none (default) | prefix | dual "
+        "(approximate; --compare uses the same policy); AS-ARM: none | content "
+        "(the content-stream cache)",
+    )
+    dg.add_argument(
+        "--tree",
+        choices=("chain", "mix-order"),
+        default=None,
+        help="ssd verification tree: greedy chain (default, N+1 nodes) or mix-order (2N)",
+    )
+    dg.add_argument(
+        "--graph",
+        default=None,
+        help=f"spiffy draft graph JSON (default {DEFAULT_GRAPH}, pruned to the block)",
+    )
+    dg.add_argument(
+        "--alg-temp",
+        type=float,
+        default=None,
+        help="Dream's alg_temp: sample the unmasked positions from "
+        "softmax(confidence / alg_temp) (default 0: most confident first)",
+    )
+    dg.add_argument(
+        "--confidence-softmax",
+        choices=("official", "renormalized"),
+        default=None,
+        help="official (default): the [MASK] logit stays in the confidence softmax "
+        "(LLaDA, Fast-dLLM, Dream); renormalized: it is dropped "
+        "(p / (1 - p_mask))",
+    )
     ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
-    ag.add_argument("--infill", default=None,
-                    help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded")
-    ag.add_argument("--epsilon", type=float, default=None,
-                    help="ASSD acceptance tolerance (Appendix F.5; > 0 is NOT lossless; needs "
-                         "--temperature > 0)")
-    ag.add_argument("--suppress-unk", dest="suppress", action="store_const", const=True,
-                    default=None,
-                    help="never generate the AS-ARM's UNK id (the --compare reference "
-                         "suppresses it too)")
+    ag.add_argument(
+        "--infill", default=None, help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded"
+    )
+    ag.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="ASSD acceptance tolerance (Appendix F.5; > 0 is NOT lossless; needs "
+        "--temperature > 0)",
+    )
+    ag.add_argument(
+        "--suppress-unk",
+        dest="suppress",
+        action="store_const",
+        const=True,
+        default=None,
+        help="never generate the AS-ARM's UNK id (the --compare reference suppresses it too)",
+    )
     return ap
 
 
@@ -188,8 +336,10 @@ def _utf8(what: str, text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid UTF-8 (byte {ord(text[e.start]) & 0xFF:#04x} at "
-                         f"character {e.start})") from None
+        raise ValueError(
+            f"{what} is not valid UTF-8 (byte {ord(text[e.start]) & 0xFF:#04x} at "
+            f"character {e.start})"
+        ) from None
 
 
 def _check_command(args) -> None:
@@ -223,8 +373,10 @@ def _family(args) -> tuple[str, str]:
         return "asarm", repr(args.model)
     preset = get_preset(args.model)
     if preset.format == "hf_dir" and not args.weights:
-        raise PresetError(f"model {args.model!r} needs --weights PATH (an HF directory, jaxspec "
-                          "checkpoint or GGUF file)")
+        raise PresetError(
+            f"model {args.model!r} needs --weights PATH (an HF directory, jaxspec "
+            "checkpoint or GGUF file)"
+        )
     who = repr(args.weights if preset.format == "hf_dir" else preset.name)
     return family_of(preset, args.weights), who
 
@@ -240,19 +392,26 @@ def choose_method(args, family: str, who: str, options: dict):
     if method.family != family:
         infill = " with --infill TEMPLATE" if family == "asarm" else ""
         word = FAMILY_WORDS[method.family]
-        raise ValueError(f"method {method.name!r} needs {'an' if word[0] in 'aeiou' else 'a'} "
-                         f"{word} model, but {who} is {FAMILY_WORDS[family]}; use --method "
-                         f"{fits}{infill}")
+        raise ValueError(
+            f"method {method.name!r} needs {'an' if word[0] in 'aeiou' else 'a'} "
+            f"{word} model, but {who} is {FAMILY_WORDS[family]}; use --method "
+            f"{fits}{infill}"
+        )
     if family == "asarm" and args.infill is None:
-        raise ValueError(f"{who} is an {FAMILY_WORDS[family]} model: give a template with "
-                         f"--infill (methods {fits}); method {method.name!r} infills a template "
-                         "with <mask:N> spans: pass --infill TEXT")
+        raise ValueError(
+            f"{who} is an {FAMILY_WORDS[family]} model: give a template with "
+            f"--infill (methods {fits}); method {method.name!r} infills a template "
+            "with <mask:N> spans: pass --infill TEXT"
+        )
     if family != "asarm" and args.infill is not None:
-        raise ValueError(f"--infill needs an {FAMILY_WORDS['asarm']} model, but {who} is "
-                         f"{FAMILY_WORDS[family]}")
+        raise ValueError(
+            f"--infill needs an {FAMILY_WORDS['asarm']} model, but {who} is {FAMILY_WORDS[family]}"
+        )
     if family == "asarm" and args.quant != "none":
-        raise ValueError(f"--quant {args.quant} applies to Llama / Qwen2-layout models (causal "
-                         "and masked-diffusion), not to AS-ARM infilling")
+        raise ValueError(
+            f"--quant {args.quant} applies to Llama / Qwen2-layout models (causal "
+            "and masked-diffusion), not to AS-ARM infilling"
+        )
     return method
 
 
@@ -270,17 +429,23 @@ def check_needs(args, method) -> None:
         words = FAMILY_WORDS[needs.draft_family]
         if not args.draft_name:
             vocab = " with the target's tokenizer" if needs.same_vocabulary else ""
-            raise ValueError(f"method {method.name!r} needs --draft-model NAME (a {words} "
-                             f"model{vocab}, e.g. {needs.example})")
+            raise ValueError(
+                f"method {method.name!r} needs --draft-model NAME (a {words} "
+                f"model{vocab}, e.g. {needs.example})"
+            )
         dfam = family_of(get_preset(args.draft_name), args.draft_weights)
         if dfam != needs.draft_family:
-            raise ValueError(f"--draft-model {args.draft_name!r} is not a {words} model "
-                             f"(method {method.name!r} needs one)")
+            raise ValueError(
+                f"--draft-model {args.draft_name!r} is not a {words} model "
+                f"(method {method.name!r} needs one)"
+            )
     if needs.mask_token and is_preset(args.model):
         preset = get_preset(args.model)
         if preset.format != "hf_dir" and preset.mask_token_id is None:
-            raise ValueError(f"method {method.name!r} needs a SAR-SFT model with a [MASK] token "
-                             f"(e.g. --model {needs.example}); {args.model!r} has none")
+            raise ValueError(
+                f"method {method.name!r} needs a SAR-SFT model with a [MASK] token "
+                f"(e.g. --model {needs.example}); {args.model!r} has none"
+            )
 
 
 def plan(args):
@@ -322,15 +487,18 @@ def _draft_fields(args, method, tok) -> dict:
     from models.llama.layout import decode_layout_in_place
     from models.registry import load_model
 
-    dmodel, dparams, dtok, _ = load_model(args.draft_name, args.draft_weights,
-                                          dtype=args.dtype, mesh=_mesh(args), quant=args.quant)
+    dmodel, dparams, dtok, _ = load_model(
+        args.draft_name, args.draft_weights, dtype=args.dtype, mesh=_mesh(args), quant=args.quant
+    )
     # one copy on a GPU; a causal draft model drafts in one-token steps: the AR layout
     causal = method.needs.draft_family == "causal"
     dparams = decode_layout_in_place(dparams, output_major=causal)
     if method.needs.same_vocabulary and not tok.same_vocabulary(dtok):
-        raise ValueError(f"draft model {args.draft_name!r} has a different tokenizer than the "
-                         f"target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} ids): "
-                         f"{method.name} needs the same vocabulary")
+        raise ValueError(
+            f"draft model {args.draft_name!r} has a different tokenizer than the "
+            f"target {args.model!r} ({dtok.vocab_size} vs {tok.vocab_size} ids): "
+            f"{method.name} needs the same vocabulary"
+        )
     if causal:
         return {method.needs.draft_field: (dmodel, dparams)}
     from jaxspec.bench.diffuspec import diffuspec_drafter_options
@@ -343,9 +511,11 @@ def _texts(args, tok):
     from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
 
     if args.prompt:
-        return [tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
-                for p in args.prompt]
-    probs = humaneval_problems()[args.start:args.start + args.limit]
+        return [
+            tok.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p
+            for p in args.prompt
+        ]
+    probs = humaneval_problems()[args.start : args.start + args.limit]
     if not probs:
         raise ValueError(f"--start {args.start} is past the last HumanEval problem")
     return [humaneval_prompt(p, tok, args.chat) for p in probs]
@@ -362,8 +532,9 @@ def load(args, method, options, family):
     from models.llama.layout import decode_layout_in_place
     from models.registry import load_model
 
-    model, params, tok, _ = load_model(args.model, args.weights, dtype=args.dtype,
-                                       mesh=_mesh(args), quant=args.quant)
+    model, params, tok, _ = load_model(
+        args.model, args.weights, dtype=args.dtype, mesh=_mesh(args), quant=args.quant
+    )
     # on a GPU the decoders' unrolled layer loop reads per-layer weights: split them once, in
     # place; AR (the causal reference) runs fastest on output-major matrices, the other
     # decoders read the stored layout unless an output-major verification layout is asked for
@@ -394,8 +565,15 @@ def _with_plan(config, model, params, batch: int):
 
     from jaxspec.causal.decode import decode_plan
 
-    plan = decode_plan(model, params, config.drafter(model.config), config.drafter_params(),
-                       batch=batch, gate=config.gate_cost, **chosen)
+    plan = decode_plan(
+        model,
+        params,
+        config.drafter(model.config),
+        config.drafter_params(),
+        batch=batch,
+        gate=config.gate_cost,
+        **chosen,
+    )
     return dataclasses.replace(config, plan=plan)
 
 
@@ -422,8 +600,7 @@ def _lines(config, label, res, tok) -> list[str]:
         from jaxspec.eval.metrics import mean_degeneracy
 
         d = mean_degeneracy(res.tokens)
-        lines[0] += (f" distinct={d['distinct_token_share']:.2f} "
-                     f"rep4={d['repeated_ngram_rate']:.2f}")
+        lines[0] += f" distinct={d['distinct_token_share']:.2f} rep4={d['repeated_ngram_rate']:.2f}"
     return lines
 
 
@@ -447,8 +624,11 @@ def main(argv=None) -> int:
         res = run(method, model, params, inputs, config, **kw)
         ref_method, ref_cfg = reference_of(method, config) if args.compare else (None, None)
         same_run = ref_method is method and ref_cfg == config
-        ref = (run(ref_method, model, params, inputs, ref_cfg, **kw)
-               if args.compare and not same_run else None)
+        ref = (
+            run(ref_method, model, params, inputs, ref_cfg, **kw)
+            if args.compare and not same_run
+            else None
+        )
     except (PresetError, WeightFileError, DecodeInputError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -471,8 +651,11 @@ def main(argv=None) -> int:
     greedy = config.sampling.greedy
     what = "identical" if same else "DIFFERENT"
     if not greedy and not config.replays_samples:
-        what += (" (sampling: only the distribution is guaranteed equal, not the tokens)"
-                 if not same else " (sampling: the distribution is what is guaranteed equal)")
+        what += (
+            " (sampling: only the distribution is guaranteed equal, not the tokens)"
+            if not same
+            else " (sampling: the distribution is what is guaranteed equal)"
+        )
     elif not same and not config.lossless:
         what += f" ({method.name} is not lossless against {ref_method.name})"
     print(compare_line(name, f"{ref_method.name} {ref_cfg.describe()}".strip(), res, ref, what))

@@ -33,13 +33,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="output directory (default: cache/runs/NAME)")
     ap.add_argument("--steps", type=int, default=None, help="override train.steps")
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    ap.add_argument("--stop-after", type=int, default=None,
-                    help="stop after this many steps (the schedule still spans train.steps)")
-    ap.add_argument("--max-minutes", type=float, default=None,
-                    help="wall-clock budget: stop cleanly (checkpoint, delta) at the first step "
-                         "past it; --resume continues the same schedule")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override any config value (repeatable; VALUE parsed as YAML)")
+    ap.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop after this many steps (the schedule still spans train.steps)",
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="wall-clock budget: stop cleanly (checkpoint, delta) at the first step "
+        "past it; --resume continues the same schedule",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any config value (repeatable; VALUE parsed as YAML)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compile_cache_flag(ap)
     return ap
@@ -47,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.training.data import DataError
     from jaxspec.training.config import TrainConfigError, load_config
+    from jaxspec.training.data import DataError
     from jaxspec.training.loop import train
     from models.registry import PresetError
     from scripts.common import setup_compile_cache
@@ -63,11 +76,17 @@ def main(argv=None) -> int:
         if args.stop_after is not None and args.stop_after < 1:
             raise TrainConfigError(f"--stop-after must be >= 1, got {args.stop_after}")
         if args.max_minutes is not None and not 0 < args.max_minutes < float("inf"):
-            raise TrainConfigError(f"--max-minutes must be a finite value > 0, got "
-                                   f"{args.max_minutes}")
+            raise TrainConfigError(
+                f"--max-minutes must be a finite value > 0, got {args.max_minutes}"
+            )
         cfg = load_config(args.config, overrides)
-        out = Path(args.out) if args.out else Path(
-            os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec")) / "runs" / cfg.name
+        out = (
+            Path(args.out)
+            if args.out
+            else Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
+            / "runs"
+            / cfg.name
+        )
         if out.exists() and not out.is_dir():
             raise TrainConfigError(f"--out {out} is a file, not a directory")
         try:
@@ -75,20 +94,30 @@ def main(argv=None) -> int:
         except OSError as e:
             raise TrainConfigError(f"--out {out}: cannot create it ({e.strerror or e})") from None
         setup_compile_cache(args)
-        res = train(cfg, out, resume=args.resume, stop_after=args.stop_after,
-                    max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
-                    progress=not args.no_progress)
+        res = train(
+            cfg,
+            out,
+            resume=args.resume,
+            stop_after=args.stop_after,
+            max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
+            progress=not args.no_progress,
+        )
     except (TrainConfigError, DataError, PresetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     times = res["step_times"]
     steady = times[1:] if len(times) > 1 else times
     sps = sum(steady) / len(steady) if steady else float("nan")
-    summary = {"out": str(out), "step": res["step"], "stopped_early": res["stopped_early"],
-               "wall_s": round(res["wall_s"], 2),
-               "first_step_s (compile)": round(times[0], 2) if times else None,
-               "sec_per_step": round(sps, 3), "tokens_per_step": res["tokens_per_step"],
-               "tokens_per_sec": round(res["tokens_per_step"] / sps, 1) if steady else None}
+    summary = {
+        "out": str(out),
+        "step": res["step"],
+        "stopped_early": res["stopped_early"],
+        "wall_s": round(res["wall_s"], 2),
+        "first_step_s (compile)": round(times[0], 2) if times else None,
+        "sec_per_step": round(sps, 3),
+        "tokens_per_step": res["tokens_per_step"],
+        "tokens_per_sec": round(res["tokens_per_step"] / sps, 1) if steady else None,
+    }
     if "delta_bytes" in res:
         summary["delta_bytes"] = res["delta_bytes"]
     print(json.dumps(summary))

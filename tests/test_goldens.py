@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -31,17 +31,21 @@ GOLDEN_DIR = Path(__file__).resolve().parent / "goldens"
 
 def _stats_record(stats) -> dict:
     rec = {
-        "method": stats.method, "reference": stats.reference,
+        "method": stats.method,
+        "reference": stats.reference,
         "target_nfe": np.asarray(stats.target_nfe).tolist(),
         "draft_nfe": np.asarray(stats.draft_nfe).tolist(),
         "steps": np.asarray(stats.steps).tolist(),
         "accept_hist": np.asarray(stats.accept_hist).tolist(),
         "new_tokens": np.asarray(stats.new_tokens).tolist(),
         "draft_length": int(stats.draft_length),
-        "drafts_proposed": (None if stats.drafts_proposed is None
-                            else np.asarray(stats.drafts_proposed).tolist()),
-        "extra": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                  for k, v in sorted(stats.extra.items())},
+        "drafts_proposed": (
+            None if stats.drafts_proposed is None else np.asarray(stats.drafts_proposed).tolist()
+        ),
+        "extra": {
+            k: (v.tolist() if isinstance(v, np.ndarray) else v)
+            for k, v in sorted(stats.extra.items())
+        },
     }
     accepted = getattr(stats, "accepted", None)
     if accepted is not None:
@@ -62,18 +66,31 @@ def run_causal(model, params, prompts, kw: dict) -> dict:
     V = model.config.vocab_size
     drafter = None
     if kw.get("draft_length"):
-        drafter = NgramDrafter(draft_length=kw["draft_length"], vocab_size=V,
-                               bigram_fallback=kw.get("bigram_fallback", True))
-    r = generate(model, params, prompts, max_new_tokens=kw["max_new_tokens"],
-                 sampling=_sampling(kw), drafter=drafter, seed=kw.get("seed", 0),
-                 eos_ids=kw.get("eos_ids", ()))
+        drafter = NgramDrafter(
+            draft_length=kw["draft_length"],
+            vocab_size=V,
+            bigram_fallback=kw.get("bigram_fallback", True),
+        )
+    r = generate(
+        model,
+        params,
+        prompts,
+        max_new_tokens=kw["max_new_tokens"],
+        sampling=_sampling(kw),
+        drafter=drafter,
+        seed=kw.get("seed", 0),
+        eos_ids=kw.get("eos_ids", ()),
+    )
     return {"tokens": r.tokens, "stats": _stats_record(r.stats)}
 
 
 def _diffusion_record(r) -> dict:
-    return {"tokens": r.tokens, "full_tokens": np.asarray(r.full_tokens).tolist(),
-            "transfer_step": np.asarray(r.transfer_step).tolist(),
-            "stats": _stats_record(r.stats)}
+    return {
+        "tokens": r.tokens,
+        "full_tokens": np.asarray(r.full_tokens).tolist(),
+        "transfer_step": np.asarray(r.transfer_step).tolist(),
+        "stats": _stats_record(r.stats),
+    }
 
 
 def _decode_config(kw: dict):
@@ -85,41 +102,74 @@ def _decode_config(kw: dict):
 def run_dllm(model, params, prompts, kw: dict, seed: int, eos_ids=()) -> dict:
     from jaxspec.dllm.decode import diffusion_generate
 
-    return _diffusion_record(diffusion_generate(model, params, prompts, _decode_config(kw),
-                                                seed=seed, eos_ids=eos_ids))
+    return _diffusion_record(
+        diffusion_generate(model, params, prompts, _decode_config(kw), seed=seed, eos_ids=eos_ids)
+    )
 
 
 def run_ssd(model, params, prompts, kw: dict, n: int, tree: str, seed: int, eos_ids=()) -> dict:
     from jaxspec.dllm.ssd import SSDConfig, ssd_generate
 
-    return _diffusion_record(ssd_generate(model, params, prompts,
-                                          SSDConfig(_decode_config(kw), n, tree), seed=seed,
-                                          eos_ids=eos_ids))
+    return _diffusion_record(
+        ssd_generate(
+            model,
+            params,
+            prompts,
+            SSDConfig(_decode_config(kw), n, tree),
+            seed=seed,
+            eos_ids=eos_ids,
+        )
+    )
 
 
 def run_spiffy(model, params, prompts, kw: dict, graph, seed: int, eos_ids=()) -> dict:
     from jaxspec.dllm.spiffy import SpiffyConfig, spiffy_generate
 
-    return _diffusion_record(spiffy_generate(model, params, prompts,
-                                             SpiffyConfig(_decode_config(kw), graph), seed=seed,
-                                             eos_ids=eos_ids))
+    return _diffusion_record(
+        spiffy_generate(
+            model,
+            params,
+            prompts,
+            SpiffyConfig(_decode_config(kw), graph),
+            seed=seed,
+            eos_ids=eos_ids,
+        )
+    )
 
 
 def run_assd(model, params, tokens, masked, kw: dict) -> dict:
     from jaxspec.asarm.assd import assd_generate
 
-    r = assd_generate(model, params, tokens, masked, method=kw["method"], k=kw.get("k", 5),
-                      sampling=_sampling(kw), seed=kw.get("seed", 0))
-    return {"sequences": [np.asarray(s).tolist() for s in r.sequences],
-            "stats": _stats_record(r.stats)}
+    r = assd_generate(
+        model,
+        params,
+        tokens,
+        masked,
+        method=kw["method"],
+        k=kw.get("k", 5),
+        sampling=_sampling(kw),
+        seed=kw.get("seed", 0),
+    )
+    return {
+        "sequences": [np.asarray(s).tolist() for s in r.sequences],
+        "stats": _stats_record(r.stats),
+    }
 
 
 def _tiny_graph():
     from jaxspec.dllm.spiffy import DraftGraph
 
-    return DraftGraph((((1, 1),), ((1, 2),), ((1, 1), (2, 1)), ((1, 1), (2, 2)),
-                       ((1, 2), (2, 1)), ((1, 1), (2, 1), (3, 1)),
-                       ((1, 1), (2, 1), (3, 1), (4, 1))))
+    return DraftGraph(
+        (
+            ((1, 1),),
+            ((1, 2),),
+            ((1, 1), (2, 1)),
+            ((1, 1), (2, 2)),
+            ((1, 2), (2, 1)),
+            ((1, 1), (2, 1), (3, 1)),
+            ((1, 1), (2, 1), (3, 1), (4, 1)),
+        )
+    )
 
 
 def _committed_graph(D: int):
@@ -139,15 +189,27 @@ def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2
         model, params = tiny_model(64, seed=0, mask_token_id=63)  # a [MASK] for space
         # draft models for the methods that take one (sps: causal; diffuspec, specdiff: a
         # diffusion LM); the others ignore them
-        return model, params, [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]], \
-            dict(max_new_tokens=max_new_tokens, draft_length=4,
-                 draft_model=tiny_model(64, seed=1),
-                 dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
-                 k_min=2, eos_id=7)
+        return (
+            model,
+            params,
+            [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7, 5, 6, 7, 5]],
+            dict(
+                max_new_tokens=max_new_tokens,
+                draft_length=4,
+                draft_model=tiny_model(64, seed=1),
+                dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
+                k_min=2,
+                eos_id=7,
+            ),
+        )
     if family == "dllm":
         model, params = tiny_diffusion_model("llada")
-        return model, params, [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]], \
-            dict(gen_length=16, block_length=8, draft_length=3)
+        return (
+            model,
+            params,
+            [[5, 6, 7, 8, 9, 10, 11], [3, 1, 4]],
+            dict(gen_length=16, block_length=8, draft_length=3),
+        )
     model, params = tiny_xlnet(11, 1, n_head=xlnet_heads)
     rng = np.random.default_rng(3)
     tasks = []
@@ -165,13 +227,18 @@ def run_registered(name: str, temperature: float, seed: int = 3) -> dict:
 
     method = get_method(name)
     model, params, inputs, opts = family_inputs(method.family)
-    opts = dict(opts, temperature=temperature, top_k=20 if temperature else 0,
-                top_p=0.9 if temperature else 1.0)
+    opts = dict(
+        opts,
+        temperature=temperature,
+        top_k=20 if temperature else 0,
+        top_p=0.9 if temperature else 1.0,
+    )
     r = run(method, model, params, inputs, method.configure(opts, strict=False), seed=seed)
     return {"tokens": r.tokens, "stats": _stats_record(r.stats)}
 
 
 # ----------------------------------------------------------------------------- tiny cases
+
 
 def _tiny_causal():
     from jaxspec.testing.tiny import tiny_model
@@ -209,10 +276,11 @@ def tiny_cases(factors: dict | None = None) -> dict:
         "ngram-greedy": dict(max_new_tokens=24, draft_length=4),
         "ngram-sampled": dict(max_new_tokens=24, draft_length=3, seed=2, **samp),
         "ngram-nofallback": dict(max_new_tokens=24, draft_length=5, bigram_fallback=False),
-        "ngram-nofallback-sampled": dict(max_new_tokens=20, draft_length=2,
-                                         bigram_fallback=False, seed=4, temperature=1.0),
+        "ngram-nofallback-sampled": dict(
+            max_new_tokens=20, draft_length=2, bigram_fallback=False, seed=4, temperature=1.0
+        ),
     }.items():
-        cases[f"causal/{name}"] = (lambda kw=kw: run_causal(*_tiny_causal(), CAUSAL_PROMPTS, kw))
+        cases[f"causal/{name}"] = lambda kw=kw: run_causal(*_tiny_causal(), CAUSAL_PROMPTS, kw)
 
     rules = {"stepwise": {}, "fixed2": dict(tokens_per_step=2), "threshold": dict(threshold=0.3)}
     for head in ("llada", "dream"):
@@ -223,8 +291,9 @@ def tiny_cases(factors: dict | None = None) -> dict:
                         continue
                     kw = dict(gen_length=16, block_length=8, steps=16, cache=cache, **rkw, **mkw)
                     name = f"dllm/{head}-{rule}-{cache}-{mode}"
-                    cases[name] = (
-                        lambda head=head, kw=kw: run_dllm(*_tiny_dllm(head), DLLM_PROMPTS, kw, 3))
+                    cases[name] = lambda head=head, kw=kw: run_dllm(
+                        *_tiny_dllm(head), DLLM_PROMPTS, kw, 3
+                    )
                     factors[name] = dict(head=head, rule=rule, cache=cache, mode=mode)
     for name, kw in {
         "entropy-dream": dict(remasking="entropy", schedule="dream"),
@@ -238,8 +307,9 @@ def tiny_cases(factors: dict | None = None) -> dict:
     }.items():
         kw = dict(gen_length=16, block_length=8, steps=16, **kw)
         eos = (12, 30) if "eos" in name else ()
-        cases[f"dllm/rule-{name}"] = (lambda kw=kw, eos=eos: run_dllm(
-            *_tiny_dllm("dream"), DLLM_PROMPTS, kw, 5, eos))
+        cases[f"dllm/rule-{name}"] = lambda kw=kw, eos=eos: run_dllm(
+            *_tiny_dllm("dream"), DLLM_PROMPTS, kw, 5, eos
+        )
 
     for head in ("llada", "dream"):
         for tree in ("chain", "mix-order"):
@@ -247,9 +317,9 @@ def tiny_cases(factors: dict | None = None) -> dict:
                 for mode, mkw in (("greedy", {}), ("sampled", dict(temperature=0.8))):
                     kw = dict(gen_length=16, block_length=8, steps=16, cache=cache, **mkw)
                     name = f"ssd/{head}-{tree}-{cache}-{mode}"
-                    cases[name] = (
-                        lambda head=head, kw=kw, tree=tree: run_ssd(
-                            *_tiny_dllm(head), DLLM_PROMPTS, kw, 3, tree, 3))
+                    cases[name] = lambda head=head, kw=kw, tree=tree: run_ssd(
+                        *_tiny_dllm(head), DLLM_PROMPTS, kw, 3, tree, 3
+                    )
                     factors[name] = dict(head=head, tree=tree, cache=cache, mode=mode)
     for head in ("llada", "dream"):
         for rule, rkw in rules.items():
@@ -257,9 +327,9 @@ def tiny_cases(factors: dict | None = None) -> dict:
                 for mode, mkw in (("greedy", {}), ("sampled", dict(temperature=0.8))):
                     kw = dict(gen_length=16, block_length=8, steps=16, cache=cache, **rkw, **mkw)
                     name = f"spiffy/{head}-{rule}-{cache}-{mode}"
-                    cases[name] = (
-                        lambda head=head, kw=kw: run_spiffy(
-                            *_tiny_dllm(head), DLLM_PROMPTS, kw, _tiny_graph(), 3))
+                    cases[name] = lambda head=head, kw=kw: run_spiffy(
+                        *_tiny_dllm(head), DLLM_PROMPTS, kw, _tiny_graph(), 3
+                    )
                     factors[name] = dict(head=head, rule=rule, cache=cache, mode=mode)
 
     rng = np.random.default_rng(7)
@@ -271,15 +341,19 @@ def tiny_cases(factors: dict | None = None) -> dict:
         toks.append(rng.integers(0, 11, n).tolist())
         masks.append(m.tolist())
     for method in ("sequential", "assd", "assd-ngram", "assd-fused", "assd-fused-ngram"):
-        for mode, mkw in (("greedy", {}), ("sampled", dict(temperature=1.0, seed=5)),
-                          ("topk-topp", dict(temperature=0.7, top_k=6, top_p=0.9, seed=6))):
+        for mode, mkw in (
+            ("greedy", {}),
+            ("sampled", dict(temperature=1.0, seed=5)),
+            ("topk-topp", dict(temperature=0.7, top_k=6, top_p=0.9, seed=6)),
+        ):
             kw = dict(method=method, k=3, **mkw)
-            cases[f"assd/{method}-{mode}"] = (lambda kw=kw: run_assd(*_tiny_xlnet(), toks, masks, kw))
+            cases[f"assd/{method}-{mode}"] = lambda kw=kw: run_assd(*_tiny_xlnet(), toks, masks, kw)
     # the causal methods with a draft model (no per-family case above), through the registry
     for method in ("sps", "space", "diffuspec", "specdiff"):
         for mode, temp in (("greedy", 0.0), ("sampled", 0.9)):
-            cases[f"registry/{method}-{mode}"] = (
-                lambda method=method, temp=temp: run_registered(method, temp))
+            cases[f"registry/{method}-{mode}"] = lambda method=method, temp=temp: run_registered(
+                method, temp
+            )
     return cases
 
 
@@ -302,8 +376,12 @@ def real_cases() -> dict:
 
     def causal(kw):
         model, params, tok, _ = _real("smollm2-135m-instruct")
-        return run_causal(model, params, [tok.encode(t) for t in texts],
-                          dict(eos_ids=tuple(tok.eos_token_ids), **kw))
+        return run_causal(
+            model,
+            params,
+            [tok.encode(t) for t in texts],
+            dict(eos_ids=tuple(tok.eos_token_ids), **kw),
+        )
 
     # the CPU's default decode layout (the test suite runs scan; tests/conftest.py)
     def unrolled(kw):
@@ -312,8 +390,9 @@ def real_cases() -> dict:
 
     cases["smollm2/ar-greedy"] = lambda: unrolled(dict(max_new_tokens=32))
     cases["smollm2/ngram-greedy"] = lambda: causal(dict(max_new_tokens=32, draft_length=6))
-    cases["smollm2/ngram-sampled"] = lambda: causal(dict(max_new_tokens=24, draft_length=4,
-                                                         temperature=0.7, top_p=0.95, seed=3))
+    cases["smollm2/ngram-sampled"] = lambda: causal(
+        dict(max_new_tokens=24, draft_length=4, temperature=0.7, top_p=0.95, seed=3)
+    )
 
     def dream(fn, **kw):
         # pinned to v1: the goldens guard the decoders, not the default preset's weights
@@ -322,15 +401,19 @@ def real_cases() -> dict:
 
     base = dict(gen_length=32, block_length=8, steps=32)
     cases["dream/stepwise-none"] = lambda: dream(run_dllm, kw=dict(base), seed=0)
-    cases["dream/threshold-dual"] = lambda: dream(run_dllm, kw=dict(base, threshold=0.9,
-                                                                    cache="dual"), seed=0)
+    cases["dream/threshold-dual"] = lambda: dream(
+        run_dllm, kw=dict(base, threshold=0.9, cache="dual"), seed=0
+    )
     cases["dream/fixed2-prefix-sampled"] = lambda: dream(
-        run_dllm, kw=dict(base, tokens_per_step=2, cache="prefix", temperature=0.7), seed=1)
-    cases["dream/ssd-chain-dual"] = lambda: dream(run_ssd, kw=dict(base, cache="dual"), n=4,
-                                                  tree="chain", seed=0)
+        run_dllm, kw=dict(base, tokens_per_step=2, cache="prefix", temperature=0.7), seed=1
+    )
+    cases["dream/ssd-chain-dual"] = lambda: dream(
+        run_ssd, kw=dict(base, cache="dual"), n=4, tree="chain", seed=0
+    )
     g32 = dict(gen_length=32, block_length=32, steps=32)
     cases["dream/spiffy-D5-stepwise-dual"] = lambda: dream(
-        run_spiffy, kw=dict(g32, cache="dual"), graph=_committed_graph(5), seed=0)
+        run_spiffy, kw=dict(g32, cache="dual"), graph=_committed_graph(5), seed=0
+    )
 
     def asarm(kw):
         model, params, m, _ = _real("asarm-small")
@@ -343,13 +426,15 @@ def real_cases() -> dict:
         return run_assd(model, params, [ids], [masked], kw)
 
     for method in ("sequential", "assd", "assd-ngram", "assd-fused"):
-        cases[f"asarm/{method}-sampled"] = (lambda method=method: asarm(
-            dict(method=method, k=5, temperature=1.0, seed=1)))
+        cases[f"asarm/{method}-sampled"] = lambda method=method: asarm(
+            dict(method=method, k=5, temperature=1.0, seed=1)
+        )
     cases["asarm/assd-greedy"] = lambda: asarm(dict(method="assd", k=5))
     return cases
 
 
 # ----------------------------------------------------------------------------- the test
+
 
 def _load(kind: str) -> dict:
     path = GOLDEN_DIR / f"{kind}.json"
@@ -373,16 +458,19 @@ def covered_cases() -> set:
     24 -> 7 cases). ``make test-all`` runs the whole product (the others are marked slow)."""
     keep = set(_TINY) - set(_FACTORS)
     for family in {n.split("/")[0] for n in _FACTORS}:
-        keep |= set(pairwise_cover({n: f for n, f in _FACTORS.items()
-                                    if n.startswith(family + "/")}))
+        keep |= set(
+            pairwise_cover({n: f for n, f in _FACTORS.items() if n.startswith(family + "/")})
+        )
     return keep
 
 
 _COVERED = covered_cases()
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=() if n in _COVERED else pytest.mark.slow) for n in sorted(_TINY)])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if n in _COVERED else pytest.mark.slow) for n in sorted(_TINY)],
+)
 def test_tiny_golden(name):
     want = _load("tiny")[name]
     got = _jsonable(_TINY[name]())
@@ -405,12 +493,21 @@ def test_covered_subset_keeps_every_option_pair():
 # the real Spiffy golden (90 s, mostly compiling the draft-graph loop) and the two sampled real
 # goldens of n-gram and fixed-2 / prefix (about 120 s) run in make test-all; make test keeps the
 # tiny goldens (sampled ones included) and the greedy real goldens of the same models
-_SLOW_REAL = ("dream/spiffy-D5-stepwise-dual", "smollm2/ngram-sampled", "dream/fixed2-prefix-sampled")
+_SLOW_REAL = (
+    "dream/spiffy-D5-stepwise-dual",
+    "smollm2/ngram-sampled",
+    "dream/fixed2-prefix-sampled",
+)
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("name", [n if n not in _SLOW_REAL else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in sorted(real_cases())])
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n not in _SLOW_REAL else pytest.param(n, marks=pytest.mark.slow)
+        for n in sorted(real_cases())
+    ],
+)
 def test_real_golden(name, smollm2_gguf):
     want = _load("real")[name]
     got = _jsonable(real_cases()[name]())
@@ -440,15 +537,21 @@ def record(kinds, only: tuple = ()) -> None:
                 continue
             print(f"[{i + 1}/{len(cases)}] {name}", file=sys.stderr, flush=True)
             out[name] = _jsonable(fn())
-        (GOLDEN_DIR / f"{kind}.json").write_text(json.dumps(out, indent=None, sort_keys=True)
-                                                 .replace('}, "', '},\n "') + "\n")
+        (GOLDEN_DIR / f"{kind}.json").write_text(
+            json.dumps(out, indent=None, sort_keys=True).replace('}, "', '},\n "') + "\n"
+        )
 
 
 if __name__ == "__main__":
     if "--record" not in sys.argv:
-        sys.exit("usage: python -m tests.test_goldens --record [--real] [--real-only] "
-                 "[--only PREFIX ...]")
+        sys.exit(
+            "usage: python -m tests.test_goldens --record [--real] [--real-only] "
+            "[--only PREFIX ...]"
+        )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    only = tuple(sys.argv[sys.argv.index("--only") + 1:]) if "--only" in sys.argv else ()
-    record((["tiny"] if "--real-only" not in sys.argv else [])
-           + (["real"] if "--real" in sys.argv or "--real-only" in sys.argv else []), only)
+    only = tuple(sys.argv[sys.argv.index("--only") + 1 :]) if "--only" in sys.argv else ()
+    record(
+        (["tiny"] if "--real-only" not in sys.argv else [])
+        + (["real"] if "--real" in sys.argv or "--real-only" in sys.argv else []),
+        only,
+    )

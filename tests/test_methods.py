@@ -8,8 +8,15 @@ from __future__ import annotations
 import pytest
 
 from jaxspec.core.results import DecodeResult
-from jaxspec.methods import (FAMILIES, METHODS, MethodError, get_method, methods_of,
-                             reference_of, run)
+from jaxspec.methods import (
+    FAMILIES,
+    METHODS,
+    MethodError,
+    get_method,
+    methods_of,
+    reference_of,
+    run,
+)
 from jaxspec.testing.tiny import tiny_model
 from tests.test_goldens import _tiny_graph, family_inputs
 
@@ -37,8 +44,9 @@ def test_every_family_has_a_reference():
 def test_lossless_against_its_reference(name, temperature, tmp_path):
     method = get_method(name)
     model, params, inputs, opts = _inputs(method.family)
-    opts = dict(opts, temperature=temperature,
-                graph=_graph_file(tmp_path) if name == "spiffy" else None)
+    opts = dict(
+        opts, temperature=temperature, graph=_graph_file(tmp_path) if name == "spiffy" else None
+    )
     config = method.configure(opts, strict=False)
     res = run(method, model, params, inputs, config, seed=3)
     ref_method, ref_cfg = reference_of(method, config)

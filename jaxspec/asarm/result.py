@@ -68,8 +68,9 @@ class InfillResult(DecodeResult):
         self.tokens = [[int(t) for t in row] for row in self.infilled]
 
 
-def assd_stats(cfg: LoopConfig, st: State, G: np.ndarray, k: int, k_requested: int,
-               epsilon: float) -> ASSDStats:
+def assd_stats(
+    cfg: LoopConfig, st: State, G: np.ndarray, k: int, k_requested: int, epsilon: float
+) -> ASSDStats:
     """The statistics record of a finished loop.
 
     Args:
@@ -80,18 +81,29 @@ def assd_stats(cfg: LoopConfig, st: State, G: np.ndarray, k: int, k_requested: i
     """
     seq = cfg.variant.sequential
     return ASSDStats(
-        method=cfg.variant.name, reference="sequential", target_nfe=st.target_nfe,
-        draft_nfe=st.draft_nfe, steps=st.steps, accept_hist=st.accept_hist[:, :k + 2],
-        new_tokens=G.astype(np.int64), draft_length=0 if seq else k_requested,
+        method=cfg.variant.name,
+        reference="sequential",
+        target_nfe=st.target_nfe,
+        draft_nfe=st.draft_nfe,
+        steps=st.steps,
+        accept_hist=st.accept_hist[:, : k + 2],
+        new_tokens=G.astype(np.int64),
+        draft_length=0 if seq else k_requested,
         drafts_proposed=None if seq else st.drafts_proposed,
         accepted=None if seq else st.drafts_accepted,
-        extra={"k": None if seq else k_requested, "epsilon": float(epsilon),
-               "lossless": bool(epsilon == 0), "draft_passes": int(st.draft_passes.sum()),
-               "density_passes": int(st.density_passes.sum()),
-               "tokens_per_iteration": round(float(G.sum() / max(st.steps.sum(), 1)), 4),
-               "lemma1_max_gap": float(st.lemma1_max_gap),
-               "query_tokens_per_call": cfg.query_slots, "suppressed": list(cfg.suppress),
-               "cache": cfg.cache})
+        extra={
+            "k": None if seq else k_requested,
+            "epsilon": float(epsilon),
+            "lossless": bool(epsilon == 0),
+            "draft_passes": int(st.draft_passes.sum()),
+            "density_passes": int(st.density_passes.sum()),
+            "tokens_per_iteration": round(float(G.sum() / max(st.steps.sum(), 1)), 4),
+            "lemma1_max_gap": float(st.lemma1_max_gap),
+            "query_tokens_per_call": cfg.query_slots,
+            "suppressed": list(cfg.suppress),
+            "cache": cfg.cache,
+        },
+    )
 
 
 __all__ = ["ASSDStats", "InfillResult", "assd_stats"]

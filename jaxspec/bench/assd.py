@@ -80,16 +80,29 @@ def welch_p(a, b) -> Optional[float]:
     from scipy import stats as sps
 
     a, b = np.asarray(a, float), np.asarray(b, float)
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]   # as _mean_se: one inf PPL must not give NaN
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]  # as _mean_se: one inf PPL must not give NaN
     if len(a) < 2 or len(b) < 2:
         return None
-    if a.std() == 0 and b.std() == 0:          # no spread: equal means or certainly different
+    if a.std() == 0 and b.std() == 0:  # no spread: equal means or certainly different
         return 1.0 if a.mean() == b.mean() else 0.0
     return float(sps.ttest_ind(a, b, equal_var=False).pvalue)
 
 
-def _gen_row(label, method, k, outs, ref, judge_vals, to_ext, *, model_name, N_list,
-             mask_rate, temperature, compile_s):
+def _gen_row(
+    label,
+    method,
+    k,
+    outs,
+    ref,
+    judge_vals,
+    to_ext,
+    *,
+    model_name,
+    N_list,
+    mask_rate,
+    temperature,
+    compile_s,
+):
     st = [o.stats for o in outs]
     nfe = [int(s.target_nfe.sum()) for s in st]
     G = [int(s.new_tokens.sum()) for s in st]
@@ -101,24 +114,35 @@ def _gen_row(label, method, k, outs, ref, judge_vals, to_ext, *, model_name, N_l
     acc = sum(s.accepted_drafts for s in st if s.drafts_proposed is not None)
     nm, nse = _mean_se(nfe)
     row = {
-        "method": method, "k": k, "label": label, "model": model_name, "sequences": len(outs),
-        "seq_len": int(statistics.fmean(N_list)), "mask_rate": mask_rate,
-        "temperature": temperature, "masked_tokens": int(statistics.fmean(G)),
-        "nfe": _num(nm, 2), "nfe_se": _num(nse, 2),
+        "method": method,
+        "k": k,
+        "label": label,
+        "model": model_name,
+        "sequences": len(outs),
+        "seq_len": int(statistics.fmean(N_list)),
+        "mask_rate": mask_rate,
+        "temperature": temperature,
+        "masked_tokens": int(statistics.fmean(G)),
+        "nfe": _num(nm, 2),
+        "nfe_se": _num(nse, 2),
         "nfe_per_token": _num(sum(nfe) / max(sum(G), 1), 4),
         "draft_calls": _num(statistics.fmean(int(s.draft_nfe.sum()) for s in st), 2),
-        "gen_ppl": _num(ppl, 3), "gen_ppl_se": _num(ppl_se, 3),
-        "entropy": _num(ent, 4), "entropy_se": _num(ent_se, 4),
+        "gen_ppl": _num(ppl, 3),
+        "gen_ppl_se": _num(ppl_se, 3),
+        "entropy": _num(ent, 4),
+        "entropy_se": _num(ent_se, 4),
         "acceptance_rate": _num(acc / prop, 4) if prop else None,
         "tokens_per_iteration": _num(sum(G) / max(sum(int(s.steps.sum()) for s in st), 1), 3),
         "query_tokens_per_call": st[0].extra.get("query_tokens_per_call"),
         "seconds": _num(statistics.median(o.run_s for o in outs), 4),
-        "speedup": _num(statistics.median(r.run_s / max(o.run_s, 1e-9)
-                                          for r, o in zip(ref, outs)), 3),
+        "speedup": _num(
+            statistics.median(r.run_s / max(o.run_s, 1e-9) for r, o in zip(ref, outs)), 3
+        ),
         "compile_s": _num(compile_s, 2),
         "lossless": all(s.extra["lossless"] for s in st),
         **mean_degeneracy(ext),
-        "_ent_vals": ent_vals, "_ppl_vals": judge_vals,
+        "_ent_vals": ent_vals,
+        "_ppl_vals": judge_vals,
     }
     return row
 
@@ -128,8 +152,11 @@ def _add_p_values(all_rows: dict) -> None:
     base = all_rows[("sequential", None)]
     for r in all_rows.values():
         seq = r["method"] == "sequential"
-        r["ppl_p_value"] = (None if seq or r["_ppl_vals"] is None
-                            else _num(welch_p(r["_ppl_vals"], base["_ppl_vals"]), 4))
+        r["ppl_p_value"] = (
+            None
+            if seq or r["_ppl_vals"] is None
+            else _num(welch_p(r["_ppl_vals"], base["_ppl_vals"]), 4)
+        )
         r["entropy_p_value"] = None if seq else _num(welch_p(r["_ent_vals"], base["_ent_vals"]), 4)
 
 
@@ -140,40 +167,72 @@ def _sweep_rows(all_rows: dict, k: int, k_sweep: Sequence[int]) -> list:
     out = []
     for kk in sorted(set(k_sweep) | {k}):
         r = all_rows[("assd", kk)]
-        out.append({"k": kk, "nfe_per_token": r["nfe_per_token"], "speedup": r["speedup"],
-                    "speedup_pct": _num(100 * (1 - 1 / r["speedup"]), 2) if r["speedup"] else None,
-                    "tokens_per_iteration": r["tokens_per_iteration"],
-                    "ppl_p_value": r["ppl_p_value"], "entropy_p_value": r["entropy_p_value"]})
+        out.append(
+            {
+                "k": kk,
+                "nfe_per_token": r["nfe_per_token"],
+                "speedup": r["speedup"],
+                "speedup_pct": _num(100 * (1 - 1 / r["speedup"]), 2) if r["speedup"] else None,
+                "tokens_per_iteration": r["tokens_per_iteration"],
+                "ppl_p_value": r["ppl_p_value"],
+                "entropy_p_value": r["entropy_p_value"],
+            }
+        )
     return out
 
 
 def _per_sequence(prompts, masks: dict, outs: dict, all_rows: dict, judged: dict) -> list:
     """Per evaluation sequence: its size and every run's NFE, seconds, entropy and PPL."""
+
     def run_figures(i, key):
-        return {"nfe": int(outs[key][i].stats.target_nfe.sum()),
-                "seconds": _num(outs[key][i].run_s, 4),
-                "entropy": _num(all_rows[key]["_ent_vals"][i], 4),
-                "gen_ppl": None if key not in judged else _num(judged[key][i], 3)}
+        return {
+            "nfe": int(outs[key][i].stats.target_nfe.sum()),
+            "seconds": _num(outs[key][i].run_s, 4),
+            "entropy": _num(all_rows[key]["_ent_vals"][i], 4),
+            "gen_ppl": None if key not in judged else _num(judged[key][i], 3),
+        }
 
-    return [{"id": p.task_id, "tokens": len(p.ids), "masked": int(masks[p.task_id].sum()),
-             "runs": {f"{m}/{kk}": run_figures(i, (m, kk)) for m, kk in outs}}
-            for i, p in enumerate(prompts)]
+    return [
+        {
+            "id": p.task_id,
+            "tokens": len(p.ids),
+            "masked": int(masks[p.task_id].sum()),
+            "runs": {f"{m}/{kk}": run_figures(i, (m, kk)) for m, kk in outs},
+        }
+        for i, p in enumerate(prompts)
+    ]
 
 
-def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_name: str,
-                   to_external: Optional[Callable[[Sequence[int]], list]] = None,
-                   judge: Optional[Callable[[Sequence[Sequence[int]]], list]] = None,
-                   mask_rate: float = 0.95, k: int = 5, k_sweep: Sequence[int] = K_SWEEP,
-                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   seed: int = 0, mask_seed: Optional[int] = None, bucket: int = 64,
-                   infill_tasks: Sequence = (), tokenizer=None,
-                   to_model: Optional[Callable[[Sequence[int]], list]] = None,
-                   infill_temperature: float = 0.0, sandbox_timeout: float = 10.0,
-                   max_len: Optional[int] = None, suppress: Sequence[int] = (),
-                   cache: str = "none",
-                   methods: Sequence[str] = MAIN_METHODS,
-                   config: Optional[dict] = None, progress: bool = True,
-                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def run_assd_suite(
+    model,
+    params,
+    sequences: Sequence[Sequence[int]],
+    *,
+    model_name: str,
+    to_external: Optional[Callable[[Sequence[int]], list]] = None,
+    judge: Optional[Callable[[Sequence[Sequence[int]]], list]] = None,
+    mask_rate: float = 0.95,
+    k: int = 5,
+    k_sweep: Sequence[int] = K_SWEEP,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    mask_seed: Optional[int] = None,
+    bucket: int = 64,
+    infill_tasks: Sequence = (),
+    tokenizer=None,
+    to_model: Optional[Callable[[Sequence[int]], list]] = None,
+    infill_temperature: float = 0.0,
+    sandbox_timeout: float = 10.0,
+    max_len: Optional[int] = None,
+    suppress: Sequence[int] = (),
+    cache: str = "none",
+    methods: Sequence[str] = MAIN_METHODS,
+    config: Optional[dict] = None,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
     """Run the ``assd`` suite (module docstring) and return the result document.
 
     Args:
@@ -229,13 +288,24 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
         # every (row, sequence) pair samples with its own seed: independent samples within
         # and across rows, as the Welch tests against sequential assume
         def run(ids, method=method, kk=kk, j=j):
-            return assd_generate(model, params, [ids], [mask_of[id(ids)]], method=method,
-                                 k=kk or 1, sampling=sampling,
-                                 seed=row_seed(seed, j, index_of[id(ids)]), bucket=bucket,
-                                 suppress=suppress, cache=cache)
+            return assd_generate(
+                model,
+                params,
+                [ids],
+                [mask_of[id(ids)]],
+                method=method,
+                k=kk or 1,
+                sampling=sampling,
+                seed=row_seed(seed, j, index_of[id(ids)]),
+                bucket=bucket,
+                suppress=suppress,
+                cache=cache,
+            )
+
         runs[(method, kk)] = run
-    outs, compile_s = run_interleaved(runs, prompts, max(len(s) for s in seqs), progress,
-                                      "assd runs")
+    outs, compile_s = run_interleaved(
+        runs, prompts, max(len(s) for s in seqs), progress, "assd runs"
+    )
     ref = outs[("sequential", None)]
     judged = {}
     if judge is not None:
@@ -246,9 +316,20 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
     all_rows = {}
     for key, o in outs.items():
         label = key[0] if key[1] is None else f"{key[0]} (k={key[1]})"
-        all_rows[key] = _gen_row(label, key[0], key[1], o, ref, judged.get(key), to_ext,
-                                 model_name=model_name, N_list=N_list, mask_rate=mask_rate,
-                                 temperature=temperature, compile_s=compile_s[key])
+        all_rows[key] = _gen_row(
+            label,
+            key[0],
+            key[1],
+            o,
+            ref,
+            judged.get(key),
+            to_ext,
+            model_name=model_name,
+            N_list=N_list,
+            mask_rate=mask_rate,
+            temperature=temperature,
+            compile_s=compile_s[key],
+        )
     _add_p_values(all_rows)
     rows = [all_rows[kk] for kk in main]
     sweep = _sweep_rows(all_rows, k, k_sweep)
@@ -261,19 +342,49 @@ def run_assd_suite(model, params, sequences: Sequence[Sequence[int]], *, model_n
     if infill_tasks:
         if tokenizer is None:
             raise BenchError("infilling rows need a tokenizer")
-        infill = run_infill(model, params, infill_tasks, tokenizer, to_mod, to_ext, k=k,
-                            temperature=infill_temperature, seed=seed, bucket=bucket,
-                            timeout=sandbox_timeout, max_len=max_len, log=log)
-    return {"suite": "assd",
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": machine_info(), "config": dict(config or {}), "rows": rows,
-            "k_sweep": sweep, "infill": infill, "per_sequence": per_sequence}
+        infill = run_infill(
+            model,
+            params,
+            infill_tasks,
+            tokenizer,
+            to_mod,
+            to_ext,
+            k=k,
+            temperature=infill_temperature,
+            seed=seed,
+            bucket=bucket,
+            timeout=sandbox_timeout,
+            max_len=max_len,
+            log=log,
+        )
+    return {
+        "suite": "assd",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": dict(config or {}),
+        "rows": rows,
+        "k_sweep": sweep,
+        "infill": infill,
+        "per_sequence": per_sequence,
+    }
 
 
-def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int = 5,
-               temperature: float = 0.0, seed: int = 0, bucket: int = 64,
-               timeout: float = 10.0, max_len: Optional[int] = None,
-               log: Callable[[str], None] = lambda m: None) -> dict:
+def run_infill(
+    model,
+    params,
+    tasks,
+    tokenizer,
+    to_model,
+    to_external,
+    *,
+    k: int = 5,
+    temperature: float = 0.0,
+    seed: int = 0,
+    bucket: int = 64,
+    timeout: float = 10.0,
+    max_len: Optional[int] = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict:
     """HumanEval single-line infilling, sequential vs ASSD (module docstring).
 
     Returns ``{"tasks", "temperature", "k", "rows": [{method, pass_at_1, nfe, nfe_per_token,
@@ -285,8 +396,18 @@ def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int
     for method in ("sequential", "assd"):
         outs = []
         for t, tpl in zip(tasks, tpls):
-            r = assd_generate(model, params, [to_model(tpl.ids)], [tpl.masked], method=method, k=k,
-                              sampling=sampling, seed=seed, bucket=bucket, max_len=max_len)
+            r = assd_generate(
+                model,
+                params,
+                [to_model(tpl.ids)],
+                [tpl.masked],
+                method=method,
+                k=k,
+                sampling=sampling,
+                seed=seed,
+                bucket=bucket,
+                max_len=max_len,
+            )
             fill = fill_text(tpl, r.sequences[0], dec)
             sb = run_program(t.program(fill), timeout=timeout)
             outs.append((r, fill, sb))
@@ -296,71 +417,124 @@ def run_infill(model, params, tasks, tokenizer, to_model, to_external, *, k: int
     for method, outs in res.items():
         nfe = [int(o[0].stats.target_nfe.sum()) for o in outs]
         G = [int(o[0].stats.new_tokens.sum()) for o in outs]
-        rows.append({"method": method, "k": None if method == "sequential" else k,
-                     "tasks": len(outs), "pass_at_1": _num(pass_at_1([o[2] for o in outs]), 4),
-                     "nfe": _num(statistics.fmean(nfe), 2),
-                     "nfe_per_token": _num(sum(nfe) / max(sum(G), 1), 4),
-                     "seconds": _num(statistics.median(o[0].run_s for o in outs), 4),
-                     "identical_fraction": _num(statistics.fmean(
-                         float(np.array_equal(a[0].sequences[0], o[0].sequences[0]))
-                         for a, o in zip(res["sequential"], outs)), 4)})
-    per_task = [{"task_id": t.task_id, "target": t.target,
-                 **{m: {"fill": res[m][i][1], "status": res[m][i][2].status,
-                        "nfe": int(res[m][i][0].stats.target_nfe.sum())} for m in res}}
-                for i, t in enumerate(tasks)]
-    return {"tasks": len(tasks), "temperature": temperature, "k": k, "rows": rows,
-            "per_task": per_task}
+        rows.append(
+            {
+                "method": method,
+                "k": None if method == "sequential" else k,
+                "tasks": len(outs),
+                "pass_at_1": _num(pass_at_1([o[2] for o in outs]), 4),
+                "nfe": _num(statistics.fmean(nfe), 2),
+                "nfe_per_token": _num(sum(nfe) / max(sum(G), 1), 4),
+                "seconds": _num(statistics.median(o[0].run_s for o in outs), 4),
+                "identical_fraction": _num(
+                    statistics.fmean(
+                        float(np.array_equal(a[0].sequences[0], o[0].sequences[0]))
+                        for a, o in zip(res["sequential"], outs)
+                    ),
+                    4,
+                ),
+            }
+        )
+    per_task = [
+        {
+            "task_id": t.task_id,
+            "target": t.target,
+            **{
+                m: {
+                    "fill": res[m][i][1],
+                    "status": res[m][i][2].status,
+                    "nfe": int(res[m][i][0].stats.target_nfe.sum()),
+                }
+                for m in res
+            },
+        }
+        for i, t in enumerate(tasks)
+    ]
+    return {
+        "tasks": len(tasks),
+        "temperature": temperature,
+        "k": k,
+        "rows": rows,
+        "per_task": per_task,
+    }
 
 
 _COLUMNS = [
-    ("label", "method", "{}"), ("nfe", "NFE", "{:.1f}"), ("nfe_per_token", "NFE/token", "{:.3f}"),
-    ("draft_calls", "draft calls", "{:.1f}"), ("gen_ppl", "gen PPL", "{:.2f}"),
-    ("gen_ppl_se", "± se", "{:.2f}"), ("ppl_p_value", "PPL p", "{:.3f}"),
-    ("entropy", "entropy", "{:.3f}"), ("entropy_se", "± se", "{:.3f}"),
-    ("entropy_p_value", "entropy p", "{:.3f}"), ("seconds", "s/seq", "{:.3f}"),
-    ("speedup", "wall speedup", "{:.2f}x"), ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("label", "method", "{}"),
+    ("nfe", "NFE", "{:.1f}"),
+    ("nfe_per_token", "NFE/token", "{:.3f}"),
+    ("draft_calls", "draft calls", "{:.1f}"),
+    ("gen_ppl", "gen PPL", "{:.2f}"),
+    ("gen_ppl_se", "± se", "{:.2f}"),
+    ("ppl_p_value", "PPL p", "{:.3f}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("entropy_se", "± se", "{:.3f}"),
+    ("entropy_p_value", "entropy p", "{:.3f}"),
+    ("seconds", "s/seq", "{:.3f}"),
+    ("speedup", "wall speedup", "{:.2f}x"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
     ("tokens_per_iteration", "tokens/iter", "{:.2f}"),
     ("query_tokens_per_call", "queries/call", "{}"),
-    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
 ]
 
 
 def markdown_report(result: dict) -> str:
     """Markdown page of an ``assd`` result: Table 1 rows, the Table 5 k sweep, infilling."""
     r0 = result["rows"][0]
-    lines = [*bench.report_header("Benchmark suite `assd`", result),
-             f"Model `{r0['model']}`, {r0['sequences']} sequences of ~{r0['seq_len']} tokens, "
-             f"{r0['mask_rate']:.0%} masked (~{r0['masked_tokens']} tokens infilled per sequence), "
-             f"temperature {r0['temperature']}, batch 1. Reference: sequential decoding (one "
-             "AS-ARM forward per masked token). p-values: Welch's t-test against sequential.", "",
-             bench.markdown_table(result, _COLUMNS)]
+    lines = [
+        *bench.report_header("Benchmark suite `assd`", result),
+        f"Model `{r0['model']}`, {r0['sequences']} sequences of ~{r0['seq_len']} tokens, "
+        f"{r0['mask_rate']:.0%} masked (~{r0['masked_tokens']} tokens infilled per sequence), "
+        f"temperature {r0['temperature']}, batch 1. Reference: sequential decoding (one "
+        "AS-ARM forward per masked token). p-values: Welch's t-test against sequential.",
+        "",
+        bench.markdown_table(result, _COLUMNS),
+    ]
     if result.get("k_sweep"):
-        lines += ["", "k sweep (Table 5): ASSD at each draft length on the same sequences.", "",
-                  "| k | NFE/token | tokens/iter | wall speedup | PPL p | entropy p |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "k sweep (Table 5): ASSD at each draft length on the same sequences.",
+            "",
+            "| k | NFE/token | tokens/iter | wall speedup | PPL p | entropy p |",
+            "|---|---|---|---|---|---|",
+        ]
         f = lambda v, fmt: "-" if v is None else fmt.format(v)  # noqa: E731
         for r in result["k_sweep"]:
-            lines.append(f"| {r['k']} | {f(r['nfe_per_token'], '{:.3f}')} | "
-                         f"{f(r['tokens_per_iteration'], '{:.2f}')} | {f(r['speedup'], '{:.2f}x')} | "
-                         f"{f(r['ppl_p_value'], '{:.3f}')} | {f(r['entropy_p_value'], '{:.3f}')} |")
+            lines.append(
+                f"| {r['k']} | {f(r['nfe_per_token'], '{:.3f}')} | "
+                f"{f(r['tokens_per_iteration'], '{:.2f}')} | {f(r['speedup'], '{:.2f}x')} | "
+                f"{f(r['ppl_p_value'], '{:.3f}')} | {f(r['entropy_p_value'], '{:.3f}')} |"
+            )
     inf = result.get("infill")
     if inf:
-        lines += ["", f"HumanEval single-line infilling ({inf['tasks']} tasks, oracle span length, "
-                  f"temperature {inf['temperature']}, pass@1 in the sandbox):", "",
-                  "| method | pass@1 | NFE | NFE/token | s/task | identical to sequential |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"HumanEval single-line infilling ({inf['tasks']} tasks, oracle span length, "
+            f"temperature {inf['temperature']}, pass@1 in the sandbox):",
+            "",
+            "| method | pass@1 | NFE | NFE/token | s/task | identical to sequential |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in inf["rows"]:
             name = r["method"] if r["k"] is None else f"{r['method']} (k={r['k']})"
-            lines.append(f"| {name} | "
-                         f"{r['pass_at_1']:.3f} | {r['nfe']:.1f} | {r['nfe_per_token']:.3f} | "
-                         f"{r['seconds']:.3f} | {r['identical_fraction']:.2f} |")
-    lines += ["", "How to read this:", "",
-              "- `NFE` counts every AS-ARM forward (draft passes + density passes; Theorem 1 "
-              "bounds it by the masked count). `draft calls`: n-gram drafter calls (no network).",
-              "- ASSD is lossless: PPL and entropy should not differ significantly from "
-              "sequential (large p-values); a small p-value on few sequences is noise or a bug.",
-              "- `distinct`, `rep. 4-gram`: degeneracy; a collapsed model agrees with itself and "
-              "inflates acceptance."]
+            lines.append(
+                f"| {name} | "
+                f"{r['pass_at_1']:.3f} | {r['nfe']:.1f} | {r['nfe_per_token']:.3f} | "
+                f"{r['seconds']:.3f} | {r['identical_fraction']:.2f} |"
+            )
+    lines += [
+        "",
+        "How to read this:",
+        "",
+        "- `NFE` counts every AS-ARM forward (draft passes + density passes; Theorem 1 "
+        "bounds it by the masked count). `draft calls`: n-gram drafter calls (no network).",
+        "- ASSD is lossless: PPL and entropy should not differ significantly from "
+        "sequential (large p-values); a small p-value on few sequences is noise or a bug.",
+        "- `distinct`, `rep. 4-gram`: degeneracy; a collapsed model agrees with itself and "
+        "inflates acceptance.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -368,8 +542,10 @@ def plot_rows(result: dict, out: Path) -> Path:
     """Bars: NFE per token and wall-clock speedup of the main rows and the k sweep."""
     plt = pyplot()
 
-    rows = result["rows"] + [dict(label=f"assd k={r['k']}", nfe_per_token=r["nfe_per_token"],
-                                  speedup=r["speedup"]) for r in result.get("k_sweep") or []]
+    rows = result["rows"] + [
+        dict(label=f"assd k={r['k']}", nfe_per_token=r["nfe_per_token"], speedup=r["speedup"])
+        for r in result.get("k_sweep") or []
+    ]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(rows)), 3.8))
     ax.bar(x - 0.2, [r["nfe_per_token"] or 0 for r in rows], 0.4, label="NFE per token")
@@ -383,8 +559,13 @@ def plot_rows(result: dict, out: Path) -> Path:
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
-                               caption="NFE per token and wall-clock speedup")
+    return bench.write_results(
+        result,
+        out,
+        report=markdown_report,
+        plot=plot_rows,
+        caption="NFE per token and wall-clock speedup",
+    )
 
 
 def row_seed(seed: int, row: int, sequence: int) -> int:
@@ -399,28 +580,60 @@ def add_arguments(ap) -> None:
     """The ``--assd-*`` options of ``python -m scripts.benchmark --suite assd``."""
     g = ap.add_argument_group("suite assd (XLNet AS-ARM: sequential vs ASSD vs ASSD-ngram)")
     g.add_argument("--assd-k", type=int, default=5, help="draft length k of the main rows (5)")
-    g.add_argument("--assd-k-sweep", type=int, nargs="*", default=list(K_SWEEP),
-                   help="k values of the Table 5 sweep (default 2 3 4 5 6 8; none: no sweep)")
-    g.add_argument("--assd-seq-len", type=int, default=256,
-                   help="tokens per evaluation sequence (default 256)")
+    g.add_argument(
+        "--assd-k-sweep",
+        type=int,
+        nargs="*",
+        default=list(K_SWEEP),
+        help="k values of the Table 5 sweep (default 2 3 4 5 6 8; none: no sweep)",
+    )
+    g.add_argument(
+        "--assd-seq-len", type=int, default=256, help="tokens per evaluation sequence (default 256)"
+    )
     g.add_argument("--assd-mask-rate", type=float, default=0.95, help="share of tokens infilled")
     g.add_argument("--assd-temperature", type=float, default=1.0, help="sampling temperature")
-    g.add_argument("--assd-seed", type=int, default=0,
-                   help="sampling seed (each row and sequence samples with its own seed from it)")
-    g.add_argument("--assd-mask-seed", type=int, default=None,
-                   help="seed of the evaluation masks (default: --assd-seed); fix it to compare "
-                        "runs of different --assd-seed on the same masks")
-    g.add_argument("--assd-infill-tasks", type=int, default=20,
-                   help="HumanEval single-line infilling tasks (0: none)")
+    g.add_argument(
+        "--assd-seed",
+        type=int,
+        default=0,
+        help="sampling seed (each row and sequence samples with its own seed from it)",
+    )
+    g.add_argument(
+        "--assd-mask-seed",
+        type=int,
+        default=None,
+        help="seed of the evaluation masks (default: --assd-seed); fix it to compare "
+        "runs of different --assd-seed on the same masks",
+    )
+    g.add_argument(
+        "--assd-infill-tasks",
+        type=int,
+        default=20,
+        help="HumanEval single-line infilling tasks (0: none)",
+    )
     g.add_argument("--assd-infill-temperature", type=float, default=0.0)
-    g.add_argument("--assd-no-judge", action="store_true",
-                   help="skip generative perplexity (no SmolLM2-135M judge)")
-    g.add_argument("--assd-methods", nargs="*", default=list(MAIN_METHODS),
-                   help=f"main rows after sequential ({' '.join(MAIN_METHODS)})")
-    g.add_argument("--assd-cache", choices=("none", "content"), default="none",
-                   help="content-stream KV cache for every row (Appendix F.4)")
-    g.add_argument("--assd-keep-unk", action="store_true",
-                   help="let every row sample the AS-ARM's UNK id (suppressed by default)")
+    g.add_argument(
+        "--assd-no-judge",
+        action="store_true",
+        help="skip generative perplexity (no SmolLM2-135M judge)",
+    )
+    g.add_argument(
+        "--assd-methods",
+        nargs="*",
+        default=list(MAIN_METHODS),
+        help=f"main rows after sequential ({' '.join(MAIN_METHODS)})",
+    )
+    g.add_argument(
+        "--assd-cache",
+        choices=("none", "content"),
+        default="none",
+        help="content-stream KV cache for every row (Appendix F.4)",
+    )
+    g.add_argument(
+        "--assd-keep-unk",
+        action="store_true",
+        help="let every row sample the AS-ARM's UNK id (suppressed by default)",
+    )
 
 
 def fitting_tasks(tasks, tokenizer, max_len: int, limit: int) -> list:
@@ -435,8 +648,18 @@ def fitting_tasks(tasks, tokenizer, max_len: int, limit: int) -> list:
     return out
 
 
-DEFAULT_HOLDOUT = ("argparse", "configparser", "csv", "difflib", "fractions", "heapq", "json",
-                   "shlex", "statistics", "textwrap")
+DEFAULT_HOLDOUT = (
+    "argparse",
+    "configparser",
+    "csv",
+    "difflib",
+    "fractions",
+    "heapq",
+    "json",
+    "shlex",
+    "statistics",
+    "textwrap",
+)
 
 
 def main_assd(args, log) -> int:
@@ -457,8 +680,9 @@ def main_assd(args, log) -> int:
         cfg_path = REPO_ROOT / "configs" / "train" / f"{asarm.meta.get('name', name)}.yaml"
         if cfg_path.is_file():
             holdout = tuple(load_config(cfg_path).data.holdout) or DEFAULT_HOLDOUT
-        snips = heldout_snippets(asarm.tokenizer, holdout, limit, prompt_len=args.assd_seq_len - 1,
-                                 cont_len=1)
+        snips = heldout_snippets(
+            asarm.tokenizer, holdout, limit, prompt_len=args.assd_seq_len - 1, cont_len=1
+        )
         seqs = [asarm.to_model(s.tokens) for s in snips]
         bad = sorted(set(args.assd_methods) - set(MAIN_METHODS))
         if bad:
@@ -466,31 +690,60 @@ def main_assd(args, log) -> int:
         unk = getattr(asarm.vocab, "unk", None)
         suppress = () if args.assd_keep_unk or unk is None else (int(unk),)
         judge = None if args.assd_no_judge else smollm2_judge(log)
-        tasks = (fitting_tasks(single_line_tasks(), asarm.tokenizer, asarm.max_len, args.assd_infill_tasks)
-                 if args.assd_infill_tasks else [])
-        config = {"model": name, "weights": asarm.path, "limit": limit,
-                  "seq_len": args.assd_seq_len, "mask_rate": args.assd_mask_rate,
-                  "k": args.assd_k, "k_sweep": list(args.assd_k_sweep),
-                  "temperature": args.assd_temperature, "seed": args.assd_seed,
-                  "holdout": list(holdout), "judge": None if judge is None else "smollm2-135m-instruct",
-                  "infill_tasks": len(tasks), "infill_temperature": args.assd_infill_temperature,
-                  "mask_seed": (args.assd_seed if args.assd_mask_seed is None
-                                else args.assd_mask_seed),
-                  "context": asarm.max_len,
-                  "row_seeds": "SeedSequence([seed, row index, sequence index])",
-                  "batch": 1, "suppressed_ids": list(suppress), "methods": list(args.assd_methods),
-                  "cache": args.assd_cache}
-        result = run_assd_suite(asarm.model, asarm.params, seqs, model_name=name,
-                                to_external=asarm.to_external, judge=judge,
-                                mask_rate=args.assd_mask_rate, k=args.assd_k,
-                                k_sweep=args.assd_k_sweep, temperature=args.assd_temperature,
-                                seed=args.assd_seed, mask_seed=args.assd_mask_seed,
-                                infill_tasks=tasks,
-                                tokenizer=asarm.tokenizer, to_model=asarm.to_model,
-                                infill_temperature=args.assd_infill_temperature, config=config,
-                                max_len=asarm.max_len, suppress=suppress, cache=args.assd_cache,
-                                methods=args.assd_methods,
-                                progress=not args.no_progress, log=log)
+        tasks = (
+            fitting_tasks(
+                single_line_tasks(), asarm.tokenizer, asarm.max_len, args.assd_infill_tasks
+            )
+            if args.assd_infill_tasks
+            else []
+        )
+        config = {
+            "model": name,
+            "weights": asarm.path,
+            "limit": limit,
+            "seq_len": args.assd_seq_len,
+            "mask_rate": args.assd_mask_rate,
+            "k": args.assd_k,
+            "k_sweep": list(args.assd_k_sweep),
+            "temperature": args.assd_temperature,
+            "seed": args.assd_seed,
+            "holdout": list(holdout),
+            "judge": None if judge is None else "smollm2-135m-instruct",
+            "infill_tasks": len(tasks),
+            "infill_temperature": args.assd_infill_temperature,
+            "mask_seed": (args.assd_seed if args.assd_mask_seed is None else args.assd_mask_seed),
+            "context": asarm.max_len,
+            "row_seeds": "SeedSequence([seed, row index, sequence index])",
+            "batch": 1,
+            "suppressed_ids": list(suppress),
+            "methods": list(args.assd_methods),
+            "cache": args.assd_cache,
+        }
+        result = run_assd_suite(
+            asarm.model,
+            asarm.params,
+            seqs,
+            model_name=name,
+            to_external=asarm.to_external,
+            judge=judge,
+            mask_rate=args.assd_mask_rate,
+            k=args.assd_k,
+            k_sweep=args.assd_k_sweep,
+            temperature=args.assd_temperature,
+            seed=args.assd_seed,
+            mask_seed=args.assd_mask_seed,
+            infill_tasks=tasks,
+            tokenizer=asarm.tokenizer,
+            to_model=asarm.to_model,
+            infill_temperature=args.assd_infill_temperature,
+            config=config,
+            max_len=asarm.max_len,
+            suppress=suppress,
+            cache=args.assd_cache,
+            methods=args.assd_methods,
+            progress=not args.no_progress,
+            log=log,
+        )
     except (BenchError, WeightFileError, ValueError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -57,16 +57,31 @@ SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram", "jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-unrolled",
-    "jaxspec/ngram-unrolled", "jaxspec/ngram-om",
-    "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8", "transformers/ar",
-    "transformers/prompt-lookup", "transformers/assisted")
+    "jaxspec/ngram-bigram",
+    "jaxspec/ar-scan",
+    "jaxspec/ngram-scan",
+    "jaxspec/ar-unrolled",
+    "jaxspec/ngram-unrolled",
+    "jaxspec/ngram-om",
+    "jaxspec/ngram-stored",
+    "jaxspec/ngram-gate",
+    "jaxspec/ar-int8",
+    "jaxspec/ngram-int8",
+    "transformers/ar",
+    "transformers/prompt-lookup",
+    "transformers/assisted",
+)
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
 # transformers/assisted a draft model (--draft-model), jaxspec/diffuspec / specdiff a diffusion
 # drafter, jaxspec/space a SAR-SFT target
-NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/specdiff",
-              "transformers/assisted")
+NEEDS_MORE = (
+    "jaxspec/sps",
+    "jaxspec/space",
+    "jaxspec/diffuspec",
+    "jaxspec/specdiff",
+    "transformers/assisted",
+)
 # jaxspec/<method>-scan / -unrolled: the same decoder under the lax.scan layer loop on stacked
 # weights / the unrolled per-layer loop (a DecodePlan, models.llama.layout) instead of the
 # device's default ("auto": unrolled on CPU and GPU when the per-layer copy fits the memory),
@@ -78,9 +93,17 @@ NEEDS_MORE = ("jaxspec/sps", "jaxspec/space", "jaxspec/diffuspec", "jaxspec/spec
 QUANT_REFERENCE = "jaxspec/ar-int8"
 _VERIFY_SUFFIXES = {"-om": "output-major", "-stored": "stored"}
 _LOOP_SUFFIXES = {"-scan": "scan", "-unrolled": "unrolled"}
-ON_REQUEST = NEEDS_MORE + ("jaxspec/ar-scan", "jaxspec/ngram-scan", "jaxspec/ar-unrolled",
-                           "jaxspec/ngram-unrolled", "jaxspec/ngram-om",
-                           "jaxspec/ngram-stored", "jaxspec/ngram-gate", "jaxspec/ar-int8", "jaxspec/ngram-int8")
+ON_REQUEST = NEEDS_MORE + (
+    "jaxspec/ar-scan",
+    "jaxspec/ngram-scan",
+    "jaxspec/ar-unrolled",
+    "jaxspec/ngram-unrolled",
+    "jaxspec/ngram-om",
+    "jaxspec/ngram-stored",
+    "jaxspec/ngram-gate",
+    "jaxspec/ar-int8",
+    "jaxspec/ngram-int8",
+)
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
@@ -128,14 +151,22 @@ class RunOutput:
 PROMPT_SETS = ("humaneval", "humaneval-chat", "mt-bench", "news")
 
 
-def suite_prompts(tok, sets: Sequence[str], limit: int, start: int = 0) -> dict[str, list[BenchPrompt]]:
+def suite_prompts(
+    tok, sets: Sequence[str], limit: int, start: int = 0
+) -> dict[str, list[BenchPrompt]]:
     """Token ids of the first ``limit`` prompts of each set (:data:`PROMPT_SETS`).
 
     Raises:
       BenchError: an unknown set name or ``limit < 1``.
     """
-    from jaxspec.eval.datasets import (chat_prompt, humaneval_problems, humaneval_prompt,
-                                       lee_documents, mtbench_questions, summarize_prompt)
+    from jaxspec.eval.datasets import (
+        chat_prompt,
+        humaneval_problems,
+        humaneval_prompt,
+        lee_documents,
+        mtbench_questions,
+        summarize_prompt,
+    )
 
     if limit < 1:
         raise BenchError(f"--limit must be >= 1, got {limit}")
@@ -143,14 +174,20 @@ def suite_prompts(tok, sets: Sequence[str], limit: int, start: int = 0) -> dict[
     for name in sets:
         sl = slice(start, start + limit)
         if name in ("humaneval", "humaneval-chat"):
-            texts = [(p["task_id"], humaneval_prompt(p, tok, name == "humaneval-chat"))
-                     for p in humaneval_problems()[sl]]
+            texts = [
+                (p["task_id"], humaneval_prompt(p, tok, name == "humaneval-chat"))
+                for p in humaneval_problems()[sl]
+            ]
         elif name == "mt-bench":
-            texts = [(f"mt-bench/{q['question_id']}", chat_prompt(q["turns"][0], tok))
-                     for q in mtbench_questions()[sl]]
+            texts = [
+                (f"mt-bench/{q['question_id']}", chat_prompt(q["turns"][0], tok))
+                for q in mtbench_questions()[sl]
+            ]
         elif name == "news":
-            texts = [(f"lee/{i}", summarize_prompt(d, tok))
-                     for i, d in list(enumerate(lee_documents()))[sl]]
+            texts = [
+                (f"lee/{i}", summarize_prompt(d, tok))
+                for i, d in list(enumerate(lee_documents()))[sl]
+            ]
         else:
             raise BenchError(f"unknown prompt set {name!r}; available: {', '.join(PROMPT_SETS)}")
         out[name] = [BenchPrompt(t, tok.encode(x)) for t, x in texts]
@@ -212,8 +249,10 @@ def quantized_params(params):
         if src is params:
             return out
     if is_quantized(params):
-        raise BenchError("the jaxspec/*-int8 systems quantize the float weights themselves and "
-                         "compare with the float jaxspec/ar; drop --quant int8")
+        raise BenchError(
+            "the jaxspec/*-int8 systems quantize the float weights themselves and "
+            "compare with the float jaxspec/ar; drop --quant int8"
+        )
     try:
         out = quantize_params(params, "int8")
     except QuantError as e:
@@ -236,10 +275,21 @@ class JaxspecSystem:
     adds method options (:meth:`jaxspec.methods.Method.configure`) (``draft_model`` for sps,
     ``mask_groups`` for space); ``label`` renames the row's method (e.g. ``space-k3``)."""
 
-    def __init__(self, method: str, model, params, *, max_new_tokens: int,
-                 eos_ids: Sequence[int], pad_id: int, draft_length: int = 8,
-                 max_ngram: int = 3, min_ngram: int = 2, options: Optional[dict] = None,
-                 label: Optional[str] = None):
+    def __init__(
+        self,
+        method: str,
+        model,
+        params,
+        *,
+        max_new_tokens: int,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        draft_length: int = 8,
+        max_ngram: int = 3,
+        min_ngram: int = 2,
+        options: Optional[dict] = None,
+        label: Optional[str] = None,
+    ):
         self.quant = "int8" if method.endswith("-int8") else None
         base = method.removesuffix("-int8")
         self.loop = next((v for x, v in _LOOP_SUFFIXES.items() if base.endswith(x)), None)
@@ -257,9 +307,14 @@ class JaxspecSystem:
         self.model, self.params = model, quantized_params(params) if self.quant else params
         self.entry = get_method(name, "causal")
         self.options = dict(
-            max_new_tokens=int(max_new_tokens), draft_length=draft_length, max_ngram=max_ngram,
-            min_ngram=min_ngram, fallback="bigram" if base == "ngram-bigram" else "none",
-            gate=gate, **(options or {}))
+            max_new_tokens=int(max_new_tokens),
+            draft_length=draft_length,
+            max_ngram=max_ngram,
+            min_ngram=min_ngram,
+            fallback="bigram" if base == "ngram-bigram" else "none",
+            gate=gate,
+            **(options or {}),
+        )
         self._budget_configs: dict[int, Any] = {}  # generation budget -> built method config
         self.kw = dict(eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))
 
@@ -273,20 +328,28 @@ class JaxspecSystem:
         budget = self.options["max_new_tokens"] if max_new_tokens is None else int(max_new_tokens)
         if budget not in self._budget_configs:  # each method takes the options it knows
             self._budget_configs[budget] = self.entry.configure(
-                dict(self.options, max_new_tokens=budget), strict=False)
+                dict(self.options, max_new_tokens=budget), strict=False
+            )
         if self.loop or self.verify:
             res, t0 = self.run_planned(ids, self._budget_configs[budget])
         else:
             t0 = time.perf_counter()
-            res = self.entry.run(self.model, self.params, [list(ids)],
-                                 self._budget_configs[budget], **self.kw)
+            res = self.entry.run(
+                self.model, self.params, [list(ids)], self._budget_configs[budget], **self.kw
+            )
         wall = time.perf_counter() - t0 - res.compile_s
         s = res.stats
-        return RunOutput(tokens=res.tokens[0], seconds=wall, target_nfe=int(s.target_nfe.sum()),
-                         proposed=int(s.drafts_proposed.sum()), accepted=s.accepted_drafts,
-                         compile_s=res.compile_s, draft_nfe=int(s.draft_nfe.sum()),
-                         settings=dict(getattr(res, "settings", {})),
-                         steps=int(s.steps.sum()))
+        return RunOutput(
+            tokens=res.tokens[0],
+            seconds=wall,
+            target_nfe=int(s.target_nfe.sum()),
+            proposed=int(s.drafts_proposed.sum()),
+            accepted=s.accepted_drafts,
+            compile_s=res.compile_s,
+            draft_nfe=int(s.draft_nfe.sum()),
+            settings=dict(getattr(res, "settings", {})),
+            steps=int(s.steps.sum()),
+        )
 
     def run_planned(self, ids: Sequence[int], config):
         """``(result, start time)``: the causal decoder on an explicit decode plan with this
@@ -295,12 +358,27 @@ class JaxspecSystem:
         from jaxspec.causal.decode import decode_plan, generate
 
         drafter, dparams = config.drafter(self.model.config), config.drafter_params()
-        plan = decode_plan(self.model, self.params, drafter, dparams, gate=config.gate_cost,
-                           layer_loop=self.loop or "auto", verify_layout=self.verify or "auto")
+        plan = decode_plan(
+            self.model,
+            self.params,
+            drafter,
+            dparams,
+            gate=config.gate_cost,
+            layer_loop=self.loop or "auto",
+            verify_layout=self.verify or "auto",
+        )
         t0 = time.perf_counter()
-        return generate(self.model, self.params, [list(ids)], drafter=drafter,
-                        max_new_tokens=config.max_new_tokens, sampling=config.sampling,
-                        drafter_params=dparams, plan=plan, **self.kw), t0
+        return generate(
+            self.model,
+            self.params,
+            [list(ids)],
+            drafter=drafter,
+            max_new_tokens=config.max_new_tokens,
+            sampling=config.sampling,
+            drafter_params=dparams,
+            plan=plan,
+            **self.kw,
+        ), t0
 
 
 class TransformersSystem:
@@ -313,16 +391,27 @@ class TransformersSystem:
     call after the first gives the number of candidates it verified.
     """
 
-    def __init__(self, method: str, hf_model, *, max_new_tokens: int, eos_ids: Sequence[int],
-                 pad_id: int, draft_length: int = 8, max_ngram: int = 3, assistant=None):
+    def __init__(
+        self,
+        method: str,
+        hf_model,
+        *,
+        max_new_tokens: int,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        draft_length: int = 8,
+        max_ngram: int = 3,
+        assistant=None,
+    ):
         import torch
         from transformers import GenerationConfig
 
         if method not in ("ar", "prompt-lookup", "assisted"):
             raise BenchError(f"unknown transformers method {method!r}")
         if (method == "assisted") != (assistant is not None):
-            raise BenchError("transformers/assisted needs a draft model (--draft-model), and "
-                             "only it takes one")
+            raise BenchError(
+                "transformers/assisted needs a draft model (--draft-model), and only it takes one"
+            )
         self.assistant = assistant
         self.system, self.method = "transformers", method
         self.torch = torch
@@ -333,8 +422,16 @@ class TransformersSystem:
         # a clean generation config: nothing inherited from the weight file (sampling
         # defaults, repetition penalties, min lengths) may change what greedy decoding emits
         self.gen_config = GenerationConfig(
-            do_sample=False, num_beams=1, max_new_tokens=self.max_new, min_length=0,
-            eos_token_id=eos, pad_token_id=int(pad_id), temperature=None, top_p=None, top_k=None)
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=self.max_new,
+            min_length=0,
+            eos_token_id=eos,
+            pad_token_id=int(pad_id),
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
         if method == "prompt-lookup":
             self.gen_config.prompt_lookup_num_tokens = int(draft_length)
             self.gen_config.max_matching_ngram_size = int(max_ngram)
@@ -369,13 +466,14 @@ class TransformersSystem:
         t0 = time.perf_counter()
         with torch.inference_mode():
             extra = {} if self.assistant is None else {"assistant_model": self.assistant}
-            out = self.model.generate(input_ids=x, attention_mask=mask,
-                                      generation_config=gen_config, **extra)
+            out = self.model.generate(
+                input_ids=x, attention_mask=mask, generation_config=gen_config, **extra
+            )
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         wall = time.perf_counter() - t0
         calls = list(self._calls)
-        tokens = cut_output(out[0, x.shape[1]:].tolist(), self.eos_ids, budget)
+        tokens = cut_output(out[0, x.shape[1] :].tolist(), self.eos_ids, budget)
         nfe = len(calls)
         proposed = accepted = 0
         if self.method in ("prompt-lookup", "assisted") and calls:
@@ -383,8 +481,9 @@ class TransformersSystem:
             # every pass emits exactly one target token besides the accepted candidates
             proposed = max(calls[0] - x.shape[1], 0) + sum(c - 1 for c in calls[1:])
             accepted = min(max(len(tokens) - nfe, 0), proposed)
-        return RunOutput(tokens=tokens, seconds=wall, target_nfe=nfe, proposed=proposed,
-                         accepted=accepted)
+        return RunOutput(
+            tokens=tokens, seconds=wall, target_nfe=nfe, proposed=proposed, accepted=accepted
+        )
 
 
 def _forward_log(hf_model) -> list[int]:
@@ -425,8 +524,9 @@ def torch_device(choice: str = "auto") -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_transformers_model(path, *, threads: Optional[int] = None, dtype: str = "float32",
-                            device: str = "cpu"):
+def load_transformers_model(
+    path, *, threads: Optional[int] = None, dtype: str = "float32", device: str = "cpu"
+):
     """A PyTorch causal LM from the same weights: a GGUF file
     (``from_pretrained(dir, gguf_file=name)``) or an HF directory, in ``dtype`` (``"float32"``
     or ``"bfloat16"``), on ``device`` (``"cpu"`` or ``"cuda"``: the peer of jaxspec on a GPU).
@@ -451,7 +551,9 @@ def load_transformers_model(path, *, threads: Optional[int] = None, dtype: str =
     try:
         model = AutoModelForCausalLM.from_pretrained(src, **kw)
     except Exception as e:  # noqa: BLE001 - any loader failure is a one-line error for the CLI
-        raise BenchError(f"transformers cannot load {p}: {' '.join(str(e).split())[:300]}") from None
+        raise BenchError(
+            f"transformers cannot load {p}: {' '.join(str(e).split())[:300]}"
+        ) from None
     if device not in ("cpu", "cuda"):
         raise BenchError(f"torch device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -484,8 +586,9 @@ def streamed_params(params) -> int:
 MATVEC_MAX_BYTES = 1 << 30
 
 
-def matvec_bandwidth(num_params: int, reps: int = 5, rows: int = 4096,
-                     max_bytes: int = MATVEC_MAX_BYTES) -> dict[str, float]:
+def matvec_bandwidth(
+    num_params: int, reps: int = 5, rows: int = 4096, max_bytes: int = MATVEC_MAX_BYTES
+) -> dict[str, float]:
     """Measure matrix-vector memory bandwidth over a float32 matrix the size of a model.
 
     Times ``W @ x`` (numpy/BLAS) for ``W`` float32 ``(rows, ceil(num_params / rows))``: every
@@ -504,8 +607,9 @@ def matvec_bandwidth(num_params: int, reps: int = 5, rows: int = 4096,
     return _time_products(product, nbytes, reps)
 
 
-def matvec_probe(num_params: int, rows: int = 4096,
-                 max_bytes: int = MATVEC_MAX_BYTES) -> tuple[Callable[[], Any], int]:
+def matvec_probe(
+    num_params: int, rows: int = 4096, max_bytes: int = MATVEC_MAX_BYTES
+) -> tuple[Callable[[], Any], int]:
     """``(product, matrix bytes)``: a numpy ``W @ x`` over the float32 matrix of
     :func:`matvec_bandwidth` (allocated once, here), to time whenever the machine's rate is
     wanted, e.g. after every prompt of the ``ar`` suite (:func:`run_ar_suite`)."""
@@ -526,12 +630,21 @@ def _time_products(product: Callable[[], Any], nbytes: int, reps: int) -> dict[s
         product()
         times.append(time.perf_counter() - t0)
     best = min(times)
-    return {"matrix_bytes": nbytes, "matvec_s": best, "matvec_median_s": statistics.median(times),
-            "gb_per_s": nbytes / best / 1e9}
+    return {
+        "matrix_bytes": nbytes,
+        "matvec_s": best,
+        "matvec_median_s": statistics.median(times),
+        "gb_per_s": nbytes / best / 1e9,
+    }
 
 
-def device_matvec_bandwidth(num_params: int, dtype: str = "float32", reps: int = 20,
-                            rows: int = 4096, max_bytes: int = MATVEC_MAX_BYTES) -> dict[str, float]:
+def device_matvec_bandwidth(
+    num_params: int,
+    dtype: str = "float32",
+    reps: int = 20,
+    rows: int = 4096,
+    max_bytes: int = MATVEC_MAX_BYTES,
+) -> dict[str, float]:
     """:func:`matvec_bandwidth` on JAX's default device (a GPU or TPU): ``W @ x`` jitted, for
     ``W`` of ``dtype`` ``(rows, ceil(num_params / rows))`` held on the device, capped at
     ``max_bytes`` (1 GiB: far past any accelerator's L2 cache). One untimed product (the
@@ -548,7 +661,9 @@ def device_matvec_bandwidth(num_params: int, dtype: str = "float32", reps: int =
     return _time_products(lambda: f(w, x).block_until_ready(), rows * cols * itemsize, reps)
 
 
-def bandwidth_ceiling(num_params: int, param_dtype: str = "float32", reps: int = 5) -> dict[str, Any]:
+def bandwidth_ceiling(
+    num_params: int, param_dtype: str = "float32", reps: int = 5
+) -> dict[str, Any]:
     """The batch-1 decoding ceiling of a model of ``num_params`` weights in ``param_dtype``:
     every weight read once per token at the rate of a matrix-vector product on the device JAX
     runs on (:func:`matvec_bandwidth` on CPU, :func:`device_matvec_bandwidth` on an
@@ -557,17 +672,24 @@ def bandwidth_ceiling(num_params: int, param_dtype: str = "float32", reps: int =
     import jax
 
     on_cpu = jax.default_backend() == "cpu"
-    bw = (matvec_bandwidth(num_params, reps=reps) if on_cpu
-          else device_matvec_bandwidth(num_params, param_dtype, reps=4 * reps))
+    bw = (
+        matvec_bandwidth(num_params, reps=reps)
+        if on_cpu
+        else device_matvec_bandwidth(num_params, param_dtype, reps=4 * reps)
+    )
     model_bytes = int(np.dtype(jax.numpy.dtype(param_dtype)).itemsize) * int(num_params)
-    return {"num_params": int(num_params), "param_dtype": str(param_dtype),
-            "device": jax.default_backend(), "model_bytes": model_bytes,
-            "model_bytes_f32": 4 * int(num_params),
-            "matvec_matrix_bytes": int(bw["matrix_bytes"]),
-            "matvec_gb_per_s": _num(bw["gb_per_s"], 2),
-            "matvec_ms": _num(bw["matvec_s"] * 1e3, 2),
-            "matvec_median_ms": _num(bw["matvec_median_s"] * 1e3, 2),
-            "bandwidth_bound_tokens_per_s": _num(bw["gb_per_s"] * 1e9 / model_bytes, 2)}
+    return {
+        "num_params": int(num_params),
+        "param_dtype": str(param_dtype),
+        "device": jax.default_backend(),
+        "model_bytes": model_bytes,
+        "model_bytes_f32": 4 * int(num_params),
+        "matvec_matrix_bytes": int(bw["matrix_bytes"]),
+        "matvec_gb_per_s": _num(bw["gb_per_s"], 2),
+        "matvec_ms": _num(bw["matvec_s"] * 1e3, 2),
+        "matvec_median_ms": _num(bw["matvec_median_s"] * 1e3, 2),
+        "bandwidth_bound_tokens_per_s": _num(bw["gb_per_s"] * 1e9 / model_bytes, 2),
+    }
 
 
 # ----------------------------------------------------------------------------- the suite
@@ -586,8 +708,12 @@ def cpu_model() -> str:
 
 def machine_info() -> dict[str, Any]:
     """CPU model, core count and library versions."""
-    info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform()}
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     for mod in ("jax", "jaxlib", "flax", "numpy", "torch", "transformers"):
         try:
             info[mod] = __import__(mod).__version__
@@ -625,11 +751,16 @@ def _drift(system, outs: dict) -> dict:
     qref = getattr(system, "quant_reference", None)
     return {
         "identical_share": _num(sum(d is None for d in div) / len(div), 4),
-        "first_divergence": (None if all(d is None for d in div)
-                             else statistics.median(d for d in div if d is not None)),
+        "first_divergence": (
+            None
+            if all(d is None for d in div)
+            else statistics.median(d for d in div if d is not None)
+        ),
         "identical_to_quant_reference": (
             all(r.tokens == b.tokens for b, r in zip(outs[qref], o))
-            if qref in outs and qref != system.name else None),
+            if qref in outs and qref != system.name
+            else None
+        ),
     }
 
 
@@ -647,26 +778,38 @@ def _decode_rate(outs: Sequence[RunOutput], ttft: Optional[Sequence[float]]) -> 
     if not ttft:
         return {"ttft_s": None, "decode_tokens_per_s": None}
     rates = [r for r in _decode_rates(outs, ttft) if r is not None]
-    return {"ttft_s": _num(statistics.median(ttft), 4),
-            "decode_tokens_per_s": _num(statistics.median(rates), 3) if rates else None}
+    return {
+        "ttft_s": _num(statistics.median(ttft), 4),
+        "decode_tokens_per_s": _num(statistics.median(rates), 3) if rates else None,
+    }
 
 
 def _decode_rates(outs: Sequence[RunOutput], ttft: Sequence[float]) -> list[Optional[float]]:
     """Per prompt, ``(new - 1) / (seconds - ttft)`` tokens/s, or None where it is undefined
     (one token, or a first token that took the whole call)."""
-    return [(len(o.tokens) - 1) / (o.seconds - t) if len(o.tokens) > 1 and o.seconds > t
-            else None for o, t in zip(outs, ttft)]
+    return [
+        (len(o.tokens) - 1) / (o.seconds - t) if len(o.tokens) > 1 and o.seconds > t else None
+        for o, t in zip(outs, ttft)
+    ]
 
 
-def _paired_share(outs: Sequence[RunOutput], ttft: Optional[Sequence[float]],
-                  matvec_s: Sequence[float], matrix_bytes: int, model_bytes: int) -> Optional[float]:
+def _paired_share(
+    outs: Sequence[RunOutput],
+    ttft: Optional[Sequence[float]],
+    matvec_s: Sequence[float],
+    matrix_bytes: int,
+    model_bytes: int,
+) -> Optional[float]:
     """Median over prompts of a system's decode rate over the bandwidth ceiling timed right
     after that prompt (``matrix_bytes / matvec_s[i]`` bytes/s over the model's bytes): the
     ceiling share with the machine's drift paired out. None without both measurements."""
     if not ttft or len(matvec_s) != len(outs):
         return None
-    shares = [rate * model_bytes * t / matrix_bytes
-              for rate, t in zip(_decode_rates(outs, ttft), matvec_s) if rate is not None]
+    shares = [
+        rate * model_bytes * t / matrix_bytes
+        for rate, t in zip(_decode_rates(outs, ttft), matvec_s)
+        if rate is not None
+    ]
     return _num(statistics.median(shares), 3) if shares else None
 
 
@@ -676,9 +819,14 @@ def _on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_first: bool,
-                      progress: bool, log: Callable[[str], None],
-                      between: Optional[Callable[[], None]] = None):
+def _interleaved_runs(
+    systems: Sequence,
+    prompts: Sequence[BenchPrompt],
+    time_first: bool,
+    progress: bool,
+    log: Callable[[str], None],
+    between: Optional[Callable[[], None]] = None,
+):
     """The ``ar`` suite's protocol (module docstring): one untimed warm-up generation per
     system, then every prompt by every system in rotating order; with ``time_first`` the AR
     systems also rerun each prompt with a one-token budget right after; ``between`` is called
@@ -695,8 +843,7 @@ def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_fi
         compile_s[s.name] += s.run(prompts[0].ids).compile_s
         if time_first and _measures_ttft(s):
             s.run(prompts[0].ids, max_new_tokens=1)
-    ttft: dict[str, list[float]] = {s.name: [] for s in systems
-                                    if time_first and _measures_ttft(s)}
+    ttft: dict[str, list[float]] = {s.name: [] for s in systems if time_first and _measures_ttft(s)}
     outs: dict[str, list[RunOutput]] = {n: [] for n in names}
     bar = None
     if progress:
@@ -715,10 +862,13 @@ def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_fi
             if between is not None:
                 between()
             if bar is not None:
-                bar.set_postfix_str(" ".join(
-                    f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
-                    f"{len(outs[n][-1].tokens) / max(outs[n][-1].seconds, 1e-9):.1f}"
-                    for n in names))
+                bar.set_postfix_str(
+                    " ".join(
+                        f"{n.split('/')[0][:3]}/{n.split('/')[1][:5]}="
+                        f"{len(outs[n][-1].tokens) / max(outs[n][-1].seconds, 1e-9):.1f}"
+                        for n in names
+                    )
+                )
                 bar.update(1)
     finally:
         if bar is not None:
@@ -726,8 +876,14 @@ def _interleaved_runs(systems: Sequence, prompts: Sequence[BenchPrompt], time_fi
     return outs, ttft, compile_s
 
 
-def _suite_row(s, outs: dict, model_name: str, compile_s: dict, ttft: Optional[Sequence[float]],
-               paired: Optional[float]) -> dict[str, Any]:
+def _suite_row(
+    s,
+    outs: dict,
+    model_name: str,
+    compile_s: dict,
+    ttft: Optional[Sequence[float]],
+    paired: Optional[float],
+) -> dict[str, Any]:
     """One system's row of the ``ar`` suite (:func:`run_ar_suite`) from every system's
     outputs ``outs`` (the baseline's included), its first-token seconds and paired ceiling
     share."""
@@ -739,8 +895,11 @@ def _suite_row(s, outs: dict, model_name: str, compile_s: dict, ttft: Optional[S
     proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
     drafts = s.method != "ar"
     return {
-        "system": s.system, "method": s.method, "model": model_name,
-        "prompts": len(o), "new_tokens": new,
+        "system": s.system,
+        "method": s.method,
+        "model": model_name,
+        "prompts": len(o),
+        "new_tokens": new,
         "median_tokens_per_s": _num(statistics.median(tps), 3),
         "mean_tokens_per_s": _num(statistics.fmean(tps), 3),
         "nfe_per_token": _num(nfe / max(new, 1)),
@@ -748,8 +907,11 @@ def _suite_row(s, outs: dict, model_name: str, compile_s: dict, ttft: Optional[S
         "acceptance_rate": _num(accepted / proposed) if drafts and proposed else None,
         "draft_nfe_per_token": _num(sum(r.draft_nfe for r in o) / max(new, 1)),
         # accepted draft tokens per decode step (the bonus / correction token not counted)
-        "mean_accepted_length": (_num(accepted / max(sum(r.steps for r in o), 1), 3)
-                                 if drafts and any(r.steps for r in o) else None),
+        "mean_accepted_length": (
+            _num(accepted / max(sum(r.steps for r in o), 1), 3)
+            if drafts and any(r.steps for r in o)
+            else None
+        ),
         "speedup_vs_baseline": _num(statistics.median(ratio), 3),
         "identical_to_reference": all(r.tokens == b.tokens for b, r in zip(ref, o)),
         **_drift(s, outs),
@@ -762,12 +924,19 @@ def _suite_row(s, outs: dict, model_name: str, compile_s: dict, ttft: Optional[S
     }
 
 
-def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_name: str,
-                 num_params: Optional[int] = None, param_dtype: str = "float32",
-                 config: Optional[dict] = None,
-                 progress: bool = True, bandwidth_reps: int = 5,
-                 decode: Optional[Callable[[list[int]], str]] = None,
-                 log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def run_ar_suite(
+    systems: Sequence,
+    prompts: Sequence[BenchPrompt],
+    *,
+    model_name: str,
+    num_params: Optional[int] = None,
+    param_dtype: str = "float32",
+    config: Optional[dict] = None,
+    progress: bool = True,
+    bandwidth_reps: int = 5,
+    decode: Optional[Callable[[list[int]], str]] = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
     """Run the ``ar`` suite and return the result document (docs/results.md).
 
     Args:
@@ -805,19 +974,28 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
     # on the CPU the ceiling's product is also timed after every prompt, to pair each prompt's
     # decode rate with the machine's rate at that moment (a shared machine drifts)
     matvec_s: list[float] = []
-    probe, matrix_bytes = (matvec_probe(num_params) if num_params and _on_cpu() else (None, 0))
+    probe, matrix_bytes = matvec_probe(num_params) if num_params and _on_cpu() else (None, 0)
 
     def time_probe():  # one untimed product (other libraries' threads settle), fastest of 3
         matvec_s.append(_time_products(probe, matrix_bytes, 3)["matvec_s"])
 
-    outs, ttft, compile_s = _interleaved_runs(systems, prompts, bool(num_params), progress, log,
-                                              between=time_probe if probe else None)
+    outs, ttft, compile_s = _interleaved_runs(
+        systems, prompts, bool(num_params), progress, log, between=time_probe if probe else None
+    )
     model_bytes = int(np.dtype(param_dtype).itemsize) * int(num_params or 0)
 
     ref = outs[BASELINE]
-    rows = [_suite_row(s, outs, model_name, compile_s, ttft.get(s.name),
-                       _paired_share(outs[s.name], ttft.get(s.name), matvec_s, matrix_bytes,
-                                     model_bytes)) for s in systems]
+    rows = [
+        _suite_row(
+            s,
+            outs,
+            model_name,
+            compile_s,
+            ttft.get(s.name),
+            _paired_share(outs[s.name], ttft.get(s.name), matvec_s, matrix_bytes, model_bytes),
+        )
+        for s in systems
+    ]
     per_prompt = []
     for i, p in enumerate(prompts):
         entry: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "systems": {}}
@@ -825,12 +1003,16 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
             o = outs[n][i]
             same = o.tokens == ref[i].tokens
             entry["systems"][n] = {
-                "new_tokens": len(o.tokens), "seconds": _num(o.seconds, 5),
+                "new_tokens": len(o.tokens),
+                "seconds": _num(o.seconds, 5),
                 "ttft_s": _num(ttft[n][i], 5) if n in ttft else None,
                 "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
-                "target_nfe": o.target_nfe, "proposed": o.proposed, "accepted": o.accepted,
+                "target_nfe": o.target_nfe,
+                "proposed": o.proposed,
+                "accepted": o.accepted,
                 "identical_to_reference": same,
-                "first_divergence": first_divergence(o.tokens, ref[i].tokens)}
+                "first_divergence": first_divergence(o.tokens, ref[i].tokens),
+            }
             if decode is not None and not same:
                 entry["systems"][n]["output"] = decode(o.tokens)
         if decode is not None:
@@ -841,13 +1023,16 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
     if bandwidth is not None and matvec_s:
         bandwidth["matvec_per_prompt_ms"] = [_num(t * 1e3, 2) for t in matvec_s]
         bandwidth["matvec_per_prompt_gb_per_s_median"] = _num(
-            matrix_bytes / statistics.median(matvec_s) / 1e9, 2)
+            matrix_bytes / statistics.median(matvec_s) / 1e9, 2
+        )
     return {
         "suite": "ar",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_info(),
         "config": dict(config or {}),
-        "bandwidth_bound_tokens_per_s": None if bandwidth is None else bandwidth["bandwidth_bound_tokens_per_s"],
+        "bandwidth_bound_tokens_per_s": None
+        if bandwidth is None
+        else bandwidth["bandwidth_bound_tokens_per_s"],
         "bandwidth": bandwidth,
         "rows": rows,
         "per_prompt": per_prompt,
@@ -857,32 +1042,47 @@ def run_ar_suite(systems: Sequence, prompts: Sequence[BenchPrompt], *, model_nam
 # ----------------------------------------------------------------------------- reporting
 
 _COLUMNS = [
-    ("system", "system", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
-    ("new_tokens", "new tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
-    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"), ("ttft_s", "TTFT s", "{:.3f}"),
-    ("mean_tokens_per_s", "mean tok/s", "{:.1f}"), ("speedup_vs_baseline", "speedup", "{:.2f}x"),
-    ("nfe_per_token", "NFE/token", "{:.3f}"), ("mat", "MAT", "{:.2f}"),
-    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
-    ("identical_share", "ident. share", "{:.2f}"), ("first_divergence", "1st diff", "{:g}"),
+    ("system", "system", "{}"),
+    ("method", "method", "{}"),
+    ("prompts", "prompts", "{}"),
+    ("new_tokens", "new tokens", "{}"),
+    ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
+    ("ttft_s", "TTFT s", "{:.3f}"),
+    ("mean_tokens_per_s", "mean tok/s", "{:.1f}"),
+    ("speedup_vs_baseline", "speedup", "{:.2f}x"),
+    ("nfe_per_token", "NFE/token", "{:.3f}"),
+    ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
+    ("identical_share", "ident. share", "{:.2f}"),
+    ("first_divergence", "1st diff", "{:g}"),
     ("identical_to_quant_reference", "= int8 AR", "{}"),
-    ("compile_s", "compile s", "{:.1f}"), ("verify_layout", "verify layout", "{}"),
-    ("gate_cost", "gate cost", "{:.2f}"), ("distinct_token_share", "distinct", "{:.2f}"),
-    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"), ("longest_run", "longest run", "{}"),
+    ("compile_s", "compile s", "{:.1f}"),
+    ("verify_layout", "verify layout", "{}"),
+    ("gate_cost", "gate cost", "{:.2f}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("longest_run", "longest run", "{}"),
 ]
 
 
 # Columns of :func:`jaxspec.eval.metrics.answer_degeneracy` (diffusion suites): degeneracy of the
 # text before the first EOS, the answer length and the EOS-tail share.
 ANSWER_COLUMNS = (
-    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
-    ("longest_run", "longest run", "{}"), ("answer_tokens", "answer tokens", "{:.1f}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("longest_run", "longest run", "{}"),
+    ("answer_tokens", "answer tokens", "{:.1f}"),
     ("eos_share", "EOS share", "{:.2f}"),
 )
-ANSWER_NOTE = ("- `distinct`, `rep. 4-gram`, `longest run`: degeneracy of the text before each "
-               "output's first EOS (a looping model agrees with itself and inflates acceptance); "
-               "`answer tokens`: its mean length; `EOS share`: share of the generated positions "
-               "that hold EOS, the tail an instruct dLLM pads its blocks with. EOS tails are easy "
-               "to accept and decode, as in the papers' figures: read speedups beside this share.")
+ANSWER_NOTE = (
+    "- `distinct`, `rep. 4-gram`, `longest run`: degeneracy of the text before each "
+    "output's first EOS (a looping model agrees with itself and inflates acceptance); "
+    "`answer tokens`: its mean length; `EOS share`: share of the generated positions "
+    "that hold EOS, the tail an instruct dLLM pads its blocks with. EOS tails are easy "
+    "to accept and decode, as in the papers' figures: read speedups beside this share."
+)
 
 
 def markdown_table(result: dict, columns=None) -> str:
@@ -890,20 +1090,27 @@ def markdown_table(result: dict, columns=None) -> str:
     ``(key, header, format)`` (default: the ``ar`` suite's). ``None`` prints ``-``, booleans
     ``yes`` / ``NO``."""
     columns = _COLUMNS if columns is None else columns
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
+    lines = [
+        "| " + " | ".join(h for _, h, _ in columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
     for r in result["rows"]:
         cells = []
         for key, _, fmt in columns:
             v = r.get(key)
-            cells.append("-" if v is None else (("yes" if v else "NO") if isinstance(v, bool)
-                                                 else fmt.format(v)))
+            cells.append(
+                "-"
+                if v is None
+                else (("yes" if v else "NO") if isinstance(v, bool) else fmt.format(v))
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-MAT_DEFINITION = ("`MAT` = generated tokens / target forwards (prefill counted, the bonus or "
-                  "correction token of each step counted); AR has MAT 1.")
+MAT_DEFINITION = (
+    "`MAT` = generated tokens / target forwards (prefill counted, the bonus or "
+    "correction token of each step counted); AR has MAT 1."
+)
 
 
 def report_header(title: str, result: dict, *, peers: bool = False) -> list[str]:
@@ -911,15 +1118,19 @@ def report_header(title: str, result: dict, *, peers: bool = False) -> list[str]
     JAX ran on one) / jax, plus torch and transformers when ``peers`` (suites that time the
     transformers peers); and the config."""
     m, c = result["machine"], result.get("config") or {}
-    line = (f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores"
-            + (f" · {m['accelerator']}" if m.get("accelerator") else "") + f" · jax {m.get('jax')}"
-            + (f" · torch {m.get('torch')} · transformers {m.get('transformers')}" if peers else ""))
+    line = (
+        f"{result['date']} · {m.get('cpu')} · {m.get('cores')} cores"
+        + (f" · {m['accelerator']}" if m.get("accelerator") else "")
+        + f" · jax {m.get('jax')}"
+        + (f" · torch {m.get('torch')} · transformers {m.get('transformers')}" if peers else "")
+    )
     out = [f"# {title}", "", line, ""]
     return out + (["Config: " + ", ".join(f"`{k}={v}`" for k, v in c.items()), ""] if c else [])
 
 
-def ab_seconds(run: Callable[[str, Any], Any], arms: Sequence[str], inputs: Sequence,
-               reps: int) -> tuple[dict[str, list[float]], list[float]]:
+def ab_seconds(
+    run: Callable[[str, Any], Any], arms: Sequence[str], inputs: Sequence, reps: int
+) -> tuple[dict[str, list[float]], list[float]]:
     """The two-arm A/B protocol of the ``results/`` probe scripts: for every input, ``reps``
     rounds that time ``run(arm, input)`` once per arm, the arms' order alternating from round
     to round and input to input (compile first: nothing here is untimed).
@@ -932,7 +1143,7 @@ def ab_seconds(run: Callable[[str, Any], Any], arms: Sequence[str], inputs: Sequ
     for i, x in enumerate(inputs):
         mine: dict[str, list[float]] = {a: [] for a in arms}
         for r in range(reps):
-            for a in (arms if (i + r) % 2 == 0 else arms[::-1]):
+            for a in arms if (i + r) % 2 == 0 else arms[::-1]:
                 t0 = time.perf_counter()
                 run(a, x)
                 mine[a].append(time.perf_counter() - t0)
@@ -942,8 +1153,9 @@ def ab_seconds(run: Callable[[str, Any], Any], arms: Sequence[str], inputs: Sequ
     return secs, ratios
 
 
-def compile_arms(arms: Sequence, switch: Callable[[Any], None],
-                 first_run: Callable[[Any], Any]) -> tuple[dict, dict]:
+def compile_arms(
+    arms: Sequence, switch: Callable[[Any], None], first_run: Callable[[Any], Any]
+) -> tuple[dict, dict]:
     """The compile step of the ``results/`` A/B probes whose arms differ in the code they trace
     (a module constant, a wrapped function): per arm, ``switch(arm)``, drop every compiled
     program (:func:`jaxspec.core.runtime.clear_compiled`), call ``first_run(arm)`` (which
@@ -968,13 +1180,19 @@ def run_arm(programs: dict, arm, fn: Callable, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-def ab_table(secs: dict[str, list[float]], ratios: Sequence[float], label: str,
-             name: Callable[[str], str] = str) -> list[str]:
+def ab_table(
+    secs: dict[str, list[float]],
+    ratios: Sequence[float],
+    label: str,
+    name: Callable[[str], str] = str,
+) -> list[str]:
     """Markdown lines of an :func:`ab_seconds` result: per arm the median and fastest seconds
     per call and the median of the per-input speedups (1.00x for the first arm)."""
     first = next(iter(secs))
-    lines = [f"| {label} | seconds per prompt, median | fastest | median of per-prompt speedups |",
-             "|---|---|---|---|"]
+    lines = [
+        f"| {label} | seconds per prompt, median | fastest | median of per-prompt speedups |",
+        "|---|---|---|---|",
+    ]
     for a, t in secs.items():
         ratio = 1.0 if a == first else statistics.median(ratios)
         f = ".3f" if statistics.median(t) < 1 else ".2f"  # sub-second calls: milliseconds
@@ -1019,18 +1237,39 @@ def _ceiling_shares(result: dict) -> str:
     """`` jaxspec/ar's decode steps reach X% of it ...``: each AR system's decode rate (and
     end-to-end rate) as a share of the bandwidth ceiling; empty without decode rates."""
     bound = result.get("bandwidth_bound_tokens_per_s")
-    parts = [f"`{r['system']}/{r['method']}` {100 * r['decode_tokens_per_s'] / bound:.0f}% "
-             f"(end to end, prefill included: {100 * r['median_tokens_per_s'] / bound:.0f}%)"
-             for r in result.get("rows", ()) if bound and r.get("decode_tokens_per_s")]
-    paired = [f"`{r['system']}/{r['method']}` {100 * r['decode_share_paired']:.0f}%"
-              for r in result.get("rows", ()) if r.get("decode_share_paired")]
+    parts = [
+        f"`{r['system']}/{r['method']}` {100 * r['decode_tokens_per_s'] / bound:.0f}% "
+        f"(end to end, prefill included: {100 * r['median_tokens_per_s'] / bound:.0f}%)"
+        for r in result.get("rows", ())
+        if bound and r.get("decode_tokens_per_s")
+    ]
+    paired = [
+        f"`{r['system']}/{r['method']}` {100 * r['decode_share_paired']:.0f}%"
+        for r in result.get("rows", ())
+        if r.get("decode_share_paired")
+    ]
     bw = result.get("bandwidth") or {}
-    note = (" Paired with the same product timed right after each prompt (fastest of 3; median "
+    note = (
+        (
+            " Paired with the same product timed right after each prompt (fastest of 3; median "
             f"{bw.get('matvec_per_prompt_gb_per_s_median')} GB/s; the machine's rate drifts "
             "during a run), the median over prompts of decode rate / that prompt's ceiling: "
-            + "; ".join(paired) + ".") if paired else ""
-    return (" Decode steps alone (`decode tok/s`) reach, of this ceiling: " + "; ".join(parts)
-            + "." + note) if parts else ""
+            + "; ".join(paired)
+            + "."
+        )
+        if paired
+        else ""
+    )
+    return (
+        (
+            " Decode steps alone (`decode tok/s`) reach, of this ceiling: "
+            + "; ".join(parts)
+            + "."
+            + note
+        )
+        if parts
+        else ""
+    )
 
 
 def markdown_report(result: dict) -> str:
@@ -1041,16 +1280,19 @@ def markdown_report(result: dict) -> str:
     if bw:
         dt = bw.get("param_dtype", "float32")
         where = "" if bw.get("device", "cpu") == "cpu" else f" on the {bw['device'].upper()}"
-        out += [f"**Memory-bandwidth ceiling for batch-1 {dt} decoding{where}: "
-                f"{bw['bandwidth_bound_tokens_per_s']:.1f} tokens/s** "
-                f"({bw.get('model_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB "
-                f"of {dt} weights read at {bw['matvec_gb_per_s']:.1f} GB/s, the rate of a "
-                f"matrix-vector product over a "
-                f"{bw.get('matvec_matrix_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB {dt} "
-                f"matrix: fastest of several passes {bw['matvec_ms']:.2f} ms, "
-                f"median {bw['matvec_median_ms']:.1f} ms). A decoder that "
-                f"runs one target forward per token cannot beat it; speculative decoding can, "
-                f"because one forward verifies several tokens." + _ceiling_shares(result), ""]
+        out += [
+            f"**Memory-bandwidth ceiling for batch-1 {dt} decoding{where}: "
+            f"{bw['bandwidth_bound_tokens_per_s']:.1f} tokens/s** "
+            f"({bw.get('model_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB "
+            f"of {dt} weights read at {bw['matvec_gb_per_s']:.1f} GB/s, the rate of a "
+            f"matrix-vector product over a "
+            f"{bw.get('matvec_matrix_bytes', bw['model_bytes_f32']) / 1e9:.3g} GB {dt} "
+            f"matrix: fastest of several passes {bw['matvec_ms']:.2f} ms, "
+            f"median {bw['matvec_median_ms']:.1f} ms). A decoder that "
+            f"runs one target forward per token cannot beat it; speculative decoding can, "
+            f"because one forward verifies several tokens." + _ceiling_shares(result),
+            "",
+        ]
     out += [
         "How to read this:",
         "",
@@ -1105,15 +1347,21 @@ def plot_per_prompt(result: dict, out: Path) -> Path:
     ax.set_xticks(x, [p["task_id"].split("/")[-1] for p in prompts])
     ax.set_xlabel(f"prompt ({prompts[0]['task_id'].split('/')[0]} index)" if prompts else "prompt")
     ax.set_ylabel("tokens / s (wall clock)")
-    ax.set_title(f"suite {result['suite']}: {result['rows'][0]['model']}, greedy, batch 1 "
-                 "(lines: medians)")
+    ax.set_title(
+        f"suite {result['suite']}: {result['rows'][0]['model']}, greedy, batch 1 (lines: medians)"
+    )
     ax.legend(fontsize=7, loc="upper left", ncol=2)
     return save_figure(fig, out)
 
 
-def write_results(result: dict, out: Path, *, report: Callable[[dict], str] = None,
-                  plot: Callable[[dict, Path], Path] = None,
-                  caption: str = "per-prompt throughput") -> tuple[Path, Path]:
+def write_results(
+    result: dict,
+    out: Path,
+    *,
+    report: Callable[[dict], str] = None,
+    plot: Callable[[dict, Path], Path] = None,
+    caption: str = "per-prompt throughput",
+) -> tuple[Path, Path]:
     """Write ``result`` as JSON to ``out``, the markdown report next to it (``.md``) and the
     chart (``.png``, linked from the report). ``report`` / ``plot`` default to this suite's
     :func:`markdown_report` / :func:`plot_per_prompt`."""

@@ -43,8 +43,13 @@ PROMPTS = "prompts.json"
 PACK_FORMAT = 1
 # Suites of the device run, in the order they run, with their share of the time budget
 # (time a suite leaves unused passes on to the next).
-SUITE_SHARES = {"methods-causal": 0.30, "methods-dllm": 0.25, "methods-asarm": 0.10,
-                "peers": 0.20, "projection": 0.15}
+SUITE_SHARES = {
+    "methods-causal": 0.30,
+    "methods-dllm": 0.25,
+    "methods-asarm": 0.10,
+    "peers": 0.20,
+    "projection": 0.15,
+}
 SUITES = tuple(SUITE_SHARES)
 # What the device image lacks (/work/.library/device/KINDS.md lists its packages: jax 0.11.2,
 # flax, optax, orbax, chex, safetensors, tokenizers, transformers 5.17, torch 2.11 are there).
@@ -86,15 +91,33 @@ class Registry:
         return bool(get_method(name).lossless)
 
     @staticmethod
-    def run(name: str, family: str, model, params, inputs: Sequence, options: dict, *,
-            seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0):
+    def run(
+        name: str,
+        family: str,
+        model,
+        params,
+        inputs: Sequence,
+        options: dict,
+        *,
+        seed: int = 0,
+        eos_ids: Sequence[int] = (),
+        pad_id: int = 0,
+    ):
         """Run method ``name`` with ``options`` (:meth:`jaxspec.methods.Method.configure`);
         returns the registry's result (``.tokens``, ``.stats``, ``.compile_s``)."""
         from jaxspec.methods import get_method, run
 
         m = get_method(name, family)
-        return run(m, model, params, inputs, m.configure(options, strict=False), seed=seed,
-                   eos_ids=tuple(eos_ids), pad_id=pad_id)
+        return run(
+            m,
+            model,
+            params,
+            inputs,
+            m.configure(options, strict=False),
+            seed=seed,
+            eos_ids=tuple(eos_ids),
+            pad_id=pad_id,
+        )
 
 
 # ----------------------------------------------------------------------------- files
@@ -109,8 +132,9 @@ def sha256_file(path: Path, chunk: int = 4 * MiB) -> str:
     return h.hexdigest()
 
 
-def split_file(src: Path, pack_dir: Path, name: str, dest: str,
-               part_max: int = PART_MAX_BYTES) -> dict:
+def split_file(
+    src: Path, pack_dir: Path, name: str, dest: str, part_max: int = PART_MAX_BYTES
+) -> dict:
     """Split ``src`` into parts of at most ``part_max`` bytes under ``pack_dir/parts``.
 
     Returns the manifest entry ``{name, dest, size, sha256, parts: [{file, size, sha256}]}``
@@ -137,13 +161,19 @@ def split_file(src: Path, pack_dir: Path, name: str, dest: str,
             whole.update(block)
             rel = f"parts/{name}.{i:02d}"
             (pack_dir / rel).write_bytes(block)
-            parts.append({"file": rel, "size": len(block),
-                          "sha256": hashlib.sha256(block).hexdigest()})
+            parts.append(
+                {"file": rel, "size": len(block), "sha256": hashlib.sha256(block).hexdigest()}
+            )
             i += 1
             if len(block) < part_max:
                 break
-    return {"name": name, "dest": dest, "size": src.stat().st_size,
-            "sha256": whole.hexdigest(), "parts": parts}
+    return {
+        "name": name,
+        "dest": dest,
+        "size": src.stat().st_size,
+        "sha256": whole.hexdigest(),
+        "parts": parts,
+    }
 
 
 def read_manifest(pack_dir: Path) -> dict:
@@ -154,8 +184,10 @@ def read_manifest(pack_dir: Path) -> dict:
         another format."""
     path = Path(pack_dir) / MANIFEST
     if not path.is_file():
-        raise PackError(f"no pack at {pack_dir} (missing {MANIFEST}); build it with "
-                        "`python -m scripts.device_bench pack`")
+        raise PackError(
+            f"no pack at {pack_dir} (missing {MANIFEST}); build it with "
+            "`python -m scripts.device_bench pack`"
+        )
     m = json.loads(path.read_text())
     if m.get("format") != PACK_FORMAT:
         raise PackError(f"{path}: pack format {m.get('format')!r}, expected {PACK_FORMAT}")
@@ -194,13 +226,16 @@ def verify_pack(pack_dir: Path, stage_dirs: Sequence[Path] = ()) -> dict:
             raise PackError(f"{what}: {path} has {size} bytes, the manifest says {entry['size']}")
         got = sha256_file(path)
         if got != entry["sha256"]:
-            raise PackError(f"{what}: {path} fails its sha256 check (got {got[:16]}..., "
-                            f"manifest {entry['sha256'][:16]}...)")
+            raise PackError(
+                f"{what}: {path} fails its sha256 check (got {got[:16]}..., "
+                f"manifest {entry['sha256'][:16]}...)"
+            )
     return m
 
 
-def unpack(pack_dir: Path, dest: Path, stage_dirs: Sequence[Path] = (),
-           manifest: Optional[dict] = None) -> dict[str, Path]:
+def unpack(
+    pack_dir: Path, dest: Path, stage_dirs: Sequence[Path] = (), manifest: Optional[dict] = None
+) -> dict[str, Path]:
     """Join each artifact's parts into ``dest / artifact["dest"]`` and check the whole file's
     sha256 (after :func:`verify_pack` has checked the parts; it runs here unless
     ``manifest`` is given). A file already there with the right sha256 is kept.
@@ -216,8 +251,9 @@ def unpack(pack_dir: Path, dest: Path, stage_dirs: Sequence[Path] = (),
     for a in m["artifacts"]:
         path = Path(dest) / a["dest"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not (path.is_file() and path.stat().st_size == a["size"]
-                and sha256_file(path) == a["sha256"]):
+        if not (
+            path.is_file() and path.stat().st_size == a["size"] and sha256_file(path) == a["sha256"]
+        ):
             tmp = path.with_name(path.name + ".joining")
             with open(tmp, "wb") as f:
                 for p in a["parts"]:
@@ -226,8 +262,10 @@ def unpack(pack_dir: Path, dest: Path, stage_dirs: Sequence[Path] = (),
             got = sha256_file(tmp)
             if got != a["sha256"]:
                 tmp.unlink()
-                raise PackError(f"{a['name']}: joined file fails its sha256 check (got "
-                                f"{got[:16]}..., manifest {a['sha256'][:16]}...)")
+                raise PackError(
+                    f"{a['name']}: joined file fails its sha256 check (got "
+                    f"{got[:16]}..., manifest {a['sha256'][:16]}...)"
+                )
             tmp.replace(path)
         out[a["name"]] = path
     return out
@@ -265,16 +303,33 @@ def install_wheels(pack_dir: Path, target: Path, manifest: dict) -> list[str]:
     wheels = [str(Path(pack_dir) / w["file"]) for w in manifest.get("wheels", [])]
     if not wheels:
         return []
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target),
-                        *wheels], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(target),
+            *wheels,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
         raise PackError(f"pip could not install the pack's wheels: {last}")
     if str(target) not in sys.path:
         sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(target)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [str(target)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     return [Path(w).name for w in wheels]
 
 
@@ -285,12 +340,32 @@ def download_wheels(specs: Sequence[str], dest: Path) -> list[Path]:
     Raises:
       PackError: pip finds no matching wheel (its last line is quoted)."""
     dest.mkdir(parents=True, exist_ok=True)
-    plats = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
-                                         "manylinux2014_x86_64", "any")]
+    plats = [
+        f"--platform={p}"
+        for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
+    ]
     before = set(dest.glob("*.whl"))
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--only-binary=:all:", "--python-version", "3.12", "--implementation",
-                        "cp", *plats, "-d", str(dest), *specs], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *plats,
+            "-d",
+            str(dest),
+            *specs,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
         raise PackError(f"pip download {' '.join(specs)} failed: {last}")
@@ -301,8 +376,12 @@ def travel_bytes(repo: Path) -> int:
     """Bytes of the working tree a device call sends: tracked files plus untracked files
     git does not ignore (``git ls-files -co --exclude-standard``), the carried paths not
     included."""
-    r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo,
-                       capture_output=True, check=True)
+    r = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=repo,
+        capture_output=True,
+        check=True,
+    )
     total = 0
     for name in r.stdout.decode().split("\0"):
         p = Path(repo) / name
@@ -324,19 +403,27 @@ def carry_plan(manifest: dict, tree_bytes: int, limit: int = CARRY_MAX_BYTES) ->
     fixed_bytes = sum(f["size"] for f in fixed) + 64 * 1024  # + manifest
     parts = [p for a in manifest["artifacts"] for p in a["parts"]]
     if room <= fixed_bytes:
-        return {"calls": [], "call_bytes": [], "fits": False,
-                "reason": f"the working tree alone is {tree_bytes / MiB:.1f} MiB of the "
-                          f"{limit / MiB:.0f} MiB a call carries: shrink it by at least "
-                          f"{(tree_bytes + fixed_bytes - limit) / MiB + 1:.1f} MiB first; "
-                          f"the {sum(p['size'] for p in parts) / MiB:.1f} MiB of parts then "
-                          f"travel in calls of at most (64 MiB - the tree) each"}
+        return {
+            "calls": [],
+            "call_bytes": [],
+            "fits": False,
+            "reason": f"the working tree alone is {tree_bytes / MiB:.1f} MiB of the "
+            f"{limit / MiB:.0f} MiB a call carries: shrink it by at least "
+            f"{(tree_bytes + fixed_bytes - limit) / MiB + 1:.1f} MiB first; "
+            f"the {sum(p['size'] for p in parts) / MiB:.1f} MiB of parts then "
+            f"travel in calls of at most (64 MiB - the tree) each",
+        }
     big = [p for p in parts if p["size"] > room]
     if big:
-        return {"calls": [], "call_bytes": [], "fits": False,
-                "reason": f"part {big[0]['file']} ({big[0]['size'] / MiB:.1f} MiB) does not fit "
-                          f"beside the {tree_bytes / MiB:.1f} MiB tree; pack with "
-                          f"--part-max-mib {int((room - fixed_bytes) / MiB)}"}
-    calls, sizes, cur, cur_b = [], [], [], 0
+        return {
+            "calls": [],
+            "call_bytes": [],
+            "fits": False,
+            "reason": f"part {big[0]['file']} ({big[0]['size'] / MiB:.1f} MiB) does not fit "
+            f"beside the {tree_bytes / MiB:.1f} MiB tree; pack with "
+            f"--part-max-mib {int((room - fixed_bytes) / MiB)}",
+        }
+    calls, sizes = [], []
     for p in sorted(parts, key=lambda p: -p["size"]):  # first fit, largest first
         for i, c in enumerate(calls):
             if sizes[i] + p["size"] <= room:
@@ -355,9 +442,12 @@ def carry_plan(manifest: dict, tree_bytes: int, limit: int = CARRY_MAX_BYTES) ->
     calls[last] += [MANIFEST, fixed[0]["file"]] + [w["file"] for w in fixed[1:]]
     sizes[last] += fixed_bytes
     order = [i for i in range(len(calls)) if i != last] + [last]
-    return {"calls": [calls[i] for i in order],
-            "call_bytes": [sizes[i] + tree_bytes for i in order], "fits": True,
-            "reason": f"{len(calls)} call(s), the last one runs the bench"}
+    return {
+        "calls": [calls[i] for i in order],
+        "call_bytes": [sizes[i] + tree_bytes for i in order],
+        "fits": True,
+        "reason": f"{len(calls)} call(s), the last one runs the bench",
+    }
 
 
 # ----------------------------------------------------------------------------- params
@@ -402,7 +492,7 @@ class Budget:
     def suite_deadline(self, suite: str, suites: Sequence[str]) -> float:
         """Seconds from now the suite may use: its share of what is left, in proportion to
         the shares of the suites still to run (itself included)."""
-        shares = [SUITE_SHARES.get(s, 0.1) for s in suites[suites.index(suite):]]
+        shares = [SUITE_SHARES.get(s, 0.1) for s in suites[suites.index(suite) :]]
         return max(0.0, self.left() * SUITE_SHARES.get(suite, 0.1) / sum(shares))
 
 
@@ -431,20 +521,35 @@ def write_suite(result: dict, out_dir: Path, *, plot: bool = True) -> list[Path]
 
 def machine_header(machine: dict) -> str:
     """One line: date-free machine facts for a report header."""
-    keys = [("accelerator", "{}"), ("driver", "driver {}"), ("cpu", "{}"), ("cores", "{} cores"),
-            ("jax", "jax {}"), ("jax_backend", "backend {}"), ("torch", "torch {}"),
-            ("transformers", "transformers {}")]
+    keys = [
+        ("accelerator", "{}"),
+        ("driver", "driver {}"),
+        ("cpu", "{}"),
+        ("cores", "{} cores"),
+        ("jax", "jax {}"),
+        ("jax_backend", "backend {}"),
+        ("torch", "torch {}"),
+        ("transformers", "transformers {}"),
+    ]
     return " · ".join(f.format(machine[k]) for k, f in keys if machine.get(k) is not None)
 
 
 _MD_COLUMNS = [
-    ("vehicle", "vehicle", "{}"), ("method", "method", "{}"), ("batch", "batch", "{}"),
-    ("temperature", "T", "{:g}"), ("new_tokens", "new tokens", "{}"),
+    ("vehicle", "vehicle", "{}"),
+    ("method", "method", "{}"),
+    ("batch", "batch", "{}"),
+    ("temperature", "T", "{:g}"),
+    ("new_tokens", "new tokens", "{}"),
     ("answer_tokens", "answer", "{}"),
-    ("seconds", "seconds", "{:.3f}"), ("tokens_per_s", "tok/s", "{:.1f}"),
-    ("speedup_vs_reference", "speedup", "{:.2f}x"), ("nfe", "NFE", "{}"), ("mat", "MAT", "{:.2f}"),
-    ("nfe_ratio", "NFE ratio", "{:.2f}x"), ("identical_to_reference", "identical", "{}"),
-    ("compile_s", "compile s", "{:.1f}"), ("skipped", "skipped / error", "{}"),
+    ("seconds", "seconds", "{:.3f}"),
+    ("tokens_per_s", "tok/s", "{:.1f}"),
+    ("speedup_vs_reference", "speedup", "{:.2f}x"),
+    ("nfe", "NFE", "{}"),
+    ("mat", "MAT", "{:.2f}"),
+    ("nfe_ratio", "NFE ratio", "{:.2f}x"),
+    ("identical_to_reference", "identical", "{}"),
+    ("compile_s", "compile s", "{:.1f}"),
+    ("skipped", "skipped / error", "{}"),
 ]
 
 
@@ -457,16 +562,27 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple]) -> list[str]:
         cells = []
         for k, _, fmt in cols:
             v = r.get(k)
-            cells.append("-" if v is None else ("yes" if v else "NO") if isinstance(v, bool)
-                         else fmt.format(v) if not isinstance(v, str) else v.replace("|", "/"))
+            cells.append(
+                "-"
+                if v is None
+                else ("yes" if v else "NO")
+                if isinstance(v, bool)
+                else fmt.format(v)
+                if not isinstance(v, str)
+                else v.replace("|", "/")
+            )
         out.append("| " + " | ".join(cells) + " |")
     return out
 
 
 def markdown_suite(result: dict) -> str:
     """The markdown page of one suite of the device run."""
-    lines = [f"# Device bench: `{result['suite']}`", "",
-             f"{result['date']} · {machine_header(result['machine'])}", ""]
+    lines = [
+        f"# Device bench: `{result['suite']}`",
+        "",
+        f"{result['date']} · {machine_header(result['machine'])}",
+        "",
+    ]
     if result.get("config"):
         lines += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in result["config"].items()), ""]
     if result.get("title"):
@@ -482,8 +598,11 @@ def plot_suite(result: dict, out: Path) -> Path:
     from jaxspec.core.plotting import pyplot
 
     rows = [r for r in result["rows"] if r.get("speedup_vs_reference") or r.get("tokens_per_s")]
-    key = "speedup_vs_reference" if any(r.get("speedup_vs_reference") for r in rows) \
+    key = (
+        "speedup_vs_reference"
+        if any(r.get("speedup_vs_reference") for r in rows)
         else "tokens_per_s"
+    )
     rows = [r for r in rows if r.get(key)]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(rows) + 2), 3.8))
@@ -537,8 +656,12 @@ def device_machine_info() -> dict:
 
     info = machine_info()
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if r.returncode == 0 and r.stdout.strip():
             name, driver, mem = [x.strip() for x in r.stdout.strip().splitlines()[0].split(",")]
             info.update(gpu=name, driver=driver, gpu_memory=mem)
@@ -569,8 +692,12 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 SMOKE_VOCAB = 64
 # Real vehicles: presets whose weights are the SmolLM2 GGUF (packed) plus deltas and the
 # AS-ARM checkpoint committed in the tree.
-REAL_VEHICLES = {"causal": "smollm2-135m-instruct", "space": "smollm2-135m-space",
-                 "dllm": "dream-smollm2-135m", "asarm": "asarm-small"}
+REAL_VEHICLES = {
+    "causal": "smollm2-135m-instruct",
+    "space": "smollm2-135m-space",
+    "dllm": "dream-smollm2-135m",
+    "asarm": "asarm-small",
+}
 REAL_GGUF_PRESET = "smollm2-135m-instruct"
 
 
@@ -592,8 +719,11 @@ class Vehicle:
 def _tiny_factories():
     from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 
-    return {"tiny_model": tiny_model, "tiny_diffusion_model": tiny_diffusion_model,
-            "tiny_xlnet": tiny_xlnet}
+    return {
+        "tiny_model": tiny_model,
+        "tiny_diffusion_model": tiny_diffusion_model,
+        "tiny_xlnet": tiny_xlnet,
+    }
 
 
 def smoke_vehicles(work: Path, *, hf: bool = True) -> tuple[list[tuple[str, Path, str]], dict]:
@@ -619,9 +749,11 @@ def smoke_vehicles(work: Path, *, hf: bool = True) -> tuple[list[tuple[str, Path
             vehicles["causal"] = {"kind": "hf-dir", "family": "causal", "dir": "vehicles/causal"}
         except ImportError:
             hf = False
-    specs = {"space": ("tiny_model", {"vocab": vocab, "mask_token_id": vocab - 1, "seed": 3}),
-             "dllm": ("tiny_diffusion_model", {"head": "dream", "vocab": vocab, "ctx": 128}),
-             "asarm": ("tiny_xlnet", {"vocab": 11})}
+    specs = {
+        "space": ("tiny_model", {"vocab": vocab, "mask_token_id": vocab - 1, "seed": 3}),
+        "dllm": ("tiny_diffusion_model", {"head": "dream", "vocab": vocab, "ctx": 128}),
+        "asarm": ("tiny_xlnet", {"vocab": 11}),
+    }
     if not hf:
         specs["causal"] = ("tiny_model", {"vocab": vocab, "seed": 0})
     fam = {"causal": "causal", "space": "causal", "dllm": "dllm", "asarm": "asarm"}
@@ -630,8 +762,13 @@ def smoke_vehicles(work: Path, *, hf: bool = True) -> tuple[list[tuple[str, Path
         path = work / f"{name}.safetensors"
         save_params(params, path)
         files.append((name, path, f"vehicles/{name}.safetensors"))
-        vehicles[name] = {"kind": "tiny", "family": fam[name], "factory": factory,
-                          "kwargs": kwargs, "file": f"vehicles/{name}.safetensors"}
+        vehicles[name] = {
+            "kind": "tiny",
+            "family": fam[name],
+            "factory": factory,
+            "kwargs": kwargs,
+            "file": f"vehicles/{name}.safetensors",
+        }
     vehicles["vocab"] = vocab
     return files, vehicles
 
@@ -649,12 +786,19 @@ def smoke_prompts(vocab: int, n: int = 8, seed: int = 0) -> dict:
         masked = [bool(i >= 3 and rng.random() < 0.7) for i in range(12)]
         masked[-1] = True
         tasks.append({"tokens": toks, "masked": masked})
-    return {"task_ids": [f"smoke/{i}" for i in range(n)], "causal": prompts, "dllm": prompts,
-            "asarm": tasks, "eos_ids": [2], "pad_id": 0}
+    return {
+        "task_ids": [f"smoke/{i}" for i in range(n)],
+        "causal": prompts,
+        "dllm": prompts,
+        "asarm": tasks,
+        "eos_ids": [2],
+        "pad_id": 0,
+    }
 
 
-def real_prompts(gguf: Path, n: int = 8, asarm_len: int = 64, mask_rate: float = 0.9,
-                 seed: int = 0) -> dict:
+def real_prompts(
+    gguf: Path, n: int = 8, asarm_len: int = 64, mask_rate: float = 0.9, seed: int = 0
+) -> dict:
     """Token ids of the first ``n`` HumanEval prompts for the real vehicles: raw stubs for the
     causal suites (the ``ar`` suite's prompts), chat-wrapped for the instruct dLLM, and XLNet
     infilling tasks (the first ``asarm_len`` ids of each stub mapped to asarm-small's compact
@@ -678,13 +822,26 @@ def real_prompts(gguf: Path, n: int = 8, asarm_len: int = 64, mask_rate: float =
         tasks.append({"tokens": toks, "masked": masked})
     eos = [int(e) for e in tok.eos_token_ids]
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    return {"task_ids": [p["task_id"] for p in probs], "causal": causal, "dllm": dllm,
-            "asarm": tasks, "eos_ids": eos, "pad_id": int(pad)}
+    return {
+        "task_ids": [p["task_id"] for p in probs],
+        "causal": causal,
+        "dllm": dllm,
+        "asarm": tasks,
+        "eos_ids": eos,
+        "pad_id": int(pad),
+    }
 
 
-def build_pack(pack_dir: Path, *, smoke: bool = False, part_max: int = PART_MAX_BYTES,
-               wheels: Sequence[Path] = (), gguf: Optional[Path] = None, hf: bool = True,
-               log: Callable[[str], None] = print) -> dict:
+def build_pack(
+    pack_dir: Path,
+    *,
+    smoke: bool = False,
+    part_max: int = PART_MAX_BYTES,
+    wheels: Sequence[Path] = (),
+    gguf: Optional[Path] = None,
+    hf: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Build the pack in ``pack_dir`` (emptied first): artifacts in parts, prompts, wheels,
     manifest. ``smoke``: tiny random vehicles (seconds); else the SmolLM2 GGUF (``gguf``, the
     fetched preset file by default; the other real vehicles are committed deltas and
@@ -711,19 +868,30 @@ def build_pack(pack_dir: Path, *, smoke: bool = False, part_max: int = PART_MAX_
             preset = get_preset(REAL_GGUF_PRESET)
             gguf = Path(gguf) if gguf else fetch(preset, log=log)
             files = [("smollm2-gguf", gguf, f"cache/{preset.file}")]
-            vehicles = {k: {"kind": "preset", "family": _REAL_FAMILY[k], "preset": v}
-                        for k, v in REAL_VEHICLES.items()}
+            vehicles = {
+                k: {"kind": "preset", "family": _REAL_FAMILY[k], "preset": v}
+                for k, v in REAL_VEHICLES.items()
+            }
             vehicles["cache"] = "cache"
             prompts = real_prompts(gguf)
         for name, path, dest in files:
             artifacts.append(split_file(path, pack_dir, name, dest, part_max))
-            log(f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
-                f"{len(artifacts[-1]['parts'])} part(s)")
+            log(
+                f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
+                f"{len(artifacts[-1]['parts'])} part(s)"
+            )
     return write_manifest(pack_dir, artifacts, prompts, vehicles, wheels, smoke=smoke)
 
 
-def write_manifest(pack_dir: Path, artifacts: list[dict], prompts: dict, vehicles: dict,
-                   wheels: Sequence[Path] = (), *, smoke: bool = False) -> dict:
+def write_manifest(
+    pack_dir: Path,
+    artifacts: list[dict],
+    prompts: dict,
+    vehicles: dict,
+    wheels: Sequence[Path] = (),
+    *,
+    smoke: bool = False,
+) -> dict:
     """Write ``prompts.json``, copy ``wheels`` under ``wheels/`` and write the manifest of
     ``artifacts`` (entries of :func:`split_file`). Returns the manifest."""
     pack_dir = Path(pack_dir)
@@ -733,15 +901,27 @@ def write_manifest(pack_dir: Path, artifacts: list[dict], prompts: dict, vehicle
         dst = pack_dir / "wheels" / Path(w).name
         dst.parent.mkdir(exist_ok=True)
         shutil.copyfile(w, dst)
-        wheel_entries.append({"file": f"wheels/{dst.name}", "size": dst.stat().st_size,
-                              "sha256": sha256_file(dst)})
-    manifest = {"format": PACK_FORMAT, "smoke": smoke, "created": now_iso(),
-                "artifacts": artifacts, "vehicles": vehicles, "wheels": wheel_entries,
-                "prompts": {"file": PROMPTS, "size": (pack_dir / PROMPTS).stat().st_size,
-                            "sha256": sha256_file(pack_dir / PROMPTS)}}
-    manifest["total_bytes"] = (sum(a["size"] for a in artifacts)
-                               + sum(w["size"] for w in wheel_entries)
-                               + manifest["prompts"]["size"])
+        wheel_entries.append(
+            {"file": f"wheels/{dst.name}", "size": dst.stat().st_size, "sha256": sha256_file(dst)}
+        )
+    manifest = {
+        "format": PACK_FORMAT,
+        "smoke": smoke,
+        "created": now_iso(),
+        "artifacts": artifacts,
+        "vehicles": vehicles,
+        "wheels": wheel_entries,
+        "prompts": {
+            "file": PROMPTS,
+            "size": (pack_dir / PROMPTS).stat().st_size,
+            "sha256": sha256_file(pack_dir / PROMPTS),
+        },
+    }
+    manifest["total_bytes"] = (
+        sum(a["size"] for a in artifacts)
+        + sum(w["size"] for w in wheel_entries)
+        + manifest["prompts"]["size"]
+    )
     (pack_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -749,8 +929,9 @@ def write_manifest(pack_dir: Path, artifacts: list[dict], prompts: dict, vehicle
 _REAL_FAMILY = {"causal": "causal", "space": "causal", "dllm": "dllm", "asarm": "asarm"}
 
 
-def load_vehicles(manifest: dict, root: Path, log: Callable[[str], None] = print,
-                  dtype: str = "auto") -> dict[str, Vehicle]:
+def load_vehicles(
+    manifest: dict, root: Path, log: Callable[[str], None] = print, dtype: str = "auto"
+) -> dict[str, Vehicle]:
     """Load the pack's vehicles from the unpacked folder ``root`` (real presets through
     :func:`models.registry.load_model` with ``$JAXSPEC_CACHE`` pointed at the unpacked GGUF)."""
     from models.registry import load_asarm, load_model
@@ -766,28 +947,36 @@ def load_vehicles(manifest: dict, root: Path, log: Callable[[str], None] = print
         if not isinstance(v, dict):
             continue
         if v["kind"] == "hf-dir":
-            model, params, tok, _ = load_model("hf-directory", str(root / v["dir"]),
-                                               log=log, dtype=dtype)
+            model, params, tok, _ = load_model(
+                "hf-directory", str(root / v["dir"]), log=log, dtype=dtype
+            )
             out[name] = Vehicle(name, v["family"], model, params, eos, pad, root / v["dir"])
         elif v["kind"] == "tiny":
             import jax
 
             model, template = _tiny_factories()[v["factory"]](**v["kwargs"])
             loaded = load_params(root / v["file"])
-            params = jax.tree_util.tree_map(lambda t, x: jax.numpy.asarray(x, t.dtype),
-                                            template, _as_tree(template, loaded))
+            params = jax.tree_util.tree_map(
+                lambda t, x: jax.numpy.asarray(x, t.dtype), template, _as_tree(template, loaded)
+            )
             out[name] = Vehicle(name, v["family"], model, params, eos, pad)
         elif v["kind"] == "preset":
             if v["family"] == "asarm":
                 a = load_asarm(v["preset"], log=log)
-                out[name] = Vehicle(name, "asarm", a.model, a.params, eos, pad,
-                                    extra={"asarm": a})
+                out[name] = Vehicle(name, "asarm", a.model, a.params, eos, pad, extra={"asarm": a})
             else:
                 model, params, tok, preset = load_model(v["preset"], log=log, dtype=dtype)
                 from models.registry import fetch
 
-                out[name] = Vehicle(name, v["family"], model, params, eos, pad,
-                                    fetch(preset, log=log) if name == "causal" else None)
+                out[name] = Vehicle(
+                    name,
+                    v["family"],
+                    model,
+                    params,
+                    eos,
+                    pad,
+                    fetch(preset, log=log) if name == "causal" else None,
+                )
         else:
             raise PackError(f"vehicle {name}: unknown kind {v['kind']!r}")
     return out
@@ -837,13 +1026,22 @@ class RunSettings:
     def smoke(cls) -> "RunSettings":
         """Tiny budgets; every method greedy at batch 1, the reference and one more method
         at the other pairs (the CPU smoke run is compile-bound)."""
-        return cls(batches=(1, 8), temperatures=(0.0, 1.0), max_new_tokens=8, gen_length=16,
-                   block_length=8, diffuspec_k=6, diffuspec_k_min=3, sps_draft_layers=1,
-                   later_methods=1)
+        return cls(
+            batches=(1, 8),
+            temperatures=(0.0, 1.0),
+            max_new_tokens=8,
+            gen_length=16,
+            block_length=8,
+            diffuspec_k=6,
+            diffuspec_k_min=3,
+            sps_draft_layers=1,
+            later_methods=1,
+        )
 
 
-def method_options(method: str, family: str, vehicles: dict[str, Vehicle], s: RunSettings,
-                   temperature: float) -> dict:
+def method_options(
+    method: str, family: str, vehicles: dict[str, Vehicle], s: RunSettings, temperature: float
+) -> dict:
     """The options (:meth:`jaxspec.methods.Method.configure`) of one method on the vehicles."""
     o: dict = {"temperature": float(temperature)}
     if family == "causal":
@@ -852,12 +1050,16 @@ def method_options(method: str, family: str, vehicles: dict[str, Vehicle], s: Ru
             from jaxspec.bench.peers import truncated_draft
 
             o["draft_model"] = vehicles["causal"].extra.setdefault(
-                "sps_draft", truncated_draft(vehicles["causal"], s.sps_draft_layers))
+                "sps_draft", truncated_draft(vehicles["causal"], s.sps_draft_layers)
+            )
         if method in ("diffuspec", "specdiff"):
             d = vehicles["dllm"]
-            o.update(dllm_drafter=(d.model, d.params), draft_length=s.diffuspec_k,
-                     k_min=s.diffuspec_k_min,
-                     eos_id=vehicles["causal"].eos_ids[0] if vehicles["causal"].eos_ids else 0)
+            o.update(
+                dllm_drafter=(d.model, d.params),
+                draft_length=s.diffuspec_k,
+                k_min=s.diffuspec_k_min,
+                eos_id=vehicles["causal"].eos_ids[0] if vehicles["causal"].eos_ids else 0,
+            )
     elif family == "dllm":
         o.update(gen_length=s.gen_length, block_length=s.block_length, cache=s.cache)
         if method == "fixed-k":
@@ -882,16 +1084,33 @@ def _tokens(res) -> list:
     return [[int(t) for t in row] for row in toks]
 
 
-def run_entry(method: str, family: str, vehicle: Vehicle, vehicles: dict, prompts: dict,
-              batch: int, temperature: float, s: RunSettings) -> dict:
+def run_entry(
+    method: str,
+    family: str,
+    vehicle: Vehicle,
+    vehicles: dict,
+    prompts: dict,
+    batch: int,
+    temperature: float,
+    s: RunSettings,
+) -> dict:
     """Compile and time one (method, vehicle, batch, temperature): one untimed call
     (compilation reported as ``compile_s``), then one timed call. Returns the row."""
     opts = method_options(method, family, vehicles, s, temperature)
     inputs = _inputs(family, prompts, batch)
 
     def call():
-        return Registry.run(method, family, vehicle.model, vehicle.params, inputs, opts,
-                            seed=s.seed, eos_ids=vehicle.eos_ids, pad_id=vehicle.pad_id)
+        return Registry.run(
+            method,
+            family,
+            vehicle.model,
+            vehicle.params,
+            inputs,
+            opts,
+            seed=s.seed,
+            eos_ids=vehicle.eos_ids,
+            pad_id=vehicle.pad_id,
+        )
 
     first, first_s = timed(call)
     res, wall = timed(call)
@@ -902,15 +1121,24 @@ def run_entry(method: str, family: str, vehicle: Vehicle, vehicles: dict, prompt
     # tail after the answer included: its throughput and MAT count positions
     new = len(inputs) * s.gen_length if family == "dllm" else answer
     nfe = int(sum(int(x) for x in st.target_nfe))
-    return {"vehicle": vehicle.name, "family": family, "method": method, "batch": batch,
-            "temperature": float(temperature), "new_tokens": new, "answer_tokens": answer,
-            "seconds": wall,
-            "tokens_per_s": new / wall if wall > 0 else None, "nfe": nfe,
-            "draft_nfe": int(sum(int(x) for x in st.draft_nfe)),
-            "mat": new / nfe if nfe else None,
-            "compile_s": float(getattr(first, "compile_s", 0.0) or first_s - wall),
-            "lossless": Registry.lossless(method), "reference": Registry.reference(method),
-            "_tokens": _tokens(res)}
+    return {
+        "vehicle": vehicle.name,
+        "family": family,
+        "method": method,
+        "batch": batch,
+        "temperature": float(temperature),
+        "new_tokens": new,
+        "answer_tokens": answer,
+        "seconds": wall,
+        "tokens_per_s": new / wall if wall > 0 else None,
+        "nfe": nfe,
+        "draft_nfe": int(sum(int(x) for x in st.draft_nfe)),
+        "mat": new / nfe if nfe else None,
+        "compile_s": float(getattr(first, "compile_s", 0.0) or first_s - wall),
+        "lossless": Registry.lossless(method),
+        "reference": Registry.reference(method),
+        "_tokens": _tokens(res),
+    }
 
 
 def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
@@ -925,8 +1153,7 @@ def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
         methods = [m for m in methods if m in s.methods]
     out = []
     for n, (t, b) in enumerate((t, b) for t in s.temperatures for b in s.batches):
-        for m in (methods if n == 0 or s.later_methods is None
-                  else methods[:s.later_methods]):
+        for m in methods if n == 0 or s.later_methods is None else methods[: s.later_methods]:
             vname = METHOD_VEHICLE.get(m, family)
             if vname not in vehicles:
                 continue
@@ -939,8 +1166,9 @@ def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
 def _finish_rows(rows: list[dict]) -> None:
     """Fill each row's speedup, NFE ratio and identity against its reference's row of the
     same vehicle, batch and temperature (identity: greedy rows of lossless methods)."""
-    index = {(r["method"], r["vehicle"], r["batch"], r["temperature"]): r for r in rows
-             if "seconds" in r}
+    index = {
+        (r["method"], r["vehicle"], r["batch"], r["temperature"]): r for r in rows if "seconds" in r
+    }
     for r in rows:
         if "seconds" not in r:
             continue
@@ -954,9 +1182,16 @@ def _finish_rows(rows: list[dict]) -> None:
             r["identical_to_reference"] = r["_tokens"] == ref["_tokens"]
 
 
-def run_method_suite(family: str, vehicles: dict, prompts: dict, s: RunSettings,
-                     deadline_s: float, *, log: Callable[[str], None] = print,
-                     on_row: Callable[[list], None] = lambda rows: None) -> list[dict]:
+def run_method_suite(
+    family: str,
+    vehicles: dict,
+    prompts: dict,
+    s: RunSettings,
+    deadline_s: float,
+    *,
+    log: Callable[[str], None] = print,
+    on_row: Callable[[list], None] = lambda rows: None,
+) -> list[dict]:
     """Every registered method of ``family`` on the vehicles at each batch and temperature,
     within ``deadline_s`` seconds: an entry is skipped (its row says why) when the time left
     is under the time the slowest entry so far took. Errors become rows (``skipped`` holds
@@ -968,21 +1203,32 @@ def run_method_suite(family: str, vehicles: dict, prompts: dict, s: RunSettings,
         left = deadline_s - (time.perf_counter() - t0)
         base = {"vehicle": vname, "family": family, "method": m, "batch": b, "temperature": t}
         if left < max(slowest, 0.5):
-            rows.append({**base, "skipped": f"time budget: {left:.0f} s left, the slowest "
-                                            f"entry took {slowest:.0f} s"})
+            rows.append(
+                {
+                    **base,
+                    "skipped": f"time budget: {left:.0f} s left, the slowest "
+                    f"entry took {slowest:.0f} s",
+                }
+            )
             continue
         e0 = time.perf_counter()
         try:
             rows.append(run_entry(m, family, vehicles[vname], vehicles, prompts, b, t, s))
         except Exception as e:  # noqa: BLE001 - one method's failure must not end the run
-            rows.append({**base, "skipped": f"error: {type(e).__name__}: "
-                                            f"{' '.join(str(e).split())[:200]}"})
+            rows.append(
+                {**base, "skipped": f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+            )
         took = time.perf_counter() - e0
         slowest = max(slowest, took)
         r = rows[-1]
-        log(f"[{family} {i + 1}/{len(entries)}] {vname}/{m} b{b} T{t:g}: "
-            + (f"{r['tokens_per_s']:.1f} tok/s, MAT {r['mat'] or 0:.2f} ({took:.1f} s)"
-               if "seconds" in r else r["skipped"]))
+        log(
+            f"[{family} {i + 1}/{len(entries)}] {vname}/{m} b{b} T{t:g}: "
+            + (
+                f"{r['tokens_per_s']:.1f} tok/s, MAT {r['mat'] or 0:.2f} ({took:.1f} s)"
+                if "seconds" in r
+                else r["skipped"]
+            )
+        )
         _finish_rows(rows)
         on_row(rows)
     _finish_rows(rows)
@@ -1015,14 +1261,23 @@ _NOTES = {
 }
 
 
-def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
-                     smoke: bool = False, suites: Sequence[str] = SUITES,
-                     bundle_path: Optional[Path] = None, shapes: str = "papers",
-                     stage_dirs: Sequence[Path] = (), unpack_dir: Optional[Path] = None,
-                     wheel_dir: Optional[Path] = None, settings: Optional[RunSettings] = None,
-                     peers_compile: Optional[bool] = None,
-                     methods: Optional[Sequence[str]] = None,
-                     log: Callable[[str], None] = print) -> dict[str, dict]:
+def run_device_bench(
+    pack_dir: Path,
+    out_dir: Path,
+    *,
+    budget_s: float = 540.0,
+    smoke: bool = False,
+    suites: Sequence[str] = SUITES,
+    bundle_path: Optional[Path] = None,
+    shapes: str = "papers",
+    stage_dirs: Sequence[Path] = (),
+    unpack_dir: Optional[Path] = None,
+    wheel_dir: Optional[Path] = None,
+    settings: Optional[RunSettings] = None,
+    peers_compile: Optional[bool] = None,
+    methods: Optional[Sequence[str]] = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict]:
     """The device run: verify and unpack the pack, install its wheels, load the vehicles,
     then run ``suites`` in order within ``budget_s`` seconds (compile included), writing each
     suite's ``<suite>.json/.md/.png`` under ``out_dir`` as it ends (and after every row of
@@ -1061,8 +1316,10 @@ def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
         pack_dir = Path(pack_dir)
         unpack_dir = Path(unpack_dir or pack_dir / "unpacked")
         (manifest, t_verify) = timed(lambda: verify_pack(pack_dir, stage_dirs))
-        log(f"[device-bench] pack verified: {len(manifest['artifacts'])} artifacts, "
-            f"{manifest['total_bytes'] / MiB:.1f} MiB, sha256 ok ({t_verify:.1f} s)")
+        log(
+            f"[device-bench] pack verified: {len(manifest['artifacts'])} artifacts, "
+            f"{manifest['total_bytes'] / MiB:.1f} MiB, sha256 ok ({t_verify:.1f} s)"
+        )
         unpack(pack_dir, unpack_dir, stage_dirs, manifest)
         shutil.copyfile(pack_dir / manifest["prompts"]["file"], unpack_dir / PROMPTS)
         if manifest.get("wheels"):
@@ -1071,12 +1328,22 @@ def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
         prompts = json.loads((unpack_dir / PROMPTS).read_text())
         vehicles, t_load = timed(lambda: load_vehicles(manifest, unpack_dir, log=log))
         log(f"[device-bench] vehicles {', '.join(vehicles)} loaded ({t_load:.1f} s)")
-        config.update({"batches": list(s.batches), "temperatures": list(s.temperatures),
-                       "max_new_tokens": s.max_new_tokens, "gen_length": s.gen_length,
-                       "block_length": s.block_length, "cache": s.cache,
-                       "prompts": len(prompts["task_ids"]), "vehicles": {
-                           k: v.get("preset") or v.get("factory") or v.get("kind")
-                           for k, v in manifest["vehicles"].items() if isinstance(v, dict)}})
+        config.update(
+            {
+                "batches": list(s.batches),
+                "temperatures": list(s.temperatures),
+                "max_new_tokens": s.max_new_tokens,
+                "gen_length": s.gen_length,
+                "block_length": s.block_length,
+                "cache": s.cache,
+                "prompts": len(prompts["task_ids"]),
+                "vehicles": {
+                    k: v.get("preset") or v.get("factory") or v.get("kind")
+                    for k, v in manifest["vehicles"].items()
+                    if isinstance(v, dict)
+                },
+            }
+        )
     out_dir = Path(out_dir)
     results: dict[str, dict] = {}
     measured: dict[str, list] = {}  # family -> rows with their tokens
@@ -1092,30 +1359,40 @@ def run_device_bench(pack_dir: Path, out_dir: Path, *, budget_s: float = 540.0,
         log(f"[device-bench] suite {name}: {deadline:.0f} s of {budget.left():.0f} s left")
         base = {"suite": name, "date": now_iso(), "machine": machine, "config": config}
         if deadline < 1.0:
-            emit(name, {**base, "rows": [], "notes": ["skipped: no time left in the budget"]},
-                 False)
+            emit(
+                name, {**base, "rows": [], "notes": ["skipped: no time left in the budget"]}, False
+            )
             continue
         if name in _FAMILY_OF_SUITE:
             fam = _FAMILY_OF_SUITE[name]
             res = {**base, "notes": list(_NOTES["methods"])}
             rows = run_method_suite(
-                fam, vehicles, prompts, s, deadline, log=log,
-                on_row=lambda rows, res=res: emit(name, {**res, "rows": public_rows(rows)},
-                                                  False))
+                fam,
+                vehicles,
+                prompts,
+                s,
+                deadline,
+                log=log,
+                on_row=lambda rows, res=res: emit(name, {**res, "rows": public_rows(rows)}, False),
+            )
             res["rows"] = public_rows(rows)
             measured[fam] = rows
             emit(name, res, True)
         elif name == "peers":
-            res = peers.run_peers_suite(vehicles, prompts, s, deadline, compile=peers_compile,
-                                        log=log)
+            res = peers.run_peers_suite(
+                vehicles, prompts, s, deadline, compile=peers_compile, log=log
+            )
             emit(name, {**base, **res}, True)
         elif name == "projection":
             rows = [r for fam_rows in measured.values() for r in fam_rows]
-            res = projection.run_projection_suite(shapes, measured=public_rows(rows),
-                                                  deadline_s=deadline, log=log)
+            res = projection.run_projection_suite(
+                shapes, measured=public_rows(rows), deadline_s=deadline, log=log
+            )
             emit(name, {**base, **res}, True)
     if bundle_path:
         bundle(out_dir, bundle_path, list(results))
-    log(f"[device-bench] done in {time.perf_counter() - budget.start:.0f} s; results in "
-        f"{out_dir}" + (f", bundle {bundle_path}" if bundle_path else ""))
+    log(
+        f"[device-bench] done in {time.perf_counter() - budget.start:.0f} s; results in "
+        f"{out_dir}" + (f", bundle {bundle_path}" if bundle_path else "")
+    )
     return results

@@ -43,20 +43,34 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, JaxspecSystem,
-                                  machine_info, plot_k_sweep, report_header,
-                                  run_ar_suite, save_figure, suite_prompts)
+from jaxspec.bench.common import (
+    MAT_DEFINITION,
+    PROMPT_SETS,
+    BenchError,
+    JaxspecSystem,
+    machine_info,
+    plot_k_sweep,
+    report_header,
+    run_ar_suite,
+    save_figure,
+    suite_prompts,
+)
 from models.llama.layout import resolve_layer_loop
 
 # Table 2: label -> (cps, adl)
-ABLATIONS = {"diffuspec": (True, True), "cps-only": (True, False), "adl-only": (False, True),
-             "specdiff": (False, False)}
+ABLATIONS = {
+    "diffuspec": (True, True),
+    "cps-only": (True, False),
+    "adl-only": (False, True),
+    "specdiff": (False, False),
+}
 FIXED_K = (5, 10, 20, 30)
 REFINE_STEPS = (1, 2, 4)
 
 
-def diffuspec_drafter_options(dllm_drafter, drafter_tok, target_tok=None, *,
-                              proxy: bool = True) -> dict:
+def diffuspec_drafter_options(
+    dllm_drafter, drafter_tok, target_tok=None, *, proxy: bool = True
+) -> dict:
     """The config options (:class:`jaxspec.methods.causal.DiffuSpecConfig`) of a DiffuSpec drafter:
     ``dllm_drafter``, ``eos_id`` (the drafter tokenizer's first EOS, which the CPS lattice
     keeps), the Eq. 7 causal ``proxy``, a hashed 3-gram
@@ -88,8 +102,9 @@ def _systems(target, drafter: dict, common: dict, variants: dict[str, dict]) -> 
     out = [JaxspecSystem("ar", model, params, **common)]
     for label, opts in variants.items():
         method = "specdiff" if label.startswith("specdiff") else "diffuspec"
-        out.append(JaxspecSystem(method, model, params, **common, options={**drafter, **opts},
-                                 label=label))
+        out.append(
+            JaxspecSystem(method, model, params, **common, options={**drafter, **opts}, label=label)
+        )
     return out
 
 
@@ -111,10 +126,16 @@ class _Recorder:
 def _run(systems, prompts, *, progress, log, eos_ids=(), flag_rule=None, **fields) -> list[dict]:
     rec = [_Recorder(s) for s in systems]
     res = run_ar_suite(rec, prompts, model_name="target", progress=progress, log=log)
-    runs = {s.name: [ans.causal_answer(o.tokens, eos_ids, nfe=o.target_nfe, seconds=o.seconds,
-                                       draft_nfe=o.draft_nfe)
-                     for o in (s.outs[tuple(p.ids)] for p in prompts)] for s in rec}
-    base = runs[rec[0].name]                       # jaxspec/ar: every list starts with it
+    runs = {
+        s.name: [
+            ans.causal_answer(
+                o.tokens, eos_ids, nfe=o.target_nfe, seconds=o.seconds, draft_nfe=o.draft_nfe
+            )
+            for o in (s.outs[tuple(p.ids)] for p in prompts)
+        ]
+        for s in rec
+    }
+    base = runs[rec[0].name]  # jaxspec/ar: every list starts with it
     for r in res["rows"]:
         a = runs[f"{r['system']}/{r['method']}"]
         r.update(fields)
@@ -131,15 +152,27 @@ def suite_prompt_sets(tok, sets: Sequence[str], limit: int) -> dict:
     return {s: (ans.prompt_set(tok, "long", limit) if s == "long" else got[s]) for s in sets}
 
 
-def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PROMPT_SETS,
-                        limit: int = 5, k_max: int = 30, k_min: int = 20,
-                        fixed_k: Sequence[int] = FIXED_K, refine_steps: Sequence[int] = REFINE_STEPS,
-                        ablations: bool = True, drafter_caches: Sequence[str] = ("none",),
-                        max_new_tokens: int = 128,
-                        model_name: str = "smollm2-135m-instruct",
-                        drafter_name: str = "dream-smollm2-135m", config: Optional[dict] = None,
-                        progress: bool = True, flag_rule: Optional[dict] = None,
-                        log: Callable[[str], None] = lambda m: None) -> dict:
+def run_diffuspec_suite(
+    target,
+    drafter: dict,
+    tok,
+    *,
+    sets: Sequence[str] = PROMPT_SETS,
+    limit: int = 5,
+    k_max: int = 30,
+    k_min: int = 20,
+    fixed_k: Sequence[int] = FIXED_K,
+    refine_steps: Sequence[int] = REFINE_STEPS,
+    ablations: bool = True,
+    drafter_caches: Sequence[str] = ("none",),
+    max_new_tokens: int = 128,
+    model_name: str = "smollm2-135m-instruct",
+    drafter_name: str = "dream-smollm2-135m",
+    config: Optional[dict] = None,
+    progress: bool = True,
+    flag_rule: Optional[dict] = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict:
     """The whole suite (module docstring).
 
     Args:
@@ -183,98 +216,167 @@ def run_diffuspec_suite(target, drafter: dict, tok, *, sets: Sequence[str] = PRO
         caches = []
     unknown_sets = [s for s in sets if s not in PROMPT_SETS and s != "long"]
     if unknown_sets:
-        raise BenchError(f"unknown prompt set {unknown_sets[0]!r}; available: "
-                         f"{', '.join(PROMPT_SETS)}, long")
+        raise BenchError(
+            f"unknown prompt set {unknown_sets[0]!r}; available: {', '.join(PROMPT_SETS)}, long"
+        )
     prompt_sets = suite_prompt_sets(tok, sets, limit)
     first_name, first = next(iter(prompt_sets.items()))
     kw = dict(progress=progress, log=log, eos_ids=eos, flag_rule=flag_rule)
     result: dict[str, Any] = {
         "suite": "diffuspec",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(), "model": model_name, "drafter": drafter_name,
-        "config": dict(config or {}, limit=limit, k_max=k_max, k_min=k_min,
-                       max_new_tokens=max_new_tokens, sets=list(sets), fixed_k=list(fixed_k),
-                       refine_steps=list(refine_steps), ablations=ablations, temperature=0.0,
-                       drafter_caches=["none"] + caches,
-                       ablation_set=first_name, layer_loop=resolve_layer_loop()),
+        "machine": machine_info(),
+        "model": model_name,
+        "drafter": drafter_name,
+        "config": dict(
+            config or {},
+            limit=limit,
+            k_max=k_max,
+            k_min=k_min,
+            max_new_tokens=max_new_tokens,
+            sets=list(sets),
+            fixed_k=list(fixed_k),
+            refine_steps=list(refine_steps),
+            ablations=ablations,
+            temperature=0.0,
+            drafter_caches=["none"] + caches,
+            ablation_set=first_name,
+            layer_loop=resolve_layer_loop(),
+        ),
         "answer_flag_rule": dict(flag_rule or {}),
     }
     result["sets"] = {}
     for name, prompts in prompt_sets.items():
         log(f"[diffuspec] prompt set {name}: {len(prompts)} prompts")
         model, params = target
-        systems = [JaxspecSystem("ar", model, params, **common),
-                   JaxspecSystem("ngram", model, params, **{**common, "draft_length": 8})]
+        systems = [
+            JaxspecSystem("ar", model, params, **common),
+            JaxspecSystem("ngram", model, params, **{**common, "draft_length": 8}),
+        ]
         variants = {"specdiff": {}, "diffuspec": {}}
         for c in caches:
-            variants.update({f"specdiff+{c}": {"drafter_cache": c},
-                             f"diffuspec+{c}": {"drafter_cache": c}})
+            variants.update(
+                {f"specdiff+{c}": {"drafter_cache": c}, f"diffuspec+{c}": {"drafter_cache": c}}
+            )
         systems += _systems(target, drafter, common, variants)[1:]
         result["sets"][name] = _run(systems, prompts, prompt_set=name, **kw)
-    result["ablations"] = (_run(_systems(target, drafter, common, {
-        label: {"cps": c, "adl": a} for label, (c, a) in ABLATIONS.items()}), first,
-        prompt_set=first_name, **kw) if ablations else [])
+    result["ablations"] = (
+        _run(
+            _systems(
+                target,
+                drafter,
+                common,
+                {label: {"cps": c, "adl": a} for label, (c, a) in ABLATIONS.items()},
+            ),
+            first,
+            prompt_set=first_name,
+            **kw,
+        )
+        if ablations
+        else []
+    )
     result["fixed_k"] = []
     for k in fixed_k:  # one k per run: the static draft buffer is k wide
-        rows = _run(_systems(target, drafter, {**common, "draft_length": int(k)},
-                             {f"fixed-k{k}": {"adl": False}}), first, prompt_set=first_name, **kw)
+        rows = _run(
+            _systems(
+                target, drafter, {**common, "draft_length": int(k)}, {f"fixed-k{k}": {"adl": False}}
+            ),
+            first,
+            prompt_set=first_name,
+            **kw,
+        )
         result["fixed_k"] += [dict(r, k=int(k)) for r in rows if r["method"] != "ar"]
-    result["refine_steps"] = [dict(r, S=0 if r["method"] == "ar" else int(r["method"][1:]))
-                              for r in _run(_systems(target, drafter, common, {
-                                  f"S{s}": {"refine_steps": int(s)} for s in refine_steps}),
-                                  first, prompt_set=first_name, **kw)] if refine_steps else []
+    result["refine_steps"] = (
+        [
+            dict(r, S=0 if r["method"] == "ar" else int(r["method"][1:]))
+            for r in _run(
+                _systems(
+                    target,
+                    drafter,
+                    common,
+                    {f"S{s}": {"refine_steps": int(s)} for s in refine_steps},
+                ),
+                first,
+                prompt_set=first_name,
+                **kw,
+            )
+        ]
+        if refine_steps
+        else []
+    )
     return result
 
 
 _COLUMNS = [
-    ("prompt_set", "set", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
-    ("answer_length", "answer len", "{:.1f}"), ("answer_tokens_per_s", "answer tok/s", "{:.1f}"),
+    ("prompt_set", "set", "{}"),
+    ("method", "method", "{}"),
+    ("prompts", "prompts", "{}"),
+    ("answer_length", "answer len", "{:.1f}"),
+    ("answer_tokens_per_s", "answer tok/s", "{:.1f}"),
     ("answer_speedup", "answer speedup vs AR", "{:.2f}x"),
     ("answer_tokens_per_nfe", "answer tok/NFE", "{:.2f}"),
-    ("answer_tokens_per_draft_nfe", "answer tok/draft NFE", "{:.2f}"), ans.FLAG_COLUMN,
-    ("new_tokens", "tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
-    ("speedup_vs_baseline", "speedup vs AR", "{:.2f}x"), ("mat", "MAT", "{:.2f}"),
-    ("mean_accepted_length", "accepted/step", "{:.2f}"), ("acceptance_rate", "acceptance", "{:.3f}"),
-    ("nfe_per_token", "target NFE/token", "{:.3f}"), ("draft_nfe_per_token", "draft NFE/token", "{:.3f}"),
+    ("answer_tokens_per_draft_nfe", "answer tok/draft NFE", "{:.2f}"),
+    ans.FLAG_COLUMN,
+    ("new_tokens", "tokens", "{}"),
+    ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("speedup_vs_baseline", "speedup vs AR", "{:.2f}x"),
+    ("mat", "MAT", "{:.2f}"),
+    ("mean_accepted_length", "accepted/step", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("nfe_per_token", "target NFE/token", "{:.3f}"),
+    ("draft_nfe_per_token", "draft NFE/token", "{:.3f}"),
     ("identical_to_reference", "identical", "{}"),
-    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
 ]
 
 
 def markdown_report(result: dict) -> str:
     """The suite's markdown page: machine, the four tables, definitions and paper anchors."""
     c = result["config"]
-    out = report_header(f"Benchmark suite `diffuspec` ({result['drafter']} -> {result['model']})",
-                        result)
+    out = report_header(
+        f"Benchmark suite `diffuspec` ({result['drafter']} -> {result['model']})", result
+    )
     rows = [r for rs in result["sets"].values() for r in rs]
-    every = rows + [r for k in ("ablations", "fixed_k", "refine_steps")
-                    for r in result.get(k) or []]
+    every = rows + [
+        r for k in ("ablations", "fixed_k", "refine_steps") for r in result.get(k) or []
+    ]
     flag = ans.flag_line(every, ("prompt_set", "method"), result.get("answer_flag_rule"))
-    out += ([flag, ""] if flag else [])
+    out += [flag, ""] if flag else []
     out += ["## Prompt sets (batch 1, greedy)", "", ans.markdown_table(rows, _COLUMNS), ""]
-    for key, title in (("ablations", "Table 2 ablations (CPS x ADL)"),
-                       ("fixed_k", "Fixed draft length, CPS on, ADL off (Table 5)"),
-                       ("refine_steps", "Drafter refinement steps S (Fig. 5a)")):
+    for key, title in (
+        ("ablations", "Table 2 ablations (CPS x ADL)"),
+        ("fixed_k", "Fixed draft length, CPS on, ADL off (Table 5)"),
+        ("refine_steps", "Drafter refinement steps S (Fig. 5a)"),
+    ):
         if result.get(key):
-            out += [f"## {title}, set `{c.get('ablation_set')}`", "",
-                    ans.markdown_table(result[key], _COLUMNS), ""]
-    out += ["How to read this:", "",
-            "- Answer columns (first): the verifier stops at the first EOS, so all its forwards "
-            "are answer forwards; `answer len` = mean tokens through the EOS, `answer tok/NFE` "
-            "per target forward, `answer tok/draft NFE` per drafter forward, `answer tok/s` the "
-            "median over prompts, `answer speedup vs AR` the median per-prompt ratio of AR's "
-            "seconds to the row's (the same answers: the method is lossless). Sets: `long` = "
-            "HumanEval raw completions alternating with held-out stdlib function bodies; the "
-            "others as named.",
-            f"- {MAT_DEFINITION} `accepted/step` = accepted draft tokens per decode step "
-            "(bonus not counted). `draft NFE/token`: drafter forwards (S per proposal) per "
-            "generated token.",
-            "- Paper anchors (Dream-7B -> Qwen2.5-32B, A100): DiffuSpec MAT 6.99 / 3.08x, SPS "
-            "6.18 / 1.67x. Here drafter and target are both 135M: a drafter forward over the "
-            "whole context costs more than a target step, so MAT, not wall clock, is the "
-            "figure to compare.",
-            "- `identical`: tokens equal to AR greedy decoding of the target (lossless); "
-            "`distinct` / `rep. 4-gram` are the degeneracy figures of the outputs.", ""]
+            out += [
+                f"## {title}, set `{c.get('ablation_set')}`",
+                "",
+                ans.markdown_table(result[key], _COLUMNS),
+                "",
+            ]
+    out += [
+        "How to read this:",
+        "",
+        "- Answer columns (first): the verifier stops at the first EOS, so all its forwards "
+        "are answer forwards; `answer len` = mean tokens through the EOS, `answer tok/NFE` "
+        "per target forward, `answer tok/draft NFE` per drafter forward, `answer tok/s` the "
+        "median over prompts, `answer speedup vs AR` the median per-prompt ratio of AR's "
+        "seconds to the row's (the same answers: the method is lossless). Sets: `long` = "
+        "HumanEval raw completions alternating with held-out stdlib function bodies; the "
+        "others as named.",
+        f"- {MAT_DEFINITION} `accepted/step` = accepted draft tokens per decode step "
+        "(bonus not counted). `draft NFE/token`: drafter forwards (S per proposal) per "
+        "generated token.",
+        "- Paper anchors (Dream-7B -> Qwen2.5-32B, A100): DiffuSpec MAT 6.99 / 3.08x, SPS "
+        "6.18 / 1.67x. Here drafter and target are both 135M: a drafter forward over the "
+        "whole context costs more than a target step, so MAT, not wall clock, is the "
+        "figure to compare.",
+        "- `identical`: tokens equal to AR greedy decoding of the target (lossless); "
+        "`distinct` / `rep. 4-gram` are the degeneracy figures of the outputs.",
+        "",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -297,8 +399,11 @@ def plot(result: dict, out: Path) -> Path:
     fk = result.get("fixed_k") or []
     if fk:
         plot_k_sweep(b, fk, "fixed draft length k (CPS on, ADL off)", "fixed-k sweep")
-    return save_figure(fig, out, f"DiffuSpec: {result['drafter']} -> {result['model']} "
-                                 f"({result['machine'].get('cpu')})")
+    return save_figure(
+        fig,
+        out,
+        f"DiffuSpec: {result['drafter']} -> {result['model']} ({result['machine'].get('cpu')})",
+    )
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
@@ -306,5 +411,10 @@ def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     report and plot)."""
     from jaxspec.bench.common import write_results as write
 
-    return write(result, out, report=markdown_report, plot=plot,
-                 caption="MAT per prompt set and the fixed-k sweep")
+    return write(
+        result,
+        out,
+        report=markdown_report,
+        plot=plot,
+        caption="MAT per prompt set and the fixed-k sweep",
+    )

@@ -61,16 +61,22 @@ from models.llama.modeling import init_cache, param_dtype
 DLLM_METHODS = ("stepwise", "fixed-2", "fixed-4", "threshold-0.9")
 
 
-def method_config(name: str, *, gen_length: int, block_length: int, cache: str,
-                  remasking: str = "low_confidence") -> DiffusionDecodeConfig:
+def method_config(
+    name: str, *, gen_length: int, block_length: int, cache: str, remasking: str = "low_confidence"
+) -> DiffusionDecodeConfig:
     """The decode config of a row name: ``stepwise``, ``fixed-K`` or ``threshold-T``.
 
     Raises:
       BenchError: an unknown method name or a non-numeric K / T (invalid values raise the
         config's own ``ValueError``).
     """
-    common = dict(gen_length=gen_length, block_length=block_length, steps=gen_length,
-                  remasking=remasking, cache=cache)
+    common = dict(
+        gen_length=gen_length,
+        block_length=block_length,
+        steps=gen_length,
+        remasking=remasking,
+        cache=cache,
+    )
     try:
         if name == "stepwise":
             return DiffusionDecodeConfig(**common)
@@ -80,14 +86,18 @@ def method_config(name: str, *, gen_length: int, block_length: int, cache: str,
             return DiffusionDecodeConfig(threshold=float(name[10:]), **common)
     except ValueError as e:
         if "invalid literal" in str(e) or "could not convert" in str(e):
-            raise BenchError(f"bad method {name!r}: expected stepwise, fixed-K or threshold-T") from None
+            raise BenchError(
+                f"bad method {name!r}: expected stepwise, fixed-K or threshold-T"
+            ) from None
         raise
-    raise BenchError(f"unknown method {name!r}; expected stepwise, fixed-K (e.g. fixed-2) or "
-                     f"threshold-T (e.g. threshold-0.9)")
+    raise BenchError(
+        f"unknown method {name!r}; expected stepwise, fixed-K (e.g. fixed-2) or "
+        f"threshold-T (e.g. threshold-0.9)"
+    )
 
 
 def _median_time(f, args, reps: int) -> float:
-    jax.block_until_ready(f(*args))            # compile + warm
+    jax.block_until_ready(f(*args))  # compile + warm
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -96,8 +106,9 @@ def _median_time(f, args, reps: int) -> float:
     return float(statistics.median(ts))
 
 
-def forward_costs(model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *,
-                  bucket: int = 16, reps: int = 3) -> dict[str, float]:
+def forward_costs(
+    model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *, bucket: int = 16, reps: int = 3
+) -> dict[str, float]:
     """Seconds of each kind of forward :func:`jaxspec.dllm.decode.diffusion_generate` issues for a
     batch-1 prompt of ``prompt_len`` tokens, each timed alone (jitted, median of ``reps``).
 
@@ -116,29 +127,39 @@ def forward_costs(model, params, prompt_len: int, cfg: DiffusionDecodeConfig, *,
     tokens = jnp.zeros((1, S), jnp.int32)
     row0 = jnp.zeros((1,), jnp.int32)
     if cfg.cache == "none":
-        f = jax.jit(lambda p, t: model.apply(p, t, pos, bidirectional_mask(valid), shift=False,
-                                             rows=(row0 + P, L))[0])
+        f = jax.jit(
+            lambda p, t: model.apply(
+                p, t, pos, bidirectional_mask(valid), shift=False, rows=(row0 + P, L)
+            )[0]
+        )
         return {"full": _median_time(f, (params, tokens), reps)}
     widths = {L} if cfg.cache == "dual" else set(prefix_widths(P, cfg)[0])
     S_c = S if cfg.cache == "dual" else prefix_widths(P, cfg)[1]
     full_mask = jnp.pad(bidirectional_mask(valid), ((0, 0), (0, 0), (0, S_c - S)))
-    cache0 = init_cache(model.config.base, 1, S_c, param_dtype(params))   # the loop's dtype
-    full = jax.jit(lambda p, t, c: model.apply(p, t, pos, full_mask, cache=c, cache_index=row0,
-                                               shift=False, rows=(row0 + P, L)))
+    cache0 = init_cache(model.config.base, 1, S_c, param_dtype(params))  # the loop's dtype
+    full = jax.jit(
+        lambda p, t, c: model.apply(
+            p, t, pos, full_mask, cache=c, cache_index=row0, shift=False, rows=(row0 + P, L)
+        )
+    )
     out = {"full": _median_time(lambda *a: full(*a)[0], (params, tokens, cache0), reps)}
     cache = full(params, tokens, cache0)[1]
     key_valid = jnp.pad(valid, ((0, 0), (0, S_c - S)))
     for W in sorted(widths):
         wpos = P + jnp.arange(W, dtype=jnp.int32)[None] - pad
         wmask = jnp.broadcast_to(key_valid[:, None, :], (1, W, S_c))
-        win = jax.jit(lambda p, t, c, wpos=wpos, wmask=wmask: model.apply(
-            p, t, wpos, wmask, cache=c, cache_index=row0 + P, shift=False, rows=(row0, L))[0])
+        win = jax.jit(
+            lambda p, t, c, wpos=wpos, wmask=wmask: model.apply(
+                p, t, wpos, wmask, cache=c, cache_index=row0 + P, shift=False, rows=(row0, L)
+            )[0]
+        )
         out[f"window_{W}"] = _median_time(win, (params, jnp.zeros((1, W), jnp.int32), cache), reps)
     return out
 
 
-def stepwise_forward_seconds(costs: dict[str, float], prompt_len: int,
-                             cfg: DiffusionDecodeConfig, *, bucket: int = 16) -> float:
+def stepwise_forward_seconds(
+    costs: dict[str, float], prompt_len: int, cfg: DiffusionDecodeConfig, *, bucket: int = 16
+) -> float:
     """Sum of the forward costs one stepwise decode issues (``cfg.method == "stepwise"``):
     every step a full pass without a cache; with one, a full pass at each block's first step
     and ``steps_per_block - 1`` window passes after it."""
@@ -152,8 +173,9 @@ def stepwise_forward_seconds(costs: dict[str, float], prompt_len: int,
     return sum(costs["full"] + (spb - 1) * costs[f"window_{w}"] for w in widths)
 
 
-def run_interleaved(runs: dict, prompts: Sequence[BenchPrompt], gen_length: int,
-                    progress: bool, desc: str):
+def run_interleaved(
+    runs: dict, prompts: Sequence[BenchPrompt], gen_length: int, progress: bool, desc: str
+):
     """Run every ``runs[key](ids) -> DiffusionResult`` on every prompt, prompt by prompt, the
     order of the keys rotating from prompt to prompt. Returns ``(outs, compile_s)``: per key
     the list of results (prompt order) and the summed compile seconds."""
@@ -173,8 +195,10 @@ def run_interleaved(runs: dict, prompts: Sequence[BenchPrompt], gen_length: int,
                 compile_s[k] += r.compile_s
                 outs[k].append(r)
                 if bar is not None:
-                    bar.set_postfix_str(f"{p.task_id} {'/'.join(map(str, k))} "
-                                        f"{gen_length / max(r.run_s, 1e-9):.1f} tok/s")
+                    bar.set_postfix_str(
+                        f"{p.task_id} {'/'.join(map(str, k))} "
+                        f"{gen_length / max(r.run_s, 1e-9):.1f} tok/s"
+                    )
                     bar.update(1)
     finally:
         if bar is not None:
@@ -182,14 +206,27 @@ def run_interleaved(runs: dict, prompts: Sequence[BenchPrompt], gen_length: int,
     return outs, compile_s
 
 
-def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: str,
-                   gen_length: int = 256, block_length: int = 32,
-                   methods: Sequence[str] = DLLM_METHODS, caches: Sequence[str] = CACHES,
-                   remasking: str = "low_confidence", eos_ids: Sequence[int] = (),
-                   pad_id: int = 0, config: Optional[dict] = None, progress: bool = True,
-                   overhead_reps: int = 3, decode: Optional[Callable[[list[int]], str]] = None,
-                   prompt_set: Optional[str] = None, flag_rule: Optional[dict] = None,
-                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def run_dllm_suite(
+    model,
+    params,
+    prompts: Sequence[BenchPrompt],
+    *,
+    model_name: str,
+    gen_length: int = 256,
+    block_length: int = 32,
+    methods: Sequence[str] = DLLM_METHODS,
+    caches: Sequence[str] = CACHES,
+    remasking: str = "low_confidence",
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    config: Optional[dict] = None,
+    progress: bool = True,
+    overhead_reps: int = 3,
+    decode: Optional[Callable[[list[int]], str]] = None,
+    prompt_set: Optional[str] = None,
+    flag_rule: Optional[dict] = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
     """Run the ``dllm`` suite (module docstring) and return the result document.
 
     Args:
@@ -223,15 +260,29 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
     if bad:
         raise BenchError(f"unknown cache policy {bad[0]!r}; expected {', '.join(CACHES)}")
     methods = ["stepwise"] + [m for m in methods if m != "stepwise"]
-    cfgs = {(m, c): method_config(m, gen_length=gen_length, block_length=block_length, cache=c,
-                                  remasking=remasking)
-            for c in caches for m in methods}
+    cfgs = {
+        (m, c): method_config(
+            m, gen_length=gen_length, block_length=block_length, cache=c, remasking=remasking
+        )
+        for c in caches
+        for m in methods
+    }
     keys = list(cfgs)
     eos = tuple(int(e) for e in eos_ids)
     outs, compile_s = run_interleaved(
-        {k: (lambda ids, c=cfgs[k]: diffusion_generate(model, params, [ids], c, eos_ids=eos,
-                                                        pad_id=pad_id)) for k in keys},
-        prompts, gen_length, progress, "dllm runs")
+        {
+            k: (
+                lambda ids, c=cfgs[k]: diffusion_generate(
+                    model, params, [ids], c, eos_ids=eos, pad_id=pad_id
+                )
+            )
+            for k in keys
+        },
+        prompts,
+        gen_length,
+        progress,
+        "dllm runs",
+    )
 
     overhead: dict[str, list] = {c: [] for c in caches}
     costs_per_prompt: list[dict] = [dict() for _ in prompts]
@@ -247,33 +298,46 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
 
     answers = {k: [ans.diffusion_answer(r, eos) for r in o] for k, o in outs.items()}
     rows = []
-    for (m, c) in keys:
+    for m, c in keys:
         o = outs[(m, c)]
         ref_c, ref_0 = outs[("stepwise", c)], outs.get(("stepwise", "none"))
         a_0 = answers.get(("stepwise", "none"))
         tps = [gen_length / max(r.run_s, 1e-9) for r in o]
         row = {
-            "method": m, "cache": c, "model": model_name, "remasking": remasking,
+            "method": m,
+            "cache": c,
+            "model": model_name,
+            "remasking": remasking,
             "prompt_set": prompt_set,
-            "prompts": len(o), "gen_length": gen_length, "block_length": block_length,
+            "prompts": len(o),
+            "gen_length": gen_length,
+            "block_length": block_length,
             **ans.answer_figures(answers[(m, c)], rule=flag_rule),
             **ans.answer_speedups(answers[(m, c)], answers[("stepwise", c)], "_vs_stepwise"),
             **(ans.answer_speedups(answers[(m, c)], a_0, "_vs_reference") if a_0 else {}),
             "nfe": _num(statistics.fmean(int(r.stats.target_nfe.sum()) for r in o), 2),
             "steps": _num(statistics.fmean(int(r.stats.steps.sum()) for r in o), 2),
-            "tokens_per_nfe": _num(gen_length / statistics.fmean(
-                int(r.stats.target_nfe.sum()) for r in o), 3),
+            "tokens_per_nfe": _num(
+                gen_length / statistics.fmean(int(r.stats.target_nfe.sum()) for r in o), 3
+            ),
             "forward_tokens": _num(statistics.fmean(r.stats.extra["forward_tokens"] for r in o), 1),
             "tokens_per_s": _num(statistics.median(tps), 3),
             "new_tokens": int(sum(len(r.tokens[0]) for r in o)),
-            "speedup_vs_stepwise": _num(statistics.median(
-                a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref_c, o)), 3),
-            "speedup_vs_reference": None if ref_0 is None else _num(statistics.median(
-                a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref_0, o)), 3),
-            "identical_fraction": _num(statistics.fmean(
-                float(np.array_equal(a.full_tokens, r.full_tokens)) for a, r in zip(ref_c, o)), 3),
-            "loop_overhead": (_num(statistics.median(overhead[c]), 4)
-                              if m == "stepwise" and overhead[c] else None),
+            "speedup_vs_stepwise": _num(
+                statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref_c, o)), 3
+            ),
+            "speedup_vs_reference": None
+            if ref_0 is None
+            else _num(statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref_0, o)), 3),
+            "identical_fraction": _num(
+                statistics.fmean(
+                    float(np.array_equal(a.full_tokens, r.full_tokens)) for a, r in zip(ref_c, o)
+                ),
+                3,
+            ),
+            "loop_overhead": (
+                _num(statistics.median(overhead[c]), 4) if m == "stepwise" and overhead[c] else None
+            ),
             "compile_s": _num(compile_s[(m, c)], 2),
             **answer_degeneracy([r.full_tokens[0] for r in o], eos, gen_length),
         }
@@ -281,67 +345,93 @@ def run_dllm_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name:
     per_prompt = []
     for i, p in enumerate(prompts):
         e: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {}}
-        for (m, c) in keys:
+        for m, c in keys:
             r = outs[(m, c)][i]
             a = answers[(m, c)][i]
             e["runs"][f"{m}/{c}"] = {
-                "nfe": int(r.stats.target_nfe.sum()), "seconds": _num(r.run_s, 4),
-                "answer_length": a.length, "answer_nfe": a.nfe,
+                "nfe": int(r.stats.target_nfe.sum()),
+                "seconds": _num(r.run_s, 4),
+                "answer_length": a.length,
+                "answer_nfe": a.nfe,
                 "answer_seconds": _num(a.seconds, 4),
                 "tokens_per_s": _num(gen_length / max(r.run_s, 1e-9), 3),
                 "new_tokens": len(r.tokens[0]),
-                "identical_to_stepwise": bool(np.array_equal(
-                    r.full_tokens, outs[("stepwise", c)][i].full_tokens))}
+                "identical_to_stepwise": bool(
+                    np.array_equal(r.full_tokens, outs[("stepwise", c)][i].full_tokens)
+                ),
+            }
         if costs_per_prompt[i]:
             e["forward_seconds"] = costs_per_prompt[i]
         if decode is not None:
             e["stepwise_outputs"] = {c: decode(outs[("stepwise", c)][i].tokens[0]) for c in caches}
         per_prompt.append(e)
-    return {"suite": "dllm",
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": machine_info(), "config": dict(config or {}), "prompt_set": prompt_set,
-            "answer_flag_rule": dict(flag_rule or {}), "rows": rows, "per_prompt": per_prompt}
+    return {
+        "suite": "dllm",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": dict(config or {}),
+        "prompt_set": prompt_set,
+        "answer_flag_rule": dict(flag_rule or {}),
+        "rows": rows,
+        "per_prompt": per_prompt,
+    }
 
 
 _COLUMNS = [
-    ("method", "method", "{}"), ("cache", "cache", "{}"), ("prompt_set", "set", "{}"),
-    ("prompts", "prompts", "{}"), *ans.ANSWER_LEAD,
+    ("method", "method", "{}"),
+    ("cache", "cache", "{}"),
+    ("prompt_set", "set", "{}"),
+    ("prompts", "prompts", "{}"),
+    *ans.ANSWER_LEAD,
     ("answer_speedup_vs_stepwise", "answer vs stepwise", "{:.2f}x"),
-    ("answer_speedup_vs_reference", "answer vs none/stepwise", "{:.2f}x"), ans.FLAG_COLUMN,
-    ("nfe", "NFE", "{:.1f}"), ("tokens_per_nfe", "tokens/NFE", "{:.2f}"),
-    ("forward_tokens", "fwd tokens", "{:.0f}"), ("tokens_per_s", "tok/s", "{:.2f}"),
+    ("answer_speedup_vs_reference", "answer vs none/stepwise", "{:.2f}x"),
+    ans.FLAG_COLUMN,
+    ("nfe", "NFE", "{:.1f}"),
+    ("tokens_per_nfe", "tokens/NFE", "{:.2f}"),
+    ("forward_tokens", "fwd tokens", "{:.0f}"),
+    ("tokens_per_s", "tok/s", "{:.2f}"),
     ("speedup_vs_stepwise", "vs stepwise", "{:.2f}x"),
     ("speedup_vs_reference", "vs none/stepwise", "{:.2f}x"),
-    ("identical_fraction", "identical", "{:.2f}"), ("loop_overhead", "loop overhead", "{:+.1%}"),
-    ("compile_s", "compile s", "{:.1f}"), *bench.ANSWER_COLUMNS,
+    ("identical_fraction", "identical", "{:.2f}"),
+    ("loop_overhead", "loop overhead", "{:+.1%}"),
+    ("compile_s", "compile s", "{:.1f}"),
+    *bench.ANSWER_COLUMNS,
 ]
 
 
 def markdown_report(result: dict) -> str:
     """Markdown page of a ``dllm`` result: header, table and how to read it."""
     r0 = result["rows"][0]
-    out = [*bench.report_header("Benchmark suite `dllm`", result),
-           *ans.header_lines(result, ("method", "cache")),
-           f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1), gen length "
-           f"{r0['gen_length']}, block {r0['block_length']}, remasking `{r0['remasking']}`, "
-           "greedy.", ""]
-    out += [ans.markdown_table(result["rows"], _COLUMNS), "", "How to read this:", "",
-            ans.ANSWER_ACCOUNTING_NOTE,
-            "- `answer vs stepwise` / `answer vs none/stepwise`: median over prompts of the "
-            "reference's answer seconds over this row's (each decoder's own answer).",
-                    "- `stepwise` transfers one token per step (steps = gen length); `fixed-K` "
-                    "K per step; `threshold-T` every position with confidence >= T (at least "
-                    "one). `cache`: Fast-dLLM prefix / dual KV cache (approximate: each cache "
-                    "policy is its own reference).",
-                    "- `tok/s` = decoded positions / wall-clock seconds (median over prompts); "
-                    "`vs stepwise` is the per-prompt wall-clock ratio to the same cache's "
-                    "stepwise row, `vs none/stepwise` to the uncached stepwise row.",
-                    "- `identical` = share of prompts whose output equals the stepwise row's "
-                    "with the same cache policy (parallel decoding and caches are not lossless).",
-                    "- `fwd tokens` = query tokens pushed through the model per prompt; "
-                    "`loop overhead` = decode wall clock over the sum of its forwards, each "
-                    "timed alone on the same shapes (stepwise rows).",
-                    bench.ANSWER_NOTE]
+    out = [
+        *bench.report_header("Benchmark suite `dllm`", result),
+        *ans.header_lines(result, ("method", "cache")),
+        f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1), gen length "
+        f"{r0['gen_length']}, block {r0['block_length']}, remasking `{r0['remasking']}`, "
+        "greedy.",
+        "",
+    ]
+    out += [
+        ans.markdown_table(result["rows"], _COLUMNS),
+        "",
+        "How to read this:",
+        "",
+        ans.ANSWER_ACCOUNTING_NOTE,
+        "- `answer vs stepwise` / `answer vs none/stepwise`: median over prompts of the "
+        "reference's answer seconds over this row's (each decoder's own answer).",
+        "- `stepwise` transfers one token per step (steps = gen length); `fixed-K` "
+        "K per step; `threshold-T` every position with confidence >= T (at least "
+        "one). `cache`: Fast-dLLM prefix / dual KV cache (approximate: each cache "
+        "policy is its own reference).",
+        "- `tok/s` = decoded positions / wall-clock seconds (median over prompts); "
+        "`vs stepwise` is the per-prompt wall-clock ratio to the same cache's "
+        "stepwise row, `vs none/stepwise` to the uncached stepwise row.",
+        "- `identical` = share of prompts whose output equals the stepwise row's "
+        "with the same cache policy (parallel decoding and caches are not lossless).",
+        "- `fwd tokens` = query tokens pushed through the model per prompt; "
+        "`loop overhead` = decode wall clock over the sum of its forwards, each "
+        "timed alone on the same shapes (stepwise rows).",
+        bench.ANSWER_NOTE,
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -361,21 +451,32 @@ def plot_rows(result: dict, out: Path) -> Path:
     for j, c in enumerate(caches):
         by = {r["method"]: r for r in rows if r["cache"] == c}
         for ax, key in zip(axes, ("answer_tokens_per_s", "answer_nfe")):
-            ax.bar(x + (j - (len(caches) - 1) / 2) * w, [by[m][key] or 0.0 for m in methods],
-                   w, label=f"cache={c}")
+            ax.bar(
+                x + (j - (len(caches) - 1) / 2) * w,
+                [by[m][key] or 0.0 for m in methods],
+                w,
+                label=f"cache={c}",
+            )
     for ax, lab in zip(axes, ("answer tokens / s", "NFE until the answer is complete")):
         ax.set_xticks(x, methods)
         ax.set_ylabel(lab)
     axes[0].legend(fontsize=8)
     r0 = rows[0]
     flagged = sum(bool(r.get("answer_flag")) for r in rows)
-    fig.suptitle(f"dllm: {r0['model']}, gen {r0['gen_length']}, block {r0['block_length']}, "
-                 f"{r0['prompts']} prompts ({r0.get('prompt_set') or 'set not recorded'})"
-                 + (f"; {flagged} rows flagged (EOS / loop)" if flagged else ""))
+    fig.suptitle(
+        f"dllm: {r0['model']}, gen {r0['gen_length']}, block {r0['block_length']}, "
+        f"{r0['prompts']} prompts ({r0.get('prompt_set') or 'set not recorded'})"
+        + (f"; {flagged} rows flagged (EOS / loop)" if flagged else "")
+    )
     return save_figure(fig, out)
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
-                               caption="answer tokens/s and answer NFE")
+    return bench.write_results(
+        result,
+        out,
+        report=markdown_report,
+        plot=plot_rows,
+        caption="answer tokens/s and answer NFE",
+    )

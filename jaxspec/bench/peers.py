@@ -60,13 +60,16 @@ def load_fastdllm(family: str, root: Optional[str] = None):
       PeerUnavailable: an unknown family, no checkout there, or an import error (one line).
     """
     if family not in FASTDLLM_MODULES:
-        raise PeerUnavailable(f"unknown Fast-dLLM family {family!r}; expected "
-                              f"{', '.join(FASTDLLM_MODULES)}")
+        raise PeerUnavailable(
+            f"unknown Fast-dLLM family {family!r}; expected {', '.join(FASTDLLM_MODULES)}"
+        )
     base = fastdllm_root(root)
     path = base / FASTDLLM_MODULES[family]
     if not path.is_file():
-        raise PeerUnavailable(f"official Fast-dLLM code not found at {path} (put a checkout "
-                              f"at {FASTDLLM_DEFAULT} or set {FASTDLLM_ENV})")
+        raise PeerUnavailable(
+            f"official Fast-dLLM code not found at {path} (put a checkout "
+            f"at {FASTDLLM_DEFAULT} or set {FASTDLLM_ENV})"
+        )
     import sys
 
     sys.path.insert(0, str(path.parent))
@@ -75,8 +78,9 @@ def load_fastdllm(family: str, root: Optional[str] = None):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     except Exception as e:  # noqa: BLE001 - third-party import failure is a row's reason
-        raise PeerUnavailable(f"Fast-dLLM {family} import failed: "
-                              f"{' '.join(str(e).split())[:200]}") from None
+        raise PeerUnavailable(
+            f"Fast-dLLM {family} import failed: {' '.join(str(e).split())[:200]}"
+        ) from None
     finally:
         sys.path.remove(str(path.parent))
     return mod
@@ -134,8 +138,9 @@ def truncated_hf(hf_model, layers: int):
     return m.eval()
 
 
-def static_compiled_system(hf_model, *, compile: bool, max_new_tokens: int,
-                           eos_ids: Sequence[int], pad_id: int):
+def static_compiled_system(
+    hf_model, *, compile: bool, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int
+):
     """``transformers/ar-static-compile`` (``ar-static`` when ``compile`` is False): greedy
     ``generate`` of a copy of ``hf_model`` with ``cache_implementation="static"`` and, with
     ``compile``, ``forward`` compiled by ``torch.compile(mode="reduce-overhead",
@@ -147,8 +152,7 @@ def static_compiled_system(hf_model, *, compile: bool, max_new_tokens: int,
     from jaxspec.bench.common import TransformersSystem
 
     m = copy.deepcopy(hf_model)
-    s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-                           pad_id=pad_id)
+    s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id)
     s.gen_config.cache_implementation = "static"
     # only the compile below: generate's own automatic compile of static-cache decoding
     # stays off, so "ar-static" is eager and "ar-static-compile" is the documented recipe
@@ -160,29 +164,49 @@ def static_compiled_system(hf_model, *, compile: bool, max_new_tokens: int,
 
 
 _PEER_COLUMNS = [
-    ("system", "system", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
-    ("new_tokens", "new tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
-    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"), ("ttft_s", "TTFT s", "{:.3f}"),
+    ("system", "system", "{}"),
+    ("method", "method", "{}"),
+    ("prompts", "prompts", "{}"),
+    ("new_tokens", "new tokens", "{}"),
+    ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("decode_tokens_per_s", "decode tok/s", "{:.1f}"),
+    ("ttft_s", "TTFT s", "{:.3f}"),
     ("speedup_vs_baseline", "speedup vs jaxspec/ar", "{:.2f}x"),
-    ("nfe_per_token", "NFE/token", "{:.3f}"), ("mat", "MAT", "{:.2f}"),
-    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
-    ("identical_share", "ident. share", "{:.2f}"), ("first_divergence", "1st diff", "{:g}"),
-    ("compile_s", "compile s", "{:.1f}"), ("skipped", "skipped", "{}"),
+    ("nfe_per_token", "NFE/token", "{:.3f}"),
+    ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
+    ("identical_share", "ident. share", "{:.2f}"),
+    ("first_divergence", "1st diff", "{:g}"),
+    ("compile_s", "compile s", "{:.1f}"),
+    ("skipped", "skipped", "{}"),
 ]
 
 
-def run_peers_suite(vehicles: dict, prompts: dict, settings, deadline_s: float, *,
-                    compile: Optional[bool] = None,
-                    limit: Optional[int] = None,
-                    log: Callable[[str], None] = print) -> dict:
+def run_peers_suite(
+    vehicles: dict,
+    prompts: dict,
+    settings,
+    deadline_s: float,
+    *,
+    compile: Optional[bool] = None,
+    limit: Optional[int] = None,
+    log: Callable[[str], None] = print,
+) -> dict:
     """The ``peers`` suite on the causal vehicle (module docstring); returns ``{"rows",
     "columns", "notes", "title"}``. ``compile`` (default: on a CUDA device only) picks
     ``ar-static-compile`` over ``ar-static``; ``limit`` prompts (default: 2 in smoke mode,
     else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s, less). Peers that cannot run
     here get rows saying why."""
-    from jaxspec.bench.common import (BenchPrompt, JaxspecSystem, TransformersSystem,
-                                      load_transformers_model, run_ar_suite, streamed_params,
-                                      torch_device)
+    from jaxspec.bench.common import (
+        BenchPrompt,
+        JaxspecSystem,
+        TransformersSystem,
+        load_transformers_model,
+        run_ar_suite,
+        streamed_params,
+        torch_device,
+    )
     from models.llama.modeling import param_dtype
 
     t0 = time.perf_counter()
@@ -193,18 +217,24 @@ def run_peers_suite(vehicles: dict, prompts: dict, settings, deadline_s: float, 
     bench_prompts = [BenchPrompt(t, list(p)) for t, p in zip(prompts["task_ids"], ids)]
     common = dict(max_new_tokens=settings.max_new_tokens, eos_ids=v.eos_ids, pad_id=v.pad_id)
     draft = truncated_draft(v, settings.sps_draft_layers)
-    systems = [JaxspecSystem("ar", v.model, v.params, **common),
-               JaxspecSystem("ngram", v.model, v.params, draft_length=NGRAM_K, **common),
-               JaxspecSystem("sps", v.model, v.params, draft_length=SPS_K,
-                             options={"draft_model": draft}, **common)]
-    notes = [f"Draft lengths: n-gram and prompt lookup {NGRAM_K}, SPS and assisted generation "
-             f"{SPS_K}; the SPS draft is the target's first {draft[0].config.num_layers} "
-             "layers with its final norm and head, in both systems.",
-             "`identical`: every prompt's tokens equal `jaxspec/ar`'s; `ident. share`: the "
-             "share of prompts that do; `1st diff`: median first differing position."]
+    systems = [
+        JaxspecSystem("ar", v.model, v.params, **common),
+        JaxspecSystem("ngram", v.model, v.params, draft_length=NGRAM_K, **common),
+        JaxspecSystem(
+            "sps", v.model, v.params, draft_length=SPS_K, options={"draft_model": draft}, **common
+        ),
+    ]
+    notes = [
+        f"Draft lengths: n-gram and prompt lookup {NGRAM_K}, SPS and assisted generation "
+        f"{SPS_K}; the SPS draft is the target's first {draft[0].config.num_layers} "
+        "layers with its final norm and head, in both systems.",
+        "`identical`: every prompt's tokens equal `jaxspec/ar`'s; `ident. share`: the "
+        "share of prompts that do; `1st diff`: median first differing position.",
+    ]
     skipped = []
-    why = transformers_available() or (None if v.hf_path else
-                                       "the causal vehicle has no transformers copy")
+    why = transformers_available() or (
+        None if v.hf_path else "the causal vehicle has no transformers copy"
+    )
     if why is None:
         import torch
 
@@ -219,18 +249,23 @@ def run_peers_suite(vehicles: dict, prompts: dict, settings, deadline_s: float, 
             for p in bench_prompts:
                 static.run(p.ids)
                 static.run(p.ids, max_new_tokens=1)
-            notes.append(f"`transformers/ar-static-compile`: the static cache is sized per "
-                         f"prompt length, so every prompt (and its one-token run) was decoded "
-                         f"once untimed first, compiling its shapes "
-                         f"({time.perf_counter() - w0:.1f} s in all).")
-        systems += [static,
-                    TransformersSystem("prompt-lookup", hf, draft_length=NGRAM_K, **common),
-                    TransformersSystem("assisted", hf, draft_length=SPS_K, assistant=assistant,
-                                       **common)]
+            notes.append(
+                f"`transformers/ar-static-compile`: the static cache is sized per "
+                f"prompt length, so every prompt (and its one-token run) was decoded "
+                f"once untimed first, compiling its shapes "
+                f"({time.perf_counter() - w0:.1f} s in all)."
+            )
+        systems += [
+            static,
+            TransformersSystem("prompt-lookup", hf, draft_length=NGRAM_K, **common),
+            TransformersSystem("assisted", hf, draft_length=SPS_K, assistant=assistant, **common),
+        ]
         notes.append(f"transformers on {dev} in {dtype}; torch {torch.__version__}.")
     else:
-        skipped += [{"system": "transformers", "method": m, "skipped": why}
-                    for m in ("ar-static-compile", "prompt-lookup", "assisted")]
+        skipped += [
+            {"system": "transformers", "method": m, "skipped": why}
+            for m in ("ar-static-compile", "prompt-lookup", "assisted")
+        ]
     for fam in ("llada", "dream"):
         try:
             load_fastdllm(fam)
@@ -238,10 +273,20 @@ def run_peers_suite(vehicles: dict, prompts: dict, settings, deadline_s: float, 
         except PeerUnavailable as e:
             why_f = str(e)
         skipped.append({"system": "fast-dllm", "method": f"{fam} (official)", "skipped": why_f})
-    result = run_ar_suite(systems, bench_prompts, model_name=v.name,
-                          num_params=None if smoke else streamed_params(v.params),
-                          param_dtype=str(param_dtype(v.params)), progress=False, log=log)
+    result = run_ar_suite(
+        systems,
+        bench_prompts,
+        model_name=v.name,
+        num_params=None if smoke else streamed_params(v.params),
+        param_dtype=str(param_dtype(v.params)),
+        progress=False,
+        log=log,
+    )
     log(f"[peers] {len(systems)} systems on {n} prompt(s) in {time.perf_counter() - t0:.1f} s")
-    return {"rows": result["rows"] + skipped, "columns": _PEER_COLUMNS, "notes": notes,
-            "bandwidth": result.get("bandwidth"),
-            "title": "Peers on the same device, weights, prompts and budget (greedy, batch 1)"}
+    return {
+        "rows": result["rows"] + skipped,
+        "columns": _PEER_COLUMNS,
+        "notes": notes,
+        "bandwidth": result.get("bandwidth"),
+        "title": "Peers on the same device, weights, prompts and budget (greedy, batch 1)",
+    }

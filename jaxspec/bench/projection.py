@@ -70,25 +70,53 @@ class Shape:
 
 
 # Shapes as data (config.json of each released checkpoint).
-SHAPES: dict[str, Shape] = {s.name: s for s in (
-    Shape("LLaDA-8B", "dllm", "llama", 126464, 4096, 12288, 32, 32, 32, 128),
-    Shape("Dream-7B", "dllm", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128),
-    Shape("LLaMA-2-7B", "causal", "llama", 32000, 4096, 11008, 32, 32, 32, 128,
-          draft="LLaMA-68M"),
-    Shape("Qwen2.5-7B", "causal", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128,
-          draft="Qwen2.5-0.5B"),
-    Shape("Qwen2.5-32B", "causal", "qwen2", 152064, 5120, 27648, 64, 40, 8, 128,
-          draft="Qwen2.5-7B"),
-    # draft shapes
-    Shape("LLaMA-68M", "draft", "llama", 32000, 768, 3072, 2, 12, 12, 64),
-    Shape("Qwen2.5-0.5B", "draft", "qwen2", 151936, 896, 4864, 24, 14, 2, 64, tied=True),
-    # tiny shapes: the CPU test of this suite
-    Shape("tiny-causal", "causal", "llama", 256, 64, 128, 2, 4, 2, 16, draft="tiny-draft"),
-    Shape("tiny-dllm", "dllm", "qwen2", 256, 64, 128, 2, 4, 2, 16),
-    Shape("tiny-draft", "draft", "llama", 256, 32, 64, 1, 2, 2, 16),
-)}
-SHAPE_SETS = {"papers": ("LLaDA-8B", "Dream-7B", "LLaMA-2-7B", "Qwen2.5-7B", "Qwen2.5-32B"),
-              "tiny": ("tiny-causal", "tiny-dllm")}
+SHAPES: dict[str, Shape] = {
+    s.name: s
+    for s in (
+        Shape("LLaDA-8B", "dllm", "llama", 126464, 4096, 12288, 32, 32, 32, 128),
+        Shape("Dream-7B", "dllm", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128),
+        Shape(
+            "LLaMA-2-7B", "causal", "llama", 32000, 4096, 11008, 32, 32, 32, 128, draft="LLaMA-68M"
+        ),
+        Shape(
+            "Qwen2.5-7B",
+            "causal",
+            "qwen2",
+            152064,
+            3584,
+            18944,
+            28,
+            28,
+            4,
+            128,
+            draft="Qwen2.5-0.5B",
+        ),
+        Shape(
+            "Qwen2.5-32B",
+            "causal",
+            "qwen2",
+            152064,
+            5120,
+            27648,
+            64,
+            40,
+            8,
+            128,
+            draft="Qwen2.5-7B",
+        ),
+        # draft shapes
+        Shape("LLaMA-68M", "draft", "llama", 32000, 768, 3072, 2, 12, 12, 64),
+        Shape("Qwen2.5-0.5B", "draft", "qwen2", 151936, 896, 4864, 24, 14, 2, 64, tied=True),
+        # tiny shapes: the CPU test of this suite
+        Shape("tiny-causal", "causal", "llama", 256, 64, 128, 2, 4, 2, 16, draft="tiny-draft"),
+        Shape("tiny-dllm", "dllm", "qwen2", 256, 64, 128, 2, 4, 2, 16),
+        Shape("tiny-draft", "draft", "llama", 256, 32, 64, 1, 2, 2, 16),
+    )
+}
+SHAPE_SETS = {
+    "papers": ("LLaDA-8B", "Dream-7B", "LLaMA-2-7B", "Qwen2.5-7B", "Qwen2.5-32B"),
+    "tiny": ("tiny-causal", "tiny-dllm"),
+}
 # the dLLM drafter of DiffuSpec / SpecDiff per causal target (the paper: Dream-7B for 32B)
 DLLM_DRAFTER = {"Qwen2.5-32B": "Dream-7B", "Qwen2.5-7B": "Dream-7B", "tiny-causal": "tiny-dllm"}
 
@@ -105,14 +133,19 @@ class PaperReport:
 
 
 PAPER_REPORTS: tuple[PaperReport, ...] = (
-    PaperReport("diffuspec", "Qwen2.5-32B", 6.99, 3.08,
-                "DiffuSpec Table 1 (Spec-Bench mean; Dream-7B drafter; A100)"),
+    PaperReport(
+        "diffuspec",
+        "Qwen2.5-32B",
+        6.99,
+        3.08,
+        "DiffuSpec Table 1 (Spec-Bench mean; Dream-7B drafter; A100)",
+    ),
     PaperReport("specdiff", "Qwen2.5-32B", 6.05, 2.69, "DiffuSpec Table 1 (SpecDiff row)"),
-    PaperReport("sps", "Qwen2.5-32B", 6.18, 1.67,
-                "DiffuSpec Table 1 (SPS row; Qwen2.5-7B drafter)"),
+    PaperReport(
+        "sps", "Qwen2.5-32B", 6.18, 1.67, "DiffuSpec Table 1 (SPS row; Qwen2.5-7B drafter)"
+    ),
     PaperReport("ngram", "Qwen2.5-32B", 2.11, 1.93, "DiffuSpec Table 1 (PLD row)"),
-    PaperReport("space", "LLaMA-2-7B", 3.54, 3.18,
-                "SPACE Table 1 (HumanEval-X, greedy; A800)"),
+    PaperReport("space", "LLaMA-2-7B", 3.54, 3.18, "SPACE Table 1 (HumanEval-X, greedy; A800)"),
     PaperReport("ssd", "LLaDA-8B", None, 3.46, "SSD abstract (up to; LLaDA and Dream)"),
     PaperReport("spiffy", "LLaDA-8B", None, 3.1, "Spiffy abstract (2.8-3.1x, LLaDA-8B)"),
 )
@@ -126,12 +159,21 @@ def model_config(shape: Shape, context: int = CONTEXT):
     """The :class:`models.config.ModelConfig` of a shape."""
     from models.config import ModelConfig
 
-    return ModelConfig(arch=shape.arch, vocab_size=shape.vocab, hidden_size=shape.hidden,
-                       intermediate_size=shape.intermediate, num_layers=shape.layers,
-                       num_heads=shape.heads, num_kv_heads=shape.kv_heads,
-                       head_dim=shape.head_dim, qkv_bias=shape.arch == "qwen2",
-                       tie_embeddings=shape.tied, max_position_embeddings=max(context, 64),
-                       rope_theta=10000.0, rms_norm_eps=1e-6)
+    return ModelConfig(
+        arch=shape.arch,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_layers=shape.layers,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        qkv_bias=shape.arch == "qwen2",
+        tie_embeddings=shape.tied,
+        max_position_embeddings=max(context, 64),
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+    )
 
 
 def random_params(shape: Shape, dtype: str = "bfloat16", seed: int = 0):
@@ -150,16 +192,18 @@ def random_params(shape: Shape, dtype: str = "bfloat16", seed: int = 0):
     out = []
     for k, a in zip(keys, leaves):
         if len(a.shape) >= 2:
-            f = jax.jit(lambda k, s=a.shape: (0.02 * jax.random.normal(k, s, jnp.float32)
-                                              ).astype(dt))
+            f = jax.jit(
+                lambda k, s=a.shape: (0.02 * jax.random.normal(k, s, jnp.float32)).astype(dt)
+            )
         else:
             f = jax.jit(lambda k, s=a.shape: jnp.ones(s, dt))
         out.append(f(k))
     return jax.tree_util.tree_unflatten(tree, out)
 
 
-def pass_seconds(shape: Shape, params, queries: int, batch: int = 1, *,
-                 context: int = CONTEXT, reps: int = 10) -> float:
+def pass_seconds(
+    shape: Shape, params, queries: int, batch: int = 1, *, context: int = CONTEXT, reps: int = 10
+) -> float:
     """Median seconds of one jitted forward of ``batch`` rows of ``queries`` query positions
     over a KV cache of ``context`` slots (keys written at ``context - queries``; every query
     sees every earlier slot and the new ones), after two untimed calls."""
@@ -177,8 +221,9 @@ def pass_seconds(shape: Shape, params, queries: int, batch: int = 1, *,
     slots = jnp.arange(context)
     mask = jnp.broadcast_to(slots[None, None, :] <= pos[:, :, None], (batch, queries, context))
     idx = jnp.full((batch,), start, jnp.int32)
-    f = jax.jit(lambda p, c: model.apply({"params": p}, toks, pos, mask, cache=c,
-                                         cache_index=idx)[0])
+    f = jax.jit(
+        lambda p, c: model.apply({"params": p}, toks, pos, mask, cache=c, cache_index=idx)[0]
+    )
     jax.block_until_ready(f(params, cache))
     jax.block_until_ready(f(params, cache))
     ts = []
@@ -207,25 +252,38 @@ def _fits(shape: Shape, bytes_per_param: int = 2, margin: float = 0.75) -> tuple
     if used is None or not limit:
         return True, ""
     ok = need <= margin * (limit - used)
-    return ok, ("" if ok else f"{need / 2**30:.1f} GiB of weights > {margin:.0%} of the "
-                f"{(limit - used) / 2**30:.1f} GiB free")
+    return ok, (
+        ""
+        if ok
+        else f"{need / 2**30:.1f} GiB of weights > {margin:.0%} of the "
+        f"{(limit - used) / 2**30:.1f} GiB free"
+    )
 
 
 def passes_for(shape: Shape) -> list[tuple[str, int, int]]:
     """``(label, queries, batch)`` of every pass the cost model needs for ``shape``."""
     if shape.family == "causal":
-        qs = sorted({1, NGRAM_K + 1, SPS_K + 1, 1 + SPACE_K + (SPACE_K + 1) * SPACE_K,
-                     DIFFUSPEC_K + 1})
+        qs = sorted(
+            {1, NGRAM_K + 1, SPS_K + 1, 1 + SPACE_K + (SPACE_K + 1) * SPACE_K, DIFFUSPEC_K + 1}
+        )
         return [(f"q{q}", q, 1) for q in qs]
     if shape.family == "dllm":
-        return [(f"block{BLOCK}", BLOCK, 1), (f"block{BLOCK}x{SSD_K + 1}", BLOCK, SSD_K + 1),
-                (f"block{BLOCK}x{SPIFFY_NODES}", BLOCK, SPIFFY_NODES),
-                (f"q{DIFFUSPEC_K}", DIFFUSPEC_K, 1)]
+        return [
+            (f"block{BLOCK}", BLOCK, 1),
+            (f"block{BLOCK}x{SSD_K + 1}", BLOCK, SSD_K + 1),
+            (f"block{BLOCK}x{SPIFFY_NODES}", BLOCK, SPIFFY_NODES),
+            (f"q{DIFFUSPEC_K}", DIFFUSPEC_K, 1),
+        ]
     return [("q1", 1, 1)]
 
 
-def time_shapes(names: Sequence[str], *, deadline_s: float = 1e9, reps: int = 10,
-                log: Callable[[str], None] = print) -> dict[str, dict]:
+def time_shapes(
+    names: Sequence[str],
+    *,
+    deadline_s: float = 1e9,
+    reps: int = 10,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict]:
     """Per shape, ``{pass label: seconds}`` (:func:`passes_for`), plus the draft shapes the
     cost model needs; a shape that does not fit the device's memory or the time left gets
     ``{"skipped": reason}``."""
@@ -249,8 +307,10 @@ def time_shapes(names: Sequence[str], *, deadline_s: float = 1e9, reps: int = 10
         s0 = time.perf_counter()
         try:
             params = random_params(shape)
-            out[n] = {label: pass_seconds(shape, params, q, b, reps=reps)
-                      for label, q, b in passes_for(shape)}
+            out[n] = {
+                label: pass_seconds(shape, params, q, b, reps=reps)
+                for label, q, b in passes_for(shape)
+            }
         except Exception as e:  # noqa: BLE001 - e.g. out of device memory: the row says so
             out[n] = {"skipped": f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"}
         finally:
@@ -263,6 +323,7 @@ def time_shapes(names: Sequence[str], *, deadline_s: float = 1e9, reps: int = 10
 def method_seconds(method: str, shape: Shape, t: dict, times: dict, mat: float) -> Optional[float]:
     """Seconds per token of ``method`` at ``shape`` under the cost model (module docstring);
     None where the model has no term for it or a needed pass was not timed."""
+
     def get(name, label):
         return (times.get(name) or {}).get(label)
 
@@ -306,9 +367,14 @@ def project(times: dict, names: Sequence[str], measured: Sequence[dict] = ()) ->
     takes one forward per token) and from each paper's reported MAT (:data:`PAPER_REPORTS`,
     at its own shape), beside the paper's measured speedup."""
     vehicle_mat: dict[str, float] = {}
-    refs = {r["vehicle"]: r for r in measured
-            if r.get("method") in REFERENCE.values() and r.get("batch") == 1
-            and r.get("temperature") == 0.0 and r.get("mat")}
+    refs = {
+        r["vehicle"]: r
+        for r in measured
+        if r.get("method") in REFERENCE.values()
+        and r.get("batch") == 1
+        and r.get("temperature") == 0.0
+        and r.get("mat")
+    }
     for r in measured:
         if r.get("batch") == 1 and r.get("temperature") == 0.0 and r.get("mat"):
             ref = refs.get(r["vehicle"])
@@ -324,12 +390,28 @@ def project(times: dict, names: Sequence[str], measured: Sequence[dict] = ()) ->
             continue
         ref = REFERENCE[shape.family]
         t_ref = method_seconds(ref, shape, t, times, 1.0)
-        methods = [m for m in ("ngram", "sps", "space", "diffuspec", "specdiff", "fixed-k",
-                               "threshold", "ssd", "spiffy")
-                   if method_seconds(m, shape, t, times, 1.0) is not None]
+        methods = [
+            m
+            for m in (
+                "ngram",
+                "sps",
+                "space",
+                "diffuspec",
+                "specdiff",
+                "fixed-k",
+                "threshold",
+                "ssd",
+                "spiffy",
+            )
+            if method_seconds(m, shape, t, times, 1.0) is not None
+        ]
         for m in methods:
-            row = {"shape": n, "method": m, "reference": ref,
-                   "ref_ms_per_token": t_ref and 1e3 * t_ref}
+            row = {
+                "shape": n,
+                "method": m,
+                "reference": ref,
+                "ref_ms_per_token": t_ref and 1e3 * t_ref,
+            }
             vm = vehicle_mat.get(m)
             if vm:
                 tm = method_seconds(m, shape, t, times, vm)
@@ -345,45 +427,59 @@ def project(times: dict, names: Sequence[str], measured: Sequence[dict] = ()) ->
 
 
 COLUMNS = [
-    ("shape", "shape", "{}"), ("method", "method", "{}"), ("reference", "vs", "{}"),
+    ("shape", "shape", "{}"),
+    ("method", "method", "{}"),
+    ("reference", "vs", "{}"),
     ("ref_ms_per_token", "reference ms/token", "{:.2f}"),
     ("vehicle_mat", "vehicle MAT", "{:.2f}"),
     ("projected_speedup_vehicle_mat", "projected (vehicle MAT)", "{:.2f}x"),
     ("paper_mat", "paper MAT", "{:.2f}"),
     ("projected_speedup_paper_mat", "projected (paper MAT)", "{:.2f}x"),
-    ("paper_speedup", "paper measured", "{:.2f}x"), ("paper_source", "source", "{}"),
+    ("paper_speedup", "paper measured", "{:.2f}x"),
+    ("paper_source", "source", "{}"),
     ("skipped", "skipped", "{}"),
 ]
 
 
-def run_projection_suite(shapes: str = "papers", *, measured: Sequence[dict] = (),
-                         deadline_s: float = 1e9, reps: int = 10,
-                         log: Callable[[str], None] = print) -> dict:
+def run_projection_suite(
+    shapes: str = "papers",
+    *,
+    measured: Sequence[dict] = (),
+    deadline_s: float = 1e9,
+    reps: int = 10,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Time the passes of the shape set ``shapes`` (:data:`SHAPE_SETS`) and project; returns
     ``{"rows", "columns", "notes", "title", "pass_seconds"}``.
 
     Raises:
       ProjectionError: an unknown shape set."""
     if shapes not in SHAPE_SETS:
-        raise ProjectionError(f"unknown --shapes {shapes!r}; available: "
-                              f"{', '.join(SHAPE_SETS)}")
+        raise ProjectionError(f"unknown --shapes {shapes!r}; available: {', '.join(SHAPE_SETS)}")
     names = SHAPE_SETS[shapes]
     times = time_shapes(names, deadline_s=deadline_s, reps=reps, log=log)
     rows = project(times, names, measured)
-    notes = ["**A projection, not a measurement.** Per-pass times are measured here on random "
-             "bfloat16 weights of each shape; MAT comes from this run's vehicles (greedy, "
-             "batch 1) or from the papers; the speedup follows from the cost model of "
-             "`jaxspec/bench/projection.py`:",
-             "AR `t(1)`; n-gram `t(K+1)/MAT`; SPS `(t(K+1) + K t_draft(1))/MAT`; SPACE "
-             "`t(1+k+(k+1)k)/MAT`; DiffuSpec / SpecDiff `(t(k_max+1) + t_dLLM(k_max))/MAT`; "
-             f"dLLM (dual cache, block {BLOCK}) `t(L)/MAT` for stepwise, fixed-k, threshold; "
-             f"SSD `t(L, batch K+1)/MAT`; Spiffy `t(L, batch {SPIFFY_NODES})/MAT`; "
-             f"K = {NGRAM_K} (n-gram), {SPS_K} (SPS), {SSD_K} (SSD), k = {SPACE_K} (SPACE), "
-             f"k_max = {DIFFUSPEC_K}; KV cache of {CONTEXT} slots.",
-             "Not modelled: prompt passes, sampling and host work, the dual cache's full pass "
-             "at each block start, steps that verify fewer drafts. dLLM MAT = tokens per "
-             "forward over stepwise's.",
-             "The papers' speedups were measured on their own hardware (A100 / A800) and "
-             "software; they stand beside the projection, not under it."]
-    return {"rows": rows, "columns": COLUMNS, "notes": notes, "pass_seconds": times,
-            "title": "Projected wall-clock speedups at the papers' shapes (a projection)"}
+    notes = [
+        "**A projection, not a measurement.** Per-pass times are measured here on random "
+        "bfloat16 weights of each shape; MAT comes from this run's vehicles (greedy, "
+        "batch 1) or from the papers; the speedup follows from the cost model of "
+        "`jaxspec/bench/projection.py`:",
+        "AR `t(1)`; n-gram `t(K+1)/MAT`; SPS `(t(K+1) + K t_draft(1))/MAT`; SPACE "
+        "`t(1+k+(k+1)k)/MAT`; DiffuSpec / SpecDiff `(t(k_max+1) + t_dLLM(k_max))/MAT`; "
+        f"dLLM (dual cache, block {BLOCK}) `t(L)/MAT` for stepwise, fixed-k, threshold; "
+        f"SSD `t(L, batch K+1)/MAT`; Spiffy `t(L, batch {SPIFFY_NODES})/MAT`; "
+        f"K = {NGRAM_K} (n-gram), {SPS_K} (SPS), {SSD_K} (SSD), k = {SPACE_K} (SPACE), "
+        f"k_max = {DIFFUSPEC_K}; KV cache of {CONTEXT} slots.",
+        "Not modelled: prompt passes, sampling and host work, the dual cache's full pass "
+        "at each block start, steps that verify fewer drafts. dLLM MAT = tokens per "
+        "forward over stepwise's.",
+        "The papers' speedups were measured on their own hardware (A100 / A800) and "
+        "software; they stand beside the projection, not under it.",
+    ]
+    return {
+        "rows": rows,
+        "columns": COLUMNS,
+        "notes": notes,
+        "pass_seconds": times,
+        "title": "Projected wall-clock speedups at the papers' shapes (a projection)",
+    }

@@ -38,9 +38,19 @@ from models.config import ModelConfig
 from models.llama import modeling as M
 from models.quant import quantize_params
 
-SMOLLM2 = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                      num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
-                      rope_theta=100000.0, tie_embeddings=True, max_position_embeddings=2048)
+SMOLLM2 = ModelConfig(
+    arch="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    tie_embeddings=True,
+    max_position_embeddings=2048,
+)
 
 
 def _int8(fn_im, fn_om):
@@ -48,22 +58,30 @@ def _int8(fn_im, fn_om):
         if name + "_q" in lp:
             return fn_im(x, lp[name + "_q"], lp[name + "_s"])
         return fn_om(x, lp[name + "_q_t"], lp[name + "_s"])
+
     return proj
 
 
 def _dg(x, q, s, contract):
-    return jax.lax.dot_general(x, q, (((x.ndim - 1,), (contract,)), ((), ())),
-                               preferred_element_type=x.dtype) * s
+    return (
+        jax.lax.dot_general(
+            x, q, (((x.ndim - 1,), (contract,)), ((), ())), preferred_element_type=x.dtype
+        )
+        * s
+    )
 
 
 FORMULATIONS = {
     "convert-dot": None,  # models.llama.modeling.proj itself
     "dot_general-pref": _int8(lambda x, q, s: _dg(x, q, s, 0), lambda x, q, s: _dg(x, q, s, 1)),
-    "dequant-dot": _int8(lambda x, q, s: x @ (q.astype(x.dtype) * s),
-                         lambda x, q, s: jnp.einsum("...i,oi->...o", x,
-                                                    q.astype(x.dtype) * s[:, None])),
-    "mul-reduce": _int8(lambda x, q, s: jnp.sum(x[..., :, None] * q.astype(x.dtype), -2) * s,
-                        lambda x, q, s: jnp.sum(x[..., None, :] * q.astype(x.dtype), -1) * s),
+    "dequant-dot": _int8(
+        lambda x, q, s: x @ (q.astype(x.dtype) * s),
+        lambda x, q, s: jnp.einsum("...i,oi->...o", x, q.astype(x.dtype) * s[:, None]),
+    ),
+    "mul-reduce": _int8(
+        lambda x, q, s: jnp.sum(x[..., :, None] * q.astype(x.dtype), -2) * s,
+        lambda x, q, s: jnp.sum(x[..., None, :] * q.astype(x.dtype), -1) * s,
+    ),
 }
 
 
@@ -72,8 +90,9 @@ def _patched(proj=None, hint=True):
     """Trace with another int8 ``proj`` and / or without the per-layer ordering hint."""
     old = M.proj, M._after
     if proj is not None:
-        M.proj = lambda x, lp, name: proj(x, lp, name) if (name + "_q" in lp or
-                                                            name + "_q_t" in lp) else old[0](x, lp, name)
+        M.proj = lambda x, lp, name: (
+            proj(x, lp, name) if (name + "_q" in lp or name + "_q_t" in lp) else old[0](x, lp, name)
+        )
     if not hint:
         M._after = lambda lp, h: lp
     try:
@@ -89,8 +108,14 @@ def _step(config, T, S, proj=None, hint=True, donate=False):
         with _patched(proj, hint):
             pos = 100 + jnp.arange(T, dtype=jnp.int32)[None]
             mask = jnp.arange(S)[None, None, :] <= pos[..., None]
-            logits, cache = model.apply({"params": params}, tokens, pos, mask, cache=cache,
-                                        cache_index=jnp.array([100], jnp.int32))
+            logits, cache = model.apply(
+                {"params": params},
+                tokens,
+                pos,
+                mask,
+                cache=cache,
+                cache_index=jnp.array([100], jnp.int32),
+            )
         return logits[:, -1].argmax(-1), cache
 
     return jax.jit(f, donate_argnums=(1,) if donate else ())  # donate: the cache, in place
@@ -100,10 +125,16 @@ def cases(config=SMOLLM2, T=1, S=256, seed=0):
     """``{name: (jitted step, args)}`` for every float32 baseline and int8 formulation."""
     params = M.init_params(config, seed)
     qp = quantize_params(params)
-    f_trees = {"per-layer input-major": M.unstack_layers(params),
-               "per-layer output-major": M.unstack_layers(params, True), "scan": params}
-    q_trees = {"per-layer input-major": M.unstack_layers(qp),
-               "per-layer output-major": M.unstack_layers(qp, True), "scan": qp}
+    f_trees = {
+        "per-layer input-major": M.unstack_layers(params),
+        "per-layer output-major": M.unstack_layers(params, True),
+        "scan": params,
+    }
+    q_trees = {
+        "per-layer input-major": M.unstack_layers(qp),
+        "per-layer output-major": M.unstack_layers(qp, True),
+        "scan": qp,
+    }
     tokens = jnp.full((1, T), 5, jnp.int32)
     cache = M.init_cache(config, 1, S)
     out = {f"f32 {lay}": (_step(config, T, S), (p, cache, tokens)) for lay, p in f_trees.items()}
@@ -113,7 +144,9 @@ def cases(config=SMOLLM2, T=1, S=256, seed=0):
         for lay, p in q_trees.items():
             out[f"int8 {name} {lay}"] = (_step(config, T, S, proj), (p, cache, tokens))
     out["int8 convert-dot per-layer input-major, no hint"] = (
-        _step(config, T, S, hint=False), (q_trees["per-layer input-major"], cache, tokens))
+        _step(config, T, S, hint=False),
+        (q_trees["per-layer input-major"], cache, tokens),
+    )
     return out
 
 
@@ -132,8 +165,9 @@ def measure(named: dict, reps: int = 15) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.bench.quant_matmul",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxspec.bench.quant_matmul", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 9])
     args = ap.parse_args(argv)
@@ -141,8 +175,10 @@ def main(argv=None) -> int:
     for T in args.tokens:
         res = measure(cases(T=T), args.reps)
         base = res["f32 per-layer output-major"][0]
-        print(f"\n| forward of {T} token(s), KV cache 256 | median ms | fastest ms | "
-              f"median / f32 per-layer output-major |\n|---|---|---|---|")
+        print(
+            f"\n| forward of {T} token(s), KV cache 256 | median ms | fastest ms | "
+            f"median / f32 per-layer output-major |\n|---|---|---|---|"
+        )
         for n, (med, best) in res.items():
             print(f"| {n} | {med:.1f} | {best:.1f} | {med / base:.2f} |")
     return 0

@@ -27,10 +27,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jaxspec.bench.common import (MAT_DEFINITION, PROMPT_SETS, BenchError, BenchPrompt,
-                                  JaxspecSystem, _num, machine_info, markdown_table,
-                                  plot_k_sweep, report_header, run_ar_suite, save_figure,
-                                  suite_prompts)
+from jaxspec.bench.common import (
+    MAT_DEFINITION,
+    PROMPT_SETS,
+    BenchError,
+    BenchPrompt,
+    JaxspecSystem,
+    _num,
+    machine_info,
+    markdown_table,
+    plot_k_sweep,
+    report_header,
+    run_ar_suite,
+    save_figure,
+    suite_prompts,
+)
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import get_method
 
@@ -43,8 +54,16 @@ def _median_tps(rows: list[dict], method: str) -> Optional[float]:
     return None if r is None else r["median_tokens_per_s"]
 
 
-def run_sets(sar, base_params, prompt_sets: dict, *, k: int, common: dict, progress: bool,
-             log: Callable[[str], None]) -> dict[str, Any]:
+def run_sets(
+    sar,
+    base_params,
+    prompt_sets: dict,
+    *,
+    k: int,
+    common: dict,
+    progress: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """Part 1: per prompt set, the ``run_ar_suite`` rows of AR / SPACE / n-gram on the SAR
     model and AR on the base model, plus ``speedup_vs_base_ar`` on the SPACE row (median
     tokens/s ratio against ``jaxspec/ar-base`` of the same run)."""
@@ -52,10 +71,12 @@ def run_sets(sar, base_params, prompt_sets: dict, *, k: int, common: dict, progr
     out = {}
     for name, prompts in prompt_sets.items():
         log(f"[space] prompt set {name}: {len(prompts)} prompts")
-        systems = [JaxspecSystem("ar", model, params, **common),
-                   JaxspecSystem("space", model, params, **common, options={"mask_groups": k}),
-                   JaxspecSystem("ngram", model, params, **common),
-                   JaxspecSystem("ar", model, base_params, **common, label="ar-base")]
+        systems = [
+            JaxspecSystem("ar", model, params, **common),
+            JaxspecSystem("space", model, params, **common, options={"mask_groups": k}),
+            JaxspecSystem("ngram", model, params, **common),
+            JaxspecSystem("ar", model, base_params, **common, label="ar-base"),
+        ]
         res = run_ar_suite(systems, prompts, model_name="sar", progress=progress, log=log)
         base = _median_tps(res["rows"], "ar-base")
         for r in res["rows"]:
@@ -66,21 +87,40 @@ def run_sets(sar, base_params, prompt_sets: dict, *, k: int, common: dict, progr
     return out
 
 
-def run_k_sweep(sar, prompts: Sequence[BenchPrompt], *, ks: Sequence[int], common: dict,
-                progress: bool, log: Callable[[str], None]) -> list[dict]:
+def run_k_sweep(
+    sar,
+    prompts: Sequence[BenchPrompt],
+    *,
+    ks: Sequence[int],
+    common: dict,
+    progress: bool,
+    log: Callable[[str], None],
+) -> list[dict]:
     """Part 2 (Fig. 5): AR and SPACE with each ``k`` on the same prompts, interleaved."""
     model, params = sar
     systems = [JaxspecSystem("ar", model, params, **common)] + [
-        JaxspecSystem("space", model, params, **common, options={"mask_groups": int(k)},
-                      label=f"space-k{k}") for k in ks]
+        JaxspecSystem(
+            "space", model, params, **common, options={"mask_groups": int(k)}, label=f"space-k{k}"
+        )
+        for k in ks
+    ]
     res = run_ar_suite(systems, prompts, model_name="sar", progress=progress, log=log)
     for r in res["rows"]:
         r["k"] = 0 if r["method"] == "ar" else int(r["method"].split("-k")[1])
     return res["rows"]
 
 
-def run_batches(sar, prompts: Sequence[BenchPrompt], *, k: int, sizes: Sequence[int],
-                max_new_tokens: int, eos_ids, pad_id: int, log: Callable[[str], None]) -> list[dict]:
+def run_batches(
+    sar,
+    prompts: Sequence[BenchPrompt],
+    *,
+    k: int,
+    sizes: Sequence[int],
+    max_new_tokens: int,
+    eos_ids,
+    pad_id: int,
+    log: Callable[[str], None],
+) -> list[dict]:
     """Part 3 (Table 3): for each batch size ``B`` the first ``B`` prompts (cycled when there
     are fewer) decoded as one batch by AR and by SPACE after an untimed warm-up each.
     ``tokens_per_s`` counts all rows' tokens over the call's wall clock; ``per_request`` is
@@ -98,21 +138,41 @@ def run_batches(sar, prompts: Sequence[BenchPrompt], *, k: int, sizes: Sequence[
             res = m.run(model, params, batch, cfg, **kw)
             wall = time.perf_counter() - t0 - res.compile_s
             toks = sum(len(t) for t in res.tokens)
-            rows.append({"batch": B, "method": method, "new_tokens": toks,
-                         "seconds": _num(wall, 4), "tokens_per_s": _num(toks / wall, 3),
-                         "tokens_per_s_per_request": _num(toks / wall / B, 3),
-                         "mat": _num(res.stats.mat, 4), **mean_degeneracy(res.tokens)})
+            rows.append(
+                {
+                    "batch": B,
+                    "method": method,
+                    "new_tokens": toks,
+                    "seconds": _num(wall, 4),
+                    "tokens_per_s": _num(toks / wall, 3),
+                    "tokens_per_s_per_request": _num(toks / wall / B, 3),
+                    "mat": _num(res.stats.mat, 4),
+                    **mean_degeneracy(res.tokens),
+                }
+            )
             log(f"[space] batch {B} {method}: {toks / wall:.1f} tok/s")
         ar, sp = rows[-2], rows[-1]
         sp["speedup_vs_ar"] = _num(sp["tokens_per_s"] / ar["tokens_per_s"], 3)
     return rows
 
 
-def run_space_suite(sar, base_params, tok, *, sets: Sequence[str] = PROMPT_SETS, limit: int = 5,
-                    k: int = 5, ks: Sequence[int] = K_SWEEP, batch_sizes: Sequence[int] = BATCH_SIZES,
-                    max_new_tokens: int = 128, model_name: str = "smollm2-135m-space",
-                    quality: Optional[dict] = None, config: Optional[dict] = None,
-                    progress: bool = True, log: Callable[[str], None] = lambda m: None) -> dict:
+def run_space_suite(
+    sar,
+    base_params,
+    tok,
+    *,
+    sets: Sequence[str] = PROMPT_SETS,
+    limit: int = 5,
+    k: int = 5,
+    ks: Sequence[int] = K_SWEEP,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    max_new_tokens: int = 128,
+    model_name: str = "smollm2-135m-space",
+    quality: Optional[dict] = None,
+    config: Optional[dict] = None,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict:
     """The whole suite (module docstring).
 
     Args:
@@ -140,39 +200,73 @@ def run_space_suite(sar, base_params, tok, *, sets: Sequence[str] = PROMPT_SETS,
     result: dict[str, Any] = {
         "suite": "space",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(), "model": model_name,
-        "config": dict(config or {}, k=k, limit=limit, max_new_tokens=max_new_tokens,
-                       sets=list(sets), k_sweep=list(ks), batch_sizes=list(batch_sizes),
-                       temperature=0.0),
+        "machine": machine_info(),
+        "model": model_name,
+        "config": dict(
+            config or {},
+            k=k,
+            limit=limit,
+            max_new_tokens=max_new_tokens,
+            sets=list(sets),
+            k_sweep=list(ks),
+            batch_sizes=list(batch_sizes),
+            temperature=0.0,
+        ),
         "quality": quality or {},
     }
-    result["sets"] = run_sets(sar, base_params, prompt_sets, k=k, common=common,
-                              progress=progress, log=log)
-    result["k_sweep"] = (run_k_sweep(sar, first, ks=ks, common=common, progress=progress, log=log)
-                         if ks else [])
-    result["batch"] = (run_batches(sar, first, k=k, sizes=batch_sizes,
-                                   max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, log=log)
-                       if batch_sizes else [])
+    result["sets"] = run_sets(
+        sar, base_params, prompt_sets, k=k, common=common, progress=progress, log=log
+    )
+    result["k_sweep"] = (
+        run_k_sweep(sar, first, ks=ks, common=common, progress=progress, log=log) if ks else []
+    )
+    result["batch"] = (
+        run_batches(
+            sar,
+            first,
+            k=k,
+            sizes=batch_sizes,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos,
+            pad_id=pad,
+            log=log,
+        )
+        if batch_sizes
+        else []
+    )
     return result
 
 
 _SET_COLUMNS = [
-    ("prompt_set", "set", "{}"), ("method", "method", "{}"), ("prompts", "prompts", "{}"),
-    ("new_tokens", "tokens", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("prompt_set", "set", "{}"),
+    ("method", "method", "{}"),
+    ("prompts", "prompts", "{}"),
+    ("new_tokens", "tokens", "{}"),
+    ("median_tokens_per_s", "median tok/s", "{:.1f}"),
     ("speedup_vs_baseline", "speedup vs SAR AR", "{:.2f}x"),
-    ("speedup_vs_base_ar", "vs base AR", "{:.2f}x"), ("mat", "MAT", "{:.2f}"),
-    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
-    ("distinct_token_share", "distinct", "{:.2f}"), ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+    ("speedup_vs_base_ar", "vs base AR", "{:.2f}x"),
+    ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
 ]
 _K_COLUMNS = [
-    ("k", "k", "{}"), ("median_tokens_per_s", "median tok/s", "{:.1f}"),
-    ("speedup_vs_baseline", "speedup", "{:.2f}x"), ("mat", "MAT", "{:.2f}"),
-    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
+    ("k", "k", "{}"),
+    ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("speedup_vs_baseline", "speedup", "{:.2f}x"),
+    ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
 ]
 _B_COLUMNS = [
-    ("batch", "batch", "{}"), ("method", "method", "{}"), ("tokens_per_s", "tok/s (all)", "{:.1f}"),
-    ("tokens_per_s_per_request", "tok/s per request", "{:.1f}"), ("speedup_vs_ar", "speedup", "{:.2f}x"),
-    ("mat", "MAT", "{:.2f}"), ("distinct_token_share", "distinct", "{:.2f}"),
+    ("batch", "batch", "{}"),
+    ("method", "method", "{}"),
+    ("tokens_per_s", "tok/s (all)", "{:.1f}"),
+    ("tokens_per_s_per_request", "tok/s per request", "{:.1f}"),
+    ("speedup_vs_ar", "speedup", "{:.2f}x"),
+    ("mat", "MAT", "{:.2f}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
 ]
 
 
@@ -183,22 +277,40 @@ def markdown_report(result: dict) -> str:
     if q:
         out += ["SAR model quality: " + ", ".join(f"`{k}={v}`" for k, v in q.items()), ""]
     rows = [r for s in result["sets"].values() for r in s["rows"]]
-    out += ["## Prompt sets (batch 1, greedy)", "", markdown_table({"rows": rows}, _SET_COLUMNS), ""]
+    out += [
+        "## Prompt sets (batch 1, greedy)",
+        "",
+        markdown_table({"rows": rows}, _SET_COLUMNS),
+        "",
+    ]
     if result["k_sweep"]:
-        out += ["## k ablation (Fig. 5), first prompt set", "",
-                markdown_table({"rows": result["k_sweep"]}, _K_COLUMNS), ""]
+        out += [
+            "## k ablation (Fig. 5), first prompt set",
+            "",
+            markdown_table({"rows": result["k_sweep"]}, _K_COLUMNS),
+            "",
+        ]
     if result["batch"]:
-        out += ["## Batch sizes (Table 3)", "", markdown_table({"rows": result["batch"]}, _B_COLUMNS), ""]
-    out += ["How to read this:", "",
-            f"- {MAT_DEFINITION} Paper anchors (LLaMA-2-7B, A800): MAT 3.54 / 3.18x on "
-            "HumanEval, 2.23 / 1.92x on XSum.",
-            "- `speedup vs SAR AR`: median per-prompt wall-clock ratio against AR on the same "
-            "SAR model; `vs base AR`: median tokens/s against AR on the base model (what a "
-            "user switching to the SAR model and SPACE gets).",
-            "- A SPACE forward carries (k+1)^2 query rows instead of 1: on a CPU that is not "
-            "free, so MAT overstates the wall-clock gain there.",
-            "- `distinct` / `rep. 4-gram` are degeneracy figures of the outputs; "
-            "`identical` compares with AR greedy decoding of the SAR model (lossless).", ""]
+        out += [
+            "## Batch sizes (Table 3)",
+            "",
+            markdown_table({"rows": result["batch"]}, _B_COLUMNS),
+            "",
+        ]
+    out += [
+        "How to read this:",
+        "",
+        f"- {MAT_DEFINITION} Paper anchors (LLaMA-2-7B, A800): MAT 3.54 / 3.18x on "
+        "HumanEval, 2.23 / 1.92x on XSum.",
+        "- `speedup vs SAR AR`: median per-prompt wall-clock ratio against AR on the same "
+        "SAR model; `vs base AR`: median tokens/s against AR on the base model (what a "
+        "user switching to the SAR model and SPACE gets).",
+        "- A SPACE forward carries (k+1)^2 query rows instead of 1: on a CPU that is not "
+        "free, so MAT overstates the wall-clock gain there.",
+        "- `distinct` / `rep. 4-gram` are degeneracy figures of the outputs; "
+        "`identical` compares with AR greedy decoding of the SAR model (lossless).",
+        "",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -228,4 +340,6 @@ def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     report and plot)."""
     from jaxspec.bench.common import write_results as write
 
-    return write(result, out, report=markdown_report, plot=plot, caption="k ablation and batch sizes")
+    return write(
+        result, out, report=markdown_report, plot=plot, caption="k ablation and batch sizes"
+    )

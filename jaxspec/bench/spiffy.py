@@ -38,13 +38,25 @@ from jaxspec.bench import common as bench
 from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
 from jaxspec.bench.dllm import method_config, run_interleaved
 from jaxspec.bench.ssd import _answer_entry, speed_figures, speedup_bars
-from jaxspec.dllm import (DiffusionDecodeConfig, DraftGraph, SpiffyConfig, diffusion_generate,
-                          load_graph, spiffy_generate)
+from jaxspec.dllm import (
+    DiffusionDecodeConfig,
+    DraftGraph,
+    SpiffyConfig,
+    diffusion_generate,
+    load_graph,
+    spiffy_generate,
+)
 
 # (D, unmasking rule) rows of the default suite: Table 1's D sweep at one token per step and
 # Table 2's D = 10 combined with fixed-2 and threshold-0.9 parallel decoding.
-SPIFFY_ROWS = ((3, "stepwise"), (5, "stepwise"), (8, "stepwise"), (10, "stepwise"),
-               (10, "fixed-2"), (10, "threshold-0.9"))
+SPIFFY_ROWS = (
+    (3, "stepwise"),
+    (5, "stepwise"),
+    (8, "stepwise"),
+    (10, "stepwise"),
+    (10, "fixed-2"),
+    (10, "threshold-0.9"),
+)
 
 
 def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str]]:
@@ -62,22 +74,35 @@ def parse_rows(specs: Optional[Sequence[str]]) -> list[tuple[int, str]]:
     return out
 
 
-def rule_config(rule: str, gen_length: int, block_length: int, remasking: str,
-                cache: str) -> DiffusionDecodeConfig:
+def rule_config(
+    rule: str, gen_length: int, block_length: int, remasking: str, cache: str
+) -> DiffusionDecodeConfig:
     """The reference decoder of an unmasking rule name (the ``dllm`` suite's row names).
     Raises BenchError on an unknown rule."""
-    return method_config(rule, gen_length=gen_length, block_length=block_length, cache=cache,
-                         remasking=remasking)
+    return method_config(
+        rule, gen_length=gen_length, block_length=block_length, cache=cache, remasking=remasking
+    )
 
 
-def run_spiffy_suite(model, params, prompts: Sequence[BenchPrompt], *, model_name: str,
-                     graphs: dict[int, DraftGraph], gen_length: int = 256,
-                     block_length: int = 32, rows: Sequence[tuple[int, str]] = SPIFFY_ROWS,
-                     cache: str = "dual", remasking: str = "low_confidence",
-                     eos_ids: Sequence[int] = (), pad_id: int = 0,
-                     config: Optional[dict] = None, progress: bool = True,
-                     prompt_set: Optional[str] = None,
-                     flag_rule: Optional[dict] = None) -> dict[str, Any]:
+def run_spiffy_suite(
+    model,
+    params,
+    prompts: Sequence[BenchPrompt],
+    *,
+    model_name: str,
+    graphs: dict[int, DraftGraph],
+    gen_length: int = 256,
+    block_length: int = 32,
+    rows: Sequence[tuple[int, str]] = SPIFFY_ROWS,
+    cache: str = "dual",
+    remasking: str = "low_confidence",
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    config: Optional[dict] = None,
+    progress: bool = True,
+    prompt_set: Optional[str] = None,
+    flag_rule: Optional[dict] = None,
+) -> dict[str, Any]:
     """Run the ``spiffy`` suite (module docstring) and return the result document.
 
     Args:
@@ -101,47 +126,92 @@ def run_spiffy_suite(model, params, prompts: Sequence[BenchPrompt], *, model_nam
     rules = list(dict.fromkeys(["stepwise"] + [r for _, r in rows]))
     refs = {r: rule_config(r, gen_length, block_length, remasking, cache) for r in rules}
     cfgs = {(D, r): SpiffyConfig(refs[r], graphs[D]) for D, r in rows}
-    runs: dict = {("reference", r): (lambda ids, d=d: diffusion_generate(
-        model, params, [ids], d, eos_ids=eos, pad_id=pad_id)) for r, d in refs.items()}
-    runs.update({("spiffy", D, r): (lambda ids, c=c: spiffy_generate(
-        model, params, [ids], c, eos_ids=eos, pad_id=pad_id)) for (D, r), c in cfgs.items()})
+    runs: dict = {
+        ("reference", r): (
+            lambda ids, d=d: diffusion_generate(model, params, [ids], d, eos_ids=eos, pad_id=pad_id)
+        )
+        for r, d in refs.items()
+    }
+    runs.update(
+        {
+            ("spiffy", D, r): (
+                lambda ids, c=c: spiffy_generate(
+                    model, params, [ids], c, eos_ids=eos, pad_id=pad_id
+                )
+            )
+            for (D, r), c in cfgs.items()
+        }
+    )
     outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "spiffy runs")
 
     base_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", "stepwise")])
-    answer_nfe = {k: sum(ans.diffusion_answer(r, eos).nfe for r in o)
-                  for k, o in outs.items() if k[0] == "reference"}
+    answer_nfe = {
+        k: sum(ans.diffusion_answer(r, eos).nfe for r in o)
+        for k, o in outs.items()
+        if k[0] == "reference"
+    }
     out_rows = []
     for key, o in outs.items():
         rule = key[-1]
         is_sp = key[0] == "spiffy"
-        fig = speed_figures(o, outs[("reference", rule)], gen_length, compile_s[key], is_sp, eos,
-                            flag_rule)
+        fig = speed_figures(
+            o, outs[("reference", rule)], gen_length, compile_s[key], is_sp, eos, flag_rule
+        )
         ref_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", rule)])
         par = base_nfe / ref_nfe
         a_par = answer_nfe[("reference", "stepwise")] / max(answer_nfe[("reference", rule)], 1)
-        out_rows.append({
-            "method": key[0], "graph_D": key[1] if is_sp else 0, "unmasking": rule,
-            "nodes": key[1] + 1 if is_sp else 1, "cache": cache, "model": model_name,
-            "remasking": remasking, "prompt_set": prompt_set, "prompts": len(o),
-            "gen_length": gen_length, "block_length": block_length, **fig,
-            "answer_parallel_speedup": _num(a_par, 3),
-            "answer_total_speedup": _num(a_par * fig["answer_nfe_speedup"], 3),
-            "parallel_speedup": _num(par, 3),
-            "total_speedup": _num(par * fig["nfe_speedup"], 3)})
-    per_prompt = [{"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {
-        "/".join(map(str, k)): {"nfe": int(o[i].stats.target_nfe.sum()),
-                                "seconds": _num(o[i].run_s, 4),
-                                **_answer_entry(ans.diffusion_answer(o[i], eos)),
-                                "identical_to_reference": bool(np.array_equal(
-                                    o[i].full_tokens, outs[("reference", k[-1])][i].full_tokens))}
-        for k, o in outs.items()}} for i, p in enumerate(prompts)]
-    return {"suite": "spiffy",
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": machine_info(), "config": dict(config or {}), "prompt_set": prompt_set,
-            "answer_flag_rule": dict(flag_rule or {}), "rows": out_rows,
-            "graphs": {str(D): [[list(p) for p in f] for f in graphs[D].formulas]
-                       for D in sorted({D for D, _ in rows})},
-            "per_prompt": per_prompt}
+        out_rows.append(
+            {
+                "method": key[0],
+                "graph_D": key[1] if is_sp else 0,
+                "unmasking": rule,
+                "nodes": key[1] + 1 if is_sp else 1,
+                "cache": cache,
+                "model": model_name,
+                "remasking": remasking,
+                "prompt_set": prompt_set,
+                "prompts": len(o),
+                "gen_length": gen_length,
+                "block_length": block_length,
+                **fig,
+                "answer_parallel_speedup": _num(a_par, 3),
+                "answer_total_speedup": _num(a_par * fig["answer_nfe_speedup"], 3),
+                "parallel_speedup": _num(par, 3),
+                "total_speedup": _num(par * fig["nfe_speedup"], 3),
+            }
+        )
+    per_prompt = [
+        {
+            "task_id": p.task_id,
+            "prompt_tokens": len(p.ids),
+            "runs": {
+                "/".join(map(str, k)): {
+                    "nfe": int(o[i].stats.target_nfe.sum()),
+                    "seconds": _num(o[i].run_s, 4),
+                    **_answer_entry(ans.diffusion_answer(o[i], eos)),
+                    "identical_to_reference": bool(
+                        np.array_equal(o[i].full_tokens, outs[("reference", k[-1])][i].full_tokens)
+                    ),
+                }
+                for k, o in outs.items()
+            },
+        }
+        for i, p in enumerate(prompts)
+    ]
+    return {
+        "suite": "spiffy",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": dict(config or {}),
+        "prompt_set": prompt_set,
+        "answer_flag_rule": dict(flag_rule or {}),
+        "rows": out_rows,
+        "graphs": {
+            str(D): [[list(p) for p in f] for f in graphs[D].formulas]
+            for D in sorted({D for D, _ in rows})
+        },
+        "per_prompt": per_prompt,
+    }
 
 
 def load_graphs(directory, sizes) -> dict[int, DraftGraph]:
@@ -150,18 +220,26 @@ def load_graphs(directory, sizes) -> dict[int, DraftGraph]:
 
 
 _COLUMNS = [
-    ("method", "method", "{}"), ("unmasking", "unmasking", "{}"), ("graph_D", "D", "{}"),
-    ("prompt_set", "set", "{}"), *ans.ANSWER_LEAD,
+    ("method", "method", "{}"),
+    ("unmasking", "unmasking", "{}"),
+    ("graph_D", "D", "{}"),
+    ("prompt_set", "set", "{}"),
+    *ans.ANSWER_LEAD,
     ("answer_nfe_speedup", "answer NFE speedup", "{:.2f}x"),
     ("answer_parallel_speedup", "answer parallel", "{:.2f}x"),
     ("answer_total_speedup", "answer total", "{:.2f}x"),
-    ("answer_speedup", "answer wall speedup", "{:.2f}x"), ans.FLAG_COLUMN,
-    ("nfe", "NFE", "{:.1f}"), ("nfe_speedup", "NFE speedup", "{:.2f}x"),
-    ("parallel_speedup", "parallel", "{:.2f}x"), ("total_speedup", "total", "{:.2f}x"),
-    ("tokens_per_s", "tok/s", "{:.2f}"), ("speedup", "wall speedup", "{:.2f}x"),
+    ("answer_speedup", "answer wall speedup", "{:.2f}x"),
+    ans.FLAG_COLUMN,
+    ("nfe", "NFE", "{:.1f}"),
+    ("nfe_speedup", "NFE speedup", "{:.2f}x"),
+    ("parallel_speedup", "parallel", "{:.2f}x"),
+    ("total_speedup", "total", "{:.2f}x"),
+    ("tokens_per_s", "tok/s", "{:.2f}"),
+    ("speedup", "wall speedup", "{:.2f}x"),
     ("seconds_per_forward", "s/forward", "{:.3f}"),
     ("forward_tokens_per_forward", "tokens/forward", "{:.0f}"),
-    ("acceptance_rate", "acceptance", "{:.3f}"), ("identical_to_reference", "identical", "{}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
     *bench.ANSWER_COLUMNS,
 ]
 
@@ -169,38 +247,53 @@ _COLUMNS = [
 def markdown_report(result: dict) -> str:
     """Markdown page of a ``spiffy`` result (Spiffy Tables 1-2 style)."""
     r0 = result["rows"][0]
-    lines = [*bench.report_header("Benchmark suite `spiffy`", result),
-             *ans.header_lines(result, ("method", "unmasking", "graph_D")),
-             f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1, greedy), gen "
-             f"length {r0['gen_length']}, block {r0['block_length']}, cache `{r0['cache']}`, "
-             f"remasking `{r0['remasking']}`. Reference of every row: the decoder with the same "
-             "unmasking rule and cache policy.", "", ans.markdown_table(result["rows"], _COLUMNS),
-             "", "How to read this:", "", ans.ANSWER_ACCOUNTING_NOTE,
-             "- `answer NFE speedup` = the reference's answer NFE / Spiffy's answer NFE; "
-             "`answer parallel` = the rule's answer NFE speedup over one token per step; "
-             "`answer total` their product; `answer wall speedup` the median per-prompt ratio "
-             "of answer seconds.",
-             "- `NFE speedup` = reference NFE / Spiffy NFE (Spiffy Eq. 14) against the same "
-             "unmasking rule; `parallel` = that rule's NFE speedup over one token per step; "
-             "`total` = their product (Table 2).",
-             "- A Spiffy forward verifies `D + 1` blocks (`tokens/forward`); on a compute-bound "
-             "CPU its cost (`s/forward`) grows with it, so the wall-clock speedup falls short of "
-             "the NFE speedup (the paper's Fig. 5 shows the same growth on an A100).",
-             "- `identical`: every prompt's output equals the reference's token for token.",
-             bench.ANSWER_NOTE]
+    lines = [
+        *bench.report_header("Benchmark suite `spiffy`", result),
+        *ans.header_lines(result, ("method", "unmasking", "graph_D")),
+        f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1, greedy), gen "
+        f"length {r0['gen_length']}, block {r0['block_length']}, cache `{r0['cache']}`, "
+        f"remasking `{r0['remasking']}`. Reference of every row: the decoder with the same "
+        "unmasking rule and cache policy.",
+        "",
+        ans.markdown_table(result["rows"], _COLUMNS),
+        "",
+        "How to read this:",
+        "",
+        ans.ANSWER_ACCOUNTING_NOTE,
+        "- `answer NFE speedup` = the reference's answer NFE / Spiffy's answer NFE; "
+        "`answer parallel` = the rule's answer NFE speedup over one token per step; "
+        "`answer total` their product; `answer wall speedup` the median per-prompt ratio "
+        "of answer seconds.",
+        "- `NFE speedup` = reference NFE / Spiffy NFE (Spiffy Eq. 14) against the same "
+        "unmasking rule; `parallel` = that rule's NFE speedup over one token per step; "
+        "`total` = their product (Table 2).",
+        "- A Spiffy forward verifies `D + 1` blocks (`tokens/forward`); on a compute-bound "
+        "CPU its cost (`s/forward`) grows with it, so the wall-clock speedup falls short of "
+        "the NFE speedup (the paper's Fig. 5 shows the same growth on an A100).",
+        "- `identical`: every prompt's output equals the reference's token for token.",
+        bench.ANSWER_NOTE,
+    ]
     return "\n".join(lines) + "\n"
 
 
 def plot_rows(result: dict, out: Path) -> Path:
     """Bars: NFE speedup and wall-clock speedup per Spiffy row."""
     rows = [r for r in result["rows"] if r["method"] == "spiffy"]
-    return speedup_bars(rows, [f"D={r['graph_D']}\n{r['unmasking']}" for r in rows],
-                        "x over the same unmasking rule",
-                        f"spiffy: {rows[0]['model'] if rows else ''}, gen "
-                        f"{result['rows'][0]['gen_length']}", out)
+    return speedup_bars(
+        rows,
+        [f"D={r['graph_D']}\n{r['unmasking']}" for r in rows],
+        "x over the same unmasking rule",
+        f"spiffy: {rows[0]['model'] if rows else ''}, gen {result['rows'][0]['gen_length']}",
+        out,
+    )
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(result, out, report=markdown_report, plot=plot_rows,
-                               caption="answer NFE and wall-clock speedup")
+    return bench.write_results(
+        result,
+        out,
+        report=markdown_report,
+        plot=plot_rows,
+        caption="answer NFE and wall-clock speedup",
+    )

@@ -72,16 +72,19 @@ from models.llama.layout import decode_layout
 def _products(config):
     """A jitted chain of the step's matrix-vector products (and the tied head) alone, in
     whichever layer layout its params come in (:func:`models.llama.modeling.proj`)."""
+
     def f(params, x):
         for lp in params["layers"]:
-            q, k, v = M.qkv_proj(x, lp, config.num_heads * config.head_dim,
-                                 config.num_kv_heads * config.head_dim)
+            q, k, v = M.qkv_proj(
+                x, lp, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+            )
             kv = k + v
             a = q + jnp.tile(kv, config.hidden_size // kv.shape[-1]) * 1e-3
             h = x + M.proj(a, lp, "wo")
             g = M.proj(h, lp, "w_gate") * M.proj(h, lp, "w_up")
             x = jnp.tanh(h + M.proj(g, lp, "w_down"))
         return argmax(M.lm_logits(x, params["embed"], None))
+
     return jax.jit(f)
 
 
@@ -93,7 +96,9 @@ def _layouts(params) -> tuple:
 
 def _weight_bytes(params) -> int:
     """Bytes of the layer weights and the (tied) head: what one forward streams."""
-    return sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+    return (
+        sum(w.nbytes for w in jax.tree_util.tree_leaves(params["layers"])) + params["embed"].nbytes
+    )
 
 
 def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
@@ -119,9 +124,12 @@ def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
 
 def _numpy_mats(params) -> list:
     """Every projection matrix and the head as contiguous output-major numpy arrays."""
-    return [np.ascontiguousarray(np.asarray(w[i]).T)
-            for name, w in params["layers"].items() if name in M.MATRICES
-            for i in range(w.shape[0])] + [np.asarray(params["embed"])]
+    return [
+        np.ascontiguousarray(np.asarray(w[i]).T)
+        for name, w in params["layers"].items()
+        if name in M.MATRICES
+        for i in range(w.shape[0])
+    ] + [np.asarray(params["embed"])]
 
 
 def _numpy_rows(params, hidden: int = 576) -> dict:
@@ -132,8 +140,10 @@ def _numpy_rows(params, hidden: int = 576) -> dict:
     vecs = {n: np.ones(n, np.float32) for n in {m.shape[1] for m in mats}}
     one = np.ones((nbytes // 4 // hidden, hidden), np.float32)
     x = np.ones(hidden, np.float32)
-    return {"numpy, per matrix": (lambda: [m @ vecs[m.shape[1]] for m in mats], (), nbytes),
-            "numpy, one matrix of the same bytes (the ar ceiling)": (lambda: one @ x, (), nbytes)}
+    return {
+        "numpy, per matrix": (lambda: [m @ vecs[m.shape[1]] for m in mats], (), nbytes),
+        "numpy, one matrix of the same bytes (the ar ceiling)": (lambda: one @ x, (), nbytes),
+    }
 
 
 def verify_rows(config, params, tokens, S: int = 384) -> dict:
@@ -151,12 +161,17 @@ def verify_rows(config, params, tokens, S: int = 384) -> dict:
         step, prods = _step(config, T, S), _products(config)
         toks, x = jnp.full((1, T), 5, jnp.int32), jnp.ones((T, config.hidden_size), jnp.float32)
         cols = {n: np.ones((n, T), np.float32) for n in {m.shape[1] for m in mats}}
-        out |= {f"{T} rows: step, input-major": (step, (im, cache, toks), nbytes),
-                f"{T} rows: step, output-major": (step, (om, cache, toks), nbytes),
-                f"{T} rows: products only, input-major": (prods, (im, x), nbytes),
-                f"{T} rows: products only, output-major": (prods, (om, x), nbytes),
-                f"{T} rows: numpy, per matrix": (
-                    lambda cols=cols: [m @ cols[m.shape[1]] for m in mats], (), nbytes)}
+        out |= {
+            f"{T} rows: step, input-major": (step, (im, cache, toks), nbytes),
+            f"{T} rows: step, output-major": (step, (om, cache, toks), nbytes),
+            f"{T} rows: products only, input-major": (prods, (im, x), nbytes),
+            f"{T} rows: products only, output-major": (prods, (om, x), nbytes),
+            f"{T} rows: numpy, per matrix": (
+                lambda cols=cols: [m @ cols[m.shape[1]] for m in mats],
+                (),
+                nbytes,
+            ),
+        }
     return out
 
 
@@ -168,6 +183,7 @@ def _loop_row(config, params, new: int, drafter=None):
 
     def run():
         return generate(model, params, prompt, max_new_tokens=new, eos_ids=(), drafter=drafter)
+
     run()
     return run
 
@@ -183,7 +199,9 @@ def withheld_ngram(config, k: int = 8) -> CostGate:
 _RUNTIME_EVENTS = ("ThunkExecutor", "Pjit", "Common", "Parse", "Handle", "Allocate", "$", "end: ")
 
 
-def trace_breakdown(config=SMOLLM2, S: int = 384, calls: int = 10) -> list[tuple[str, float, float]]:
+def trace_breakdown(
+    config=SMOLLM2, S: int = 384, calls: int = 10
+) -> list[tuple[str, float, float]]:
     """``[(operation kind, ms per step, operations per step)]``, largest first, of the CPU AR
     layout's one-token step (module docstring, ``--trace``). Needs ``XLA_FLAGS`` to contain
     ``--xla_cpu_enable_xprof_traceme=true`` before JAX's backend starts.
@@ -224,26 +242,41 @@ def measure(rows: dict, reps: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxspec.bench.step_profile",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxspec.bench.step_profile", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--reps", type=int, default=30, help="timed calls per row (default 30)")
     ap.add_argument("--cache", type=int, default=384, help="KV-cache slots (default 384)")
     ap.add_argument("--new", type=int, default=128, help="AR loop tokens (default 128)")
-    ap.add_argument("--rows", type=int, nargs="*", default=[], metavar="T",
-                    help="also time forwards of T query rows (a verification pass of T - 1 "
-                         "drafts), e.g. --rows 1 2 9")
-    ap.add_argument("--loops", action="store_true",
-                    help="also time the n-gram decode loop with every draft withheld (per token: "
-                         "the drafter's and the speculative loop's own cost over the AR loop)")
-    ap.add_argument("--trace", action="store_true",
-                    help="also print the per-operation breakdown of the AR layout's step")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="T",
+        help="also time forwards of T query rows (a verification pass of T - 1 "
+        "drafts), e.g. --rows 1 2 9",
+    )
+    ap.add_argument(
+        "--loops",
+        action="store_true",
+        help="also time the n-gram decode loop with every draft withheld (per token: "
+        "the drafter's and the speculative loop's own cost over the AR loop)",
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="also print the per-operation breakdown of the AR layout's step",
+    )
     args = ap.parse_args(argv)
     if args.trace:  # XLA reads its flags when the backend starts, which no code here did yet
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_enable_xprof_traceme=true").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
+        ).strip()
     if args.reps < 1 or args.cache < 128 or args.new < 1 or any(t < 1 for t in args.rows):
-        ap.error("--reps, --new and --rows must be >= 1 and --cache >= 128 (the probe writes "
-                 "slot 100)")
+        ap.error(
+            "--reps, --new and --rows must be >= 1 and --cache >= 128 (the probe writes slot 100)"
+        )
     rows, params = cases(S=args.cache)
     rows.update(_numpy_rows(params, SMOLLM2.hidden_size))
     rows.update(verify_rows(SMOLLM2, params, args.rows, args.cache))
@@ -251,10 +284,15 @@ def main(argv=None) -> int:
     rows["AR loop (generate), whole run"] = (loop, (), 0)
     if args.loops:
         rows["n-gram loop, drafts withheld, whole run"] = (
-            _loop_row(SMOLLM2, params, args.new, withheld_ngram(SMOLLM2)), (), 0)
+            _loop_row(SMOLLM2, params, args.new, withheld_ngram(SMOLLM2)),
+            (),
+            0,
+        )
     res = measure(rows, args.reps)
-    print(f"{cpu_model()}, {jax.devices()[0].device_kind}, jax {jax.__version__}, {args.reps} "
-          f"interleaved reps, SmolLM2-135M shapes, float32, cache {args.cache} slots\n")
+    print(
+        f"{cpu_model()}, {jax.devices()[0].device_kind}, jax {jax.__version__}, {args.reps} "
+        f"interleaved reps, SmolLM2-135M shapes, float32, cache {args.cache} slots\n"
+    )
     print("| row | median ms | fastest ms | GB/s (weights / fastest) |\n|---|---|---|---|")
     for n, (med, best) in res.items():
         nbytes = rows[n][2]
@@ -264,8 +302,10 @@ def main(argv=None) -> int:
             nbytes = rows["numpy, per matrix"][2]
         print(f"| {n} | {med:.2f} | {best:.2f} | {nbytes / best / 1e6:.1f} |")
     if args.trace:
-        print("\n| operation kind (XLA:CPU trace, CPU AR layout, cache donated) | ms / step | "
-              "per step |\n|---|---|---|")
+        print(
+            "\n| operation kind (XLA:CPU trace, CPU AR layout, cache donated) | ms / step | "
+            "per step |\n|---|---|---|"
+        )
         for kind, ms, count in trace_breakdown(S=args.cache)[:15]:
             print(f"| {kind} | {ms:.2f} | {count:g} |")
     return 0

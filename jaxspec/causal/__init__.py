@@ -2,7 +2,12 @@
 :class:`jaxspec.core.drafters.Drafter` (n-gram today; SPACE and DiffuSpec build on the same
 loop)."""
 
-from jaxspec.causal.decode import (DecodeInputError, DecodePlan, GenerationResult, decode_plan,
-                                   generate)
+from jaxspec.causal.decode import (
+    DecodeInputError,
+    DecodePlan,
+    GenerationResult,
+    decode_plan,
+    generate,
+)
 
 __all__ = ["DecodeInputError", "DecodePlan", "GenerationResult", "decode_plan", "generate"]

@@ -74,16 +74,34 @@ class CausalConfig(MethodConfig):
         drafter = self.drafter(model.config)
         if self.adapter() is not None:
             target_tok, drafter_tok = self.adapter()
-            return hetero_generate(model, params, prompts, drafter=drafter,
-                                   drafter_params=self.drafter_params(),
-                                   target_tokenizer=target_tok, drafter_tokenizer=drafter_tok,
-                                   max_new_tokens=self.max_new_tokens, sampling=self.sampling,
-                                   seed=seed, eos_ids=eos_ids, pad_id=pad_id)
-        return generate(model, params, prompts, max_new_tokens=self.max_new_tokens,
-                        sampling=self.sampling, drafter=drafter,
-                        drafter_params=self.drafter_params(), seed=seed, eos_ids=eos_ids,
-                        pad_id=pad_id, gate=self.gate_cost if self.plan is None else "off",
-                        plan=self.plan)
+            return hetero_generate(
+                model,
+                params,
+                prompts,
+                drafter=drafter,
+                drafter_params=self.drafter_params(),
+                target_tokenizer=target_tok,
+                drafter_tokenizer=drafter_tok,
+                max_new_tokens=self.max_new_tokens,
+                sampling=self.sampling,
+                seed=seed,
+                eos_ids=eos_ids,
+                pad_id=pad_id,
+            )
+        return generate(
+            model,
+            params,
+            prompts,
+            max_new_tokens=self.max_new_tokens,
+            sampling=self.sampling,
+            drafter=drafter,
+            drafter_params=self.drafter_params(),
+            seed=seed,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            gate=self.gate_cost if self.plan is None else "off",
+            plan=self.plan,
+        )
 
     @property
     def gate_cost(self) -> Union[str, float]:
@@ -115,8 +133,10 @@ def parse_gate(gate) -> Union[str, float]:
         try:
             g = float(g)
         except ValueError:
-            raise ValueError(f"unknown --gate {gate!r}; expected auto, off or a verification "
-                             "pass cost >= 1 (one-token steps)") from None
+            raise ValueError(
+                f"unknown --gate {gate!r}; expected auto, off or a verification "
+                "pass cost >= 1 (one-token steps)"
+            ) from None
     if not isinstance(g, str) and not g >= 1.0:
         raise ValueError(f"--gate must be >= 1 (one-token steps), got {g}")
     return g
@@ -164,7 +184,8 @@ class DraftedConfig(CausalConfig):
             raise ValueError(
                 f"--draft-length {self.k} does not fit: prompt of {longest} tokens + "
                 f"{self.max_new_tokens} new tokens + {self.k} draft positions exceeds the "
-                f"model's context of {ctx} tokens (allowed --draft-length 1..{room})")
+                f"model's context of {ctx} tokens (allowed --draft-length 1..{room})"
+            )
 
 
 __all__ = ["CausalConfig", "DraftedConfig", "parse_gate", "tuning_note"]

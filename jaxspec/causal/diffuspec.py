@@ -47,8 +47,17 @@ from jaxspec.core.sampling import argmax
 from models.diffusion.modeling import bidirectional_mask
 from models.llama.modeling import KVCache, init_cache, param_dtype
 
-__all__ = ["prune_lattice", "cps_beam", "NgramProxy", "ADLState", "adl_init", "adl_update",
-           "DrafterCache", "DiffuSpecState", "DiffusionDrafter"]
+__all__ = [
+    "prune_lattice",
+    "cps_beam",
+    "NgramProxy",
+    "ADLState",
+    "adl_init",
+    "adl_update",
+    "DrafterCache",
+    "DiffuSpecState",
+    "DiffusionDrafter",
+]
 
 NEG = -1e30
 
@@ -75,7 +84,7 @@ def prune_lattice(logp: jax.Array, tau: float, m_max: int, eos_id: int):
         raise ValueError(f"M_max must be >= 1, got {m_max}")
     top_lp, top_tok = jax.lax.top_k(logp, min(m_max, logp.shape[-1]))  # (B, K, M)
     mass_before = jnp.cumsum(jnp.exp(top_lp), axis=-1) - jnp.exp(top_lp)
-    keep = mass_before < tau                                          # rank m kept iff mass of 0..m-1 < tau
+    keep = mass_before < tau  # rank m kept iff mass of 0..m-1 < tau
     has_eos = jnp.any(keep & (top_tok == eos_id), axis=-1, keepdims=True)
     eos_tok = jnp.full(top_tok.shape[:-1] + (1,), eos_id, jnp.int32)
     eos_lp = logp[..., eos_id][..., None]
@@ -135,26 +144,40 @@ class NgramProxy:
         n = 1 << bits
         count = lambda *ids: np.bincount(_fnv(ids, bits, np), minlength=n).astype(np.float32)  # noqa: E731
         uni = np.bincount(s, minlength=vocab_size).astype(np.float32) + 1.0
-        return cls(tri=jnp.asarray(count(s[:-2], s[1:-1], s[2:])),
-                   tri_ctx=jnp.asarray(count(s[:-2], s[1:-1])),
-                   bi=jnp.asarray(count(s[:-1], s[1:])),
-                   bi_ctx=jnp.asarray(np.bincount(s[:-1], minlength=vocab_size).astype(np.float32)),
-                   uni=jnp.asarray(uni / uni.sum()))
+        return cls(
+            tri=jnp.asarray(count(s[:-2], s[1:-1], s[2:])),
+            tri_ctx=jnp.asarray(count(s[:-2], s[1:-1])),
+            bi=jnp.asarray(count(s[:-1], s[1:])),
+            bi_ctx=jnp.asarray(np.bincount(s[:-1], minlength=vocab_size).astype(np.float32)),
+            uni=jnp.asarray(uni / uni.sum()),
+        )
 
     def logprob(self, a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
         """``log P(c | a, b)`` elementwise over broadcastable int arrays (jittable)."""
         bits = int(np.log2(self.tri.shape[0]))
         l3, l2, l1 = self.weights
         # a hashed count may include colliding n-grams: a relative frequency is at most 1
-        f3 = jnp.minimum(self.tri[_fnv((a, b, c), bits, jnp)]
-                         / jnp.maximum(self.tri_ctx[_fnv((a, b), bits, jnp)], 1.0), 1.0)
+        f3 = jnp.minimum(
+            self.tri[_fnv((a, b, c), bits, jnp)]
+            / jnp.maximum(self.tri_ctx[_fnv((a, b), bits, jnp)], 1.0),
+            1.0,
+        )
         f2 = jnp.minimum(self.bi[_fnv((b, c), bits, jnp)] / jnp.maximum(self.bi_ctx[b], 1.0), 1.0)
         return jnp.log(l3 * f3 + l2 * f2 + l1 * self.uni[c])
 
 
-def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array,
-             proxy: NgramProxy | None, *, lam: float, beam: int, eos_id: int,
-             limit: jax.Array | None = None):
+def cps_beam(
+    tokens: jax.Array,
+    lp: jax.Array,
+    valid: jax.Array,
+    ctx2: jax.Array,
+    proxy: NgramProxy | None,
+    *,
+    lam: float,
+    beam: int,
+    eos_id: int,
+    limit: jax.Array | None = None,
+):
     """Causal-consistency path search (Eq. 7) for one row.
 
     Args:
@@ -181,12 +204,12 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
 
     def body(i, carry):
         paths, score, done_, length, hist = carry
-        done = done_ if limit is None else done_ | (i >= limit)            # past k_t: frozen
-        cand, clp, ok = tokens[i], lp[i], valid[i]                          # (C,)
+        done = done_ if limit is None else done_ | (i >= limit)  # past k_t: frozen
+        cand, clp, ok = tokens[i], lp[i], valid[i]  # (C,)
         step = w_dlm * clp[None, :]
         if proxy is not None:
             step = step + w_ng * proxy.logprob(hist[:, :1], hist[:, 1:], cand[None, :])
-        new = jnp.where(ok[None, :], score[:, None] + step, NEG)            # (B, C) live beams
+        new = jnp.where(ok[None, :], score[:, None] + step, NEG)  # (B, C) live beams
         # a finished beam has one continuation: itself (repeat EOS, score unchanged)
         keep = jnp.full((beam, C), NEG).at[:, 0].set(score)
         new = jnp.where(done[:, None], keep, new)
@@ -199,7 +222,9 @@ def cps_beam(tokens: jax.Array, lp: jax.Array, valid: jax.Array, ctx2: jax.Array
         hist = jnp.stack([hist[b, 1], tok], axis=1)
         return paths, top, done, length, hist
 
-    paths, score, done, length, hist = jax.lax.fori_loop(0, K, body, (paths, score, done, length, hist))
+    paths, score, done, length, hist = jax.lax.fori_loop(
+        0, K, body, (paths, score, done, length, hist)
+    )
     best = jnp.argmax(score)
     return paths[best], length[best]
 
@@ -214,11 +239,21 @@ class ADLState:
 
 def adl_init(batch: int, k0: float) -> ADLState:
     """Both EMAs start at the first draft length ``k0``."""
-    return ADLState(gen=jnp.full((batch,), k0, jnp.float32), acc=jnp.full((batch,), k0, jnp.float32))
+    return ADLState(
+        gen=jnp.full((batch,), k0, jnp.float32), acc=jnp.full((batch,), k0, jnp.float32)
+    )
 
 
-def adl_update(state: ADLState, l_gen: jax.Array, l_acc: jax.Array, *, rho: float, delta: float,
-               k_min: int, k_max: int):
+def adl_update(
+    state: ADLState,
+    l_gen: jax.Array,
+    l_acc: jax.Array,
+    *,
+    rho: float,
+    delta: float,
+    k_min: int,
+    k_max: int,
+):
     """Eqs. 9-10: update the EMAs with this step's generated length ``L_gen`` (Eq. 8: the raw
     draft's length before its first EOS, at most ``k_t``) and accepted length ``L_acc``, and
     return ``(state, k_next int32 (B,))`` with ``k_next = clip(ceil(gen + delta * 1{acc >=
@@ -230,6 +265,7 @@ def adl_update(state: ADLState, l_gen: jax.Array, l_acc: jax.Array, *, rho: floa
 
 
 # ----------------------------------------------------------------------------- the drafter
+
 
 @flax.struct.dataclass
 class DrafterCache:
@@ -306,16 +342,19 @@ class DiffusionDrafter(Drafter):
     name = "diffuspec"
 
     def __post_init__(self):
-        checks = ((self.draft_length >= 1, f"k_max must be >= 1, got {self.draft_length}"),
-                  (not self.adl or 1 <= self.k_min <= self.draft_length, f"need 1 <= k_min <= "
-                   f"k_max, got k_min={self.k_min}, k_max={self.draft_length}"),
-                  (0.0 < self.tau <= 1.0, f"tau must lie in (0, 1], got {self.tau}"),
-                  (self.beam >= 1, f"beam width B must be >= 1, got {self.beam}"),
-                  (self.m_max >= 1, f"M_max must be >= 1, got {self.m_max}"),
-                  (0.0 < self.rho <= 1.0, f"rho must lie in (0, 1], got {self.rho}"),
-                  (0.0 <= self.lam <= 1.0, f"lambda must lie in [0, 1], got {self.lam}"),
-                  (self.refine_steps >= 1, f"refinement steps S must be >= 1, got "
-                   f"{self.refine_steps}"))
+        checks = (
+            (self.draft_length >= 1, f"k_max must be >= 1, got {self.draft_length}"),
+            (
+                not self.adl or 1 <= self.k_min <= self.draft_length,
+                f"need 1 <= k_min <= k_max, got k_min={self.k_min}, k_max={self.draft_length}",
+            ),
+            (0.0 < self.tau <= 1.0, f"tau must lie in (0, 1], got {self.tau}"),
+            (self.beam >= 1, f"beam width B must be >= 1, got {self.beam}"),
+            (self.m_max >= 1, f"M_max must be >= 1, got {self.m_max}"),
+            (0.0 < self.rho <= 1.0, f"rho must lie in (0, 1], got {self.rho}"),
+            (0.0 <= self.lam <= 1.0, f"lambda must lie in [0, 1], got {self.lam}"),
+            (self.refine_steps >= 1, f"refinement steps S must be >= 1, got {self.refine_steps}"),
+        )
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
@@ -345,19 +384,32 @@ class DiffusionDrafter(Drafter):
             (the cross-vocabulary loop rebuilds the drafter's context every step)."""
         B, S = ctx.buffer.shape
         k0 = self.draft_length if not self.adl else self.k_min
-        state = DiffuSpecState(adl=adl_init(B, float(k0)), k=jnp.full((B,), k0, jnp.int32),
-                               gen=jnp.zeros((B,), jnp.int32))
+        state = DiffuSpecState(
+            adl=adl_init(B, float(k0)),
+            k=jnp.full((B,), k0, jnp.int32),
+            gen=jnp.zeros((B,), jnp.int32),
+        )
         if not self.prefix_cache:
             return state
         if ctx.filled is None:
-            raise ValueError("DiffusionDrafter(prefix_cache=True) needs a decoder context with a "
-                             "static prefill width (ctx.filled); the cross-vocabulary loop has "
-                             "none: use prefix_cache=False there")
+            raise ValueError(
+                "DiffusionDrafter(prefix_cache=True) needs a decoder context with a "
+                "static prefill width (ctx.filled); the cross-vocabulary loop has "
+                "none: use prefix_cache=False there"
+            )
         dparams = params[0]
         kv = init_cache(self.model.config.base, B, S + self.window, param_dtype(dparams))
         slots = jnp.broadcast_to(jnp.arange(ctx.filled, dtype=jnp.int32)[None], (B, ctx.filled))
-        _, kv = self._forward(dparams, ctx.buffer[:, :ctx.filled], slots, ctx, kv,
-                              jnp.zeros((B,), jnp.int32), ctx.length, None)
+        _, kv = self._forward(
+            dparams,
+            ctx.buffer[:, : ctx.filled],
+            slots,
+            ctx,
+            kv,
+            jnp.zeros((B,), jnp.int32),
+            ctx.length,
+            None,
+        )
         return state.replace(cache=DrafterCache(kv=kv, cached=ctx.length - 1))
 
     def _forward(self, dparams, tokens, slots, ctx: DraftContext, kv, first_slot, key_end, rows):
@@ -369,17 +421,22 @@ class DiffusionDrafter(Drafter):
         positions = jnp.maximum(slots - ctx.pad[:, None], 0)
         if kv is None:
             valid = (slots >= ctx.pad[:, None]) & (slots < key_end[:, None])
-            return self.model.apply(dparams, tokens, positions, bidirectional_mask(valid),
-                                    rows=rows)
+            return self.model.apply(
+                dparams, tokens, positions, bidirectional_mask(valid), rows=rows
+            )
         keys = jnp.arange(kv.size)[None, None, :]
-        mask = (((keys >= ctx.pad[:, None, None]) & (keys < key_end[:, None, None]))
-                | (keys == slots[:, :, None]))
+        mask = ((keys >= ctx.pad[:, None, None]) & (keys < key_end[:, None, None])) | (
+            keys == slots[:, :, None]
+        )
         if rows is None:  # only the keys / values are wanted: the head on one row
             rows = (jnp.zeros_like(first_slot), 1)
-        return self.model.apply(dparams, tokens, positions, mask, cache=kv,
-                                cache_index=first_slot, rows=rows)
+        return self.model.apply(
+            dparams, tokens, positions, mask, cache=kv, cache_index=first_slot, rows=rows
+        )
 
-    def block_logprobs(self, dparams, ctx: DraftContext, draft: jax.Array | None = None) -> jax.Array:
+    def block_logprobs(
+        self, dparams, ctx: DraftContext, draft: jax.Array | None = None
+    ) -> jax.Array:
         """One drafter forward over ``[context, draft block]``: float32 ``(B, k_max, V)``
         log-probabilities of the draft positions (the mask token excluded).
 
@@ -406,8 +463,16 @@ class DiffusionDrafter(Drafter):
             block = jnp.take_along_axis(draft.astype(jnp.int32), jnp.clip(slots - L, 0, K - 1), 1)
         tokens = jnp.where(draft_zone, block, src)
         first = ctx.length - (1 if cfg.head == "dream" else 0) - start  # raw row scoring slot L
-        logits, kv = self._forward(dparams, tokens, slots, ctx, None if cache is None else cache.kv,
-                                   start, ctx.length + K, (first, K))
+        logits, kv = self._forward(
+            dparams,
+            tokens,
+            slots,
+            ctx,
+            None if cache is None else cache.kv,
+            start,
+            ctx.length + K,
+            (first, K),
+        )
         logits = logits.at[..., cfg.mask_token_id].set(-jnp.inf)
         return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), kv
 
@@ -441,7 +506,7 @@ class DiffusionDrafter(Drafter):
             rows = logp if rows is None else jnp.where(masked[..., None], logp, rows)
             n_s = k_t // self.refine_steps + (s < k_t % self.refine_steps)  # LLaDA's schedule
             conf = jnp.where(masked & (pos < k_t), jnp.max(logp, axis=-1), -jnp.inf)
-            rank = jnp.argsort(jnp.argsort(-conf, axis=-1), axis=-1)   # 0 = most confident
+            rank = jnp.argsort(jnp.argsort(-conf, axis=-1), axis=-1)  # 0 = most confident
             pick = (rank < n_s) & masked & (pos < k_t)
             draft = jnp.where(pick, argmax(logp), draft)
             masked = masked & ~pick
@@ -455,33 +520,56 @@ class DiffusionDrafter(Drafter):
         dparams, proxy = params
         B, K = ctx.buffer.shape[0], self.draft_length
         k_t = state.k
-        logp, kv = self._refine(dparams, ctx, k_t, state.cache)          # (B, K, V)
+        logp, kv = self._refine(dparams, ctx, k_t, state.cache)  # (B, K, V)
         if state.cache is not None:  # the window's context keys stay; it restarts at length - 1
-            state = state.replace(cache=DrafterCache(kv=kv, cached=jnp.where(
-                ctx.active, ctx.length - 1, state.cache.cached)))
-        raw = argmax(logp)                                                # (B, K)
+            state = state.replace(
+                cache=DrafterCache(
+                    kv=kv, cached=jnp.where(ctx.active, ctx.length - 1, state.cache.cached)
+                )
+            )
+        raw = argmax(logp)  # (B, K)
         pos = jnp.arange(K)[None]
         first_eos = jnp.min(jnp.where(raw == self.eos_id, pos, K), axis=-1)
-        gen = jnp.minimum(first_eos, k_t)                                 # Eq. 8
+        gen = jnp.minimum(first_eos, k_t)  # Eq. 8
         if self.cps:
             tok, lp, ok = prune_lattice(logp, self.tau, self.m_max, self.eos_id)
-            prev = jax.vmap(lambda b, L: jax.lax.dynamic_slice(b, (L - 2,), (2,)))(ctx.buffer,
-                                                                                 ctx.length)
-            search = lambda t, l, o, c, k: cps_beam(t, l, o, c, proxy, lam=self.lam,  # noqa: E731
-                                                     beam=self.beam, eos_id=self.eos_id, limit=k)
+            prev = jax.vmap(lambda b, L: jax.lax.dynamic_slice(b, (L - 2,), (2,)))(
+                ctx.buffer, ctx.length
+            )
+            search = lambda t, l, o, c, k: cps_beam(
+                t,
+                l,
+                o,
+                c,
+                proxy,
+                lam=self.lam,  # noqa: E731
+                beam=self.beam,
+                eos_id=self.eos_id,
+                limit=k,
+            )
             tokens, plen = jax.vmap(search)(tok, lp, ok, prev, k_t)
             length = jnp.clip(plen, 1, k_t)
         else:  # SpecDiff: argmax per position, fixed length
             tokens, length = raw, k_t
-        return Draft(tokens=tokens, q=None, has_draft=jnp.ones((B,), bool),
-                     length=length.astype(jnp.int32),
-                     nfe=jnp.full((B,), self.refine_steps, jnp.int32)), \
-            state.replace(gen=gen.astype(jnp.int32))
+        return Draft(
+            tokens=tokens,
+            q=None,
+            has_draft=jnp.ones((B,), bool),
+            length=length.astype(jnp.int32),
+            nfe=jnp.full((B,), self.refine_steps, jnp.int32),
+        ), state.replace(gen=gen.astype(jnp.int32))
 
     def update(self, params, state: DiffuSpecState, ctx: DraftContext, n_accepted):
         """ADL (Eqs. 9-10) from this step's generated and accepted lengths."""
         if not self.adl:
             return state
-        adl, k = adl_update(state.adl, state.gen, n_accepted, rho=self.rho, delta=self.delta,
-                            k_min=self.k_min, k_max=self.draft_length)
+        adl, k = adl_update(
+            state.adl,
+            state.gen,
+            n_accepted,
+            rho=self.rho,
+            delta=self.delta,
+            k_min=self.k_min,
+            k_max=self.draft_length,
+        )
         return state.replace(adl=adl, k=k)

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.causal.decode import (GenerationResult, LoopConfig, check_request, prefill,
-                                   verify_step)
+from jaxspec.causal.decode import GenerationResult, LoopConfig, check_request, prefill, verify_step
 from jaxspec.core.batching import cut_after_eos, left_pad, place_batch
 from jaxspec.core.drafters import Draft, DraftContext, Drafter
 from jaxspec.core.sampling import SamplingConfig
@@ -70,8 +69,17 @@ def _decode(tok, ids: Sequence[int]) -> str:
 
 # ----------------------------------------------------------------------------- phases
 
-def translate_draft(target_tok, drafter_tok, context: Sequence[int], draft: Sequence[int], k: int,
-                    *, drafter_eos: Optional[int] = None, lookbehind: int = 8) -> list[int]:
+
+def translate_draft(
+    target_tok,
+    drafter_tok,
+    context: Sequence[int],
+    draft: Sequence[int],
+    k: int,
+    *,
+    drafter_eos: Optional[int] = None,
+    lookbehind: int = 8,
+) -> list[int]:
     """The drafter's ``draft`` (drafter ids) as at most ``k`` target ids continuing the
     target ``context`` (module docstring, steps 1-3). Deterministic in its arguments.
 
@@ -84,18 +92,24 @@ def translate_draft(target_tok, drafter_tok, context: Sequence[int], draft: Sequ
     """
     draft = list(draft)
     if drafter_eos is not None and drafter_eos in draft:
-        draft = draft[:draft.index(drafter_eos)]
+        draft = draft[: draft.index(drafter_eos)]
     text = _decode(drafter_tok, draft)
     if not text or k < 1:
         return []
     tail = list(context[-lookbehind:]) if lookbehind > 0 else []
     ids = target_tok.encode(_decode(target_tok, tail) + text)
-    out = ids[len(tail):] if ids[:len(tail)] == tail else target_tok.encode(text)
+    out = ids[len(tail) :] if ids[: len(tail)] == tail else target_tok.encode(text)
     return [int(t) for t in out[:k]]
 
 
-def drafter_contexts(target_tok, drafter_tok, rows: Sequence[Sequence[int]], width_extra: int,
-                     pad_id: int, bucket: int = 64) -> DraftContext:
+def drafter_contexts(
+    target_tok,
+    drafter_tok,
+    rows: Sequence[Sequence[int]],
+    width_extra: int,
+    pad_id: int,
+    bucket: int = 64,
+) -> DraftContext:
     """Each row's target ids re-encoded as drafter ids, left-padded into one drafter buffer
     with ``width_extra`` free slots after the longest row (rounded up to ``bucket``)."""
     ids = [drafter_tok.encode(_decode(target_tok, r)) or [pad_id] for r in rows]
@@ -105,9 +119,13 @@ def drafter_contexts(target_tok, drafter_tok, rows: Sequence[Sequence[int]], wid
     pad = np.zeros((len(ids),), np.int32)
     for b, r in enumerate(ids):
         pad[b] = longest - len(r)
-        buf[b, pad[b]:longest] = r
-    return DraftContext(buffer=jnp.asarray(buf), length=jnp.full((len(ids),), longest, jnp.int32),
-                        pad=jnp.asarray(pad), active=jnp.ones((len(ids),), bool))
+        buf[b, pad[b] : longest] = r
+    return DraftContext(
+        buffer=jnp.asarray(buf),
+        length=jnp.full((len(ids),), longest, jnp.int32),
+        pad=jnp.asarray(pad),
+        active=jnp.ones((len(ids),), bool),
+    )
 
 
 def _propose(drafter, dparams, dstate, ctx, key, sample):
@@ -126,8 +144,21 @@ _verify_jit = jax.jit(verify_step, static_argnames=("cfg",))
 
 # ----------------------------------------------------------------------------- step
 
-def hetero_step(cfg: LoopConfig, params, drafter, dparams, dstate, st, pad, tokens_of, *,
-                target_tok, drafter_tok, drafter_pad: int):
+
+def hetero_step(
+    cfg: LoopConfig,
+    params,
+    drafter,
+    dparams,
+    dstate,
+    st,
+    pad,
+    tokens_of,
+    *,
+    target_tok,
+    drafter_tok,
+    drafter_pad: int,
+):
     """One iteration: the drafter proposes on every row's history (as its own ids), the host
     translates the drafts (:func:`translate_draft`), the target verifies them in one pass.
 
@@ -139,21 +170,29 @@ def hetero_step(cfg: LoopConfig, params, drafter, dparams, dstate, st, pad, toke
     kd, kv = jax.random.split(jax.random.fold_in(st.key, st.it))
     draft, dstate = _propose_jit(drafter, dparams, dstate, dctx, kd, not cfg.sampling.greedy)
     if draft.q is not None:
-        raise ValueError(f"drafter {type(drafter).__name__} proposes from a distribution q: a "
-                         f"drafter of another vocabulary must propose deterministically (q "
-                         f"cannot be carried over to the target's tokens)")
+        raise ValueError(
+            f"drafter {type(drafter).__name__} proposes from a distribution q: a "
+            f"drafter of another vocabulary must propose deterministically (q "
+            f"cannot be carried over to the target's tokens)"
+        )
     dtoks, dlen = np.asarray(draft.tokens), np.asarray(draft.length)
     done = np.asarray(st.done)
     tokens = np.zeros((B, K), np.int32)
     length = np.zeros((B,), np.int32)
     for b in range(B):
         if not done[b]:
-            t = translate_draft(target_tok, drafter_tok, rows[b], dtoks[b, :dlen[b]], K,
-                                drafter_eos=drafter.eos_id)
-            tokens[b, :len(t)], length[b] = t, len(t)
+            t = translate_draft(
+                target_tok, drafter_tok, rows[b], dtoks[b, : dlen[b]], K, drafter_eos=drafter.eos_id
+            )
+            tokens[b, : len(t)], length[b] = t, len(t)
     nfe = np.where(done, 0, np.asarray(draft.nfe)).astype(np.int32)
-    ext = Draft(tokens=jnp.asarray(tokens), q=None, has_draft=jnp.asarray(length > 0),
-                length=jnp.asarray(length), nfe=jnp.asarray(nfe))
+    ext = Draft(
+        tokens=jnp.asarray(tokens),
+        q=None,
+        has_draft=jnp.asarray(length > 0),
+        length=jnp.asarray(length),
+        nfe=jnp.asarray(nfe),
+    )
     before = st.length
     st = _verify_jit(cfg, params, st, ext, kv, pad)
     n_acc = jnp.maximum(st.length - before - 1, 0)
@@ -162,11 +201,24 @@ def hetero_step(cfg: LoopConfig, params, drafter, dparams, dstate, st, pad, toke
 
 # ----------------------------------------------------------------------------- host wrapper
 
-def hetero_generate(model, params, prompts: Sequence[Sequence[int]], *, drafter, drafter_params,
-                    target_tokenizer, drafter_tokenizer, max_new_tokens: int,
-                    sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
-                    eos_ids: Sequence[int] = (), pad_id: int = 0, drafter_pad_id: int = 0,
-                    bucket: int = 64) -> GenerationResult:
+
+def hetero_generate(
+    model,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    drafter,
+    drafter_params,
+    target_tokenizer,
+    drafter_tokenizer,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    drafter_pad_id: int = 0,
+    bucket: int = 64,
+) -> GenerationResult:
     """Speculative decoding with a drafter of another vocabulary (module docstring).
 
     Args:
@@ -194,8 +246,13 @@ def hetero_generate(model, params, prompts: Sequence[Sequence[int]], *, drafter,
     K = int(drafter.draft_length)
     buf, pad = left_pad(prompts, bucket, pad_id)
     P = buf.shape[1]
-    cfg = LoopConfig(model=model, max_new=int(max_new_tokens), sampling=sampling,
-                     drafter=ExternalDrafts(K), eos_ids=tuple(int(e) for e in eos_ids))
+    cfg = LoopConfig(
+        model=model,
+        max_new=int(max_new_tokens),
+        sampling=sampling,
+        drafter=ExternalDrafts(K),
+        eos_ids=tuple(int(e) for e in eos_ids),
+    )
     tparams, dparams = decode_layout(params), decode_layout(drafter_params)
     buf_d, pad_d = place_batch(params, buf, pad)
     t0 = time.perf_counter()
@@ -204,21 +261,37 @@ def hetero_generate(model, params, prompts: Sequence[Sequence[int]], *, drafter,
 
     def tokens_of(s):
         b, L = np.asarray(s.buffer), np.asarray(s.length)
-        return [b[i, pad_np[i]:L[i]].tolist() for i in range(len(L))]
+        return [b[i, pad_np[i] : L[i]].tolist() for i in range(len(L))]
 
     dctx = drafter_contexts(target_tokenizer, drafter_tokenizer, tokens_of(st), K, drafter_pad_id)
     dstate = drafter.init_state(dparams, dctx)
     while not bool(np.all(np.asarray(st.done))):
-        st, dstate = hetero_step(cfg, tparams, drafter, dparams, dstate, st, pad_d, tokens_of,
-                                 target_tok=target_tokenizer, drafter_tok=drafter_tokenizer,
-                                 drafter_pad=drafter_pad_id)
+        st, dstate = hetero_step(
+            cfg,
+            tparams,
+            drafter,
+            dparams,
+            dstate,
+            st,
+            pad_d,
+            tokens_of,
+            target_tok=target_tokenizer,
+            drafter_tok=drafter_tokenizer,
+            drafter_pad=drafter_pad_id,
+        )
     run_s = time.perf_counter() - t0
-    toks = np.asarray(st.buffer[:, P:P + cfg.max_new])
+    toks = np.asarray(st.buffer[:, P : P + cfg.max_new])
     n_new = np.asarray(st.n_new)
     rows = cut_after_eos(toks, cfg.eos_ids, budget=np.minimum(n_new, max_new_tokens))
     stats = DecodeStats(
-        method="diffuspec-hetero", reference="ar", target_nfe=np.asarray(st.target_nfe),
-        draft_nfe=np.asarray(st.draft_nfe), steps=np.asarray(st.steps),
-        accept_hist=np.asarray(st.hist), new_tokens=np.array([len(r) for r in rows]),
-        draft_length=K, drafts_proposed=np.asarray(st.proposed))
+        method="diffuspec-hetero",
+        reference="ar",
+        target_nfe=np.asarray(st.target_nfe),
+        draft_nfe=np.asarray(st.draft_nfe),
+        steps=np.asarray(st.steps),
+        accept_hist=np.asarray(st.hist),
+        new_tokens=np.array([len(r) for r in rows]),
+        draft_length=K,
+        drafts_proposed=np.asarray(st.proposed),
+    )
     return GenerationResult(tokens=rows, stats=stats, compile_s=0.0, run_s=run_s)

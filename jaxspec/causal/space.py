@@ -62,8 +62,14 @@ from jaxspec.causal.decode import GenerationResult, generate
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, DraftQueries
 from jaxspec.core.sampling import SamplingConfig, argmax, target_probs
 
-__all__ = ["SPACE_SAMPLING", "SpaceDrafter", "SpaceState", "mask_groups", "pick_group",
-           "space_generate"]
+__all__ = [
+    "SPACE_SAMPLING",
+    "SpaceDrafter",
+    "SpaceState",
+    "mask_groups",
+    "pick_group",
+    "space_generate",
+]
 
 SPACE_SAMPLING = ("exact", "paper")
 
@@ -97,11 +103,13 @@ class SpaceDrafter(Drafter):
         if int(self.draft_length) < 1:
             raise ValueError(f"mask group size k must be >= 1, got {self.draft_length}")
         if not 0 <= int(self.mask_id) < int(self.vocab_size):
-            raise ValueError(f"mask id {self.mask_id} outside the vocabulary of "
-                             f"{self.vocab_size} tokens")
+            raise ValueError(
+                f"mask id {self.mask_id} outside the vocabulary of {self.vocab_size} tokens"
+            )
         if self.space_sampling not in SPACE_SAMPLING:
-            raise ValueError(f"unknown space_sampling {self.space_sampling!r}; expected one "
-                             f"of {SPACE_SAMPLING}")
+            raise ValueError(
+                f"unknown space_sampling {self.space_sampling!r}; expected one of {SPACE_SAMPLING}"
+            )
 
     @property
     def resample(self) -> str:
@@ -124,8 +132,9 @@ class SpaceDrafter(Drafter):
         """Empty candidates; the prefill's group 0 fills them (:meth:`absorb`)."""
         B, k = ctx.buffer.shape[0], self.draft_length
         width = 1 if self.sampling.greedy else self.vocab_size
-        return SpaceState(tokens=jnp.zeros((B, k), jnp.int32),
-                          q=jnp.zeros((B, k, width), jnp.float32))
+        return SpaceState(
+            tokens=jnp.zeros((B, k), jnp.int32), q=jnp.zeros((B, k, width), jnp.float32)
+        )
 
     def draft_queries(self, last_position: jax.Array, n_drafts: int) -> DraftQueries:
         """The ``n_drafts + 1`` mask groups of this pass (:func:`mask_groups`)."""
@@ -138,8 +147,7 @@ class SpaceDrafter(Drafter):
             return state.replace(tokens=argmax(rows))
         return state.replace(q=target_probs(rows, self.sampling))
 
-    def propose(self, params, state: "SpaceState", ctx: DraftContext, key: jax.Array,
-                sample: bool):
+    def propose(self, params, state: "SpaceState", ctx: DraftContext, key: jax.Array, sample: bool):
         """The candidates of the last pass's chosen group: argmax (greedy) or one
         independent draw per position from its row (sampled). No draft NFE: they were
         computed inside the target pass."""
@@ -149,9 +157,13 @@ class SpaceDrafter(Drafter):
         tokens = state.tokens
         if sample:
             tokens = jax.random.categorical(key, jnp.log(state.q), axis=-1).astype(jnp.int32)
-        return Draft(tokens=tokens, q=state.q if sample else None,
-                     has_draft=jnp.ones((B,), bool), length=jnp.full((B,), k, jnp.int32),
-                     nfe=jnp.zeros((B,), jnp.int32)), state
+        return Draft(
+            tokens=tokens,
+            q=state.q if sample else None,
+            has_draft=jnp.ones((B,), bool),
+            length=jnp.full((B,), k, jnp.int32),
+            nfe=jnp.zeros((B,), jnp.int32),
+        ), state
 
     def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
         """Nothing: :meth:`absorb` already kept the next candidates."""
@@ -174,6 +186,7 @@ class SpaceState:
 
 # ----------------------------------------------------------------------------- phases
 
+
 def mask_groups(last_position: jax.Array, n_drafts: int, k: int, mask_id: int) -> DraftQueries:
     """The mask rows of one pass (Eqs. 4-5 with the official code's attention rule).
 
@@ -192,11 +205,14 @@ def mask_groups(last_position: jax.Array, n_drafts: int, k: int, mask_id: int) -
     j = np.tile(np.arange(k), G)
     B = last_position.shape[0]
     positions = last_position[:, None] + jnp.asarray(g + 1 + j, jnp.int32)[None]
-    sees_draft = np.arange(n_drafts)[None, :] < g[:, None]                     # (E, kk)
-    sees_query = (g[:, None] == g[None, :]) & (j[None, :] <= j[:, None])      # (E, E)
-    return DraftQueries(tokens=jnp.full((B, G * k), mask_id, jnp.int32),
-                        positions=positions.astype(jnp.int32), sees_draft=sees_draft,
-                        sees_query=sees_query)
+    sees_draft = np.arange(n_drafts)[None, :] < g[:, None]  # (E, kk)
+    sees_query = (g[:, None] == g[None, :]) & (j[None, :] <= j[:, None])  # (E, E)
+    return DraftQueries(
+        tokens=jnp.full((B, G * k), mask_id, jnp.int32),
+        positions=positions.astype(jnp.int32),
+        sees_draft=sees_draft,
+        sees_query=sees_query,
+    )
 
 
 def pick_group(logits: jax.Array, group: jax.Array, k: int) -> jax.Array:
@@ -208,11 +224,22 @@ def pick_group(logits: jax.Array, group: jax.Array, k: int) -> jax.Array:
 
 # ----------------------------------------------------------------------------- host wrapper
 
-def space_generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                   mask_groups: int = 5, sampling: SamplingConfig = SamplingConfig(),
-                   space_sampling: str = "exact", mask_id: Optional[int] = None, seed: int = 0,
-                   eos_ids: Sequence[int] = (), pad_id: int = 0,
-                   bucket: int = 64) -> GenerationResult:
+
+def space_generate(
+    model,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    mask_groups: int = 5,
+    sampling: SamplingConfig = SamplingConfig(),
+    space_sampling: str = "exact",
+    mask_id: Optional[int] = None,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 64,
+) -> GenerationResult:
     """SPACE auto-correct decoding of a batch of prompts (module docstring).
 
     Args:
@@ -237,9 +264,22 @@ def space_generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_t
     """
     mask_id = model.config.mask_token_id if mask_id is None else mask_id
     if mask_id is None:
-        raise ValueError("the model has no mask token: SPACE needs a SAR-SFT model "
-                         "(e.g. smollm2-135m-space) or an explicit mask_id")
-    drafter = SpaceDrafter(mask_groups, model.config.vocab_size, int(mask_id), sampling,
-                           space_sampling)
-    return generate(model, params, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                    drafter=drafter, seed=seed, eos_ids=eos_ids, pad_id=pad_id, bucket=bucket)
+        raise ValueError(
+            "the model has no mask token: SPACE needs a SAR-SFT model "
+            "(e.g. smollm2-135m-space) or an explicit mask_id"
+        )
+    drafter = SpaceDrafter(
+        mask_groups, model.config.vocab_size, int(mask_id), sampling, space_sampling
+    )
+    return generate(
+        model,
+        params,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        drafter=drafter,
+        seed=seed,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        bucket=bucket,
+    )

@@ -65,8 +65,9 @@ class Config(DraftedConfig):
     draft_model: Any = dataclasses.field(default=None, compare=False)
 
     default_draft_length: ClassVar[int] = 5
-    needs: ClassVar[Needs] = Needs(draft_family="causal", same_vocabulary=True,
-                                   example="qwen2.5-coder-0.5b-instruct")
+    needs: ClassVar[Needs] = Needs(
+        draft_family="causal", same_vocabulary=True, example="qwen2.5-coder-0.5b-instruct"
+    )
 
     def drafter(self, target_config) -> "DraftModelDrafter":
         return DraftModelDrafter(self.draft_model[0], self.k, self.sampling)
@@ -124,13 +125,21 @@ class DraftModelDrafter(Drafter):
         """Prefill the draft model's cache with the ``ctx.filled`` slots the target prefilled
         (prompt and the first generated token)."""
         if ctx.filled is None:
-            raise ValueError("DraftModelDrafter.init_state needs ctx.filled (the static "
-                             "prefill width)")
+            raise ValueError(
+                "DraftModelDrafter.init_state needs ctx.filled (the static prefill width)"
+            )
         B, S = ctx.buffer.shape
         start, n = jnp.zeros((B,), jnp.int32), ctx.filled
         # attends over the filled slots only, then grows to the buffer's S (decode.prefill)
-        _, cache = model_pass(self.model, params, ctx.buffer[:, :n], start, ctx.pad,
-                              init_cache(self.model.config, B, n, param_dtype(params)), n)
+        _, cache = model_pass(
+            self.model,
+            params,
+            ctx.buffer[:, :n],
+            start,
+            ctx.pad,
+            init_cache(self.model.config, B, n, param_dtype(params)),
+            n,
+        )
         return grow_cache(cache, S)
 
     def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
@@ -153,8 +162,10 @@ class DraftModelDrafter(Drafter):
           ``length`` ``k``; ``nfe`` ``k`` per row.
         """
         if sample and self.sampling.greedy:
-            raise ValueError("sampled decoding needs the drafter's sampling config (temperature "
-                             "> 0): build DraftModelDrafter with the target's SamplingConfig")
+            raise ValueError(
+                "sampled decoding needs the drafter's sampling config (temperature "
+                "> 0): build DraftModelDrafter with the target's SamplingConfig"
+            )
         B, S = ctx.buffer.shape
         k = self.draft_length
         L = ctx.length
@@ -175,8 +186,9 @@ class DraftModelDrafter(Drafter):
         if sample:
             q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
         full = jnp.full((B,), k, jnp.int32)
-        return Draft(tokens=tokens, q=q, has_draft=jnp.ones((B,), bool), length=full,
-                     nfe=full), cache
+        return Draft(
+            tokens=tokens, q=q, has_draft=jnp.ones((B,), bool), length=full, nfe=full
+        ), cache
 
     def _draw(self, key, logits, sample: bool):
         """One draft token per row from float32 ``logits (B, V)``: ``(token (B,), q (B, V) or

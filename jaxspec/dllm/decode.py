@@ -71,11 +71,28 @@ import numpy as np
 
 from jaxspec.core.batching import place_batch
 from jaxspec.core.runtime import run_compiled
-from jaxspec.dllm.blocks import (BlockCache, BlockCursor, Canvas, Counters, Layout,
-                                 advance_blocks, dream_shift, prefix_widths,
-                                 prepend_prev, window_inputs)
-from jaxspec.dllm.config import (CACHES, REMASKING, DiffusionDecodeConfig, DiffusionResult,
-                                 diffusion_result, eos_statics, prepare_batch, structural)
+from jaxspec.dllm.blocks import (
+    BlockCache,
+    BlockCursor,
+    Canvas,
+    Counters,
+    Layout,
+    advance_blocks,
+    dream_shift,
+    prefix_widths,
+    prepend_prev,
+    window_inputs,
+)
+from jaxspec.dllm.config import (
+    CACHES,
+    REMASKING,
+    DiffusionDecodeConfig,
+    DiffusionResult,
+    diffusion_result,
+    eos_statics,
+    prepare_batch,
+    structural,
+)
 from jaxspec.dllm.reference import Knobs, Rule, reference_step
 from models.diffusion.modeling import DiffusionLM
 from models.llama.layout import decode_layout
@@ -149,8 +166,8 @@ class State:
 
 # ----------------------------------------------------------------------------- forwards
 
-def model_rows(loop: Loop, tokens, positions, mask, row0, kv=None, cache_index=None,
-               uncond=None):
+
+def model_rows(loop: Loop, tokens, positions, mask, row0, kv=None, cache_index=None, uncond=None):
     """One model call: raw (unshifted) logits float32 ``(B, L, V)`` of rows ``row0 + [0, L)``
     (CFG: the conditional and the ``uncond`` tokens as one ``2B`` batch, mixed as
     ``un + (cfg + 1)(cond - un)``), and the updated keys/values."""
@@ -160,9 +177,16 @@ def model_rows(loop: Loop, tokens, positions, mask, row0, kv=None, cache_index=N
         tokens, positions, mask, row0 = two(tokens, uncond), two(positions), two(mask), two(row0)
         if cache_index is not None:
             cache_index = two(cache_index)
-    logits, kv = loop.model.apply(loop.params, tokens, positions, mask, cache=kv,
-                                  cache_index=cache_index, shift=False,
-                                  rows=(row0, loop.cfg.block_length))
+    logits, kv = loop.model.apply(
+        loop.params,
+        tokens,
+        positions,
+        mask,
+        cache=kv,
+        cache_index=cache_index,
+        shift=False,
+        rows=(row0, loop.cfg.block_length),
+    )
     logits = logits.astype(jnp.float32)
     if loop.use_cfg:
         cond, unc = logits[:B], logits[B:]
@@ -183,8 +207,16 @@ def full_forward(loop: Loop, st: State, start: jax.Array):
     if not loop.cached:
         rows, _ = model_rows(loop, tokens, positions, attn, start - shift, uncond=uncond)
         return rows, st.cache, jnp.int32(S)
-    rows, kv = model_rows(loop, tokens, positions, attn, start - shift, st.cache.kv,
-                          jnp.zeros((tokens.shape[0],), jnp.int32), uncond)
+    rows, kv = model_rows(
+        loop,
+        tokens,
+        positions,
+        attn,
+        start - shift,
+        st.cache.kv,
+        jnp.zeros((tokens.shape[0],), jnp.int32),
+        uncond,
+    )
     prev = rows[:, 0] if shift else st.cache.prev_logits
     return rows, BlockCache(kv, prev), jnp.int32(S)
 
@@ -195,11 +227,20 @@ def window_forward(loop: Loop, st: State, start: jax.Array, width: int):
     keys/values are rewritten by every window call before use)."""
     B, S_c = st.canvas.tokens.shape[0], loop.layout.valid.shape[1]
     s0 = start[0]
-    toks = jnp.pad(st.canvas.tokens, ((0, 0), (0, S_c - loop.seq_len)),
-                   constant_values=loop.rule.mask_id)
+    toks = jnp.pad(
+        st.canvas.tokens, ((0, 0), (0, S_c - loop.seq_len)), constant_values=loop.rule.mask_id
+    )
     toks, pos, mask = window_inputs(toks, s0, width, loop.pad, loop.layout.valid)
-    raw, _ = model_rows(loop, toks, pos, mask, jnp.zeros((B,), jnp.int32), st.cache.kv,
-                        jnp.full((B,), s0, jnp.int32), toks if loop.use_cfg else None)
+    raw, _ = model_rows(
+        loop,
+        toks,
+        pos,
+        mask,
+        jnp.zeros((B,), jnp.int32),
+        st.cache.kv,
+        jnp.full((B,), s0, jnp.int32),
+        toks if loop.use_cfg else None,
+    )
     rows = prepend_prev(st.cache.prev_logits, raw) if dream_shift(loop.model) else raw
     return rows, st.cache, jnp.int32(width)
 
@@ -216,27 +257,35 @@ def forward(loop: Loop, st: State, start: jax.Array):
         widths, branch_of_block = loop.prefix_branches
         branches = [lambda s, W=W: window_forward(loop, s, start, W) for W in widths]
         cached_step = lambda s: jax.lax.switch(
-            branch_of_block[jnp.minimum(s.cursor.block[0], nb - 1)], branches, s)
+            branch_of_block[jnp.minimum(s.cursor.block[0], nb - 1)], branches, s
+        )
     return jax.lax.cond(st.cursor.fresh, lambda s: full_forward(loop, s, start), cached_step, st)
 
 
 # ----------------------------------------------------------------------------- the loop
+
 
 def step(loop: Loop, st: State) -> State:
     """One reference step of every active row: forward, score the current block, transfer
     (:func:`jaxspec.dllm.reference.reference_step`), advance finished blocks."""
     cfg, P = loop.cfg, loop.prompt_len
     L, nb = cfg.block_length, cfg.num_blocks
-    active = st.cursor.active(nb)                                      # (B,)
-    start = st.cursor.start_slot(P, L, nb)                             # (B,)
+    active = st.cursor.active(nb)  # (B,)
+    start = st.cursor.start_slot(P, L, nb)  # (B,)
     rows, cache, n_fwd = forward(loop, st, start)
-    tok, bmask, tstep = st.canvas.block(start, P, L)                   # (B, L) each
-    x0, transfer = reference_step(loop.rule, rows, bmask, loop.key, st.counters.steps,
-                                  st.cursor.step_in_block)
+    tok, bmask, tstep = st.canvas.block(start, P, L)  # (B, L) each
+    x0, transfer = reference_step(
+        loop.rule, rows, bmask, loop.key, st.counters.steps, st.cursor.step_in_block
+    )
     transfer = transfer & active[:, None]
     n_tr = jnp.sum(transfer, axis=-1).astype(jnp.int32)
-    canvas = st.canvas.put_block(start, P, jnp.where(transfer, x0, tok), bmask & ~transfer,
-                                 jnp.where(transfer, st.counters.steps[:, None], tstep))
+    canvas = st.canvas.put_block(
+        start,
+        P,
+        jnp.where(transfer, x0, tok),
+        bmask & ~transfer,
+        jnp.where(transfer, st.counters.steps[:, None], tstep),
+    )
     if cfg.method == "stepwise":
         block_done = st.cursor.step_in_block + 1 >= cfg.steps_per_block
     else:
@@ -247,9 +296,18 @@ def step(loop: Loop, st: State) -> State:
     return State(canvas=canvas, cursor=cursor, cache=cache, counters=counters)
 
 
-def decode_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs: Knobs, *,
-                model: DiffusionLM, cfg: DiffusionDecodeConfig, mask_id: int,
-                eos_ids: tuple[int, ...] = ()):
+def decode_loop(
+    params,
+    prompt: jax.Array,
+    pad: jax.Array,
+    key: jax.Array,
+    knobs: Knobs,
+    *,
+    model: DiffusionLM,
+    cfg: DiffusionDecodeConfig,
+    mask_id: int,
+    eos_ids: tuple[int, ...] = (),
+):
     """The jitted decode: ``cfg`` is the *structural* config
     (:func:`jaxspec.dllm.config.structural`); the numeric settings arrive traced in ``knobs``.
 
@@ -259,26 +317,42 @@ def decode_loop(params, prompt: jax.Array, pad: jax.Array, key: jax.Array, knobs
     B, P = prompt.shape
     S = P + cfg.gen_length
     S_c = prefix_widths(P, cfg)[1] if cfg.cache == "prefix" else S
-    loop = Loop(model=model, params=params, rule=Rule(knobs, cfg, mask_id, eos_ids), key=key,
-                pad=pad, prompt_len=P, layout=Layout.of(pad, S, S_c))
+    loop = Loop(
+        model=model,
+        params=params,
+        rule=Rule(knobs, cfg, mask_id, eos_ids),
+        key=key,
+        pad=pad,
+        prompt_len=P,
+        layout=Layout.of(pad, S, S_c),
+    )
     cached = cfg.cache != "none"
-    st = State(canvas=Canvas.start(prompt, cfg.gen_length, mask_id),
-               cursor=BlockCursor.start(B),
-               cache=BlockCache.start(model, 2 * B if cfg.cfg_scale > 0 else B, S_c, B, cached,
-                                     params),
-               counters=Counters.start(B, cfg.block_length + 1))
-    st = jax.lax.while_loop(lambda s: jnp.any(s.cursor.block < cfg.num_blocks),
-                            lambda s: step(loop, s), st)
+    st = State(
+        canvas=Canvas.start(prompt, cfg.gen_length, mask_id),
+        cursor=BlockCursor.start(B),
+        cache=BlockCache.start(model, 2 * B if cfg.cfg_scale > 0 else B, S_c, B, cached, params),
+        counters=Counters.start(B, cfg.block_length + 1),
+    )
+    st = jax.lax.while_loop(
+        lambda s: jnp.any(s.cursor.block < cfg.num_blocks), lambda s: step(loop, s), st
+    )
     return st.canvas.tokens[:, P:], st.canvas.transfer_step, st.counters
 
 
 _decode_jit = jax.jit(decode_loop, static_argnames=("model", "cfg", "mask_id", "eos_ids"))
 
 
-def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[int]],
-                       cfg: DiffusionDecodeConfig, seed: int = 0, eos_ids: Sequence[int] = (),
-                       pad_id: int = 0, bucket: int = 16,
-                       max_context: Optional[int] = None) -> DiffusionResult:
+def diffusion_generate(
+    model: DiffusionLM,
+    params,
+    prompts: Sequence[Sequence[int]],
+    cfg: DiffusionDecodeConfig,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 16,
+    max_context: Optional[int] = None,
+) -> DiffusionResult:
     """Decode a batch of prompts with a masked-diffusion LM (see the module docstring).
 
     Args:
@@ -305,19 +379,45 @@ def diffusion_generate(model: DiffusionLM, params, prompts: Sequence[Sequence[in
         ids outside the vocabulary, or an EOS option without ``eos_ids``.
     """
     buf, pad, mask_id = prepare_batch(model, prompts, cfg, eos_ids, pad_id, bucket, max_context)
-    args = (decode_layout(params), *place_batch(params, buf, pad), jax.random.PRNGKey(seed),
-            Knobs.of(cfg))
-    statics = dict(model=model, cfg=structural(cfg), mask_id=mask_id,
-                   eos_ids=eos_statics(cfg, eos_ids))
+    args = (
+        decode_layout(params),
+        *place_batch(params, buf, pad),
+        jax.random.PRNGKey(seed),
+        Knobs.of(cfg),
+    )
+    statics = dict(
+        model=model, cfg=structural(cfg), mask_id=mask_id, eos_ids=eos_statics(cfg, eos_ids)
+    )
     (toks, tstep, counters), compile_s, run_s = run_compiled(_decode_jit, args, statics)
     c = jax.tree_util.tree_map(np.asarray, counters)
     nfe = c.steps * (2 if cfg.cfg_scale > 0 else 1)
     return diffusion_result(
-        np.asarray(toks), np.asarray(tstep), eos_ids, cfg, compile_s, run_s,
-        method=cfg.method, reference="stepwise", target_nfe=nfe, steps=c.steps,
-        accept_hist=c.accept_hist, draft_length=0, drafts_proposed=np.zeros_like(nfe),
-        forward_tokens=c.forward_tokens, extra={})
+        np.asarray(toks),
+        np.asarray(tstep),
+        eos_ids,
+        cfg,
+        compile_s,
+        run_s,
+        method=cfg.method,
+        reference="stepwise",
+        target_nfe=nfe,
+        steps=c.steps,
+        accept_hist=c.accept_hist,
+        draft_length=0,
+        drafts_proposed=np.zeros_like(nfe),
+        forward_tokens=c.forward_tokens,
+        extra={},
+    )
 
 
-__all__ = ["DiffusionDecodeConfig", "DiffusionResult", "diffusion_generate", "decode_loop",
-           "Loop", "State", "step", "REMASKING", "CACHES"]
+__all__ = [
+    "DiffusionDecodeConfig",
+    "DiffusionResult",
+    "diffusion_generate",
+    "decode_loop",
+    "Loop",
+    "State",
+    "step",
+    "REMASKING",
+    "CACHES",
+]

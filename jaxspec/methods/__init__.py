@@ -49,16 +49,27 @@ from jaxspec.causal import sps
 from jaxspec.causal.config import CausalConfig
 from jaxspec.core.method_config import MethodConfig, Needs, flag
 from jaxspec.core.results import DecodeResult
-from jaxspec.methods.asarm import (AssdConfig, AssdFusedConfig, AssdFusedNgramConfig,
-                                   AssdNgramConfig, SequentialConfig)
+from jaxspec.methods.asarm import (
+    AssdConfig,
+    AssdFusedConfig,
+    AssdFusedNgramConfig,
+    AssdNgramConfig,
+    SequentialConfig,
+)
 from jaxspec.methods.causal import DiffuSpecConfig, NgramConfig, SpaceConfig, SpecDiffConfig
-from jaxspec.methods.dllm import (DEFAULT_GRAPH, DllmConfig, FixedKConfig, SpiffyMethodConfig,
-                                  SSDMethodConfig, StepwiseConfig, ThresholdConfig,
-                                  default_graph)
+from jaxspec.methods.dllm import (
+    DEFAULT_GRAPH,
+    DllmConfig,
+    FixedKConfig,
+    SpiffyMethodConfig,
+    SSDMethodConfig,
+    StepwiseConfig,
+    ThresholdConfig,
+    default_graph,
+)
 
 FAMILIES = ("causal", "dllm", "asarm")
-FAMILY_WORDS = {"causal": "causal", "dllm": "masked-diffusion",
-                "asarm": "any-order (XLNet AS-ARM)"}
+FAMILY_WORDS = {"causal": "causal", "dllm": "masked-diffusion", "asarm": "any-order (XLNet AS-ARM)"}
 
 
 class MethodError(ValueError):
@@ -103,8 +114,9 @@ class Method:
         """The option names :meth:`configure` takes."""
         return self.config.option_names()
 
-    def configure(self, options: Optional[Mapping[str, Any]] = None, /, *,
-                  strict: bool = True, **kw) -> MethodConfig:
+    def configure(
+        self, options: Optional[Mapping[str, Any]] = None, /, *, strict: bool = True, **kw
+    ) -> MethodConfig:
         """The method's config of ``options`` and ``kw`` (``{option: value}``, option names
         as :meth:`options`; ``temperature`` / ``top_k`` / ``top_p`` or ``sampling``).
 
@@ -120,11 +132,19 @@ class Method:
                     raise MethodError(unused_option(self.name, key))
         return self.config.from_options(opts)
 
-    def run(self, model, params, inputs, config: Optional[MethodConfig] = None, *,
-            seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0) -> DecodeResult:
+    def run(
+        self,
+        model,
+        params,
+        inputs,
+        config: Optional[MethodConfig] = None,
+        *,
+        seed: int = 0,
+        eos_ids: Sequence[int] = (),
+        pad_id: int = 0,
+    ) -> DecodeResult:
         """:func:`run` of this method."""
-        return run(self, model, params, inputs, config, seed=seed, eos_ids=eos_ids,
-                   pad_id=pad_id)
+        return run(self, model, params, inputs, config, seed=seed, eos_ids=eos_ids, pad_id=pad_id)
 
 
 def unused_option(name: str, key: str) -> str:
@@ -138,40 +158,71 @@ def unused_option(name: str, key: str) -> str:
         return f"{msg}; use --method {' / '.join(same)}"
     if takers:
         fams = dict.fromkeys(FAMILY_WORDS[METHODS[n].family] for n in takers)
-        return (f"{msg} (a {FAMILY_WORDS[family]} method); it applies to the "
-                f"{' and '.join(fams)} methods ({' / '.join(takers)})")
+        return (
+            f"{msg} (a {FAMILY_WORDS[family]} method); it applies to the "
+            f"{' and '.join(fams)} methods ({' / '.join(takers)})"
+        )
     return msg
 
 
 # ----------------------------------------------------------------------------- the table
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("ar", CausalConfig, "autoregressive decoding (the causal reference)"),
-    Method("ngram", NgramConfig, "context n-gram drafts + chain verification"),
-    Method("sps", sps.Config, "draft-model speculative sampling (a small causal LM drafts)"),
-    Method("space", SpaceConfig, "SPACE auto-correct decoding (a SAR-SFT model drafts in its "
-           "own forward)"),
-    Method("diffuspec", DiffuSpecConfig, "DiffuSpec: a diffusion LM drafts a block, CPS + ADL, "
-           "point-mass verification"),
-    Method("specdiff", SpecDiffConfig, "SpecDiff: a diffusion LM's argmax block, fixed length "
-           "(DiffuSpec without CPS and ADL)"),
-    Method("stepwise", StepwiseConfig, "LLaDA/Dream stepwise unmasking (the dLLM reference)"),
-    Method("fixed-k", FixedKConfig, "fixed-k parallel unmasking (not lossless)",
-           lossless=False),
-    Method("threshold", ThresholdConfig, "Fast-dLLM confidence-threshold unmasking (not "
-           "lossless)", lossless=False),
-    Method("ssd", SSDMethodConfig, "SSD self-speculative decoding, hierarchical verification"),
-    Method("spiffy", SpiffyMethodConfig, "Spiffy draft graphs (lossless against the decoder "
-           "it accelerates: stepwise, fixed-k or threshold)"),
-    Method("sequential", SequentialConfig, "sequential any-order decoding (the AS-ARM "
-           "reference)"),
-    Method("assd", AssdConfig, "ASSD Algorithm 1 (self-drafted)"),
-    Method("assd-ngram", AssdNgramConfig, "ASSD Algorithm 2 (context bigram drafts)"),
-    Method("assd-fused", AssdFusedConfig, "fused ASSD: one AS-ARM call verifies the drafts "
-           "and drafts the next ones (k+1 query groups)"),
-    Method("assd-fused-ngram", AssdFusedNgramConfig, "fused ASSD with context bigram drafts "
-           "(one call per iteration, bonus row)"),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("ar", CausalConfig, "autoregressive decoding (the causal reference)"),
+        Method("ngram", NgramConfig, "context n-gram drafts + chain verification"),
+        Method("sps", sps.Config, "draft-model speculative sampling (a small causal LM drafts)"),
+        Method(
+            "space",
+            SpaceConfig,
+            "SPACE auto-correct decoding (a SAR-SFT model drafts in its own forward)",
+        ),
+        Method(
+            "diffuspec",
+            DiffuSpecConfig,
+            "DiffuSpec: a diffusion LM drafts a block, CPS + ADL, point-mass verification",
+        ),
+        Method(
+            "specdiff",
+            SpecDiffConfig,
+            "SpecDiff: a diffusion LM's argmax block, fixed length (DiffuSpec without CPS and ADL)",
+        ),
+        Method("stepwise", StepwiseConfig, "LLaDA/Dream stepwise unmasking (the dLLM reference)"),
+        Method(
+            "fixed-k", FixedKConfig, "fixed-k parallel unmasking (not lossless)", lossless=False
+        ),
+        Method(
+            "threshold",
+            ThresholdConfig,
+            "Fast-dLLM confidence-threshold unmasking (not lossless)",
+            lossless=False,
+        ),
+        Method("ssd", SSDMethodConfig, "SSD self-speculative decoding, hierarchical verification"),
+        Method(
+            "spiffy",
+            SpiffyMethodConfig,
+            "Spiffy draft graphs (lossless against the decoder "
+            "it accelerates: stepwise, fixed-k or threshold)",
+        ),
+        Method(
+            "sequential", SequentialConfig, "sequential any-order decoding (the AS-ARM reference)"
+        ),
+        Method("assd", AssdConfig, "ASSD Algorithm 1 (self-drafted)"),
+        Method("assd-ngram", AssdNgramConfig, "ASSD Algorithm 2 (context bigram drafts)"),
+        Method(
+            "assd-fused",
+            AssdFusedConfig,
+            "fused ASSD: one AS-ARM call verifies the drafts "
+            "and drafts the next ones (k+1 query groups)",
+        ),
+        Method(
+            "assd-fused-ngram",
+            AssdFusedNgramConfig,
+            "fused ASSD with context bigram drafts (one call per iteration, bonus row)",
+        ),
+    )
+}
 
 DEFAULTS = {"causal": "ngram", "dllm": "stepwise", "asarm": "assd"}
 """The method a front end runs when none is named, per family."""
@@ -190,8 +241,10 @@ def get_method(name: Union[str, Method], family: Optional[str] = None) -> Method
     else:
         m = METHODS[name]
     if family is not None and m.family != family:
-        raise MethodError(f"method {m.name!r} needs a {m.family} model, but the model is "
-                          f"{family}; use --method {', '.join(methods_of(family))}")
+        raise MethodError(
+            f"method {m.name!r} needs a {m.family} model, but the model is "
+            f"{family}; use --method {', '.join(methods_of(family))}"
+        )
     return m
 
 
@@ -231,19 +284,23 @@ def _is_id(x) -> bool:
 
 def _check_row(what: str, row, i: int, kind=_is_id, expect: str = "int token ids") -> None:
     if isinstance(row, (str, bytes)):
-        raise TypeError(f"{what} {i} is a {type(row).__name__}: {what}s must be {expect} "
-                        f"(tokenize text first, e.g. tokenizer.encode)")
+        raise TypeError(
+            f"{what} {i} is a {type(row).__name__}: {what}s must be {expect} "
+            f"(tokenize text first, e.g. tokenizer.encode)"
+        )
     if isinstance(row, np.ndarray) and row.ndim != 1:
         raise TypeError(f"{what} {i} is a {row.ndim}-d array, not a sequence of {expect}")
     try:
         vals = row.tolist() if isinstance(row, np.ndarray) else list(row)
     except TypeError:
-        raise TypeError(f"{what} {i} is a {type(row).__name__}, not a sequence of "
-                        f"{expect}") from None
+        raise TypeError(
+            f"{what} {i} is a {type(row).__name__}, not a sequence of {expect}"
+        ) from None
     for v in vals:
         if not kind(v):
-            raise TypeError(f"{what} {i} holds {v!r} ({type(v).__name__}): {what}s must be "
-                            f"{expect}")
+            raise TypeError(
+                f"{what} {i} holds {v!r} ({type(v).__name__}): {what}s must be {expect}"
+            )
     if not vals:
         raise ValueError(f"{what} {i} is empty")
 
@@ -254,30 +311,40 @@ def check_inputs(family: str, inputs) -> None:
     infilling tasks (pairs ``(int tokens, bool masked)`` of equal length) for ``asarm``."""
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (Sequence, np.ndarray)):
         noun = "prompts" if family != "asarm" else "infilling tasks"
-        raise TypeError(f"{noun} must be a list, one entry per row; got a "
-                        f"{type(inputs).__name__}"
-                        + (" (tokenize text first and pass [ids])"
-                           if isinstance(inputs, str) else ""))
+        raise TypeError(
+            f"{noun} must be a list, one entry per row; got a "
+            f"{type(inputs).__name__}"
+            + (" (tokenize text first and pass [ids])" if isinstance(inputs, str) else "")
+        )
     if len(inputs) == 0:
         raise ValueError("no inputs given: pass at least one row")
     if family != "asarm":
         if all(_is_id(x) for x in inputs):
-            raise TypeError("prompts must be a list of token-id lists (a batch); got one list "
-                            "of ids: pass [ids]")
+            raise TypeError(
+                "prompts must be a list of token-id lists (a batch); got one list "
+                "of ids: pass [ids]"
+            )
         for i, p in enumerate(inputs):
             _check_row("prompt", p, i)
         return
     for i, task in enumerate(inputs):
         if not isinstance(task, (tuple, list)) or len(task) != 2:
-            raise TypeError(f"infilling task {i} must be a pair (tokens, masked), got "
-                            f"{type(task).__name__}")
+            raise TypeError(
+                f"infilling task {i} must be a pair (tokens, masked), got {type(task).__name__}"
+            )
         tokens, masked = task
         _check_row("task tokens", tokens, i)
-        _check_row("task mask", masked, i, lambda v: isinstance(v, (bool, np.bool_)),
-                   "bools (True: generate the position)")
+        _check_row(
+            "task mask",
+            masked,
+            i,
+            lambda v: isinstance(v, (bool, np.bool_)),
+            "bools (True: generate the position)",
+        )
         if len(tokens) != len(masked):
-            raise ValueError(f"infilling task {i}: {len(tokens)} tokens but {len(masked)} mask "
-                             "entries")
+            raise ValueError(
+                f"infilling task {i}: {len(tokens)} tokens but {len(masked)} mask entries"
+            )
 
 
 def check_needs(method: Method, model, config: MethodConfig) -> None:
@@ -287,14 +354,26 @@ def check_needs(method: Method, model, config: MethodConfig) -> None:
     if needs.draft_family and getattr(config, needs.draft_field) is None:
         raise ValueError(
             f"method {method.name!r} needs a {FAMILY_WORDS[needs.draft_family]} draft model: "
-            f"{needs.draft_field}=(model, params) (--draft-model NAME, e.g. {needs.example})")
+            f"{needs.draft_field}=(model, params) (--draft-model NAME, e.g. {needs.example})"
+        )
     if needs.mask_token and getattr(model.config, "mask_token_id", None) is None:
-        raise ValueError(f"method {method.name!r} needs a SAR-SFT model with a [MASK] token "
-                         f"(e.g. --model {needs.example})")
+        raise ValueError(
+            f"method {method.name!r} needs a SAR-SFT model with a [MASK] token "
+            f"(e.g. --model {needs.example})"
+        )
 
 
-def run(method: Union[str, Method], model, params, inputs, config: Optional[MethodConfig] = None,
-        *, seed: int = 0, eos_ids: Sequence[int] = (), pad_id: int = 0) -> DecodeResult:
+def run(
+    method: Union[str, Method],
+    model,
+    params,
+    inputs,
+    config: Optional[MethodConfig] = None,
+    *,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+) -> DecodeResult:
     """Run one method: the library's one decode call, the same for every method.
 
     Args:
@@ -324,18 +403,20 @@ def run(method: Union[str, Method], model, params, inputs, config: Optional[Meth
     fam = model_family(model)
     if fam is not None and fam != m.family:
         a = lambda f: "an" if f[0] in "aeiou" else "a"  # noqa: E731
-        raise MethodError(f"{m.name} needs {a(m.family)} {m.family} model (got {a(fam)} {fam} "
-                          "model)")
+        raise MethodError(
+            f"{m.name} needs {a(m.family)} {m.family} model (got {a(fam)} {fam} model)"
+        )
     if config is None:
         config = m.configure()
     if type(config) is not m.config:
-        raise TypeError(f"method {m.name!r} takes a {m.config.__name__}, got "
-                        f"{type(config).__name__} (use get_method({m.name!r}).configure(...))")
+        raise TypeError(
+            f"method {m.name!r} takes a {m.config.__name__}, got "
+            f"{type(config).__name__} (use get_method({m.name!r}).configure(...))"
+        )
     check_inputs(m.family, inputs)
     check_needs(m, model, config)
     config.check_model(model, inputs)
-    return config.decode(model, params, inputs, seed=seed, eos_ids=tuple(eos_ids),
-                         pad_id=pad_id)
+    return config.decode(model, params, inputs, seed=seed, eos_ids=tuple(eos_ids), pad_id=pad_id)
 
 
 def reference_of(method: Union[str, Method], config: MethodConfig) -> tuple[Method, MethodConfig]:
@@ -345,7 +426,25 @@ def reference_of(method: Union[str, Method], config: MethodConfig) -> tuple[Meth
     return METHODS[name], ref
 
 
-__all__ = ["METHODS", "FAMILIES", "FAMILY_WORDS", "DEFAULTS", "Method", "MethodError",
-           "MethodConfig", "Needs", "get_method", "methods_of", "default_method", "run",
-           "reference_of", "check_inputs", "model_family", "unused_option", "CausalConfig",
-           "DllmConfig", "DEFAULT_GRAPH", "default_graph"]
+__all__ = [
+    "METHODS",
+    "FAMILIES",
+    "FAMILY_WORDS",
+    "DEFAULTS",
+    "Method",
+    "MethodError",
+    "MethodConfig",
+    "Needs",
+    "get_method",
+    "methods_of",
+    "default_method",
+    "run",
+    "reference_of",
+    "check_inputs",
+    "model_family",
+    "unused_option",
+    "CausalConfig",
+    "DllmConfig",
+    "DEFAULT_GRAPH",
+    "default_graph",
+]

@@ -13,8 +13,13 @@ import math
 from typing import ClassVar
 
 from jaxspec.asarm.assd import CACHES, assd_generate
-from jaxspec.core.method_config import (MAX_DRAFT_LENGTH, MethodConfig, acceptance,
-                                        check_choice, check_int)
+from jaxspec.core.method_config import (
+    MAX_DRAFT_LENGTH,
+    MethodConfig,
+    acceptance,
+    check_choice,
+    check_int,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,27 +54,40 @@ class SequentialConfig(MethodConfig):
         return 0.0
 
     def reference(self) -> tuple[str, MethodConfig]:
-        return "sequential", SequentialConfig(sampling=self.sampling, cache=self.cache,
-                                              suppress=self.suppress)
+        return "sequential", SequentialConfig(
+            sampling=self.sampling, cache=self.cache, suppress=self.suppress
+        )
 
     def decode(self, model, params, inputs, *, seed: int = 0, eos_ids=(), pad_id: int = 0):
         """Fill the masked positions of ``inputs`` (EOS and padding do not apply)."""
         tokens = [t for t, _ in inputs]
         masked = [m for _, m in inputs]
-        return assd_generate(model, params, tokens, masked, method=self.variant, k=self.k,
-                             sampling=self.sampling, seed=seed, epsilon=self.tolerance,
-                             suppress=self.suppress, cache=self.cache)
+        return assd_generate(
+            model,
+            params,
+            tokens,
+            masked,
+            method=self.variant,
+            k=self.k,
+            sampling=self.sampling,
+            seed=seed,
+            epsilon=self.tolerance,
+            suppress=self.suppress,
+            cache=self.cache,
+        )
 
     def report(self, label: str, result) -> list[str]:
         s = result.stats
         k = s.extra["k"] if s.extra["k"] is not None else "-"
-        return [f"[{label}] masked={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
-                f"NFE/token={s.nfe_per_token:.3f} "
-                f"tokens/iteration={s.extra['tokens_per_iteration']:.2f} k={k} "
-                f"acceptance={acceptance(s)} "
-                f"lossless={'yes' if s.extra['lossless'] else 'NO (epsilon)'} "
-                f"cache={s.extra['cache']} run={result.run_s:.2f}s "
-                f"compile={result.compile_s:.1f}s"]
+        return [
+            f"[{label}] masked={int(s.new_tokens.sum())} NFE={int(s.target_nfe.sum())} "
+            f"NFE/token={s.nfe_per_token:.3f} "
+            f"tokens/iteration={s.extra['tokens_per_iteration']:.2f} k={k} "
+            f"acceptance={acceptance(s)} "
+            f"lossless={'yes' if s.extra['lossless'] else 'NO (epsilon)'} "
+            f"cache={s.extra['cache']} run={result.run_s:.2f}s "
+            f"compile={result.compile_s:.1f}s"
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +109,14 @@ class AssdConfig(SequentialConfig):
         super().__post_init__()
         check_int("draft_length", self.draft_length, 1, MAX_DRAFT_LENGTH)
         e = self.epsilon
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not (
-                math.isfinite(e) and e >= 0):
+        if (
+            isinstance(e, bool)
+            or not isinstance(e, (int, float))
+            or not (math.isfinite(e) and e >= 0)
+        ):
             raise ValueError(f"--epsilon must be a finite number >= 0, got {e!r}")
         if e > 0 and self.sampling.greedy:
-            raise ValueError(f"--epsilon {e} is a sampling tolerance: it needs "
-                             "--temperature > 0")
+            raise ValueError(f"--epsilon {e} is a sampling tolerance: it needs --temperature > 0")
 
     @property
     def k(self) -> int:
@@ -132,5 +152,10 @@ class AssdFusedNgramConfig(AssdConfig):
     variant: ClassVar[str] = "assd-fused-ngram"
 
 
-__all__ = ["SequentialConfig", "AssdConfig", "AssdNgramConfig", "AssdFusedConfig",
-           "AssdFusedNgramConfig"]
+__all__ = [
+    "SequentialConfig",
+    "AssdConfig",
+    "AssdNgramConfig",
+    "AssdFusedConfig",
+    "AssdFusedNgramConfig",
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from jaxspec.causal.config import CausalConfig, DraftedConfig
+from jaxspec.causal.config import DraftedConfig
 from jaxspec.causal.diffuspec import DiffusionDrafter
 from jaxspec.causal.space import SPACE_SAMPLING, SpaceDrafter
 from jaxspec.core.drafters import NgramDrafter
@@ -38,13 +38,20 @@ class NgramConfig(DraftedConfig):
         check_int("min_ngram", self.min_ngram, 1)
         check_int("max_ngram", self.max_ngram, 1)
         if self.min_ngram > self.max_ngram:
-            raise ValueError(f"--min-ngram {self.min_ngram} exceeds --max-ngram "
-                             f"{self.max_ngram}; need 1 <= --min-ngram <= --max-ngram")
+            raise ValueError(
+                f"--min-ngram {self.min_ngram} exceeds --max-ngram "
+                f"{self.max_ngram}; need 1 <= --min-ngram <= --max-ngram"
+            )
         check_choice("fallback", self.fallback, FALLBACKS)
 
     def drafter(self, target_config) -> NgramDrafter:
-        return NgramDrafter(self.k, target_config.vocab_size, max_ngram=self.max_ngram,
-                            min_ngram=self.min_ngram, bigram_fallback=self.fallback == "bigram")
+        return NgramDrafter(
+            self.k,
+            target_config.vocab_size,
+            max_ngram=self.max_ngram,
+            min_ngram=self.min_ngram,
+            bigram_fallback=self.fallback == "bigram",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,13 @@ class SpaceConfig(DraftedConfig):
         return self.space_sampling == "exact" or self.sampling.greedy
 
     def drafter(self, target_config) -> SpaceDrafter:
-        return SpaceDrafter(self.mask_groups, target_config.vocab_size,
-                            target_config.mask_token_id, self.sampling, self.space_sampling)
+        return SpaceDrafter(
+            self.mask_groups,
+            target_config.vocab_size,
+            target_config.mask_token_id,
+            self.sampling,
+            self.space_sampling,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,16 +114,19 @@ class SpecDiffConfig(DraftedConfig):
     vocab_adapter: Any = dataclasses.field(default=None, compare=False)
 
     default_draft_length: ClassVar[int] = 30
-    needs: ClassVar[Needs] = Needs(draft_family="dllm", draft_field="dllm_drafter",
-                                   example="dream-smollm2-135m")
+    needs: ClassVar[Needs] = Needs(
+        draft_family="dllm", draft_field="dllm_drafter", example="dream-smollm2-135m"
+    )
 
     def __post_init__(self):
         super().__post_init__()
         check_int("refine_steps", self.refine_steps, 1)
         check_choice("drafter_cache", self.drafter_cache, DRAFTER_CACHES)
         if self.drafter_cache == "prefix" and self.vocab_adapter is not None:
-            raise ValueError("--drafter-cache prefix needs the target's vocabulary: a drafter "
-                             "of another vocabulary re-encodes its context every step")
+            raise ValueError(
+                "--drafter-cache prefix needs the target's vocabulary: a drafter "
+                "of another vocabulary re-encodes its context every step"
+            )
 
     def _lattice(self) -> tuple[bool, bool, int]:
         """``(cps, adl, k_min)``: SpecDiff drafts a fixed-length argmax block."""
@@ -119,9 +134,16 @@ class SpecDiffConfig(DraftedConfig):
 
     def drafter(self, target_config) -> DiffusionDrafter:
         cps, adl, k_min = self._lattice()
-        return DiffusionDrafter(self.dllm_drafter[0], self.k, eos_id=self.eos_id, k_min=k_min,
-                                cps=cps, adl=adl, refine_steps=self.refine_steps,
-                                prefix_cache=self.drafter_cache == "prefix")
+        return DiffusionDrafter(
+            self.dllm_drafter[0],
+            self.k,
+            eos_id=self.eos_id,
+            k_min=k_min,
+            cps=cps,
+            adl=adl,
+            refine_steps=self.refine_steps,
+            prefix_cache=self.drafter_cache == "prefix",
+        )
 
     def drafter_params(self) -> Any:
         return (self.dllm_drafter[1], self.proxy)
@@ -153,4 +175,4 @@ class DiffuSpecConfig(SpecDiffConfig):
         return self.cps, self.adl, min(self.k_min, self.k) if self.adl else self.k
 
 
-__all__ = ["decode_causal", "NgramConfig", "SpaceConfig", "SpecDiffConfig", "DiffuSpecConfig"]
+__all__ = ["NgramConfig", "SpaceConfig", "SpecDiffConfig", "DiffuSpecConfig"]

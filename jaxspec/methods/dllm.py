@@ -14,8 +14,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from jaxspec.core.method_config import MAX_DRAFT_LENGTH, MethodConfig, check_float, check_int
-from jaxspec.dllm import (DiffusionDecodeConfig, SpiffyConfig, SSDConfig, diffusion_generate,
-                          load_graph, spiffy_generate, ssd_generate)
+from jaxspec.dllm import (
+    DiffusionDecodeConfig,
+    SpiffyConfig,
+    SSDConfig,
+    diffusion_generate,
+    load_graph,
+    spiffy_generate,
+    ssd_generate,
+)
 from jaxspec.dllm.spiffy import DraftGraph
 
 DEFAULT_GRAPH = "configs/graphs/dream-smollm2-135m/D10.json"
@@ -63,17 +70,30 @@ class DllmConfig(MethodConfig):
     def diffusion(self, **overrides) -> DiffusionDecodeConfig:
         """The decoders' :class:`~jaxspec.dllm.config.DiffusionDecodeConfig`."""
         s = self.sampling
-        kw = dict(gen_length=self.gen_length, block_length=self.block_length,
-                  remasking=self.remasking, temperature=s.temperature, top_k=s.top_k,
-                  top_p=s.top_p, cache=self.cache, alg_temp=self.alg_temp,
-                  confidence_softmax=self.confidence_softmax, **self._rule())
+        kw = dict(
+            gen_length=self.gen_length,
+            block_length=self.block_length,
+            remasking=self.remasking,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            cache=self.cache,
+            alg_temp=self.alg_temp,
+            confidence_softmax=self.confidence_softmax,
+            **self._rule(),
+        )
         kw.update(overrides)
         return DiffusionDecodeConfig(**kw)
 
     def _shared(self) -> dict:
-        return dict(sampling=self.sampling, gen_length=self.gen_length,
-                    block_length=self.block_length, remasking=self.remasking, cache=self.cache,
-                    confidence_softmax=self.confidence_softmax)
+        return dict(
+            sampling=self.sampling,
+            gen_length=self.gen_length,
+            block_length=self.block_length,
+            remasking=self.remasking,
+            cache=self.cache,
+            confidence_softmax=self.confidence_softmax,
+        )
 
     def reference(self) -> tuple[str, MethodConfig]:
         """One-token-per-step stepwise decoding (``steps = gen_length``, no ``alg_temp``)
@@ -81,8 +101,9 @@ class DllmConfig(MethodConfig):
         return "stepwise", StepwiseConfig(**self._shared())
 
     def decode(self, model, params, inputs, *, seed: int = 0, eos_ids=(), pad_id: int = 0):
-        return diffusion_generate(model, params, inputs, self.diffusion(), seed=seed,
-                                  eos_ids=eos_ids, pad_id=pad_id)
+        return diffusion_generate(
+            model, params, inputs, self.diffusion(), seed=seed, eos_ids=eos_ids, pad_id=pad_id
+        )
 
     def describe(self) -> str:
         d = self.diffusion()
@@ -92,9 +113,11 @@ class DllmConfig(MethodConfig):
         s = result.stats
         toks, gen = int(s.new_tokens.sum()), int(result.full_tokens.size)
         nfe = int(s.target_nfe.sum())
-        return [f"[{label}] tokens={toks} gen={gen} NFE={nfe} tokens/NFE={gen / max(nfe, 1):.2f} "
-                f"tokens/s={toks / max(result.run_s, 1e-9):.1f} run={result.run_s:.2f}s "
-                f"compile={result.compile_s:.1f}s"]
+        return [
+            f"[{label}] tokens={toks} gen={gen} NFE={nfe} tokens/NFE={gen / max(nfe, 1):.2f} "
+            f"tokens/s={toks / max(result.run_s, 1e-9):.1f} run={result.run_s:.2f}s "
+            f"compile={result.compile_s:.1f}s"
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +217,9 @@ class SSDMethodConfig(DllmConfig):
         return SSDConfig(self.diffusion(), self.draft_length, self.tree)
 
     def decode(self, model, params, inputs, *, seed: int = 0, eos_ids=(), pad_id: int = 0):
-        return ssd_generate(model, params, inputs, self.ssd(), seed=seed, eos_ids=eos_ids,
-                            pad_id=pad_id)
+        return ssd_generate(
+            model, params, inputs, self.ssd(), seed=seed, eos_ids=eos_ids, pad_id=pad_id
+        )
 
     def describe(self) -> str:
         return ""
@@ -205,7 +229,8 @@ class SSDMethodConfig(DllmConfig):
         return super().report(label, result) + [
             f"[ssd] draft_length={s.draft_length} tree={s.extra['tree']} "
             f"nodes={s.extra['nodes']} step_reduction={s.extra['step_reduction']:.3f} "
-            f"acceptance={s.acceptance_rate:.3f} accept_hist={s.accept_hist.sum(0).tolist()}"]
+            f"acceptance={s.acceptance_rate:.3f} accept_hist={s.accept_hist.sum(0).tolist()}"
+        ]
 
 
 def default_graph(block_length: int) -> DraftGraph:
@@ -218,8 +243,11 @@ def default_graph(block_length: int) -> DraftGraph:
     keep = [n for n, f in enumerate(g.formulas) if max(i for i, _ in f) <= block_length]
     if len(keep) == len(g.formulas):
         return g
-    return DraftGraph(tuple(g.formulas[n] for n in keep),
-                      tuple(g.counts[n] for n in keep) if g.counts else (), g.meta)
+    return DraftGraph(
+        tuple(g.formulas[n] for n in keep),
+        tuple(g.counts[n] for n in keep) if g.counts else (),
+        g.meta,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,8 +280,11 @@ class SpiffyMethodConfig(DllmConfig):
         self.spiffy()
 
     def _rule(self) -> dict:
-        return {"steps": self.steps, "tokens_per_step": self.tokens_per_step,
-                "threshold": None if self.threshold is None else float(self.threshold)}
+        return {
+            "steps": self.steps,
+            "tokens_per_step": self.tokens_per_step,
+            "threshold": None if self.threshold is None else float(self.threshold),
+        }
 
     def spiffy(self) -> SpiffyConfig:
         """The decoder's :class:`~jaxspec.dllm.spiffy.SpiffyConfig`."""
@@ -270,16 +301,26 @@ class SpiffyMethodConfig(DllmConfig):
         return "stepwise", StepwiseConfig(steps=self.steps, **shared)
 
     def decode(self, model, params, inputs, *, seed: int = 0, eos_ids=(), pad_id: int = 0):
-        return spiffy_generate(model, params, inputs, self.spiffy(), seed=seed,
-                               eos_ids=eos_ids, pad_id=pad_id)
+        return spiffy_generate(
+            model, params, inputs, self.spiffy(), seed=seed, eos_ids=eos_ids, pad_id=pad_id
+        )
 
     def report(self, label: str, result) -> list[str]:
         s = result.stats
         return super().report(label, result) + [
             f"[spiffy] D={s.extra['graph_D']} unmasking={s.extra['unmasking']} "
             f"reference_nfe={int(s.steps.sum())} nfe_speedup={s.extra['nfe_speedup']:.2f}x "
-            f"steps_per_forward_hist={s.accept_hist.sum(0).tolist()}"]
+            f"steps_per_forward_hist={s.accept_hist.sum(0).tolist()}"
+        ]
 
 
-__all__ = ["DllmConfig", "StepwiseConfig", "FixedKConfig", "ThresholdConfig",
-           "SSDMethodConfig", "SpiffyMethodConfig", "default_graph", "DEFAULT_GRAPH"]
+__all__ = [
+    "DllmConfig",
+    "StepwiseConfig",
+    "FixedKConfig",
+    "ThresholdConfig",
+    "SSDMethodConfig",
+    "SpiffyMethodConfig",
+    "default_graph",
+    "DEFAULT_GRAPH",
+]

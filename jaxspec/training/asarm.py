@@ -51,9 +51,16 @@ from jaxspec.training.config import AsarmSection, TrainConfigError, config_from_
 from jaxspec.training.data import PackedDataset
 from models.diffusion.delta import load_delta
 from models.registry import load_model, load_tokenizer_preset
-from models.xlnet.modeling import (CompactVocab, WeightFileError, XLNetConfig, XLNetLM, density_masks,
-                                   init_params, load_xlnet, save_xlnet)
-
+from models.xlnet.modeling import (
+    CompactVocab,
+    WeightFileError,
+    XLNetConfig,
+    XLNetLM,
+    density_masks,
+    init_params,
+    load_xlnet,
+    save_xlnet,
+)
 
 INIT_RECORD = "init.json"
 
@@ -123,8 +130,10 @@ def joint_loss(model: XLNetLM, params, tokens: jax.Array, visible: jax.Array):
     logits, _ = model.apply(params, tokens, cmask, qmask)
     logits = logits.astype(jnp.float32)
     B, N = tokens.shape
-    ce = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(
-        logits, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    ce = (
+        jax.nn.logsumexp(logits, axis=-1)
+        - jnp.take_along_axis(logits, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    )
     tgt = (~visible).astype(jnp.float32)
     hit = (jnp.argmax(logits, axis=-1) == tokens).astype(jnp.float32) * tgt
     aux = {"ce_sum": jnp.sum(ce * tgt), "n_masked": jnp.sum(tgt), "n_correct": jnp.sum(hit)}
@@ -157,7 +166,9 @@ def build_vocab(stream: np.ndarray, vocab_size: int, external_size: int, keep=()
     return CompactVocab(ids=tuple(chosen[:n]), external_size=int(external_size))
 
 
-def projected_embeddings(big: np.ndarray, ids, d_model: int, std: float, seed: int = 0) -> np.ndarray:
+def projected_embeddings(
+    big: np.ndarray, ids, d_model: int, std: float, seed: int = 0
+) -> np.ndarray:
     """``float32 (len(ids) + 1, d_model)``: rows ``big[ids]`` centred and projected on their
     top ``d_model`` principal directions (PCA by SVD), rescaled to overall std ``std``; the
     last (UNK) row is small random noise. When ``big`` is narrower than ``d_model`` the
@@ -177,9 +188,16 @@ def projected_embeddings(big: np.ndarray, ids, d_model: int, std: float, seed: i
 def xlnet_config(cfg) -> XLNetConfig:
     """:class:`XLNetConfig` from a :class:`jaxspec.training.config.TrainConfig` (model + asarm)."""
     m, a = cfg.model, cfg.asarm or AsarmSection()
-    return XLNetConfig(vocab_size=int(a.vocab_size), d_model=m.hidden_size, n_layer=m.num_layers,
-                       n_head=m.num_heads, d_head=m.head_dim, d_inner=m.intermediate_size,
-                       layer_norm_eps=a.layer_norm_eps, clamp_len=a.clamp_len)
+    return XLNetConfig(
+        vocab_size=int(a.vocab_size),
+        d_model=m.hidden_size,
+        n_layer=m.num_layers,
+        n_head=m.num_heads,
+        d_head=m.head_dim,
+        d_inner=m.intermediate_size,
+        layer_norm_eps=a.layer_norm_eps,
+        clamp_len=a.clamp_len,
+    )
 
 
 def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
@@ -193,13 +211,17 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
     """
     a = cfg.asarm or AsarmSection()
     if cfg.model.init != "scratch":
-        raise TrainConfigError("objective.kind = asarm trains an XLNet from scratch (model.init: scratch)")
+        raise TrainConfigError(
+            "objective.kind = asarm trains an XLNet from scratch (model.init: scratch)"
+        )
     if not cfg.model.tokenizer:
         raise TrainConfigError("objective.kind = asarm needs model.tokenizer")
     tok = load_tokenizer_preset(cfg.model.tokenizer, log)
     # mask_token_id only selects ids dropped from the corpus; 16 (<empty_output>) is a special
     # token dropped anyway, so the tokenized corpus cache is shared with the diffusion runs.
-    train_ds, val_ds, _ = build_data(cfg, tok, cfg.model.mask_token_id if cfg.model.mask_token_id is not None else 16, log)
+    train_ds, val_ds, _ = build_data(
+        cfg, tok, cfg.model.mask_token_id if cfg.model.mask_token_id is not None else 16, log
+    )
     sep = tok.eos_token_ids[0] if tok.eos_token_ids else 0
     vocab = build_vocab(train_ds.seqs, a.vocab_size, tok.vocab_size, keep=[sep])
     table = vocab.to_model_table()
@@ -219,11 +241,16 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
         big = np.asarray(base["embed"], np.float32)
         del base
         if big.shape[0] != tok.vocab_size:
-            raise TrainConfigError(f"asarm.embed_init {a.embed_init!r} has {big.shape[0]} rows, "
-                                   f"the tokenizer {tok.vocab_size}")
+            raise TrainConfigError(
+                f"asarm.embed_init {a.embed_init!r} has {big.shape[0]} rows, "
+                f"the tokenizer {tok.vocab_size}"
+            )
         params["word_embedding"] = jnp.asarray(
-            projected_embeddings(big, vocab.ids, xcfg.d_model, a.init_std, cfg.train.seed))
-        log(f"[asarm] word embedding initialised from {a.embed_init} ({big.shape[1]} -> {xcfg.d_model} by PCA)")
+            projected_embeddings(big, vocab.ids, xcfg.d_model, a.init_std, cfg.train.seed)
+        )
+        log(
+            f"[asarm] word embedding initialised from {a.embed_init} ({big.shape[1]} -> {xcfg.d_model} by PCA)"
+        )
     return XLNetLM(xcfg), params, tok, vocab, (train_m, val_m)
 
 
@@ -239,13 +266,20 @@ def _continued_params(path, xcfg: XLNetConfig, vocab: CompactVocab) -> dict:
     except WeightFileError as e:
         raise TrainConfigError(f"asarm.init_weights: {e}") from None
     if fcfg != xcfg:
-        diff = {k: (getattr(fcfg, k), getattr(xcfg, k)) for k in dataclasses.asdict(xcfg)
-                if getattr(fcfg, k) != getattr(xcfg, k)}
-        raise TrainConfigError(f"asarm.init_weights {path}: architecture differs from the config "
-                               f"(file, config): {diff}")
+        diff = {
+            k: (getattr(fcfg, k), getattr(xcfg, k))
+            for k in dataclasses.asdict(xcfg)
+            if getattr(fcfg, k) != getattr(xcfg, k)
+        }
+        raise TrainConfigError(
+            f"asarm.init_weights {path}: architecture differs from the config "
+            f"(file, config): {diff}"
+        )
     if fvocab is None or fvocab.ids != vocab.ids or fvocab.external_size != vocab.external_size:
-        raise TrainConfigError(f"asarm.init_weights {path}: its vocabulary map differs from the one "
-                               "built from this config's training data")
+        raise TrainConfigError(
+            f"asarm.init_weights {path}: its vocabulary map differs from the one "
+            "built from this config's training data"
+        )
     return params
 
 
@@ -268,8 +302,11 @@ def prior_training(cfg, run_dir) -> dict:
         path, meta = delta_path, dict(load_delta(delta_path)[1])
     else:
         return {}
-    out = {"path": str(path), "step": int(meta.get("step", 0)),
-           "tokens_seen": int(meta.get("tokens_seen", 0))}
+    out = {
+        "path": str(path),
+        "step": int(meta.get("step", 0)),
+        "tokens_seen": int(meta.get("tokens_seen", 0)),
+    }
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     rec.write_text(json.dumps(out))
     return out
@@ -280,10 +317,14 @@ def run_meta(cfg, run_dir, step: int, tokens_per_step: int) -> dict:
     run this file continues (:func:`prior_training`) as well as this run's steps; ``seq_len`` is
     the training length, which :func:`models.registry.load_asarm` uses as the context limit."""
     prior = prior_training(cfg, run_dir)
-    meta = {"objective": "asarm", "name": cfg.name,
-            "step": int(prior.get("step", 0)) + int(step),
-            "tokens_seen": int(prior.get("tokens_seen", 0)) + int(step) * int(tokens_per_step),
-            "tokenizer": cfg.model.tokenizer, "seq_len": int(cfg.data.seq_len)}
+    meta = {
+        "objective": "asarm",
+        "name": cfg.name,
+        "step": int(prior.get("step", 0)) + int(step),
+        "tokens_seen": int(prior.get("tokens_seen", 0)) + int(step) * int(tokens_per_step),
+        "tokenizer": cfg.model.tokenizer,
+        "seq_len": int(cfg.data.seq_len),
+    }
     if prior:
         meta["continued_from"] = prior
         meta["run_step"] = int(step)
@@ -310,7 +351,9 @@ def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[i
     run = Path(run_dir).resolve()
     cfg = config_from_dict(json.loads((run / "config.json").read_text()))
     if cfg.objective.kind != "asarm":
-        raise TrainConfigError(f"{run} is not an AS-ARM run (objective.kind={cfg.objective.kind!r})")
+        raise TrainConfigError(
+            f"{run} is not an AS-ARM run (objective.kind={cfg.objective.kind!r})"
+        )
     vocab = None
     if (run / "vocab.json").is_file():
         v = json.loads((run / "vocab.json").read_text())
@@ -328,6 +371,19 @@ def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[i
     return int(step), save_xlnet(dest, xlnet_config(cfg), params, vocab, meta)
 
 
-__all__ = ["AsarmSection", "mask_rate_range", "low_discrepancy_uniform", "prompt_lengths",
-           "lattice_order", "joint_loss", "asarm_loss", "build_vocab", "projected_embeddings",
-           "xlnet_config", "build_asarm", "prior_training", "run_meta", "export_checkpoint"]
+__all__ = [
+    "AsarmSection",
+    "mask_rate_range",
+    "low_discrepancy_uniform",
+    "prompt_lengths",
+    "lattice_order",
+    "joint_loss",
+    "asarm_loss",
+    "build_vocab",
+    "projected_embeddings",
+    "xlnet_config",
+    "build_asarm",
+    "prior_training",
+    "run_meta",
+    "export_checkpoint",
+]

@@ -151,23 +151,43 @@ class TrainConfig:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
-_SECTIONS = {"model": ModelSection, "data": DataSection, "objective": ObjectiveSection,
-             "optim": OptimSection, "train": TrainSection, "lora": LoraSection,
-             "asarm": AsarmSection}
+_SECTIONS = {
+    "model": ModelSection,
+    "data": DataSection,
+    "objective": ObjectiveSection,
+    "optim": OptimSection,
+    "train": TrainSection,
+    "lora": LoraSection,
+    "asarm": AsarmSection,
+}
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-               tuple: "a list"}
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    tuple: "a list",
+}
 
 # (section, key) -> (least, greatest): values outside are an error (None: unbounded)
-_RANGES = {("train", "steps"): (1, None), ("train", "ckpt_every"): (1, None),
-           ("train", "eval_every"): (1, None), ("train", "eval_batches"): (0, None),
-           ("train", "log_every"): (1, None), ("train", "keep_checkpoints"): (1, None),
-           ("data", "seq_len"): (2, None), ("data", "batch_size"): (1, None),
-           ("data", "sft_fraction"): (0, 1), ("data", "distill_fraction"): (0, 1),
-           ("optim", "warmup_steps"): (0, None), ("optim", "grad_accum"): (1, None),
-           ("optim", "min_lr_ratio"): (0, 1), ("optim", "weight_decay"): (0, None),
-           ("lora", "rank"): (1, None)}
+_RANGES = {
+    ("train", "steps"): (1, None),
+    ("train", "ckpt_every"): (1, None),
+    ("train", "eval_every"): (1, None),
+    ("train", "eval_batches"): (0, None),
+    ("train", "log_every"): (1, None),
+    ("train", "keep_checkpoints"): (1, None),
+    ("data", "seq_len"): (2, None),
+    ("data", "batch_size"): (1, None),
+    ("data", "sft_fraction"): (0, 1),
+    ("data", "distill_fraction"): (0, 1),
+    ("optim", "warmup_steps"): (0, None),
+    ("optim", "grad_accum"): (1, None),
+    ("optim", "min_lr_ratio"): (0, 1),
+    ("optim", "weight_decay"): (0, None),
+    ("lora", "rank"): (1, None),
+}
 
 
 def _typed(sec: str, key: str, value, hint):
@@ -185,11 +205,13 @@ def _typed(sec: str, key: str, value, hint):
         hint = next(a for a in args if a is not type(None))
     if isinstance(value, list):
         value = tuple(value)
-    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          bool: lambda v: isinstance(v, bool),
-          str: lambda v: isinstance(v, str),
-          tuple: lambda v: isinstance(v, tuple)}.get(hint)
+    ok = {
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        bool: lambda v: isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+        tuple: lambda v: isinstance(v, tuple),
+    }.get(hint)
     if ok is None:
         return value
     if hint is float and isinstance(value, str):
@@ -217,43 +239,54 @@ def config_from_dict(d: dict) -> TrainConfig:
         the wrong type or out of range (one line naming ``section.key`` and what it must be).
     """
     if d is not None and not isinstance(d, dict):
-        raise TrainConfigError(f"a training config must be a mapping of sections, got "
-                               f"{type(d).__name__}")
+        raise TrainConfigError(
+            f"a training config must be a mapping of sections, got {type(d).__name__}"
+        )
     d = dict(d or {})
     kw: dict[str, Any] = {"name": str(d.pop("name", "unnamed"))}
     for sec, val in d.items():
         if sec not in _SECTIONS:
-            raise TrainConfigError(f"unknown config section {sec!r}; expected {', '.join(_SECTIONS)}")
+            raise TrainConfigError(
+                f"unknown config section {sec!r}; expected {', '.join(_SECTIONS)}"
+            )
         if val is None:
             kw[sec] = None
             continue
         if not isinstance(val, dict):
-            raise TrainConfigError(f"config section {sec!r} must be a mapping of keys, got "
-                                   f"{val!r}")
+            raise TrainConfigError(f"config section {sec!r} must be a mapping of keys, got {val!r}")
         cls = _SECTIONS[sec]
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(val) - names)
         if bad:
-            raise TrainConfigError(f"unknown key(s) {bad} in section {sec!r}; expected {sorted(names)}")
+            raise TrainConfigError(
+                f"unknown key(s) {bad} in section {sec!r}; expected {sorted(names)}"
+            )
         hints = typing.get_type_hints(cls)
         kw[sec] = cls(**{k: _typed(sec, k, v, hints[k]) for k, v in val.items()})
     cfg = TrainConfig(**kw)
     if cfg.objective.kind not in OBJECTIVES:
-        raise TrainConfigError(f"unknown objective.kind {cfg.objective.kind!r}; expected one of {OBJECTIVES}")
+        raise TrainConfigError(
+            f"unknown objective.kind {cfg.objective.kind!r}; expected one of {OBJECTIVES}"
+        )
     if cfg.objective.kind == "asarm":
         if cfg.asarm is None:
             cfg.asarm = AsarmSection()
         if cfg.lora is not None:
             raise TrainConfigError("objective.kind = asarm does not support a lora section")
-    if cfg.objective.kind == "sar" and (int(cfg.objective.sar_k) < 1
-                                        or not 0.0 <= float(cfg.objective.p_ar) <= 1.0):
-        raise TrainConfigError(f"objective.sar_k must be >= 1 and p_ar in [0, 1], got "
-                               f"{cfg.objective.sar_k} and {cfg.objective.p_ar}")
+    if cfg.objective.kind == "sar" and (
+        int(cfg.objective.sar_k) < 1 or not 0.0 <= float(cfg.objective.p_ar) <= 1.0
+    ):
+        raise TrainConfigError(
+            f"objective.sar_k must be >= 1 and p_ar in [0, 1], got "
+            f"{cfg.objective.sar_k} and {cfg.objective.p_ar}"
+        )
     if int(cfg.train.data_offset) < 0:
         raise TrainConfigError(f"train.data_offset must be >= 0, got {cfg.train.data_offset}")
     if cfg.asarm is not None and cfg.asarm.init_weights and cfg.asarm.embed_init:
-        raise TrainConfigError("asarm.init_weights and asarm.embed_init exclude each other "
-                               "(the start weights already hold the embedding)")
+        raise TrainConfigError(
+            "asarm.init_weights and asarm.embed_init exclude each other "
+            "(the start weights already hold the embedding)"
+        )
     return cfg
 
 
@@ -273,8 +306,10 @@ def load_config(path, overrides: Sequence[str] = ()) -> TrainConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise TrainConfigError(f"cannot read config file {path}: {e}") from None
     if not isinstance(d, dict):
-        raise TrainConfigError(f"{path} must hold a mapping of sections (name, model, data, "
-                               f"...), got {type(d).__name__}")
+        raise TrainConfigError(
+            f"{path} must hold a mapping of sections (name, model, data, "
+            f"...), got {type(d).__name__}"
+        )
     for ov in overrides:
         if "=" not in ov or "." not in ov.split("=", 1)[0]:
             raise TrainConfigError(f"override {ov!r} is not of the form section.key=value")
@@ -287,8 +322,9 @@ def load_config(path, overrides: Sequence[str] = ()) -> TrainConfig:
         try:
             d[sec][key] = yaml.safe_load(v)
         except yaml.YAMLError as e:
-            raise TrainConfigError(f"override {ov!r}: the value is not valid YAML: "
-                                   f"{_yaml_problem(e)}") from None
+            raise TrainConfigError(
+                f"override {ov!r}: the value is not valid YAML: {_yaml_problem(e)}"
+            ) from None
     return config_from_dict(d)
 
 
@@ -299,6 +335,17 @@ def _yaml_problem(e: Exception) -> str:
     return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark else what
 
 
-__all__ = ["TrainConfigError", "ModelSection", "LoraSection", "DataSection", "OBJECTIVES",
-           "ObjectiveSection", "OptimSection", "TrainSection", "AsarmSection", "TrainConfig",
-           "config_from_dict", "load_config"]
+__all__ = [
+    "TrainConfigError",
+    "ModelSection",
+    "LoraSection",
+    "DataSection",
+    "OBJECTIVES",
+    "ObjectiveSection",
+    "OptimSection",
+    "TrainSection",
+    "AsarmSection",
+    "TrainConfig",
+    "config_from_dict",
+    "load_config",
+]

@@ -108,8 +108,9 @@ def cache_dir() -> Path:
     return d
 
 
-def _tokenize_files(tokenizer, root: Path, files: Sequence[Path], sep_id: int,
-                    drop_ids: frozenset[int], dtype) -> tuple[np.ndarray, int]:
+def _tokenize_files(
+    tokenizer, root: Path, files: Sequence[Path], sep_id: int, drop_ids: frozenset[int], dtype
+) -> tuple[np.ndarray, int]:
     texts = [(root / f).read_text(encoding="utf-8", errors="replace") for f in files]
     backend = getattr(tokenizer, "backend", None)
     if backend is not None and hasattr(backend, "encode_batch"):
@@ -129,9 +130,15 @@ def _tokenize_files(tokenizer, root: Path, files: Sequence[Path], sep_id: int,
     return np.concatenate(chunks).astype(dtype), dropped
 
 
-def stdlib_tokens(tokenizer, holdout: Sequence[str], *, sep_id: int,
-                  drop_ids: Iterable[int] = (), root: Optional[Path] = None,
-                  log=lambda m: print(m, file=sys.stderr)) -> tuple[np.ndarray, np.ndarray, dict]:
+def stdlib_tokens(
+    tokenizer,
+    holdout: Sequence[str],
+    *,
+    sep_id: int,
+    drop_ids: Iterable[int] = (),
+    root: Optional[Path] = None,
+    log=lambda m: print(m, file=sys.stderr),
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Tokenized stdlib ``(train, val, meta)``, built once and cached.
 
     Args:
@@ -156,10 +163,20 @@ def stdlib_tokens(tokenizer, holdout: Sequence[str], *, sep_id: int,
     vocab = tokenizer.vocab_size
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
     h = hashlib.sha256()
-    vocab_items = sorted(tokenizer.backend.get_vocab(with_added_tokens=True).items()) \
-        if getattr(tokenizer, "backend", None) is not None else [vocab]
-    for part in (sys.version, str(root), [str(f) for f in files], sorted(holdout), sep_id,
-                 sorted(drop), vocab_items):
+    vocab_items = (
+        sorted(tokenizer.backend.get_vocab(with_added_tokens=True).items())
+        if getattr(tokenizer, "backend", None) is not None
+        else [vocab]
+    )
+    for part in (
+        sys.version,
+        str(root),
+        [str(f) for f in files],
+        sorted(holdout),
+        sep_id,
+        sorted(drop),
+        vocab_items,
+    ):
         h.update(json.dumps(part, default=str).encode())
     key = h.hexdigest()[:16]
     d = cache_dir()
@@ -175,10 +192,18 @@ def stdlib_tokens(tokenizer, holdout: Sequence[str], *, sep_id: int,
         tmp = paths[s].with_suffix(".tmp.npy")
         np.save(tmp, a)
         tmp.replace(paths[s])
-    meta = {"root": str(root), "python": sys.version.split()[0], "holdout": sorted(holdout),
-            "train_files": len(train_f), "val_files": len(val_f),
-            "train_tokens": int(train.size), "val_tokens": int(val.size),
-            "dropped": dt + dv, "sep_id": sep_id, "cache": {s: str(p) for s, p in paths.items()}}
+    meta = {
+        "root": str(root),
+        "python": sys.version.split()[0],
+        "holdout": sorted(holdout),
+        "train_files": len(train_f),
+        "val_files": len(val_f),
+        "train_tokens": int(train.size),
+        "val_tokens": int(val.size),
+        "dropped": dt + dv,
+        "sep_id": sep_id,
+        "cache": {s: str(p) for s, p in paths.items()},
+    }
     meta_path.write_text(json.dumps(meta, indent=1))
     log(f"[data] {meta['train_tokens']} train / {meta['val_tokens']} val tokens cached in {d}")
     return train, val, meta
@@ -236,5 +261,15 @@ class PackedDataset:
         return out
 
 
-__all__ = ["DataError", "PackedDataset", "stdlib_tokens", "stdlib_files", "split_files",
-           "is_heldout", "module_name", "stdlib_root", "cache_dir", "EXCLUDED_DIRS"]
+__all__ = [
+    "DataError",
+    "PackedDataset",
+    "stdlib_tokens",
+    "stdlib_files",
+    "split_files",
+    "is_heldout",
+    "module_name",
+    "stdlib_root",
+    "cache_dir",
+    "EXCLUDED_DIRS",
+]

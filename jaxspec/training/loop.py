@@ -41,8 +41,15 @@ from models.llama.params import WeightFileError
 from models.xlnet.modeling import save_xlnet
 
 # train-section keys that are bookkeeping only: not part of the compiled computation
-_BOOKKEEPING = ("ckpt_every", "eval_every", "eval_batches", "log_every", "keep_checkpoints",
-                "ckpt_every_s", "data_offset")
+_BOOKKEEPING = (
+    "ckpt_every",
+    "eval_every",
+    "eval_batches",
+    "log_every",
+    "keep_checkpoints",
+    "ckpt_every_s",
+    "data_offset",
+)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -71,6 +78,7 @@ def plot_metrics(metrics_path, png_path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
+
 
 # --------------------------------------------------------------------------- compiled step
 @functools.lru_cache(maxsize=8)
@@ -102,8 +110,9 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
             o = cfg.objective
             return sar_loss(model, full(tr, b), tokens, key, o.sar_k, o.p_ar, o.sar_groups)
         if tokens.ndim == 3:  # SFT data (jaxspec.training.sft): [tokens; response mask]
-            return diffusion_loss(model, full(tr, b), tokens[:, 0], key, eps,
-                                  response_mask=tokens[:, 1].astype(bool))
+            return diffusion_loss(
+                model, full(tr, b), tokens[:, 0], key, eps, response_mask=tokens[:, 1].astype(bool)
+            )
         return diffusion_loss(model, full(tr, b), tokens, key, eps)
 
     def step_fn(tr, opt, b, batch, step):
@@ -112,26 +121,38 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
         def micro(carry, xs):
             gsum, lsum, asum = carry
             mb, i = xs
-            (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(tr, b, mb, jax.random.fold_in(key, i), step)
-            return (jax.tree.map(jnp.add, gsum, g), lsum + loss, jax.tree.map(jnp.add, asum, aux)), None
+            (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(
+                tr, b, mb, jax.random.fold_in(key, i), step
+            )
+            return (
+                jax.tree.map(jnp.add, gsum, g),
+                lsum + loss,
+                jax.tree.map(jnp.add, asum, aux),
+            ), None
 
         zeros = jax.tree.map(jnp.zeros_like, tr)
         azero = {k: jnp.float32(0) for k in ("ce_sum", "n_masked", "n_correct")}
-        (g, lsum, asum), _ = jax.lax.scan(micro, (zeros, jnp.float32(0), azero),
-                                          (batch, jnp.arange(accum, dtype=jnp.int32)))
+        (g, lsum, asum), _ = jax.lax.scan(
+            micro, (zeros, jnp.float32(0), azero), (batch, jnp.arange(accum, dtype=jnp.int32))
+        )
         g = jax.tree.map(lambda x: x / accum, g)
         gnorm = optax.tree.norm(g)
         upd, opt = tx.update(g, opt, tr)
         tr = optax.apply_updates(tr, upd)
-        stats = {"loss": lsum / accum, "grad_norm": gnorm,
-                 "masked_acc": asum["n_correct"] / jnp.maximum(asum["n_masked"], 1.0)}
+        stats = {
+            "loss": lsum / accum,
+            "grad_norm": gnorm,
+            "masked_acc": asum["n_correct"] / jnp.maximum(asum["n_masked"], 1.0),
+        }
         return tr, opt, stats
 
     # held-out loss at the end-of-warmup masking range for AS-ARMs (fixed keys per batch)
     eval_step = cfg.asarm.mask_warmup_steps if asarm else 0
 
     def eval_fn(tr, b, tokens, i):
-        return loss_fn(tr, b, tokens, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i), eval_step)
+        return loss_fn(
+            tr, b, tokens, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i), eval_step
+        )
 
     return jax.jit(step_fn, donate_argnums=(0, 1)), jax.jit(eval_fn), tx, sched
 
@@ -141,8 +162,9 @@ def _model_and_data(cfg: TrainConfig, out: Path, datasets, model_and_params, log
     """``(model, params, train_ds, val_ds, vocab)`` of a run (vocab: AS-ARM runs built here);
     an AS-ARM run also records its start weights and writes ``vocab.json``."""
     if cfg.objective.kind != "asarm":
-        model, params, tok = (build_model(cfg, log) if model_and_params is None
-                              else (*model_and_params, None))
+        model, params, tok = (
+            build_model(cfg, log) if model_and_params is None else (*model_and_params, None)
+        )
         if datasets is None:
             datasets = build_data(cfg, tok, model.config.mask_token_id, log)[:2]
         prior_training(cfg, out)  # records the start delta's step / tokens (continued runs)
@@ -157,8 +179,9 @@ def _model_and_data(cfg: TrainConfig, out: Path, datasets, model_and_params, log
         model, params = model_and_params
     prior_training(cfg, out)  # records the start weights' step / tokens (continued runs)
     if vocab is not None:
-        (out / "vocab.json").write_text(json.dumps({"ids": list(vocab.ids),
-                                                     "external_size": vocab.external_size}))
+        (out / "vocab.json").write_text(
+            json.dumps({"ids": list(vocab.ids), "external_size": vocab.external_size})
+        )
     return (model, params, *datasets, vocab)
 
 
@@ -168,8 +191,9 @@ def _initial_trainable(cfg: TrainConfig, model, params):
     step donates its buffers."""
     base, trainable = params, params
     if cfg.lora is not None:
-        trainable = init_delta(base, cfg.lora, model.config.mask_token_id,
-                               jax.random.PRNGKey(cfg.train.seed + 7))
+        trainable = init_delta(
+            base, cfg.lora, model.config.mask_token_id, jax.random.PRNGKey(cfg.train.seed + 7)
+        )
         if cfg.lora.init_delta:
             trainable = _start_delta(cfg.lora.init_delta, trainable)
     else:
@@ -191,8 +215,10 @@ def _start_delta(path, fresh):
     got = {k: tuple(v.shape) for k, v in _flat_items(stored)}
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))[:3]
-        raise TrainConfigError(f"lora.init_delta {path}: its tensors differ from this config's "
-                               f"delta (rank / targets / norms / mask row), e.g. {diff}")
+        raise TrainConfigError(
+            f"lora.init_delta {path}: its tensors differ from this config's "
+            f"delta (rank / targets / norms / mask row), e.g. {diff}"
+        )
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), stored)
 
 
@@ -246,20 +272,30 @@ def _export(cfg: TrainConfig, out: Path, result: dict, model_config, vocab) -> N
     """Write the run's deliverable: the LoRA delta or the AS-ARM weights (sizes into ``result``)."""
     trainable, tokens_per_step = result["trainable"], result["tokens_per_step"]
     if cfg.lora is not None:
-        meta = {"base_preset": cfg.model.preset, "rank": cfg.lora.rank, "alpha": cfg.lora.alpha,
-                "mask_token_id": model_config.mask_token_id,
-                "head": getattr(model_config, "head", "causal"), "objective": cfg.objective.kind,
-                "step": result["step"], "tokens_seen": result["step"] * tokens_per_step}
+        meta = {
+            "base_preset": cfg.model.preset,
+            "rank": cfg.lora.rank,
+            "alpha": cfg.lora.alpha,
+            "mask_token_id": model_config.mask_token_id,
+            "head": getattr(model_config, "head", "causal"),
+            "objective": cfg.objective.kind,
+            "step": result["step"],
+            "tokens_seen": result["step"] * tokens_per_step,
+        }
         prior = prior_training(cfg, out)
         if prior:  # a continued run (lora.init_delta) counts the run it continues
-            meta.update(step=prior["step"] + result["step"], run_step=result["step"],
-                        tokens_seen=prior["tokens_seen"] + result["step"] * tokens_per_step,
-                        continued_from=prior)
+            meta.update(
+                step=prior["step"] + result["step"],
+                run_step=result["step"],
+                tokens_seen=prior["tokens_seen"] + result["step"] * tokens_per_step,
+                continued_from=prior,
+            )
         result["delta_bytes"] = save_delta(out / "delta.safetensors", trainable, meta)
     if cfg.objective.kind == "asarm":
         meta = run_meta(cfg, out, result["step"], tokens_per_step)
-        result["model_bytes"] = save_xlnet(out / "model.safetensors", model_config, trainable,
-                                           vocab, meta)
+        result["model_bytes"] = save_xlnet(
+            out / "model.safetensors", model_config, trainable, vocab, meta
+        )
 
 
 # --------------------------------------------------------------------------- the loop
@@ -268,13 +304,13 @@ class _Run:
     """What the step loop needs besides the trainable tree and the optimiser state."""
 
     cfg: TrainConfig
-    step_fn: Callable       # jitted (trainable, opt_state, base, batch, step) -> (.., .., stats)
-    eval_fn: Callable       # jitted (trainable, base, tokens, i) -> (loss, aux)
-    sched: Callable         # learning rate of step s
-    base: Any               # frozen base params (LoRA) or {}
-    train_ds: Any           # PackedDataset
-    val_batches: list       # fixed held-out batches
-    mngr: Any               # orbax CheckpointManager
+    step_fn: Callable  # jitted (trainable, opt_state, base, batch, step) -> (.., .., stats)
+    eval_fn: Callable  # jitted (trainable, base, tokens, i) -> (loss, aux)
+    sched: Callable  # learning rate of step s
+    base: Any  # frozen base params (LoRA) or {}
+    train_ds: Any  # PackedDataset
+    val_batches: list  # fixed held-out batches
+    mngr: Any  # orbax CheckpointManager
 
     @property
     def tokens_per_step(self) -> int:
@@ -284,13 +320,18 @@ class _Run:
 def _save(mngr, step: int, trainable, opt_state) -> None:
     import orbax.checkpoint as ocp
 
-    mngr.save(step, args=ocp.args.StandardSave(
-        {"trainable": trainable, "opt_state": opt_state, "step": np.asarray(step, np.int64)}))
+    mngr.save(
+        step,
+        args=ocp.args.StandardSave(
+            {"trainable": trainable, "opt_state": opt_state, "step": np.asarray(step, np.int64)}
+        ),
+    )
     mngr.wait_until_finished()  # the next step donates these buffers
 
 
-def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
-               deadline: Optional[float] = None):
+def _run_steps(
+    run: _Run, trainable, opt_state, start: int, end: int, mf, bar, deadline: Optional[float] = None
+):
     """Steps ``start .. end - 1``: one update each; train rows of ``metrics.jsonl`` every
     ``log_every`` steps and at ``end``, eval rows every ``eval_every`` steps and at the last
     step of the schedule, checkpoints every ``ckpt_every`` steps (or ``ckpt_every_s``
@@ -299,7 +340,7 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
 
     Returns ``(trainable, opt_state, losses {step: loss}, step_times, steps done)``."""
     c = run.cfg.train
-    accum, bs, T = run.cfg.optim.grad_accum, run.cfg.data.batch_size, run.cfg.data.seq_len
+    accum, bs = run.cfg.optim.grad_accum, run.cfg.data.batch_size
     losses: dict[int, float] = {}
     step_times = []
     t_last, last_logged = time.perf_counter(), start
@@ -310,8 +351,9 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
         sd = s + c.data_offset  # data / masking step (the lr schedule counts s)
         batch = run.train_ds.batch(sd, accum * bs)
         batch = batch.reshape(accum, bs, *batch.shape[1:])  # (.., T) or SFT (.., 2, T)
-        trainable, opt_state, stats = run.step_fn(trainable, opt_state, run.base,
-                                                  jnp.asarray(batch), jnp.int32(sd))
+        trainable, opt_state, stats = run.step_fn(
+            trainable, opt_state, run.base, jnp.asarray(batch), jnp.int32(sd)
+        )
         jax.block_until_ready(stats)  # the step is done: the clock below counts it
         done = s + 1
         spent = deadline is not None and time.perf_counter() >= deadline and done < end
@@ -321,9 +363,15 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
             now = time.perf_counter()
             sps = (now - t_last) / (done - last_logged)
             t_last, last_logged = now, done
-            rec = {"kind": "train", "step": done, **stats, "lr": float(run.sched(s)),
-                   "tokens_seen": done * run.tokens_per_step, "sec_per_step": sps,
-                   "tokens_per_sec": run.tokens_per_step / sps if sps > 0 else None}
+            rec = {
+                "kind": "train",
+                "step": done,
+                **stats,
+                "lr": float(run.sched(s)),
+                "tokens_seen": done * run.tokens_per_step,
+                "sec_per_step": sps,
+                "tokens_per_sec": run.tokens_per_step / sps if sps > 0 else None,
+            }
             mf.write(json.dumps(rec) + "\n")
             mf.flush()
             losses[done] = stats["loss"]
@@ -331,8 +379,11 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
         step_times.append(time.perf_counter() - t0)
         bar.update(1)
         if run.val_batches and (done % c.eval_every == 0 or done == c.steps or spent):
-            rec = {"kind": "eval", "step": done,
-                   **_evaluate(run.eval_fn, trainable, run.base, run.val_batches)}
+            rec = {
+                "kind": "eval",
+                "step": done,
+                **_evaluate(run.eval_fn, trainable, run.base, run.val_batches),
+            }
             mf.write(json.dumps(rec) + "\n")
             mf.flush()
         timed = c.ckpt_every_s is not None and time.perf_counter() - t_saved >= c.ckpt_every_s
@@ -344,10 +395,18 @@ def _run_steps(run: _Run, trainable, opt_state, start: int, end: int, mf, bar,
     return trainable, opt_state, losses, step_times, done
 
 
-def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Optional[int] = None,
-          max_seconds: Optional[float] = None, datasets=None, model_and_params=None,
-          progress: bool = True,
-          log=lambda m: print(m, file=sys.stderr)) -> dict:
+def train(
+    cfg: TrainConfig,
+    out_dir,
+    *,
+    resume: bool = False,
+    stop_after: Optional[int] = None,
+    max_seconds: Optional[float] = None,
+    datasets=None,
+    model_and_params=None,
+    progress: bool = True,
+    log=lambda m: print(m, file=sys.stderr),
+) -> dict:
     """Train (or resume) per ``cfg``; writes under ``out_dir``:
 
     ``config.json``, ``checkpoints/<step>/`` (orbax; trainable tree + optimiser state + step;
@@ -391,15 +450,19 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
     if ckdir.exists() and any(ckdir.iterdir()) and not resume:
         raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    model, params, train_ds, val_ds, vocab = _model_and_data(cfg, out, datasets, model_and_params, log)
+    model, params, train_ds, val_ds, vocab = _model_and_data(
+        cfg, out, datasets, model_and_params, log
+    )
     trainable, base = _initial_trainable(cfg, model, params)
     jstep, eval_fn, tx, sched = _compiled_fns(model, _compile_key(cfg))
     opt_state = tx.init(trainable)
     bs = cfg.data.batch_size
     val_batches = val_ds.fixed_batches(cfg.train.eval_batches, bs) if val_ds is not None else []
 
-    mngr = ocp.CheckpointManager(ckdir, options=ocp.CheckpointManagerOptions(
-        max_to_keep=cfg.train.keep_checkpoints, create=True))
+    mngr = ocp.CheckpointManager(
+        ckdir,
+        options=ocp.CheckpointManagerOptions(max_to_keep=cfg.train.keep_checkpoints, create=True),
+    )
     start = 0
     if resume and mngr.latest_step() is not None:
         start, trainable, opt_state = _restore(mngr, ckdir, trainable, opt_state, mpath, log)
@@ -407,29 +470,54 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, stop_after: Option
         mpath.write_text("")
     cfg_path = out / "config.json"
     if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
-        log("[train] warning: config differs from the one this run started with; resume may not be exact")
+        log(
+            "[train] warning: config differs from the one this run started with; resume may not be exact"
+        )
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
 
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
-    run = _Run(cfg=cfg, step_fn=jstep, eval_fn=eval_fn, sched=sched, base=base, train_ds=train_ds,
-               val_batches=val_batches, mngr=mngr)
-    bar = tqdm(total=cfg.train.steps, initial=start, disable=not progress, desc=cfg.name,
-               dynamic_ncols=True)
+    run = _Run(
+        cfg=cfg,
+        step_fn=jstep,
+        eval_fn=eval_fn,
+        sched=sched,
+        base=base,
+        train_ds=train_ds,
+        val_batches=val_batches,
+        mngr=mngr,
+    )
+    bar = tqdm(
+        total=cfg.train.steps,
+        initial=start,
+        disable=not progress,
+        desc=cfg.name,
+        dynamic_ncols=True,
+    )
     t_run = time.perf_counter()
     deadline = None if max_seconds is None else t_run + float(max_seconds)
     with mpath.open("a") as mf:
         trainable, opt_state, losses, step_times, done = _run_steps(
-            run, trainable, opt_state, start, end, mf, bar, deadline)
+            run, trainable, opt_state, start, end, mf, bar, deadline
+        )
     bar.close()
     mngr.wait_until_finished()
     mngr.close()
     wall = time.perf_counter() - t_run
     plot_metrics(mpath, out / "loss.png", cfg.name)
     if done < end:
-        log(f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
-            f"(--resume continues)")
-    result = {"step": max(done, start), "stopped_early": done < end, "trainable": trainable, "losses": losses, "wall_s": wall,
-              "step_times": step_times, "tokens_per_step": run.tokens_per_step}
+        log(
+            f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
+            f"(--resume continues)"
+        )
+    result = {
+        "step": max(done, start),
+        "stopped_early": done < end,
+        "trainable": trainable,
+        "losses": losses,
+        "wall_s": wall,
+        "step_times": step_times,
+        "tokens_per_step": run.tokens_per_step,
+    }
     _export(cfg, out, result, model.config, vocab)
     return result
 

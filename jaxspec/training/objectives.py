@@ -51,8 +51,13 @@ from models.diffusion.delta import LORA_TARGETS
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 
 
-def forward_process(key: jax.Array, tokens: jax.Array, mask_token_id: int,
-                    maskable: Optional[jax.Array] = None, eps: float = 1e-3):
+def forward_process(
+    key: jax.Array,
+    tokens: jax.Array,
+    mask_token_id: int,
+    maskable: Optional[jax.Array] = None,
+    eps: float = 1e-3,
+):
     """LLaDA forward (noising) process.
 
     Args:
@@ -77,8 +82,13 @@ def forward_process(key: jax.Array, tokens: jax.Array, mask_token_id: int,
     return noisy, masked, p
 
 
-def masked_diffusion_loss(logits: jax.Array, targets: jax.Array, masked: jax.Array,
-                          p_mask: jax.Array, response_len: Optional[jax.Array] = None):
+def masked_diffusion_loss(
+    logits: jax.Array,
+    targets: jax.Array,
+    masked: jax.Array,
+    p_mask: jax.Array,
+    response_len: Optional[jax.Array] = None,
+):
     """LLaDA's weighted masked cross-entropy.
 
     Args:
@@ -105,9 +115,15 @@ def masked_diffusion_loss(logits: jax.Array, targets: jax.Array, masked: jax.Arr
     if response_len is None:
         loss = jnp.sum(weighted) / (B * T)
     else:
-        loss = jnp.mean(jnp.sum(weighted, axis=1) / jnp.maximum(response_len.astype(jnp.float32), 1.0))
+        loss = jnp.mean(
+            jnp.sum(weighted, axis=1) / jnp.maximum(response_len.astype(jnp.float32), 1.0)
+        )
     hit = (jnp.argmax(logits, axis=-1) == targets) & masked
-    aux = {"ce_sum": jnp.sum(ce * m), "n_masked": jnp.sum(m), "n_correct": jnp.sum(hit.astype(jnp.float32))}
+    aux = {
+        "ce_sum": jnp.sum(ce * m),
+        "n_masked": jnp.sum(m),
+        "n_correct": jnp.sum(hit.astype(jnp.float32)),
+    }
     return loss, aux
 
 
@@ -121,8 +137,14 @@ def maskable_positions(config: DiffusionConfig, shape, response_mask=None) -> ja
     return m
 
 
-def diffusion_loss(model: DiffusionLM, params, tokens: jax.Array, key: jax.Array,
-                   eps: float = 1e-3, response_mask: Optional[jax.Array] = None):
+def diffusion_loss(
+    model: DiffusionLM,
+    params,
+    tokens: jax.Array,
+    key: jax.Array,
+    eps: float = 1e-3,
+    response_mask: Optional[jax.Array] = None,
+):
     """Noise ``tokens`` (``int32 (B, T)``), run ``model`` bidirectionally and score the masked
     tokens with :func:`masked_diffusion_loss`. ``response_mask`` (``bool (B, T)``) selects
     SFT mode. Returns ``(loss, aux)``."""
@@ -132,7 +154,9 @@ def diffusion_loss(model: DiffusionLM, params, tokens: jax.Array, key: jax.Array
     noisy, masked, p = forward_process(key, tokens, cfg.mask_token_id, maskable, eps)
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     logits, _ = model.apply(params, noisy, positions)
-    rlen = None if response_mask is None else jnp.sum(jnp.asarray(response_mask, jnp.float32), axis=1)
+    rlen = (
+        None if response_mask is None else jnp.sum(jnp.asarray(response_mask, jnp.float32), axis=1)
+    )
     return masked_diffusion_loss(logits, tokens, masked, p, rlen)
 
 
@@ -175,8 +199,9 @@ def sar_inputs(key: jax.Array, tokens: jax.Array, k: int, p_ar: float, mask_toke
     return inputs, labels, keep.astype(jnp.float32), is_mask
 
 
-def sar_loss(model, params, tokens: jax.Array, key: jax.Array, k: int, p_ar: float,
-             groups: int = 0):
+def sar_loss(
+    model, params, tokens: jax.Array, key: jax.Array, k: int, p_ar: float, groups: int = 0
+):
     """SPACE's SAR-SFT loss (Eqs. 1 and 3): mean cross-entropy over the scored rows of the
     :class:`models.llama.modeling.CausalLM` ``model`` (its config's ``mask_token_id`` is the
     [MASK] id). ``groups = 0``: the paper's pipeline (:func:`sar_inputs`, one group per SAR
@@ -189,8 +214,9 @@ def sar_loss(model, params, tokens: jax.Array, key: jax.Array, k: int, p_ar: flo
     B, T = tokens.shape
     mid = model.config.mask_token_id
     if groups > 0:
-        inputs, positions, mask, labels, weight, is_mask = sar_group_inputs(key, tokens, k,
-                                                                            groups, mid)
+        inputs, positions, mask, labels, weight, is_mask = sar_group_inputs(
+            key, tokens, k, groups, mid
+        )
     else:
         inputs, labels, weight, is_mask = sar_inputs(key, tokens, k, p_ar, mid)
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -219,21 +245,23 @@ def sar_group_inputs(key: jax.Array, tokens: jax.Array, k: int, groups: int, mas
     if T < k + 2:
         raise TrainConfigError(f"SAR-SFT needs seq_len >= k + 2 = {k + 2}, got {T}")
     E = groups * k
-    m = jax.random.randint(key, (B, groups), 1, T - k)                # (B, G)
-    g = jnp.repeat(jnp.arange(groups), k)                             # (E,)
+    m = jax.random.randint(key, (B, groups), 1, T - k)  # (B, G)
+    g = jnp.repeat(jnp.arange(groups), k)  # (E,)
     j = jnp.tile(jnp.arange(k), groups)
-    start = m[:, g]                                                   # (B, E)
+    start = m[:, g]  # (B, E)
     tokens = tokens.astype(jnp.int32)
     inputs = jnp.concatenate([tokens, jnp.full((B, E), mask_token_id, jnp.int32)], axis=1)
     positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(T), (B, T)), start + j], axis=1)
-    labels = jnp.concatenate([tokens[:, 1:], tokens[:, -1:],
-                              jnp.take_along_axis(tokens, start + j + 1, axis=1)], axis=1)
-    weight = jnp.concatenate([jnp.broadcast_to(jnp.arange(T) < T - 1, (B, T)),
-                              jnp.ones((B, E), bool)], axis=1).astype(jnp.float32)
+    labels = jnp.concatenate(
+        [tokens[:, 1:], tokens[:, -1:], jnp.take_along_axis(tokens, start + j + 1, axis=1)], axis=1
+    )
+    weight = jnp.concatenate(
+        [jnp.broadcast_to(jnp.arange(T) < T - 1, (B, T)), jnp.ones((B, E), bool)], axis=1
+    ).astype(jnp.float32)
     ar_ar = jnp.tril(jnp.ones((T, T), bool))
     top = jnp.concatenate([jnp.broadcast_to(ar_ar, (B, T, T)), jnp.zeros((B, T, E), bool)], 2)
-    sees_tok = jnp.arange(T)[None, None, :] < start[:, :, None]                   # (B, E, T)
-    own = (g[:, None] == g[None, :]) & (j[None, :] <= j[:, None])                # (E, E)
+    sees_tok = jnp.arange(T)[None, None, :] < start[:, :, None]  # (B, E, T)
+    own = (g[:, None] == g[None, :]) & (j[None, :] <= j[:, None])  # (E, E)
     bottom = jnp.concatenate([sees_tok, jnp.broadcast_to(own, (B, E, E))], axis=2)
     is_mask = jnp.concatenate([jnp.zeros((B, T), bool), jnp.ones((B, E), bool)], axis=1)
     return inputs, positions, jnp.concatenate([top, bottom], axis=1), labels, weight, is_mask
@@ -241,11 +269,18 @@ def sar_group_inputs(key: jax.Array, tokens: jax.Array, k: int, groups: int, mas
 
 def _scored_ce(logits, labels, weight, is_mask):
     logits = logits.astype(jnp.float32)
-    ce = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
+    ce = (
+        jax.nn.logsumexp(logits, axis=-1)
+        - jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
+    )
     loss = jnp.sum(ce * weight) / jnp.maximum(jnp.sum(weight), 1.0)
     mk = is_mask.astype(jnp.float32)
     hit = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * mk
-    return loss, {"ce_sum": jnp.sum(ce * weight), "n_masked": jnp.sum(mk), "n_correct": jnp.sum(hit)}
+    return loss, {
+        "ce_sum": jnp.sum(ce * weight),
+        "n_masked": jnp.sum(mk),
+        "n_correct": jnp.sum(hit),
+    }
 
 
 def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
@@ -265,16 +300,29 @@ def init_delta(base, lora: LoraSection, mask_token_id: int, key: jax.Array):
         if name not in LORA_TARGETS or name not in layers:
             raise TrainConfigError(f"unknown LoRA target {name!r}; expected some of {LORA_TARGETS}")
         L, din, dout = layers[name].shape
-        a = jax.random.normal(jax.random.fold_in(key, i), (L, din, lora.rank), jnp.float32) / math.sqrt(din)
+        a = jax.random.normal(
+            jax.random.fold_in(key, i), (L, din, lora.rank), jnp.float32
+        ) / math.sqrt(din)
         delta["lora"][name] = {"a": a, "b": jnp.zeros((L, lora.rank, dout), jnp.float32)}
     if lora.train_mask_embed:
         delta["mask_embed"] = jnp.array(base["embed"][mask_token_id], jnp.float32, copy=True)
     if lora.train_norms:
         copy = lambda x: jnp.array(x, jnp.float32, copy=True)  # never alias the base
-        delta["norms"] = {"attn_norm": copy(layers["attn_norm"]), "mlp_norm": copy(layers["mlp_norm"]),
-                          "final_norm": copy(base["final_norm"])}
+        delta["norms"] = {
+            "attn_norm": copy(layers["attn_norm"]),
+            "mlp_norm": copy(layers["mlp_norm"]),
+            "final_norm": copy(base["final_norm"]),
+        }
     return delta
 
 
-__all__ = ["forward_process", "masked_diffusion_loss", "maskable_positions", "diffusion_loss",
-           "sar_inputs", "sar_group_inputs", "sar_loss", "init_delta"]
+__all__ = [
+    "forward_process",
+    "masked_diffusion_loss",
+    "maskable_positions",
+    "diffusion_loss",
+    "sar_inputs",
+    "sar_group_inputs",
+    "sar_loss",
+    "init_delta",
+]

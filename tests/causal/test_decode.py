@@ -36,7 +36,7 @@ def _reference_greedy(model, params, prompt, n, eos=()):
     T = 128
     for _ in range(n):
         buf = np.zeros((1, T), np.int32)
-        buf[0, :len(seq)] = seq
+        buf[0, : len(seq)] = seq
         logits = np.asarray(_forward(model, params, jnp.asarray(buf))[0, len(seq) - 1])
         t = int(np.argmax(logits))
         out.append(t)
@@ -69,8 +69,14 @@ def test_ngram_greedy_identical_to_ar(arch, k, fallback):
     model, params = tiny_model(64, arch=arch, seed=1)
     prompts = _prompts(64, seed=2)
     ar = generate(model, params, prompts, max_new_tokens=40, bucket=16)
-    sd = generate(model, params, prompts, max_new_tokens=40, bucket=16,
-                  drafter=NgramDrafter(k, 64, max_ngram=3, bigram_fallback=fallback))
+    sd = generate(
+        model,
+        params,
+        prompts,
+        max_new_tokens=40,
+        bucket=16,
+        drafter=NgramDrafter(k, 64, max_ngram=3, bigram_fallback=fallback),
+    )
     assert sd.tokens == ar.tokens
     # the drafter must actually have helped somewhere, otherwise the test checks nothing
     assert sd.stats.accept_hist[:, 2:].sum() > 0
@@ -84,8 +90,9 @@ def test_eos_and_budget_cut():
     eos = ar.tokens[1][5]  # a token the model does emit
     ref = [_reference_greedy(model, params, p, 30, eos=(eos,)) for p in prompts]
     for drafter in (None, NgramDrafter(4, 64)):
-        res = generate(model, params, prompts, max_new_tokens=30, bucket=16, eos_ids=(eos,),
-                       drafter=drafter)
+        res = generate(
+            model, params, prompts, max_new_tokens=30, bucket=16, eos_ids=(eos,), drafter=drafter
+        )
         assert res.tokens == ref
         assert res.tokens[1][-1] == eos and len(res.tokens[1]) <= 6
 
@@ -93,11 +100,13 @@ def test_eos_and_budget_cut():
 def test_batch_rows_independent_of_padding():
     model, params = tiny_model(64, seed=5)
     prompts = _prompts(64, seed=6)
-    batch = generate(model, params, prompts, max_new_tokens=16, bucket=64,
-                     drafter=NgramDrafter(3, 64))
+    batch = generate(
+        model, params, prompts, max_new_tokens=16, bucket=64, drafter=NgramDrafter(3, 64)
+    )
     for i, p in enumerate(prompts):
-        single = generate(model, params, [p], max_new_tokens=16, bucket=16,
-                          drafter=NgramDrafter(3, 64))
+        single = generate(
+            model, params, [p], max_new_tokens=16, bucket=16, drafter=NgramDrafter(3, 64)
+        )
         assert single.tokens[0] == batch.tokens[i]
 
 
@@ -115,19 +124,24 @@ def _exact_joint(model, params, prompt, n_new, cfg, eos=()):
         M, i = prefixes.shape
         out = []
         for a in range(0, M, chunk):
-            part = prefixes[a:a + chunk]
+            part = prefixes[a : a + chunk]
             toks = np.zeros((chunk, T), np.int32)
-            toks[:len(part), :P] = prompt
-            toks[:len(part), P:P + i] = part
-            logits = _forward(model, params, jnp.asarray(toks))[:len(part), P + i - 1]
+            toks[: len(part), :P] = prompt
+            toks[: len(part), P : P + i] = part
+            logits = _forward(model, params, jnp.asarray(toks))[: len(part), P + i - 1]
             out.append(np.asarray(_process(logits, cfg)))
         return np.concatenate(out)
 
     return enumerate_chain(next_logprobs, n_new, eos_ids=eos)
 
 
-@pytest.mark.parametrize("cfg,k", [(SamplingConfig(temperature=1.0), 3),
-                                   (SamplingConfig(temperature=0.8, top_k=4, top_p=0.9), 2)])
+@pytest.mark.parametrize(
+    "cfg,k",
+    [
+        (SamplingConfig(temperature=1.0), 3),
+        (SamplingConfig(temperature=0.8, top_k=4, top_p=0.9), 2),
+    ],
+)
 def test_sampling_distribution_exact(cfg, k):
     """Speculative (n-gram) and AR sampling both match the enumerated joint distribution
     (:func:`jaxspec.testing.distribution.check_distribution`: no impossible outcome,
@@ -139,10 +153,21 @@ def test_sampling_distribution_exact(cfg, k):
     exact = _exact_joint(model, params, prompt, n_new, cfg)
     assert abs(sum(exact.values()) - 1) < 1e-4
     results = {}
-    for name, drafter in (("ar", None), ("ngram", NgramDrafter(k, V, max_ngram=2, min_ngram=1)),
-                          ("ngram-nofb", NgramDrafter(k, V, max_ngram=3, min_ngram=1, bigram_fallback=False))):
-        res = generate(model, params, [prompt] * N, max_new_tokens=n_new, sampling=cfg,
-                       drafter=drafter, seed=11, bucket=8)
+    for name, drafter in (
+        ("ar", None),
+        ("ngram", NgramDrafter(k, V, max_ngram=2, min_ngram=1)),
+        ("ngram-nofb", NgramDrafter(k, V, max_ngram=3, min_ngram=1, bigram_fallback=False)),
+    ):
+        res = generate(
+            model,
+            params,
+            [prompt] * N,
+            max_new_tokens=n_new,
+            sampling=cfg,
+            drafter=drafter,
+            seed=11,
+            bucket=8,
+        )
         results[name] = (check_distribution(res.tokens, exact), res.stats)
     for name, (chk, _) in results.items():
         assert chk.passed, (name, chk.why)
@@ -168,9 +193,17 @@ def test_sampling_distribution_exact_with_output_major_verification(monkeypatch,
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     drafter = NgramDrafter(k, V, max_ngram=2, min_ngram=1)
-    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
-                   drafter=drafter, seed=11, bucket=8,
-                   plan=decode_plan(model, params, drafter, verify_layout=layout))
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=k + 2,
+        sampling=cfg,
+        drafter=drafter,
+        seed=11,
+        bucket=8,
+        plan=decode_plan(model, params, drafter, verify_layout=layout),
+    )
     assert (res.settings["verify_layout"], res.settings["step_layout"]) == (layout, "output-major")
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
@@ -191,18 +224,30 @@ def test_sampling_distribution_exact_at_batch_1_with_row_blocked_products(monkey
     model, params = tiny_model(V, seed=7, scale=6.0)
     c = model.config
     # the tiny model's one-row products are all one-task shapes, so all of them run in blocks
-    assert all(modeling.gemv_blocks(1, m, kk, "cpu") == modeling.ONE_TASK_BLOCKS > 1
-               for m, kk in [((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.hidden_size),
-                             (c.hidden_size, c.num_heads * c.head_dim),
-                             (c.intermediate_size, c.hidden_size),
-                             (c.hidden_size, c.intermediate_size)])
+    assert all(
+        modeling.gemv_blocks(1, m, kk, "cpu") == modeling.ONE_TASK_BLOCKS > 1
+        for m, kk in [
+            ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.hidden_size),
+            (c.hidden_size, c.num_heads * c.head_dim),
+            (c.intermediate_size, c.hidden_size),
+            (c.hidden_size, c.intermediate_size),
+        ]
+    )
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     drafter = NgramDrafter(k, V, max_ngram=2, min_ngram=1) if method == "ngram" else None
     toks, proposed = [], 0
     for seed in range(N):
-        res = generate(model, params, [prompt], max_new_tokens=k + 2, sampling=cfg,
-                       drafter=drafter, seed=seed, bucket=8)
+        res = generate(
+            model,
+            params,
+            [prompt],
+            max_new_tokens=k + 2,
+            sampling=cfg,
+            drafter=drafter,
+            seed=seed,
+            bucket=8,
+        )
         toks += res.tokens
         proposed += int(res.stats.drafts_proposed.sum())
     chk = check_distribution(toks, exact)
@@ -225,9 +270,18 @@ def test_sps_sampling_distribution_exact_with_the_draft_model_on_the_ar_layout(m
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     drafter = DraftModelDrafter(dmodel, k, cfg)
-    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
-                   drafter=drafter, drafter_params=dparams, seed=11, bucket=8,
-                   plan=decode_plan(model, params, drafter, dparams, verify_layout="stored"))
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=k + 2,
+        sampling=cfg,
+        drafter=drafter,
+        drafter_params=dparams,
+        seed=11,
+        bucket=8,
+        plan=decode_plan(model, params, drafter, dparams, verify_layout="stored"),
+    )
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     assert 0.02 < res.stats.acceptance_rate < 0.95
@@ -236,12 +290,36 @@ def test_sps_sampling_distribution_exact_with_the_draft_model_on_the_ar_layout(m
 def test_seed_reproducible():
     model, params = tiny_model(64, seed=8)
     cfg = SamplingConfig(temperature=1.0, top_p=0.95)
-    a = generate(model, params, _prompts(64), max_new_tokens=12, sampling=cfg, seed=5,
-                 drafter=NgramDrafter(3, 64), bucket=16)
-    b = generate(model, params, _prompts(64), max_new_tokens=12, sampling=cfg, seed=5,
-                 drafter=NgramDrafter(3, 64), bucket=16)
-    c = generate(model, params, _prompts(64), max_new_tokens=12, sampling=cfg, seed=6,
-                 drafter=NgramDrafter(3, 64), bucket=16)
+    a = generate(
+        model,
+        params,
+        _prompts(64),
+        max_new_tokens=12,
+        sampling=cfg,
+        seed=5,
+        drafter=NgramDrafter(3, 64),
+        bucket=16,
+    )
+    b = generate(
+        model,
+        params,
+        _prompts(64),
+        max_new_tokens=12,
+        sampling=cfg,
+        seed=5,
+        drafter=NgramDrafter(3, 64),
+        bucket=16,
+    )
+    c = generate(
+        model,
+        params,
+        _prompts(64),
+        max_new_tokens=12,
+        sampling=cfg,
+        seed=6,
+        drafter=NgramDrafter(3, 64),
+        bucket=16,
+    )
     assert a.tokens == b.tokens
     assert a.tokens != c.tokens
 

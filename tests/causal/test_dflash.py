@@ -9,8 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxspec.causal.decode import generate
+from jaxspec.causal.dflash import (Config, DFlashDrafter, DFlashSpec, context_kv,
+                                   default_layer_ids, drafter_params, init_drafter)
+from jaxspec.core.drafters import DraftContext
+from jaxspec.core.sampling import SamplingConfig, process_logits
+from jaxspec.testing.distribution import check_distribution, enumerate_chain
 from jaxspec.testing.tiny import tiny_model
-from models.llama.modeling import (CausalLM, init_cache, rms_norm, unstack_layers)
+from models.llama.modeling import CausalLM, init_cache, rms_norm, unstack_layers
+
+PROMPTS = [[3, 9, 4, 9, 4, 9, 4, 17, 2], [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 
 def _causal(T):
@@ -45,3 +53,139 @@ def test_hidden_layers_match_a_separate_pass(arch, stacked):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
     with pytest.raises(ValueError, match="hidden_layers"):
         model.apply({"params": params}, toks, pos, _causal(T), hidden_layers=(3,))
+
+
+def _drafter(model, params, block=4, layers=1, ids=(0, 1), seed=1, sampling=SamplingConfig(),
+             scale=1.0):
+    spec = DFlashSpec.for_target(model.config, block_size=block, num_layers=layers,
+                                 layer_ids=ids)
+    own = jax.tree_util.tree_map(lambda x: x * scale if x.ndim >= 2 else x,
+                                 init_drafter(spec, seed))
+    return DFlashDrafter(spec, sampling), drafter_params(own, params)
+
+
+@pytest.mark.parametrize("arch,block,layers", [("llama", 4, 1), ("qwen2", 3, 2)])
+def test_greedy_identical_to_ar(arch, block, layers):
+    """A padded batch of three prompts with EOS inside the vocabulary (tied and untied LM
+    heads, one and two drafter layers): tokens identical to AR; one drafter forward and
+    ``B - 1`` drafts per verification step."""
+    model, params = tiny_model(64, arch=arch, seed=0)
+    drafter, dparams = _drafter(model, params, block, layers, scale=8.0)
+    ar = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16)
+    res = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16,
+                   drafter=drafter, drafter_params=dparams)
+    assert res.tokens == ar.tokens
+    st = res.stats
+    np.testing.assert_array_equal(st.draft_nfe, st.steps)
+    np.testing.assert_array_equal(st.drafts_proposed, (block - 1) * st.steps)
+
+
+def test_context_cache_matches_an_uncached_target_pass():
+    """After the prompt pass and one verification step of a padded batch, the drafter's
+    context keys / values on the accepted prefix equal :func:`context_kv` of the hidden states
+    of one uncached target pass over that prefix (the features come from the right slots, at
+    the right positions, and stale ones lie past the prefix only)."""
+    from jaxspec.causal import decode as D
+
+    model, params = tiny_model(64, seed=3)
+    drafter, dparams = _drafter(model, params, block=4, ids=(1, 0))
+    prompts = [[4, 5, 6, 7, 8], [9, 10, 11]]
+    buf, pad = D.left_pad(prompts, 8, 0)
+    cfg = D.LoopConfig(model=model, max_new=12, sampling=SamplingConfig(), drafter=drafter,
+                       eos_ids=())
+    st = D.prefill(cfg, params, dparams, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(0))
+    st = D.step(cfg, (params, params), dparams, jnp.asarray(pad), st)
+    for b, prompt in enumerate(prompts):
+        L, p = int(st.length[b]), int(pad[b])
+        seq = np.asarray(st.buffer[b, p:L - 1])[None]
+        T = seq.shape[1]
+        _, _, hid = model.apply({"params": params}, jnp.asarray(seq), jnp.arange(T)[None],
+                                _causal(T), hidden_layers=drafter.feature_layers)
+        k, v = context_kv(drafter.spec, dparams["draft"], hid, jnp.arange(T)[None])
+        np.testing.assert_allclose(np.asarray(st.drafter_state.ctx_k[:, b, :, p:L - 1]),
+                                   np.asarray(k[:, 0]), atol=2e-5)
+        np.testing.assert_allclose(np.asarray(st.drafter_state.ctx_v[:, b, :, p:L - 1]),
+                                   np.asarray(v[:, 0]), atol=2e-5)
+        assert L - 1 - p > len(prompt)  # the verification pass added features
+
+
+def _exact_joint(model, params, prompt, n_new, cfg):
+    """Enumerated ``p(x_1..x_n | prompt)`` under ``cfg`` (uncached causal passes)."""
+    P = len(prompt)
+    T = -(-(P + n_new) // 8) * 8
+    fwd = jax.jit(lambda t: model.apply({"params": params}, t, jnp.arange(T)[None],
+                                        _causal(T))[0])
+
+    def next_logprobs(prefixes):
+        M, i = prefixes.shape
+        toks = np.zeros((M, T), np.int32)
+        toks[:, :P] = prompt
+        toks[:, P:P + i] = prefixes
+        return np.asarray(process_logits(fwd(jnp.asarray(toks))[:, P + i - 1], cfg))
+
+    return enumerate_chain(next_logprobs, n_new)
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0),
+                                 SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)])
+def test_sampling_distribution_exact(cfg):
+    """10^4 sampled continuations (block 3: two drafts per step; ``k + 2`` new tokens, so a
+    bonus token lies inside the budget) follow the enumerated AR joint distribution
+    (:func:`jaxspec.testing.distribution.check_distribution`), with drafts both accepted and
+    rejected and full acceptances (bonus tokens) drawn."""
+    V, N, block = 6, 10_000, 3
+    k = block - 1
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    assert abs(sum(exact.values()) - 1) < 1e-4
+    drafter, dparams = _drafter(model, params, block, ids=(1,), sampling=cfg, scale=30.0)
+    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
+                   drafter=drafter, drafter_params=dparams, seed=11, bucket=8)
+    chk = check_distribution(res.tokens, exact)
+    assert chk.passed, chk.why
+    st = res.stats
+    assert 0.02 < st.acceptance_rate < 0.95, st.acceptance_rate
+    assert st.accept_hist[:, k + 1].sum() > 0
+
+
+def test_bad_input():
+    """One-line errors: a drafter built for another target (width, layers, vocabulary), a
+    block size it was not built for, bad specs, sampling without the target's config."""
+    model, params = tiny_model(64, seed=0)
+    drafter, dparams = _drafter(model, params)
+    spec = drafter.spec
+    with pytest.raises(ValueError, match="built for block size 4"):
+        DFlashDrafter(spec, block_size=16)
+    for other, what in ((tiny_model(64, layers=3)[0], "number of layers 2"),
+                        (tiny_model(48)[0], "vocabulary 64")):
+        with pytest.raises(ValueError, match=what):
+            spec.check_target(other.config)
+        with pytest.raises(ValueError, match=what):
+            Config(max_new_tokens=4, draft_length=3,
+                   drafter_model=(spec, dparams["draft"])).drafter(other.config)
+    with pytest.raises(ValueError, match="block size 9"):
+        Config(max_new_tokens=4, draft_length=8,
+               drafter_model=(spec, dparams["draft"])).drafter(model.config)
+    wide = DFlashSpec.for_target(model.config.replace(hidden_size=48), block_size=4,
+                                 layer_ids=(0,))
+    with pytest.raises(ValueError, match="hidden width 48"):
+        wide.check_target(model.config)
+    with pytest.raises(ValueError, match="built for"):  # the loop's own check, at trace time
+        generate(model, params, PROMPTS, max_new_tokens=4, drafter=DFlashDrafter(wide),
+                 drafter_params=drafter_params(init_drafter(wide), params))
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        other_v = DFlashSpec.for_target(tiny_model(48)[0].config, block_size=4, layer_ids=(0,))
+        generate(model, params, PROMPTS, max_new_tokens=4, drafter=DFlashDrafter(other_v),
+                 drafter_params=dparams)
+    with pytest.raises(ValueError, match="layer_ids"):
+        DFlashSpec.for_target(model.config, layer_ids=(2,))
+    with pytest.raises(ValueError, match="num_layers"):
+        DFlashSpec.for_target(model.config, num_layers=6)
+    with pytest.raises(ValueError, match="block_size"):
+        DFlashSpec.for_target(model.config, block_size=1)
+    with pytest.raises(ValueError, match="target's SamplingConfig"):
+        generate(model, params, PROMPTS, max_new_tokens=4, sampling=SamplingConfig(temperature=1.0),
+                 drafter=drafter, drafter_params=dparams)
+    assert default_layer_ids(28, 1) == (14,)
+    assert default_layer_ids(28, 5) == (1, 7, 13, 19, 25)

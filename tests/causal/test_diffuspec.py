@@ -17,12 +17,16 @@ EOS = 0
 
 
 def test_prune_lattice_eq6_keeps_eos():
-    p = np.array([[0.02, 0.5, 0.3, 0.15, 0.03],     # EOS (id 0) outside the top mass: extra slot
-                  [0.6, 0.3, 0.05, 0.03, 0.02]])    # EOS is top-1: no extra slot
+    p = np.array(
+        [
+            [0.02, 0.5, 0.3, 0.15, 0.03],  # EOS (id 0) outside the top mass: extra slot
+            [0.6, 0.3, 0.05, 0.03, 0.02],
+        ]
+    )  # EOS is top-1: no extra slot
     tok, lp, ok = prune_lattice(jnp.log(jnp.asarray(p))[None], 0.8, 3, EOS)
     tok, ok = np.asarray(tok[0]), np.asarray(ok[0])
-    assert tok[0][ok[0]].tolist() == [1, 2, 0]       # 0.5 + 0.3 reaches 0.8: M = 2, + EOS
-    assert tok[1][ok[1]].tolist() == [0, 1]          # 0.6 + 0.3
+    assert tok[0][ok[0]].tolist() == [1, 2, 0]  # 0.5 + 0.3 reaches 0.8: M = 2, + EOS
+    assert tok[1][ok[1]].tolist() == [0, 1]  # 0.6 + 0.3
     np.testing.assert_allclose(np.exp(np.asarray(lp[0, 0, :2])), [0.5, 0.3], rtol=1e-6)
     tok, _, ok = prune_lattice(jnp.log(jnp.asarray(p))[None], 1.0, 2, EOS)
     assert np.asarray(ok).sum(-1).tolist() == [[3, 2]]  # capped at M_max = 2 (+ EOS)
@@ -60,9 +64,17 @@ def test_cps_beam_with_a_full_beam_finds_the_brute_force_optimum():
         tok, lp, ok = (np.asarray(x[0]) for x in prune_lattice(logp, 0.9, 3, EOS))
         ctx2 = np.array([3, 4])
         want, want_path = _brute(tok, lp, ok, ctx2, proxy, 0.5)
-        path, length = cps_beam(jnp.asarray(tok), jnp.asarray(lp), jnp.asarray(ok), jnp.asarray(ctx2),
-                                proxy, lam=0.5, beam=256, eos_id=EOS)  # >= every path
-        got = np.asarray(path)[:int(length)].tolist()
+        path, length = cps_beam(
+            jnp.asarray(tok),
+            jnp.asarray(lp),
+            jnp.asarray(ok),
+            jnp.asarray(ctx2),
+            proxy,
+            lam=0.5,
+            beam=256,
+            eos_id=EOS,
+        )  # >= every path
+        got = np.asarray(path)[: int(length)].tolist()
         assert got == want_path, (trial, got, want_path)
 
 
@@ -74,22 +86,32 @@ def test_ngram_proxy_matches_hand_counts():
     uni = (np.bincount(stream, minlength=V) + 1) / (len(stream) + V)
     # (1, 2) -> 3 twice, -> 4 once; 2 -> 3 twice, -> 4 once
     want = np.log(l3 * 2 / 3 + l2 * 2 / 3 + l1 * uni[3])
-    assert float(px.logprob(jnp.int32(1), jnp.int32(2), jnp.int32(3))) == pytest.approx(want, rel=1e-5)
+    assert float(px.logprob(jnp.int32(1), jnp.int32(2), jnp.int32(3))) == pytest.approx(
+        want, rel=1e-5
+    )
     want = np.log(l1 * uni[0])  # unseen everything: the unigram floor
-    assert float(px.logprob(jnp.int32(4), jnp.int32(4), jnp.int32(0))) == pytest.approx(want, rel=1e-5)
+    assert float(px.logprob(jnp.int32(4), jnp.int32(4), jnp.int32(0))) == pytest.approx(
+        want, rel=1e-5
+    )
     with pytest.raises(ValueError, match="token ids"):
         NgramProxy.fit([1, 2], V)
 
 
 def test_adl_follows_eqs_8_to_10():
     st = adl_init(1, 20.0)
-    st, k = adl_update(st, jnp.asarray([12]), jnp.asarray([12]), rho=0.5, delta=10.0, k_min=20, k_max=30)
+    st, k = adl_update(
+        st, jnp.asarray([12]), jnp.asarray([12]), rho=0.5, delta=10.0, k_min=20, k_max=30
+    )
     # gen = 16, acc = 16 >= gen: ceil(16 + 10) = 26
     assert float(st.gen[0]) == 16.0 and int(k[0]) == 26
-    st, k = adl_update(st, jnp.asarray([30]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30)
+    st, k = adl_update(
+        st, jnp.asarray([30]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30
+    )
     # gen = 23, acc = 9 < gen: ceil(23) = 23
     assert float(st.gen[0]) == 23.0 and float(st.acc[0]) == 9.0 and int(k[0]) == 23
-    st, k = adl_update(st, jnp.asarray([2]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30)
+    st, k = adl_update(
+        st, jnp.asarray([2]), jnp.asarray([2]), rho=0.5, delta=10.0, k_min=20, k_max=30
+    )
     assert int(k[0]) == 20  # gen 12.5 -> 13, clipped up to k_min
 
 
@@ -99,28 +121,41 @@ def test_refinement_equals_stepwise_decoding_of_one_block(head, steps):
     """S > 1 (Sec. 4.1, Eq. 4): the block the drafter fills in S forwards is the block greedy
     low-confidence stepwise decoding (the dLLM reference, renormalized confidence) fills in S
     steps, and each position's row is its logits at the step it was unmasked."""
-    from jaxspec.core.drafters import DraftContext
     from jaxspec.causal.diffuspec import DiffusionDrafter
+    from jaxspec.core.drafters import DraftContext
     from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
     from jaxspec.testing.tiny import tiny_diffusion_model
 
     model, params = tiny_diffusion_model(head, vocab=40, ctx=64)
     prompt = [int(t) for t in np.random.default_rng(5).integers(0, 39, 16)]
     K = 6
-    ref = diffusion_generate(model, params, [prompt], DiffusionDecodeConfig(
-        gen_length=K, block_length=K, steps=steps, remasking="low_confidence",
-        confidence_softmax="renormalized"))
+    ref = diffusion_generate(
+        model,
+        params,
+        [prompt],
+        DiffusionDecodeConfig(
+            gen_length=K,
+            block_length=K,
+            steps=steps,
+            remasking="low_confidence",
+            confidence_softmax="renormalized",
+        ),
+    )
     drafter = DiffusionDrafter(model, K, eos_id=0, k_min=K, refine_steps=steps)
     buf = jnp.zeros((1, 32), jnp.int32).at[0, :16].set(jnp.asarray(prompt))
-    ctx = DraftContext(buffer=buf, length=jnp.asarray([16]), pad=jnp.asarray([0]),
-                       active=jnp.asarray([True]))
+    ctx = DraftContext(
+        buffer=buf, length=jnp.asarray([16]), pad=jnp.asarray([0]), active=jnp.asarray([True])
+    )
     rows = drafter.refine(params, ctx, jnp.asarray([K]))
     assert np.asarray(jnp.argmax(rows, -1))[0].tolist() == np.asarray(ref.full_tokens)[0].tolist()
     one = DiffusionDrafter(model, K, eos_id=0, k_min=K)
-    first = np.asarray(ref.transfer_step)[0] == 0       # unmasked in the first forward
-    np.testing.assert_allclose(np.asarray(rows)[0][first],
-                               np.asarray(one.refine(params, ctx, jnp.asarray([K])))[0][first],
-                               rtol=1e-5, atol=1e-5)
+    first = np.asarray(ref.transfer_step)[0] == 0  # unmasked in the first forward
+    np.testing.assert_allclose(
+        np.asarray(rows)[0][first],
+        np.asarray(one.refine(params, ctx, jnp.asarray([K])))[0][first],
+        rtol=1e-5,
+        atol=1e-5,
+    )
     with pytest.raises(ValueError, match="refinement steps"):
         DiffusionDrafter(model, K, eos_id=0, k_min=K, refine_steps=0)
 
@@ -137,12 +172,12 @@ def test_refined_and_ablated_diffuspec_is_greedy_identical_to_ar(cps, adl, cache
     opts = dict(opts, refine_steps=2, cps=cps, adl=adl, draft_length=5, drafter_cache=cache)
     m = get_method("diffuspec")
     res = m.run(model, params, prompts, m.configure(opts, strict=False), seed=0)
-    ar = get_method("ar").run(model, params, prompts,
-                              get_method("ar").configure(opts, strict=False), seed=0)
+    ar = get_method("ar").run(
+        model, params, prompts, get_method("ar").configure(opts, strict=False), seed=0
+    )
     assert res.tokens == ar.tokens
     s = res.stats
     assert (np.asarray(s.draft_nfe) == 2 * np.asarray(s.steps)).all()  # S forwards per step
-
 
 
 def test_ngram_proxy_probabilities_stay_below_one_under_hash_collisions():
@@ -165,21 +200,30 @@ def test_refined_drafts_keep_the_ar_distribution():
     from jaxspec.causal.decode import generate
     from jaxspec.causal.diffuspec import DiffusionDrafter
     from jaxspec.testing.distribution import check_groups
+    from jaxspec.testing.tiny import tiny_model
     from models.diffusion.modeling import DiffusionConfig, DiffusionLM
     from tests.causal.test_decode import _exact_joint
-    from tests.causal.test_mutants import CFG, EOS as M_EOS, K, N, N_NEW, PROMPTS, SEED, V
-    from jaxspec.testing.tiny import tiny_model
+    from tests.causal.test_mutants import CFG, N_NEW, PROMPTS, SEED, K, N, V
+    from tests.causal.test_mutants import EOS as M_EOS
 
     target, tparams = tiny_model(V, seed=7, scale=6.0)
     dream = DiffusionLM(DiffusionConfig(base=target.config, head="dream", mask_token_id=4))
     proxy = NgramProxy.fit(np.random.default_rng(1).integers(0, V, 300), V, bits=10)
-    drafter = DiffusionDrafter(dream, K, eos_id=4, adl=False, refine_steps=steps,
-                               prefix_cache=True)
-    res = generate(target, tparams, [p for p in PROMPTS for _ in range(N)], max_new_tokens=N_NEW,
-                   sampling=CFG, drafter=drafter, drafter_params=(tparams, proxy), seed=SEED,
-                   bucket=8, eos_ids=(M_EOS,))
+    drafter = DiffusionDrafter(dream, K, eos_id=4, adl=False, refine_steps=steps, prefix_cache=True)
+    res = generate(
+        target,
+        tparams,
+        [p for p in PROMPTS for _ in range(N)],
+        max_new_tokens=N_NEW,
+        sampling=CFG,
+        drafter=drafter,
+        drafter_params=(tparams, proxy),
+        seed=SEED,
+        bucket=8,
+        eos_ids=(M_EOS,),
+    )
     exact = [_exact_joint(target, tparams, p, N_NEW, CFG, eos=(M_EOS,)) for p in PROMPTS]
-    chk = check_groups([(res.tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
+    chk = check_groups([(res.tokens[i * N : (i + 1) * N], ex) for i, ex in enumerate(exact)])
     assert chk.passed, chk.why
     assert (np.asarray(res.stats.draft_nfe) == steps * np.asarray(res.stats.steps)).all()
 
@@ -203,13 +247,21 @@ def test_prefix_cache_window_over_an_empty_cache_equals_the_full_forward(head):
     pad = np.array([0, 2])
     buf = np.zeros((2, S), np.int32)
     for b in range(2):
-        buf[b, pad[b]:L] = rng.integers(1, 39, L - pad[b])
-    ctx = DraftContext(buffer=jnp.asarray(buf), length=jnp.full((2,), L, jnp.int32),
-                       pad=jnp.asarray(pad, jnp.int32), active=jnp.ones((2,), bool))
-    cache = DrafterCache(kv=init_cache(model.config.base, 2, S + drafter.window),
-                         cached=jnp.asarray(pad, jnp.int32))
-    draft = jnp.where(jnp.arange(K)[None] % 2 == 0, model.config.mask_token_id,
-                      jnp.asarray(rng.integers(1, 39, (2, K)), jnp.int32))
+        buf[b, pad[b] : L] = rng.integers(1, 39, L - pad[b])
+    ctx = DraftContext(
+        buffer=jnp.asarray(buf),
+        length=jnp.full((2,), L, jnp.int32),
+        pad=jnp.asarray(pad, jnp.int32),
+        active=jnp.ones((2,), bool),
+    )
+    cache = DrafterCache(
+        kv=init_cache(model.config.base, 2, S + drafter.window), cached=jnp.asarray(pad, jnp.int32)
+    )
+    draft = jnp.where(
+        jnp.arange(K)[None] % 2 == 0,
+        model.config.mask_token_id,
+        jnp.asarray(rng.integers(1, 39, (2, K)), jnp.int32),
+    )
     for d in (None, draft):
         got, kv = drafter._block(params, ctx, d, cache)
         want = drafter.block_logprobs(params, ctx, d)
@@ -227,13 +279,19 @@ def test_prefix_cache_is_refused_without_a_static_context_and_across_vocabularie
 
     model, params, _, opts = _inputs("causal")
     dmodel, dparams = opts["dllm_drafter"]
-    ctx = DraftContext(buffer=jnp.zeros((1, 16), jnp.int32), length=jnp.asarray([4]),
-                       pad=jnp.asarray([0]), active=jnp.asarray([True]))
+    ctx = DraftContext(
+        buffer=jnp.zeros((1, 16), jnp.int32),
+        length=jnp.asarray([4]),
+        pad=jnp.asarray([0]),
+        active=jnp.asarray([True]),
+    )
     with pytest.raises(ValueError, match="static prefill width"):
         DiffusionDrafter(dmodel, 4, eos_id=7, k_min=2, prefix_cache=True).init_state(
-            (dparams, None), ctx)
+            (dparams, None), ctx
+        )
     with pytest.raises(ValueError, match="another vocabulary"):
-        get_method("diffuspec").configure(dict(opts, drafter_cache="prefix",
-                                               vocab_adapter=(object(), object())), strict=False)
+        get_method("diffuspec").configure(
+            dict(opts, drafter_cache="prefix", vocab_adapter=(object(), object())), strict=False
+        )
     with pytest.raises(ValueError, match="drafter-cache"):
         get_method("diffuspec").configure(dict(opts, drafter_cache="dual"), strict=False)

@@ -39,8 +39,10 @@ class LetterTok:
     def encode(self, text):
         out, i = [], 0
         while i < len(text):
-            j = max((j for j, p in enumerate(self.pieces) if p and text.startswith(p, i)),
-                    key=lambda j: len(self.pieces[j]))
+            j = max(
+                (j for j, p in enumerate(self.pieces) if p and text.startswith(p, i)),
+                key=lambda j: len(self.pieces[j]),
+            )
             out.append(j)
             i += len(self.pieces[j])
         return out
@@ -49,8 +51,8 @@ class LetterTok:
         return "".join(self.pieces[i] for i in ids)
 
 
-TARGET_TOK = LetterTok(["a", "b", "c", "d", "e", "$"])                       # EOS = "$" (id 5)
-DRAFT_TOK = LetterTok(["e", "d", "c", "b", "a", "ab", "$", "ca", ""])         # 8 = [MASK]
+TARGET_TOK = LetterTok(["a", "b", "c", "d", "e", "$"])  # EOS = "$" (id 5)
+DRAFT_TOK = LetterTok(["e", "d", "c", "b", "a", "ab", "$", "ca", ""])  # 8 = [MASK]
 PROMPTS = ([0, 1, 2, 0, 1, 2, 0], [3, 4, 1, 0])
 
 
@@ -64,8 +66,13 @@ def _pair(seed=7):
 
 def test_translate_draft_resegments_the_boundary():
     # the drafter's "ab" is two target ids; "$" ends the draft text at the drafter's EOS
-    assert translate_draft(TARGET_TOK, DRAFT_TOK, [2], [5, 7, 6, 4], 4, drafter_eos=6) == [0, 1, 2, 0]
-    assert translate_draft(TARGET_TOK, DRAFT_TOK, [2], [5, 7], 2) == [0, 1]          # cut at k
+    assert translate_draft(TARGET_TOK, DRAFT_TOK, [2], [5, 7, 6, 4], 4, drafter_eos=6) == [
+        0,
+        1,
+        2,
+        0,
+    ]
+    assert translate_draft(TARGET_TOK, DRAFT_TOK, [2], [5, 7], 2) == [0, 1]  # cut at k
     # a target tokenizer that merges across the boundary ("c" + "a" -> "ca"): the context's
     # last id is re-segmented, so the draft falls back to the draft text alone
     merging = LetterTok(["a", "b", "c", "ca"])
@@ -78,9 +85,17 @@ def test_greedy_identical_to_ar():
     prompts = [list(p) for p in PROMPTS]
     for eos in ((EOS,), ()):  # rows that end early, and rows that run the whole budget
         ar = generate(model, params, prompts, max_new_tokens=12, eos_ids=eos)
-        res = hetero_generate(model, params, prompts, drafter=drafter, drafter_params=dparams,
-                              target_tokenizer=TARGET_TOK, drafter_tokenizer=DRAFT_TOK,
-                              max_new_tokens=12, eos_ids=eos)
+        res = hetero_generate(
+            model,
+            params,
+            prompts,
+            drafter=drafter,
+            drafter_params=dparams,
+            target_tokenizer=TARGET_TOK,
+            drafter_tokenizer=DRAFT_TOK,
+            max_new_tokens=12,
+            eos_ids=eos,
+        )
         assert res.tokens == ar.tokens
     assert res.tokens == ar.tokens
     s = res.stats
@@ -96,10 +111,19 @@ def exact():
 
 def _sampled(n: int = N):
     model, params, drafter, dparams = _pair()
-    res = hetero_generate(model, params, [list(p) for p in PROMPTS for _ in range(n)],
-                          drafter=drafter, drafter_params=dparams, target_tokenizer=TARGET_TOK,
-                          drafter_tokenizer=DRAFT_TOK, max_new_tokens=N_NEW, sampling=CFG,
-                          seed=11, eos_ids=(EOS,))
+    res = hetero_generate(
+        model,
+        params,
+        [list(p) for p in PROMPTS for _ in range(n)],
+        drafter=drafter,
+        drafter_params=dparams,
+        target_tokenizer=TARGET_TOK,
+        drafter_tokenizer=DRAFT_TOK,
+        max_new_tokens=N_NEW,
+        sampling=CFG,
+        seed=11,
+        eos_ids=(EOS,),
+    )
     return res
 
 
@@ -107,7 +131,7 @@ def _sampled(n: int = N):
 def test_sampled_distribution_equals_ar(exact):
     n = N // 2  # 5,000 per prompt (116 s at 10^4 in make test); the false-rejection rate is alpha's
     res = _sampled(n)
-    chk = check_groups([(res.tokens[i * n:(i + 1) * n], ex) for i, ex in enumerate(exact)])
+    chk = check_groups([(res.tokens[i * n : (i + 1) * n], ex) for i, ex in enumerate(exact)])
     assert chk.passed, chk.why
     s = res.stats
     assert 0.05 < s.accepted_drafts / s.drafts_proposed.sum() < 0.95  # accepts and rejects
@@ -123,7 +147,7 @@ def test_negative_control_resampling_from_p_is_rejected(exact, monkeypatch):
     monkeypatch.setattr(hetero, "ExternalDrafts", FromP)
     n = 3000  # the wrong rule is far off: a third of the samples rejects it (chi2, TV)
     res = _sampled(n)
-    chk = check_groups([(res.tokens[i * n:(i + 1) * n], ex) for i, ex in enumerate(exact)])
+    chk = check_groups([(res.tokens[i * n : (i + 1) * n], ex) for i, ex in enumerate(exact)])
     assert not chk.passed, chk
 
 
@@ -131,11 +155,18 @@ def test_registry_runs_the_adapter():
     from jaxspec.methods import get_method
 
     model, params, drafter, (dp, _) = _pair()
-    opts = dict(max_new_tokens=10, draft_length=3, k_min=2, eos_id=8,
-                dllm_drafter=(drafter.model, dp), vocab_adapter=(TARGET_TOK, DRAFT_TOK))
+    opts = dict(
+        max_new_tokens=10,
+        draft_length=3,
+        k_min=2,
+        eos_id=8,
+        dllm_drafter=(drafter.model, dp),
+        vocab_adapter=(TARGET_TOK, DRAFT_TOK),
+    )
     m = get_method("diffuspec")
     res = m.run(model, params, [list(PROMPTS[0])], m.configure(opts))
-    ar = get_method("ar").run(model, params, [list(PROMPTS[0])],
-                              get_method("ar").configure(max_new_tokens=10))
+    ar = get_method("ar").run(
+        model, params, [list(PROMPTS[0])], get_method("ar").configure(max_new_tokens=10)
+    )
     assert res.stats.method == "diffuspec-hetero" and res.tokens == ar.tokens
     assert np.asarray(res.stats.target_nfe).sum() <= np.asarray(ar.stats.target_nfe).sum()

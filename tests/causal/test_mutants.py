@@ -96,18 +96,28 @@ class _Suite:
 
     def __init__(self):
         self.model, self.params = tiny_model(V, seed=7, scale=6.0)
-        self.exact = [_exact_joint(self.model, self.params, p, N_NEW, CFG, eos=(EOS,))
-                      for p in PROMPTS]
+        self.exact = [
+            _exact_joint(self.model, self.params, p, N_NEW, CFG, eos=(EOS,)) for p in PROMPTS
+        ]
         self.results: dict = {}
 
     def _generate(self, method, prompts):
         drafter, dparams = _drafter(method)
-        return generate(self.model, self.params, prompts, max_new_tokens=N_NEW, sampling=CFG,
-                        drafter=drafter, drafter_params=dparams, seed=SEED, bucket=8,
-                        eos_ids=(EOS,))
+        return generate(
+            self.model,
+            self.params,
+            prompts,
+            max_new_tokens=N_NEW,
+            sampling=CFG,
+            drafter=drafter,
+            drafter_params=dparams,
+            seed=SEED,
+            bucket=8,
+            eos_ids=(EOS,),
+        )
 
     def _check(self, tokens):
-        return check_groups([(tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(self.exact)])
+        return check_groups([(tokens[i * N : (i + 1) * N], ex) for i, ex in enumerate(self.exact)])
 
     def real(self, method):
         if (method, "real") not in self.results:
@@ -119,15 +129,20 @@ class _Suite:
         if (method, name) not in self.results:
             block = len(PROMPTS) * N
             with inject_causal(VARIANTS, rows_per=block):
-                res = self._generate(method, [p for _ in VARIANTS for p in PROMPTS for _ in range(N)])
+                res = self._generate(
+                    method, [p for _ in VARIANTS for p in PROMPTS for _ in range(N)]
+                )
             for j, m in enumerate(VARIANTS):
-                toks = res.tokens[j * block:(j + 1) * block]
+                toks = res.tokens[j * block : (j + 1) * block]
                 self.results[(method, m.name)] = (self._check(toks), None)
         return self.results[(method, name)]
 
     def table(self) -> str:
-        lines = ["| method | verifier | lossless | distribution test | worst TV | TV floor "
-                 "quantile | chi2 p (adj.) | impossible |", "|---|---|---|---|---|---|---|---|"]
+        lines = [
+            "| method | verifier | lossless | distribution test | worst TV | TV floor "
+            "quantile | chi2 p (adj.) | impossible |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for method in METHODS:
             for m in (None,) + VARIANTS:
                 name = "real" if m is None else m.name
@@ -138,7 +153,8 @@ class _Suite:
                 lines.append(
                     f"| {method} | {name} | {'yes' if lossless else 'no'} | "
                     f"{'accepted' if chk.passed else 'rejected'} | {chk.tv:.4f} | "
-                    f"{chk.tv_floor_quantile:.4f} | {chk.p_value:.2g} | {chk.impossible} |")
+                    f"{chk.tv_floor_quantile:.4f} | {chk.p_value:.2g} | {chk.impossible} |"
+                )
         return "\n".join(lines)
 
 
@@ -150,17 +166,21 @@ def suite():
     print("\n" + text)
     out = os.environ.get("JAXSPEC_MUTANTS_MD")
     if out:
-        head = ("# Mutation-checked distribution tests (causal chain methods)\n\n"
-                f"`tests/causal/test_mutants.py`: V={V}, EOS={EOS}, k={K}, {N_NEW} new tokens, "
-                f"{CFG}, prompts {list(PROMPTS)}, {N} samples per prompt; "
-                f"seed {SEED}; `check_groups` (alpha 1e-3, TV floor quantile 0.999, "
-                "Bonferroni over the prompts). Mutants: `jaxspec/testing/mutants.py`. "
-                "Worst TV / floor: of the prompt with the largest TV-to-floor ratio.\n\n")
+        head = (
+            "# Mutation-checked distribution tests (causal chain methods)\n\n"
+            f"`tests/causal/test_mutants.py`: V={V}, EOS={EOS}, k={K}, {N_NEW} new tokens, "
+            f"{CFG}, prompts {list(PROMPTS)}, {N} samples per prompt; "
+            f"seed {SEED}; `check_groups` (alpha 1e-3, TV floor quantile 0.999, "
+            "Bonferroni over the prompts). Mutants: `jaxspec/testing/mutants.py`. "
+            "Worst TV / floor: of the prompt with the largest TV-to-floor ratio.\n\n"
+        )
         desc = "\n".join(f"- `{m.name}`: {m.description}" for m in VARIANTS)
-        note = ("\n\nSeed 3 falsely rejected `table / ignore-draft-len` (TV 0.0610 > 0.0601; "
-                "null TV mean 0.0498, sd 0.0030; chi2 p 0.003): at 10^5 samples per prompt it "
-                "and the real code pass with the same TV (0.0165 vs floor 0.0189). Each "
-                "must-accept check has a false-rejection rate <= 2e-3.")
+        note = (
+            "\n\nSeed 3 falsely rejected `table / ignore-draft-len` (TV 0.0610 > 0.0601; "
+            "null TV mean 0.0498, sd 0.0030; chi2 p 0.003): at 10^5 samples per prompt it "
+            "and the real code pass with the same TV (0.0165 vs floor 0.0189). Each "
+            "must-accept check has a false-rejection rate <= 2e-3."
+        )
         Path(out).write_text(head + text + "\n\n" + desc + note + "\n")
 
 
@@ -171,15 +191,19 @@ def test_real_code_accepted(suite, method):
     st = res.stats
     # the configuration reaches what the mutants break
     assert 0.05 < st.acceptance_rate < 0.9, st.acceptance_rate  # accepts and rejects
-    assert st.accept_hist[:, K + 1].sum() > 1000                 # all k accepted: bonus drawn
+    assert st.accept_hist[:, K + 1].sum() > 1000  # all k accepted: bonus drawn
     lens = np.array([len(t) for t in res.tokens])
-    assert (lens < N_NEW).mean() > 0.05                           # EOS cut rows short
-    assert len({len(p) for p in PROMPTS}) > 1                     # a padded batch
+    assert (lens < N_NEW).mean() > 0.05  # EOS cut rows short
+    assert len({len(p) for p in PROMPTS}) > 1  # a padded batch
     if method == "ngram":  # the bigram fallback's q on prompt 1 is a real distribution
         drafter, _ = _drafter(method)
-        buf = jnp.zeros((1, 16), jnp.int32).at[0, :len(PROMPTS[1])].set(jnp.asarray(PROMPTS[1]))
-        ctx = DraftContext(buffer=buf, length=jnp.asarray([len(PROMPTS[1])], jnp.int32),
-                           pad=jnp.zeros((1,), jnp.int32), active=jnp.ones((1,), bool))
+        buf = jnp.zeros((1, 16), jnp.int32).at[0, : len(PROMPTS[1])].set(jnp.asarray(PROMPTS[1]))
+        ctx = DraftContext(
+            buffer=buf,
+            length=jnp.asarray([len(PROMPTS[1])], jnp.int32),
+            pad=jnp.zeros((1,), jnp.int32),
+            active=jnp.ones((1,), bool),
+        )
         d, _ = drafter.propose((), (), ctx, jax.random.PRNGKey(0), True)
         assert bool(d.has_draft[0]) and int((np.asarray(d.q[0, 0]) > 0).sum()) == 2
 
@@ -210,14 +234,23 @@ def test_diffuspec_bonus_from_residual_seen_on_a_smaller_vocabulary():
     rows = [p for p in prompts for _ in range(N)]
 
     def check():
-        res = generate(model, params, rows, max_new_tokens=n_new, sampling=cfg, drafter=drafter,
-                       drafter_params=(params, proxy), seed=SEED, bucket=8)
-        chk = check_groups([(res.tokens[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
+        res = generate(
+            model,
+            params,
+            rows,
+            max_new_tokens=n_new,
+            sampling=cfg,
+            drafter=drafter,
+            drafter_params=(params, proxy),
+            seed=SEED,
+            bucket=8,
+        )
+        chk = check_groups([(res.tokens[i * N : (i + 1) * N], ex) for i, ex in enumerate(exact)])
         return chk, res
 
     real, res = check()
     assert real.passed, real.why
-    assert res.stats.accept_hist[:, k + 1].sum() > 0.1 * len(rows)    # bonus tokens drawn
+    assert res.stats.accept_hist[:, k + 1].sum() > 0.1 * len(rows)  # bonus tokens drawn
     bonus = [m for m in MUTANTS if m.name == "bonus-from-residual"]
     with inject_causal(bonus, rows_per=len(rows)):
         mutant, _ = check()
@@ -230,8 +263,10 @@ def test_diffuspec_bonus_from_residual_seen_on_a_smaller_vocabulary():
 FAST_MUTANT_SUITES = ("table",)
 
 
-@pytest.mark.parametrize("method", [m if m in FAST_MUTANT_SUITES else
-                                    pytest.param(m, marks=pytest.mark.slow) for m in METHODS])
+@pytest.mark.parametrize(
+    "method",
+    [m if m in FAST_MUTANT_SUITES else pytest.param(m, marks=pytest.mark.slow) for m in METHODS],
+)
 def test_every_mutant_rejected_and_equivalent_accepted(suite, method):
     """Every mutant of the shared chain verifier is rejected, and every equivalent variant
     accepted, by the distribution test on ``method``'s outputs. All variants of a method come
@@ -242,8 +277,9 @@ def test_every_mutant_rejected_and_equivalent_accepted(suite, method):
         chk, _ = suite.variant(method, m.name)
         if (method, m.name) in _UNSEEN:  # strict: fails the day the test can see it
             if not chk.passed:
-                wrong.append(f"{m.name} is now rejected: the open finding is settled, "
-                             "update _UNSEEN")
+                wrong.append(
+                    f"{m.name} is now rejected: the open finding is settled, update _UNSEEN"
+                )
         elif chk.passed:
             wrong.append(f"mutant {m.name} not rejected: {chk.why}")
     for m in EQUIVALENT:
@@ -254,6 +290,7 @@ def test_every_mutant_rejected_and_equivalent_accepted(suite, method):
 
 
 # ---- verifier level --------------------------------------------------------------------------
+
 
 def _rand(rng, shape, sharp=2.0):
     x = rng.normal(size=shape) * sharp
@@ -291,9 +328,12 @@ def test_bonus_unit_setting_rejects_the_bonus_mutant():
     q = np.zeros((1, k, 5), np.float32)
     q[0, 0] = [0.0, 0.7, 0.3, 0.0, 0.0]
     q[0, 1] = [0.0, 0.0, 0.0, 0.5, 0.5]
-    args = (jax.random.PRNGKey(0), jnp.broadcast_to(jnp.asarray(p), (Nb, k + 1, 5)),
-            jnp.broadcast_to(jnp.asarray([[1, 3]], jnp.int32), (Nb, k)),
-            jnp.broadcast_to(jnp.asarray(q), (Nb, k, 5)))
+    args = (
+        jax.random.PRNGKey(0),
+        jnp.broadcast_to(jnp.asarray(p), (Nb, k + 1, 5)),
+        jnp.broadcast_to(jnp.asarray([[1, 3]], jnp.int32), (Nb, k)),
+        jnp.broadcast_to(jnp.asarray(q), (Nb, k, 5)),
+    )
     exact = dict(enumerate(p[0, 2]))
     assert check_distribution(np.asarray(verify_variant(*args)[1]), exact).passed
     bad = check_distribution(np.asarray(verify_variant(*args, bonus_from_residual=True)[1]), exact)

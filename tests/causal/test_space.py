@@ -30,8 +30,9 @@ def test_greedy_identical_to_ar(arch, k):
     greedy decoding of the same model; one target forward per step, no draft NFE."""
     model, params = tiny_model(64, arch=arch, seed=0, mask_token_id=63)
     ar = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16)
-    res = space_generate(model, params, PROMPTS, max_new_tokens=24, mask_groups=k, eos_ids=(7,),
-                         bucket=16)
+    res = space_generate(
+        model, params, PROMPTS, max_new_tokens=24, mask_groups=k, eos_ids=(7,), bucket=16
+    )
     assert res.tokens == ar.tokens
     st = res.stats
     assert st.method == "space" and int(st.draft_nfe.sum()) == 0
@@ -43,7 +44,7 @@ def _uncached_logits(model, params, seq, T=16):
     """Last-row logits of an uncached causal pass over ``seq`` (right-padded to ``T``: a
     causal pass never looks right, and one compile serves every length)."""
     toks = np.zeros((1, T), np.int32)
-    toks[0, :len(seq)] = seq
+    toks[0, : len(seq)] = seq
     mask = jnp.tril(jnp.ones((T, T), bool))[None]
     logits = _apply(model, params, jnp.asarray(toks), jnp.arange(T)[None], mask)
     return np.asarray(logits[0, len(seq) - 1])
@@ -69,14 +70,22 @@ def test_mask_groups_equal_explicit_sar_inputs():
     pad = jnp.asarray([0, 2], jnp.int32)
     buf = np.zeros((B, P), np.int32)
     for b, t in enumerate(ctx_tokens):
-        buf[b, P - len(t):] = t
+        buf[b, P - len(t) :] = t
     # prefill the context except its last token, then one pass [x_l, c_1..c_k] + k+1 groups
-    _, _, cache = target_pass(cfg, params, jnp.asarray(buf[:, :P - 1]), jnp.zeros((B,), jnp.int32),
-                              pad, init_cache(model.config, B, S), S)
-    feed = jnp.concatenate([jnp.asarray(buf[:, P - 1:]), jnp.asarray(cands, jnp.int32)], axis=1)
+    _, _, cache = target_pass(
+        cfg,
+        params,
+        jnp.asarray(buf[:, : P - 1]),
+        jnp.zeros((B,), jnp.int32),
+        pad,
+        init_cache(model.config, B, S),
+        S,
+    )
+    feed = jnp.concatenate([jnp.asarray(buf[:, P - 1 :]), jnp.asarray(cands, jnp.int32)], axis=1)
     queries = mask_groups(P - 1 - pad, k, k, mask_id)
-    logits, qlogits, _ = target_pass(cfg, params, feed, jnp.full((B,), P - 1, jnp.int32), pad,
-                                     cache, S, queries, k)
+    logits, qlogits, _ = target_pass(
+        cfg, params, feed, jnp.full((B,), P - 1, jnp.int32), pad, cache, S, queries, k
+    )
     for b in range(B):
         for i in range(k + 1):  # verification rows: AR logits after x_l, c_1..c_i
             want = _uncached_logits(model, params, ctx_tokens[b] + cands[b][:i])
@@ -91,18 +100,29 @@ def test_mask_groups_equal_explicit_sar_inputs():
 def test_paper_sampling_rule_is_approximate():
     """Algorithm 1 line 18 (the extra token from p instead of the residual) fails the exact
     distribution test that the default rule passes, on the mutant suite's setting."""
-    from tests.causal.test_mutants import CFG, EOS, K, N, N_NEW, PROMPTS as MP, SEED, V
     from tests.causal.test_decode import _exact_joint
+    from tests.causal.test_mutants import CFG, EOS, N_NEW, SEED, K, N, V
+    from tests.causal.test_mutants import PROMPTS as MP
 
     model, params = tiny_model(V, seed=7, scale=6.0)
     exact = [_exact_joint(model, params, p, N_NEW, CFG, eos=(EOS,)) for p in MP]
     prompts = [p for p in MP for _ in range(N)]
     drafter = SpaceDrafter(K, V, 4, CFG, "paper")
-    res = space_generate(model, params, prompts, max_new_tokens=N_NEW, mask_groups=K,
-                         sampling=CFG, space_sampling="paper", mask_id=4, seed=SEED,
-                         eos_ids=(EOS,), bucket=8)
+    res = space_generate(
+        model,
+        params,
+        prompts,
+        max_new_tokens=N_NEW,
+        mask_groups=K,
+        sampling=CFG,
+        space_sampling="paper",
+        mask_id=4,
+        seed=SEED,
+        eos_ids=(EOS,),
+        bucket=8,
+    )
     toks = res.tokens
-    chk = check_groups([(toks[i * N:(i + 1) * N], ex) for i, ex in enumerate(exact)])
+    chk = check_groups([(toks[i * N : (i + 1) * N], ex) for i, ex in enumerate(exact)])
     assert drafter.resample == "target"
     assert not chk.passed, chk.why
     assert 0.05 < res.stats.acceptance_rate < 0.9  # rejections happen, so the rule matters

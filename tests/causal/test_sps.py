@@ -26,8 +26,16 @@ def test_greedy_identical_to_ar(arch, k):
     model, params = tiny_model(64, arch=arch, seed=0)
     dmodel, dparams = tiny_model(64, arch=arch, seed=1, layers=1)
     ar = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16)
-    res = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16,
-                   drafter=DraftModelDrafter(dmodel, k), drafter_params=dparams)
+    res = generate(
+        model,
+        params,
+        PROMPTS,
+        max_new_tokens=24,
+        eos_ids=(7,),
+        bucket=16,
+        drafter=DraftModelDrafter(dmodel, k),
+        drafter_params=dparams,
+    )
     assert res.tokens == ar.tokens
     st = res.stats
     # k draft forwards per verification step, on every row
@@ -42,8 +50,17 @@ def test_self_drafting_accepts_every_draft(sampling):
     would make q differ from p and show up as rejections."""
     model, params = tiny_model(64, seed=2)
     k, n_new = 3, 25
-    res = generate(model, params, PROMPTS, max_new_tokens=n_new, sampling=sampling, seed=5,
-                   bucket=16, drafter=DraftModelDrafter(model, k, sampling), drafter_params=params)
+    res = generate(
+        model,
+        params,
+        PROMPTS,
+        max_new_tokens=n_new,
+        sampling=sampling,
+        seed=5,
+        bucket=16,
+        drafter=DraftModelDrafter(model, k, sampling),
+        drafter_params=params,
+    )
     st = res.stats
     assert st.acceptance_rate == 1.0
     assert all(len(t) == n_new for t in res.tokens)
@@ -59,10 +76,17 @@ def test_draft_cache_matches_an_uncached_draft_model():
     prompt = [4, 5, 6, 7, 8]
     B, S = 1, 24
     buf = jnp.zeros((B, S), jnp.int32).at[0, :6].set(jnp.asarray(prompt + [9]))
-    ctx = DraftContext(buffer=buf, length=jnp.asarray([6], jnp.int32), pad=jnp.zeros((1,), jnp.int32),
-                       active=jnp.ones((1,), bool), filled=6)
+    ctx = DraftContext(
+        buffer=buf,
+        length=jnp.asarray([6], jnp.int32),
+        pad=jnp.zeros((1,), jnp.int32),
+        active=jnp.ones((1,), bool),
+        filled=6,
+    )
     state = drafter.init_state(params, ctx)
-    d1, state = drafter.propose(params, state, ctx.replace(filled=None), jax.random.PRNGKey(0), True)
+    d1, state = drafter.propose(
+        params, state, ctx.replace(filled=None), jax.random.PRNGKey(0), True
+    )
     # accept one draft and write a correction token
     toks = [int(d1.tokens[0, 0]), 11]
     buf = buf.at[0, 6:8].set(jnp.asarray(toks))
@@ -73,7 +97,7 @@ def test_draft_cache_matches_an_uncached_draft_model():
     T = len(seq)
     mask = jnp.tril(jnp.ones((T, T), bool))[None]
     logits, _ = model.apply({"params": params}, jnp.asarray([seq]), jnp.arange(T)[None], mask)
-    want = jax.nn.softmax(logits[0, 7:7 + 3], axis=-1)
+    want = jax.nn.softmax(logits[0, 7 : 7 + 3], axis=-1)
     np.testing.assert_allclose(np.asarray(d2.q[0]), np.asarray(want), atol=2e-5)
 
 
@@ -81,14 +105,33 @@ def test_bad_input():
     model, params = tiny_model(64, seed=0)
     other, oparams = tiny_model(48, seed=1)
     with pytest.raises(ValueError, match="vocabulary mismatch"):
-        generate(model, params, PROMPTS, max_new_tokens=4, drafter=DraftModelDrafter(other, 2),
-                 drafter_params=oparams)
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
+            drafter=DraftModelDrafter(other, 2),
+            drafter_params=oparams,
+        )
     short, sparams = tiny_model(64, seed=1, ctx=16)
     with pytest.raises(DecodeInputError, match="draft model's context"):
-        generate(model, params, PROMPTS, max_new_tokens=8, drafter=DraftModelDrafter(short, 2),
-                 drafter_params=sparams)
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=8,
+            drafter=DraftModelDrafter(short, 2),
+            drafter_params=sparams,
+        )
     with pytest.raises(ValueError, match="draft length"):
         DraftModelDrafter(model, 0)
     with pytest.raises(ValueError, match="target's SamplingConfig"):
-        generate(model, params, PROMPTS, max_new_tokens=4, sampling=SamplingConfig(temperature=1.0),
-                 drafter=DraftModelDrafter(model, 2), drafter_params=params)
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
+            sampling=SamplingConfig(temperature=1.0),
+            drafter=DraftModelDrafter(model, 2),
+            drafter_params=params,
+        )

@@ -1,7 +1,7 @@
-"""Issue 5's AS-ARM infilling gate (jaxspec.eval.quality.run_asarm_gate, scripts.evaluate --gate
-asarm-*): figures on hand-made sequences, the pass rule, and the gate end to end on a tiny random
-XLNet (written with models.xlnet.modeling.save_xlnet) with a stand-in judge, a character tokenizer and a
-fake stdlib of held-out modules."""
+"""The AS-ARM infilling gate (jaxspec.eval.quality.run_asarm_gate, scripts.evaluate --gate
+asarm-*): figures on hand-made sequences, the pass rule, and the gate end to end on a tiny
+random XLNet (written with models.xlnet.modeling.save_xlnet) with a stand-in judge, a
+character tokenizer and a fake stdlib of held-out modules."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ import pytest
 from jaxspec.eval import quality as Q
 from jaxspec.eval.metrics import degeneracy, shannon_entropy
 from jaxspec.eval.quality import random_mask
+from jaxspec.testing.tiny import CharTok
 from models.xlnet.modeling import XLNetConfig, XLNetLM, init_params, save_xlnet
 
 CFG = XLNetConfig(vocab_size=128, d_model=16, n_layer=1, n_head=2, d_inner=32)
-
-from jaxspec.testing.tiny import CharTok
 
 
 def _params(collapse_to=None):

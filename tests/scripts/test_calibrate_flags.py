@@ -29,9 +29,29 @@ def dream_dir(tiny_hf, tmp_path_factory):
 
 
 def _argv(d, out, *extra):
-    return ["--model", "auto", "--weights", str(d), "--prompts", "1", "--sizes", "2",
-            "--lookahead", "2", "--gen-length", "8", "--block-length", "4", "--cache", "none",
-            "--batch", "1", "--out-dir", str(out), *extra]
+    return [
+        "--model",
+        "auto",
+        "--weights",
+        str(d),
+        "--prompts",
+        "1",
+        "--sizes",
+        "2",
+        "--lookahead",
+        "2",
+        "--gen-length",
+        "8",
+        "--block-length",
+        "4",
+        "--cache",
+        "none",
+        "--batch",
+        "1",
+        "--out-dir",
+        str(out),
+        *extra,
+    ]
 
 
 def test_calibrate_dtype_and_mesh(dream_dir, tmp_path, capsys, monkeypatch):
@@ -46,12 +66,16 @@ def test_calibrate_dtype_and_mesh(dream_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(models.registry, "load_model", spy)
     assert calib_cli.main(_argv(dream_dir, tmp_path / "default")) == 0
     default = json.loads(capsys.readouterr().out)
-    assert calib_cli.main(_argv(dream_dir, tmp_path / "flags", "--dtype", "float32",
-                                "--mesh", "1x1")) == 0
+    assert (
+        calib_cli.main(_argv(dream_dir, tmp_path / "flags", "--dtype", "float32", "--mesh", "1x1"))
+        == 0
+    )
     flags = json.loads(capsys.readouterr().out)
     # (load_model calls itself for the plain load under a dtype / mesh: those calls pass neither)
-    assert [c for c in seen if c != (None, None)] == [("auto", None),
-                                                      ("float32", {"data": 1, "model": 1})]
+    assert [c for c in seen if c != (None, None)] == [
+        ("auto", None),
+        ("float32", {"data": 1, "model": 1}),
+    ]
     assert flags["graphs"]["2"] and flags == default
     a = json.loads((tmp_path / "default" / "D2.json").read_text())
     b = json.loads((tmp_path / "flags" / "D2.json").read_text())
@@ -60,12 +84,18 @@ def test_calibrate_dtype_and_mesh(dream_dir, tmp_path, capsys, monkeypatch):
     assert a == b
 
 
-@pytest.mark.parametrize("extra,needles", [
-    # too few devices, or (with 3+ devices) a model axis that does not divide the 4 heads
-    (["--mesh", "1x3"], ("mesh 1x3 needs 3 devices", "model axis of 3 devices does not divide")),
-    (["--mesh", "nonsense"], ("is not DATAxMODEL",)),
-    (["--dtype", "float16"], ("float16",)),
-])
+@pytest.mark.parametrize(
+    "extra,needles",
+    [
+        # too few devices, or (with 3+ devices) a model axis that does not divide the 4 heads
+        (
+            ["--mesh", "1x3"],
+            ("mesh 1x3 needs 3 devices", "model axis of 3 devices does not divide"),
+        ),
+        (["--mesh", "nonsense"], ("is not DATAxMODEL",)),
+        (["--dtype", "float16"], ("float16",)),
+    ],
+)
 def test_calibrate_bad_mesh_or_dtype_one_line_exit_2(dream_dir, tmp_path, capsys, extra, needles):
     assert calib_cli.main(_argv(dream_dir, tmp_path / "g", *extra)) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -76,8 +76,17 @@ def dirs(tiny_hf, tmp_path_factory):
     out["dream_vocab320"] = _copy_tokenizer(other.path, _write_dream_dir(other, root / "dream320"))
 
     torch.manual_seed(0)
-    cfg = transformers.XLNetConfig(vocab_size=300, d_model=32, n_layer=1, n_head=2, d_inner=64,
-                                   dropout=0.0, attn_type="bi", bi_data=False, mem_len=None)
+    cfg = transformers.XLNetConfig(
+        vocab_size=300,
+        d_model=32,
+        n_layer=1,
+        n_head=2,
+        d_inner=64,
+        dropout=0.0,
+        attn_type="bi",
+        bi_data=False,
+        mem_len=None,
+    )
     xl = transformers.XLNetLMHeadModel(cfg).eval().float()
     with torch.no_grad():  # peaked conditionals: greedy choices far from ties
         for p in xl.parameters():
@@ -113,31 +122,65 @@ DLLM = ["--prompt", PROMPT, "--gen-length", "8", "--block-length", "4"]
 GEN_CASES = [  # (directory, method, extra flags); "{dream}" etc. are filled in from `dirs`
     ("qwen2", "ar", CAUSAL),
     ("qwen2", "ngram", CAUSAL + ["--draft-length", "3"]),
-    ("qwen2", "sps", CAUSAL + ["--draft-model", "auto", "--draft-weights", "{llama}",
-                               "--draft-length", "3"]),
-    ("qwen2", "diffuspec", CAUSAL + ["--draft-model", "auto", "--draft-weights", "{dream}",
-                                     "--draft-length", "4"]),
-    ("qwen2", "specdiff", CAUSAL + ["--draft-model", "hf-directory", "--draft-weights",
-                                    "{dream}", "--draft-length", "4", "--drafter-cache", "prefix"]),
-    ("qwen2", "diffuspec", CAUSAL + ["--draft-model", "auto", "--draft-weights",
-                                     "{dream_vocab320}", "--draft-length", "4"]),
+    (
+        "qwen2",
+        "sps",
+        CAUSAL + ["--draft-model", "auto", "--draft-weights", "{llama}", "--draft-length", "3"],
+    ),
+    (
+        "qwen2",
+        "diffuspec",
+        CAUSAL + ["--draft-model", "auto", "--draft-weights", "{dream}", "--draft-length", "4"],
+    ),
+    (
+        "qwen2",
+        "specdiff",
+        CAUSAL
+        + [
+            "--draft-model",
+            "hf-directory",
+            "--draft-weights",
+            "{dream}",
+            "--draft-length",
+            "4",
+            "--drafter-cache",
+            "prefix",
+        ],
+    ),
+    (
+        "qwen2",
+        "diffuspec",
+        CAUSAL
+        + ["--draft-model", "auto", "--draft-weights", "{dream_vocab320}", "--draft-length", "4"],
+    ),
     ("sar", "space", CAUSAL + ["--mask-groups", "3"]),
-    *[(d, m, DLLM + extra) for d in ("llada", "dream") for m, extra in (
-        ("stepwise", []), ("fixed-k", ["--tokens-per-step", "2"]),
-        ("threshold", ["--threshold", "0.5"]), ("ssd", ["--draft-length", "3"]),
-        ("spiffy", []))],
+    *[
+        (d, m, DLLM + extra)
+        for d in ("llada", "dream")
+        for m, extra in (
+            ("stepwise", []),
+            ("fixed-k", ["--tokens-per-step", "2"]),
+            ("threshold", ["--threshold", "0.5"]),
+            ("ssd", ["--draft-length", "3"]),
+            ("spiffy", []),
+        )
+    ],
     ("xlnet", "sequential", ["--infill", INFILL]),
-    *[("xlnet", m, ["--infill", INFILL, "--draft-length", "3"]) for m in
-      ("assd", "assd-ngram", "assd-fused", "assd-fused-ngram")],
+    *[
+        ("xlnet", m, ["--infill", INFILL, "--draft-length", "3"])
+        for m in ("assd", "assd-ngram", "assd-fused", "assd-fused-ngram")
+    ],
 ]
 # their own reference (stepwise: one token per step here): --compare says so, runs nothing
 REFERENCES = {"ar", "sequential", "stepwise"}
 NOT_LOSSLESS = {"fixed-k", "threshold"}  # --compare reports, identity is not promised
 
 
-@pytest.mark.parametrize("name,method,extra", GEN_CASES,
-                         ids=[f"{d}-{m}" + ("-other-vocab" if "{dream_vocab320}" in x else "")
-                              for d, m, x in GEN_CASES])
+@pytest.mark.parametrize(
+    "name,method,extra",
+    GEN_CASES,
+    ids=[f"{d}-{m}" + ("-other-vocab" if "{dream_vocab320}" in x else "") for d, m, x in GEN_CASES],
+)
 def test_generate_every_method_on_every_family(dirs, name, method, extra, capsys):
     """Every method of the family of ``DIR`` runs with ``--model auto --weights DIR``; the
     lossless ones print ``[compare] ... outputs: identical``."""
@@ -168,26 +211,83 @@ def test_benchmark_suites_on_checkpoint_dirs(dirs, tmp_path, capsys):
     """``scripts.benchmark --model auto``: suite ar on the Qwen2 directory (jaxspec rows
     identical to jaxspec/ar), dllm on the LLaDA directory, assd on the XLNet directory."""
     out = tmp_path / "ar.json"
-    rc = bench_cli.main(["--suite", "ar", "--model", "auto", "--weights", str(dirs["qwen2"]),
-                         "--limit", "1", "--max-new-tokens", "4", "--systems", "jaxspec/ar",
-                         "jaxspec/ngram", "--out", str(out), "--no-progress"])
+    rc = bench_cli.main(
+        [
+            "--suite",
+            "ar",
+            "--model",
+            "auto",
+            "--weights",
+            str(dirs["qwen2"]),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--systems",
+            "jaxspec/ar",
+            "jaxspec/ngram",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 and all(r["identical_to_reference"] for r in rows), rows
 
     out = tmp_path / "dllm.json"
-    rc = bench_cli.main(["--suite", "dllm", "--model", "hf-directory", "--weights",
-                         str(dirs["llada"]), "--limit", "1", "--gen-length", "8",
-                         "--block-length", "4", "--methods", "stepwise", "--caches", "none",
-                         "--overhead-reps", "0", "--out", str(out), "--no-progress"])
+    rc = bench_cli.main(
+        [
+            "--suite",
+            "dllm",
+            "--model",
+            "hf-directory",
+            "--weights",
+            str(dirs["llada"]),
+            "--limit",
+            "1",
+            "--gen-length",
+            "8",
+            "--block-length",
+            "4",
+            "--methods",
+            "stepwise",
+            "--caches",
+            "none",
+            "--overhead-reps",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert json.loads(out.read_text())["rows"]
 
     out = tmp_path / "assd.json"
-    rc = bench_cli.main(["--suite", "assd", "--model", "auto", "--weights", str(dirs["xlnet"]),
-                         "--limit", "1", "--assd-seq-len", "16", "--assd-k-sweep",
-                         "--assd-infill-tasks", "0", "--assd-no-judge", "--assd-methods", "assd",
-                         "--out", str(out), "--no-progress"])
+    rc = bench_cli.main(
+        [
+            "--suite",
+            "assd",
+            "--model",
+            "auto",
+            "--weights",
+            str(dirs["xlnet"]),
+            "--limit",
+            "1",
+            "--assd-seq-len",
+            "16",
+            "--assd-k-sweep",
+            "--assd-infill-tasks",
+            "0",
+            "--assd-no-judge",
+            "--assd-methods",
+            "assd",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rows = json.loads(out.read_text())["rows"]
     assert [r["method"] for r in rows] == ["sequential", "assd"], rows
@@ -196,28 +296,65 @@ def test_benchmark_suites_on_checkpoint_dirs(dirs, tmp_path, capsys):
 def test_calibrate_on_dream_dir(dirs, tmp_path, capsys):
     """``scripts.calibrate --model auto`` records stepwise runs of a Dream directory and
     writes a graph."""
-    rc = calib_cli.main(["--model", "auto", "--weights", str(dirs["dream"]), "--prompts", "1",
-                         "--sizes", "2", "--lookahead", "2", "--gen-length", "8",
-                         "--block-length", "4", "--cache", "none", "--batch", "1",
-                         "--out-dir", str(tmp_path)])
+    rc = calib_cli.main(
+        [
+            "--model",
+            "auto",
+            "--weights",
+            str(dirs["dream"]),
+            "--prompts",
+            "1",
+            "--sizes",
+            "2",
+            "--lookahead",
+            "2",
+            "--gen-length",
+            "8",
+            "--block-length",
+            "4",
+            "--cache",
+            "none",
+            "--batch",
+            "1",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     graph = json.loads((tmp_path / "D2.json").read_text())
     assert graph and json.loads(cap.out)["graphs"]["2"]
 
 
-@pytest.mark.parametrize("name,extra", [
-    ("llada", ["--prompts", "2", "--prompt-length", "16", "--gen-length", "8", "--block", "4",
-               "--batch", "2"]),
-    ("xlnet", ["--sequences", "2", "--seq-len", "16", "--no-judge", "--no-greedy", "--batch",
-               "2"]),
-])
+@pytest.mark.parametrize(
+    "name,extra",
+    [
+        (
+            "llada",
+            [
+                "--prompts",
+                "2",
+                "--prompt-length",
+                "16",
+                "--gen-length",
+                "8",
+                "--block",
+                "4",
+                "--batch",
+                "2",
+            ],
+        ),
+        (
+            "xlnet",
+            ["--sequences", "2", "--seq-len", "16", "--no-judge", "--no-greedy", "--batch", "2"],
+        ),
+    ],
+)
 def test_evaluate_on_checkpoint_dirs(dirs, name, extra, tmp_path, capsys):
     """``scripts.evaluate --model auto``: the masked-diffusion figures of a LLaDA directory
     (no AR columns: there is no base model) and the AS-ARM gate of an XLNet directory."""
     out = tmp_path / "gate.json"
-    rc = eval_cli.main(["--model", "auto", "--weights", str(dirs[name]), "--out", str(out)]
-                       + extra)
+    rc = eval_cli.main(["--model", "auto", "--weights", str(dirs[name]), "--out", str(out)] + extra)
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     res = json.loads(out.read_text())
@@ -233,9 +370,27 @@ def test_eos_gate_on_a_llada_directory(dirs, tmp_path, capsys):
     """``scripts.evaluate --model auto --eos-gate`` (issue 15's v2 gate): held-out function
     prompts, completions scored before their first EOS, the three checks and a verdict."""
     out = tmp_path / "eos.json"
-    rc = eval_cli.main(["--model", "auto", "--weights", str(dirs["llada"]), "--eos-gate",
-                        "--out", str(out), "--prompts", "2", "--gen-length", "8", "--block", "4",
-                        "--batch", "2", "--humaneval", "0"])
+    rc = eval_cli.main(
+        [
+            "--model",
+            "auto",
+            "--weights",
+            str(dirs["llada"]),
+            "--eos-gate",
+            "--out",
+            str(out),
+            "--prompts",
+            "2",
+            "--gen-length",
+            "8",
+            "--block",
+            "4",
+            "--batch",
+            "2",
+            "--humaneval",
+            "0",
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     res = json.loads(out.read_text())
@@ -253,39 +408,120 @@ def _entry(kind: str, d: Path, tmp: Path):
     w = ["--model", "auto", "--weights", str(d)]
     return {
         "generate-causal": (gen_cli.main, w + ["--prompt", "x", "--max-new-tokens", "4"]),
-        "generate-dllm": (gen_cli.main, w + ["--method", "stepwise", "--prompt", "x",
-                                             "--gen-length", "8", "--block-length", "4"]),
+        "generate-dllm": (
+            gen_cli.main,
+            w
+            + ["--method", "stepwise", "--prompt", "x", "--gen-length", "8", "--block-length", "4"],
+        ),
         "generate-asarm": (gen_cli.main, w + ["--method", "assd", "--infill", "x = <mask:3>"]),
-        "benchmark-ar": (bench_cli.main, ["--suite", "ar"] + w + [
-            "--limit", "1", "--max-new-tokens", "4", "--systems", "jaxspec/ar", "--out",
-            str(tmp / "b.json"), "--no-progress"]),
-        "benchmark-dllm": (bench_cli.main, ["--suite", "dllm"] + w + [
-            "--limit", "1", "--gen-length", "8", "--block-length", "4", "--methods", "stepwise",
-            "--caches", "none", "--out", str(tmp / "b.json"), "--no-progress"]),
-        "benchmark-assd": (bench_cli.main, ["--suite", "assd"] + w + [
-            "--limit", "1", "--assd-seq-len", "16", "--assd-k-sweep", "--assd-infill-tasks",
-            "0", "--assd-no-judge", "--out", str(tmp / "b.json"), "--no-progress"]),
-        "calibrate": (calib_cli.main, w + ["--prompts", "1", "--sizes", "2", "--gen-length",
-                                           "8", "--block-length", "4", "--cache", "none",
-                                           "--out-dir", str(tmp / "graphs")]),
-        "evaluate-dllm": (eval_cli.main, w + ["--prompts", "1", "--prompt-length", "16",
-                                              "--gen-length", "8", "--block", "4"]),
-        "evaluate-asarm": (eval_cli.main, w + ["--sequences", "1", "--seq-len", "16",
-                                               "--no-judge"]),
+        "benchmark-ar": (
+            bench_cli.main,
+            ["--suite", "ar"]
+            + w
+            + [
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--systems",
+                "jaxspec/ar",
+                "--out",
+                str(tmp / "b.json"),
+                "--no-progress",
+            ],
+        ),
+        "benchmark-dllm": (
+            bench_cli.main,
+            ["--suite", "dllm"]
+            + w
+            + [
+                "--limit",
+                "1",
+                "--gen-length",
+                "8",
+                "--block-length",
+                "4",
+                "--methods",
+                "stepwise",
+                "--caches",
+                "none",
+                "--out",
+                str(tmp / "b.json"),
+                "--no-progress",
+            ],
+        ),
+        "benchmark-assd": (
+            bench_cli.main,
+            ["--suite", "assd"]
+            + w
+            + [
+                "--limit",
+                "1",
+                "--assd-seq-len",
+                "16",
+                "--assd-k-sweep",
+                "--assd-infill-tasks",
+                "0",
+                "--assd-no-judge",
+                "--out",
+                str(tmp / "b.json"),
+                "--no-progress",
+            ],
+        ),
+        "calibrate": (
+            calib_cli.main,
+            w
+            + [
+                "--prompts",
+                "1",
+                "--sizes",
+                "2",
+                "--gen-length",
+                "8",
+                "--block-length",
+                "4",
+                "--cache",
+                "none",
+                "--out-dir",
+                str(tmp / "graphs"),
+            ],
+        ),
+        "evaluate-dllm": (
+            eval_cli.main,
+            w + ["--prompts", "1", "--prompt-length", "16", "--gen-length", "8", "--block", "4"],
+        ),
+        "evaluate-asarm": (
+            eval_cli.main,
+            w + ["--sequences", "1", "--seq-len", "16", "--no-judge"],
+        ),
     }[kind]
 
 
-ENTRIES = {"causal": ("generate-causal", "benchmark-ar"),
-           "dllm": ("generate-dllm", "benchmark-dllm", "calibrate", "evaluate-dllm"),
-           "asarm": ("generate-asarm", "benchmark-assd", "evaluate-asarm")}
+ENTRIES = {
+    "causal": ("generate-causal", "benchmark-ar"),
+    "dllm": ("generate-dllm", "benchmark-dllm", "calibrate", "evaluate-dllm"),
+    "asarm": ("generate-asarm", "benchmark-assd", "evaluate-asarm"),
+}
 BASE = {"causal": "qwen2", "dllm": "dream", "asarm": "xlnet"}
 SHAPE = {  # (tensor, stored shape, wrong stored shape, needle pieces)
-    "causal": ("model.layers.1.self_attn.k_proj.weight", (32, 64), (16, 64),
-               ("has shape (64, 16)", "expects (64, 32)")),
-    "dllm": ("model.layers.1.self_attn.k_proj.weight", (32, 64), (16, 64),
-             ("has shape (64, 16)", "expects (64, 32)")),
-    "asarm": ("transformer.layer.0.ff.layer_1.weight", (64, 32), (48, 32),
-              ("has shape (48, 32)", "expects (64, 32)")),
+    "causal": (
+        "model.layers.1.self_attn.k_proj.weight",
+        (32, 64),
+        (16, 64),
+        ("has shape (64, 16)", "expects (64, 32)"),
+    ),
+    "dllm": (
+        "model.layers.1.self_attn.k_proj.weight",
+        (32, 64),
+        (16, 64),
+        ("has shape (64, 16)", "expects (64, 32)"),
+    ),
+    "asarm": (
+        "transformer.layer.0.ff.layer_1.weight",
+        (64, 32),
+        (48, 32),
+        ("has shape (48, 32)", "expects (64, 32)"),
+    ),
 }
 
 
@@ -317,8 +553,10 @@ def bad_dirs(dirs, tmp_path_factory):
     out = {}
     d = shutil.copytree(dirs["qwen2"], root / "unknown-arch")
     _edit_config(d, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
-    out["unknown-arch", "any"] = (d, ("unknown architecture (model_type 'gpt_neox'",
-                                      "GPTNeoXForCausalLM"))
+    out["unknown-arch", "any"] = (
+        d,
+        ("unknown architecture (model_type 'gpt_neox'", "GPTNeoXForCausalLM"),
+    )
     d = shutil.copytree(dirs["qwen2"], root / "no-arch")
     _edit_config(d, model_type=None, architectures=None)
     out["no-arch", "any"] = (d, ("names neither model_type nor architectures",))
@@ -340,17 +578,25 @@ def bad_dirs(dirs, tmp_path_factory):
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))
         tok.add_tokens([f"<extra_{i}>" for i in range(5)])
         tok.save(str(d / "tokenizer.json"))
-        out["big-tokenizer", fam] = (d, ("the tokenizer has 305 ids but the model's embedding "
-                                         "has only 300 rows",))
+        out["big-tokenizer", fam] = (
+            d,
+            ("the tokenizer has 305 ids but the model's embedding has only 300 rows",),
+        )
     return out
 
 
 BAD_CASES = (
-    [("unknown-arch", "any", e) for e in ("generate-causal", "benchmark-ar", "calibrate",
-                                          "evaluate-dllm")]
+    [
+        ("unknown-arch", "any", e)
+        for e in ("generate-causal", "benchmark-ar", "calibrate", "evaluate-dllm")
+    ]
     + [("no-arch", "any", "generate-causal")]
-    + [(case, fam, e) for case in ("missing-shard", "wrong-shape", "big-tokenizer")
-       for fam, entries in ENTRIES.items() for e in entries]
+    + [
+        (case, fam, e)
+        for case in ("missing-shard", "wrong-shape", "big-tokenizer")
+        for fam, entries in ENTRIES.items()
+        for e in entries
+    ]
 )
 
 
@@ -361,8 +607,7 @@ def _one_error_line(err: str, needles) -> None:
         assert n in lines[0], (n, lines[0])
 
 
-@pytest.mark.parametrize("case,fam,entry", BAD_CASES,
-                         ids=[f"{c}-{f}-{e}" for c, f, e in BAD_CASES])
+@pytest.mark.parametrize("case,fam,entry", BAD_CASES, ids=[f"{c}-{f}-{e}" for c, f, e in BAD_CASES])
 def test_bad_checkpoint_dir_one_line_exit_2(bad_dirs, case, fam, entry, tmp_path, capsys):
     d, needles = bad_dirs[case, fam]
     main, argv = _entry(entry, d, tmp_path)
@@ -371,30 +616,60 @@ def test_bad_checkpoint_dir_one_line_exit_2(bad_dirs, case, fam, entry, tmp_path
 
 
 WRONG_FAMILY = [  # (entry point, directory, needles): a method / suite / tool of another family
-    ("generate-causal", "llada", ("method 'ngram' needs a causal model", "llada",
-                                  "is masked-diffusion")),
-    ("generate-dllm", "qwen2", ("method 'stepwise' needs a masked-diffusion model", "qwen2",
-                                "is causal")),
-    ("generate-causal", "xlnet", ("method 'ngram' needs a causal model", "xlnet",
-                                  "is any-order (XLNet AS-ARM)", "with --infill")),
-    ("generate-asarm", "dream", ("method 'assd' needs an any-order (XLNet AS-ARM) model",
-                                 "dream", "is masked-diffusion")),
+    (
+        "generate-causal",
+        "llada",
+        ("method 'ngram' needs a causal model", "llada", "is masked-diffusion"),
+    ),
+    (
+        "generate-dllm",
+        "qwen2",
+        ("method 'stepwise' needs a masked-diffusion model", "qwen2", "is causal"),
+    ),
+    (
+        "generate-causal",
+        "xlnet",
+        (
+            "method 'ngram' needs a causal model",
+            "xlnet",
+            "is any-order (XLNet AS-ARM)",
+            "with --infill",
+        ),
+    ),
+    (
+        "generate-asarm",
+        "dream",
+        ("method 'assd' needs an any-order (XLNet AS-ARM) model", "dream", "is masked-diffusion"),
+    ),
     ("generate-asarm", "qwen2", ("method 'assd' needs an any-order", "is causal")),
-    ("benchmark-ar", "llada", ("llada is a masked-diffusion model (dllm)",
-                               "suite ar takes causal models only")),
+    (
+        "benchmark-ar",
+        "llada",
+        ("llada is a masked-diffusion model (dllm)", "suite ar takes causal models only"),
+    ),
     ("benchmark-ar", "xlnet", ("any-order (XLNet AS-ARM) model (asarm)", "suite ar")),
-    ("benchmark-dllm", "qwen2", ("qwen2", "is a causal model (causal)",
-                                 "suite dllm takes masked-diffusion models only")),
-    ("benchmark-assd", "dream", ("is a masked-diffusion model (dllm)",
-                                 "suite assd takes any-order (XLNet AS-ARM) models only")),
+    (
+        "benchmark-dllm",
+        "qwen2",
+        ("qwen2", "is a causal model (causal)", "suite dllm takes masked-diffusion models only"),
+    ),
+    (
+        "benchmark-assd",
+        "dream",
+        (
+            "is a masked-diffusion model (dllm)",
+            "suite assd takes any-order (XLNet AS-ARM) models only",
+        ),
+    ),
     ("calibrate", "qwen2", ("is a causal model (causal)", "scripts.calibrate takes masked-")),
     ("calibrate", "xlnet", ("is an any-order (XLNet AS-ARM) model", "scripts.calibrate")),
     ("evaluate-dllm", "qwen2", ("is a causal model (causal)", "scripts.evaluate")),
 ]
 
 
-@pytest.mark.parametrize("entry,name,needles", WRONG_FAMILY,
-                         ids=[f"{e}-{n}" for e, n, _ in WRONG_FAMILY])
+@pytest.mark.parametrize(
+    "entry,name,needles", WRONG_FAMILY, ids=[f"{e}-{n}" for e, n, _ in WRONG_FAMILY]
+)
 def test_wrong_family_one_line_exit_2(dirs, entry, name, needles, tmp_path, capsys):
     main, argv = _entry(entry, dirs[name], tmp_path)
     if entry == "generate-causal":
@@ -409,8 +684,15 @@ def test_family_detection(dirs, bad_dirs):
     from models.registry import weights_family
 
     fam = {k: weights_family(v) for k, v in dirs.items()}
-    assert fam == {"qwen2": "causal", "llama": "causal", "llada": "dllm", "dream": "dllm",
-                   "dream_vocab320": "dllm", "xlnet": "asarm", "sar": "causal"}
+    assert fam == {
+        "qwen2": "causal",
+        "llama": "causal",
+        "llada": "dllm",
+        "dream": "dllm",
+        "dream_vocab320": "dllm",
+        "xlnet": "asarm",
+        "sar": "causal",
+    }
     d = bad_dirs["no-arch", "any"][0]
     _edit_config(d, architectures=["XLNetLMHeadModel"])  # architectures alone decide
     try:
@@ -424,9 +706,22 @@ def test_family_detection(dirs, bad_dirs):
 def test_drafter_cache_across_vocabularies_one_line_exit_2(dirs, capsys):
     """The drafter prefix cache needs the target's vocabulary (the cross-vocabulary loop
     re-encodes the drafter's context every step): one line, exit 2."""
-    argv = ["--model", "auto", "--weights", str(dirs["qwen2"]), "--method", "diffuspec",
-            "--draft-model", "auto", "--draft-weights", str(dirs["dream_vocab320"]),
-            "--drafter-cache", "prefix", *CAUSAL, "--quiet"]
+    argv = [
+        "--model",
+        "auto",
+        "--weights",
+        str(dirs["qwen2"]),
+        "--method",
+        "diffuspec",
+        "--draft-model",
+        "auto",
+        "--draft-weights",
+        str(dirs["dream_vocab320"]),
+        "--drafter-cache",
+        "prefix",
+        *CAUSAL,
+        "--quiet",
+    ]
     assert gen_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "another vocabulary" in err and "\n" not in err

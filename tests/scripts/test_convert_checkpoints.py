@@ -33,8 +33,13 @@ def _same_tokenizer(a, b) -> None:
     for text in TEXTS + [a.apply_chat_template(msgs)]:
         assert a.encode(text) == b.encode(text), text
         assert a.encode(text, add_special_tokens=True) == b.encode(text, add_special_tokens=True)
-    assert (a.bos_token_id, a.eos_token_ids, a.pad_token_id, a.vocab_size, a.add_bos) == \
-        (b.bos_token_id, b.eos_token_ids, b.pad_token_id, b.vocab_size, b.add_bos)
+    assert (a.bos_token_id, a.eos_token_ids, a.pad_token_id, a.vocab_size, a.add_bos) == (
+        b.bos_token_id,
+        b.eos_token_ids,
+        b.pad_token_id,
+        b.vocab_size,
+        b.add_bos,
+    )
 
 
 def _generate_ok(weights, capsys) -> None:
@@ -46,7 +51,9 @@ def _generate_ok(weights, capsys) -> None:
 
 
 @pytest.mark.parametrize("source", ["hf-dir", "gguf"])
-def test_converted_checkpoint_carries_the_tokenizer(source, tiny_llama, tiny_gguf, tmp_path, capsys):
+def test_converted_checkpoint_carries_the_tokenizer(
+    source, tiny_llama, tiny_gguf, tmp_path, capsys
+):
     src = tiny_llama.path if source == "hf-dir" else tiny_gguf(tiny_llama)
     js, hf = tmp_path / "js", tmp_path / "hf"
     assert convert.main(["--to", "jaxspec", str(src), str(js)]) == 0
@@ -56,8 +63,9 @@ def test_converted_checkpoint_carries_the_tokenizer(source, tiny_llama, tiny_ggu
     # and on to the HF layout: from the jaxspec directory, and straight from the source
     assert convert.main(["--to", "hf", str(js), str(hf)]) == 0
     capsys.readouterr()
-    assert {p.name for p in js.iterdir() if not p.name.startswith("params")} - {"jaxspec_config.json"} \
-        <= {p.name for p in hf.iterdir()}
+    assert {p.name for p in js.iterdir() if not p.name.startswith("params")} - {
+        "jaxspec_config.json"
+    } <= {p.name for p in hf.iterdir()}
     _same_tokenizer(load_tokenizer(hf), load_tokenizer(src))
     _generate_ok(hf, capsys)
     assert convert.main(["--to", "hf", str(src), str(tmp_path / "hf2")]) == 0
@@ -67,8 +75,11 @@ def test_converted_checkpoint_carries_the_tokenizer(source, tiny_llama, tiny_ggu
             assert (js / name).read_bytes() == (src / name).read_bytes()
     else:  # the GGUF's special tokens and template, by name
         cfg = json.loads((js / "tokenizer_config.json").read_text())
-        assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"]) == \
-            ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+        assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"]) == (
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|endoftext|>",
+        )
         assert cfg["chat_template"] == load_tokenizer(src).chat_template
 
 
@@ -98,9 +109,22 @@ def test_space_model_survives_hf_export(tiny_qwen2, tmp_path, capsys):
     assert convert.main(["--to", "hf", str(tmp_path / "sar"), str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["mask_token_id"] == 299
     capsys.readouterr()
-    argv = ["--model", "auto", "--weights", str(tmp_path / "hf"), "--method", "space",
-            "--mask-groups", "3", "--compare", "--prompt", "def add(a, b):",
-            "--max-new-tokens", "12", "--quiet"]
+    argv = [
+        "--model",
+        "auto",
+        "--weights",
+        str(tmp_path / "hf"),
+        "--method",
+        "space",
+        "--mask-groups",
+        "3",
+        "--compare",
+        "--prompt",
+        "def add(a, b):",
+        "--max-new-tokens",
+        "12",
+        "--quiet",
+    ]
     assert gen_cli.main(argv) == 0
     out = capsys.readouterr().out
     compare = [line for line in out.splitlines() if line.startswith("[compare]")]
@@ -114,8 +138,9 @@ def test_space_model_survives_hf_export(tiny_qwen2, tmp_path, capsys):
 
 
 @pytest.mark.real
-def test_a_preset_exported_as_a_directory_runs_with_model_auto(smollm2_gguf, tmp_path,
-                                                                  monkeypatch, capsys):
+def test_a_preset_exported_as_a_directory_runs_with_model_auto(
+    smollm2_gguf, tmp_path, monkeypatch, capsys
+):
     """``scripts.convert --to hf PRESET OUT`` writes the preset as loaded (here the random
     ``dlm-tiny`` LLaDA with SmolLM2's tokenizer): the directory loads to the same parameters
     and tokenizer, and SSD runs on it from the CLI identical to stepwise decoding. XLNet
@@ -133,16 +158,38 @@ def test_a_preset_exported_as_a_directory_runs_with_model_auto(smollm2_gguf, tmp
     model, params, tok, _ = load_model("dlm-tiny", log=lambda m: None)
     model2, params2, tok2, _ = load_model("auto", str(out), log=lambda m: None)
     assert model2.config == model.config
-    for a, b in zip(*(sorted(((k, np.asarray(v)) for k, v in p.items() if k != "layers"),
-                             key=lambda kv: kv[0]) for p in (params, params2))):
+    for a, b in zip(
+        *(
+            sorted(
+                ((k, np.asarray(v)) for k, v in p.items() if k != "layers"), key=lambda kv: kv[0]
+            )
+            for p in (params, params2)
+        )
+    ):
         np.testing.assert_array_equal(a[1], b[1])
     for name in params["layers"]:
-        np.testing.assert_array_equal(np.asarray(params["layers"][name]),
-                                      np.asarray(params2["layers"][name]))
+        np.testing.assert_array_equal(
+            np.asarray(params["layers"][name]), np.asarray(params2["layers"][name])
+        )
     _same_tokenizer(tok2, tok)
-    rc = gen_cli.main(["--model", "auto", "--weights", str(out), "--method", "ssd",
-                       "--gen-length", "16", "--block-length", "8", "--compare", "--quiet",
-                       "--prompt", "def f(x):"])
+    rc = gen_cli.main(
+        [
+            "--model",
+            "auto",
+            "--weights",
+            str(out),
+            "--method",
+            "ssd",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--compare",
+            "--quiet",
+            "--prompt",
+            "def f(x):",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and "outputs: identical" in text, text
     assert convert.main(["--to", "hf", "asarm-small", str(tmp_path / "x")]) == 2

@@ -24,53 +24,97 @@ DREAM = ["--model", "dream-smollm2-135m"]
 ASARM = ["--model", "asarm-small", "--infill", "x = <mask:3>"]
 
 CLI_CASES = [  # (id, argv, words in the one error line)
-    ("draft-length-huge", ["--draft-length", "100000"],
-     "--draft-length must be in 1..1024, got 100000"),
+    (
+        "draft-length-huge",
+        ["--draft-length", "100000"],
+        "--draft-length must be in 1..1024, got 100000",
+    ),
     ("draft-length-zero", ["--draft-length", "0"], "--draft-length must be in 1..1024, got 0"),
-    ("prompt-not-utf8", ["--prompt", b"x\xff\xfe".decode("utf-8", "surrogateescape")],
-     "--prompt 1 is not valid UTF-8 (byte 0xff at character 1)"),
+    (
+        "prompt-not-utf8",
+        ["--prompt", b"x\xff\xfe".decode("utf-8", "surrogateescape")],
+        "--prompt 1 is not valid UTF-8 (byte 0xff at character 1)",
+    ),
     ("prompt-empty", ["--prompt", ""], "--prompt 1 is empty"),
     ("threshold-zero", DREAM + ["--threshold", "0"], "--threshold must lie in (0, 1], got 0.0"),
-    ("threshold-above-one", DREAM + ["--threshold", "1.5"],
-     "--threshold must lie in (0, 1], got 1.5"),
+    (
+        "threshold-above-one",
+        DREAM + ["--threshold", "1.5"],
+        "--threshold must lie in (0, 1], got 1.5",
+    ),
     ("temperature-inf", ["--temperature", "inf"], "temperature must be >= 0 and finite, got inf"),
     ("temperature-nan", ["--temperature", "nan"], "temperature must be >= 0 and finite, got nan"),
-    ("temperature-negative", ["--temperature", "-0.5"],
-     "temperature must be >= 0 and finite, got -0.5"),
-    ("gen-length-causal", ["--gen-length", "32"],
-     "--gen-length does not apply to --method ngram (a causal method); it applies to the "
-     "masked-diffusion methods"),
-    ("cache-causal", ["--method", "ar", "--cache", "dual"],
-     "--cache does not apply to --method ar"),
+    (
+        "temperature-negative",
+        ["--temperature", "-0.5"],
+        "temperature must be >= 0 and finite, got -0.5",
+    ),
+    (
+        "gen-length-causal",
+        ["--gen-length", "32"],
+        "--gen-length does not apply to --method ngram (a causal method); it applies to the "
+        "masked-diffusion methods",
+    ),
+    (
+        "cache-causal",
+        ["--method", "ar", "--cache", "dual"],
+        "--cache does not apply to --method ar",
+    ),
     ("limit-zero", ["--limit", "0"], "--limit must be >= 1 (HumanEval prompts), got 0"),
-    ("min-above-max-ngram", ["--min-ngram", "4", "--max-ngram", "3"],
-     "--min-ngram 4 exceeds --max-ngram 3; need 1 <= --min-ngram <= --max-ngram"),
-    ("stepwise-threshold", DREAM + ["--method", "stepwise", "--threshold", "0.9"],
-     "--threshold does not apply to --method stepwise; use --method threshold / spiffy"),
-    ("ssd-steps", DREAM + ["--method", "ssd", "--steps", "8"],
-     "--steps does not apply to --method ssd; use --method stepwise / spiffy"),
+    (
+        "min-above-max-ngram",
+        ["--min-ngram", "4", "--max-ngram", "3"],
+        "--min-ngram 4 exceeds --max-ngram 3; need 1 <= --min-ngram <= --max-ngram",
+    ),
+    (
+        "stepwise-threshold",
+        DREAM + ["--method", "stepwise", "--threshold", "0.9"],
+        "--threshold does not apply to --method stepwise; use --method threshold / spiffy",
+    ),
+    (
+        "ssd-steps",
+        DREAM + ["--method", "ssd", "--steps", "8"],
+        "--steps does not apply to --method ssd; use --method stepwise / spiffy",
+    ),
     ("fixed-k-without-k", DREAM + ["--method", "fixed-k"], "needs --tokens-per-step K"),
-    ("ssd-on-causal", ["--method", "ssd"],
-     "method 'ssd' needs a masked-diffusion model, but 'smollm2-135m-instruct' is causal"),
+    (
+        "ssd-on-causal",
+        ["--method", "ssd"],
+        "method 'ssd' needs a masked-diffusion model, but 'smollm2-135m-instruct' is causal",
+    ),
     ("ngram-on-dllm", DREAM + ["--method", "ngram"], "method 'ngram' needs a causal model"),
     ("unknown-method", ["--method", "medusa"], "unknown method 'medusa'; available: ar, ngram"),
     ("unknown-model", ["--model", "gpt5"], "unknown model 'gpt5'; available:"),
     ("sps-without-draft", ["--method", "sps"], "method 'sps' needs --draft-model NAME"),
-    ("draft-model-with-ngram", ["--draft-model", "qwen2.5-coder-0.5b-instruct"],
-     "--draft-model does not apply to --method ngram; use --method sps / diffuspec / specdiff"),
+    (
+        "draft-model-with-ngram",
+        ["--draft-model", "qwen2.5-coder-0.5b-instruct"],
+        "--draft-model does not apply to --method ngram; use --method sps / diffuspec / specdiff",
+    ),
     ("draft-weights-alone", ["--draft-weights", "x.gguf"], "--draft-weights needs --draft-model"),
     ("space-without-mask", ["--method", "space"], "needs a SAR-SFT model with a [MASK] token"),
     ("gate-bad", ["--gate", "fast"], "unknown --gate 'fast'"),
     ("asarm-without-template", ["--model", "asarm-small"], "give a template with --infill"),
-    ("infill-not-utf8", ["--model", "asarm-small", "--infill",
-                         b"<mask:2>\xff".decode("utf-8", "surrogateescape")],
-     "--infill is not valid UTF-8"),
-    ("epsilon-greedy", ASARM + ["--epsilon", "0.1"],
-     "--epsilon 0.1 is a sampling tolerance: it needs --temperature > 0"),
-    ("epsilon-inf", ASARM + ["--epsilon", "inf", "--temperature", "1"],
-     "--epsilon must be a finite number >= 0"),
-    ("asarm-cache", ASARM + ["--cache", "dual"],
-     "unknown --cache 'dual'; expected one of none, content"),
+    (
+        "infill-not-utf8",
+        ["--model", "asarm-small", "--infill", b"<mask:2>\xff".decode("utf-8", "surrogateescape")],
+        "--infill is not valid UTF-8",
+    ),
+    (
+        "epsilon-greedy",
+        ASARM + ["--epsilon", "0.1"],
+        "--epsilon 0.1 is a sampling tolerance: it needs --temperature > 0",
+    ),
+    (
+        "epsilon-inf",
+        ASARM + ["--epsilon", "inf", "--temperature", "1"],
+        "--epsilon must be a finite number >= 0",
+    ),
+    (
+        "asarm-cache",
+        ASARM + ["--cache", "dual"],
+        "unknown --cache 'dual'; expected one of none, content",
+    ),
     ("asarm-quant", ASARM + ["--quant", "int8"], "--quant int8 applies to Llama / Qwen2-layout"),
     ("infill-on-causal", ["--infill", "x = <mask:3>"], "--infill needs an any-order"),
 ]
@@ -85,8 +129,12 @@ def no_model_loads(monkeypatch):
     def loaded(*a, **k):
         raise AssertionError("a model was loaded before the bad input was reported")
 
-    for mod, name in ((models.registry, "load_model"), (models.registry, "load_asarm"),
-                      (models.registry, "fetch"), (scripts.infill, "load_asarm")):
+    for mod, name in (
+        (models.registry, "load_model"),
+        (models.registry, "load_asarm"),
+        (models.registry, "fetch"),
+        (scripts.infill, "load_asarm"),
+    ):
         monkeypatch.setattr(mod, name, loaded)
 
 
@@ -100,19 +148,33 @@ def test_cli_bad_input_is_one_line_before_any_model_loads(argv, words, no_model_
     assert words in err, err
 
 
-SUBPROCESS = ("draft-length-huge", "prompt-not-utf8", "threshold-zero", "temperature-inf",
-              "limit-zero", "stepwise-threshold")
+SUBPROCESS = (
+    "draft-length-huge",
+    "prompt-not-utf8",
+    "threshold-zero",
+    "temperature-inf",
+    "limit-zero",
+    "stepwise-threshold",
+)
 
 
-@pytest.mark.parametrize("argv,words", [c[1:] for c in CLI_CASES if c[0] in SUBPROCESS],
-                         ids=[c[0] for c in CLI_CASES if c[0] in SUBPROCESS])
+@pytest.mark.parametrize(
+    "argv,words",
+    [c[1:] for c in CLI_CASES if c[0] in SUBPROCESS],
+    ids=[c[0] for c in CLI_CASES if c[0] in SUBPROCESS],
+)
 def test_cli_subprocess_exit_2(argv, words, tmp_path):
     """The command as a user runs it (argv bytes that are not UTF-8 included): exit code 2,
     one stderr line, nothing fetched into an empty weight cache."""
     env = dict(os.environ, JAXSPEC_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
     argv = [os.fsencode(a) for a in argv]  # keeps the undecodable bytes of the UTF-8 case
-    r = subprocess.run([sys.executable, "-m", "scripts.generate", *argv], cwd=ROOT, env=env,
-                       capture_output=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.generate", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     err = r.stderr.decode("utf-8", "replace").strip()
     assert r.returncode == 2, (r.returncode, err)
     assert err.startswith("error: ") and "\n" not in err, err
