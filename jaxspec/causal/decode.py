@@ -93,6 +93,12 @@ class LoopConfig:
         return self.drafter is not None and self.drafter.query_slots > 0
 
     @property
+    def features(self) -> tuple[int, ...]:
+        """Target layers whose hidden states the drafter reads from every target pass
+        (``feature_layers``, DFlash: :mod:`jaxspec.causal.dflash`); empty for other drafters."""
+        return () if self.drafter is None else tuple(getattr(self.drafter, "feature_layers", ()))
+
+    @property
     def query_slots(self) -> int:
         """Cache slots reserved after the verification rows for the drafter's queries."""
         return int(self.drafter.query_slots) if self.queries else 0
@@ -131,18 +137,21 @@ def write_rows(buffer: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Ar
 
 
 def model_pass(model, params, feed: jax.Array, first_slot: jax.Array, pad: jax.Array, cache,
-               S: int, last_rows: Optional[int] = None):
+               S: int, last_rows: Optional[int] = None, hidden_layers: tuple = ()):
     """One KV-cached forward of a causal LM over ``feed int32 (B, T)`` written into its
     ``S``-slot cache from slot ``first_slot (B,)``, in the loop's slot layout (RoPE position
     of slot ``s`` is ``s - pad``). Used for the target and for a draft model
     (:mod:`jaxspec.causal.sps`).
 
     Returns ``(logits float32 (B, T, V), cache)``; with ``last_rows`` (static) the logits of
-    the last ``last_rows`` rows only, ``(B, last_rows, V)`` (the LM head skips the others)."""
+    the last ``last_rows`` rows only, ``(B, last_rows, V)`` (the LM head skips the others);
+    with ``hidden_layers`` (static) also the hidden states of those layers, all ``T`` rows,
+    ``(B, T, n, D)``, as a third output."""
     q_slots = first_slot[:, None] + jnp.arange(feed.shape[1], dtype=jnp.int32)[None]
     positions = jnp.maximum(q_slots - pad[:, None], 0)  # padding slots sit at position 0
     return model.apply({"params": params}, feed, positions, causal_mask(q_slots, pad, S),
-                       cache=cache, cache_index=first_slot, last_rows=last_rows)
+                       cache=cache, cache_index=first_slot, last_rows=last_rows,
+                       hidden_layers=hidden_layers)
 
 
 def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
@@ -162,18 +171,19 @@ def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
 
 def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
                 pad: jax.Array, cache, S: int, queries: Optional[DraftQueries] = None,
-                n_drafts: int = 0, last_only: bool = False):
+                n_drafts: int = 0, last_only: bool = False, hidden_layers: tuple = ()):
     """One KV-cached target forward of ``feed (B, T)`` = ``[context, last token, d_1..d_kk]``
     (``kk = n_drafts``) written from slot ``first_slot``, with the drafter's
     :class:`~jaxspec.core.drafters.DraftQueries` appended when given.
 
     Returns ``(logits float32 (B, T, V), query_logits (B, E, V) or None, cache)``; with
     ``last_only`` (static; the prompt pass) ``logits`` holds the feed's last row only,
-    ``(B, 1, V)``, and the LM head skips the rows before it."""
+    ``(B, 1, V)``, and the LM head skips the rows before it. With ``hidden_layers`` (no draft
+    queries) a fourth output: those layers' hidden states ``(B, T, n, D)``."""
     if queries is None:
-        logits, cache = model_pass(cfg.model, params, feed, first_slot, pad, cache, S,
-                                   1 if last_only else None)
-        return logits, None, cache
+        out = model_pass(cfg.model, params, feed, first_slot, pad, cache, S,
+                         1 if last_only else None, hidden_layers)
+        return (out[0], None) + tuple(out[1:])
     T, E = feed.shape[1], queries.tokens.shape[1]
     q_slots = first_slot[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
     positions = jnp.concatenate([jnp.maximum(q_slots - pad[:, None], 0), queries.positions], 1)
@@ -200,9 +210,9 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     # the whole S-slot buffer; the cache then grows to S (slots keep their places). Its LM head
     # multiplies the last prompt row (and the queries) only: the other rows' logits are unused
     S_p = P + (0 if queries is None else queries.tokens.shape[1])
-    logits, qlogits, cache = target_pass(cfg, params, prompt, slots, pad,
-                                         init_cache(cfg.model.config, B, S_p, param_dtype(params)),
-                                         S_p, queries, last_only=True)
+    logits, qlogits, cache, *feats = target_pass(
+        cfg, params, prompt, slots, pad, init_cache(cfg.model.config, B, S_p, param_dtype(params)),
+        S_p, queries, last_only=True, hidden_layers=cfg.features)
     cache = grow_cache(cache, S)
     key, k0 = jax.random.split(key)
     first = sample_from_logits(k0, logits[:, -1], cfg.sampling)
@@ -215,6 +225,8 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
                                      filled=P + 1)))
     if cfg.queries:
         drafter_state = cfg.drafter.absorb(drafter_state, jnp.zeros((B,), jnp.int32), qlogits)
+    if cfg.features:  # the prompt's hidden states, slots [0, P)
+        drafter_state = cfg.drafter.absorb_features(drafter_state, slots, feats[0])
     return DecodeState(
         buffer=buffer, length=length, cache=cache, done=done, n_new=jnp.ones((B,), jnp.int32),
         target_nfe=jnp.ones((B,), jnp.int32), draft_nfe=z, steps=z,
@@ -266,10 +278,15 @@ def verify_step(cfg: LoopConfig, params, st: DecodeState, draft: Draft, key: jax
     last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)  # (B, 1)
     feed = jnp.concatenate([last, draft.tokens], axis=1)                      # (B, kk+1)
     queries = cfg.drafter.draft_queries(st.length - 1 - pad, kk) if cfg.queries else None
-    logits, qlogits, cache = target_pass(cfg, params, feed, st.length - 1, pad, st.cache,
-                                         st.buffer.shape[1], queries, kk)
+    logits, qlogits, cache, *feats = target_pass(cfg, params, feed, st.length - 1, pad, st.cache,
+                                                 st.buffer.shape[1], queries, kk,
+                                                 hidden_layers=cfg.features)
     n, nxt = accept(cfg, key, logits, draft)
+    first_slot = st.length - 1
     st = commit(cfg, st, draft, n, nxt, cache)
+    if cfg.features:  # the fed rows' hidden states; those past the accepted prefix are stale
+        st = st.replace(drafter_state=cfg.drafter.absorb_features(st.drafter_state, first_slot,
+                                                                  feats[0]))
     if cfg.queries:
         st = st.replace(drafter_state=cfg.drafter.absorb(st.drafter_state, n, qlogits))
     return st

@@ -248,7 +248,8 @@ class CausalLM(nn.Module):
         want = tuple(int(i) for i in hidden_layers)
         bad = [i for i in want if not 0 <= i < c.num_layers]
         if bad:
-            raise ValueError(f"hidden_layers {bad} outside the model's layers 0..{c.num_layers - 1}")
+            raise ValueError(f"hidden_layers {bad} outside the model's layers "
+                             f"0..{c.num_layers - 1}")
         H, K, Dh = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // K
         x = jnp.take(embed, tokens, axis=0)

@@ -1,0 +1,431 @@
+"""DFlash: a block-diffusion drafter conditioned on the target's hidden states.
+
+Chen, Liang, Liu, "DFlash: Block Diffusion for Flash Speculative Decoding" (arXiv 2602.06036);
+architecture facts from the authors' released drafter (z-lab/dflash, ``dflash/model.py``).
+
+**Drafter.** A small transformer (1-5 layers) of the target's hidden width ``D`` that shares
+the target's token embedding and LM head (frozen; they are the target's arrays, passed in
+:func:`drafter_params`). Its input is one *block* of ``B`` rows (block size, default 16): the
+anchor (the last emitted token, whose target hidden state is not known yet) followed by
+``B - 1`` mask rows (a learned mask embedding: our targets have no mask token). Attention
+inside the block is bidirectional; every drafter layer's keys and values also hold the
+*context features* of the accepted prefix:
+
+1. the target's hidden states after layers ``layer_ids`` (the residual stream; DFlash takes
+   ``hidden_states[i + 1]`` of the HF model for layer id ``i``), concatenated per token,
+   ``(n * D,)``;
+2. fused by a bias-free projection ``fc: n * D -> D`` and an RMSNorm (``hidden_norm``);
+3. projected by each drafter layer's own key / value matrices (with the per-head key norm and
+   RoPE at the token's position) and put before the block's own keys / values.
+
+The block's last ``B - 1`` rows go through a final RMSNorm and the target's LM head: one
+forward drafts ``k = B - 1`` tokens and their distributions ``q`` (every ``q_i`` depends on the
+accepted context only, so the drafts can be drawn independently). Default target layers
+(DFlash's rule): one drafter layer reads the middle layer ``L // 2``; ``n > 1`` drafter layers
+read ``n`` layers spread evenly from layer 1 to layer ``L - 3``.
+
+**In the decode loop** (:mod:`jaxspec.causal.decode`): the drafter declares
+``feature_layers``; every target pass (the prompt pass and each verification pass) then also
+returns those layers' hidden states (:class:`models.llama.modeling.CausalLM`'s
+``hidden_layers``, the same pass) and hands them to :meth:`DFlashDrafter.absorb_features`,
+which projects them once into the drafter's own per-layer context key / value cache
+(:class:`DFlashState`), in the target's slot layout. Slots past the accepted prefix hold
+stale features that the next proposal masks (context = slots ``[pad, length - 1)``; the anchor
+at slot ``length - 1`` enters as a token), like the target's KV cache rollback.
+
+**Exactness.** Verification is the shared chain verifier (:func:`jaxspec.core.verify.
+verify_sample`, residual resampling and a bonus token): greedy output equals AR's and sampled
+output has AR's distribution, for any drafter weights (Leviathan et al. 2023, Theorem 3.5):
+each ``d_i`` is drawn from ``q_i`` (the drafter's distribution after the target's
+temperature / top-k / top-p) before the verifier's uniforms, and that ``q_i`` is what the
+verifier gets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from jaxspec.causal.config import DraftedConfig
+from jaxspec.core.drafters import Draft, DraftContext, Drafter
+from jaxspec.core.method_config import Needs
+from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
+from models.llama.modeling import apply_rope, lm_logits, rms_norm, rope_tables
+
+__all__ = ["Config", "DFlashDrafter", "DFlashSpec", "DFlashState", "default_layer_ids",
+           "drafter_params", "init_drafter", "block_logits", "context_kv"]
+
+#: drafter depth allowed (DFlash drafters are lightweight: 1-5 layers)
+MAX_LAYERS = 5
+
+
+def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """DFlash's default target layers: ``(L // 2,)`` for one drafter layer, else
+    ``num_draft_layers`` ids spread evenly (rounded) over ``1 .. L - 3``, clipped to
+    ``0 .. L - 1`` and deduplicated (tiny targets)."""
+    L, n = int(num_target_layers), int(num_draft_layers)
+    if n == 1:
+        return (L // 2,)
+    lo, hi = 1, L - 3
+    ids = [min(max(int(round(lo + i * (hi - lo) / (n - 1))), 0), L - 1) for i in range(n)]
+    return tuple(sorted(set(ids)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashSpec:
+    """The drafter's architecture and the target it was built for (hashable).
+
+    Attributes:
+      target_hidden: the target's hidden width ``D`` (also the drafter's: it shares the
+        target's embedding and LM head).
+      target_layers: the target's number of layers.
+      vocab_size: the target's vocabulary ``V``.
+      layer_ids: target layers whose hidden states are fused (each in ``0..target_layers-1``).
+      block_size: ``B`` rows per drafter forward (anchor + ``B - 1`` drafts), >= 2.
+      num_layers: drafter layers, ``1..5``.
+      num_heads, num_kv_heads, head_dim: attention shape (``num_kv_heads`` divides
+        ``num_heads``); intermediate_size: SwiGLU width; rope_theta, rms_norm_eps.
+
+    Raises:
+      ValueError: any field outside its range (one line naming it).
+    """
+
+    target_hidden: int
+    target_layers: int
+    vocab_size: int
+    layer_ids: tuple[int, ...]
+    block_size: int = 16
+    num_layers: int = 1
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 8
+    intermediate_size: int = 64
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
+        if not 1 <= self.num_layers <= MAX_LAYERS:
+            raise ValueError(f"num_layers must be in 1..{MAX_LAYERS}, got {self.num_layers}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + drafts), got {self.block_size}")
+        if not self.layer_ids or len(set(self.layer_ids)) != len(self.layer_ids):
+            raise ValueError(f"layer_ids must be non-empty and distinct, got {self.layer_ids}")
+        bad = [i for i in self.layer_ids if not 0 <= i < self.target_layers]
+        if bad:
+            raise ValueError(f"layer_ids {bad} outside the target's layers "
+                             f"0..{self.target_layers - 1}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} must divide num_heads "
+                             f"{self.num_heads}")
+
+    @classmethod
+    def for_target(cls, target_config, *, block_size: int = 16, num_layers: int = 1,
+                   layer_ids: Optional[tuple[int, ...]] = None,
+                   intermediate_size: Optional[int] = None) -> "DFlashSpec":
+        """A spec for ``target_config`` (:class:`models.config.ModelConfig`): the target's
+        width, attention shape and RoPE base, :func:`default_layer_ids` unless given, and the
+        target's MLP width unless given."""
+        c = target_config
+        return cls(target_hidden=c.hidden_size, target_layers=c.num_layers,
+                   vocab_size=c.vocab_size,
+                   layer_ids=tuple(layer_ids) if layer_ids is not None
+                   else default_layer_ids(c.num_layers, num_layers),
+                   block_size=block_size, num_layers=num_layers, num_heads=c.num_heads,
+                   num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                   intermediate_size=intermediate_size or c.intermediate_size,
+                   rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps)
+
+    def check_target(self, target_config) -> None:
+        """One-line ``ValueError`` when the target differs from the one the drafter was built
+        for: hidden width, number of layers (the layer ids would mean other layers) or
+        vocabulary."""
+        c = target_config
+        for what, mine, theirs in (("hidden width", self.target_hidden, c.hidden_size),
+                                   ("number of layers", self.target_layers, c.num_layers),
+                                   ("vocabulary", self.vocab_size, c.vocab_size)):
+            if mine != theirs:
+                raise ValueError(f"DFlash drafter built for a target with {what} {mine}, "
+                                 f"the target has {theirs}")
+
+
+def init_drafter(spec: DFlashSpec, seed: int = 0, dtype=jnp.float32) -> dict:
+    """Random drafter weights (normal std 0.02, norms 1), the drafter's own tree::
+
+        fc (n*D, D), hidden_norm (D,), mask_embed (D,), final_norm (D,)
+        blocks/ attn_norm (l, D), wq (l, D, H*Dh), wk / wv (l, D, K*Dh), q_norm / k_norm
+                (l, Dh), wo (l, H*Dh, D), mlp_norm (l, D), w_gate / w_up (l, D, F),
+                w_down (l, F, D)
+
+    (``blocks``, not ``layers``: the decode plan re-lays out trees with a Llama ``layers``
+    entry, :func:`models.llama.layout.decode_layout`.)
+    """
+    s, D, l = spec, spec.target_hidden, spec.num_layers
+    qd, kd, F = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
+    shapes = {"wq": (l, D, qd), "wk": (l, D, kd), "wv": (l, D, kd), "wo": (l, qd, D),
+              "w_gate": (l, D, F), "w_up": (l, D, F), "w_down": (l, F, D)}
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(shapes) + 2)
+    layers = {n: 0.02 * jax.random.normal(k, sh, dtype) for (n, sh), k in zip(shapes.items(), keys)}
+    ones = lambda *sh: jnp.ones(sh, dtype)  # noqa: E731
+    layers.update(attn_norm=ones(l, D), mlp_norm=ones(l, D), q_norm=ones(l, s.head_dim),
+                  k_norm=ones(l, s.head_dim))
+    return {"fc": 0.02 * jax.random.normal(keys[-2], (len(s.layer_ids) * D, D), dtype),
+            "hidden_norm": ones(D), "mask_embed": 0.02 * jax.random.normal(keys[-1], (D,), dtype),
+            "final_norm": ones(D), "blocks": layers}
+
+
+def drafter_params(own: dict, target_params: dict) -> dict:
+    """The drafter's parameters for :func:`jaxspec.causal.decode.generate`: its own tree and
+    the target's (frozen, shared, not copied) token embedding and LM head (absent when the
+    target ties them)."""
+    shared = {"embed": target_params["embed"]}
+    if "lm_head" in target_params:
+        shared["lm_head"] = target_params["lm_head"]
+    return {"draft": own, **shared}
+
+
+# ----------------------------------------------------------------------------- the forward
+
+def _heads(x, n, Dh):
+    return x.reshape(x.shape[:-1] + (n, Dh))
+
+
+def context_kv(spec: DFlashSpec, own: dict, hidden: jax.Array, positions: jax.Array):
+    """Project target hidden states into every drafter layer's context keys / values.
+
+    Args:
+      hidden: ``(B, T, n, D)`` the target's hidden states after ``spec.layer_ids``.
+      positions: int32 ``(B, T)`` their RoPE positions.
+
+    Returns:
+      ``(k, v)``, each ``(l, B, K, T, Dh)`` (RoPE applied to ``k``).
+    """
+    B, T = hidden.shape[:2]
+    c = hidden.reshape(B, T, -1) @ own["fc"]
+    c = rms_norm(c, own["hidden_norm"], spec.rms_norm_eps)
+    cos, sin = rope_tables(positions, spec.head_dim, spec.rope_theta)
+    K, Dh = spec.num_kv_heads, spec.head_dim
+
+    def one(lp):
+        k = rms_norm(_heads(c @ lp["wk"], K, Dh), lp["k_norm"], spec.rms_norm_eps)
+        k = apply_rope(k, cos, sin)
+        v = _heads(c @ lp["wv"], K, Dh)
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+
+    return jax.lax.map(one, {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")})
+
+
+def block_logits(spec: DFlashSpec, params: dict, anchor: jax.Array, positions: jax.Array,
+                 ctx_k: jax.Array, ctx_v: jax.Array, ctx_mask: jax.Array) -> jax.Array:
+    """One drafter forward over blocks ``[anchor, mask * (B - 1)]``.
+
+    Args:
+      params: :func:`drafter_params` (``draft``, ``embed``, optional ``lm_head``).
+      anchor: int32 ``(R,)`` anchor tokens (one block per row ``r``).
+      positions: int32 ``(R, B)`` the block rows' RoPE positions.
+      ctx_k, ctx_v: ``(l, R, K, S, Dh)`` context keys / values (:func:`context_kv`).
+      ctx_mask: bool ``(R, S)`` context slots each block sees.
+
+    Returns:
+      float32 ``(R, B - 1, V)``: logits of the block's ``B - 1`` draft rows.
+    """
+    own, s = params["draft"], spec
+    R, Bk = positions.shape
+    H, K, Dh = s.num_heads, s.num_kv_heads, s.head_dim
+    G = H // K
+    x = jnp.concatenate([jnp.take(params["embed"], anchor, axis=0)[:, None],
+                         jnp.broadcast_to(own["mask_embed"].astype(params["embed"].dtype),
+                                          (R, Bk - 1, s.target_hidden))], axis=1)
+    cos, sin = rope_tables(positions, Dh, s.rope_theta)
+    # bidirectional inside the block: every row sees the context and the whole block
+    mask = jnp.concatenate([ctx_mask, jnp.ones((R, Bk), bool)], axis=1)
+    bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, None, :]
+
+    def layer(x, lp_kv):
+        lp, kc, vc = lp_kv
+        a = rms_norm(x, lp["attn_norm"], s.rms_norm_eps)
+        q = rms_norm(_heads(a @ lp["wq"], H, Dh), lp["q_norm"], s.rms_norm_eps)
+        k = rms_norm(_heads(a @ lp["wk"], K, Dh), lp["k_norm"], s.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        v = _heads(a @ lp["wv"], K, Dh)
+        keys = jnp.concatenate([kc, jnp.swapaxes(k, 1, 2)], axis=2)   # (R, K, S + Bk, Dh)
+        vals = jnp.concatenate([vc, jnp.swapaxes(v, 1, 2)], axis=2)
+        sc = jnp.einsum("rtkgd,rksd->rkgts", q.reshape(R, Bk, K, G, Dh), keys) / math.sqrt(Dh)
+        w = jax.nn.softmax(sc.astype(jnp.float32) + bias, axis=-1).astype(vals.dtype)
+        o = jnp.einsum("rkgts,rksd->rtkgd", w, vals).reshape(R, Bk, H * Dh)
+        x = x + o @ lp["wo"]
+        m = rms_norm(x, lp["mlp_norm"], s.rms_norm_eps)
+        x = x + (jax.nn.silu(m @ lp["w_gate"]) * (m @ lp["w_up"])) @ lp["w_down"]
+        return x, None
+
+    x, _ = jax.lax.scan(layer, x, (own["blocks"], ctx_k, ctx_v))
+    x = rms_norm(x[:, 1:], own["final_norm"], s.rms_norm_eps)
+    return lm_logits(x, params["embed"], params.get("lm_head"))
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+@flax.struct.dataclass
+class DFlashState:
+    """The drafter's loop state.
+
+    Attributes:
+      ctx_k, ctx_v: ``(l, B, K, S, Dh)`` per-layer context keys / values in the target's
+        slot layout (slot ``s`` holds the features of the token at slot ``s``; valid for
+        ``[pad, length - 1)``, stale slots masked).
+      pad: int32 ``(B,)`` the rows' left padding (RoPE position of slot ``s`` is ``s - pad``).
+      proj: the drafter weights that project features (``fc``, ``hidden_norm``, per-layer
+        ``wk``, ``wv``, ``k_norm``): :meth:`DFlashDrafter.absorb_features` runs inside the
+        target's pass, where the loop passes no drafter parameters.
+    """
+
+    ctx_k: jax.Array
+    ctx_v: jax.Array
+    pad: jax.Array
+    proj: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashDrafter(Drafter):
+    """The DFlash drafter (module docstring) as a :class:`~jaxspec.core.drafters.Drafter`.
+
+    Attributes:
+      spec: the drafter's :class:`DFlashSpec`; its weights are ``drafter_params``
+        (:func:`drafter_params`), traced.
+      sampling: the target's temperature / top-k / top-p (drafts are sampled from the
+        drafter's distribution after the same processing); ignored under greedy decoding.
+      block_size: the block size asked for (None: the spec's). Draft length ``k = B - 1``.
+
+    Capabilities: ``feature_layers`` (the spec's ``layer_ids``) and
+    :meth:`absorb_features`, read by :mod:`jaxspec.causal.decode`.
+
+    Raises:
+      ValueError: a block size the drafter was not built for; at trace time, target hidden
+        states whose width or layer count differ from the spec's, or sampled decoding with a
+        greedy ``sampling``.
+    """
+
+    spec: DFlashSpec
+    sampling: SamplingConfig = SamplingConfig()
+    block_size: Optional[int] = None
+
+    name = "dflash"
+
+    def __post_init__(self):
+        if self.block_size is not None and self.block_size != self.spec.block_size:
+            raise ValueError(f"block size {self.block_size}: this DFlash drafter was built for "
+                             f"block size {self.spec.block_size}")
+
+    @property
+    def draft_length(self) -> int:
+        """``k = B - 1``: the block's anchor is the last emitted token."""
+        return self.spec.block_size - 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Target layers whose hidden states every target pass returns to the drafter."""
+        return self.spec.layer_ids
+
+    # -- the Drafter protocol -------------------------------------------------------------
+    def init_state(self, params, ctx: DraftContext) -> DFlashState:
+        """An empty context cache of ``S`` slots (the prompt pass fills it)."""
+        s, own = self.spec, params["draft"]
+        B, S = ctx.buffer.shape
+        z = jnp.zeros((s.num_layers, B, s.num_kv_heads, S, s.head_dim), own["fc"].dtype)
+        proj = {"fc": own["fc"], "hidden_norm": own["hidden_norm"],
+                "blocks": {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")}}
+        return DFlashState(ctx_k=z, ctx_v=z, pad=ctx.pad, proj=proj)
+
+    def absorb_features(self, state: DFlashState, first_slot: jax.Array,
+                        hidden: jax.Array) -> DFlashState:
+        """Project a target pass's hidden states ``(B, T, n, D)``, fed from slot
+        ``first_slot (B,)``, into the context cache (slots ``first_slot .. + T``)."""
+        s = self.spec
+        if hidden.shape[2:] != (len(s.layer_ids), s.target_hidden):
+            raise ValueError(f"target hidden states of shape {hidden.shape[2:]} (layers, width); "
+                             f"the DFlash drafter was built for "
+                             f"{(len(s.layer_ids), s.target_hidden)}")
+        T = hidden.shape[1]
+        slots = first_slot[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+        k, v = context_kv(s, state.proj, hidden.astype(state.ctx_k.dtype),
+                          jnp.maximum(slots - state.pad[:, None], 0))
+
+        def write(cache, new):  # (l, B, K, S, Dh) <- (l, B, K, T, Dh) at per-row slots
+            return jax.vmap(lambda c, n, i: jax.lax.dynamic_update_slice(c, n, (0, 0, i, 0)),
+                            in_axes=(1, 1, 0), out_axes=1)(cache, new.astype(cache.dtype),
+                                                           first_slot)
+        return state.replace(ctx_k=write(state.ctx_k, k), ctx_v=write(state.ctx_v, v))
+
+    def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
+        """Nothing to do: the verification pass's features arrived via
+        :meth:`absorb_features`, and the next proposal masks the stale ones."""
+        return state
+
+    def propose(self, params, state: DFlashState, ctx: DraftContext, key: jax.Array,
+                sample: bool):
+        """One drafter forward: ``k = B - 1`` drafts per row.
+
+        Returns:
+          ``(Draft, state)``: tokens int32 ``(B, k)``; ``q`` float32 ``(B, k, V)`` (``None``
+          when greedy); ``has_draft`` all True; ``length`` ``k``; ``nfe`` 1.
+        """
+        if sample and self.sampling.greedy:
+            raise ValueError("sampled decoding needs the drafter's sampling config (temperature "
+                             "> 0): build DFlashDrafter with the target's SamplingConfig")
+        B, S = ctx.buffer.shape
+        L, k = ctx.length, self.draft_length
+        anchor = jnp.take_along_axis(ctx.buffer, (L - 1)[:, None], axis=1)[:, 0]
+        pos = (L - 1 - ctx.pad)[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+        slot = jnp.arange(S)[None]
+        ctx_mask = (slot >= ctx.pad[:, None]) & (slot < (L - 1)[:, None])
+        logits = block_logits(self.spec, params, anchor, pos, state.ctx_k, state.ctx_v, ctx_mask)
+        if sample:
+            q = target_probs(logits, self.sampling)
+            tokens = sample_from_probs(key, q)
+        else:
+            q, tokens = None, argmax(logits)
+        ones = jnp.ones((B,), jnp.int32)
+        return Draft(tokens=tokens.astype(jnp.int32), q=q, has_draft=jnp.ones((B,), bool),
+                     length=k * ones, nfe=ones), state
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+@dataclasses.dataclass(frozen=True)
+class Config(DraftedConfig):
+    """The ``dflash`` method (the registry's entry; :class:`DraftedConfig` has the shared
+    knobs). ``draft_length`` is ``B - 1`` of the drafter's block (default 15: ``B = 16``).
+
+    Attributes:
+      drafter_model: ``(DFlashSpec, own weights)`` of a trained drafter; not compared or
+        hashed. The target's embedding and LM head are added by :meth:`drafter_params`.
+
+    Raises:
+      ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`) or
+        another block size.
+    """
+
+    drafter_model: Any = dataclasses.field(default=None, compare=False)
+
+    default_draft_length: ClassVar[int] = 15
+    needs: ClassVar[Needs] = Needs()
+
+    def drafter(self, target_config) -> DFlashDrafter:
+        spec = self.drafter_model[0]
+        spec.check_target(target_config)
+        return DFlashDrafter(spec, self.sampling, block_size=self.k + 1)
+
+    def drafter_params(self, target_params: Optional[dict] = None) -> Any:
+        if target_params is None:
+            raise ValueError("the DFlash drafter shares the target's embedding and LM head: "
+                             "pass the target's params")
+        return drafter_params(self.drafter_model[1], target_params)
