@@ -1,0 +1,128 @@
+"""The DFlash training objective: a block-diffusion drafter (:mod:`jaxspec.causal.dflash`)
+learns to fill a masked block from the target's hidden states of the context before it.
+
+Objective (DFlash, Chen, Liang, Liu, arXiv 2602.06036; training recipe as described for the
+released drafters and in public re-implementations, e.g. NVIDIA Model-Optimizer's ``dflash``
+recipe):
+
+1. **Target features.** One causal pass of the frozen target over each training sequence
+   returns the hidden states after the drafter's ``layer_ids``
+   (:func:`target_features`; the same ``hidden_layers`` option the decoder uses).
+2. **Anchors.** Per sequence, ``n_anchors`` distinct positions ``a`` are drawn uniformly among
+   the trainable ones (:func:`sample_anchors`: ``a`` and ``a + 1`` are trainable tokens, e.g.
+   the response). Each anchor opens one block ``[x_a, mask * (B - 1)]`` at positions
+   ``a .. a + B - 1``, exactly as at decode time (the anchor is the last emitted token).
+3. **Context.** The block sees the projected features of positions ``< a`` only (at decode
+   time the anchor's own hidden state is computed by the next verification pass), and all
+   rows of its own block (bidirectional). Blocks never see each other.
+4. **Loss.** Cross-entropy of draft row ``j = 1 .. B - 1`` against ``x_{a + j}`` (where that
+   position exists and is trainable), weighted by ``w_j = exp(-(j - 1) / gamma)``: DFlash's
+   position decay, which favours the early block positions (a draft token counts only if
+   every token before it is accepted); ``gamma = None`` weighs all positions equally.
+   Model-Optimizer's recipe defaults to ``gamma = 4`` at block size 8. The loss is the
+   weighted sum divided by the sum of the weights.
+
+The token embedding and LM head are the target's, frozen: only the drafter's own tree
+(:func:`jaxspec.causal.dflash.init_drafter`) is trained.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.causal.dflash import DFlashSpec, block_logits, context_kv
+
+__all__ = ["dflash_loss", "position_weights", "sample_anchors", "target_features"]
+
+
+def target_features(model, params, tokens: jax.Array, layer_ids: tuple[int, ...]) -> jax.Array:
+    """The frozen target's hidden states after ``layer_ids`` for right-padded ``tokens``
+    int32 ``(N, T)`` (one causal pass, positions ``0..T-1``): ``(N, T, n, D)``."""
+    N, T = tokens.shape
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (N, T, T))
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
+    _, _, hidden = model.apply({"params": params}, tokens, pos, mask,
+                               hidden_layers=tuple(layer_ids))
+    return jax.lax.stop_gradient(hidden)
+
+
+def sample_anchors(key: jax.Array, trainable: jax.Array, n_anchors: int):
+    """Draw ``n_anchors`` distinct anchors per sequence, uniformly among positions ``a`` with
+    ``trainable[a]`` and ``trainable[a + 1]``.
+
+    Args:
+      trainable: bool ``(N, T)``; n_anchors: static, >= 1.
+
+    Returns:
+      ``(anchors int32 (N, A), ok bool (N, A))``: ``ok`` is False for the slots of a sequence
+      with fewer than ``A`` candidates (their anchors are arbitrary and carry no loss).
+
+    Raises:
+      ValueError: ``n_anchors`` < 1.
+    """
+    if n_anchors < 1:
+        raise ValueError(f"n_anchors must be >= 1, got {n_anchors}")
+    cand = trainable[:, :-1] & trainable[:, 1:]
+    score = jnp.where(cand, jax.random.uniform(key, cand.shape), -1.0)
+    A = min(n_anchors, cand.shape[1])
+    top, idx = jax.lax.top_k(score, A)
+    return idx.astype(jnp.int32), top >= 0.0
+
+
+def position_weights(block_size: int, gamma: Optional[float]) -> jax.Array:
+    """float32 ``(B - 1,)``: ``exp(-(j - 1) / gamma)`` for draft rows ``j = 1 .. B - 1``
+    (ones for ``gamma=None``).
+
+    Raises:
+      ValueError: ``gamma`` <= 0."""
+    j = jnp.arange(block_size - 1, dtype=jnp.float32)
+    if gamma is None:
+        return jnp.ones_like(j)
+    if not gamma > 0:
+        raise ValueError(f"gamma must be > 0 (or None: uniform weights), got {gamma}")
+    return jnp.exp(-j / gamma)
+
+
+def dflash_loss(spec: DFlashSpec, own: dict, shared: dict, tokens: jax.Array,
+                hidden: jax.Array, trainable: jax.Array, anchors: jax.Array, ok: jax.Array,
+                gamma: Optional[float] = None):
+    """The weighted block cross-entropy (module docstring).
+
+    Args:
+      spec: the drafter's :class:`~jaxspec.causal.dflash.DFlashSpec`.
+      own: the drafter's trainable tree; shared: the target's ``embed`` (and ``lm_head``).
+      tokens: int32 ``(N, T)``; hidden: ``(N, T, n, D)`` (:func:`target_features`);
+      trainable: bool ``(N, T)`` positions whose tokens are targets (and may be anchors);
+      anchors, ok: :func:`sample_anchors`; gamma: the position decay (None: uniform).
+
+    Returns:
+      ``(loss float32 (), metrics)``: ``metrics["acc"]`` float32 ``(B - 1,)`` the argmax
+      accuracy per draft row, ``metrics["tokens"]`` the number of scored tokens.
+    """
+    N, T = tokens.shape
+    A, Bk = anchors.shape[1], spec.block_size
+    ctx_k, ctx_v = context_kv(spec, own, hidden.astype(own["fc"].dtype),
+                              jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T)))
+    rep = lambda x: jnp.repeat(x, A, axis=1)  # noqa: E731  (l, N, ...) -> (l, N*A, ...)
+    a = anchors.reshape(N * A)
+    row_seq = jnp.repeat(jnp.arange(N), A)
+    slot = jnp.arange(T)[None]
+    ctx_mask = slot < a[:, None]  # the features of the positions before the anchor
+    j = jnp.arange(Bk, dtype=jnp.int32)[None]
+    logits = block_logits(spec, {"draft": own, **shared}, tokens[row_seq, a], a[:, None] + j,
+                          rep(ctx_k), rep(ctx_v), ctx_mask)           # (N*A, B-1, V)
+    tgt_pos = a[:, None] + j[:, 1:]
+    inside = tgt_pos < T
+    tgt_pos = jnp.minimum(tgt_pos, T - 1)
+    labels = tokens[row_seq[:, None], tgt_pos]
+    scored = inside & trainable[row_seq[:, None], tgt_pos] & ok.reshape(N * A)[:, None]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    w = position_weights(Bk, gamma)[None] * scored
+    loss = jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1e-9)
+    hit = (jnp.argmax(logits, -1) == labels) & scored
+    acc = jnp.sum(hit, 0) / jnp.maximum(jnp.sum(scored, 0), 1)
+    return loss, {"acc": acc, "tokens": jnp.sum(scored)}
