@@ -95,7 +95,13 @@ class LoopConfig:
     @property
     def features(self) -> tuple[int, ...]:
         """Target layers whose hidden states the drafter reads from every target pass
-        (``feature_layers``, DFlash: :mod:`jaxspec.causal.dflash`); empty for other drafters."""
+        (``feature_layers``, DFlash: :mod:`jaxspec.causal.dflash`); empty for other drafters.
+
+        Raises:
+          ValueError: a cost gate wrapping such a drafter (it does not pass the states on)."""
+        if getattr(getattr(self.drafter, "drafter", None), "feature_layers", ()):
+            raise ValueError("the cost gate cannot wrap a drafter that reads the target's hidden "
+                             "states (DFlash): decode with gate='off'")
         return () if self.drafter is None else tuple(getattr(self.drafter, "feature_layers", ()))
 
     @property

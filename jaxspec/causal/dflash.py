@@ -44,12 +44,15 @@ verifier gets.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.causal.config import DraftedConfig
 from jaxspec.core.drafters import Draft, DraftContext, Drafter
@@ -58,7 +61,8 @@ from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, tar
 from models.llama.modeling import apply_rope, lm_logits, rms_norm, rope_tables
 
 __all__ = ["Config", "DFlashDrafter", "DFlashSpec", "DFlashState", "default_layer_ids",
-           "drafter_params", "init_drafter", "block_logits", "context_kv"]
+           "drafter_params", "init_drafter", "block_logits", "context_kv", "save_drafter",
+           "load_drafter"]
 
 #: drafter depth allowed (DFlash drafters are lightweight: 1-5 layers)
 MAX_LAYERS = 5
@@ -187,6 +191,59 @@ def drafter_params(own: dict, target_params: dict) -> dict:
     if "lm_head" in target_params:
         shared["lm_head"] = target_params["lm_head"]
     return {"draft": own, **shared}
+
+
+#: the safetensors metadata key that holds the drafter's spec (JSON)
+SPEC_KEY = "dflash_spec"
+
+
+def save_drafter(path, spec: DFlashSpec, own: dict) -> int:
+    """Write the drafter's own tree as safetensors (keys ``fc``, ``blocks.wq``, ...; float32)
+    with its :class:`DFlashSpec` as JSON metadata (``dflash_spec``). Returns the file size in
+    bytes. The target's embedding and LM head are not stored."""
+    from safetensors.numpy import save_file
+
+    flat = {".".join(str(getattr(k, "key", k)) for k in path_): np.asarray(x, np.float32)
+            for path_, x in jax.tree_util.tree_flatten_with_path(own)[0]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(flat, str(path), metadata={SPEC_KEY: json.dumps(dataclasses.asdict(spec))})
+    return path.stat().st_size
+
+
+def load_drafter(path) -> tuple[DFlashSpec, dict]:
+    """Inverse of :func:`save_drafter`: ``(spec, own tree of jnp float32 arrays)``.
+
+    Raises:
+      ValueError: a missing or unreadable file, or one without the drafter's spec (one line
+        naming the file).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: DFlash drafter file does not exist")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            flat = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not a readable safetensors drafter ({msg})") from None
+    if SPEC_KEY not in meta:
+        raise ValueError(f"{path}: no DFlash drafter config (metadata {SPEC_KEY!r} missing)")
+    try:
+        spec = DFlashSpec(**json.loads(meta[SPEC_KEY]))
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: bad DFlash drafter config ({e})") from None
+    own: dict = {}
+    for k, v in flat.items():
+        *outer, last = k.split(".")
+        node = own
+        for part in outer:
+            node = node.setdefault(part, {})
+        node[last] = jnp.asarray(v)
+    return spec, own
 
 
 # ----------------------------------------------------------------------------- the forward

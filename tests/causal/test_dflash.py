@@ -11,7 +11,8 @@ import pytest
 
 from jaxspec.causal.decode import generate
 from jaxspec.causal.dflash import (Config, DFlashDrafter, DFlashSpec, context_kv,
-                                   default_layer_ids, drafter_params, init_drafter)
+                                   default_layer_ids, drafter_params, init_drafter,
+                                   load_drafter, save_drafter)
 from jaxspec.core.drafters import DraftContext
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.testing.distribution import check_distribution, enumerate_chain
@@ -187,6 +188,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="target's SamplingConfig"):
         generate(model, params, PROMPTS, max_new_tokens=4, sampling=SamplingConfig(temperature=1.0),
                  drafter=drafter, drafter_params=dparams)
+    with pytest.raises(ValueError, match="cost gate"):
+        generate(model, params, PROMPTS, max_new_tokens=4, drafter=drafter,
+                 drafter_params=dparams, gate=2.0)
     assert default_layer_ids(28, 1) == (14,)
     assert default_layer_ids(28, 5) == (1, 7, 13, 19, 25)
 
@@ -281,3 +285,26 @@ def test_trained_drafter_is_accepted_and_stays_exact():
         assert res.tokens == [t[:24] for t in ar.tokens[:4]], name
         rates[name] = res.stats.acceptance_rate
     assert rates["trained"] > max(0.3, 2 * rates["untrained"]), rates
+
+
+def test_save_and_load(tmp_path):
+    """A saved drafter loads with its spec and weights; a file without the spec, a missing
+    file and a non-safetensors file are one-line errors."""
+    from safetensors.numpy import save_file
+
+    model, params = tiny_model(64, seed=0)
+    spec = DFlashSpec.for_target(model.config, block_size=4, num_layers=2, layer_ids=(1, 0))
+    own = init_drafter(spec, 3)
+    path = tmp_path / "drafter.safetensors"
+    assert save_drafter(path, spec, own) > 0
+    spec2, own2 = load_drafter(path)
+    assert spec2 == spec
+    jax.tree_util.tree_map(np.testing.assert_array_equal, own2, own)
+    save_file({"fc": np.zeros((2, 2), np.float32)}, str(tmp_path / "bare.safetensors"))
+    with pytest.raises(ValueError, match="no DFlash drafter config"):
+        load_drafter(tmp_path / "bare.safetensors")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_drafter(tmp_path / "nothing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(ValueError, match="not a readable"):
+        load_drafter(tmp_path / "junk.safetensors")
