@@ -463,26 +463,37 @@ class Config(DraftedConfig):
     knobs). ``draft_length`` is ``B - 1`` of the drafter's block (default 15: ``B = 16``).
 
     Attributes:
-      drafter_model: ``(DFlashSpec, own weights)`` of a trained drafter; not compared or
-        hashed. The target's embedding and LM head are added by :meth:`drafter_params`.
+      drafter_model: ``(DFlashSpec, own weights)`` of a trained drafter
+        (:func:`load_drafter`); not compared or hashed.
+      target_params: the target's parameters, whose embedding and LM head the drafter
+        shares (:meth:`decode` fills it from its ``params``); not compared or hashed.
 
     Raises:
       ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`) or
-        another block size.
+        another block size; :meth:`drafter_params` without the target's parameters.
     """
 
     drafter_model: Any = dataclasses.field(default=None, compare=False)
+    target_params: Any = dataclasses.field(default=None, compare=False)
 
     default_draft_length: ClassVar[int] = 15
     needs: ClassVar[Needs] = Needs()
 
     def drafter(self, target_config) -> DFlashDrafter:
+        if self.drafter_model is None:
+            raise ValueError("the dflash method needs a trained drafter (drafter_model)")
         spec = self.drafter_model[0]
         spec.check_target(target_config)
         return DFlashDrafter(spec, self.sampling, block_size=self.k + 1)
 
-    def drafter_params(self, target_params: Optional[dict] = None) -> Any:
-        if target_params is None:
+    def drafter_params(self) -> Any:
+        if self.target_params is None:
             raise ValueError("the DFlash drafter shares the target's embedding and LM head: "
-                             "pass the target's params")
-        return drafter_params(self.drafter_model[1], target_params)
+                             "set target_params (decode() does)")
+        return drafter_params(self.drafter_model[1], self.target_params)
+
+    def decode(self, model, params, prompts, **kw):
+        """:meth:`CausalConfig.decode` with ``target_params`` set to ``params``."""
+        cfg = self if self.target_params is not None else dataclasses.replace(
+            self, target_params=params)
+        return DraftedConfig.decode(cfg, model, params, prompts, **kw)

@@ -285,6 +285,11 @@ def test_trained_drafter_is_accepted_and_stays_exact():
         assert res.tokens == [t[:24] for t in ar.tokens[:4]], name
         rates[name] = res.stats.acceptance_rate
     assert rates["trained"] > max(0.3, 2 * rates["untrained"]), rates
+    # the registry's entry decodes the same tokens
+    res = Config(max_new_tokens=24, draft_length=3, drafter_model=(spec, own)).decode(
+        model, params, test_prompts)
+    assert res.tokens == [t[:24] for t in ar.tokens[:4]]
+    assert res.stats.acceptance_rate == rates["trained"]
 
 
 def test_save_and_load(tmp_path):
