@@ -76,7 +76,8 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+                f"num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
@@ -95,7 +96,8 @@ class ModelConfig:
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_ARCHS:
             raise ConfigError(
-                f"config.json has model_type={model_type!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+                f"config.json has model_type={model_type!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHS)}"
             )
         try:
             heads = int(cfg["num_attention_heads"])

@@ -296,9 +296,10 @@ def load_model(
     ``hf-directory`` (and any preset given ``weights``) loads what the path holds
     (:func:`load_any`): a LLaDA / Dream directory or a diffusion jaxspec checkpoint gives a
     ``DiffusionLM``, an XLNet HF directory or jaxspec XLNet file an ``XLNetLM`` with its
-    :class:`ASARM` (:func:`load_asarm`). For a ``delta`` preset ``weights`` overrides the *base* weights, and the model is a
-    :class:`models.diffusion.modeling.DiffusionLM` whose params are the base merged with the delta
-    (head ``causal``: a ``CausalLM`` with ``mask_token_id``, SPACE's SAR-SFT model).
+    :class:`ASARM` (:func:`load_asarm`). For a ``delta`` preset ``weights`` overrides the *base*
+    weights, and the model is a :class:`models.diffusion.modeling.DiffusionLM` whose params are the
+    base merged with the delta (head ``causal``: a ``CausalLM`` with ``mask_token_id``, SPACE's
+    SAR-SFT model).
 
     Returns:
       ``(model, params, tokenizer models.tokenizer.Tokenizer, preset Preset)``; ``model`` is a
@@ -695,7 +696,7 @@ def _load_delta_model(preset: Preset, weights: Optional[str], log):
     return DiffusionLM(dcfg), params, tok, preset
 
 
-# --------------------------------------------------------------------------- tokenizers, scratch models
+# ------------------------------------------------------------------- tokenizers, scratch models
 def load_tokenizer_preset(name: str, log=lambda m: print(m, file=sys.stderr)):
     """The :class:`models.tokenizer.Tokenizer` of preset ``name`` (read from its fetched
     weight file, which holds the tokenizer)."""

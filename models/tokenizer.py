@@ -2,10 +2,10 @@
 
 :class:`Tokenizer` wraps a ``tokenizers.Tokenizer`` and adds what decoding needs: special
 token ids and chat-template rendering (Jinja2, sandboxed). It is built either from a
-Hugging Face directory (``tokenizer.json`` + ``tokenizer_config.json``; for a checkpoint that ships only the slow
-Qwen2-style layout ``vocab.json`` + ``merges.txt`` + added tokens, as Dream-v0 does, the same
-tokenizer is built in memory by :func:`slow_bpe_tokenizer`) or from the tokenizer embedded in a
-GGUF file.
+Hugging Face directory (``tokenizer.json`` + ``tokenizer_config.json``; for a checkpoint that ships
+only the slow Qwen2-style layout ``vocab.json`` + ``merges.txt`` + added tokens, as Dream-v0 does,
+the same tokenizer is built in memory by :func:`slow_bpe_tokenizer`) or from the tokenizer embedded
+in a GGUF file.
 
 Sources of facts:
   * GGUF tokenizer keys (``tokenizer.ggml.model/tokens/merges/token_type/pre``,
@@ -287,7 +287,8 @@ class Tokenizer:
             raise TokenizerError(f"{where}: GGUF file has no tokenizer metadata")
         if model != "gpt2":
             raise TokenizerError(
-                f"{where}: GGUF tokenizer model {model!r} is not supported (only byte-level BPE 'gpt2')"
+                f"{where}: GGUF tokenizer model {model!r} is not supported "
+                "(only byte-level BPE 'gpt2')"
             )
         tokens = list(_gguf_field(reader, "tokenizer.ggml.tokens", required=True, where=where))
         merges = list(_gguf_field(reader, "tokenizer.ggml.merges", required=True, where=where))

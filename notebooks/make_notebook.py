@@ -28,8 +28,8 @@ decoder it must reproduce token for token:
 |---|---|---|
 | SSD (self speculative decoding) | a LLaDA or Dream dLLM | one-token-per-step stepwise decoding |
 | Spiffy (draft graphs) | the same dLLM | the decoder it accelerates (stepwise here) |
-| DiffuSpec (dLLM drafter, CPS + ADL) | a dLLM drafter + a causal Qwen / Llama verifier | AR greedy decoding of the verifier |
-| SPACE (auto-correct decoding) | a SAR-SFT causal model (optional) | AR greedy decoding of that model |
+| DiffuSpec (CPS + ADL) | a dLLM drafter + a causal Qwen/Llama verifier | the verifier's AR greedy |
+| SPACE (auto-correct decoding) | a SAR-SFT causal model (optional) | that model's AR greedy |
 
 The last cells print a speedup table (NFE, tokens per forward, wall time, identical to the
 reference) and one plot. Runtime: **Runtime > Change runtime type > TPU**. The README's
@@ -87,7 +87,8 @@ import jax
 import numpy as np
 from models.registry import resolve_dtype
 
-print("jax", jax.__version__, "| backend:", jax.default_backend(), "|", len(jax.devices()), "devices")
+print("jax", jax.__version__, "| backend:", jax.default_backend(), "|", len(jax.devices()),
+      "devices")
 for d in jax.devices():
     print("  ", d)
 print("dtype 'auto' ->", np.dtype(resolve_dtype("auto")))
@@ -117,7 +118,8 @@ VERIFIER_REPO = _env("VERIFIER_REPO", "Qwen/Qwen2.5-7B-Instruct")
 SPACE_MODEL = _env("SPACE_MODEL", "")
 
 DTYPE = _env("DTYPE", "auto")              # auto | float32 | bfloat16
-MATMUL_PRECISION = _env("MATMUL_PRECISION", "highest")  # highest: float32 matmuls stay float32 on TPU
+# MATMUL_PRECISION highest: float32 matmuls stay float32 on TPU
+MATMUL_PRECISION = _env("MATMUL_PRECISION", "highest")
 MESH = _env("MESH", "auto")                # auto | none | DATAxMODEL, e.g. 1x4
 PROMPT = _env("PROMPT", "")                # "" = the first LIMIT HumanEval problems
 LIMIT = _env("LIMIT", 1, int)
@@ -126,7 +128,8 @@ SEED = _env("SEED", 0, int)
 
 GEN_LENGTH = _env("GEN_LENGTH", 256, int)  # dLLM generated positions
 BLOCK_LENGTH = _env("BLOCK_LENGTH", 32, int)
-CACHE = _env("CACHE", "dual")              # none | dual (SSD and Spiffy; the reference uses the same)
+# CACHE: none | dual (SSD and Spiffy; the reference uses the same)
+CACHE = _env("CACHE", "dual")
 SSD_DRAFT_LENGTH = _env("SSD_DRAFT_LENGTH", 3, int)
 SPIFFY_GRAPH = _env("SPIFFY_GRAPH", "")    # "" = the default graph (D10), pruned to the block
 MAX_NEW_TOKENS = _env("MAX_NEW_TOKENS", 256, int)  # causal generation budget
@@ -172,11 +175,13 @@ for spec in (DLLM, DRAFTER, VERIFIER, SPACE_MODEL):
     d = Path(str(spec))
     if not d.is_dir() or (d / "tokenizer.json").is_file() or (d / "jaxspec_config.json").is_file():
         continue
-    if (d / "vocab.json").is_file() and (d / "merges.txt").is_file() and hf_model_type(d) in ("dream", "qwen2"):
+    if ((d / "vocab.json").is_file() and (d / "merges.txt").is_file()
+            and hf_model_type(d) in ("dream", "qwen2")):
         n, k = write_tokenizer_json(d)
         print(f"{d}: wrote tokenizer.json ({n} ids, {k} added tokens) from vocab.json + merges.txt")
     else:
-        print(f"{d}: no tokenizer.json, and no Qwen2-style vocab.json + merges.txt to build one from")
+        print(f"{d}: no tokenizer.json, and no Qwen2-style vocab.json + merges.txt "
+              "to build one from")
 """
 
 SETUP = """\
@@ -252,12 +257,15 @@ def load(spec, role):
         "parameters": sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params)),
         "dtype": str(np.dtype(resolve_dtype(DTYPE))), "devices": len(per_device),
         "mesh": "none" if mesh is None else "x".join(str(s) for s in mesh.devices.shape),
-        "weights_gb": sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params)) / 1e9,
+        "weights_gb": sum(x.size * x.dtype.itemsize
+                          for x in jax.tree_util.tree_leaves(params)) / 1e9,
         "max_per_device_gb": max(per_device.values()) / 1e9,
-        "kv_per_1k_tokens_gb": 2 * base.num_layers * base.num_kv_heads * base.head_dim * 1024 * itemsize / 1e9,
+        "kv_per_1k_tokens_gb": (2 * base.num_layers * base.num_kv_heads * base.head_dim * 1024
+                                * itemsize / 1e9),
     })
     print(f"[{role}] {spec}: {type(model).__name__} {MEMORY[-1]['parameters']:,} parameters, "
-          f"{MEMORY[-1]['dtype']}, mesh {MEMORY[-1]['mesh']}, loaded in {time.perf_counter() - t0:.1f} s")
+          f"{MEMORY[-1]['dtype']}, mesh {MEMORY[-1]['mesh']}, "
+          f"loaded in {time.perf_counter() - t0:.1f} s")
     return model, params, tok
 
 
@@ -299,7 +307,8 @@ def run_with_reference(name, model, params, tok, prompts, options, refs, label):
            "identical": same}
     ROWS.append(row)
     print(f"[{name}] NFE {nfe} vs {ref_method.name} {ref_nfe} ({row['nfe_speedup']:.2f}x), "
-          f"{row['tokens_per_step']:.2f} tokens/forward, wall {res.run_s:.2f} s vs {ref.run_s:.2f} s "
+          f"{row['tokens_per_step']:.2f} tokens/forward, "
+          f"wall {res.run_s:.2f} s vs {ref.run_s:.2f} s "
           f"(compile {res.compile_s:.1f} s and {ref.compile_s:.1f} s), "
           f"identical to {ref_method.name}: {'yes' if same else 'NO'}")
     print("   ", repr(tok.decode(res.tokens[0])[:200]))
@@ -379,7 +388,8 @@ else:
         root = stdlib_root()
         stream = []
         for f in stdlib_files(root)[:PROXY_FILES]:
-            stream += verifier_tok.encode((root / f).read_text(encoding="utf-8", errors="replace")) + [eos]
+            stream += verifier_tok.encode(
+                (root / f).read_text(encoding="utf-8", errors="replace")) + [eos]
         proxy = NgramProxy.fit(stream, verifier.config.vocab_size)
         print(f"3-gram proxy fitted on {PROXY_FILES} stdlib files ({len(stream)} tokens)")
     causal_options = dict(max_new_tokens=MAX_NEW_TOKENS, draft_length=DIFFUSPEC_K_MAX,
@@ -433,7 +443,8 @@ SPEEDUP = md_table(ROWS, [
     ("NFE", lambda r: str(r["nfe"])), ("reference NFE", lambda r: str(r["reference_nfe"])),
     ("draft NFE", lambda r: str(r["draft_nfe"])),
     ("tokens/step", lambda r: f"{r['tokens_per_step']:.2f}"),
-    ("wall s", lambda r: f"{r['wall_s']:.2f}"), ("reference wall s", lambda r: f"{r['reference_wall_s']:.2f}"),
+    ("wall s", lambda r: f"{r['wall_s']:.2f}"),
+    ("reference wall s", lambda r: f"{r['reference_wall_s']:.2f}"),
     ("NFE speedup", lambda r: f"{r['nfe_speedup']:.2f}x"),
     ("wall speedup", lambda r: f"{r['wall_speedup']:.2f}x"),
     ("identical to reference", lambda r: "yes" if r["identical"] else "NO"),
@@ -459,7 +470,8 @@ display(Markdown(SPEEDUP + "\\n\\n" + MEMORY_TABLE))
 out = Path(OUT_DIR)
 out.mkdir(parents=True, exist_ok=True)
 (out / "speedup.json").write_text(json.dumps({
-    "backend": jax.default_backend(), "devices": N_DEVICES, "dtype": str(np.dtype(resolve_dtype(DTYPE))),
+    "backend": jax.default_backend(), "devices": N_DEVICES,
+    "dtype": str(np.dtype(resolve_dtype(DTYPE))),
     "rows": ROWS, "memory": MEMORY}, indent=1))
 _ = (out / "speedup.md").write_text(SPEEDUP + "\\n\\n" + MEMORY_TABLE + "\\n")
 """
@@ -473,7 +485,8 @@ x = np.arange(len(ROWS))
 ax.bar(x - 0.2, [r["nfe_speedup"] for r in ROWS], 0.4, label="NFE speedup")
 ax.bar(x + 0.2, [r["wall_speedup"] for r in ROWS], 0.4, label="wall-clock speedup")
 ax.axhline(1.0, color="gray", lw=0.8)
-ax.set_xticks(x, [f"{r['method']}\\n({'identical' if r['identical'] else 'DIFFERENT'})" for r in ROWS])
+ax.set_xticks(x, [f"{r['method']}\\n({'identical' if r['identical'] else 'DIFFERENT'})"
+                  for r in ROWS])
 ax.set_ylabel("x reference")
 ax.set_title(f"{jax.default_backend()}, {N_DEVICES} device(s), {np.dtype(resolve_dtype(DTYPE))}")
 ax.legend()

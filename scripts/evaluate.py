@@ -1,4 +1,5 @@
-"""Measure the quality gate of a trained model: a masked-diffusion delta, an AS-ARM or a SAR-SFT model.
+"""Measure the quality gate of a trained model: a masked-diffusion delta, an AS-ARM or a
+SAR-SFT model.
 
 **AS-ARM** (any gate whose ``configs/train/<gate>.yaml`` has ``objective.kind: asarm``):
 
@@ -77,7 +78,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m scripts.evaluate", description=__doc__.split("\n")[0]
+        prog="python -m scripts.evaluate", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
     ap.add_argument(
         "--gate",

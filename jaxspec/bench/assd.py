@@ -33,8 +33,8 @@ length), sequential vs ASSD (``infill_temperature``, default greedy, so ASSD's c
 identical to sequential's and only the cost differs): pass@1 in the sandbox, NFE, identical
 fraction.
 
-Everything works on an already-loaded model (any :func:`models.xlnet.modeling.load_xlnet` checkpoint) so
-the tests run it end to end on a tiny random XLNet with a stand-in judge.
+Everything works on an already-loaded model (any :func:`models.xlnet.modeling.load_xlnet`
+checkpoint) so the tests run it end to end on a tiny random XLNet with a stand-in judge.
 """
 
 from __future__ import annotations
@@ -267,7 +267,8 @@ def run_assd_suite(
 
     Raises:
       BenchError: no sequences, a sequence shorter than 2 tokens, infilling tasks without a
-      tokenizer; ValueError: invalid decoding settings (from :func:`jaxspec.asarm.assd.assd_generate`).
+      tokenizer; ValueError: invalid decoding settings (from
+      :func:`jaxspec.asarm.assd.assd_generate`).
     """
     if not sequences:
         raise BenchError("no sequences to benchmark")

@@ -4,10 +4,11 @@ controller (ADL, Eqs. 8-10), as static-shape jittable functions.
 
 :class:`DiffusionDrafter` puts them together as a :class:`jaxspec.core.drafters.Drafter`: a
 :class:`models.diffusion.modeling.DiffusionLM` proposes a block in one forward (``S = 1``,
-the paper's default; ``refine_steps = S > 1`` runs Eq. 4's iterative refinement), CPS picks the path, ADL sets the next ``k_t``, and the causal loop verifies with a
-**point-mass** ``q``: the path is a deterministic function of the history, so accepting
-``x`` with probability ``p(x)`` and resampling ``p`` without ``x`` on rejection is exact under
-sampling (the paper is exact only under greedy verification: Prop. 4.1, App. H).
+the paper's default; ``refine_steps = S > 1`` runs Eq. 4's iterative refinement), CPS picks the
+path, ADL sets the next ``k_t``, and the causal loop verifies with a **point-mass** ``q``: the path
+is a deterministic function of the history, so accepting ``x`` with probability ``p(x)`` and
+resampling ``p`` without ``x`` on rejection is exact under sampling (the paper is exact only under
+greedy verification: Prop. 4.1, App. H).
 
 * **Lattice** (:func:`prune_lattice`, Eq. 6): per draft position keep the smallest top-``m``
   whose probability mass reaches ``tau``, at most ``M_max``; EOS is always kept (an extra
@@ -72,8 +73,8 @@ def prune_lattice(logp: jax.Array, tau: float, m_max: int, eos_id: int):
 
     Returns:
       ``(tokens int32 (B, K, M + 1), logp float32 (B, K, M + 1), valid bool (B, K, M + 1))``
-      with ``M = min(M_max, V)``: the top-``M_i`` tokens by probability (``M_i`` of Eq. 6), then EOS in the
-      last slot when it is not already among them.
+      with ``M = min(M_max, V)``: the top-``M_i`` tokens by probability (``M_i`` of Eq. 6), then EOS
+      in the last slot when it is not already among them.
 
     Raises:
       ValueError: ``tau`` outside ``(0, 1]`` or ``m_max < 1``.
@@ -113,9 +114,9 @@ class NgramProxy:
     slots indexed by a 32-bit FNV-1a hash (colliding n-grams share counts: a proxy, not a
     language model of record; each relative frequency is clipped to 1, since a colliding
     count can exceed its context's: unclipped, ``log P`` reached +1.57 for " number number
-    number" with 2^20 slots over the 3.3M-token stdlib, and CPS drafted that loop). The paper fits a KenLM 3-gram offline; inside a jitted loop
-    the proxy has to be array lookups, and hashing keeps a 3-gram model over a 49k vocabulary
-    in a fixed-size table. Build with :meth:`fit`.
+    number" with 2^20 slots over the 3.3M-token stdlib, and CPS drafted that loop). The paper fits a
+    KenLM 3-gram offline; inside a jitted loop the proxy has to be array lookups, and hashing keeps
+    a 3-gram model over a 49k vocabulary in a fixed-size table. Build with :meth:`fit`.
 
     Attributes:
       tri, tri_ctx: float32 ``(2^bits,)`` counts of hashed (a, b, c) and of hashed (a, b).
@@ -320,8 +321,9 @@ class DiffusionDrafter(Drafter):
     model's prefill in :mod:`jaxspec.causal.sps`).
 
     Raises:
-      ValueError: ``k_max < 1``, ``k_min > k_max`` (with ADL), ``tau`` outside ``(0, 1]``, ``beam < 1``, ``m_max < 1``,
-        ``rho`` outside ``(0, 1]``, ``lam`` outside ``[0, 1]``, ``refine_steps < 1``.
+      ValueError: ``k_max < 1``, ``k_min > k_max`` (with ADL), ``tau`` outside ``(0, 1]``,
+        ``beam < 1``, ``m_max < 1``, ``rho`` outside ``(0, 1]``, ``lam`` outside ``[0, 1]``,
+        ``refine_steps < 1``.
     """
 
     model: object

@@ -54,10 +54,10 @@ NFE counts batched verification forwards (one per iteration, whatever the node c
 
 **Multi-device verification** (``mesh``): the ``B x nodes`` verification sequences of an
 iteration are one batch, so they are sharded over the devices of a 1-D
-:class:`jax.sharding.Mesh` with a ``"draft"`` axis (:func:`jaxspec.dllm.nodes.draft_mesh`); XLA partitions the
-forward (GSPMD). :func:`jaxspec.dllm.nodes.shard_params` additionally splits every weight matrix over the same
-devices (last axis) for checkpoints too big for one device. The decoded tokens do not depend
-on the mesh (tested with 4 fake CPU devices). On a TPU slice:
+:class:`jax.sharding.Mesh` with a ``"draft"`` axis (:func:`jaxspec.dllm.nodes.draft_mesh`); XLA
+partitions the forward (GSPMD). :func:`jaxspec.dllm.nodes.shard_params` additionally splits every
+weight matrix over the same devices (last axis) for checkpoints too big for one device. The decoded
+tokens do not depend on the mesh (tested with 4 fake CPU devices). On a TPU slice:
 ``ssd_generate(..., mesh=draft_mesh())`` and ``params = shard_params(params, mesh)``.
 
 Layout of this module: :class:`SSDConfig` -> :class:`Loop` (what an iteration reads) ->

@@ -115,7 +115,8 @@ def answer_degeneracy(
 
 
 def shannon_entropy(tokens: Sequence[int]) -> float:
-    """ASSD paper Eq. 22: ``-sum_x f(x) log2 f(x)`` over the token frequencies ``f`` of one sequence (bits)."""
+    """ASSD paper Eq. 22: ``-sum_x f(x) log2 f(x)`` over the token frequencies ``f`` of one
+    sequence (bits)."""
     t = np.asarray(tokens)
     if t.size == 0:
         return 0.0

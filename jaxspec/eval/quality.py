@@ -709,9 +709,10 @@ def mask_row_accuracy(
 def humaneval_pass_at_1(
     model, params, tok, problems: Sequence[dict], max_new_tokens: int = 256, method: str = "ar"
 ) -> dict:
-    """Greedy pass@1 of raw-prompt completions in the sandbox (:func:`jaxspec.eval.sandbox.run_program`):
-    the completion is cut at the first top-level line (a new ``def`` / ``class`` / ``if
-    __name__`` / unindented code), appended to the prompt, and run with the problem's tests.
+    """Greedy pass@1 of raw-prompt completions in the sandbox
+    (:func:`jaxspec.eval.sandbox.run_program`): the completion is cut at the first top-level line (a
+    new ``def`` / ``class`` / ``if __name__`` / unindented code), appended to the prompt, and run
+    with the problem's tests.
 
     Returns ``{"passed", "problems", "pass_at_1"}``."""
     from jaxspec.eval.sandbox import run_program

@@ -34,8 +34,8 @@ lines (:meth:`report`). To add a method:
 
 ``scripts.generate`` (``--method``, ``--compare``, the options), ``scripts.benchmark`` (the
 ``jaxspec/<method>`` systems), ``scripts.evaluate`` and the registry-driven tests
-(``tests/test_methods.py``) then take it without edits. Only an option no method had before needs one more line: its flag in
-``scripts.generate`` (``dest`` = the field name, default None).
+(``tests/test_methods.py``) then take it without edits. Only an option no method had before needs
+one more line: its flag in ``scripts.generate`` (``dest`` = the field name, default None).
 """
 
 from __future__ import annotations

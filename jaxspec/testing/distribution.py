@@ -279,7 +279,8 @@ def check_groups(
     why = (
         "; ".join(failing)
         if failing
-        else f"ok ({G} groups): worst TV {res[worst].tv:.4f} <= {res[worst].tv_floor_quantile:.4f}, "
+        else f"ok ({G} groups): worst TV {res[worst].tv:.4f} "
+        f"<= {res[worst].tv_floor_quantile:.4f}, "
         f"adjusted chi2 p {pval:.3g}, n {sum(r.n for r in res)}"
     )
     return DistributionCheck(

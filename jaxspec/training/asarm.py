@@ -1,4 +1,5 @@
-"""AS-ARM training: the teacher-forced joint loss of ASSD (Eq. 7) on the XLNet of models/xlnet/modeling.py.
+"""AS-ARM training: the teacher-forced joint loss of ASSD (Eq. 7) on the XLNet of
+models/xlnet/modeling.py.
 
 Source: Guo & Ermon, arXiv:2504.20456 (docs/methods/assd.md).
 
@@ -24,13 +25,13 @@ clipped to ``[1, N - 1]`` so every sequence has a prompt and a target.
 
 Vocabulary: SmolLM2's 49152 ids are too many for a model of a few MB, so the model's vocabulary
 is the ``asarm.vocab_size - 1`` SmolLM2 ids most frequent in the training split plus one UNK
-(:class:`models.xlnet.modeling.CompactVocab`, stored with the weights so the model speaks SmolLM2 ids
-at its interface). The word embedding (tied to the LM head) can be initialised from a preset's
+(:class:`models.xlnet.modeling.CompactVocab`, stored with the weights so the model speaks SmolLM2
+ids at its interface). The word embedding (tied to the LM head) can be initialised from a preset's
 embedding rows, projected to ``d_model`` by PCA (top principal directions of the kept rows) and
 rescaled to std ``asarm.init_std``.
 
-The loop, optimiser, checkpoints (exact resume), metrics and plots are :mod:`jaxspec.training.loop`'s
-(``objective.kind: asarm``; the config section ``asarm`` is
+The loop, optimiser, checkpoints (exact resume), metrics and plots are
+:mod:`jaxspec.training.loop`'s (``objective.kind: asarm``; the config section ``asarm`` is
 :class:`jaxspec.training.config.AsarmSection`); this module holds what is specific to AS-ARMs.
 """
 
@@ -207,7 +208,8 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
       ``(XLNetLM, params, tokenizer, CompactVocab, (train, val) PackedDataset of model ids)``.
 
     Raises:
-      jaxspec.training.config.TrainConfigError: no ``model.tokenizer``, or ``model.init`` not scratch.
+      jaxspec.training.config.TrainConfigError: no ``model.tokenizer``, or ``model.init`` not
+        scratch.
     """
     a = cfg.asarm or AsarmSection()
     if cfg.model.init != "scratch":
@@ -249,7 +251,8 @@ def build_asarm(cfg, log=lambda m: print(m, file=sys.stderr)):
             projected_embeddings(big, vocab.ids, xcfg.d_model, a.init_std, cfg.train.seed)
         )
         log(
-            f"[asarm] word embedding initialised from {a.embed_init} ({big.shape[1]} -> {xcfg.d_model} by PCA)"
+            f"[asarm] word embedding initialised from {a.embed_init} "
+            f"({big.shape[1]} -> {xcfg.d_model} by PCA)"
         )
     return XLNetLM(xcfg), params, tok, vocab, (train_m, val_m)
 
@@ -258,8 +261,8 @@ def _continued_params(path, xcfg: XLNetConfig, vocab: CompactVocab) -> dict:
     """Weights of ``path`` (a :func:`models.xlnet.modeling.save_xlnet` file) for continued training.
 
     Raises:
-      jaxspec.training.config.TrainConfigError: unreadable file, or an architecture or vocabulary map that
-        differs from the run's (one line naming the difference).
+      jaxspec.training.config.TrainConfigError: unreadable file, or an architecture or
+        vocabulary map that differs from the run's (one line naming the difference).
     """
     try:
         fcfg, params, fvocab, _ = load_xlnet(path)
@@ -333,7 +336,8 @@ def run_meta(cfg, run_dir, step: int, tokens_per_step: int) -> dict:
 
 def export_checkpoint(run_dir, dest=None, step: Optional[int] = None) -> tuple[int, int]:
     """Write the weights of an AS-ARM run's checkpoint as ``model.safetensors`` (float16,
-    :func:`models.xlnet.modeling.save_xlnet`, with the compact vocabulary), e.g. while the run goes on.
+    :func:`models.xlnet.modeling.save_xlnet`, with the compact vocabulary), e.g. while the run
+    goes on.
 
     Args:
       run_dir: the run's ``--out`` directory (``config.json``, ``vocab.json``, ``checkpoints/``).

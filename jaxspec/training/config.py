@@ -120,8 +120,8 @@ class AsarmSection:
     XLNet settings. ``mask_*``: the masking-rate schedule of Appendix E.3. The transformer sizes
     come from ``model`` (``hidden_size`` = d_model, ``intermediate_size`` = d_inner,
     ``num_layers``, ``num_heads``, ``head_dim``). ``init_weights``: a file written by
-    :func:`models.xlnet.modeling.save_xlnet` (e.g. an exported ``model.safetensors``) whose weights start
-    the run instead of a random init (continued training with a fresh optimiser and schedule);
+    :func:`models.xlnet.modeling.save_xlnet` (e.g. an exported ``model.safetensors``) whose weights
+    start the run instead of a random init (continued training with a fresh optimiser and schedule);
     its architecture and vocabulary map must equal this config's."""
 
     vocab_size: int = 8192

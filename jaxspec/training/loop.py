@@ -86,10 +86,10 @@ def _compiled_fns(model: DiffusionLM, cfg_json: str):
     """``(jitted train step, jitted eval loss, optax transform, schedule)`` for a model and
     config; cached so repeated :func:`train` calls in one process (resume, tests) compile once.
 
-    The step ``(trainable, opt_state, base, batch (A, B, T) or SFT (A, B, 2, T), step) -> (trainable, opt_state,
-    stats)`` averages the gradients of the ``A`` micro-batches (key of micro-batch ``i``:
-    ``fold_in(fold_in(PRNGKey(seed), step), i)``) and applies one optimiser update; it donates
-    ``trainable`` and ``opt_state``.
+    The step ``(trainable, opt_state, base, batch (A, B, T) or SFT (A, B, 2, T), step) ->
+    (trainable, opt_state, stats)`` averages the gradients of the ``A`` micro-batches (key of
+    micro-batch ``i``: ``fold_in(fold_in(PRNGKey(seed), step), i)``) and applies one optimiser
+    update; it donates ``trainable`` and ``opt_state``.
     """
     cfg = config_from_dict({**json.loads(cfg_json)})
     seed, eps, accum = cfg.train.seed, cfg.objective.eps, cfg.optim.grad_accum
@@ -471,7 +471,8 @@ def train(
     cfg_path = out / "config.json"
     if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
         log(
-            "[train] warning: config differs from the one this run started with; resume may not be exact"
+            "[train] warning: config differs from the one this run started with; "
+            "resume may not be exact"
         )
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
 

@@ -21,8 +21,8 @@ Two heads of the same family:
   never masked: Dream asserts the first token is not a mask). Mask id 151666 for Dream-7B.
 
 The parameter tree is ``CausalLM``'s (see :mod:`models.llama.modeling`), so
-:func:`models.llama.modeling.init_params` / :func:`models.llama.modeling.init_cache` serve both heads; the
-loaders live in :mod:`models.diffusion.params`.
+:func:`models.llama.modeling.init_params` / :func:`models.llama.modeling.init_cache` serve both
+heads; the loaders live in :mod:`models.diffusion.params`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class DiffusionConfig:
             raise ValueError(f"mask_token_id must be an int, got {self.mask_token_id!r}")
         if not 0 <= self.mask_token_id < self.base.vocab_size:
             raise ValueError(
-                f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.base.vocab_size})"
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                f"[0, {self.base.vocab_size})"
             )
 
     @property

@@ -85,7 +85,8 @@ def _unknown_layout(where: str, names: frozenset[str], wanted: str) -> WeightFil
     sample = ", ".join(sorted(names)[:3]) or "no tensors"
     return WeightFileError(
         f"{where}: tensor layout matches no known architecture for {wanted} "
-        f"(expected {'transformer.wte.weight' if wanted == 'LLaDA' else _DREAM_EMBED}; found {sample}, ...)"
+        f"(expected {'transformer.wte.weight' if wanted == 'LLaDA' else _DREAM_EMBED}; "
+        f"found {sample}, ...)"
     )
 
 
@@ -169,8 +170,8 @@ def load_llada_dir(path) -> tuple[DiffusionConfig, dict]:
         (``model.transformer.blocks.0.q_proj.weight``, as saved by ``LLaDAModelLM``) or not.
 
     Returns:
-      ``(DiffusionConfig(head="llada"), params)`` in the :mod:`models.llama.modeling` layout, float32.
-      ``ff_proj`` -> ``w_gate``, ``up_proj`` -> ``w_up``, ``ff_out`` (block) -> ``w_down``,
+      ``(DiffusionConfig(head="llada"), params)`` in the :mod:`models.llama.modeling` layout,
+      float32. ``ff_proj`` -> ``w_gate``, ``up_proj`` -> ``w_up``, ``ff_out`` (block) -> ``w_down``,
       ``attn_out`` -> ``wo``, ``transformer.ff_out`` -> ``lm_head`` (absent when tied).
 
     Raises:
@@ -212,7 +213,8 @@ def load_dream_dir(path) -> tuple[DiffusionConfig, dict]:
         safetensors weights named as Qwen2 (``model.layers.N.self_attn.q_proj.weight``...).
 
     Returns:
-      ``(DiffusionConfig(head="dream"), params)`` in the :mod:`models.llama.modeling` layout, float32.
+      ``(DiffusionConfig(head="dream"), params)`` in the :mod:`models.llama.modeling` layout,
+      float32.
 
     Raises:
       WeightFileError: missing directory/files, a tensor layout that is not Qwen2's (one

@@ -148,7 +148,8 @@ def _check_shape(got: Iterable[int], want: Iterable[int], name: str, where: str)
     got, want = tuple(int(s) for s in got), tuple(int(s) for s in want)
     if got != want:
         raise WeightFileError(
-            f"{where}: tensor {name} has shape {got} (after conversion) but the config expects {want}"
+            f"{where}: tensor {name} has shape {got} (after conversion) "
+            f"but the config expects {want}"
         )
 
 

@@ -545,7 +545,8 @@ def load_xlnet(path) -> tuple[XLNetConfig, dict, Optional[CompactVocab], dict]:
             raise WeightFileError(f"{path}: missing tensor {k}")
         if tuple(arrays[k].shape) != tuple(spec.shape):
             raise WeightFileError(
-                f"{path}: tensor {k} has shape {tuple(arrays[k].shape)}, expected {tuple(spec.shape)}"
+                f"{path}: tensor {k} has shape {tuple(arrays[k].shape)}, "
+                f"expected {tuple(spec.shape)}"
             )
         a = jnp.asarray(arrays[k], jnp.float32)
         if k.startswith("layers."):
@@ -644,8 +645,9 @@ def _open_state_dict(d: Path):
 
 def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
     """Load a transformers XLNet checkpoint directory (``config.json`` + ``model.safetensors``,
-    a sharded ``model.safetensors.index.json`` or ``pytorch_model.bin``; xlnet-base-cased / xlnet-large-cased layout, ``XLNetLMHeadModel``
-    or bare ``XLNetModel`` names, with or without the ``transformer.`` prefix).
+    a sharded ``model.safetensors.index.json`` or ``pytorch_model.bin``; xlnet-base-cased /
+    xlnet-large-cased layout, ``XLNetLMHeadModel`` or bare ``XLNetModel`` names, with or without the
+    ``transformer.`` prefix).
 
     Returns:
       ``(XLNetConfig, params)`` with float32 leaves; ``lm_bias`` is zero when the checkpoint
@@ -679,7 +681,8 @@ def load_hf_xlnet(path) -> tuple[XLNetConfig, dict]:
         a = a.reshape(shape) if name.endswith("mask_emb") and a.size == int(np.prod(shape)) else a
         if tuple(a.shape) != tuple(shape):
             raise WeightFileError(
-                f"{where}: tensor {name} has shape {tuple(a.shape)}, the config expects {tuple(shape)}"
+                f"{where}: tensor {name} has shape {tuple(a.shape)}, "
+                f"the config expects {tuple(shape)}"
             )
         return a
 

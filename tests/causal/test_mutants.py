@@ -259,7 +259,8 @@ def test_diffuspec_bonus_from_residual_seen_on_a_smaller_vocabulary():
 
 # the mutant suite of the model-based table drafter (real q, adaptive k_t) runs in
 # ``make test``; those of ngram, sps, space and diffuspec (the same verifier behind other
-# drafters, about 250 s of CPU together) in ``make test-all``. Every method's real code keeps its distribution test above.
+# drafters, about 250 s of CPU together) in ``make test-all``. Every method's real code keeps
+# its distribution test above.
 FAST_MUTANT_SUITES = ("table",)
 
 

@@ -1,10 +1,10 @@
 """SSD (:mod:`jaxspec.dllm.ssd`) is lossless against one-token-per-step stepwise decoding.
 
 Greedy and sampled, LLaDA and Dream heads, no cache and dual cache, chain and mix-order
-trees: the same tokens transferred in the same order as :func:`jaxspec.dllm.decode.diffusion_generate`
-with the same settings and seed. Sampling is also checked as a distribution: on a vocabulary
-of 6 the exact output distribution of stepwise decoding is enumerated and SSD's samples are
-tested against it (chi-square), with a negative control.
+trees: the same tokens transferred in the same order as
+:func:`jaxspec.dllm.decode.diffusion_generate` with the same settings and seed. Sampling is also
+checked as a distribution: on a vocabulary of 6 the exact output distribution of stepwise decoding
+is enumerated and SSD's samples are tested against it (chi-square), with a negative control.
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ print("MESH-OK")
 """
 
 
-@pytest.mark.slow  # `make test-all`; tests/models/test_sharding.py runs SSD on a mesh in `make test`
+# `make test-all`; tests/models/test_sharding.py runs SSD on a mesh in `make test`
+@pytest.mark.slow
 def test_multi_device_verification_matches_one_device():
     """4 fake CPU devices (a fresh process: the device count is fixed at JAX start-up): the
     verification batch sharded over a draft mesh, and the weights split over it too, give the

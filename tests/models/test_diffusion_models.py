@@ -433,9 +433,9 @@ def _with_tokenizer(tiny, d):
 
 
 def test_weights_family_and_cli_on_llada_and_dream_dirs(llada, dream, tmp_path, capsys):
-    """``--model hf-directory`` (or its alias ``auto``) ``--weights DIR`` runs the diffusion methods on a LLaDA and a Dream
-    directory (family read from ``config.json``), a converted jaxspec checkpoint too, and a
-    causal method on them is a one-line error naming both."""
+    """``--model hf-directory`` (or its alias ``auto``) ``--weights DIR`` runs the diffusion
+    methods on a LLaDA and a Dream directory (family read from ``config.json``), a converted
+    jaxspec checkpoint too, and a causal method on them is a one-line error naming both."""
     from models.registry import weights_family
     from scripts import convert as convert_cli
     from scripts import generate as gen_cli

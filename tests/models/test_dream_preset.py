@@ -185,7 +185,9 @@ def test_merged_params_differ_from_base_exactly_in_the_delta(smollm2_gguf):
 
 
 @pytest.mark.real
-@pytest.mark.slow  # `make test-all`: the CLI path of stepwise on real weights (21 s); the real goldens run the decoder
+# `make test-all`: the CLI path of stepwise on real weights (21 s); the real goldens run the
+# decoder
+@pytest.mark.slow
 def test_real_cli_stepwise(smollm2_gguf, capsys):
     rc = gen_cli.main(
         [
@@ -212,7 +214,8 @@ def test_real_cli_stepwise(smollm2_gguf, capsys):
 
 
 @pytest.mark.real
-@pytest.mark.slow  # `make test-all`: 32 s; the chain tree with the dual cache is a real golden in `make test`
+# `make test-all`: 32 s; the chain tree with the dual cache is a real golden in `make test`
+@pytest.mark.slow
 def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
     """SSD on the real adapted model reproduces stepwise decoding through the CLI (a short
     prompt, no cache, mix-order; the chain tree with the dual cache is a real golden case)."""
@@ -244,7 +247,8 @@ def test_real_cli_ssd_lossless(smollm2_gguf, capsys):
 
 
 @pytest.mark.real
-@pytest.mark.slow  # `make test-all`: 27 s; SSD's identity is tested on tiny models and a real golden
+# `make test-all`: 27 s; SSD's identity is tested on tiny models and a real golden
+@pytest.mark.slow
 def test_dlm_tiny_preset_ssd(smollm2_gguf, monkeypatch, capsys):
     """The random ``dlm-tiny`` preset (SmolLM2 tokenizer from the cache) decodes with SSD."""
     monkeypatch.setenv("JAXSPEC_CACHE", str(smollm2_gguf.parent))

@@ -107,7 +107,8 @@ def test_full_pass_matches_torch(tiny):
     ref = _torch_logits(tiny.model, tokens)
     diff = float(np.abs(ours - ref).max())
     print(
-        f"{tiny.arch} tied={tiny.tied}: full-pass max|dlogit| = {diff:.2e} (|logit| max {np.abs(ref).max():.1f})"
+        f"{tiny.arch} tied={tiny.tied}: full-pass max|dlogit| = {diff:.2e} "
+        f"(|logit| max {np.abs(ref).max():.1f})"
     )
     assert diff < TOL_TINY
 
@@ -385,7 +386,8 @@ def test_smollm2_logits_and_greedy_match_transformers(smol):
     ref = _torch_logits(hf, np.asarray([ids]))
     diff = float(np.abs(ours - ref).max())
     print(
-        f"SmolLM2 prompt ({P} tokens): max|dlogit| = {diff:.2e} (|logit| max {np.abs(ref).max():.1f})"
+        f"SmolLM2 prompt ({P} tokens): max|dlogit| = {diff:.2e} "
+        f"(|logit| max {np.abs(ref).max():.1f})"
     )
     assert diff < TOL_REAL
 

@@ -1,5 +1,5 @@
-"""XLNet (models/xlnet/modeling.py): parity with transformers' XLNetLMHeadModel for both Fig. 1 masks,
-mask construction, KV cache identity, loader errors, compact vocabulary."""
+"""XLNet (models/xlnet/modeling.py): parity with transformers' XLNetLMHeadModel for both
+Fig. 1 masks, mask construction, KV cache identity, loader errors, compact vocabulary."""
 
 from __future__ import annotations
 

@@ -194,7 +194,8 @@ CASES = [
     (
         "train",
         f"--config {TINY} --set magic.x=1",
-        "unknown config section 'magic'; expected model, data, objective, optim, train, lora, asarm",
+        "unknown config section 'magic'; "
+        "expected model, data, objective, optim, train, lora, asarm",
     ),
     (
         "train",

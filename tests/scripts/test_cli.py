@@ -21,7 +21,8 @@ from scripts import generate as gen_cli
         (["--temperature", "1", "--top-p", "0"], "top_p must lie in (0, 1]"),
         (
             ["--model", "gpt5"],
-            "unknown model 'gpt5'; available: asarm-small, auto, dlm-tiny, dream-smollm2-135m, dream-smollm2-135m-v1, hf-directory,",
+            "unknown model 'gpt5'; available: asarm-small, auto, dlm-tiny, dream-smollm2-135m, "
+            "dream-smollm2-135m-v1, hf-directory,",
         ),
         (["--model", "hf-directory"], "needs --weights PATH"),
         (["--model", "auto"], "needs --weights PATH"),
@@ -31,7 +32,8 @@ from scripts import generate as gen_cli
         ),
         (
             ["--draft-model", "qwen2.5-coder-0.5b-instruct"],
-            "--draft-model does not apply to --method ngram; use --method sps / diffuspec / specdiff",
+            "--draft-model does not apply to --method ngram; "
+            "use --method sps / diffuspec / specdiff",
         ),
         (["--method", "sps"], "method 'sps' needs --draft-model NAME"),
         (

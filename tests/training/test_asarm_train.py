@@ -1,5 +1,5 @@
-"""AS-ARM training (jaxspec/training/asarm.py + objective.kind=asarm in jaxspec/training/): joint loss
-equals per-position passes, lattice order, low-discrepancy prompt lengths, warmup, vocabulary,
+"""AS-ARM training (jaxspec/training/asarm.py + objective.kind=asarm in jaxspec/training/): joint
+loss equals per-position passes, lattice order, low-discrepancy prompt lengths, warmup, vocabulary,
 embedding projection, loss decrease, exact resume and the exported model file."""
 
 from __future__ import annotations

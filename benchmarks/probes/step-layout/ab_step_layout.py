@@ -4,12 +4,12 @@ interleaved in one process on the real SmolLM2-135M-Instruct weights.
     python benchmarks/probes/step-layout/ab_step_layout.py [--limit 8] [--reps 2] [--out FILE]
 
 Both arms verify drafts on the stored (input-major) per-layer weights
-(``DecodePlan(verify_layout="stored")``, what the ``ar`` suite's timing picked on this CPU). They differ in
-the steps that find no draft to verify (:func:`jaxspec.causal.decode.step`): on the same
+(``DecodePlan(verify_layout="stored")``, what the ``ar`` suite's timing picked on this CPU). They
+differ in the steps that find no draft to verify (:func:`jaxspec.causal.decode.step`): on the same
 stored weights (what the loop did before ``settings["step_layout"]``), or on the output-major
-weights with fused q/k/v (the AR loop's layout, now the default). Greedy, draft length 8,
-n-grams 2-3, no bigram fallback (the suite's ``jaxspec/ngram``), 128 new tokens, HumanEval
-prompts. The tokens must be identical between the arms and to AR decoding.
+weights with fused q/k/v (the AR loop's layout, now the default). Greedy, draft length 8, n-grams
+2-3, no bigram fallback (the suite's ``jaxspec/ngram``), 128 new tokens, HumanEval prompts. The
+tokens must be identical between the arms and to AR decoding.
 """
 
 from __future__ import annotations
