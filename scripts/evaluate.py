@@ -596,7 +596,7 @@ def main(argv=None) -> int:
 
 
 def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, base, log) -> int:
-    """Issue 15's v2 gate (:func:`jaxspec.eval.dllm_gate.run_v2_gate`): greedy stepwise
+    """The v2 gate (:func:`jaxspec.eval.dllm_gate.run_v2_gate`): greedy stepwise
     completions of ``--prompts`` held-out function prompts at ``--gen-length`` (256 for the
     gate) and ``--block`` (32), scored before the first EOS; masked accuracy; HumanEval pass@1
     of ``--humaneval`` problems, stepwise beside the base model's AR. Prints the checks and the

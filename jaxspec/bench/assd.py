@@ -1,5 +1,5 @@
 """Benchmark suite ``assd``: sequential decoding vs ASSD vs ASSD-ngram on an XLNet AS-ARM
-(ASSD paper Table 1, Table 5 and Appendix E.7; issue 5 parts 4-5).
+(ASSD paper Table 1, Table 5 and Appendix E.7).
 
 **Generation** (Table 1). Each evaluation sequence (``N`` model ids, e.g. held-out stdlib text)
 gets a fixed random mask of ``round(mask_rate * N)`` positions (seeded per sequence; at least one
@@ -23,7 +23,7 @@ with the methods' order rotating (:func:`jaxspec.bench.dllm.run_interleaved`). P
   (:func:`row_seed`). Until 2026-11-25 a row used one seed for all its sequences, so every
   sequence of a row drew the same Gumbel noise per step (common random numbers across
   sequences): the row means were unbiased but shared one noise draw, and two runs of the same
-  decoder differed "significantly" (issue 14's entropy question, ``results/assd-ppl-100``).
+  decoder differed "significantly" (the entropy question, ``results/assd-ppl-100``).
 
 **k sweep** (Table 5): ASSD at every ``k`` of ``k_sweep`` on the same sequences: NFE per token,
 speedup and the two p-values.

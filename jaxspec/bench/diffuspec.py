@@ -1,5 +1,5 @@
-"""Benchmark suite ``diffuspec``: a diffusion LM drafts for a causal target (issue 13,
-``diffuspec-dlm-drafter.txt`` Sec. 5), all greedy, batch 1, in one process (wall-clock ratios
+"""Benchmark suite ``diffuspec``: a diffusion LM drafts for a causal target (DiffuSpec,
+arXiv:2510.02358, Sec. 5), all greedy, batch 1, in one process (wall-clock ratios
 are comparable within one run only).
 
 1. **Prompt sets** (:data:`jaxspec.bench.common.PROMPT_SETS`: HumanEval completion and chat,

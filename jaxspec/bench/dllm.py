@@ -1,5 +1,5 @@
 """Benchmark suite ``dllm``: masked-diffusion decoding on one model, every unmasking method
-under every Fast-dLLM cache policy (issue 3, section 5).
+under every Fast-dLLM cache policy.
 
 Rows are ``(method, cache)`` pairs: ``method`` in ``stepwise`` (one token per step,
 ``steps = gen_length``), ``fixed-K`` (K tokens per step) and ``threshold-T`` (Fast-dLLM

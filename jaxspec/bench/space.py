@@ -1,5 +1,5 @@
-"""Benchmark suite ``space``: SPACE auto-correct decoding on a SAR-SFT model (issue 12, Sec. 4
-of ``space-parallel-auto-correct-decoding.txt``).
+"""Benchmark suite ``space``: SPACE auto-correct decoding on a SAR-SFT model (Sec. 4
+of SPACE, arXiv:2402.11809).
 
 Three parts, all greedy, in one process (wall-clock ratios are comparable within one run only):
 

@@ -1,4 +1,4 @@
-"""Benchmark suite ``spiffy``: Spiffy against the decoders it accelerates (issue 4, section 5).
+"""Benchmark suite ``spiffy``: Spiffy against the decoders it accelerates.
 
 Every row names a draft graph size ``D`` and an unmasking rule (the paper's ``S_t``):
 ``stepwise`` (one token per step), ``fixed-K`` (K tokens per step, Table 2 "hard-code") or

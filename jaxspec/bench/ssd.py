@@ -1,4 +1,4 @@
-"""Benchmark suite ``ssd``: SSD against its stepwise references (issue 4, section 5).
+"""Benchmark suite ``ssd``: SSD against its stepwise references.
 
 For each cache policy in the suite, the reference row is one-token-per-step stepwise
 decoding (:func:`jaxspec.dllm.decode.diffusion_generate`, ``steps = gen_length``) and every SSD row

@@ -1,4 +1,4 @@
-"""Probe: where one batch-1 KV-cached decode step's milliseconds go, on this machine (issue 16).
+"""Probe: where one batch-1 KV-cached decode step's milliseconds go, on this machine.
 
     python -m jaxspec.bench.step_profile [--reps 30] [--cache 384] [--new 128] [--rows T ...]
                                          [--loops] [--trace]

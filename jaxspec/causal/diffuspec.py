@@ -1,4 +1,4 @@
-"""DiffuSpec building blocks (``diffuspec-dlm-drafter.txt``, Sec. 4): the pruned candidate
+"""DiffuSpec building blocks (DiffuSpec, arXiv:2510.02358, Sec. 4): the pruned candidate
 lattice (Eq. 6), causal-consistency path search (CPS, Eq. 7) and the adaptive draft-length
 controller (ADL, Eqs. 8-10), as static-shape jittable functions.
 

@@ -1,5 +1,5 @@
 """Drafting across vocabularies: a drafter whose tokenizer differs from the target's
-(``diffuspec-dlm-drafter.txt`` App. E; Timor et al. 2025, "universal assisted generation").
+(DiffuSpec, arXiv:2510.02358 App. E; Timor et al. 2025, "universal assisted generation").
 
 The drafter works in its own token ids; its draft is turned into text, and the text into
 target ids, which the target verifies as point masses (:mod:`jaxspec.core.verify`: accept

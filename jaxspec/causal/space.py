@@ -1,5 +1,5 @@
 """SPACE auto-correct decoding: a SAR-SFT causal LM verifies its candidates and drafts the
-next ones in the same forward pass (``space-parallel-auto-correct-decoding.txt``, Sec. 3.2,
+next ones in the same forward pass (SPACE, arXiv:2402.11809, Sec. 3.2,
 Algorithm 1, Eqs. 4-7), exact under sampling.
 
 **One forward per step.** With ``k`` candidates ``c_1..c_k`` from the previous step, the

@@ -3,7 +3,7 @@
 Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding",
 Algorithm 1) and Chen et al. 2023 ("Accelerating Large Language Model Decoding with
 Speculative Sampling", Algorithm 2); the baseline "SpS" of the DiffuSpec paper
-(``diffuspec-dlm-drafter.txt``, Sec. 5, Table 1).
+(DiffuSpec, arXiv:2510.02358, Sec. 5, Table 1).
 
 Each step the draft model ``M_q`` runs ``k`` KV-cached forwards: ``q_1 = M_q(x)``, ``d_1 ~
 q_1``, ``q_2 = M_q(x, d_1)``, ..., ``d_k ~ q_k``. The target scores ``[x_last, d_1..d_k]`` in

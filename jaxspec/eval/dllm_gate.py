@@ -1,4 +1,4 @@
-"""The v2 masked-diffusion gate (issue 15): does the model answer, stop, and not loop at the
+"""The v2 masked-diffusion gate: does the model answer, stop, and not loop at the
 papers' generation length?
 
 A v1-style model trained on plain windows fills any budget by repeating itself; instruct
@@ -7,7 +7,7 @@ stepwise completions (one token per step, low-confidence remasking) of held-out
 HumanEval-style prompts, i.e. the signature + docstring of functions from the held-out stdlib
 modules (:func:`heldout_function_prompts`, never the benchmark's HumanEval prompts), at gen
 length 256, block 32, and scores each completion **before its first EOS**
-(:func:`eos_completion_figures`). Pass rule (:data:`V2_GATE_RULE`, issue 15):
+(:func:`eos_completion_figures`). Pass rule (:data:`V2_GATE_RULE`):
 
 * repeated 4-gram rate <= 0.3 and distinct-token share >= 0.3 (means over completions, on the
   text before the first EOS);

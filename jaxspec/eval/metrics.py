@@ -94,7 +94,7 @@ def eos_completion_figures(
 def answer_degeneracy(
     completions: Sequence[Sequence[int]], eos_ids: Sequence[int], budget: int
 ) -> dict[str, float]:
-    """Row figures of a diffusion benchmark (issue 15): :func:`degeneracy` of the text before
+    """Row figures of a diffusion benchmark: :func:`degeneracy` of the text before
     each completion's first EOS (means; ``longest_run`` the max), the mean answer length
     ``answer_tokens`` and the mean share of EOS positions ``eos_share`` (the EOS tail that
     instruct dLLMs pad a block with, easy to accept, reported apart from the answer).

@@ -1,4 +1,4 @@
-"""Quality-gate figures for the trained masked-diffusion models (issue 3).
+"""Quality-gate figures for the trained masked-diffusion models.
 
 Everything here is deterministic given the interpreter's stdlib, the tokenizer and a seed:
 
@@ -16,7 +16,7 @@ Everything here is deterministic given the interpreter's stdlib, the tokenizer a
   :mod:`jaxspec.eval.metrics`) and the positional match to the true continuation.
 * :func:`is_degenerate`: the gate's "mostly one repeated token" rule.
 
-Issue 5's AS-ARM infilling gate (``python -m scripts.evaluate --gate asarm-small``):
+The AS-ARM infilling gate (``python -m scripts.evaluate --gate asarm-small``):
 
 * :func:`random_mask`: the fixed-seed masks of the gate and of the ``assd`` benchmark suite;
 * :func:`infill_figures`: per sequence and averaged, the degeneracy figures, Shannon entropy
@@ -283,7 +283,7 @@ def answer_quality(answers: Sequence[Sequence[int]], rule: Optional[dict] = None
     }
 
 
-# --------------------------------------------------------------------------- AS-ARM gate (issue 5)
+# ------------------------------------------------------------------------------ AS-ARM gate
 #: Thresholds of the AS-ARM infilling gate (:func:`asarm_gate_checks`). The rule is applied to
 #: the gated run (sampling at temperature 1.0, the paper's setting); greedy figures are reported
 #: with their own checks for information only (greedy decoding of small LMs loops even when the
@@ -522,7 +522,7 @@ def run_asarm_gate(
     rule: Optional[dict] = None,
     log=lambda m: None,
 ) -> dict:
-    """Issue 5's AS-ARM infilling gate on ``B`` sequences (see :data:`ASARM_GATE_RULE`).
+    """The AS-ARM infilling gate on ``B`` sequences (see :data:`ASARM_GATE_RULE`).
 
     Sequence ``b`` (model ids, ``(N_b,)``) gets the mask
     :func:`random_mask` ``(N_b, mask_rate, seed * 100003 + b)`` (the same masks as

@@ -1,5 +1,5 @@
 """Plausible wrong variants ("mutants") of the chain verifier, and a test-only seam that
-runs them inside the causal decode loop, for mutation-checked distribution tests (issue 17):
+runs them inside the causal decode loop, for mutation-checked distribution tests:
 the suite must reject every mutant that is not lossless and accept the real code.
 
 Each mutant is the real rule of :func:`jaxspec.core.verify.verify_sample` with one knob of

@@ -1,4 +1,4 @@
-"""Self-distillation data for SPACE's SAR-SFT (issue 12; ``space-parallel-auto-correct-decoding.txt``
+"""Self-distillation data for SPACE's SAR-SFT (SPACE, arXiv:2402.11809
 Sec. 3.1 fine-tunes on instruction data; here the base model's *own* answers stand in for it, so
 the SAR model's autoregressive behaviour stays close to the base model's).
 

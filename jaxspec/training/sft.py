@@ -1,4 +1,4 @@
-"""SFT samples from the standard library for the v2 masked-diffusion recipe (issue 15).
+"""SFT samples from the standard library for the v2 masked-diffusion recipe.
 
 A v1 ``dream-smollm2-135m`` trained on plain stdlib windows never saw a document end, so at
 gen length 256 it fills the whole budget by repeating itself. Real LLaDA / Dream instruct
