@@ -81,6 +81,25 @@ def test_greedy_identical_to_ar(arch, block, layers):
     np.testing.assert_array_equal(st.drafts_proposed, (block - 1) * st.steps)
 
 
+def test_unrolled_layer_loop_drafts_as_the_scan_loop(monkeypatch):
+    """The unrolled layer loop (per-layer weights; the CPU's usual decode plan) returns the
+    hidden states from its own path: tokens identical to AR, and the same drafts accepted at
+    the same steps as under the scan loop (equal acceptance histograms)."""
+    model, params = tiny_model(64, seed=0)
+    drafter, dparams = _drafter(model, params, 5, 2, ids=(1, 0), scale=8.0)
+    ar = generate(model, params, PROMPTS, max_new_tokens=20, eos_ids=(7,), bucket=16)
+    runs = {}
+    for loop in ("scan", "unrolled"):
+        monkeypatch.setenv("JAXSPEC_LAYER_LOOP", loop)
+        runs[loop] = generate(model, params, PROMPTS, max_new_tokens=20, eos_ids=(7,),
+                              bucket=16, drafter=drafter, drafter_params=dparams)
+        assert runs[loop].tokens == ar.tokens
+    assert runs["unrolled"].settings["verify_layout"] != "stacked"
+    np.testing.assert_array_equal(runs["unrolled"].stats.accept_hist,
+                                  runs["scan"].stats.accept_hist)
+    assert runs["scan"].stats.acceptance_rate > 0
+
+
 def test_context_cache_matches_an_uncached_target_pass():
     """After the prompt pass and one verification step of a padded batch, the drafter's
     context keys / values on the accepted prefix equal :func:`context_kv` of the hidden states
