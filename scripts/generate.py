@@ -67,6 +67,7 @@ GENERAL = (
     "compare",
     "quiet",
     "no_compile_cache",
+    "keep_unk",
 )
 """Options of the command itself; every other option sets a field of the method's config."""
 
@@ -324,7 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_const",
         const=True,
         default=None,
-        help="never generate the AS-ARM's UNK id (the --compare reference suppresses it too)",
+        help="never generate the AS-ARM's UNK id (the default; the --compare reference "
+        "suppresses it too)",
+    )
+    ag.add_argument(
+        "--keep-unk",
+        action="store_true",
+        help="let the AS-ARM generate its UNK id (as scripts.benchmark --assd-keep-unk)",
     )
     return ap
 
@@ -459,6 +466,10 @@ def plan(args):
     method = choose_method(args, family, who, options)
     if "draft_model" in options:
         options[_draft_key(method)] = options.pop("draft_model")
+    if args.keep_unk and options.get("suppress"):
+        raise ValueError("--keep-unk and --suppress-unk contradict each other; give one")
+    if family == "asarm" and not args.keep_unk:
+        options["suppress"] = True  # the default, as in the benchmark's assd suite
     if options.get("suppress"):
         options["suppress"] = ()  # the UNK id is known once the AS-ARM loads
     method.configure(options)  # every option taken and in range, before any model loads

@@ -314,3 +314,17 @@ def test_generate_infill_bad_input(tiny_asarm, argv, needle, capsys):
     assert gen_cli.main(["--model", tiny_asarm, "--method", "assd"] + argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def test_generate_suppresses_the_asarm_unk_by_default(tiny_asarm, capsys):
+    """An AS-ARM run never generates UNK unless --keep-unk (the benchmark's default too): the
+    options carry the placeholder that scripts.infill resolves to the model's UNK id; both
+    flags together are a one-line error."""
+    base = ["--model", tiny_asarm, "--method", "assd", "--infill", "x = <mask:3>"]
+    _, options, family = gen_cli.plan(gen_cli.build_parser().parse_args(base))
+    assert family == "asarm" and options["suppress"] == ()
+    _, options, _ = gen_cli.plan(gen_cli.build_parser().parse_args(base + ["--keep-unk"]))
+    assert "suppress" not in options
+    assert gen_cli.main(base + ["--keep-unk", "--suppress-unk"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --keep-unk and --suppress-unk contradict each other; give one"
