@@ -25,6 +25,12 @@ query rows to every target pass, the prefill included. They are written after th
 verification rows, which therefore never see them (causal mask), and their logits go to the
 drafter's ``absorb`` after the acceptance.
 
+Target features (DFlash, :mod:`jaxspec.causal.dflash`): a drafter with ``feature_layers``
+gets the hidden states of those target layers from every target pass (the prompt pass and
+each verification or one-token pass; ``CausalLM``'s ``hidden_layers``, no extra pass) through
+its ``absorb_features(state, first_slot, hidden)``; rows past the accepted prefix are stale,
+like the cache's.
+
 Per-machine choices (a :class:`models.llama.layout.DecodePlan`, computed once by
 :func:`decode_plan` or given): the layer loop and weight layouts of the target's verification
 passes and one-token steps, and the optional cost gate that verifies drafts only while they pay
