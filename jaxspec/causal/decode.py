@@ -53,9 +53,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.core.batching import (
+    DecodeInputError,
+    check_prompts,
+    cut_after_eos,
+    is_eos,
+    left_pad,
+    place_batch,
+)
 from jaxspec.core.compile_cache import timing_store
-from jaxspec.core.batching import (DecodeInputError, check_prompts, cut_after_eos, is_eos,
-                                    left_pad, place_batch)
 from jaxspec.core.drafters import CostGate, Draft, DraftContext, Drafter, DraftQueries, NgramDrafter
 from jaxspec.core.results import DecodeResult
 from jaxspec.core.runtime import run_compiled
@@ -66,8 +72,15 @@ from models.llama import layout
 from models.llama.layout import DecodePlan
 from models.llama.modeling import grow_cache, init_cache, param_dtype
 
-__all__ = ["DecodeInputError", "DecodePlan", "GenerationResult", "LoopConfig", "DecodeState",
-           "decode_plan", "generate"]
+__all__ = [
+    "DecodeInputError",
+    "DecodePlan",
+    "GenerationResult",
+    "LoopConfig",
+    "DecodeState",
+    "decode_plan",
+    "generate",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +114,9 @@ class LoopConfig:
     @property
     def features(self) -> tuple[int, ...]:
         """Target layers whose hidden states the drafter reads from every target pass
-        (``feature_layers``, DFlash: :mod:`jaxspec.causal.dflash`); empty for other drafters.
-
-        Raises:
-          ValueError: a cost gate wrapping such a drafter (it does not pass the states on)."""
-        if getattr(getattr(self.drafter, "drafter", None), "feature_layers", ()):
-            raise ValueError("the cost gate cannot wrap a drafter that reads the target's hidden "
-                             "states (DFlash): decode with gate='off'")
-        return () if self.drafter is None else tuple(getattr(self.drafter, "feature_layers", ()))
+        (``feature_layers``, DFlash: :mod:`jaxspec.causal.dflash`); empty for other drafters
+        (a cost gate refuses such a drafter: :class:`~jaxspec.core.drafters.CostGate`)."""
+        return () if self.drafter is None else tuple(self.drafter.feature_layers)
 
     @property
     def query_slots(self) -> int:
@@ -118,22 +126,23 @@ class LoopConfig:
 
 @flax.struct.dataclass
 class DecodeState:
-    buffer: jax.Array      # int32 (B, S)
-    length: jax.Array      # int32 (B,) filled slots (pad + prompt + generated)
-    cache: Any             # KVCache; slots [0, length-1) hold valid keys/values
-    done: jax.Array        # bool (B,)
-    n_new: jax.Array       # int32 (B,) generated tokens so far (may overshoot the budget)
+    buffer: jax.Array  # int32 (B, S)
+    length: jax.Array  # int32 (B,) filled slots (pad + prompt + generated)
+    cache: Any  # KVCache; slots [0, length-1) hold valid keys/values
+    done: jax.Array  # bool (B,)
+    n_new: jax.Array  # int32 (B,) generated tokens so far (may overshoot the budget)
     target_nfe: jax.Array  # int32 (B,)
-    draft_nfe: jax.Array   # int32 (B,) drafter forward passes (Draft.nfe while active)
-    steps: jax.Array       # int32 (B,)
-    hist: jax.Array        # int32 (B, k+2) steps that produced j tokens
-    proposed: jax.Array    # int32 (B,) draft tokens sent to verification
-    it: jax.Array          # int32 () loop iteration
+    draft_nfe: jax.Array  # int32 (B,) drafter forward passes (Draft.nfe while active)
+    steps: jax.Array  # int32 (B,)
+    hist: jax.Array  # int32 (B, k+2) steps that produced j tokens
+    proposed: jax.Array  # int32 (B,) draft tokens sent to verification
+    it: jax.Array  # int32 () loop iteration
     key: jax.Array
-    drafter_state: Any     # the drafter's own pytree (() for model-free drafters)
+    drafter_state: Any  # the drafter's own pytree (() for model-free drafters)
 
 
 # ----------------------------------------------------------------------------- phases
+
 
 def causal_mask(q_slots: jax.Array, pad: jax.Array, S: int) -> jax.Array:
     """bool ``(B, T, S)``: the query at slot ``q`` sees slots ``pad <= s <= q`` (and itself
@@ -148,8 +157,17 @@ def write_rows(buffer: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Ar
     return jax.vmap(lambda b, t, i: jax.lax.dynamic_update_slice(b, t, (i,)))(buffer, tokens, start)
 
 
-def model_pass(model, params, feed: jax.Array, first_slot: jax.Array, pad: jax.Array, cache,
-               S: int, last_rows: Optional[int] = None, hidden_layers: tuple = ()):
+def model_pass(
+    model,
+    params,
+    feed: jax.Array,
+    first_slot: jax.Array,
+    pad: jax.Array,
+    cache,
+    S: int,
+    last_rows: Optional[int] = None,
+    hidden_layers: tuple = (),
+):
     """One KV-cached forward of a causal LM over ``feed int32 (B, T)`` written into its
     ``S``-slot cache from slot ``first_slot (B,)``, in the loop's slot layout (RoPE position
     of slot ``s`` is ``s - pad``). Used for the target and for a draft model
@@ -161,19 +179,32 @@ def model_pass(model, params, feed: jax.Array, first_slot: jax.Array, pad: jax.A
     ``(B, T, n, D)``, as a third output."""
     q_slots = first_slot[:, None] + jnp.arange(feed.shape[1], dtype=jnp.int32)[None]
     positions = jnp.maximum(q_slots - pad[:, None], 0)  # padding slots sit at position 0
-    return model.apply({"params": params}, feed, positions, causal_mask(q_slots, pad, S),
-                       cache=cache, cache_index=first_slot, last_rows=last_rows,
-                       hidden_layers=hidden_layers)
+    return model.apply(
+        {"params": params},
+        feed,
+        positions,
+        causal_mask(q_slots, pad, S),
+        cache=cache,
+        cache_index=first_slot,
+        last_rows=last_rows,
+        hidden_layers=hidden_layers,
+    )
 
 
-def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
-               queries: DraftQueries) -> jax.Array:
+def query_mask(
+    last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int, queries: DraftQueries
+) -> jax.Array:
     """bool ``(B, E, S)``: what the draft queries see. The feed is ``[..., last token (slot
     last_slot), d_1..d_kk, queries]``; query ``e`` sees slots ``pad .. last_slot``, draft ``i``
     where ``sees_draft[e, i]`` and query ``e'`` where ``sees_query[e, e']``."""
     E = queries.tokens.shape[1]
-    table = np.concatenate([np.asarray(queries.sees_draft, bool).reshape(E, n_drafts),
-                            np.asarray(queries.sees_query, bool)], axis=1)  # (E, kk + E)
+    table = np.concatenate(
+        [
+            np.asarray(queries.sees_draft, bool).reshape(E, n_drafts),
+            np.asarray(queries.sees_query, bool),
+        ],
+        axis=1,
+    )  # (E, kk + E)
     s = jnp.arange(S)[None, None, :]
     rel = s - (last_slot + 1)[:, None, None]  # draft i at rel i, query e' at rel kk + e'
     later = jnp.asarray(table)[jnp.arange(E)[None, :, None], jnp.clip(rel, 0, table.shape[1] - 1)]
@@ -181,9 +212,19 @@ def query_mask(last_slot: jax.Array, pad: jax.Array, S: int, n_drafts: int,
     return prefix | ((rel >= 0) & (rel < table.shape[1]) & later)
 
 
-def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
-                pad: jax.Array, cache, S: int, queries: Optional[DraftQueries] = None,
-                n_drafts: int = 0, last_only: bool = False, hidden_layers: tuple = ()):
+def target_pass(
+    cfg: LoopConfig,
+    params,
+    feed: jax.Array,
+    first_slot: jax.Array,
+    pad: jax.Array,
+    cache,
+    S: int,
+    queries: Optional[DraftQueries] = None,
+    n_drafts: int = 0,
+    last_only: bool = False,
+    hidden_layers: tuple = (),
+):
     """One KV-cached target forward of ``feed (B, T)`` = ``[context, last token, d_1..d_kk]``
     (``kk = n_drafts``) written from slot ``first_slot``, with the drafter's
     :class:`~jaxspec.core.drafters.DraftQueries` appended when given.
@@ -193,24 +234,41 @@ def target_pass(cfg: LoopConfig, params, feed: jax.Array, first_slot: jax.Array,
     ``(B, 1, V)``, and the LM head skips the rows before it. With ``hidden_layers`` (no draft
     queries) a fourth output: those layers' hidden states ``(B, T, n, D)``."""
     if queries is None:
-        out = model_pass(cfg.model, params, feed, first_slot, pad, cache, S,
-                         1 if last_only else None, hidden_layers)
+        out = model_pass(
+            cfg.model,
+            params,
+            feed,
+            first_slot,
+            pad,
+            cache,
+            S,
+            1 if last_only else None,
+            hidden_layers,
+        )
         return (out[0], None) + tuple(out[1:])
     T, E = feed.shape[1], queries.tokens.shape[1]
     q_slots = first_slot[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
     positions = jnp.concatenate([jnp.maximum(q_slots - pad[:, None], 0), queries.positions], 1)
     last_slot = first_slot + T - 1 - n_drafts
-    mask = jnp.concatenate([causal_mask(q_slots, pad, S),
-                            query_mask(last_slot, pad, S, n_drafts, queries)], axis=1)
-    logits, cache = cfg.model.apply({"params": params}, jnp.concatenate([feed, queries.tokens], 1),
-                                    positions, mask, cache=cache, cache_index=first_slot,
-                                    last_rows=E + 1 if last_only else None)
+    mask = jnp.concatenate(
+        [causal_mask(q_slots, pad, S), query_mask(last_slot, pad, S, n_drafts, queries)], axis=1
+    )
+    logits, cache = cfg.model.apply(
+        {"params": params},
+        jnp.concatenate([feed, queries.tokens], 1),
+        positions,
+        mask,
+        cache=cache,
+        cache_index=first_slot,
+        last_rows=E + 1 if last_only else None,
+    )
     rows = 1 if last_only else T  # the feed's rows among the returned logits
     return logits[:, :rows], logits[:, rows:], cache
 
 
-def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax.Array,
-            key: jax.Array) -> DecodeState:
+def prefill(
+    cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax.Array, key: jax.Array
+) -> DecodeState:
     """One target pass over the prompt; the first token comes from its last row."""
     B, P = prompt.shape
     k = cfg.k
@@ -223,8 +281,17 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     # multiplies the last prompt row (and the queries) only: the other rows' logits are unused
     S_p = P + (0 if queries is None else queries.tokens.shape[1])
     logits, qlogits, cache, *feats = target_pass(
-        cfg, params, prompt, slots, pad, init_cache(cfg.model.config, B, S_p, param_dtype(params)),
-        S_p, queries, last_only=True, hidden_layers=cfg.features)
+        cfg,
+        params,
+        prompt,
+        slots,
+        pad,
+        init_cache(cfg.model.config, B, S_p, param_dtype(params)),
+        S_p,
+        queries,
+        last_only=True,
+        hidden_layers=cfg.features,
+    )
     cache = grow_cache(cache, S)
     key, k0 = jax.random.split(key)
     first = sample_from_logits(k0, logits[:, -1], cfg.sampling)
@@ -232,18 +299,33 @@ def prefill(cfg: LoopConfig, params, drafter_params, prompt: jax.Array, pad: jax
     length = jnp.full((B,), P + 1, jnp.int32)
     done = is_eos(first, cfg.eos_ids) | (cfg.max_new <= 1)
     z = jnp.zeros((B,), jnp.int32)
-    drafter_state = (() if cfg.drafter is None else cfg.drafter.init_state(
-        drafter_params, DraftContext(buffer=buffer, length=length, pad=pad, active=~done,
-                                     filled=P + 1)))
+    drafter_state = (
+        ()
+        if cfg.drafter is None
+        else cfg.drafter.init_state(
+            drafter_params,
+            DraftContext(buffer=buffer, length=length, pad=pad, active=~done, filled=P + 1),
+        )
+    )
     if cfg.queries:
         drafter_state = cfg.drafter.absorb(drafter_state, jnp.zeros((B,), jnp.int32), qlogits)
     if cfg.features:  # the prompt's hidden states, slots [0, P)
         drafter_state = cfg.drafter.absorb_features(drafter_state, slots, feats[0])
     return DecodeState(
-        buffer=buffer, length=length, cache=cache, done=done, n_new=jnp.ones((B,), jnp.int32),
-        target_nfe=jnp.ones((B,), jnp.int32), draft_nfe=z, steps=z,
-        hist=jnp.zeros((B, k + 2), jnp.int32), proposed=z, it=jnp.array(0, jnp.int32), key=key,
-        drafter_state=drafter_state)
+        buffer=buffer,
+        length=length,
+        cache=cache,
+        done=done,
+        n_new=jnp.ones((B,), jnp.int32),
+        target_nfe=jnp.ones((B,), jnp.int32),
+        draft_nfe=z,
+        steps=z,
+        hist=jnp.zeros((B, k + 2), jnp.int32),
+        proposed=z,
+        it=jnp.array(0, jnp.int32),
+        key=key,
+        drafter_state=drafter_state,
+    )
 
 
 def accept(cfg: LoopConfig, key: jax.Array, logits: jax.Array, draft: Draft):
@@ -251,13 +333,19 @@ def accept(cfg: LoopConfig, key: jax.Array, logits: jax.Array, draft: Draft):
     length = draft.length if draft.tokens.shape[1] > 0 else None
     if cfg.sampling.greedy:
         return verify_greedy(logits, draft.tokens, draft_len=length)
-    return verify_sample(key, target_probs(logits, cfg.sampling), draft.tokens, draft.q,
-                         draft_len=length,
-                         resample="residual" if cfg.drafter is None else cfg.drafter.resample)
+    return verify_sample(
+        key,
+        target_probs(logits, cfg.sampling),
+        draft.tokens,
+        draft.q,
+        draft_len=length,
+        resample="residual" if cfg.drafter is None else cfg.drafter.resample,
+    )
 
 
-def commit(cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: jax.Array,
-           cache) -> DecodeState:
+def commit(
+    cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: jax.Array, cache
+) -> DecodeState:
     """Write the accepted drafts and the emitted token, advance the counters and mark rows
     that hit EOS or the budget as done."""
     B, kk = draft.tokens.shape
@@ -273,32 +361,49 @@ def commit(cfg: LoopConfig, st: DecodeState, draft: Draft, n: jax.Array, nxt: ja
     act = active.astype(jnp.int32)
     proposed = act * (kk if kk == 0 else draft.length)
     return st.replace(
-        buffer=buffer, length=L + act * produced, cache=cache,
-        done=st.done | hit_eos | (n_new >= cfg.max_new), n_new=n_new,
-        target_nfe=st.target_nfe + act, draft_nfe=st.draft_nfe + act * draft.nfe,
+        buffer=buffer,
+        length=L + act * produced,
+        cache=cache,
+        done=st.done | hit_eos | (n_new >= cfg.max_new),
+        n_new=n_new,
+        target_nfe=st.target_nfe + act,
+        draft_nfe=st.draft_nfe + act * draft.nfe,
         steps=st.steps + act,
         hist=st.hist + act[:, None] * jax.nn.one_hot(produced, cfg.k + 2, dtype=jnp.int32),
-        proposed=st.proposed + proposed, it=st.it + 1)
+        proposed=st.proposed + proposed,
+        it=st.it + 1,
+    )
 
 
-def verify_step(cfg: LoopConfig, params, st: DecodeState, draft: Draft, key: jax.Array,
-                pad: jax.Array) -> DecodeState:
+def verify_step(
+    cfg: LoopConfig, params, st: DecodeState, draft: Draft, key: jax.Array, pad: jax.Array
+) -> DecodeState:
     """One target pass over ``[last token, drafts]`` (plus the drafter's draft queries), the
     acceptance rule and the commit. ``draft.tokens`` is ``(B, kk)`` with ``kk`` in ``{0, k}``
     (static); ``kk = 0`` is a plain autoregressive step."""
     kk = draft.tokens.shape[1]
     last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)  # (B, 1)
-    feed = jnp.concatenate([last, draft.tokens], axis=1)                      # (B, kk+1)
+    feed = jnp.concatenate([last, draft.tokens], axis=1)  # (B, kk+1)
     queries = cfg.drafter.draft_queries(st.length - 1 - pad, kk) if cfg.queries else None
-    logits, qlogits, cache, *feats = target_pass(cfg, params, feed, st.length - 1, pad, st.cache,
-                                                 st.buffer.shape[1], queries, kk,
-                                                 hidden_layers=cfg.features)
+    logits, qlogits, cache, *feats = target_pass(
+        cfg,
+        params,
+        feed,
+        st.length - 1,
+        pad,
+        st.cache,
+        st.buffer.shape[1],
+        queries,
+        kk,
+        hidden_layers=cfg.features,
+    )
     n, nxt = accept(cfg, key, logits, draft)
     first_slot = st.length - 1
     st = commit(cfg, st, draft, n, nxt, cache)
     if cfg.features:  # the fed rows' hidden states; those past the accepted prefix are stale
-        st = st.replace(drafter_state=cfg.drafter.absorb_features(st.drafter_state, first_slot,
-                                                                  feats[0]))
+        st = st.replace(
+            drafter_state=cfg.drafter.absorb_features(st.drafter_state, first_slot, feats[0])
+        )
     if cfg.queries:
         st = st.replace(drafter_state=cfg.drafter.absorb(st.drafter_state, n, qlogits))
     return st
@@ -306,11 +411,17 @@ def verify_step(cfg: LoopConfig, params, st: DecodeState, draft: Draft, key: jax
 
 def _no_draft(B: int) -> Draft:
     z = jnp.zeros((B,), jnp.int32)
-    return Draft(tokens=jnp.zeros((B, 0), jnp.int32), q=None, has_draft=jnp.zeros((B,), bool),
-                 length=z, nfe=z)
+    return Draft(
+        tokens=jnp.zeros((B, 0), jnp.int32),
+        q=None,
+        has_draft=jnp.zeros((B,), bool),
+        length=z,
+        nfe=z,
+    )
 
 
 # ----------------------------------------------------------------------------- step and loop
+
 
 def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeState) -> DecodeState:
     """One decode-loop iteration: draft, verify (or a plain AR step), tell the drafter.
@@ -324,33 +435,47 @@ def step(cfg: LoopConfig, params, drafter_params, pad: jax.Array, st: DecodeStat
     if cfg.drafter is None:
         return verify_step(cfg, step_params, st, _no_draft(B), kv, pad)
     ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
-    draft, dstate = cfg.drafter.propose(drafter_params, st.drafter_state, ctx, kd,
-                                        not cfg.sampling.greedy)
+    draft, dstate = cfg.drafter.propose(
+        drafter_params, st.drafter_state, ctx, kd, not cfg.sampling.greedy
+    )
     st = st.replace(drafter_state=dstate)
     # Skip the (k+1)-token verification when no active row has a draft: an AR step costs
     # less and verifying nothing is trivially lossless. The drafter's NFE is spent anyway.
     no_draft = _no_draft(B).replace(nfe=draft.nfe)
-    st = jax.lax.cond(jnp.any(draft.has_draft & ~st.done),
-                      lambda s: verify_step(cfg, verify_params, s, draft, kv, pad),
-                      lambda s: verify_step(cfg, step_params, s, no_draft, kv, pad), st)
+    st = jax.lax.cond(
+        jnp.any(draft.has_draft & ~st.done),
+        lambda s: verify_step(cfg, verify_params, s, draft, kv, pad),
+        lambda s: verify_step(cfg, step_params, s, no_draft, kv, pad),
+        st,
+    )
     n_accepted = jnp.maximum(st.length - ctx.length - 1, 0)
     ctx = ctx.replace(buffer=st.buffer, length=st.length)
-    return st.replace(drafter_state=cfg.drafter.update(drafter_params, st.drafter_state, ctx,
-                                                       n_accepted))
+    return st.replace(
+        drafter_state=cfg.drafter.update(drafter_params, st.drafter_state, ctx, n_accepted)
+    )
 
 
-def decode_loop(params, drafter_params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *,
-                cfg: LoopConfig):
+def decode_loop(
+    params, drafter_params, prompt: jax.Array, pad: jax.Array, key: jax.Array, *, cfg: LoopConfig
+):
     """The jitted program: prefill + ``lax.while_loop`` of :func:`step` until every row is
     done. ``params`` is :func:`step`'s ``(verify, one_token)`` pair; the prompt pass runs on
     the first. Returns ``(tokens (B, max_new), n_new, target_nfe, draft_nfe, steps, hist,
     proposed)``."""
     P = prompt.shape[1]
     st = prefill(cfg, params[0], drafter_params, prompt, pad, key)
-    st = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                            lambda s: step(cfg, params, drafter_params, pad, s), st)
-    return (st.buffer[:, P:P + cfg.max_new], st.n_new, st.target_nfe, st.draft_nfe, st.steps,
-            st.hist, st.proposed)
+    st = jax.lax.while_loop(
+        lambda s: ~jnp.all(s.done), lambda s: step(cfg, params, drafter_params, pad, s), st
+    )
+    return (
+        st.buffer[:, P : P + cfg.max_new],
+        st.n_new,
+        st.target_nfe,
+        st.draft_nfe,
+        st.steps,
+        st.hist,
+        st.proposed,
+    )
 
 
 _decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
@@ -358,9 +483,19 @@ _decode_jit = jax.jit(decode_loop, static_argnames=("cfg",))
 
 # ----------------------------------------------------------------------------- the plan
 
-def decode_plan(model, params, drafter: Optional[Drafter] = None, drafter_params: Any = (), *,
-                batch: int = 1, cache_slots: int = 256, gate: "str | float" = "off",
-                layer_loop: str = "auto", verify_layout: str = "auto") -> DecodePlan:
+
+def decode_plan(
+    model,
+    params,
+    drafter: Optional[Drafter] = None,
+    drafter_params: Any = (),
+    *,
+    batch: int = 1,
+    cache_slots: int = 256,
+    gate: "str | float" = "off",
+    layer_loop: str = "auto",
+    verify_layout: str = "auto",
+) -> DecodePlan:
     """The :class:`~models.llama.layout.DecodePlan` of :func:`generate` on this machine
     (:func:`models.llama.layout.plan`, which times what is ``"auto"``, once per process), from
     the drafter's capabilities (:class:`~jaxspec.core.drafters.Drafter`): ``k + 1``
@@ -386,16 +521,24 @@ def decode_plan(model, params, drafter: Optional[Drafter] = None, drafter_params
     speculative = drafter is not None
     if gate == "auto" and not isinstance(drafter, NgramDrafter):
         gate = "off"
-    return layout.plan(model, params, batch=batch, cache_slots=cache_slots,
-                       verify_rows=drafter.draft_length + 1 if speculative else 1,
-                       multi_row_steps=speculative and drafter.query_slots > 0,
-                       draft_params=drafter_params,
-                       draft_output_major=speculative and drafter.one_token_steps,
-                       gate=gate, layer_loop=layer_loop, verify_layout=verify_layout,
-                       store=timing_store())
+    return layout.plan(
+        model,
+        params,
+        batch=batch,
+        cache_slots=cache_slots,
+        verify_rows=drafter.draft_length + 1 if speculative else 1,
+        multi_row_steps=speculative and drafter.query_slots > 0,
+        draft_params=drafter_params,
+        draft_output_major=speculative and drafter.one_token_steps,
+        gate=gate,
+        layer_loop=layer_loop,
+        verify_layout=verify_layout,
+        store=timing_store(),
+    )
 
 
 # ----------------------------------------------------------------------------- host wrapper
+
 
 @dataclasses.dataclass
 class GenerationResult(DecodeResult):
@@ -421,8 +564,13 @@ class GenerationResult(DecodeResult):
         return float(sum(len(t) for t in self.tokens) / max(self.run_s, 1e-9))
 
 
-def check_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  max_context: Optional[int] = None, overshoot: int = 0) -> list[int]:
+def check_request(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    max_context: Optional[int] = None,
+    overshoot: int = 0,
+) -> list[int]:
     """Validate a causal decoding request; returns the prompt lengths.
 
     Raises:
@@ -440,12 +588,18 @@ def check_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
         extra = f" + {overshoot} draft positions" if overshoot else ""
         raise DecodeInputError(
             f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens{extra} exceeds the "
-            f"model's context of {ctx} tokens")
+            f"model's context of {ctx} tokens"
+        )
     return lens
 
 
-def check_drafted_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                          drafter: Optional[Drafter], max_context: Optional[int] = None) -> None:
+def check_drafted_request(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    drafter: Optional[Drafter],
+    max_context: Optional[int] = None,
+) -> None:
     """:func:`check_request` plus the drafter's limits: its vocabulary, the positions its
     query rows reach past the budget (``position_overshoot``, SPACE's mask groups) and a draft
     model's context (``context_length``: prompt + budget + ``k`` must fit).
@@ -460,19 +614,33 @@ def check_drafted_request(model, prompts: Sequence[Sequence[int]], max_new_token
     lens = check_request(model, prompts, max_new_tokens, max_context, drafter.position_overshoot)
     V, k, dctx = model.config.vocab_size, drafter.draft_length, drafter.context_length
     if drafter.vocab_size != V:
-        raise ValueError(f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, "
-                         f"target model has {V}")
+        raise ValueError(
+            f"vocabulary mismatch: drafter has {drafter.vocab_size} tokens, target model has {V}"
+        )
     if dctx is not None and max(lens) + max_new_tokens + k > dctx:
         raise DecodeInputError(
             f"prompt of {max(lens)} tokens + {max_new_tokens} new tokens + {k} "
-            f"drafts exceeds the draft model's context of {dctx} tokens")
+            f"drafts exceeds the draft model's context of {dctx} tokens"
+        )
 
 
-def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-             sampling: SamplingConfig = SamplingConfig(), drafter: Optional[Drafter] = None,
-             drafter_params: Any = (), seed: int = 0, eos_ids: Sequence[int] = (),
-             pad_id: int = 0, bucket: int = 64, max_context: Optional[int] = None,
-             gate: "str | float" = "off", plan: Optional[DecodePlan] = None) -> GenerationResult:
+def generate(
+    model,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    drafter: Optional[Drafter] = None,
+    drafter_params: Any = (),
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    bucket: int = 64,
+    max_context: Optional[int] = None,
+    gate: "str | float" = "off",
+    plan: Optional[DecodePlan] = None,
+) -> GenerationResult:
     """Generate continuations for a batch of prompts (AR, or speculative with ``drafter``).
 
     Args:
@@ -517,26 +685,49 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     if plan is None:
         t0, timed = time.perf_counter(), layout.passes_timed()
         S = buf.shape[1] + max_new_tokens + k + 1 + (0 if drafter is None else drafter.query_slots)
-        plan = decode_plan(model, params, drafter, drafter_params, batch=len(prompts),
-                           cache_slots=S, gate=gate)
+        plan = decode_plan(
+            model, params, drafter, drafter_params, batch=len(prompts), cache_slots=S, gate=gate
+        )
         # counted like compilation when passes were timed (a cached choice costs nothing)
         tune_s = time.perf_counter() - t0 if layout.passes_timed() > timed else 0.0
     elif gate != "off":
-        raise ValueError(f"gate={gate!r} given with a plan: the plan holds the gate "
-                         "(decode_plan(..., gate=...) or DecodePlan(verify_cost=...))")
+        raise ValueError(
+            f"gate={gate!r} given with a plan: the plan holds the gate "
+            "(decode_plan(..., gate=...) or DecodePlan(verify_cost=...))"
+        )
     if drafter is not None and plan.verify_cost is not None:
         drafter = CostGate(drafter, plan.verify_cost)
-    loop = LoopConfig(model=layout.plan_model(model, plan), max_new=int(max_new_tokens),
-                      sampling=sampling, drafter=drafter, eos_ids=tuple(int(e) for e in eos_ids))
-    args = (layout.plan_trees(params, plan), layout.plan_draft_tree(drafter_params, plan),
-            *place_batch(params, buf, pad), jax.random.PRNGKey(seed))
+    loop = LoopConfig(
+        model=layout.plan_model(model, plan),
+        max_new=int(max_new_tokens),
+        sampling=sampling,
+        drafter=drafter,
+        eos_ids=tuple(int(e) for e in eos_ids),
+    )
+    args = (
+        layout.plan_trees(params, plan),
+        layout.plan_draft_tree(drafter_params, plan),
+        *place_batch(params, buf, pad),
+        jax.random.PRNGKey(seed),
+    )
     out, compile_s, run_s = run_compiled(_decode_jit, args, dict(cfg=loop))
     toks, n_new, nfe, dnfe, steps, hist, proposed = (np.asarray(x) for x in out)
     rows = cut_after_eos(toks, loop.eos_ids, budget=np.minimum(n_new, max_new_tokens))
     stats = DecodeStats(
         method="ar" if drafter is None else drafter.name,
-        reference="ar", target_nfe=nfe, draft_nfe=dnfe, steps=steps,
-        accept_hist=hist, new_tokens=np.array([len(r) for r in rows]), draft_length=loop.k,
-        drafts_proposed=proposed)
-    return GenerationResult(tokens=rows, stats=stats, compile_s=compile_s + tune_s, run_s=run_s,
-                            settings={} if drafter is None else plan.settings)
+        reference="ar",
+        target_nfe=nfe,
+        draft_nfe=dnfe,
+        steps=steps,
+        accept_hist=hist,
+        new_tokens=np.array([len(r) for r in rows]),
+        draft_length=loop.k,
+        drafts_proposed=proposed,
+    )
+    return GenerationResult(
+        tokens=rows,
+        stats=stats,
+        compile_s=compile_s + tune_s,
+        run_s=run_s,
+        settings={} if drafter is None else plan.settings,
+    )

@@ -60,9 +60,19 @@ from jaxspec.core.method_config import Needs
 from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
 from models.llama.modeling import apply_rope, lm_logits, rms_norm, rope_tables
 
-__all__ = ["Config", "DFlashDrafter", "DFlashSpec", "DFlashState", "default_layer_ids",
-           "drafter_params", "init_drafter", "block_logits", "context_kv", "save_drafter",
-           "load_drafter"]
+__all__ = [
+    "Config",
+    "DFlashDrafter",
+    "DFlashSpec",
+    "DFlashState",
+    "default_layer_ids",
+    "drafter_params",
+    "init_drafter",
+    "block_logits",
+    "context_kv",
+    "save_drafter",
+    "load_drafter",
+]
 
 #: drafter depth allowed (DFlash drafters are lightweight: 1-5 layers)
 MAX_LAYERS = 5
@@ -122,40 +132,59 @@ class DFlashSpec:
             raise ValueError(f"layer_ids must be non-empty and distinct, got {self.layer_ids}")
         bad = [i for i in self.layer_ids if not 0 <= i < self.target_layers]
         if bad:
-            raise ValueError(f"layer_ids {bad} outside the target's layers "
-                             f"0..{self.target_layers - 1}")
+            raise ValueError(
+                f"layer_ids {bad} outside the target's layers 0..{self.target_layers - 1}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads {self.num_kv_heads} must divide num_heads "
-                             f"{self.num_heads}")
+            raise ValueError(
+                f"num_kv_heads {self.num_kv_heads} must divide num_heads {self.num_heads}"
+            )
 
     @classmethod
-    def for_target(cls, target_config, *, block_size: int = 16, num_layers: int = 1,
-                   layer_ids: Optional[tuple[int, ...]] = None,
-                   intermediate_size: Optional[int] = None) -> "DFlashSpec":
+    def for_target(
+        cls,
+        target_config,
+        *,
+        block_size: int = 16,
+        num_layers: int = 1,
+        layer_ids: Optional[tuple[int, ...]] = None,
+        intermediate_size: Optional[int] = None,
+    ) -> "DFlashSpec":
         """A spec for ``target_config`` (:class:`models.config.ModelConfig`): the target's
         width, attention shape and RoPE base, :func:`default_layer_ids` unless given, and the
         target's MLP width unless given."""
         c = target_config
-        return cls(target_hidden=c.hidden_size, target_layers=c.num_layers,
-                   vocab_size=c.vocab_size,
-                   layer_ids=tuple(layer_ids) if layer_ids is not None
-                   else default_layer_ids(c.num_layers, num_layers),
-                   block_size=block_size, num_layers=num_layers, num_heads=c.num_heads,
-                   num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                   intermediate_size=intermediate_size or c.intermediate_size,
-                   rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps)
+        return cls(
+            target_hidden=c.hidden_size,
+            target_layers=c.num_layers,
+            vocab_size=c.vocab_size,
+            layer_ids=tuple(layer_ids)
+            if layer_ids is not None
+            else default_layer_ids(c.num_layers, num_layers),
+            block_size=block_size,
+            num_layers=num_layers,
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            intermediate_size=intermediate_size or c.intermediate_size,
+            rope_theta=c.rope_theta,
+            rms_norm_eps=c.rms_norm_eps,
+        )
 
     def check_target(self, target_config) -> None:
         """One-line ``ValueError`` when the target differs from the one the drafter was built
         for: hidden width, number of layers (the layer ids would mean other layers) or
         vocabulary."""
         c = target_config
-        for what, mine, theirs in (("hidden width", self.target_hidden, c.hidden_size),
-                                   ("number of layers", self.target_layers, c.num_layers),
-                                   ("vocabulary", self.vocab_size, c.vocab_size)):
+        for what, mine, theirs in (
+            ("hidden width", self.target_hidden, c.hidden_size),
+            ("number of layers", self.target_layers, c.num_layers),
+            ("vocabulary", self.vocab_size, c.vocab_size),
+        ):
             if mine != theirs:
-                raise ValueError(f"DFlash drafter built for a target with {what} {mine}, "
-                                 f"the target has {theirs}")
+                raise ValueError(
+                    f"DFlash drafter built for a target with {what} {mine}, the target has {theirs}"
+                )
 
 
 def init_drafter(spec: DFlashSpec, seed: int = 0, dtype=jnp.float32) -> dict:
@@ -171,16 +200,31 @@ def init_drafter(spec: DFlashSpec, seed: int = 0, dtype=jnp.float32) -> dict:
     """
     s, D, l = spec, spec.target_hidden, spec.num_layers
     qd, kd, F = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
-    shapes = {"wq": (l, D, qd), "wk": (l, D, kd), "wv": (l, D, kd), "wo": (l, qd, D),
-              "w_gate": (l, D, F), "w_up": (l, D, F), "w_down": (l, F, D)}
+    shapes = {
+        "wq": (l, D, qd),
+        "wk": (l, D, kd),
+        "wv": (l, D, kd),
+        "wo": (l, qd, D),
+        "w_gate": (l, D, F),
+        "w_up": (l, D, F),
+        "w_down": (l, F, D),
+    }
     keys = jax.random.split(jax.random.PRNGKey(seed), len(shapes) + 2)
     layers = {n: 0.02 * jax.random.normal(k, sh, dtype) for (n, sh), k in zip(shapes.items(), keys)}
     ones = lambda *sh: jnp.ones(sh, dtype)  # noqa: E731
-    layers.update(attn_norm=ones(l, D), mlp_norm=ones(l, D), q_norm=ones(l, s.head_dim),
-                  k_norm=ones(l, s.head_dim))
-    return {"fc": 0.02 * jax.random.normal(keys[-2], (len(s.layer_ids) * D, D), dtype),
-            "hidden_norm": ones(D), "mask_embed": 0.02 * jax.random.normal(keys[-1], (D,), dtype),
-            "final_norm": ones(D), "blocks": layers}
+    layers.update(
+        attn_norm=ones(l, D),
+        mlp_norm=ones(l, D),
+        q_norm=ones(l, s.head_dim),
+        k_norm=ones(l, s.head_dim),
+    )
+    return {
+        "fc": 0.02 * jax.random.normal(keys[-2], (len(s.layer_ids) * D, D), dtype),
+        "hidden_norm": ones(D),
+        "mask_embed": 0.02 * jax.random.normal(keys[-1], (D,), dtype),
+        "final_norm": ones(D),
+        "blocks": layers,
+    }
 
 
 def drafter_params(own: dict, target_params: dict) -> dict:
@@ -203,8 +247,10 @@ def save_drafter(path, spec: DFlashSpec, own: dict) -> int:
     bytes. The target's embedding and LM head are not stored."""
     from safetensors.numpy import save_file
 
-    flat = {".".join(str(getattr(k, "key", k)) for k in path_): np.asarray(x, np.float32)
-            for path_, x in jax.tree_util.tree_flatten_with_path(own)[0]}
+    flat = {
+        ".".join(str(getattr(k, "key", k)) for k in path_): np.asarray(x, np.float32)
+        for path_, x in jax.tree_util.tree_flatten_with_path(own)[0]
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(flat, str(path), metadata={SPEC_KEY: json.dumps(dataclasses.asdict(spec))})
@@ -248,6 +294,7 @@ def load_drafter(path) -> tuple[DFlashSpec, dict]:
 
 # ----------------------------------------------------------------------------- the forward
 
+
 def _heads(x, n, Dh):
     return x.reshape(x.shape[:-1] + (n, Dh))
 
@@ -277,8 +324,15 @@ def context_kv(spec: DFlashSpec, own: dict, hidden: jax.Array, positions: jax.Ar
     return jax.lax.map(one, {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")})
 
 
-def block_logits(spec: DFlashSpec, params: dict, anchor: jax.Array, positions: jax.Array,
-                 ctx_k: jax.Array, ctx_v: jax.Array, ctx_mask: jax.Array) -> jax.Array:
+def block_logits(
+    spec: DFlashSpec,
+    params: dict,
+    anchor: jax.Array,
+    positions: jax.Array,
+    ctx_k: jax.Array,
+    ctx_v: jax.Array,
+    ctx_mask: jax.Array,
+) -> jax.Array:
     """One drafter forward over blocks ``[anchor, mask * (B - 1)]``.
 
     Args:
@@ -295,9 +349,15 @@ def block_logits(spec: DFlashSpec, params: dict, anchor: jax.Array, positions: j
     R, Bk = positions.shape
     H, K, Dh = s.num_heads, s.num_kv_heads, s.head_dim
     G = H // K
-    x = jnp.concatenate([jnp.take(params["embed"], anchor, axis=0)[:, None],
-                         jnp.broadcast_to(own["mask_embed"].astype(params["embed"].dtype),
-                                          (R, Bk - 1, s.target_hidden))], axis=1)
+    x = jnp.concatenate(
+        [
+            jnp.take(params["embed"], anchor, axis=0)[:, None],
+            jnp.broadcast_to(
+                own["mask_embed"].astype(params["embed"].dtype), (R, Bk - 1, s.target_hidden)
+            ),
+        ],
+        axis=1,
+    )
     cos, sin = rope_tables(positions, Dh, s.rope_theta)
     # bidirectional inside the block: every row sees the context and the whole block
     mask = jnp.concatenate([ctx_mask, jnp.ones((R, Bk), bool)], axis=1)
@@ -310,7 +370,7 @@ def block_logits(spec: DFlashSpec, params: dict, anchor: jax.Array, positions: j
         k = rms_norm(_heads(a @ lp["wk"], K, Dh), lp["k_norm"], s.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = _heads(a @ lp["wv"], K, Dh)
-        keys = jnp.concatenate([kc, jnp.swapaxes(k, 1, 2)], axis=2)   # (R, K, S + Bk, Dh)
+        keys = jnp.concatenate([kc, jnp.swapaxes(k, 1, 2)], axis=2)  # (R, K, S + Bk, Dh)
         vals = jnp.concatenate([vc, jnp.swapaxes(v, 1, 2)], axis=2)
         sc = jnp.einsum("rtkgd,rksd->rkgts", q.reshape(R, Bk, K, G, Dh), keys) / math.sqrt(Dh)
         w = jax.nn.softmax(sc.astype(jnp.float32) + bias, axis=-1).astype(vals.dtype)
@@ -326,6 +386,7 @@ def block_logits(spec: DFlashSpec, params: dict, anchor: jax.Array, positions: j
 
 
 # ----------------------------------------------------------------------------- the drafter
+
 
 @flax.struct.dataclass
 class DFlashState:
@@ -375,8 +436,10 @@ class DFlashDrafter(Drafter):
 
     def __post_init__(self):
         if self.block_size is not None and self.block_size != self.spec.block_size:
-            raise ValueError(f"block size {self.block_size}: this DFlash drafter was built for "
-                             f"block size {self.spec.block_size}")
+            raise ValueError(
+                f"block size {self.block_size}: this DFlash drafter was built for "
+                f"block size {self.spec.block_size}"
+            )
 
     @property
     def draft_length(self) -> int:
@@ -398,28 +461,41 @@ class DFlashDrafter(Drafter):
         s, own = self.spec, params["draft"]
         B, S = ctx.buffer.shape
         z = jnp.zeros((s.num_layers, B, s.num_kv_heads, S, s.head_dim), own["fc"].dtype)
-        proj = {"fc": own["fc"], "hidden_norm": own["hidden_norm"],
-                "blocks": {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")}}
+        proj = {
+            "fc": own["fc"],
+            "hidden_norm": own["hidden_norm"],
+            "blocks": {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")},
+        }
         return DFlashState(ctx_k=z, ctx_v=z, pad=ctx.pad, proj=proj)
 
-    def absorb_features(self, state: DFlashState, first_slot: jax.Array,
-                        hidden: jax.Array) -> DFlashState:
+    def absorb_features(
+        self, state: DFlashState, first_slot: jax.Array, hidden: jax.Array
+    ) -> DFlashState:
         """Project a target pass's hidden states ``(B, T, n, D)``, fed from slot
         ``first_slot (B,)``, into the context cache (slots ``first_slot .. + T``)."""
         s = self.spec
         if hidden.shape[2:] != (len(s.layer_ids), s.target_hidden):
-            raise ValueError(f"target hidden states of shape {hidden.shape[2:]} (layers, width); "
-                             f"the DFlash drafter was built for "
-                             f"{(len(s.layer_ids), s.target_hidden)}")
+            raise ValueError(
+                f"target hidden states of shape {hidden.shape[2:]} (layers, width); "
+                f"the DFlash drafter was built for "
+                f"{(len(s.layer_ids), s.target_hidden)}"
+            )
         T = hidden.shape[1]
         slots = first_slot[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
-        k, v = context_kv(s, state.proj, hidden.astype(state.ctx_k.dtype),
-                          jnp.maximum(slots - state.pad[:, None], 0))
+        k, v = context_kv(
+            s,
+            state.proj,
+            hidden.astype(state.ctx_k.dtype),
+            jnp.maximum(slots - state.pad[:, None], 0),
+        )
 
         def write(cache, new):  # (l, B, K, S, Dh) <- (l, B, K, T, Dh) at per-row slots
-            return jax.vmap(lambda c, n, i: jax.lax.dynamic_update_slice(c, n, (0, 0, i, 0)),
-                            in_axes=(1, 1, 0), out_axes=1)(cache, new.astype(cache.dtype),
-                                                           first_slot)
+            return jax.vmap(
+                lambda c, n, i: jax.lax.dynamic_update_slice(c, n, (0, 0, i, 0)),
+                in_axes=(1, 1, 0),
+                out_axes=1,
+            )(cache, new.astype(cache.dtype), first_slot)
+
         return state.replace(ctx_k=write(state.ctx_k, k), ctx_v=write(state.ctx_v, v))
 
     def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
@@ -427,8 +503,7 @@ class DFlashDrafter(Drafter):
         :meth:`absorb_features`, and the next proposal masks the stale ones."""
         return state
 
-    def propose(self, params, state: DFlashState, ctx: DraftContext, key: jax.Array,
-                sample: bool):
+    def propose(self, params, state: DFlashState, ctx: DraftContext, key: jax.Array, sample: bool):
         """One drafter forward: ``k = B - 1`` drafts per row.
 
         Returns:
@@ -436,8 +511,10 @@ class DFlashDrafter(Drafter):
           when greedy); ``has_draft`` all True; ``length`` ``k``; ``nfe`` 1.
         """
         if sample and self.sampling.greedy:
-            raise ValueError("sampled decoding needs the drafter's sampling config (temperature "
-                             "> 0): build DFlashDrafter with the target's SamplingConfig")
+            raise ValueError(
+                "sampled decoding needs the drafter's sampling config (temperature "
+                "> 0): build DFlashDrafter with the target's SamplingConfig"
+            )
         B, S = ctx.buffer.shape
         L, k = ctx.length, self.draft_length
         anchor = jnp.take_along_axis(ctx.buffer, (L - 1)[:, None], axis=1)[:, 0]
@@ -451,11 +528,17 @@ class DFlashDrafter(Drafter):
         else:
             q, tokens = None, argmax(logits)
         ones = jnp.ones((B,), jnp.int32)
-        return Draft(tokens=tokens.astype(jnp.int32), q=q, has_draft=jnp.ones((B,), bool),
-                     length=k * ones, nfe=ones), state
+        return Draft(
+            tokens=tokens.astype(jnp.int32),
+            q=q,
+            has_draft=jnp.ones((B,), bool),
+            length=k * ones,
+            nfe=ones,
+        ), state
 
 
 # ----------------------------------------------------------------------------- registry entry
+
 
 @dataclasses.dataclass(frozen=True)
 class Config(DraftedConfig):
@@ -488,12 +571,17 @@ class Config(DraftedConfig):
 
     def drafter_params(self) -> Any:
         if self.target_params is None:
-            raise ValueError("the DFlash drafter shares the target's embedding and LM head: "
-                             "set target_params (decode() does)")
+            raise ValueError(
+                "the DFlash drafter shares the target's embedding and LM head: "
+                "set target_params (decode() does)"
+            )
         return drafter_params(self.drafter_model[1], self.target_params)
 
     def decode(self, model, params, prompts, **kw):
         """:meth:`CausalConfig.decode` with ``target_params`` set to ``params``."""
-        cfg = self if self.target_params is not None else dataclasses.replace(
-            self, target_params=params)
+        cfg = (
+            self
+            if self.target_params is not None
+            else dataclasses.replace(self, target_params=params)
+        )
         return DraftedConfig.decode(cfg, model, params, prompts, **kw)

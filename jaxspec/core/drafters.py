@@ -175,8 +175,17 @@ class Drafter(Protocol):
     one_token_steps: bool = False
     #: the EOS id of the drafter's own vocabulary, None when it has none
     eos_id: Optional[int] = None
+    #: target layers whose hidden states every target pass hands to :meth:`absorb_features`
+    #: (DFlash); empty: the loop computes and passes none
+    feature_layers: tuple = ()
 
     def init_state(self, params: Any, ctx: DraftContext) -> Any: ...
+
+    def absorb_features(self, state: Any, first_slot: jax.Array, hidden: jax.Array) -> Any:
+        """Take the hidden states ``float32 (B, T, len(feature_layers), D)`` of a target pass
+        written from cache slot ``first_slot int32 (B,)``; only called when
+        ``feature_layers`` is not empty. The default keeps ``state`` as it is."""
+        return state
 
     def propose(
         self, params: Any, state: Any, ctx: DraftContext, key: jax.Array, sample: bool
@@ -443,8 +452,9 @@ class CostGate(Drafter):
       decay: weight of the old estimate per observation, in ``[0, 1)``.
 
     Raises:
-      ValueError: ``verify_cost < 1``, ``decay`` outside ``[0, 1)``, or a drafter with draft
-        queries (SPACE drafts inside the verification pass itself).
+      ValueError: ``verify_cost < 1``, ``decay`` outside ``[0, 1)``, a drafter with draft
+        queries (SPACE drafts inside the verification pass itself), or one that reads the
+        target's hidden states (``feature_layers``: the gate would not hand them on).
     """
 
     drafter: Any
@@ -460,6 +470,11 @@ class CostGate(Drafter):
             raise ValueError(
                 f"{self.drafter.name} drafts inside the verification pass (draft "
                 "queries): a cost gate cannot skip it"
+            )
+        if self.drafter.feature_layers:
+            raise ValueError(
+                f"the cost gate cannot wrap {self.drafter.name}, which reads the target's "
+                "hidden states (DFlash): decode with gate='off'"
             )
 
     @property

@@ -24,7 +24,6 @@ from models.llama.modeling import CausalLM
 from models.registry import build_scratch, load_model
 from models.scratch import diffusion_model
 
-
 SOURCES = ("stdlib", "stdlib-sft", "stdlib+distill", "stdlib-sft+distill")
 
 # the answer budget of the committed self-distillation file (``scripts.distill
@@ -56,7 +55,9 @@ def build_model(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)):
     return diffusion_model(m, causal.config), params, tok
 
 
-def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: print(m, file=sys.stderr)):
+def build_data(
+    cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: print(m, file=sys.stderr)
+):
     """``(train, val, meta)`` from ``cfg.data``: :class:`PackedDataset` windows for source
     ``stdlib``, :class:`jaxspec.training.sft.SFTMixDataset` for ``stdlib-sft``,
     :class:`jaxspec.training.distill.MixedWindows` for ``stdlib+distill`` (held-out: the
@@ -72,20 +73,28 @@ def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: pr
         ``data.distill`` file, or ``sft_fraction + distill_fraction > 1``.
     """
     if cfg.data.source not in SOURCES:
-        raise TrainConfigError(f"unknown data.source {cfg.data.source!r}; expected one of "
-                               f"{', '.join(SOURCES)}")
+        raise TrainConfigError(
+            f"unknown data.source {cfg.data.source!r}; expected one of {', '.join(SOURCES)}"
+        )
     three = cfg.data.source == "stdlib-sft+distill"
     if three and cfg.data.sft_fraction + cfg.data.distill_fraction > 1.0:
-        raise TrainConfigError(f"data.sft_fraction + data.distill_fraction must be <= 1, got "
-                               f"{cfg.data.sft_fraction} + {cfg.data.distill_fraction}")
+        raise TrainConfigError(
+            f"data.sft_fraction + data.distill_fraction must be <= 1, got "
+            f"{cfg.data.sft_fraction} + {cfg.data.distill_fraction}"
+        )
     rows = _distill_rows(cfg) if cfg.data.source.endswith("distill") else []  # fail fast
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
     sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0
-    specials = [i for i in range(min(tokenizer.vocab_size, 64))
-                if (t := tokenizer.id_to_token(i)) and t.startswith("<") and t.endswith(">") and i != sep]
+    specials = [
+        i
+        for i in range(min(tokenizer.vocab_size, 64))
+        if (t := tokenizer.id_to_token(i)) and t.startswith("<") and t.endswith(">") and i != sep
+    ]
     drop = set(specials) | {mask_token_id}
-    train, val, meta = stdlib_tokens(tokenizer, cfg.data.holdout, sep_id=sep, drop_ids=drop, log=log)
+    train, val, meta = stdlib_tokens(
+        tokenizer, cfg.data.holdout, sep_id=sep, drop_ids=drop, log=log
+    )
     T, seed = cfg.data.seq_len, cfg.train.seed
     windows = PackedDataset(train, T, seed), PackedDataset(val, T, seed)
     if cfg.data.source == "stdlib":
@@ -96,12 +105,16 @@ def build_data(cfg: TrainConfig, tokenizer, mask_token_id: int, log=lambda m: pr
     f = cfg.data.sft_fraction
     if three:
         return _sft_distill_data(cfg, rows, sft, windows, sep, mask_token_id, meta)
-    return (SFTMixDataset(*sft["train"], windows[0], f, seed),
-            SFTMixDataset(*sft["val"], windows[1], f, seed), {**meta, "sft": sft["meta"]})
+    return (
+        SFTMixDataset(*sft["train"], windows[0], f, seed),
+        SFTMixDataset(*sft["val"], windows[1], f, seed),
+        {**meta, "sft": sft["meta"]},
+    )
 
 
-def _sft_distill_data(cfg: TrainConfig, rows: list[dict], sft: dict, windows, sep: int,
-                      mask_token_id: int, meta: dict):
+def _sft_distill_data(
+    cfg: TrainConfig, rows: list[dict], sft: dict, windows, sep: int, mask_token_id: int, meta: dict
+):
     """The ``stdlib-sft+distill`` datasets (:func:`build_data`): per split, an outer
     :class:`SFTMixDataset` of distilled SFT rows (``distill_fraction``) around an inner one of
     stdlib function samples and plain windows (``sft_fraction / (1 - distill_fraction)`` of
@@ -114,19 +127,33 @@ def _sft_distill_data(cfg: TrainConfig, rows: list[dict], sft: dict, windows, se
     for split, plain in zip(("train", "val"), windows):
         inner = SFTMixDataset(*sft[split], plain, inner_f, seed)
         part = [r for r in rows if r.get("split", "train") == split]
-        toks, plen, st = distill_samples(part, T, sep, answer_cap=DISTILL_ANSWER_CAP,
-                                         drop_ids=(mask_token_id,))
+        toks, plen, st = distill_samples(
+            part, T, sep, answer_cap=DISTILL_ANSWER_CAP, drop_ids=(mask_token_id,)
+        )
         stats[split] = st
         if len(plen) == 0:
             if split == "train":
-                raise TrainConfigError(f"data.distill {cfg.data.distill}: no train row gives "
-                                       f"an SFT sample of seq_len {T}")
+                raise TrainConfigError(
+                    f"data.distill {cfg.data.distill}: no train row gives "
+                    f"an SFT sample of seq_len {T}"
+                )
             out.append(inner)
             continue
         out.append(SFTMixDataset(toks, plen, inner, fd, seed + 1))
-    return out[0], out[1], {**meta, "sft": sft["meta"],
-                            "distill": {"path": str(cfg.data.distill), "fraction": fd,
-                                        "answer_cap": DISTILL_ANSWER_CAP, **stats}}
+    return (
+        out[0],
+        out[1],
+        {
+            **meta,
+            "sft": sft["meta"],
+            "distill": {
+                "path": str(cfg.data.distill),
+                "fraction": fd,
+                "answer_cap": DISTILL_ANSWER_CAP,
+                **stats,
+            },
+        },
+    )
 
 
 def _distill_rows(cfg: TrainConfig) -> list[dict]:
@@ -137,8 +164,10 @@ def _distill_rows(cfg: TrainConfig) -> list[dict]:
     except DataError as e:
         raise TrainConfigError(f"data.distill: {e}") from None
     if not rows:
-        raise TrainConfigError(f"data.source stdlib+distill needs data.distill: a file written "
-                               f"by scripts.distill with at least one row (got {path!r})")
+        raise TrainConfigError(
+            f"data.source stdlib+distill needs data.distill: a file written "
+            f"by scripts.distill with at least one row (got {path!r})"
+        )
     return rows
 
 
@@ -154,7 +183,9 @@ def _distill_data(cfg: TrainConfig, rows: list[dict], windows, sep: int, drop, m
             out.append(plain)
             continue
         try:
-            out.append(MixedWindows(plain, PackedDataset(distill_stream(part, sep, drop), T, seed), f))
+            out.append(
+                MixedWindows(plain, PackedDataset(distill_stream(part, sep, drop), T, seed), f)
+            )
         except DataError as e:
             raise TrainConfigError(f"data.distill {path}: {e}") from None
     return out[0], out[1], {**meta, "distill": {"path": str(path), "fraction": f, **stats}}
@@ -167,12 +198,19 @@ def make_optimizer(cfg: TrainConfig):
     steps = max(cfg.train.steps, 1)
     warm = min(o.warmup_steps, steps - 1) if steps > 1 else 0
     sched = optax.warmup_cosine_decay_schedule(
-        init_value=0.0 if warm > 0 else o.lr, peak_value=o.lr, warmup_steps=warm,
-        decay_steps=max(steps, warm + 1), end_value=o.lr * o.min_lr_ratio)
+        init_value=0.0 if warm > 0 else o.lr,
+        peak_value=o.lr,
+        warmup_steps=warm,
+        decay_steps=max(steps, warm + 1),
+        end_value=o.lr * o.min_lr_ratio,
+    )
     decay_mask = lambda tree: jax.tree.map(lambda x: x.ndim >= 2, tree)
-    tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                     optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.adam_eps,
-                                 weight_decay=o.weight_decay, mask=decay_mask))
+    tx = optax.chain(
+        optax.clip_by_global_norm(o.clip_norm),
+        optax.adamw(
+            sched, b1=o.b1, b2=o.b2, eps=o.adam_eps, weight_decay=o.weight_decay, mask=decay_mask
+        ),
+    )
     return tx, sched
 
 

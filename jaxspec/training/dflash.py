@@ -44,8 +44,9 @@ def target_features(model, params, tokens: jax.Array, layer_ids: tuple[int, ...]
     N, T = tokens.shape
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (N, T, T))
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
-    _, _, hidden = model.apply({"params": params}, tokens, pos, mask,
-                               hidden_layers=tuple(layer_ids))
+    _, _, hidden = model.apply(
+        {"params": params}, tokens, pos, mask, hidden_layers=tuple(layer_ids)
+    )
     return jax.lax.stop_gradient(hidden)
 
 
@@ -86,9 +87,17 @@ def position_weights(block_size: int, gamma: Optional[float]) -> jax.Array:
     return jnp.exp(-j / gamma)
 
 
-def dflash_loss(spec: DFlashSpec, own: dict, shared: dict, tokens: jax.Array,
-                hidden: jax.Array, trainable: jax.Array, anchors: jax.Array, ok: jax.Array,
-                gamma: Optional[float] = None):
+def dflash_loss(
+    spec: DFlashSpec,
+    own: dict,
+    shared: dict,
+    tokens: jax.Array,
+    hidden: jax.Array,
+    trainable: jax.Array,
+    anchors: jax.Array,
+    ok: jax.Array,
+    gamma: Optional[float] = None,
+):
     """The weighted block cross-entropy (module docstring).
 
     Args:
@@ -104,16 +113,27 @@ def dflash_loss(spec: DFlashSpec, own: dict, shared: dict, tokens: jax.Array,
     """
     N, T = tokens.shape
     A, Bk = anchors.shape[1], spec.block_size
-    ctx_k, ctx_v = context_kv(spec, own, hidden.astype(own["fc"].dtype),
-                              jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T)))
+    ctx_k, ctx_v = context_kv(
+        spec,
+        own,
+        hidden.astype(own["fc"].dtype),
+        jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T)),
+    )
     rep = lambda x: jnp.repeat(x, A, axis=1)  # noqa: E731  (l, N, ...) -> (l, N*A, ...)
     a = anchors.reshape(N * A)
     row_seq = jnp.repeat(jnp.arange(N), A)
     slot = jnp.arange(T)[None]
     ctx_mask = slot < a[:, None]  # the features of the positions before the anchor
     j = jnp.arange(Bk, dtype=jnp.int32)[None]
-    logits = block_logits(spec, {"draft": own, **shared}, tokens[row_seq, a], a[:, None] + j,
-                          rep(ctx_k), rep(ctx_v), ctx_mask)           # (N*A, B-1, V)
+    logits = block_logits(
+        spec,
+        {"draft": own, **shared},
+        tokens[row_seq, a],
+        a[:, None] + j,
+        rep(ctx_k),
+        rep(ctx_v),
+        ctx_mask,
+    )  # (N*A, B-1, V)
     tgt_pos = a[:, None] + j[:, 1:]
     inside = tgt_pos < T
     tgt_pos = jnp.minimum(tgt_pos, T - 1)

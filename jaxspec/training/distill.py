@@ -29,19 +29,32 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from jaxspec.training.data import (DataError, PackedDataset, split_files, stdlib_files,
-                                   stdlib_root)
+from jaxspec.training.data import DataError, PackedDataset, split_files, stdlib_files, stdlib_root
 from jaxspec.training.sft import function_samples, interleave
 
-__all__ = ["INSTRUCTION", "distill_prompts", "self_distill", "read_distill", "distill_stream",
-           "MixedWindows"]
+__all__ = [
+    "INSTRUCTION",
+    "distill_prompts",
+    "self_distill",
+    "read_distill",
+    "distill_stream",
+    "MixedWindows",
+]
 
 INSTRUCTION = "Write the body of this Python function:\n\n```python\n{code}```"
 
 
-def distill_prompts(tokenizer, holdout: Sequence[str], *, split: str = "train", n: int = 1000,
-                    chat_fraction: float = 0.5, seed: int = 0, max_prompt_chars: int = 1500,
-                    root: Optional[Path] = None) -> list[dict]:
+def distill_prompts(
+    tokenizer,
+    holdout: Sequence[str],
+    *,
+    split: str = "train",
+    n: int = 1000,
+    chat_fraction: float = 0.5,
+    seed: int = 0,
+    max_prompt_chars: int = 1500,
+    root: Optional[Path] = None,
+) -> list[dict]:
     """``n`` prompts (dicts ``{"kind": "chat" | "code", "split", "text", "source": file}``)
     from the stdlib functions of one split, drawn without replacement in a seeded order; about
     ``chat_fraction`` of them use the chat template (module docstring).
@@ -60,7 +73,7 @@ def distill_prompts(tokenizer, holdout: Sequence[str], *, split: str = "train", 
     root = Path(root) if root is not None else stdlib_root()
     train_f, val_f = split_files(stdlib_files(root), list(holdout))
     heads = []
-    for f in (train_f if split == "train" else val_f):
+    for f in train_f if split == "train" else val_f:
         pairs, _ = function_samples((root / f).read_text(encoding="utf-8", errors="replace"))
         heads += [(f"{f}", p) for p, _ in pairs if len(p) <= max_prompt_chars]
     if not heads:
@@ -71,10 +84,14 @@ def distill_prompts(tokenizer, holdout: Sequence[str], *, split: str = "train", 
     out = []
     for i, c in zip(order, chat):
         src, code = heads[int(i)]
-        text = (tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTION.format(
-            code=code)}]) if c else code)
-        out.append({"kind": "chat" if c else "code", "split": split, "text": text,
-                    "source": src})
+        text = (
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": INSTRUCTION.format(code=code)}]
+            )
+            if c
+            else code
+        )
+        out.append({"kind": "chat" if c else "code", "split": split, "text": text, "source": src})
     return out
 
 
@@ -109,9 +126,20 @@ def read_distill(path) -> list[dict]:
     return rows
 
 
-def self_distill(model, params, tokenizer, prompts: Sequence[dict], out, *,
-                 max_new_tokens: int = 192, batch: int = 8, bucket: int = 64, seed: int = 0,
-                 progress: bool = True, log=lambda m: print(m, file=sys.stderr)) -> list[dict]:
+def self_distill(
+    model,
+    params,
+    tokenizer,
+    prompts: Sequence[dict],
+    out,
+    *,
+    max_new_tokens: int = 192,
+    batch: int = 8,
+    bucket: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+    log=lambda m: print(m, file=sys.stderr),
+) -> list[dict]:
     """The base model's greedy answers to ``prompts`` (:func:`distill_prompts`), appended to the
     JSON-lines file ``out``; prompts already answered there (by index ``i``) are skipped, so a
     rerun resumes. Prompts are answered shortest first, in batches of ``batch`` that share one
@@ -144,27 +172,52 @@ def self_distill(model, params, tokenizer, prompts: Sequence[dict], out, *,
         log(f"[distill] {len(done)} of {len(prompts)} prompts already answered in {out}")
     eos = tuple(tokenizer.eos_token_ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    with out.open("a") as f, tqdm(total=len(prompts), initial=len(prompts) - len(todo),
-                                  disable=not progress, desc="distill") as bar:
+    with (
+        out.open("a") as f,
+        tqdm(
+            total=len(prompts),
+            initial=len(prompts) - len(todo),
+            disable=not progress,
+            desc="distill",
+        ) as bar,
+    ):
         for s in range(0, len(todo), batch):
-            idx = todo[s:s + batch]
+            idx = todo[s : s + batch]
             ids = [enc[i] for i in idx]
-            res = generate(model, params, ids, max_new_tokens=max_new_tokens,
-                           sampling=SamplingConfig(), seed=seed, eos_ids=eos, pad_id=pad,
-                           bucket=bucket)
+            res = generate(
+                model,
+                params,
+                ids,
+                max_new_tokens=max_new_tokens,
+                sampling=SamplingConfig(),
+                seed=seed,
+                eos_ids=eos,
+                pad_id=pad,
+                bucket=bucket,
+            )
             for i, p, a in zip(idx, ids, res.tokens):
                 a = [int(t) for t in a if int(t) not in eos]
-                f.write(json.dumps({"i": i, "kind": prompts[i]["kind"],
-                                    "split": prompts[i].get("split", "train"),
-                                    "source": prompts[i]["source"], "prompt": p,
-                                    "answer": a}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "i": i,
+                            "kind": prompts[i]["kind"],
+                            "split": prompts[i].get("split", "train"),
+                            "source": prompts[i]["source"],
+                            "prompt": p,
+                            "answer": a,
+                        }
+                    )
+                    + "\n"
+                )
             f.flush()
             bar.update(len(idx))
     return read_distill(out)
 
 
-def distill_stream(rows: Iterable[dict], eos_id: int, drop_ids: Iterable[int] = (),
-                   dtype=np.int32) -> np.ndarray:
+def distill_stream(
+    rows: Iterable[dict], eos_id: int, drop_ids: Iterable[int] = (), dtype=np.int32
+) -> np.ndarray:
     """``prompt + answer + EOS`` of every row, concatenated: a 1-D token stream (ids in
     ``drop_ids``, e.g. the [MASK] id, removed).
 

@@ -16,8 +16,9 @@ one EOS), are skipped and counted. The same hold-out module split as the plain w
 
 :class:`SFTMixDataset` interleaves these samples with plain windows (fraction
 ``sft_fraction``), as a pure function of ``(seed, step)`` (exact resume). A batch is
-``int32 (n, 2, T)``: row 0 the tokens, row 1 the response mask (all ones for plain windows, whose
-loss then reduces to the pre-training loss divided by ``T``; :func:`jaxspec.training.objectives.diffusion_loss`).
+``int32 (n, 2, T)``: row 0 the tokens, row 1 the response mask (all ones for plain windows,
+whose loss then reduces to the pre-training loss divided by ``T``;
+:func:`jaxspec.training.objectives.diffusion_loss`).
 
 :func:`distill_samples` turns self-distillation rows (the base model's own greedy answers,
 :mod:`jaxspec.training.distill`) into the same kind of sample: prompt unmasked, the answer as
@@ -39,8 +40,14 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from jaxspec.training.data import (DataError, PackedDataset, cache_dir, split_files,
-                                   stdlib_files, stdlib_root)
+from jaxspec.training.data import (
+    DataError,
+    PackedDataset,
+    cache_dir,
+    split_files,
+    stdlib_files,
+    stdlib_root,
+)
 
 
 def function_samples(source: str) -> tuple[list[tuple[str, str]], int]:
@@ -60,14 +67,17 @@ def function_samples(source: str) -> tuple[list[tuple[str, str]], int]:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         doc = node.body[0] if node.body else None
-        has_doc = (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
-                   and isinstance(doc.value.value, str))
+        has_doc = (
+            isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)
+        )
         if not has_doc or len(node.body) < 2:
             skipped += 1
             continue
         start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-        prompt = "".join(lines[start:doc.end_lineno])
-        response = "".join(lines[doc.end_lineno:node.end_lineno])
+        prompt = "".join(lines[start : doc.end_lineno])
+        response = "".join(lines[doc.end_lineno : node.end_lineno])
         if not response.strip():
             skipped += 1
             continue
@@ -75,8 +85,9 @@ def function_samples(source: str) -> tuple[list[tuple[str, str]], int]:
     return out, skipped
 
 
-def pack_samples(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int,
-                 eos_id: int, dtype=np.int32) -> tuple[np.ndarray, np.ndarray, int]:
+def pack_samples(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, eos_id: int, dtype=np.int32
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Token pairs -> ``(tokens (N, T), prompt_len int32 (N,), too_long)``: each row is
     ``prompt + response + EOS``, right-padded with EOS to ``T = seq_len``; pairs that do not
     fit (or have an empty prompt or response) are dropped and counted in ``too_long``."""
@@ -87,8 +98,8 @@ def pack_samples(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: 
             too_long += 1
             continue
         row = np.full(seq_len, eos_id, np.int64)
-        row[:len(p)] = p
-        row[len(p):len(p) + len(r)] = r
+        row[: len(p)] = p
+        row[len(p) : len(p) + len(r)] = r
         rows.append(row)
         plens.append(len(p))
     if not rows:
@@ -96,9 +107,15 @@ def pack_samples(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: 
     return np.stack(rows).astype(dtype), np.asarray(plens, np.int32), too_long
 
 
-def distill_samples(rows: Sequence[dict], seq_len: int, eos_id: int, *, answer_cap: int,
-                    drop_ids: Iterable[int] = (), dtype=np.int32
-                    ) -> tuple[np.ndarray, np.ndarray, dict]:
+def distill_samples(
+    rows: Sequence[dict],
+    seq_len: int,
+    eos_id: int,
+    *,
+    answer_cap: int,
+    drop_ids: Iterable[int] = (),
+    dtype=np.int32,
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Self-distillation rows -> SFT rows ``(tokens (N, T), prompt_len int32 (N,), stats)``.
 
     A row ``{"prompt": ids, "answer": ids}`` (:func:`jaxspec.training.distill.self_distill`
@@ -133,7 +150,7 @@ def distill_samples(rows: Sequence[dict], seq_len: int, eos_id: int, *, answer_c
         elif len(r["answer"]) < answer_cap and len(p) + len(a) + 1 <= seq_len and a:
             ended.append((p, a))
         elif len(p) + len(a) >= seq_len:
-            opened.append((p, a[:seq_len - len(p)]))
+            opened.append((p, a[: seq_len - len(p)]))
         else:
             n_short += 1
     t1, p1, _ = pack_samples(ended, seq_len, eos_id, dtype)
@@ -141,9 +158,14 @@ def distill_samples(rows: Sequence[dict], seq_len: int, eos_id: int, *, answer_c
     t2, p2, _ = pack_samples(opened, seq_len + 1, eos_id, dtype)
     tokens = np.concatenate([t1, t2[:, :seq_len]])
     plen = np.concatenate([p1, p2]).astype(np.int32)
-    stats = {"rows": len(rows), "ended": int(len(p1)), "open": int(len(p2)),
-             "dropped_cut_short": n_short, "dropped_prompt_too_long": n_long_prompt,
-             "response_tokens": int(seq_len * len(plen) - plen.sum())}
+    stats = {
+        "rows": len(rows),
+        "ended": int(len(p1)),
+        "open": int(len(p2)),
+        "dropped_cut_short": n_short,
+        "dropped_prompt_too_long": n_long_prompt,
+        "response_tokens": int(seq_len * len(plen) - plen.sum()),
+    }
     return tokens, plen, stats
 
 
@@ -163,15 +185,31 @@ def _build(tokenizer, root: Path, files, seq_len, eos_id, drop: frozenset, dtype
         responses += [r for _, r in pairs]
     enc_p, enc_r = _encode(tokenizer, prompts), _encode(tokenizer, responses)
     clean = lambda ids: [i for i in ids if i not in drop]
-    toks, plens, too_long = pack_samples([(clean(p), clean(r)) for p, r in zip(enc_p, enc_r)],
-                                         seq_len, eos_id, dtype)
-    return toks, plens, {"functions": len(prompts), "no_docstring_or_body": skipped,
-                         "too_long": too_long, "samples": int(len(plens))}
+    toks, plens, too_long = pack_samples(
+        [(clean(p), clean(r)) for p, r in zip(enc_p, enc_r)], seq_len, eos_id, dtype
+    )
+    return (
+        toks,
+        plens,
+        {
+            "functions": len(prompts),
+            "no_docstring_or_body": skipped,
+            "too_long": too_long,
+            "samples": int(len(plens)),
+        },
+    )
 
 
-def stdlib_sft(tokenizer, holdout: Sequence[str], *, seq_len: int, eos_id: int,
-               drop_ids: Iterable[int] = (), root: Optional[Path] = None,
-               log=lambda m: print(m, file=sys.stderr)) -> dict:
+def stdlib_sft(
+    tokenizer,
+    holdout: Sequence[str],
+    *,
+    seq_len: int,
+    eos_id: int,
+    drop_ids: Iterable[int] = (),
+    root: Optional[Path] = None,
+    log=lambda m: print(m, file=sys.stderr),
+) -> dict:
     """SFT samples of the stdlib's functions, split by module like the plain windows; built
     once and cached under :func:`jaxspec.training.data.cache_dir` (keyed by a hash of the
     inputs, as :func:`jaxspec.training.data.stdlib_tokens`).
@@ -189,30 +227,52 @@ def stdlib_sft(tokenizer, holdout: Sequence[str], *, seq_len: int, eos_id: int,
     drop = frozenset(int(i) for i in drop_ids)
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
     h = hashlib.sha256()
-    vocab_items = sorted(tokenizer.backend.get_vocab(with_added_tokens=True).items()) \
-        if getattr(tokenizer, "backend", None) is not None else [tokenizer.vocab_size]
-    for part in ("sft-v1", sys.version, str(root), [str(f) for f in files], sorted(holdout),
-                 seq_len, eos_id, sorted(drop), vocab_items):
+    vocab_items = (
+        sorted(tokenizer.backend.get_vocab(with_added_tokens=True).items())
+        if getattr(tokenizer, "backend", None) is not None
+        else [tokenizer.vocab_size]
+    )
+    for part in (
+        "sft-v1",
+        sys.version,
+        str(root),
+        [str(f) for f in files],
+        sorted(holdout),
+        seq_len,
+        eos_id,
+        sorted(drop),
+        vocab_items,
+    ):
         h.update(json.dumps(part, default=str).encode())
     path = cache_dir() / f"stdlib-sft-{h.hexdigest()[:16]}.npz"
     if path.is_file():
         z = np.load(path)
         meta = json.loads(str(z["meta"]))
-        return {"train": (z["train"], z["train_plen"]), "val": (z["val"], z["val_plen"]),
-                "meta": meta}
+        return {
+            "train": (z["train"], z["train_plen"]),
+            "val": (z["val"], z["val_plen"]),
+            "meta": meta,
+        }
     log(f"[data] building SFT samples from {len(train_f)} + {len(val_f)} stdlib files")
     train, tp, tm = _build(tokenizer, root, train_f, seq_len, eos_id, drop, dtype)
     val, vp, vm = _build(tokenizer, root, val_f, seq_len, eos_id, drop, dtype)
     for name, n in (("train", len(tp)), ("held-out", len(vp))):
         if n == 0:
             raise DataError(f"no {name} function fits seq_len {seq_len} as an SFT sample")
-    meta = {"seq_len": seq_len, "eos_id": eos_id, "train": tm, "val": vm,
-            "train_response_tokens": int(sum(seq_len - p for p in tp))}
+    meta = {
+        "seq_len": seq_len,
+        "eos_id": eos_id,
+        "train": tm,
+        "val": vm,
+        "train_response_tokens": int(sum(seq_len - p for p in tp)),
+    }
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, train=train, train_plen=tp, val=val, val_plen=vp, meta=json.dumps(meta))
     tmp.replace(path)
-    log(f"[data] {tm['samples']} train / {vm['samples']} held-out SFT samples "
-        f"({tm['too_long']} train functions longer than {seq_len} tokens skipped)")
+    log(
+        f"[data] {tm['samples']} train / {vm['samples']} held-out SFT samples "
+        f"({tm['too_long']} train functions longer than {seq_len} tokens skipped)"
+    )
     return {"train": (train, tp), "val": (val, vp), "meta": meta}
 
 
@@ -248,17 +308,26 @@ class SFTMixDataset:
       DataError: mismatched shapes / lengths, no SFT rows, or a fraction outside ``[0, 1]``.
     """
 
-    def __init__(self, tokens: np.ndarray, prompt_len: np.ndarray,
-                 windows: Optional[PackedDataset], sft_fraction: float, seed: int = 0):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        prompt_len: np.ndarray,
+        windows: Optional[PackedDataset],
+        sft_fraction: float,
+        seed: int = 0,
+    ):
         tokens, prompt_len = np.asarray(tokens), np.asarray(prompt_len)
         if tokens.ndim != 2 or len(tokens) == 0 or prompt_len.shape != (len(tokens),):
-            raise DataError(f"SFT rows must be (N, T) with N > 0 and prompt_len (N,), got "
-                            f"{tokens.shape} and {prompt_len.shape}")
+            raise DataError(
+                f"SFT rows must be (N, T) with N > 0 and prompt_len (N,), got "
+                f"{tokens.shape} and {prompt_len.shape}"
+            )
         if not 0.0 <= float(sft_fraction) <= 1.0:
             raise DataError(f"sft_fraction must lie in [0, 1], got {sft_fraction}")
         if float(sft_fraction) < 1.0 and (windows is None or windows.seq_len != tokens.shape[1]):
-            raise DataError("plain windows with the SFT rows' seq_len are needed when "
-                            "sft_fraction < 1")
+            raise DataError(
+                "plain windows with the SFT rows' seq_len are needed when sft_fraction < 1"
+            )
         self.tokens, self.prompt_len = tokens, prompt_len.astype(np.int64)
         self.windows, self.f, self.seed = windows, float(sft_fraction), int(seed)
         self.seq_len = tokens.shape[1]
@@ -299,5 +368,11 @@ class SFTMixDataset:
         return [self.batch(i, batch_size) for i in range(num)]
 
 
-__all__ = ["function_samples", "pack_samples", "distill_samples", "stdlib_sft", "interleave",
-           "SFTMixDataset"]
+__all__ = [
+    "function_samples",
+    "pack_samples",
+    "distill_samples",
+    "stdlib_sft",
+    "interleave",
+    "SFTMixDataset",
+]

@@ -76,8 +76,9 @@ def init_cache(config: ModelConfig, batch: int, size: int, dtype=jnp.float32) ->
     """Zero cache of ``size`` slots per row: keys ``(L, batch, K, size, Dh)``, values
     ``(L, batch, K, Dh, size)`` (:class:`KVCache`)."""
     L, K, Dh = config.num_layers, config.num_kv_heads, config.head_dim
-    return KVCache(k=jnp.zeros((L, batch, K, size, Dh), dtype),
-                   v=jnp.zeros((L, batch, K, Dh, size), dtype))
+    return KVCache(
+        k=jnp.zeros((L, batch, K, size, Dh), dtype), v=jnp.zeros((L, batch, K, Dh, size), dtype)
+    )
 
 
 def grow_cache(cache: KVCache, size: int) -> KVCache:
@@ -90,8 +91,10 @@ def grow_cache(cache: KVCache, size: int) -> KVCache:
     extra = size - cache.size
     if extra < 0:
         raise ValueError(f"cannot grow a {cache.size}-slot cache to {size} slots")
+
     def grow(x, slot_axis):
         return jnp.pad(x, [(0, extra if a == slot_axis else 0) for a in range(x.ndim)])
+
     return KVCache(k=grow(cache.k, 3), v=grow(cache.v, 4))
 
 
@@ -127,8 +130,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
 
 
-def _write_cache(cache_arr: jax.Array, new: jax.Array, layer: jax.Array, index: jax.Array,
-                 slot_minor: bool = False) -> jax.Array:
+def _write_cache(
+    cache_arr: jax.Array,
+    new: jax.Array,
+    layer: jax.Array,
+    index: jax.Array,
+    slot_minor: bool = False,
+) -> jax.Array:
     """Write ``new`` ``(B, T, K, Dh)`` into layer ``layer`` of ``cache_arr`` at per-row slot
     offsets ``index`` ``(B,)``: keys ``(L, B, K, S, Dh)``, or with ``slot_minor`` values
     ``(L, B, K, Dh, S)`` (:class:`KVCache`). In-place inside jit (no cache copy)."""
@@ -223,9 +231,17 @@ class CausalLM(nn.Module):
     row_blocks: Optional[int] = None
 
     @nn.compact
-    def __call__(self, tokens, positions, mask, cache: Optional[KVCache] = None,
-                 cache_index=None, return_hidden: bool = False,
-                 last_rows: Optional[int] = None, hidden_layers: tuple = ()):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        mask,
+        cache: Optional[KVCache] = None,
+        cache_index=None,
+        return_hidden: bool = False,
+        last_rows: Optional[int] = None,
+        hidden_layers: tuple = (),
+    ):
         c = self.config
         embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size))
         stored = None if self.is_initializing() else self.variables["params"].get("layers")
@@ -239,23 +255,25 @@ class CausalLM(nn.Module):
         final_norm = self.param("final_norm", nn.initializers.ones, (c.hidden_size,))
         lm_head = None
         if not c.tie_embeddings:
-            lm_head = self.param("lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size))
+            lm_head = self.param(
+                "lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size)
+            )
 
         B, T = tokens.shape
         if last_rows is not None and not 1 <= last_rows <= T:
-            raise ValueError(f"last_rows must be between 1 and the {T} input rows, got "
-                             f"{last_rows}")
+            raise ValueError(f"last_rows must be between 1 and the {T} input rows, got {last_rows}")
         want = tuple(int(i) for i in hidden_layers)
         bad = [i for i in want if not 0 <= i < c.num_layers]
         if bad:
-            raise ValueError(f"hidden_layers {bad} outside the model's layers "
-                             f"0..{c.num_layers - 1}")
+            raise ValueError(
+                f"hidden_layers {bad} outside the model's layers 0..{c.num_layers - 1}"
+            )
         H, K, Dh = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // K
         x = jnp.take(embed, tokens, axis=0)
         cos, sin = rope_tables(positions, Dh, c.rope_theta)
         bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :, :]  # (B,1,1,T,S)
-        scale = Dh ** -0.5
+        scale = Dh**-0.5
         rb = self.row_blocks
 
         def block(carry, lp):
@@ -305,7 +323,7 @@ class CausalLM(nn.Module):
             (x, _, _, _), hidden = run_layers((x, None, None, li0))
             new_cache = None
         if last_rows is not None:
-            x = x[:, T - last_rows:]
+            x = x[:, T - last_rows :]
         x = rms_norm(x, final_norm, c.rms_norm_eps)
         out = x if return_hidden else lm_logits(x, embed, lm_head)
         if want:  # (n, B, T, D) -> (B, T, n, D)
@@ -371,8 +389,9 @@ def unstack_layers(params, output_major: bool = False):
     if isinstance(layers, (tuple, list)):
         return params
     n = next(iter(layers.values())).shape[0]
-    per_layer = (dict(layer_entry(k, v, i, output_major) for k, v in layers.items())
-                 for i in range(n))
+    per_layer = (
+        dict(layer_entry(k, v, i, output_major) for k, v in layers.items()) for i in range(n)
+    )
     return {**params, "layers": tuple(map(fuse_qkv, per_layer) if output_major else per_layer)}
 
 
@@ -388,8 +407,11 @@ def layer_entry(name: str, stacked, i: int, output_major: bool = False) -> tuple
 
 def _sharded(x) -> bool:
     """Whether ``x`` is a concrete array laid out over more than one device."""
-    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-            and len(x.sharding.device_set) > 1)
+    return (
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and len(x.sharding.device_set) > 1
+    )
 
 
 def fuse_qkv(lp: dict) -> dict:
@@ -421,8 +443,10 @@ def has_projection(lp, name: str) -> bool:
     decode layout: float ``name`` / ``name + "_t"``, int8 ``name + "_q"`` / ``name + "_q_t"``
     with scales ``name + "_s"`` (:mod:`models.quant`), or for q/k/v fused (:func:`fuse_qkv`)."""
     names = [name] + ([QKV_FUSED] if name in QKV else [])
-    return any(n in lp or n + "_t" in lp
-               or ((n + "_q" in lp or n + "_q_t" in lp) and n + "_s" in lp) for n in names)
+    return any(
+        n in lp or n + "_t" in lp or ((n + "_q" in lp or n + "_q_t" in lp) and n + "_s" in lp)
+        for n in names
+    )
 
 
 def proj(x: jax.Array, lp: dict, name: str, blocks: Optional[int] = None) -> jax.Array:
@@ -451,13 +475,14 @@ def proj(x: jax.Array, lp: dict, name: str, blocks: Optional[int] = None) -> jax
 
 #: XLA:CPU's tiled matrix-vector kernel gives each of its (at most 8) tasks at least this many
 #: multiply-adds (``DotOpEmitter::EmitTiledLlvmIrGemv``, read for the constant; issue 16)
-GEMV_TASK_FMAS = 2 ** 19
+GEMV_TASK_FMAS = 2**19
 #: row blocks of a one-task product in :func:`output_major_product` (1 turns the blocking off)
 ONE_TASK_BLOCKS = 4
 
 
-def gemv_blocks(rows: int, m: int, k: int, backend: Optional[str] = None,
-                blocks: Optional[int] = None) -> int:
+def gemv_blocks(
+    rows: int, m: int, k: int, backend: Optional[str] = None, blocks: Optional[int] = None
+) -> int:
     """Row blocks for ``x (rows, k) @ w_t.T`` with ``w_t`` ``(m, k)`` in
     :func:`output_major_product`: :data:`ONE_TASK_BLOCKS` when XLA:CPU would run the product
     as one task on one thread (one row, ``m * k`` under :data:`GEMV_TASK_FMAS`; SmolLM2-135M's
@@ -468,14 +493,18 @@ def gemv_blocks(rows: int, m: int, k: int, backend: Optional[str] = None,
     broadcast over the blocks and the batched product into one YNNPACK fusion that returns NaN
     from 4,096 rows on (``benchmarks/probes/matvec-tasks/ynn_fusion_repro.py``)."""
     b = ONE_TASK_BLOCKS if blocks is None else int(blocks)
-    if (rows != 1 or b <= 1 or m * k >= GEMV_TASK_FMAS or m % b
-            or (backend or jax.default_backend()) != "cpu"):
+    if (
+        rows != 1
+        or b <= 1
+        or m * k >= GEMV_TASK_FMAS
+        or m % b
+        or (backend or jax.default_backend()) != "cpu"
+    ):
         return 1
     return b
 
 
-def output_major_product(x: jax.Array, w_t: jax.Array,
-                         blocks: Optional[int] = None) -> jax.Array:
+def output_major_product(x: jax.Array, w_t: jax.Array, blocks: Optional[int] = None) -> jax.Array:
     """``x (..., k) @ w_t.T`` for an output-major matrix ``w_t`` ``(m, k)`` -> ``(..., m)``.
 
     A one-row product that XLA:CPU would give a single task (:func:`gemv_blocks`) runs as a
@@ -493,8 +522,9 @@ def output_major_product(x: jax.Array, w_t: jax.Array,
     return y.reshape(x.shape[:-1] + (m,))
 
 
-def qkv_proj(x: jax.Array, lp: dict, q_dim: int, kv_dim: int,
-             blocks: Optional[int] = None) -> tuple:
+def qkv_proj(
+    x: jax.Array, lp: dict, q_dim: int, kv_dim: int, blocks: Optional[int] = None
+) -> tuple:
     """``(q (..., q_dim), k (..., kv_dim), v (..., kv_dim))`` of ``x`` ``(..., D)``: one
     product over the fused ``wqkv`` (:func:`fuse_qkv`) split at ``q_dim`` and
     ``q_dim + kv_dim``, else three :func:`proj` products."""

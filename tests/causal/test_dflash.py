@@ -10,10 +10,17 @@ import numpy as np
 import pytest
 
 from jaxspec.causal.decode import generate
-from jaxspec.causal.dflash import (Config, DFlashDrafter, DFlashSpec, context_kv,
-                                   default_layer_ids, drafter_params, init_drafter,
-                                   load_drafter, save_drafter)
-from jaxspec.core.drafters import DraftContext
+from jaxspec.causal.dflash import (
+    Config,
+    DFlashDrafter,
+    DFlashSpec,
+    context_kv,
+    default_layer_ids,
+    drafter_params,
+    init_drafter,
+    load_drafter,
+    save_drafter,
+)
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.testing.distribution import check_distribution, enumerate_chain
 from jaxspec.testing.tiny import tiny_model
@@ -39,29 +46,39 @@ def test_hidden_layers_match_a_separate_pass(arch, stacked):
     run = params if stacked else unstack_layers(params)
     cache = init_cache(model.config, 1, T)
     ids = (2, 0, 1)
-    plain, _ = model.apply({"params": run}, toks, pos, _causal(T), cache=cache,
-                           cache_index=jnp.zeros((1,), jnp.int32))
-    logits, _, hidden = model.apply({"params": run}, toks, pos, _causal(T), cache=cache,
-                                    cache_index=jnp.zeros((1,), jnp.int32), hidden_layers=ids)
+    plain, _ = model.apply(
+        {"params": run}, toks, pos, _causal(T), cache=cache, cache_index=jnp.zeros((1,), jnp.int32)
+    )
+    logits, _, hidden = model.apply(
+        {"params": run},
+        toks,
+        pos,
+        _causal(T),
+        cache=cache,
+        cache_index=jnp.zeros((1,), jnp.int32),
+        hidden_layers=ids,
+    )
     np.testing.assert_array_equal(np.asarray(logits), np.asarray(plain))
     assert hidden.shape == (1, T, 3, model.config.hidden_size)
     for j, i in enumerate(ids):
         cut_cfg = model.config.replace(num_layers=i + 1)
-        cut = dict(params, layers={k: v[:i + 1] for k, v in params["layers"].items()})
-        want, _ = CausalLM(cut_cfg).apply({"params": cut}, toks, pos, _causal(T),
-                                          return_hidden=True)
+        cut = dict(params, layers={k: v[: i + 1] for k, v in params["layers"].items()})
+        want, _ = CausalLM(cut_cfg).apply(
+            {"params": cut}, toks, pos, _causal(T), return_hidden=True
+        )
         got = rms_norm(hidden[:, :, j], params["final_norm"], model.config.rms_norm_eps)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
     with pytest.raises(ValueError, match="hidden_layers"):
         model.apply({"params": params}, toks, pos, _causal(T), hidden_layers=(3,))
 
 
-def _drafter(model, params, block=4, layers=1, ids=(0, 1), seed=1, sampling=SamplingConfig(),
-             scale=1.0):
-    spec = DFlashSpec.for_target(model.config, block_size=block, num_layers=layers,
-                                 layer_ids=ids)
-    own = jax.tree_util.tree_map(lambda x: x * scale if x.ndim >= 2 else x,
-                                 init_drafter(spec, seed))
+def _drafter(
+    model, params, block=4, layers=1, ids=(0, 1), seed=1, sampling=SamplingConfig(), scale=1.0
+):
+    spec = DFlashSpec.for_target(model.config, block_size=block, num_layers=layers, layer_ids=ids)
+    own = jax.tree_util.tree_map(
+        lambda x: x * scale if x.ndim >= 2 else x, init_drafter(spec, seed)
+    )
     return DFlashDrafter(spec, sampling), drafter_params(own, params)
 
 
@@ -73,8 +90,16 @@ def test_greedy_identical_to_ar(arch, block, layers):
     model, params = tiny_model(64, arch=arch, seed=0)
     drafter, dparams = _drafter(model, params, block, layers, scale=8.0)
     ar = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16)
-    res = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16,
-                   drafter=drafter, drafter_params=dparams)
+    res = generate(
+        model,
+        params,
+        PROMPTS,
+        max_new_tokens=24,
+        eos_ids=(7,),
+        bucket=16,
+        drafter=drafter,
+        drafter_params=dparams,
+    )
     assert res.tokens == ar.tokens
     st = res.stats
     np.testing.assert_array_equal(st.draft_nfe, st.steps)
@@ -91,12 +116,21 @@ def test_unrolled_layer_loop_drafts_as_the_scan_loop(monkeypatch):
     runs = {}
     for loop in ("scan", "unrolled"):
         monkeypatch.setenv("JAXSPEC_LAYER_LOOP", loop)
-        runs[loop] = generate(model, params, PROMPTS, max_new_tokens=20, eos_ids=(7,),
-                              bucket=16, drafter=drafter, drafter_params=dparams)
+        runs[loop] = generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=20,
+            eos_ids=(7,),
+            bucket=16,
+            drafter=drafter,
+            drafter_params=dparams,
+        )
         assert runs[loop].tokens == ar.tokens
     assert runs["unrolled"].settings["verify_layout"] != "stacked"
-    np.testing.assert_array_equal(runs["unrolled"].stats.accept_hist,
-                                  runs["scan"].stats.accept_hist)
+    np.testing.assert_array_equal(
+        runs["unrolled"].stats.accept_hist, runs["scan"].stats.accept_hist
+    )
     assert runs["scan"].stats.acceptance_rate > 0
 
 
@@ -111,21 +145,29 @@ def test_context_cache_matches_an_uncached_target_pass():
     drafter, dparams = _drafter(model, params, block=4, ids=(1, 0))
     prompts = [[4, 5, 6, 7, 8], [9, 10, 11]]
     buf, pad = D.left_pad(prompts, 8, 0)
-    cfg = D.LoopConfig(model=model, max_new=12, sampling=SamplingConfig(), drafter=drafter,
-                       eos_ids=())
+    cfg = D.LoopConfig(
+        model=model, max_new=12, sampling=SamplingConfig(), drafter=drafter, eos_ids=()
+    )
     st = D.prefill(cfg, params, dparams, jnp.asarray(buf), jnp.asarray(pad), jax.random.PRNGKey(0))
     st = D.step(cfg, (params, params), dparams, jnp.asarray(pad), st)
     for b, prompt in enumerate(prompts):
         L, p = int(st.length[b]), int(pad[b])
-        seq = np.asarray(st.buffer[b, p:L - 1])[None]
+        seq = np.asarray(st.buffer[b, p : L - 1])[None]
         T = seq.shape[1]
-        _, _, hid = model.apply({"params": params}, jnp.asarray(seq), jnp.arange(T)[None],
-                                _causal(T), hidden_layers=drafter.feature_layers)
+        _, _, hid = model.apply(
+            {"params": params},
+            jnp.asarray(seq),
+            jnp.arange(T)[None],
+            _causal(T),
+            hidden_layers=drafter.feature_layers,
+        )
         k, v = context_kv(drafter.spec, dparams["draft"], hid, jnp.arange(T)[None])
-        np.testing.assert_allclose(np.asarray(st.drafter_state.ctx_k[:, b, :, p:L - 1]),
-                                   np.asarray(k[:, 0]), atol=2e-5)
-        np.testing.assert_allclose(np.asarray(st.drafter_state.ctx_v[:, b, :, p:L - 1]),
-                                   np.asarray(v[:, 0]), atol=2e-5)
+        np.testing.assert_allclose(
+            np.asarray(st.drafter_state.ctx_k[:, b, :, p : L - 1]), np.asarray(k[:, 0]), atol=2e-5
+        )
+        np.testing.assert_allclose(
+            np.asarray(st.drafter_state.ctx_v[:, b, :, p : L - 1]), np.asarray(v[:, 0]), atol=2e-5
+        )
         assert L - 1 - p > len(prompt)  # the verification pass added features
 
 
@@ -133,21 +175,21 @@ def _exact_joint(model, params, prompt, n_new, cfg):
     """Enumerated ``p(x_1..x_n | prompt)`` under ``cfg`` (uncached causal passes)."""
     P = len(prompt)
     T = -(-(P + n_new) // 8) * 8
-    fwd = jax.jit(lambda t: model.apply({"params": params}, t, jnp.arange(T)[None],
-                                        _causal(T))[0])
+    fwd = jax.jit(lambda t: model.apply({"params": params}, t, jnp.arange(T)[None], _causal(T))[0])
 
     def next_logprobs(prefixes):
         M, i = prefixes.shape
         toks = np.zeros((M, T), np.int32)
         toks[:, :P] = prompt
-        toks[:, P:P + i] = prefixes
+        toks[:, P : P + i] = prefixes
         return np.asarray(process_logits(fwd(jnp.asarray(toks))[:, P + i - 1], cfg))
 
     return enumerate_chain(next_logprobs, n_new)
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0),
-                                 SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)])
+@pytest.mark.parametrize(
+    "cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)]
+)
 def test_sampling_distribution_exact(cfg):
     """10^4 sampled continuations (block 3: two drafts per step; ``k + 2`` new tokens, so a
     bonus token lies inside the budget) follow the enumerated AR joint distribution
@@ -160,8 +202,17 @@ def test_sampling_distribution_exact(cfg):
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     assert abs(sum(exact.values()) - 1) < 1e-4
     drafter, dparams = _drafter(model, params, block, ids=(1,), sampling=cfg, scale=30.0)
-    res = generate(model, params, [prompt] * N, max_new_tokens=k + 2, sampling=cfg,
-                   drafter=drafter, drafter_params=dparams, seed=11, bucket=8)
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=k + 2,
+        sampling=cfg,
+        drafter=drafter,
+        drafter_params=dparams,
+        seed=11,
+        bucket=8,
+    )
     chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     st = res.stats
@@ -177,27 +228,42 @@ def test_bad_input():
     spec = drafter.spec
     with pytest.raises(ValueError, match="built for block size 4"):
         DFlashDrafter(spec, block_size=16)
-    for other, what in ((tiny_model(64, layers=3)[0], "number of layers 2"),
-                        (tiny_model(48)[0], "vocabulary 64")):
+    for other, what in (
+        (tiny_model(64, layers=3)[0], "number of layers 2"),
+        (tiny_model(48)[0], "vocabulary 64"),
+    ):
         with pytest.raises(ValueError, match=what):
             spec.check_target(other.config)
         with pytest.raises(ValueError, match=what):
-            Config(max_new_tokens=4, draft_length=3,
-                   drafter_model=(spec, dparams["draft"])).drafter(other.config)
+            Config(
+                max_new_tokens=4, draft_length=3, drafter_model=(spec, dparams["draft"])
+            ).drafter(other.config)
     with pytest.raises(ValueError, match="block size 9"):
-        Config(max_new_tokens=4, draft_length=8,
-               drafter_model=(spec, dparams["draft"])).drafter(model.config)
-    wide = DFlashSpec.for_target(model.config.replace(hidden_size=48), block_size=4,
-                                 layer_ids=(0,))
+        Config(max_new_tokens=4, draft_length=8, drafter_model=(spec, dparams["draft"])).drafter(
+            model.config
+        )
+    wide = DFlashSpec.for_target(model.config.replace(hidden_size=48), block_size=4, layer_ids=(0,))
     with pytest.raises(ValueError, match="hidden width 48"):
         wide.check_target(model.config)
     with pytest.raises(ValueError, match="built for"):  # the loop's own check, at trace time
-        generate(model, params, PROMPTS, max_new_tokens=4, drafter=DFlashDrafter(wide),
-                 drafter_params=drafter_params(init_drafter(wide), params))
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
+            drafter=DFlashDrafter(wide),
+            drafter_params=drafter_params(init_drafter(wide), params),
+        )
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         other_v = DFlashSpec.for_target(tiny_model(48)[0].config, block_size=4, layer_ids=(0,))
-        generate(model, params, PROMPTS, max_new_tokens=4, drafter=DFlashDrafter(other_v),
-                 drafter_params=dparams)
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
+            drafter=DFlashDrafter(other_v),
+            drafter_params=dparams,
+        )
     with pytest.raises(ValueError, match="layer_ids"):
         DFlashSpec.for_target(model.config, layer_ids=(2,))
     with pytest.raises(ValueError, match="num_layers"):
@@ -205,16 +271,31 @@ def test_bad_input():
     with pytest.raises(ValueError, match="block_size"):
         DFlashSpec.for_target(model.config, block_size=1)
     with pytest.raises(ValueError, match="target's SamplingConfig"):
-        generate(model, params, PROMPTS, max_new_tokens=4, sampling=SamplingConfig(temperature=1.0),
-                 drafter=drafter, drafter_params=dparams)
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
+            sampling=SamplingConfig(temperature=1.0),
+            drafter=drafter,
+            drafter_params=dparams,
+        )
     with pytest.raises(ValueError, match="cost gate"):
-        generate(model, params, PROMPTS, max_new_tokens=4, drafter=drafter,
-                 drafter_params=dparams, gate=2.0)
+        generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
+            drafter=drafter,
+            drafter_params=dparams,
+            gate=2.0,
+        )
     assert default_layer_ids(28, 1) == (14,)
     assert default_layer_ids(28, 5) == (1, 7, 13, 19, 25)
 
 
 # ----------------------------------------------------------------------------- training
+
 
 def _train(model, params, spec, seqs, steps, n_anchors=8, gamma=4.0, lr=1e-2, seed=0):
     """Adam on the DFlash loss over fixed right-padded ``seqs`` (all trainable), anchors
@@ -275,12 +356,21 @@ def test_training_lowers_the_loss_on_a_fixed_batch():
     same = dflash_loss(spec, own, shared, far, hid_far, trainable, anchors, ok, 4.0)[0]
     np.testing.assert_allclose(float(same), float(base), rtol=1e-6)
     near = tokens.at[:, 7].set((tokens[:, 7] + 1) % 32)  # a label: the loss changes
-    moved = dflash_loss(spec, own, shared, near, target_features(model, params, near,
-                                                                 spec.layer_ids),
-                        trainable, anchors, ok, 4.0)[0]
+    moved = dflash_loss(
+        spec,
+        own,
+        shared,
+        near,
+        target_features(model, params, near, spec.layer_ids),
+        trainable,
+        anchors,
+        ok,
+        4.0,
+    )[0]
     assert abs(float(moved) - float(base)) > 1e-4
-    np.testing.assert_allclose(np.asarray(position_weights(4, 4.0)),
-                               np.exp(-np.arange(3) / 4.0), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(position_weights(4, 4.0)), np.exp(-np.arange(3) / 4.0), rtol=1e-6
+    )
     with pytest.raises(ValueError, match="gamma"):
         position_weights(4, 0.0)
 
@@ -289,8 +379,9 @@ def test_trained_drafter_is_accepted_and_stays_exact():
     """Trained on the target's own greedy continuations, the drafter's drafts are accepted
     far more often than an untrained one's, and greedy output is still identical to AR."""
     model, params = tiny_model(64, seed=0)
-    prompts = [[int(t) for t in np.random.default_rng(i).integers(1, 64, size=6)]
-               for i in range(16)]
+    prompts = [
+        [int(t) for t in np.random.default_rng(i).integers(1, 64, size=6)] for i in range(16)
+    ]
     ar = generate(model, params, prompts, max_new_tokens=26, bucket=8)
     seqs = [p + t for p, t in zip(prompts, ar.tokens)]
     spec = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0, 1))
@@ -299,14 +390,22 @@ def test_trained_drafter_is_accepted_and_stays_exact():
     test_prompts = prompts[:4]
     rates = {}
     for name, tree in (("trained", own), ("untrained", init_drafter(spec, 0))):
-        res = generate(model, params, test_prompts, max_new_tokens=24, bucket=8,
-                       drafter=DFlashDrafter(spec), drafter_params=drafter_params(tree, params))
+        res = generate(
+            model,
+            params,
+            test_prompts,
+            max_new_tokens=24,
+            bucket=8,
+            drafter=DFlashDrafter(spec),
+            drafter_params=drafter_params(tree, params),
+        )
         assert res.tokens == [t[:24] for t in ar.tokens[:4]], name
         rates[name] = res.stats.acceptance_rate
     assert rates["trained"] > max(0.3, 2 * rates["untrained"]), rates
     # the registry's entry decodes the same tokens
     res = Config(max_new_tokens=24, draft_length=3, drafter_model=(spec, own)).decode(
-        model, params, test_prompts)
+        model, params, test_prompts
+    )
     assert res.tokens == [t[:24] for t in ar.tokens[:4]]
     assert res.stats.acceptance_rate == rates["trained"]
 
