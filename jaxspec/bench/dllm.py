@@ -206,6 +206,102 @@ def run_interleaved(
     return outs, compile_s
 
 
+def _loop_overheads(model, params, prompts, cfgs, outs, caches, reps, log):
+    """Per cache policy, the stepwise loop's time over the sum of its lone forwards minus 1
+    (one value per prompt), and per prompt the lone forwards' seconds; empty when ``reps``
+    is 0."""
+    overhead: dict[str, list] = {c: [] for c in caches}
+    costs_per_prompt: list[dict] = [dict() for _ in prompts]
+    if reps <= 0:
+        return overhead, costs_per_prompt
+    for c in caches:
+        cfg = cfgs[("stepwise", c)]
+        for i, p in enumerate(prompts):
+            log(f"[bench] timing lone forwards: cache={c} prompt {p.task_id}")
+            costs = forward_costs(model, params, len(p.ids), cfg, reps=reps)
+            costs_per_prompt[i][c] = {w: _num(t, 5) for w, t in costs.items()}
+            expect = stepwise_forward_seconds(costs, len(p.ids), cfg)
+            overhead[c].append(outs[("stepwise", c)][i].run_s / expect - 1.0)
+    return overhead, costs_per_prompt
+
+
+def _median_ratio(refs, runs) -> float:
+    """Median over prompts of the reference's seconds over the run's."""
+    return _num(statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(refs, runs)), 3)
+
+
+def _suite_row(
+    m, c, outs, answers, overhead, compile_s, gen_length, block_length, eos, common, flag_rule
+) -> dict:
+    """One ``dllm`` row: method ``m`` under cache policy ``c`` over every prompt, the
+    answer-based figures first (:mod:`jaxspec.bench.answers`)."""
+    o = outs[(m, c)]
+    ref_c, ref_0 = outs[("stepwise", c)], outs.get(("stepwise", "none"))
+    a_0 = answers.get(("stepwise", "none"))
+    nfe = statistics.fmean(int(r.stats.target_nfe.sum()) for r in o)
+    return {
+        "method": m,
+        "cache": c,
+        "model": common["model"],
+        "remasking": common["remasking"],
+        "prompt_set": common["prompt_set"],
+        "prompts": len(o),
+        "gen_length": gen_length,
+        "block_length": block_length,
+        **ans.answer_figures(answers[(m, c)], rule=flag_rule),
+        **ans.answer_speedups(answers[(m, c)], answers[("stepwise", c)], "_vs_stepwise"),
+        **(ans.answer_speedups(answers[(m, c)], a_0, "_vs_reference") if a_0 else {}),
+        "nfe": _num(nfe, 2),
+        "steps": _num(statistics.fmean(int(r.stats.steps.sum()) for r in o), 2),
+        "tokens_per_nfe": _num(gen_length / nfe, 3),
+        "forward_tokens": _num(statistics.fmean(r.stats.extra["forward_tokens"] for r in o), 1),
+        "tokens_per_s": _num(statistics.median(gen_length / max(r.run_s, 1e-9) for r in o), 3),
+        "new_tokens": int(sum(len(r.tokens[0]) for r in o)),
+        "speedup_vs_stepwise": _median_ratio(ref_c, o),
+        "speedup_vs_reference": None if ref_0 is None else _median_ratio(ref_0, o),
+        "identical_fraction": _num(
+            statistics.fmean(
+                float(np.array_equal(a.full_tokens, r.full_tokens)) for a, r in zip(ref_c, o)
+            ),
+            3,
+        ),
+        "loop_overhead": (
+            _num(statistics.median(overhead), 4) if m == "stepwise" and overhead else None
+        ),
+        "compile_s": _num(compile_s, 2),
+        **answer_degeneracy([r.full_tokens[0] for r in o], eos, gen_length),
+    }
+
+
+def _per_prompt(prompts, keys, outs, answers, costs_per_prompt, caches, gen_length, decode):
+    """The ``per_prompt`` records: each run's NFE, seconds, answer figures and identity to
+    stepwise; the lone forwards' seconds; with ``decode``, the stepwise outputs' text."""
+    per_prompt = []
+    for i, p in enumerate(prompts):
+        e: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {}}
+        for m, c in keys:
+            r = outs[(m, c)][i]
+            a = answers[(m, c)][i]
+            e["runs"][f"{m}/{c}"] = {
+                "nfe": int(r.stats.target_nfe.sum()),
+                "seconds": _num(r.run_s, 4),
+                "answer_length": a.length,
+                "answer_nfe": a.nfe,
+                "answer_seconds": _num(a.seconds, 4),
+                "tokens_per_s": _num(gen_length / max(r.run_s, 1e-9), 3),
+                "new_tokens": len(r.tokens[0]),
+                "identical_to_stepwise": bool(
+                    np.array_equal(r.full_tokens, outs[("stepwise", c)][i].full_tokens)
+                ),
+            }
+        if costs_per_prompt[i]:
+            e["forward_seconds"] = costs_per_prompt[i]
+        if decode is not None:
+            e["stepwise_outputs"] = {c: decode(outs[("stepwise", c)][i].tokens[0]) for c in caches}
+        per_prompt.append(e)
+    return per_prompt
+
+
 def run_dllm_suite(
     model,
     params,
@@ -284,87 +380,30 @@ def run_dllm_suite(
         "dllm runs",
     )
 
-    overhead: dict[str, list] = {c: [] for c in caches}
-    costs_per_prompt: list[dict] = [dict() for _ in prompts]
-    if overhead_reps > 0:
-        for c in caches:
-            cfg = cfgs[("stepwise", c)]
-            for i, p in enumerate(prompts):
-                log(f"[bench] timing lone forwards: cache={c} prompt {p.task_id}")
-                costs = forward_costs(model, params, len(p.ids), cfg, reps=overhead_reps)
-                costs_per_prompt[i][c] = {w: _num(t, 5) for w, t in costs.items()}
-                expect = stepwise_forward_seconds(costs, len(p.ids), cfg)
-                overhead[c].append(outs[("stepwise", c)][i].run_s / expect - 1.0)
-
+    overhead, costs_per_prompt = _loop_overheads(
+        model, params, prompts, cfgs, outs, caches, overhead_reps, log
+    )
     answers = {k: [ans.diffusion_answer(r, eos) for r in o] for k, o in outs.items()}
-    rows = []
-    for m, c in keys:
-        o = outs[(m, c)]
-        ref_c, ref_0 = outs[("stepwise", c)], outs.get(("stepwise", "none"))
-        a_0 = answers.get(("stepwise", "none"))
-        tps = [gen_length / max(r.run_s, 1e-9) for r in o]
-        row = {
-            "method": m,
-            "cache": c,
-            "model": model_name,
-            "remasking": remasking,
-            "prompt_set": prompt_set,
-            "prompts": len(o),
-            "gen_length": gen_length,
-            "block_length": block_length,
-            **ans.answer_figures(answers[(m, c)], rule=flag_rule),
-            **ans.answer_speedups(answers[(m, c)], answers[("stepwise", c)], "_vs_stepwise"),
-            **(ans.answer_speedups(answers[(m, c)], a_0, "_vs_reference") if a_0 else {}),
-            "nfe": _num(statistics.fmean(int(r.stats.target_nfe.sum()) for r in o), 2),
-            "steps": _num(statistics.fmean(int(r.stats.steps.sum()) for r in o), 2),
-            "tokens_per_nfe": _num(
-                gen_length / statistics.fmean(int(r.stats.target_nfe.sum()) for r in o), 3
-            ),
-            "forward_tokens": _num(statistics.fmean(r.stats.extra["forward_tokens"] for r in o), 1),
-            "tokens_per_s": _num(statistics.median(tps), 3),
-            "new_tokens": int(sum(len(r.tokens[0]) for r in o)),
-            "speedup_vs_stepwise": _num(
-                statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref_c, o)), 3
-            ),
-            "speedup_vs_reference": None
-            if ref_0 is None
-            else _num(statistics.median(a.run_s / max(r.run_s, 1e-9) for a, r in zip(ref_0, o)), 3),
-            "identical_fraction": _num(
-                statistics.fmean(
-                    float(np.array_equal(a.full_tokens, r.full_tokens)) for a, r in zip(ref_c, o)
-                ),
-                3,
-            ),
-            "loop_overhead": (
-                _num(statistics.median(overhead[c]), 4) if m == "stepwise" and overhead[c] else None
-            ),
-            "compile_s": _num(compile_s[(m, c)], 2),
-            **answer_degeneracy([r.full_tokens[0] for r in o], eos, gen_length),
-        }
-        rows.append(row)
-    per_prompt = []
-    for i, p in enumerate(prompts):
-        e: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {}}
-        for m, c in keys:
-            r = outs[(m, c)][i]
-            a = answers[(m, c)][i]
-            e["runs"][f"{m}/{c}"] = {
-                "nfe": int(r.stats.target_nfe.sum()),
-                "seconds": _num(r.run_s, 4),
-                "answer_length": a.length,
-                "answer_nfe": a.nfe,
-                "answer_seconds": _num(a.seconds, 4),
-                "tokens_per_s": _num(gen_length / max(r.run_s, 1e-9), 3),
-                "new_tokens": len(r.tokens[0]),
-                "identical_to_stepwise": bool(
-                    np.array_equal(r.full_tokens, outs[("stepwise", c)][i].full_tokens)
-                ),
-            }
-        if costs_per_prompt[i]:
-            e["forward_seconds"] = costs_per_prompt[i]
-        if decode is not None:
-            e["stepwise_outputs"] = {c: decode(outs[("stepwise", c)][i].tokens[0]) for c in caches}
-        per_prompt.append(e)
+    common = dict(model=model_name, remasking=remasking, prompt_set=prompt_set)
+    rows = [
+        _suite_row(
+            m,
+            c,
+            outs,
+            answers,
+            overhead[c],
+            compile_s[(m, c)],
+            gen_length,
+            block_length,
+            eos,
+            common,
+            flag_rule,
+        )
+        for m, c in keys
+    ]
+    per_prompt = _per_prompt(
+        prompts, keys, outs, answers, costs_per_prompt, caches, gen_length, decode
+    )
     return {
         "suite": "dllm",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
