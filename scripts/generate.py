@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from jaxspec.methods import (
     FAMILY_WORDS,
@@ -165,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--top-p", type=float, default=None, help="in (0, 1]; 1.0 = off (default)")
     cg = ap.add_argument_group("causal methods")
     cg.add_argument("--max-new-tokens", type=int, default=None, help="budget per row (default 128)")
+    cg.add_argument(
+        "--dflash-drafter",
+        dest="drafter_model",
+        default=None,
+        metavar="FILE",
+        help="dflash: a trained drafter's safetensors file (jaxspec.causal.dflash.save_drafter), "
+        "built for this target and a block of --draft-length + 1",
+    )
     cg.add_argument(
         "--draft-length",
         type=int,
@@ -363,6 +372,8 @@ def _check_command(args) -> None:
         raise ValueError(f"--start must be >= 0, got {args.start}")
     if args.draft_weights and not args.draft_name:
         raise ValueError("--draft-weights needs --draft-model NAME")
+    if args.drafter_model is not None and not Path(args.drafter_model).is_file():
+        raise ValueError(f"--dflash-drafter {args.drafter_model}: no such file")
 
 
 def _given(args) -> dict:
@@ -550,6 +561,10 @@ def load(args, method, options, family):
     # place; AR (the causal reference) runs fastest on output-major matrices, the other
     # decoders read the stored layout unless an output-major verification layout is asked for
     params = decode_layout_in_place(params, output_major=_output_major(method))
+    if isinstance(options.get("drafter_model"), str):  # --dflash-drafter FILE
+        from jaxspec.causal.dflash import load_drafter
+
+        options = {**options, "drafter_model": load_drafter(options["drafter_model"])}
     config = method.configure({**options, **_draft_fields(args, method, tok)})
     texts = _texts(args, tok)
     inputs = [tok.encode(t) for t in texts]
@@ -580,7 +595,7 @@ def _with_plan(config, model, params, batch: int):
         model,
         params,
         config.drafter(model.config),
-        config.drafter_params(),
+        config.drafter_params(params),
         batch=batch,
         gate=config.gate_cost,
         **chosen,

@@ -186,9 +186,13 @@ def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2
     from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 
     if family == "causal":
+        from jaxspec.causal.dflash import DFlashSpec, init_drafter
+
         model, params = tiny_model(64, seed=0, mask_token_id=63)  # a [MASK] for space
         # draft models for the methods that take one (sps: causal; diffuspec, specdiff: a
-        # diffusion LM); the others ignore them
+        # diffusion LM; dflash: a random block drafter of block 5 = draft length 4 + 1); the
+        # others ignore them
+        spec = DFlashSpec.for_target(model.config, block_size=5)
         return (
             model,
             params,
@@ -197,6 +201,7 @@ def family_inputs(family: str, *, max_new_tokens: int = 20, xlnet_heads: int = 2
                 max_new_tokens=max_new_tokens,
                 draft_length=4,
                 draft_model=tiny_model(64, seed=1),
+                drafter_model=(spec, init_drafter(spec, seed=2)),
                 dllm_drafter=tiny_diffusion_model("dream", vocab=64, ctx=512),
                 k_min=2,
                 eos_id=7,

@@ -74,9 +74,10 @@ SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
 # transformers/assisted a draft model (--draft-model), jaxspec/diffuspec / specdiff a diffusion
-# drafter, jaxspec/space a SAR-SFT target
+# drafter, jaxspec/space a SAR-SFT target, jaxspec/dflash a trained DFlash drafter
 NEEDS_MORE = (
     "jaxspec/sps",
+    "jaxspec/dflash",
     "jaxspec/space",
     "jaxspec/diffuspec",
     "jaxspec/specdiff",
@@ -357,7 +358,7 @@ class JaxspecSystem:
         timed before the start)."""
         from jaxspec.causal.decode import decode_plan, generate
 
-        drafter, dparams = config.drafter(self.model.config), config.drafter_params()
+        drafter, dparams = config.drafter(self.model.config), config.drafter_params(self.params)
         plan = decode_plan(
             self.model,
             self.params,

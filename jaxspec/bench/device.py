@@ -1052,6 +1052,17 @@ def method_options(
             o["draft_model"] = vehicles["causal"].extra.setdefault(
                 "sps_draft", truncated_draft(vehicles["causal"], s.sps_draft_layers)
             )
+        if method == "dflash":
+            # no trained drafter travels yet: a random one of block 16 (acceptance near 0)
+            # times the drafter's forward and checks identity; its MAT says nothing
+            from jaxspec.causal.dflash import DFlashSpec, init_drafter
+
+            target = vehicles["causal"].model.config
+            spec = DFlashSpec.for_target(target, block_size=16)
+            o["drafter_model"] = vehicles["causal"].extra.setdefault(
+                "dflash_drafter", (spec, init_drafter(spec, seed=0))
+            )
+            o["draft_length"] = 15
         if method in ("diffuspec", "specdiff"):
             d = vehicles["dllm"]
             o.update(

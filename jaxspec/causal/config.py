@@ -53,8 +53,10 @@ class CausalConfig(MethodConfig):
         """The drafter for a target of config ``target_config`` (None: AR decoding)."""
         return None
 
-    def drafter_params(self) -> Any:
-        """The drafter's parameters (a traced argument of the decode loop; ``()``: none)."""
+    def drafter_params(self, target_params: Any = None) -> Any:
+        """The drafter's parameters (a traced argument of the decode loop; ``()``: none).
+        ``target_params``: the target's parameters, for a drafter that shares some of them
+        (DFlash: the embedding and LM head); the others ignore them."""
         return ()
 
     def adapter(self):
@@ -79,7 +81,7 @@ class CausalConfig(MethodConfig):
                 params,
                 prompts,
                 drafter=drafter,
-                drafter_params=self.drafter_params(),
+                drafter_params=self.drafter_params(params),
                 target_tokenizer=target_tok,
                 drafter_tokenizer=drafter_tok,
                 max_new_tokens=self.max_new_tokens,
@@ -95,7 +97,7 @@ class CausalConfig(MethodConfig):
             max_new_tokens=self.max_new_tokens,
             sampling=self.sampling,
             drafter=drafter,
-            drafter_params=self.drafter_params(),
+            drafter_params=self.drafter_params(params),
             seed=seed,
             eos_ids=eos_ids,
             pad_id=pad_id,

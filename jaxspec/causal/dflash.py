@@ -549,7 +549,8 @@ class Config(DraftedConfig):
       drafter_model: ``(DFlashSpec, own weights)`` of a trained drafter
         (:func:`load_drafter`); not compared or hashed.
       target_params: the target's parameters, whose embedding and LM head the drafter
-        shares (:meth:`decode` fills it from its ``params``); not compared or hashed.
+        shares, when :meth:`drafter_params` is called without them (the decoders pass
+        theirs); not compared or hashed.
 
     Raises:
       ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`) or
@@ -569,19 +570,13 @@ class Config(DraftedConfig):
         spec.check_target(target_config)
         return DFlashDrafter(spec, self.sampling, block_size=self.k + 1)
 
-    def drafter_params(self) -> Any:
-        if self.target_params is None:
+    def drafter_params(self, target_params: Any = None) -> Any:
+        """The drafter's own weights and the target's embedding / LM head, from
+        ``target_params`` (the decoders pass theirs) or the config's ``target_params``."""
+        shared = self.target_params if target_params is None else target_params
+        if shared is None:
             raise ValueError(
                 "the DFlash drafter shares the target's embedding and LM head: "
-                "set target_params (decode() does)"
+                "pass the target's parameters"
             )
-        return drafter_params(self.drafter_model[1], self.target_params)
-
-    def decode(self, model, params, prompts, **kw):
-        """:meth:`CausalConfig.decode` with ``target_params`` set to ``params``."""
-        cfg = (
-            self
-            if self.target_params is not None
-            else dataclasses.replace(self, target_params=params)
-        )
-        return DraftedConfig.decode(cfg, model, params, prompts, **kw)
+        return drafter_params(self.drafter_model[1], shared)

@@ -72,7 +72,7 @@ class Config(DraftedConfig):
     def drafter(self, target_config) -> "DraftModelDrafter":
         return DraftModelDrafter(self.draft_model[0], self.k, self.sampling)
 
-    def drafter_params(self) -> Any:
+    def drafter_params(self, target_params: Any = None) -> Any:
         return self.draft_model[1]
 
 

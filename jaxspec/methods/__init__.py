@@ -45,7 +45,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from jaxspec.causal import sps
+from jaxspec.causal import dflash, sps
 from jaxspec.causal.config import CausalConfig
 from jaxspec.core.method_config import MethodConfig, Needs, flag
 from jaxspec.core.results import DecodeResult
@@ -187,6 +187,11 @@ METHODS: dict[str, Method] = {
             "specdiff",
             SpecDiffConfig,
             "SpecDiff: a diffusion LM's argmax block, fixed length (DiffuSpec without CPS and ADL)",
+        ),
+        Method(
+            "dflash",
+            dflash.Config,
+            "DFlash: a small block-diffusion drafter reading the target's hidden states",
         ),
         Method("stepwise", StepwiseConfig, "LLaDA/Dream stepwise unmasking (the dLLM reference)"),
         Method(

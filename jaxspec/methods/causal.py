@@ -145,7 +145,7 @@ class SpecDiffConfig(DraftedConfig):
             prefix_cache=self.drafter_cache == "prefix",
         )
 
-    def drafter_params(self) -> Any:
+    def drafter_params(self, target_params: Any = None) -> Any:
         return (self.dllm_drafter[1], self.proxy)
 
     def adapter(self):

@@ -102,7 +102,8 @@ CASES = [
     (
         "benchmark",
         "--suite diffuspec --diffuspec-sets poems",
-        "unknown --diffuspec-sets 'poems'; available: humaneval, humaneval-chat, mt-bench, news",
+        "unknown --diffuspec-sets 'poems'; available: humaneval, humaneval-chat, mt-bench, "
+        "news, long",
     ),
     ("benchmark", "--suite space --mask-groups 0", "--mask-groups must be >= 1, got 0"),
     ("benchmark", "--suite space --space-batches 0", "--space-batches must be >= 1, got 0"),

@@ -95,7 +95,12 @@ def dirs(tiny_hf, tmp_path_factory):
     xl.save_pretrained(root / "xlnet", safe_serialization=True)
     out["xlnet"] = _copy_tokenizer(qwen.path, root / "xlnet")
 
+    from jaxspec.causal.dflash import DFlashSpec, init_drafter, save_drafter
+
     config, params = load_weights(qwen.path)  # the Qwen2 with a [MASK] id: SPACE runs on it
+    spec = DFlashSpec.for_target(config, block_size=4)  # a random DFlash drafter for it
+    out["dflash"] = root / "dflash.safetensors"
+    save_drafter(out["dflash"], spec, init_drafter(spec, seed=0))
     save_checkpoint(root / "sar", config.replace(mask_token_id=299), params)
     out["sar"] = _copy_tokenizer(qwen.path, root / "sar")
     return out
@@ -154,6 +159,7 @@ GEN_CASES = [  # (directory, method, extra flags); "{dream}" etc. are filled in 
         + ["--draft-model", "auto", "--draft-weights", "{dream_vocab320}", "--draft-length", "4"],
     ),
     ("sar", "space", CAUSAL + ["--mask-groups", "3"]),
+    ("qwen2", "dflash", CAUSAL + ["--dflash-drafter", "{dflash}", "--draft-length", "3"]),
     *[
         (d, m, DLLM + extra)
         for d in ("llada", "dream")
@@ -683,7 +689,7 @@ def test_family_detection(dirs, bad_dirs):
     from models.config import ConfigError
     from models.registry import weights_family
 
-    fam = {k: weights_family(v) for k, v in dirs.items()}
+    fam = {k: weights_family(v) for k, v in dirs.items() if k != "dflash"}  # a drafter file
     assert fam == {
         "qwen2": "causal",
         "llama": "causal",
