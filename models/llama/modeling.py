@@ -47,7 +47,7 @@ class KVCache:
       k: float array ``(num_layers, B, num_kv_heads, S, head_dim)``; v: float array
         ``(num_layers, B, num_kv_heads, head_dim, S)``. Both are head-major and ``v`` is
         slot-minor, so the two attention products read a layer's slots as stored: XLA:CPU
-        copied the slot-major layout's values transposed (issue 16; 0.5 ms of a 24 ms
+        copied the slot-major layout's values transposed (0.5 ms of a 24 ms
         SmolLM2-135M step on a 2-core AMD EPYC).
         Slot ``s`` of row ``b`` holds the key/value of the token written there. Slots are
         addressed by the caller (``cache_index``) and read through the attention ``mask``:
@@ -474,7 +474,7 @@ def proj(x: jax.Array, lp: dict, name: str, blocks: Optional[int] = None) -> jax
 
 
 #: XLA:CPU's tiled matrix-vector kernel gives each of its (at most 8) tasks at least this many
-#: multiply-adds (``DotOpEmitter::EmitTiledLlvmIrGemv``, read for the constant; issue 16)
+#: multiply-adds (``DotOpEmitter::EmitTiledLlvmIrGemv``, read for the constant)
 GEMV_TASK_FMAS = 2**19
 #: row blocks of a one-task product in :func:`output_major_product` (1 turns the blocking off)
 ONE_TASK_BLOCKS = 4
