@@ -300,6 +300,6 @@ def test_calibrate_cli_errors(tmp_path, capsys):
     from scripts.calibrate import main
 
     assert main(["--prompts", "0", "--out-dir", str(tmp_path)]) == 2
-    assert "no samples" in capsys.readouterr().err
+    assert "--prompts must lie in [1, 164]" in capsys.readouterr().err
     assert main(["--reuse", "--out-dir", str(tmp_path)]) == 2
     assert "records.npz does not exist" in capsys.readouterr().err

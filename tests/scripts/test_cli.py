@@ -22,7 +22,7 @@ from scripts import generate as gen_cli
         (
             ["--model", "gpt5"],
             "unknown model 'gpt5'; available: asarm-small, auto, dlm-tiny, dream-smollm2-135m, "
-            "dream-smollm2-135m-v1, hf-directory,",
+            "dream-smollm2-135m-v1, dream-smollm2-135m-v3, hf-directory,",
         ),
         (["--model", "hf-directory"], "needs --weights PATH"),
         (["--model", "auto"], "needs --weights PATH"),
