@@ -46,6 +46,12 @@ completions of held-out function prompts (signature + docstring) scored before t
 with the pass rule of :data:`jaxspec.eval.dllm_gate.V2_GATE_RULE` (repeated 4-gram rate <= 0.3,
 distinct share >= 0.3, >= 80% end with EOS), masked accuracy at 15% / 50%, and HumanEval pass@1
 stepwise beside the base model's AR; writes ``checkpoints/NAME/eos-gate.json`` (or ``--out``).
+``--gate-rule v3`` (the default for ``data.source: stdlib-sft+distill``, e.g.
+``dream-smollm2-135m-v3``; :data:`jaxspec.eval.dllm_gate.V3_GATE_RULE`): the HumanEval prompts'
+completions are scored with the held-out ones, and the bounds are 4-gram rate <= 0.2, distinct
+share >= 0.4, >= 80% end with EOS, masked accuracy >= 0.65 at 15% / >= 0.45 at 50%, median
+answer length >= half the base model's greedy AR answers to the same prompts; run it at
+``--block 8`` and ``--block 32``.
 
 **SPACE SAR-SFT** (``objective.kind: sar``, e.g. ``--gate smollm2-135m-space``):
 held-out AR loss of the SAR model and its base, the mask rows' top-1 accuracy by offset, and
@@ -120,9 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--eos-gate",
         action="store_true",
-        help="masked diffusion: the v2 gate (answers end with EOS, no loop "
-        "before it; the default for configs with data.source stdlib-sft); "
-        "use with --gen-length 256 --block 32",
+        help="masked diffusion: the EOS gate (answers end with EOS, no loop "
+        "before it; the default for configs with data.source stdlib-sft or "
+        "stdlib-sft+distill); use with --gen-length 256 --block 32 (and --block 8 for v3)",
+    )
+    ap.add_argument(
+        "--gate-rule",
+        choices=("auto", "v2", "v3"),
+        default="auto",
+        help="EOS gate: pass rule (jaxspec.eval.dllm_gate.GATE_RULES); auto = v3 for configs "
+        "trained on self-distilled answers (data.source stdlib-sft+distill), else v2",
     )
     ap.add_argument(
         "--cache",
@@ -565,7 +578,9 @@ def main(argv=None) -> int:
         "base_preset": cfg.model.preset,
         "head": cfg.model.head,
     }
-    if args.eos_gate or cfg.data.source == "stdlib-sft":
+    if args.gate_rule == "auto":
+        args.gate_rule = "v3" if "distill" in cfg.data.source else "v2"
+    if args.eos_gate or cfg.data.source in ("stdlib-sft", "stdlib-sft+distill"):
         return eos_gate(
             args,
             name=args.gate,
@@ -596,21 +611,24 @@ def main(argv=None) -> int:
 
 
 def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, base, log) -> int:
-    """The v2 gate (:func:`jaxspec.eval.dllm_gate.run_v2_gate`): greedy stepwise
+    """The EOS gate (:func:`jaxspec.eval.dllm_gate.run_eos_gate`, rule ``--gate-rule``):
+    greedy stepwise
     completions of ``--prompts`` held-out function prompts at ``--gen-length`` (256 for the
     gate) and ``--block`` (32), scored before the first EOS; masked accuracy; HumanEval pass@1
     of ``--humaneval`` problems, stepwise beside the base model's AR. Prints the checks and the
     verdict, writes ``--out``. Exit 0 (the verdict is in the output), 2 on bad input."""
     import jax
 
-    from jaxspec.eval.dllm_gate import run_v2_gate
+    from jaxspec.eval.dllm_gate import run_eos_gate
 
+    rule = "v2" if args.gate_rule == "auto" else args.gate_rule
     try:
-        res = run_v2_gate(
+        res = run_eos_gate(
             model,
             params,
             tok,
             holdout,
+            rule=rule,
             causal=causal,
             base=base,
             prompts=args.prompts,
@@ -636,7 +654,8 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
     f = res["completion_figures"]
     print(
         f"eos gate {name}: {res['settings']['prompts']} held-out function prompts, gen "
-        f"{args.gen_length}, block {args.block}, cache {args.cache}, greedy stepwise"
+        f"{args.gen_length}, block {args.block}, cache {args.cache}, greedy stepwise, "
+        f"rule {rule}"
     )
     print(
         f"  answer tokens (before EOS) {f['answer_tokens']:.1f}, EOS positions "
@@ -647,6 +666,9 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
             f"  [{'pass' if c['passed'] else 'FAIL'}] {c['check']}: {c['value']:.3f} "
             f"(bound {c['bound']})"
         )
+    if "answer_length" in res:
+        a = res["answer_length"]
+        print(f"  median answer tokens {a['median']:.1f} (base AR {a['ar_median']:.1f})")
     for k, v in (res.get("masked_accuracy") or {}).items():
         print(f"  masked accuracy at {float(k):.0%}: {v:.4f}")
     for k, v in (res.get("humaneval") or {}).items():

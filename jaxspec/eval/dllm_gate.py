@@ -1,5 +1,5 @@
-"""The v2 masked-diffusion gate: does the model answer, stop, and not loop at the
-papers' generation length?
+"""The masked-diffusion EOS gates (v2, v3): does the model answer, stop, not loop, and answer
+at its AR parent's length at the papers' generation length?
 
 A v1-style model trained on plain windows fills any budget by repeating itself; instruct
 LLaDA / Dream models answer and pad the rest of the block with EOS. The gate decodes greedy
@@ -16,6 +16,12 @@ length 256, block 32, and scores each completion **before its first EOS**
 Masked-token accuracy at 15% / 50% and HumanEval pass@1 of stepwise completions
 (:func:`humaneval_dllm_pass_at_1`) are reported beside it, with the base model run AR on the
 same problems.
+
+The v3 rule (:data:`V3_GATE_RULE`, for a delta trained on its AR parent's own answers) scores
+the held-out function prompts **and** the HumanEval prompts together (20 + 10 in the gate's
+command), at block 8 and at block 32, and adds bounds: repeated 4-gram rate <= 0.2, distinct
+share >= 0.4, >= 80% end with EOS, masked accuracy >= 0.65 at 15% and >= 0.45 at 50%, and a
+median answer length at least half the base model's greedy AR answers to the same prompts.
 """
 
 from __future__ import annotations
@@ -32,6 +38,17 @@ V2_GATE_RULE = {
     "distinct_token_share_min": 0.3,
     "ends_with_eos_min": 0.8,
 }
+
+V3_GATE_RULE = {
+    "repeated_ngram_rate_max": 0.2,
+    "distinct_token_share_min": 0.4,
+    "ends_with_eos_min": 0.8,
+    "masked_accuracy_min": {"0.15": 0.65, "0.50": 0.45},
+    "answer_length_vs_ar_min": 0.5,
+    "score_humaneval": True,
+}
+
+GATE_RULES = {"v2": V2_GATE_RULE, "v3": V3_GATE_RULE}
 
 
 def heldout_function_prompts(
@@ -61,11 +78,23 @@ def heldout_function_prompts(
     return [toks[i, : plen[i]].astype(int).tolist() for i in idx]
 
 
-def v2_gate_checks(mean: dict, rule: Optional[dict] = None) -> list[dict]:
-    """The pass checks of :data:`V2_GATE_RULE` on :func:`eos_completion_figures` means:
-    ``[{"check", "value", "bound", "passed"}]``."""
+def gate_checks(
+    mean: dict,
+    rule: Optional[dict] = None,
+    *,
+    masked_accuracy: Optional[dict] = None,
+    median_answer: Optional[float] = None,
+    ar_median_answer: Optional[float] = None,
+) -> list[dict]:
+    """The pass checks of a gate rule (:data:`V2_GATE_RULE` by default, :data:`V3_GATE_RULE`)
+    on :func:`eos_completion_figures` means: ``[{"check", "value", "bound", "passed"}]``.
+
+    A rule with ``masked_accuracy_min`` (``{"0.15": bound, ...}``) checks ``masked_accuracy``
+    (the same keys; a missing figure fails); one with ``answer_length_vs_ar_min`` checks
+    ``median_answer / ar_median_answer`` (median answer tokens before EOS, the model's over the
+    base model's AR on the same prompts; missing AR figures fail)."""
     r = {**V2_GATE_RULE, **(rule or {})}
-    return [
+    checks = [
         {
             "check": "repeated 4-gram rate before EOS",
             "value": mean["repeated_ngram_rate"],
@@ -85,6 +114,65 @@ def v2_gate_checks(mean: dict, rule: Optional[dict] = None) -> list[dict]:
             "passed": mean["ends_with_eos"] >= r["ends_with_eos_min"],
         },
     ]
+    for rate, bound in (r.get("masked_accuracy_min") or {}).items():
+        v = (masked_accuracy or {}).get(rate)
+        checks.append(
+            {
+                "check": f"masked accuracy at {float(rate):.0%} masking",
+                "value": float("nan") if v is None else float(v),
+                "bound": f">= {bound}",
+                "passed": v is not None and v >= bound,
+            }
+        )
+    if "answer_length_vs_ar_min" in r:
+        ok = median_answer is not None and ar_median_answer
+        ratio = median_answer / ar_median_answer if ok else float("nan")
+        checks.append(
+            {
+                "check": "median answer length / AR's on the same prompts",
+                "value": ratio,
+                "bound": f">= {r['answer_length_vs_ar_min']}",
+                "passed": bool(ok) and ratio >= r["answer_length_vs_ar_min"],
+            }
+        )
+    return checks
+
+
+def v2_gate_checks(mean: dict, rule: Optional[dict] = None) -> list[dict]:
+    """:func:`gate_checks` under :data:`V2_GATE_RULE` (``rule`` overrides its bounds)."""
+    return gate_checks(mean, {**V2_GATE_RULE, **(rule or {})})
+
+
+def ar_completions(
+    causal,
+    base,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids,
+    pad_id: int,
+    batch: int = 4,
+) -> list[list[int]]:
+    """Greedy AR completions of the base causal model (``jaxspec.methods`` ``ar``), each cut
+    after its first EOS (:class:`jaxspec.causal.decode.GenerationResult`), in batches of
+    ``batch`` prompts: the reference answer lengths of the v3 gate."""
+    from jaxspec.methods import get_method, run
+
+    entry = get_method("ar", "causal")
+    cfg = entry.configure(max_new_tokens=max_new_tokens)
+    out: list[list[int]] = []
+    for i in range(0, len(prompts), batch):
+        res = run(
+            entry,
+            causal,
+            base,
+            [list(p) for p in prompts[i : i + batch]],
+            cfg,
+            eos_ids=tuple(eos_ids),
+            pad_id=pad_id,
+        )
+        out += [[int(t) for t in r] for r in res.tokens]
+    return out
 
 
 def stepwise_completions(
@@ -123,13 +211,8 @@ def humaneval_dllm_pass_at_1(
     tests (as :func:`jaxspec.eval.quality.humaneval_pass_at_1` does for AR).
 
     Returns ``{"passed", "problems", "pass_at_1"}``."""
-    from jaxspec.eval.quality import completion_program
-    from jaxspec.eval.sandbox import run_program
-
-    eos = set(tok.eos_token_ids)
-    passed = 0
-    for p in problems:
-        (c,) = stepwise_completions(
+    comps = [
+        stepwise_completions(
             model,
             params,
             [tok.encode(p["prompt"])],
@@ -138,7 +221,24 @@ def humaneval_dllm_pass_at_1(
             cache=cache,
             eos_ids=tok.eos_token_ids,
             pad_id=tok.pad_token_id or 0,
-        )
+        )[0]
+        for p in problems
+    ]
+    return humaneval_pass_from_completions(tok, problems, comps)
+
+
+def humaneval_pass_from_completions(
+    tok, problems: Sequence[dict], completions: Sequence[Sequence[int]]
+) -> dict:
+    """pass@1 of given completions (token ids, one per problem, EOS tails allowed): each is
+    cut at its first EOS, decoded, cut at the first top-level line and run with the problem's
+    tests in the sandbox. Returns ``{"passed", "problems", "pass_at_1"}``."""
+    from jaxspec.eval.quality import completion_program
+    from jaxspec.eval.sandbox import run_program
+
+    eos = set(tok.eos_token_ids)
+    passed = 0
+    for p, c in zip(problems, completions):
         first = next((i for i, t in enumerate(c) if t in eos), len(c))
         passed += run_program(completion_program(p, tok.decode(c[:first])), timeout=10.0).passed
     return {
@@ -148,12 +248,38 @@ def humaneval_dllm_pass_at_1(
     }
 
 
-def run_v2_gate(
+def _gate_prompts(tok, model, holdout, prompts: int, humaneval: int, gen_length: int):
+    """The stdlib held-out function prompts, the first ``humaneval`` HumanEval problems and
+    their prompts (token ids), and the special ids dropped from the held-out rows."""
+    from jaxspec.eval.datasets import humaneval_problems
+
+    mask_id = model.config.mask_token_id
+    eos = tuple(tok.eos_token_ids)
+    specials = {
+        i
+        for i in range(min(tok.vocab_size, 64))
+        if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")
+    }
+    ps = heldout_function_prompts(
+        tok,
+        holdout,
+        prompts,
+        seq_len=256,
+        eos_id=eos[0],
+        drop_ids=(specials - set(eos)) | {mask_id},
+        max_len=model.config.base.max_position_embeddings - gen_length,
+    )
+    probs = humaneval_problems()[:humaneval] if humaneval else []
+    return ps, probs, [tok.encode(p["prompt"]) for p in probs], specials
+
+
+def run_eos_gate(
     model,
     params,
     tok,
     holdout: Sequence[str],
     *,
+    rule: str = "v2",
     causal=None,
     base=None,
     prompts: int = 20,
@@ -166,81 +292,75 @@ def run_v2_gate(
     samples: int = 3,
     log=lambda m: None,
 ) -> dict:
-    """The whole v2 gate of a masked-diffusion ``model`` (module docstring).
+    """The whole EOS gate of a masked-diffusion ``model`` under ``rule`` (``"v2"`` or
+    ``"v3"``; module docstring).
 
     Args:
       model, params, tok: the :class:`models.diffusion.modeling.DiffusionLM`, its params and
-        tokenizer; ``causal`` / ``base``: the AR base model for the HumanEval column (optional).
+        tokenizer; ``causal`` / ``base``: the AR base model (HumanEval column; under v3 also
+        the reference answer lengths, required).
       holdout: held-out stdlib modules (the training config's ``data.holdout``).
       prompts: held-out function prompts completed; gen_length / block_length / cache: the
         stepwise decoding (one token per step, greedy, low-confidence remasking).
-      humaneval: HumanEval problems for pass@1 (0 skips it); masked_rows: held-out 256-token
-        windows for masked accuracy at 15% / 50%.
+      humaneval: HumanEval problems for pass@1 (0 skips it; under v3 their completions are
+        scored with the held-out ones); masked_rows: held-out 256-token windows for masked
+        accuracy at 15% / 50%.
 
     Returns:
       JSON-ready dict: ``settings``, ``completion_figures`` (means), ``checks``, ``verdict``
-      (``PASS`` / ``FAIL``), ``masked_accuracy``, ``humaneval`` and decoded ``samples``.
-    """
+      (``PASS`` / ``FAIL``), ``masked_accuracy``, ``humaneval``, ``answer_length`` (medians,
+      v3) and decoded ``samples``.
+
+    Raises:
+      ValueError: an unknown ``rule``, or the v3 rule without the AR base model."""
     import time
 
     from jaxspec.eval import quality as Q
-    from jaxspec.eval.datasets import humaneval_problems
 
+    if rule not in GATE_RULES:
+        raise ValueError(f"gate rule {rule!r}: expected one of {sorted(GATE_RULES)}")
+    r = GATE_RULES[rule]
+    if "answer_length_vs_ar_min" in r and causal is None:
+        raise ValueError(f"the {rule} gate compares answer lengths with AR: it needs the base")
     t0 = time.perf_counter()
-    mask_id = model.config.mask_token_id
     eos = tuple(tok.eos_token_ids)
-    specials = {
-        i
-        for i in range(min(tok.vocab_size, 64))
-        if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")
-    }
-    ctx = model.config.base.max_position_embeddings
-    ps = heldout_function_prompts(
-        tok,
-        holdout,
-        prompts,
-        seq_len=256,
-        eos_id=eos[0],
-        drop_ids=(specials - set(eos)) | {mask_id},
-        max_len=ctx - gen_length,
-    )
-    comps = stepwise_completions(
-        model,
-        params,
-        ps,
-        gen_length=gen_length,
-        block_length=block_length,
-        cache=cache,
-        eos_ids=eos,
-        pad_id=tok.pad_token_id or 0,
-        batch=batch,
-    )
+    pad = tok.pad_token_id or 0
+    ps, probs, he_ps, specials = _gate_prompts(tok, model, holdout, prompts, humaneval, gen_length)
+    scored = ps + he_ps if r.get("score_humaneval") else ps
+    decode = dict(gen_length=gen_length, block_length=block_length, cache=cache, batch=batch)
+    comps = stepwise_completions(model, params, scored, eos_ids=eos, pad_id=pad, **decode)
     figs = eos_completion_figures(comps, eos, gen_length)
-    checks = v2_gate_checks(figs["mean"])
-    log(f"[gate] {len(ps)} completions in {time.perf_counter() - t0:.0f}s: {figs['mean']}")
+    log(f"[gate] {len(scored)} completions in {time.perf_counter() - t0:.0f}s: {figs['mean']}")
     out = {
         "settings": {
-            "prompts": len(ps),
+            "prompts": len(scored),
+            "stdlib_prompts": len(ps),
+            "humaneval_prompts_scored": len(scored) - len(ps),
             "gen_length": gen_length,
             "block_length": block_length,
             "steps": gen_length,
             "cache": cache,
             "remasking": "low_confidence",
             "temperature": 0.0,
-            "rule": V2_GATE_RULE,
+            "rule_name": rule,
+            "rule": r,
         },
         "completion_figures": figs["mean"],
-        "checks": checks,
-        "verdict": "PASS" if all(c["passed"] for c in checks) else "FAIL",
-        "samples": [
-            {
-                "prompt": tok.decode(p),
-                "completion": tok.decode(c[: f["answer_tokens"]]),
-                "ends_with_eos": f["ends_with_eos"],
-            }
-            for p, c, f in list(zip(ps, comps, figs["per_completion"]))[:samples]
-        ],
     }
+    median = ar_median = None
+    if "answer_length_vs_ar_min" in r:
+        ar = ar_completions(
+            causal, base, scored, max_new_tokens=gen_length, eos_ids=eos, pad_id=pad, batch=batch
+        )
+        ar_figs = eos_completion_figures(ar, eos, gen_length)
+        median = float(np.median([c["answer_tokens"] for c in figs["per_completion"]]))
+        ar_median = float(np.median([c["answer_tokens"] for c in ar_figs["per_completion"]]))
+        out["answer_length"] = {
+            "median": median,
+            "ar_median": ar_median,
+            "ar_completion_figures": ar_figs["mean"],
+        }
+        log(f"[gate] median answer tokens {median} vs AR {ar_median}")
     if masked_rows:
         rows = [
             sn.tokens
@@ -250,39 +370,54 @@ def run_v2_gate(
                 masked_rows,
                 prompt_len=128,
                 cont_len=128,
-                drop_ids=specials | {mask_id},
+                drop_ids=specials | {model.config.mask_token_id},
             )
         ]
         out["masked_accuracy"] = {
-            f"{r:.2f}": Q.masked_accuracy(model, params, rows, r, batch_size=batch)["accuracy"]
-            for r in (0.15, 0.5)
+            f"{m:.2f}": Q.masked_accuracy(model, params, rows, m, batch_size=batch)["accuracy"]
+            for m in (0.15, 0.5)
         }
         log(f"[gate] masked accuracy {out['masked_accuracy']}")
-    if humaneval:
-        probs = humaneval_problems()[:humaneval]
-        out["humaneval"] = {
-            "stepwise": humaneval_dllm_pass_at_1(
-                model,
-                params,
-                tok,
-                probs,
-                gen_length=gen_length,
-                block_length=block_length,
-                cache=cache,
-            )
-        }
+    if probs:
+        he = (
+            comps[len(ps) :]
+            if r.get("score_humaneval")
+            else stepwise_completions(model, params, he_ps, eos_ids=eos, pad_id=pad, **decode)
+        )
+        out["humaneval"] = {"stepwise": humaneval_pass_from_completions(tok, probs, he)}
         if causal is not None:
             out["humaneval"]["base_ar"] = Q.humaneval_pass_at_1(
                 causal, base, tok, probs, gen_length
             )
         log(f"[gate] HumanEval {out['humaneval']}")
+    out["checks"] = gate_checks(
+        figs["mean"],
+        r,
+        masked_accuracy=out.get("masked_accuracy"),
+        median_answer=median,
+        ar_median_answer=ar_median,
+    )
+    out["verdict"] = "PASS" if all(c["passed"] for c in out["checks"]) else "FAIL"
+    out["samples"] = [
+        {
+            "prompt": tok.decode(p),
+            "completion": tok.decode(c[: f["answer_tokens"]]),
+            "ends_with_eos": f["ends_with_eos"],
+        }
+        for p, c, f in list(zip(scored, comps, figs["per_completion"]))[:samples]
+    ]
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
 
 __all__ = [
+    "GATE_RULES",
     "V2_GATE_RULE",
-    "run_v2_gate",
+    "V3_GATE_RULE",
+    "ar_completions",
+    "gate_checks",
+    "humaneval_pass_from_completions",
+    "run_eos_gate",
     "heldout_function_prompts",
     "eos_completion_figures",
     "v2_gate_checks",

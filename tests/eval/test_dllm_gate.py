@@ -100,3 +100,48 @@ def test_completion_program_cuts_at_top_level():
     assert "junk" not in prog and prog.startswith("def f(x):\n    return x * 2\n")
     ns: dict = {}
     exec(prog, ns)  # the tests pass: check(f) raised nothing
+
+
+def test_v3_rule_adds_masked_accuracy_and_answer_length_bounds():
+    """The v3 rule is stricter than v2 on the same figures, and its extra checks fail when
+    their figures are missing or short (never pass by default)."""
+    from jaxspec.eval.dllm_gate import V3_GATE_RULE, gate_checks
+
+    answer = [5, 6, 7, 8, 9, 10]
+    mean = eos_completion_figures([answer + [EOS] * 2] * 5, [EOS], budget=8)["mean"]
+    good_masked = {"0.15": 0.70, "0.50": 0.50}
+    checks = gate_checks(
+        mean, V3_GATE_RULE, masked_accuracy=good_masked, median_answer=6, ar_median_answer=10
+    )
+    assert len(checks) == 6 and all(c["passed"] for c in checks)
+    short = gate_checks(
+        mean, V3_GATE_RULE, masked_accuracy=good_masked, median_answer=4, ar_median_answer=10
+    )
+    assert [c["passed"] for c in short] == [True] * 5 + [False]  # 0.4 < half of AR's
+    low = gate_checks(
+        mean,
+        V3_GATE_RULE,
+        masked_accuracy={"0.15": 0.64, "0.50": 0.5},
+        median_answer=6,
+        ar_median_answer=10,
+    )
+    assert [c["passed"] for c in low] == [True, True, True, False, True, True]
+    missing = gate_checks(mean, V3_GATE_RULE)
+    assert [c["passed"] for c in missing] == [True, True, True, False, False, False]
+    # a 4-gram rate of 0.25 passes v2 (<= 0.3) but fails v3 (<= 0.2)
+    loopy = {**mean, "repeated_ngram_rate": 0.25}
+    assert v2_gate_checks(loopy)[0]["passed"]
+    assert not gate_checks(loopy, V3_GATE_RULE)[0]["passed"]
+
+
+def test_ar_completions_are_cut_after_eos_and_batching_keeps_them():
+    from jaxspec.eval.dllm_gate import ar_completions
+    from jaxspec.testing.tiny import tiny_model
+
+    model, params = tiny_model()
+    prompts = [[5, 6, 7], [3, 1, 4, 1, 5]]
+    one = ar_completions(model, params, prompts, max_new_tokens=12, eos_ids=(2,), pad_id=0, batch=1)
+    two = ar_completions(model, params, prompts, max_new_tokens=12, eos_ids=(2,), pad_id=0, batch=2)
+    assert one == two
+    for c in one:
+        assert 1 <= len(c) <= 12 and 2 not in c[:-1]

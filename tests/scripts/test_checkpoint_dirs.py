@@ -406,6 +406,9 @@ def test_eos_gate_on_a_llada_directory(dirs, tmp_path, capsys):
     assert set(res["masked_accuracy"]) == {"0.15", "0.50"}
     assert eval_cli.main(["--model", "auto", "--weights", str(dirs["llada"]), "--eos-gate"]) == 2
     assert "needs --out" in capsys.readouterr().err
+    v3 = ["--model", "auto", "--weights", str(dirs["llada"]), "--eos-gate", "--gate-rule", "v3"]
+    assert eval_cli.main(v3 + ["--out", str(out)]) == 2  # v3 compares with AR: no base here
+    assert "needs the base" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- bad input
