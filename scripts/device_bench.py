@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="extract a returned bundle into results/gpu")
     c.add_argument("bundle")
     c.add_argument("--out-dir", default="results/gpu")
+    c.add_argument(
+        "--log",
+        default=None,
+        help="the run's printed log: each suite's share and how every suite ended go into "
+        "its .json / .md",
+    )
     return ap
 
 
@@ -185,7 +191,8 @@ def main(argv=None) -> int:
                 log(line)
             return 0
         if args.cmd == "collect":
-            for p in device.collect(Path(args.bundle), Path(args.out_dir)):
+            log_path = Path(args.log) if args.log else None
+            for p in device.collect(Path(args.bundle), Path(args.out_dir), log_path):
                 log(f"[collect] {p}")
             return 0
         out_dir = Path(

@@ -541,6 +541,8 @@ _MD_COLUMNS = [
     ("temperature", "T", "{:g}"),
     ("new_tokens", "new tokens", "{}"),
     ("answer_tokens", "answer", "{}"),
+    ("answer_distinct", "distinct", "{:.2f}"),
+    ("answer_rep4", "rep. 4-gram", "{:.2f}"),
     ("seconds", "seconds", "{:.3f}"),
     ("tokens_per_s", "tok/s", "{:.1f}"),
     ("speedup_vs_reference", "speedup", "{:.2f}x"),
@@ -575,14 +577,108 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple]) -> list[str]:
     return out
 
 
+def coverage(rows: Sequence[dict]) -> dict:
+    """How many of a suite's planned rows ran: ``{"planned", "ran", "budget", "failed",
+    "other"}`` (``budget``: rows skipped because the time budget ran out; ``failed``: rows
+    whose ``skipped`` holds an error; ``other``: rows skipped for another reason, e.g. a peer
+    that cannot run on the machine)."""
+    out = {"planned": len(rows), "ran": 0, "budget": 0, "failed": 0, "other": 0}
+    for r in rows:
+        why = str(r.get("skipped") or "")
+        if r.get("failed") or why.startswith("error"):
+            out["failed"] += 1
+        elif why.startswith("time budget"):
+            out["budget"] += 1
+        elif why:
+            out["other"] += 1
+        else:
+            out["ran"] += 1
+    return out
+
+
+# What a reader must know about a vehicle before reading its rows (by preset name).
+VEHICLE_NOTES = {
+    "dream-smollm2-135m": (
+        "dLLM vehicle: `dream-smollm2-135m` is the v2 LoRA delta "
+        "(`checkpoints/dream-smollm2-135m-v2`), a 135M Dream-style adaptation that on these "
+        "HumanEval prompts answers in a few tokens and fills the rest of the 256-position "
+        "window with EOS padding (its CPU figures, with degeneracy: `results/dllm.md`, "
+        "`checkpoints/dream-smollm2-135m-v2/eos-gate.json`). MAT and speedups of the dLLM "
+        "rows are mostly measured on that padding: read them beside `answer`."
+    ),
+}
+_SUITE_VEHICLE = {"methods-dllm": "dllm"}
+
+
+def _coverage_lines(result: dict) -> list[str]:
+    """The plain statement of how many planned rows ran and why the rest did not."""
+    rows = result.get("rows") or []
+    if not rows or not any("family" in r or "system" in r for r in rows):
+        return []
+    c = coverage(rows)
+    text = f"**Rows: {c['ran']} of {c['planned']} planned rows ran.**"
+    why = []
+    if c["budget"]:
+        cfg = result.get("config") or {}
+        share = result.get("deadline_s")
+        why.append(
+            f"{c['budget']} did not run because the time budget ran out "
+            f"(`--budget-s {cfg.get('budget_s', '?')}` for the whole run"
+            + (f", this suite's share {share:.0f} s" if share is not None else "")
+            + ")"
+        )
+    if c["failed"]:
+        why.append(f"{c['failed']} failed (the row holds its error)")
+    if c["other"]:
+        why.append(f"{c['other']} could not run on this machine (the row says why)")
+    if why:
+        text += " " + "; ".join(why) + "."
+    ran = [r for r in rows if "compile_s" in r and r.get("compile_s") is not None]
+    if ran and c["budget"]:
+        lo, hi = min(r["compile_s"] for r in ran), max(r["compile_s"] for r in ran)
+        text += f" Each row that ran spent {lo:.1f}-{hi:.1f} s compiling."
+    return [text, ""]
+
+
+def _run_lines(result: dict) -> list[str]:
+    """The run's suites and how each ended (from :func:`parse_run_log`), when recorded."""
+    run = result.get("run") or {}
+    parts = []
+    for e in run.get("suites", []):
+        s = f"`{e['suite']}` {e['status']}"
+        if e.get("deadline_s") is not None:
+            s += f" (share {e['deadline_s']:.0f} s)"
+        parts.append(s)
+    return [f"This run's suites, in order: {'; '.join(parts)}.", ""] if parts else []
+
+
+def _vehicle_lines(result: dict) -> list[str]:
+    vname = _SUITE_VEHICLE.get(result.get("suite"))
+    preset = ((result.get("config") or {}).get("vehicles") or {}).get(vname)
+    lines = [VEHICLE_NOTES[preset], ""] if preset in VEHICLE_NOTES else []
+    measured = [r for r in result.get("rows") or [] if "seconds" in r]
+    if measured and result.get("suite") in ("methods-causal", "methods-dllm"):
+        if not any("answer_rep4" in r for r in measured):
+            lines += [
+                "This run recorded `answer` (tokens before the first EOS, summed over the "
+                "batch's rows) for every row but no degeneracy figures (distinct-token share, "
+                "repeated 4-gram rate): the suite did not compute them at the time.",
+                "",
+            ]
+    return lines
+
+
 def markdown_suite(result: dict) -> str:
-    """The markdown page of one suite of the device run."""
+    """The markdown page of one suite of the device run: header (date, accelerator, driver,
+    JAX, torch), how many planned rows ran and why the rest did not, vehicle notes, config,
+    the table and its notes."""
     lines = [
         f"# Device bench: `{result['suite']}`",
         "",
         f"{result['date']} · {machine_header(result['machine'])}",
         "",
     ]
+    lines += _coverage_lines(result) + _run_lines(result) + _vehicle_lines(result)
     if result.get("config"):
         lines += ["Config: " + ", ".join(f"`{k}={v}`" for k, v in result["config"].items()), ""]
     if result.get("title"):
@@ -632,12 +728,46 @@ def bundle(out_dir: Path, target: Path, names: Sequence[str]) -> Path:
     return target
 
 
-def collect(bundle_path: Path, out_dir: Path) -> list[Path]:
+def parse_run_log(text: str, suites: Sequence[str] = SUITES) -> dict:
+    """What a device run's printed log says about its suites: ``{"suites": [{"suite",
+    "status", "deadline_s"}]}`` in run order, status ``"ran"``, ``"crashed: <error line>"``
+    (a traceback after the suite began) or ``"not reached"`` (planned, never begun).
+    ``suites``: the planned suites (a result's ``config["suites"]``)."""
+    import re
+
+    started, deadline = [], {}
+    for line in text.splitlines():
+        m = re.match(r"\[device-bench\] suite (\S+): (\d+(?:\.\d+)?) s of", line)
+        if m:
+            started.append(m.group(1))
+            deadline[m.group(1)] = float(m.group(2))
+    crash = None
+    if "Traceback (most recent call last)" in text:
+        tail = text[text.rindex("Traceback (most recent call last)") :]
+        for line in tail.splitlines():
+            if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:", line):
+                crash = " ".join(line.split(" Stack trace:")[0].split())[:200]
+                break
+        crash = crash or "a traceback"
+    out = []
+    for i, name in enumerate(started):
+        last = i == len(started) - 1
+        status = f"crashed: {crash}" if crash and last else "ran"
+        out.append({"suite": name, "status": status, "deadline_s": deadline[name]})
+    out += [{"suite": n, "status": "not reached"} for n in suites if n not in started]
+    return {"suites": out}
+
+
+def collect(bundle_path: Path, out_dir: Path, log_path: Optional[Path] = None) -> list[Path]:
     """Extract a bundle a device run returned into ``out_dir`` (e.g. ``results/gpu``); only
-    plain ``.json`` / ``.md`` / ``.png`` members without folders are accepted.
+    plain ``.json`` / ``.md`` / ``.png`` members without folders are accepted. With
+    ``log_path`` (the run's printed log), each suite's result gains ``run`` (every suite's
+    share and how it ended: :func:`parse_run_log`) and ``deadline_s``, and its ``.json`` and
+    ``.md`` are written again from the result (:func:`markdown_suite`: the header, how many
+    planned rows ran and why the rest did not).
 
     Raises:
-      PackError: a member of another kind or with a path."""
+      PackError: a member of another kind or with a path, or a missing log."""
     out = []
     with tarfile.open(bundle_path, "r:gz") as tf:
         for m in tf.getmembers():
@@ -646,6 +776,23 @@ def collect(bundle_path: Path, out_dir: Path) -> list[Path]:
                 raise PackError(f"{bundle_path}: unexpected member {m.name!r}")
             tf.extract(m, out_dir, filter="data")
             out.append(Path(out_dir) / m.name)
+    if log_path is not None and not Path(log_path).is_file():
+        raise PackError(f"no run log at {log_path}")
+    for p in [p for p in out if p.suffix == ".json"]:
+        result = json.loads(p.read_text())
+        if "suite" not in result or "machine" not in result:
+            continue
+        if log_path is not None:
+            planned = (result.get("config") or {}).get("suites") or list(SUITES)
+            result["run"] = parse_run_log(Path(log_path).read_text(), planned)
+            share = [e for e in result["run"]["suites"] if e["suite"] == result["suite"]]
+            if share and share[0].get("deadline_s") is not None:
+                result.setdefault("deadline_s", share[0]["deadline_s"])
+        p.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        png = p.with_suffix(".png")
+        p.with_suffix(".md").write_text(
+            markdown_suite(result) + (f"\n![rows]({png.name})\n" if png.is_file() else "")
+        )
     return out
 
 
@@ -1132,6 +1279,10 @@ def run_entry(
     # tail after the answer included: its throughput and MAT count positions
     new = len(inputs) * s.gen_length if family == "dllm" else answer
     nfe = int(sum(int(x) for x in st.target_nfe))
+    toks = _tokens(res)
+    figs = {}
+    if family in ("causal", "dllm"):
+        figs = answer_degeneracy(toks, vehicle.eos_ids)
     return {
         "vehicle": vehicle.name,
         "family": family,
@@ -1140,6 +1291,7 @@ def run_entry(
         "temperature": float(temperature),
         "new_tokens": new,
         "answer_tokens": answer,
+        **figs,
         "seconds": wall,
         "tokens_per_s": new / wall if wall > 0 else None,
         "nfe": nfe,
@@ -1148,7 +1300,28 @@ def run_entry(
         "compile_s": float(getattr(first, "compile_s", 0.0) or first_s - wall),
         "lossless": Registry.lossless(method),
         "reference": Registry.reference(method),
-        "_tokens": _tokens(res),
+        "_tokens": toks,
+    }
+
+
+def answer_degeneracy(rows: Sequence[Sequence[int]], eos_ids: Sequence[int]) -> dict:
+    """``{"answer_distinct", "answer_rep4"}``: the mean distinct-token share and repeated
+    4-gram rate (:func:`jaxspec.eval.metrics.mean_degeneracy`) of each row's answer, the
+    tokens before its first EOS id; ``{}`` when no row has an answer."""
+    from jaxspec.eval.metrics import mean_degeneracy
+
+    eos = {int(e) for e in eos_ids}
+    answers = []
+    for row in rows:
+        cut = next((i for i, t in enumerate(row) if int(t) in eos), len(row))
+        if cut:
+            answers.append([int(t) for t in row[:cut]])
+    if not answers:
+        return {}
+    f = mean_degeneracy(answers, 4)
+    return {
+        "answer_distinct": f["distinct_token_share"],
+        "answer_rep4": f["repeated_ngram_rate"],
     }
 
 
@@ -1268,6 +1441,9 @@ _NOTES = {
         "`MAT` = generated tokens / target forwards (prefill counted); masked diffusion "
         "counts every decoded position of the generation window (`new tokens`), the EOS "
         "tail included; `answer` counts the tokens up to the first EOS.",
+        "`distinct` and `rep. 4-gram`: mean distinct-token share and repeated 4-gram rate of "
+        "the answers (the tokens before each row's first EOS): a looping model agrees with "
+        "itself and inflates MAT.",
     ],
 }
 

@@ -312,3 +312,109 @@ def test_projection_tiny_shapes_time_every_pass():
     assert "projection" in res["notes"][0].lower()
     with pytest.raises(projection.ProjectionError, match="unknown --shapes"):
         projection.run_projection_suite("huge")
+
+
+_LOG = """[device-bench] NVIDIA H200 · driver 580
+[device-bench] suite methods-causal: 117 s of 389 s left
+[causal 1/32] causal/ar b1 T0: 933.1 tok/s, MAT 1.00 (14.7 s)
+[device-bench] suite peers: 93 s of 163 s left
+Traceback (most recent call last):
+  File "x.py", line 1, in <module>
+RuntimeError: Error: accessing tensor output of CUDAGraphs. Stack trace: File "y.py"
+    more lines
+"""
+
+
+def test_run_log_names_each_suites_share_and_end():
+    run = device.parse_run_log(_LOG, ["methods-causal", "peers", "projection"])
+    assert run["suites"] == [
+        {"suite": "methods-causal", "status": "ran", "deadline_s": 117.0},
+        {
+            "suite": "peers",
+            "status": "crashed: RuntimeError: Error: accessing tensor output of CUDAGraphs.",
+            "deadline_s": 93.0,
+        },
+        {"suite": "projection", "status": "not reached"},
+    ]
+    ok = device.parse_run_log(_LOG.split("Traceback")[0], ["methods-causal", "peers"])
+    assert [e["status"] for e in ok["suites"]] == ["ran", "ran"]
+
+
+def test_collect_rewrites_the_header_with_coverage(tmp_path):
+    rows = [
+        {
+            "vehicle": "dllm",
+            "family": "dllm",
+            "method": "stepwise",
+            "batch": 1,
+            "temperature": 0.0,
+            "seconds": 0.3,
+            "answer_tokens": 2,
+            "compile_s": 17.0,
+        },
+        {
+            "vehicle": "dllm",
+            "family": "dllm",
+            "method": "ssd",
+            "batch": 8,
+            "temperature": 0.0,
+            "skipped": "time budget: 14 s left, the slowest entry took 18 s",
+        },
+        {
+            "vehicle": "dllm",
+            "family": "dllm",
+            "method": "spiffy",
+            "batch": 8,
+            "temperature": 0.0,
+            "skipped": "error: ValueError: bad",
+        },
+    ]
+    res = {
+        "suite": "methods-dllm",
+        "date": "2026-11-27T21:36:57+00:00",
+        "machine": {
+            "accelerator": "NVIDIA H200",
+            "driver": "580",
+            "jax": "0.11.2",
+            "torch": "2.11.0",
+        },
+        "config": {
+            "budget_s": 430.0,
+            "suites": ["methods-dllm", "peers"],
+            "vehicles": {"dllm": "dream-smollm2-135m"},
+        },
+        "rows": rows,
+    }
+    assert device.coverage(rows) == {"planned": 3, "ran": 1, "budget": 1, "failed": 1, "other": 0}
+    src = tmp_path / "r"
+    src.mkdir()
+    (src / "methods-dllm.json").write_text(json.dumps(res))
+    bundle = tmp_path / "b.tgz"
+    with tarfile.open(bundle, "w:gz") as tf:
+        tf.add(src / "methods-dllm.json", arcname="methods-dllm.json")
+    log = tmp_path / "run.log"
+    log.write_text(_LOG.replace("methods-causal", "methods-dllm"))
+    assert (
+        device_bench.main(
+            ["collect", str(bundle), "--out-dir", str(tmp_path / "o"), "--log", str(log)]
+        )
+        == 0
+    )
+    md = (tmp_path / "o" / "methods-dllm.md").read_text()
+    assert "NVIDIA H200 · driver 580" in md and "jax 0.11.2" in md and "torch 2.11.0" in md
+    assert "**Rows: 1 of 3 planned rows ran.** 1 did not run because the time budget" in md
+    assert "this suite's share 117 s" in md and "1 failed" in md
+    assert "`peers` crashed: RuntimeError" in md
+    assert "v2 LoRA delta" in md and "no degeneracy figures" in md
+    got = json.loads((tmp_path / "o" / "methods-dllm.json").read_text())
+    assert got["deadline_s"] == 117.0 and got["rows"] == rows
+
+
+def test_answer_degeneracy_cuts_at_the_first_eos():
+    figs = device.answer_degeneracy([[5, 6, 5, 6, 5, 6, 2, 9], [2, 7]], eos_ids=[2])
+    # one answer [5, 6, 5, 6, 5, 6]: 2 distinct of 6; 4-grams 5656 6565 5656 -> 1 of 3 repeated
+    assert figs == {
+        "answer_distinct": pytest.approx(1 / 3, abs=1e-4),
+        "answer_rep4": pytest.approx(1 / 3, abs=1e-4),
+    }
+    assert device.answer_degeneracy([[2]], eos_ids=[2]) == {}
