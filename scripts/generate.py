@@ -317,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(LLaDA, Fast-dLLM, Dream); renormalized: it is dropped "
         "(p / (1 - p_mask))",
     )
+    dg.add_argument(
+        "--block-start",
+        choices=("rule", "first-position"),
+        default=None,
+        help="threshold: what a block's first step commits: rule (default) or "
+        "first-position (Fast-dLLM's Dream block decoder: the block's first position only)",
+    )
     ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
     ag.add_argument(
         "--infill", default=None, help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded"

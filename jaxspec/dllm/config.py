@@ -26,6 +26,7 @@ from models.diffusion.modeling import DiffusionLM
 REMASKING = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy")
 CACHES = ("none", "prefix", "dual")
 CONFIDENCE_SOFTMAX = ("official", "renormalized")
+BLOCK_STARTS = ("rule", "first-position")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,14 @@ class DiffusionDecodeConfig:
       alg_temp: Dream's ``alg_temp``: > 0 draws the transferred positions from
         ``softmax(confidence / alg_temp)`` instead of taking the most confident (stepwise and
         fixed-k only; 0 = off).
+      block_start: what a block's first step transfers: ``"rule"`` (default) applies the
+        decoding rule there as at every step; ``"first-position"`` transfers exactly the
+        block's first position, whatever its confidence, and the rule decides from the
+        second step on: Fast-dLLM's Dream block decoder (NVlabs/Fast-dLLM
+        ``dream/model/generation_utils_block.py``, ``_sample``: the block's full forward
+        writes ``x0`` at ``current_block_start`` only). With the Dream schedule the counts
+        then use the time grid from its second point on, as that decoder's non-threshold
+        branch does. Threshold decoding, or stepwise with ``schedule="dream"``, only.
 
     Raises:
       ValueError: non-positive lengths/steps, ``gen_length % block_length != 0``, ``steps``
@@ -70,7 +79,9 @@ class DiffusionDecodeConfig:
         temperature or cfg scale, ``tokens_per_step < 1``, both ``tokens_per_step`` and
         ``threshold`` set, a non-finite threshold, ``"origin"`` with parallel decoding,
         an unknown ``cache``, ``top_k < 0``, ``top_p`` outside ``(0, 1]``, a negative
-        ``alg_temp``, or ``alg_temp`` with ``threshold`` / ``"origin"`` / ``"random"``.
+        ``alg_temp``, ``alg_temp`` with ``threshold`` / ``"origin"`` / ``"random"``, an
+        unknown ``block_start``, or ``"first-position"`` outside threshold / Dream-schedule
+        stepwise decoding (or with ``"origin"``).
     """
 
     gen_length: int = 16
@@ -91,6 +102,7 @@ class DiffusionDecodeConfig:
     top_p: float = 1.0
     alg_temp: float = 0.0
     confidence_softmax: str = "official"
+    block_start: str = "rule"
 
     def __post_init__(self):
         self._check_options()
@@ -103,6 +115,21 @@ class DiffusionDecodeConfig:
             raise ValueError(
                 f"unknown confidence_softmax {self.confidence_softmax!r}; expected "
                 f"one of {', '.join(CONFIDENCE_SOFTMAX)}"
+            )
+        if self.block_start not in BLOCK_STARTS:
+            raise ValueError(
+                f"unknown block_start {self.block_start!r}; expected one of "
+                f"{', '.join(BLOCK_STARTS)}"
+            )
+        if self.block_start == "first-position" and (
+            self.remasking == "origin"
+            or self.tokens_per_step is not None
+            or (self.threshold is None and self.schedule != "dream")
+        ):
+            raise ValueError(
+                "block_start 'first-position' is Fast-dLLM's Dream block rule: it needs "
+                "threshold decoding or stepwise decoding with schedule 'dream' (not fixed-k "
+                "or 'origin')"
             )
         if int(self.top_k) < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")

@@ -44,6 +44,11 @@ Sources (facts only; the code is our own):
   positions (fewer when fewer remain). ``threshold`` is Fast-dLLM's rule (NVlabs/Fast-dLLM
   ``llada/generate.py``, ``get_transfer_index`` with ``threshold``): transfer every masked
   position whose confidence is ``>= threshold``, and always at least the most confident one.
+* **Fast-dLLM's Dream block rule** (``block_start="first-position"``; NVlabs/Fast-dLLM
+  ``dream/model/generation_utils_block.py``, ``_sample``): each block's first (full) forward
+  writes the prediction of the block's first position only, whatever its confidence; the
+  cached steps after it apply the threshold rule, or (non-threshold branch) Dream's count
+  rule from the time grid's second point on.
 
 Conventions (each documented because it is observable):
 
@@ -373,8 +378,19 @@ def transfer_rule(
 
     Returns: bool ``(B, L)``: stepwise = the ``sched[step]`` (LLaDA) or ``int(n * (1 - s/t))``
     (Dream) best-ranked positions, ``"origin"`` = independent reveals, fixed-k = the ``k``
-    best, threshold = every position with ``conf >= threshold`` plus the best one.
+    best, threshold = every position with ``conf >= threshold`` plus the best one; with
+    ``block_start="first-position"`` a block's first step transfers its first position only
+    (Fast-dLLM's Dream block decoder).
     """
+    rest = _rule_transfer(rule, bmask, conf, rank, u_pos, step_in_block)
+    if rule.cfg.block_start != "first-position":
+        return rest
+    first = bmask & (jnp.arange(bmask.shape[-1]) == 0)[None]
+    return jnp.where((step_in_block == 0)[:, None], first, rest)
+
+
+def _rule_transfer(rule, bmask, conf, rank, u_pos, step_in_block) -> jax.Array:
+    """:func:`transfer_rule` at every step (``block_start="rule"``)."""
     cfg, knobs = rule.cfg, rule.knobs
     spb = cfg.steps_per_block
     method = cfg.method

@@ -176,9 +176,13 @@ class ThresholdConfig(DllmConfig):
     Attributes:
       threshold: unmask every position with confidence >= T (at least one per step); T in
         ``(0, 1]`` (required).
+      block_start: ``"rule"`` (default) or ``"first-position"``: Fast-dLLM's Dream block
+        decoder, whose block-opening full forward commits the block's first position only
+        (:class:`~jaxspec.dllm.config.DiffusionDecodeConfig`).
     """
 
     threshold: Optional[float] = None
+    block_start: str = "rule"
 
     def __post_init__(self):
         if self.threshold is None:
@@ -187,7 +191,11 @@ class ThresholdConfig(DllmConfig):
         super().__post_init__()
 
     def _rule(self) -> dict:
-        return {"steps": self.gen_length, "threshold": float(self.threshold)}
+        return {
+            "steps": self.gen_length,
+            "threshold": float(self.threshold),
+            "block_start": self.block_start,
+        }
 
     @property
     def lossless(self) -> bool:

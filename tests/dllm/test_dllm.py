@@ -181,7 +181,11 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
             else:
                 order = np.argsort(-conf, kind="stable")
             chosen = []
-            if c.remasking == "origin":
+            if c.block_start == "first-position" and i == 0:
+                # Fast-dLLM's Dream block decoder: the block's full forward writes the first
+                # position's prediction only (generation_utils_block.py, _sample)
+                chosen = [0]
+            elif c.remasking == "origin":
                 p_t = 1.0 - t_grid[i + 1] / t_grid[i] if i < spb - 1 else 1.0
                 chosen = [j for j in range(L) if m[j] and u_pos[j] < np.float32(p_t)]
             elif c.method == "stepwise" and c.schedule == "dream":
@@ -206,6 +210,7 @@ def oracle(head, prompt, row, batch, c: DiffusionDecodeConfig, seed, eos=()):
 
 # ----------------------------------------------------------------------------- agreement
 
+FIRST = dict(block_start="first-position")
 CASES = [
     ("llada", dict(gen_length=8, block_length=4, steps=8)),  # 1 token / step, greedy
     ("llada", dict(gen_length=16, block_length=8, steps=8)),  # 2 tokens / step
@@ -283,6 +288,23 @@ CASES = [
         dict(gen_length=8, block_length=4, steps=4, cfg_scale=1.5, temperature=0.8, cache="dual"),
     ),
     ("dream", dict(gen_length=16, block_length=4, steps=16, cache="dual")),
+    # Fast-dLLM's Dream block decoder: threshold 0.9 with the dual cache (its peer setting),
+    # the prefix cache, and its non-threshold branch (entropy, Dream schedule from step 1)
+    ("dream", dict(gen_length=16, block_length=4, threshold=0.9, cache="dual", **FIRST)),
+    ("dream", dict(gen_length=16, block_length=8, threshold=0.3, cache="prefix", **FIRST)),
+    (
+        "dream",
+        dict(
+            gen_length=16,
+            block_length=8,
+            steps=8,
+            remasking="entropy",
+            schedule="dream",
+            cache="dual",
+            **FIRST,
+        ),
+    ),
+    ("llada", dict(gen_length=8, block_length=4, threshold=0.3, **FIRST)),
     (
         "dream",
         dict(
@@ -474,3 +496,43 @@ def test_prefix_widths():
         assert all(w >= G - b * L and w % L == 0 for b, w in enumerate(widths))
         assert size == max(P + b * L + w for b, w in enumerate(widths)) and size >= P + G
     assert prefix_widths(16, DiffusionDecodeConfig(12, 4, 12, cache="prefix"))[0] == (12, 8, 4)
+
+
+def test_first_position_block_start_opens_every_block_with_its_first_position():
+    """Fast-dLLM's Dream block rule: a block's first step transfers its first position alone
+    (on this model and prompt the plain threshold rule decides differently there)."""
+    model, params = MODELS["dream"]
+    kw = dict(gen_length=16, block_length=4, threshold=0.05, cache="dual")
+    first = diffusion_generate(
+        model, params, PROMPTS, DiffusionDecodeConfig(**kw, block_start="first-position")
+    )
+    plain = diffusion_generate(model, params, PROMPTS, DiffusionDecodeConfig(**kw))
+    for res, opening_alone in ((first, True), (plain, False)):
+        ts = np.asarray(res.transfer_step).reshape(len(PROMPTS), 4, 4)  # (B, blocks, L)
+        at_open = ts == ts.min(-1, keepdims=True)
+        alone = (at_open.sum(-1) == 1) & at_open[..., 0]
+        assert alone.all() == opening_alone, ts
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(block_start="first"),
+        dict(block_start="first-position", steps=16),  # LLaDA schedule
+        dict(block_start="first-position", tokens_per_step=2),
+    ],
+)
+def test_block_start_errors(kw):
+    with pytest.raises(ValueError, match="block_start"):
+        DiffusionDecodeConfig(gen_length=16, block_length=4, **kw)
+
+
+def test_block_start_through_the_registry():
+    from jaxspec.methods import MethodError, get_method
+
+    c = get_method("threshold").configure(
+        threshold=0.9, block_start="first-position", gen_length=16, block_length=4
+    )
+    assert c.diffusion().block_start == "first-position"
+    with pytest.raises(MethodError, match="block-start"):
+        get_method("stepwise").configure(block_start="first-position")
