@@ -93,7 +93,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxspec.bench.common import SUITES, SYSTEMS
+    from jaxspec.bench.systems import SUITES, SYSTEMS
     from scripts.common import add_compile_cache_flag
 
     ap = argparse.ArgumentParser(
@@ -316,7 +316,7 @@ HUMANEVAL_PROBLEMS = 164  # the prompt pool of suites ar, dllm, ssd and spiffy
 
 
 def _at_least(flag: str, value, least) -> None:
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
 
     if value is not None and value < least:
         raise BenchError(f"{flag} must be >= {least}, got {value}")
@@ -337,7 +337,7 @@ def resolve_out(args, now: float | None = None) -> Path:
     import tempfile
     import time
 
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
 
     if args.out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
@@ -382,7 +382,9 @@ def validate_args(args) -> None:
     Raises:
       BenchError / PresetError / ValueError: the first bad value, in one line.
     """
-    from jaxspec.bench.common import PROMPT_SETS, SUITES, BenchError, parse_systems
+    from jaxspec.bench.prompts import PROMPT_SETS
+    from jaxspec.bench.records import BenchError
+    from jaxspec.bench.systems import SUITES, parse_systems
     from models.registry import DTYPES, REPO_ROOT, get_preset, is_preset
 
     if args.suite not in SUITES:
@@ -534,7 +536,7 @@ def _run_config(args, model_name: str, limit: int, params) -> dict:
 
 def _diffusion_setup(args, log, default_limit: int):
     """Model, tokenizer and prompts for the diffusion suites (raises on bad input)."""
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
     from models.registry import load_model, require_family
 
     model_name = args.model or "dream-smollm2-135m"
@@ -555,7 +557,7 @@ def _diffusion_setup(args, log, default_limit: int):
 
 def main_ssd(args, log) -> int:
     """``--suite ssd``."""
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
     from jaxspec.bench.ssd import markdown_report, parse_rows, run_ssd_suite, write_results
     from models.llama.params import WeightFileError
     from models.registry import PresetError
@@ -602,7 +604,7 @@ def main_ssd(args, log) -> int:
 
 def main_spiffy(args, log) -> int:
     """``--suite spiffy``."""
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
     from jaxspec.bench.spiffy import (
         load_graphs,
         markdown_report,
@@ -658,8 +660,8 @@ def main_spiffy(args, log) -> int:
 
 def main_dllm(args, log) -> int:
     """``--suite dllm``."""
-    from jaxspec.bench.common import BenchError
     from jaxspec.bench.dllm import DLLM_METHODS, markdown_report, run_dllm_suite, write_results
+    from jaxspec.bench.records import BenchError
     from jaxspec.dllm import CACHES
     from models.llama.params import WeightFileError
     from models.registry import PresetError
@@ -712,7 +714,7 @@ def main_space(args, log) -> int:
     """``--suite space``."""
     import json
 
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
     from jaxspec.bench.space import (
         BATCH_SIZES,
         K_SWEEP,
@@ -756,7 +758,6 @@ def main_space(args, log) -> int:
 
 def main_diffuspec(args, log) -> int:
     """``--suite diffuspec``."""
-    from jaxspec.bench.common import PROMPT_SETS, BenchError
     from jaxspec.bench.diffuspec import (
         FIXED_K,
         REFINE_STEPS,
@@ -765,6 +766,8 @@ def main_diffuspec(args, log) -> int:
         run_diffuspec_suite,
         write_results,
     )
+    from jaxspec.bench.prompts import PROMPT_SETS
+    from jaxspec.bench.records import BenchError
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model, require_family
 
@@ -815,20 +818,17 @@ def main_diffuspec(args, log) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxspec.bench.common import (
+    from jaxspec.bench.ar_suite import markdown_report, run_ar_suite, write_results
+    from jaxspec.bench.machine import streamed_params
+    from jaxspec.bench.records import BenchError, BenchPrompt
+    from jaxspec.bench.systems import (
         BASELINE,
         SUITES,
-        BenchError,
-        BenchPrompt,
         JaxspecSystem,
         TransformersSystem,
         load_transformers_model,
-        markdown_report,
         parse_systems,
-        run_ar_suite,
-        streamed_params,
         torch_device,
-        write_results,
     )
     from jaxspec.causal.decode import DecodeInputError
     from models.llama.params import WeightFileError

@@ -238,7 +238,7 @@ def asarm_main(args, cfg_path) -> int:
 
     t_start = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    from jaxspec.bench.common import BenchError
+    from jaxspec.bench.records import BenchError
     from jaxspec.eval import judge as judges
     from jaxspec.eval import quality as Q
     from jaxspec.training.config import load_config

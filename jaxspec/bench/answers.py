@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from jaxspec.bench.common import BenchError, BenchPrompt, _num
+from jaxspec.bench.records import BenchError, BenchPrompt, _num
 from jaxspec.eval.quality import ANSWER_FLAG_RULE, answer_quality
 
 #: Mark appended to the speed figures of a flagged row in the markdown tables.
@@ -317,7 +317,7 @@ def is_speed_key(key: str) -> bool:
 def markdown_table(
     rows: Sequence[dict], columns, *, flagged: Callable[[str], bool] = is_speed_key
 ) -> str:
-    """:func:`jaxspec.bench.common.markdown_table` with the flag: in a row with an
+    """:func:`jaxspec.bench.report.markdown_table` with the flag: in a row with an
     ``answer_flag`` the cells of the columns ``flagged`` selects carry :data:`FLAG_MARK`."""
     lines = [
         "| " + " | ".join(h for _, h, _ in columns) + " |",

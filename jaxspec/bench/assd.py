@@ -49,9 +49,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.asarm.assd import assd_generate
-from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info, save_figure
+from jaxspec.bench import report
 from jaxspec.bench.dllm import run_interleaved
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.records import BenchError, BenchPrompt, _num
+from jaxspec.bench.report import save_figure
 from jaxspec.core.plotting import pyplot
 from jaxspec.core.sampling import SamplingConfig
 from jaxspec.eval.judge import smollm2_judge
@@ -485,13 +487,13 @@ def markdown_report(result: dict) -> str:
     """Markdown page of an ``assd`` result: Table 1 rows, the Table 5 k sweep, infilling."""
     r0 = result["rows"][0]
     lines = [
-        *bench.report_header("Benchmark suite `assd`", result),
+        *report.report_header("Benchmark suite `assd`", result),
         f"Model `{r0['model']}`, {r0['sequences']} sequences of ~{r0['seq_len']} tokens, "
         f"{r0['mask_rate']:.0%} masked (~{r0['masked_tokens']} tokens infilled per sequence), "
         f"temperature {r0['temperature']}, batch 1. Reference: sequential decoding (one "
         "AS-ARM forward per masked token). p-values: Welch's t-test against sequential.",
         "",
-        bench.markdown_table(result, _COLUMNS),
+        report.markdown_table(result, _COLUMNS),
     ]
     if result.get("k_sweep"):
         lines += [
@@ -560,7 +562,7 @@ def plot_rows(result: dict, out: Path) -> Path:
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(
+    return report.write_results(
         result,
         out,
         report=markdown_report,

@@ -2,9 +2,9 @@
 arXiv:2510.02358, Sec. 5), all greedy, batch 1, in one process (wall-clock ratios
 are comparable within one run only).
 
-1. **Prompt sets** (:data:`jaxspec.bench.common.PROMPT_SETS`: HumanEval completion and chat,
+1. **Prompt sets** (:data:`jaxspec.bench.prompts.PROMPT_SETS`: HumanEval completion and chat,
    MT-Bench first turns, "Summarize:" news): per set, interleaved prompt by prompt
-   (:func:`jaxspec.bench.common.run_ar_suite`), ``jaxspec/ar`` (baseline and reference),
+   (:func:`jaxspec.bench.ar_suite.run_ar_suite`), ``jaxspec/ar`` (baseline and reference),
    ``jaxspec/ngram``, ``jaxspec/specdiff`` (argmax block, fixed ``k_max``: the paper's
    SpecDiff row) and ``jaxspec/diffuspec`` (CPS + ADL); per drafter cache other than
    ``none`` in ``drafter_caches`` also ``specdiff+CACHE`` and ``diffuspec+CACHE`` (``prefix``:
@@ -26,7 +26,7 @@ Definitions (the paper's tables disagree on MAT; this suite uses one rule throug
   per-prompt ratio of AR's seconds to the row's, on the same answers); ``answer_flag`` marks
   a row whose answers are mostly EOS (short) or loop.
 
-Prompt sets: :data:`jaxspec.bench.common.PROMPT_SETS` and ``long`` (HumanEval raw
+Prompt sets: :data:`jaxspec.bench.prompts.PROMPT_SETS` and ``long`` (HumanEval raw
 completions alternating with held-out stdlib function bodies,
 :func:`jaxspec.bench.answers.prompt_set`).
 
@@ -43,18 +43,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench.common import (
-    MAT_DEFINITION,
-    PROMPT_SETS,
-    BenchError,
-    JaxspecSystem,
-    machine_info,
-    plot_k_sweep,
-    report_header,
-    run_ar_suite,
-    save_figure,
-    suite_prompts,
-)
+from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.prompts import PROMPT_SETS, suite_prompts
+from jaxspec.bench.records import BenchError
+from jaxspec.bench.report import MAT_DEFINITION, plot_k_sweep, report_header, save_figure
+from jaxspec.bench.systems import JaxspecSystem
 from models.llama.layout import resolve_layer_loop
 
 # Table 2: label -> (cps, adl)
@@ -146,7 +140,7 @@ def _run(systems, prompts, *, progress, log, eos_ids=(), flag_rule=None, **field
 
 def suite_prompt_sets(tok, sets: Sequence[str], limit: int) -> dict:
     """Token ids per prompt set: ``long`` from :func:`jaxspec.bench.answers.prompt_set`, the
-    others from :func:`jaxspec.bench.common.suite_prompts` (order kept)."""
+    others from :func:`jaxspec.bench.prompts.suite_prompts` (order kept)."""
     other = [s for s in sets if s != "long"]
     got = suite_prompts(tok, other, limit) if other else {}
     return {s: (ans.prompt_set(tok, "long", limit) if s == "long" else got[s]) for s in sets}
@@ -181,7 +175,7 @@ def run_diffuspec_suite(
         ``dllm_drafter`` ``(DiffusionLM, params)`` with the target's vocabulary, ``proxy``
         (:class:`~jaxspec.causal.diffuspec.NgramProxy` or None) and ``eos_id``.
       tok: the target's tokenizer (chat template, EOS).
-      sets, limit: prompt sets (:data:`~jaxspec.bench.common.PROMPT_SETS` and ``long``) and
+      sets, limit: prompt sets (:data:`~jaxspec.bench.prompts.PROMPT_SETS` and ``long``) and
         prompts per set.
       k_max, k_min: DiffuSpec's draft-length range (paper: 30 / 20).
       fixed_k: the Table 5 sweep (empty: skipped); refine_steps: the ``S`` sweep (empty:
@@ -407,9 +401,9 @@ def plot(result: dict, out: Path) -> Path:
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
-    """JSON, markdown and chart (:func:`jaxspec.bench.common.write_results` with this suite's
+    """JSON, markdown and chart (:func:`jaxspec.bench.report.write_results` with this suite's
     report and plot)."""
-    from jaxspec.bench.common import write_results as write
+    from jaxspec.bench.report import write_results as write
 
     return write(
         result,

@@ -50,8 +50,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, _order, machine_info, save_figure
+from jaxspec.bench import report
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.records import BenchError, BenchPrompt, _num, _order
+from jaxspec.bench.report import save_figure
 from jaxspec.dllm import CACHES, DiffusionDecodeConfig, diffusion_generate, prefix_widths
 from jaxspec.eval.metrics import answer_degeneracy
 from models.diffusion.modeling import bidirectional_mask
@@ -434,7 +436,7 @@ _COLUMNS = [
     ("identical_fraction", "identical", "{:.2f}"),
     ("loop_overhead", "loop overhead", "{:+.1%}"),
     ("compile_s", "compile s", "{:.1f}"),
-    *bench.ANSWER_COLUMNS,
+    *report.ANSWER_COLUMNS,
 ]
 
 
@@ -442,7 +444,7 @@ def markdown_report(result: dict) -> str:
     """Markdown page of a ``dllm`` result: header, table and how to read it."""
     r0 = result["rows"][0]
     out = [
-        *bench.report_header("Benchmark suite `dllm`", result),
+        *report.report_header("Benchmark suite `dllm`", result),
         *ans.header_lines(result, ("method", "cache")),
         f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1), gen length "
         f"{r0['gen_length']}, block {r0['block_length']}, remasking `{r0['remasking']}`, "
@@ -469,7 +471,7 @@ def markdown_report(result: dict) -> str:
         "- `fwd tokens` = query tokens pushed through the model per prompt; "
         "`loop overhead` = decode wall clock over the sum of its forwards, each "
         "timed alone on the same shapes (stepwise rows).",
-        bench.ANSWER_NOTE,
+        report.ANSWER_NOTE,
     ]
     return "\n".join(out) + "\n"
 
@@ -512,7 +514,7 @@ def plot_rows(result: dict, out: Path) -> Path:
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(
+    return report.write_results(
         result,
         out,
         report=markdown_report,

@@ -149,7 +149,7 @@ def static_compiled_system(
     :func:`run_peers_suite` decodes every prompt once untimed first."""
     import torch
 
-    from jaxspec.bench.common import TransformersSystem
+    from jaxspec.bench.systems import TransformersSystem
 
     m = copy.deepcopy(hf_model)
     s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id)
@@ -198,13 +198,13 @@ def run_peers_suite(
     ``ar-static-compile`` over ``ar-static``; ``limit`` prompts (default: 2 in smoke mode,
     else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s, less). Peers that cannot run
     here get rows saying why."""
-    from jaxspec.bench.common import (
-        BenchPrompt,
+    from jaxspec.bench.ar_suite import run_ar_suite
+    from jaxspec.bench.machine import streamed_params
+    from jaxspec.bench.records import BenchPrompt
+    from jaxspec.bench.systems import (
         JaxspecSystem,
         TransformersSystem,
         load_transformers_model,
-        run_ar_suite,
-        streamed_params,
         torch_device,
     )
     from models.llama.modeling import param_dtype

@@ -6,7 +6,7 @@ Three parts, all greedy, in one process (wall-clock ratios are comparable within
 1. **Prompt sets** (:data:`PROMPT_SETS`): HumanEval completion (raw stubs) and chat, MT-Bench
    first turns (chat) and news summarization ("Summarize:" over Lee-corpus documents, the
    paper's XSum stand-in). Per set, batch 1, interleaved prompt by prompt
-   (:func:`jaxspec.bench.common.run_ar_suite`): ``jaxspec/ar`` on the SAR model (baseline and
+   (:func:`jaxspec.bench.ar_suite.run_ar_suite`): ``jaxspec/ar`` on the SAR model (baseline and
    reference), ``jaxspec/space`` (k mask groups), ``jaxspec/ngram`` on the SAR model, and
    ``jaxspec/ar-base``, AR on the base model the SAR delta was trained from.
 2. **k ablation** (Fig. 5): SPACE with k = 1..8 against AR on one prompt set.
@@ -27,21 +27,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jaxspec.bench.common import (
+from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.prompts import PROMPT_SETS, suite_prompts
+from jaxspec.bench.records import BenchError, BenchPrompt, _num
+from jaxspec.bench.report import (
     MAT_DEFINITION,
-    PROMPT_SETS,
-    BenchError,
-    BenchPrompt,
-    JaxspecSystem,
-    _num,
-    machine_info,
     markdown_table,
     plot_k_sweep,
     report_header,
-    run_ar_suite,
     save_figure,
-    suite_prompts,
 )
+from jaxspec.bench.systems import JaxspecSystem
 from jaxspec.eval.metrics import mean_degeneracy
 from jaxspec.methods import get_method
 
@@ -336,9 +333,9 @@ def plot(result: dict, out: Path) -> Path:
 
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
-    """JSON, markdown and chart (:func:`jaxspec.bench.common.write_results` with this suite's
+    """JSON, markdown and chart (:func:`jaxspec.bench.report.write_results` with this suite's
     report and plot)."""
-    from jaxspec.bench.common import write_results as write
+    from jaxspec.bench.report import write_results as write
 
     return write(
         result, out, report=markdown_report, plot=plot, caption="k ablation and batch sizes"

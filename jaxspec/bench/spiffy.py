@@ -34,9 +34,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info
+from jaxspec.bench import report
 from jaxspec.bench.dllm import method_config, run_interleaved
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.records import BenchError, BenchPrompt, _num
 from jaxspec.bench.ssd import _answer_entry, speed_figures, speedup_bars
 from jaxspec.dllm import (
     DiffusionDecodeConfig,
@@ -240,7 +241,7 @@ _COLUMNS = [
     ("forward_tokens_per_forward", "tokens/forward", "{:.0f}"),
     ("acceptance_rate", "acceptance", "{:.3f}"),
     ("identical_to_reference", "identical", "{}"),
-    *bench.ANSWER_COLUMNS,
+    *report.ANSWER_COLUMNS,
 ]
 
 
@@ -248,7 +249,7 @@ def markdown_report(result: dict) -> str:
     """Markdown page of a ``spiffy`` result (Spiffy Tables 1-2 style)."""
     r0 = result["rows"][0]
     lines = [
-        *bench.report_header("Benchmark suite `spiffy`", result),
+        *report.report_header("Benchmark suite `spiffy`", result),
         *ans.header_lines(result, ("method", "unmasking", "graph_D")),
         f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1, greedy), gen "
         f"length {r0['gen_length']}, block {r0['block_length']}, cache `{r0['cache']}`, "
@@ -271,7 +272,7 @@ def markdown_report(result: dict) -> str:
         "CPU its cost (`s/forward`) grows with it, so the wall-clock speedup falls short of "
         "the NFE speedup (the paper's Fig. 5 shows the same growth on an A100).",
         "- `identical`: every prompt's output equals the reference's token for token.",
-        bench.ANSWER_NOTE,
+        report.ANSWER_NOTE,
     ]
     return "\n".join(lines) + "\n"
 
@@ -290,7 +291,7 @@ def plot_rows(result: dict, out: Path) -> Path:
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(
+    return report.write_results(
         result,
         out,
         report=markdown_report,

@@ -40,9 +40,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench import common as bench
-from jaxspec.bench.common import BenchError, BenchPrompt, _num, machine_info, save_figure
+from jaxspec.bench import report
 from jaxspec.bench.dllm import run_interleaved
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.records import BenchError, BenchPrompt, _num
+from jaxspec.bench.report import save_figure
 from jaxspec.dllm import (
     DiffusionDecodeConfig,
     SSDConfig,
@@ -289,7 +291,7 @@ _COLUMNS = [
     ("seconds_per_forward", "s/forward", "{:.3f}"),
     ("acceptance_rate", "acceptance", "{:.3f}"),
     ("identical_to_reference", "identical", "{}"),
-    *bench.ANSWER_COLUMNS,
+    *report.ANSWER_COLUMNS,
 ]
 
 
@@ -297,7 +299,7 @@ def markdown_report(result: dict) -> str:
     """Markdown page of an ``ssd`` result: SSD Table 1 style rows and the Table 2 analysis."""
     r0 = result["rows"][0]
     lines = [
-        *bench.report_header("Benchmark suite `ssd`", result),
+        *report.report_header("Benchmark suite `ssd`", result),
         *ans.header_lines(result, ("method", "draft_length", "tree", "cache")),
         f"Model `{r0['model']}`, {r0['prompts']} prompts (batch 1, greedy), gen "
         f"length {r0['gen_length']}, block {r0['block_length']}, remasking "
@@ -339,7 +341,7 @@ def markdown_report(result: dict) -> str:
         "wall-clock speedup falls short of the NFE speedup.",
         "- `identical` says whether every prompt's output equals the reference's token for "
         "token (SSD is lossless by construction).",
-        bench.ANSWER_NOTE,
+        report.ANSWER_NOTE,
     ]
     return "\n".join(lines) + "\n"
 
@@ -400,7 +402,7 @@ def plot_rows(result: dict, out: Path) -> Path:
 
 def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """Write the JSON, the markdown report (``.md``) and the chart (``.png``)."""
-    return bench.write_results(
+    return report.write_results(
         result,
         out,
         report=markdown_report,

@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.bench.common import cpu_model
+from jaxspec.bench.machine import cpu_model
 from jaxspec.bench.quant_matmul import SMOLLM2, _step
 from jaxspec.bench.quant_matmul import measure as interleaved_ms
 from jaxspec.causal.decode import generate

@@ -83,7 +83,7 @@ def clear_compiled() -> int:
 def compiled_snapshot() -> dict:
     """A copy of the compile cache (the executables :func:`run_compiled` keeps), so an A/B
     probe whose arms trace different code can compile each arm once and swap its programs back
-    in before timing it (:func:`use_compiled`; :func:`jaxspec.bench.common.compile_arms`)."""
+    in before timing it (:func:`use_compiled`; :func:`jaxspec.bench.ab.compile_arms`)."""
     return dict(_EXECUTABLES)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench.common import BenchError, BenchPrompt
+from jaxspec.bench.records import BenchError, BenchPrompt
 from jaxspec.dllm import (
     DiffusionDecodeConfig,
     SpiffyConfig,

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from jaxspec.bench.common import BenchError, BenchPrompt
 from jaxspec.bench.diffuspec import run_diffuspec_suite, write_results
+from jaxspec.bench.records import BenchError, BenchPrompt
 from jaxspec.causal.diffuspec import NgramProxy
 from jaxspec.testing.tiny import CharTok, tiny_diffusion_model, tiny_model
 

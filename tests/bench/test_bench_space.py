@@ -11,7 +11,7 @@ from jaxspec.testing.tiny import CharTok, tiny_model
 
 def test_space_suite_on_tiny_model(tmp_path, monkeypatch):
     import jaxspec.bench.space as space
-    from jaxspec.bench.common import BenchPrompt
+    from jaxspec.bench.records import BenchPrompt
 
     model, params = tiny_model(128, seed=0, mask_token_id=127)
     _, base = tiny_model(128, seed=1)

@@ -1,6 +1,6 @@
-"""The benchmark machinery (``jaxspec.bench.common``, ``scripts.benchmark``) on a tiny random model:
-result schema, greedy identity of jaxspec/ngram and transformers/ar with jaxspec/ar, the
-markdown report, and the CLI's errors."""
+"""The benchmark machinery (``jaxspec.bench.ar_suite`` and its parts, ``scripts.benchmark``) on a
+tiny random model: result schema, greedy identity of jaxspec/ngram and transformers/ar with
+jaxspec/ar, the markdown report, and the CLI's errors."""
 
 from __future__ import annotations
 
@@ -9,21 +9,16 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.bench.common import (
+from jaxspec.bench.ar_suite import run_ar_suite, write_results
+from jaxspec.bench.machine import matvec_bandwidth, n_params, streamed_params
+from jaxspec.bench.records import BenchError, BenchPrompt, cut_output
+from jaxspec.bench.systems import (
     DEFAULT_SYSTEMS,
     SYSTEMS,
-    BenchError,
-    BenchPrompt,
     JaxspecSystem,
     TransformersSystem,
-    cut_output,
     load_transformers_model,
-    matvec_bandwidth,
-    n_params,
     parse_systems,
-    run_ar_suite,
-    streamed_params,
-    write_results,
 )
 from models.llama.modeling import CausalLM
 from models.llama.params import load_hf_dir
@@ -54,7 +49,8 @@ TEXTS = [
 
 
 def test_paired_ceiling_share_is_each_prompts_rate_over_its_own_ceiling():
-    from jaxspec.bench.common import RunOutput, _paired_share
+    from jaxspec.bench.ar_suite import _paired_share
+    from jaxspec.bench.records import RunOutput
 
     outs = [RunOutput([1] * 11, 1.1, 11), RunOutput([1] * 21, 2.1, 21), RunOutput([1], 0.5, 1)]
     ttft = [0.1, 0.1, 0.4]  # decode rates 10 and 10 tok/s; undefined for the one-token output
@@ -67,7 +63,7 @@ def test_paired_ceiling_share_is_each_prompts_rate_over_its_own_ceiling():
 def test_ab_protocol_alternates_the_arms_and_pairs_the_ratios(monkeypatch):
     """``ab_seconds`` times every arm ``reps`` times per input in alternating order and pairs
     the medians per input; ``ab_table`` reports them (a fake clock: no timing asserted)."""
-    import jaxspec.bench.common as C
+    import jaxspec.bench.ab as C
 
     clock, calls = iter(range(1000)), []
     monkeypatch.setattr(C.time, "perf_counter", lambda: next(clock))
@@ -111,7 +107,7 @@ def test_compile_arms_keeps_each_arms_program():
     import jax
     import jax.numpy as jnp
 
-    import jaxspec.bench.common as C
+    import jaxspec.bench.ab as C
     from jaxspec.core.runtime import run_compiled
 
     jitted, x = jax.jit(_scaled), jnp.ones(3)
@@ -389,7 +385,7 @@ def test_dllm_forward_costs_in_bfloat16(cache):
 
 def test_report_header_names_the_accelerator():
     """Every suite's page names the accelerator JAX ran on, and only the peer suites torch."""
-    from jaxspec.bench.common import report_header
+    from jaxspec.bench.report import report_header
 
     res = {
         "date": "d",
@@ -550,7 +546,9 @@ def test_matvec_bandwidth_matrix_is_capped():
 def test_device_matvec_bandwidth_counts_the_dtypes_bytes():
     """The accelerator ceiling's matrix holds ``num_params`` scalars of the weight dtype (2 bytes
     for bfloat16), capped like the CPU one; the peers' device follows JAX's backend."""
-    from jaxspec.bench.common import BenchError, device_matvec_bandwidth, torch_device
+    from jaxspec.bench.machine import device_matvec_bandwidth
+    from jaxspec.bench.records import BenchError
+    from jaxspec.bench.systems import torch_device
 
     bf = device_matvec_bandwidth(100_000, "bfloat16", reps=1, rows=100)
     assert bf["matrix_bytes"] == 2 * 100_000 and bf["gb_per_s"] > 0

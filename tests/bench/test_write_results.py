@@ -1,4 +1,4 @@
-"""Benchmark results are written atomically (:func:`jaxspec.bench.common.write_results`): each
+"""Benchmark results are written atomically (:func:`jaxspec.bench.report.write_results`): each
 file goes to a temporary name beside it and is renamed over the target, so a run that fails
 while writing leaves the earlier file whole and no temporary file behind."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jaxspec.bench.common import write_results
+from jaxspec.bench.report import write_results
 
 RESULT = {"suite": "t", "rows": [{"model": "m"}]}
 

@@ -9,15 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.bench.common import (
-    BenchError,
-    BenchPrompt,
-    JaxspecSystem,
-    first_divergence,
-    parse_systems,
-    quantized_params,
-    run_ar_suite,
-)
+from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.records import BenchError, BenchPrompt, first_divergence
+from jaxspec.bench.systems import JaxspecSystem, parse_systems, quantized_params
 from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.testing.tiny import tiny_model, tiny_xlnet

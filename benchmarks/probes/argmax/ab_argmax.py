@@ -18,7 +18,7 @@ forwards each timed alone (:func:`jaxspec.bench.dllm.forward_costs`).
 (128 new tokens, draft length 8, 8 HumanEval prompts, CPU decode layout).
 
 In the loops the arm ``jnp.argmax`` puts ``jnp.argmax`` back in every module that imports the
-library's ``argmax``; each arm compiles its own programs (:func:`jaxspec.bench.common.
+library's ``argmax``; each arm compiles its own programs (:func:`jaxspec.bench.ab.
 compile_arms`). Tokens must be identical.
 """
 
@@ -33,17 +33,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.asarm import passes as assd_passes
-from jaxspec.bench.common import (
-    JaxspecSystem,
-    ab_seconds,
-    ab_table,
-    compile_arms,
-    cpu_model,
-    emit_lines,
-    run_arm,
-    suite_prompts,
-)
+from jaxspec.bench.ab import ab_seconds, ab_table, compile_arms, emit_lines, run_arm
 from jaxspec.bench.dllm import forward_costs, method_config, stepwise_forward_seconds
+from jaxspec.bench.machine import cpu_model
+from jaxspec.bench.prompts import suite_prompts
+from jaxspec.bench.systems import JaxspecSystem
 from jaxspec.causal import diffuspec, space, sps
 from jaxspec.core import sampling, verify
 from jaxspec.dllm import reference

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, ".")
-from jaxspec.bench.common import cpu_model  # noqa: E402
+from jaxspec.bench.machine import cpu_model  # noqa: E402
 from jaxspec.bench.quant_matmul import SMOLLM2  # noqa: E402
 from models.llama import modeling as new  # noqa: E402
 

@@ -29,7 +29,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxspec.bench.common import cpu_model
+from jaxspec.bench.machine import cpu_model
 from jaxspec.bench.quant_matmul import SMOLLM2 as C
 from models.llama import modeling as M
 

@@ -19,7 +19,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxspec.bench.common import cpu_model, emit_lines
+from jaxspec.bench.ab import emit_lines
+from jaxspec.bench.machine import cpu_model
 from jaxspec.causal.decode import generate
 from models.llama import modeling as M
 from models.registry import load_model

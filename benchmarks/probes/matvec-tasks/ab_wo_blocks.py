@@ -18,15 +18,9 @@ import argparse
 
 import jax
 
-from jaxspec.bench.common import (
-    ab_seconds,
-    ab_table,
-    compile_arms,
-    cpu_model,
-    emit_lines,
-    run_arm,
-    suite_prompts,
-)
+from jaxspec.bench.ab import ab_seconds, ab_table, compile_arms, emit_lines, run_arm
+from jaxspec.bench.machine import cpu_model
+from jaxspec.bench.prompts import suite_prompts
 from jaxspec.causal.decode import generate
 from models.llama import modeling as M
 from models.registry import load_model

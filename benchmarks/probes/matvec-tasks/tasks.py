@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.bench.common import cpu_model
+from jaxspec.bench.machine import cpu_model
 
 SHAPES = {
     "wq, wo (576 x 576)": (576, 576),

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.bench.common import cpu_model, emit_lines
+from jaxspec.bench.ab import emit_lines
+from jaxspec.bench.machine import cpu_model
 from models.llama.modeling import rms_norm
 
 

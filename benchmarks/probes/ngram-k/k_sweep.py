@@ -6,7 +6,7 @@ the default K = 8 may not be the fastest here).
     python benchmarks/probes/ngram-k/k_sweep.py [--ks 2 3 4 6 8] [--limit 8] [--reps 2]
         [--out-dir DIR]
 
-Systems are the ``ar`` suite's (:class:`jaxspec.bench.common.JaxspecSystem`: greedy, batch 1,
+Systems are the ``ar`` suite's (:class:`jaxspec.bench.systems.JaxspecSystem`: greedy, batch 1,
 128 new tokens, HumanEval prompts, CPU decode layout, the verification layout timed per K).
 Every prompt runs ``--reps`` rounds, each timing every system once in a rotating order;
 compilation happens in an untimed first round. Writes ``results/ngram-k/k_sweep.md`` (median
@@ -22,14 +22,11 @@ from pathlib import Path
 
 import jax
 
-from jaxspec.bench.common import (
-    JaxspecSystem,
-    cpu_model,
-    emit_lines,
-    plot_k_sweep,
-    save_figure,
-    suite_prompts,
-)
+from jaxspec.bench.ab import emit_lines
+from jaxspec.bench.machine import cpu_model
+from jaxspec.bench.prompts import suite_prompts
+from jaxspec.bench.report import plot_k_sweep, save_figure
+from jaxspec.bench.systems import JaxspecSystem
 from jaxspec.core.plotting import pyplot
 from jaxspec.eval.metrics import mean_degeneracy
 from models.registry import load_model

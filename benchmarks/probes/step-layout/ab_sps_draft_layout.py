@@ -16,7 +16,9 @@ import argparse
 
 import jax
 
-from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
+from jaxspec.bench.ab import ab_seconds, ab_table, emit_lines
+from jaxspec.bench.machine import cpu_model
+from jaxspec.bench.prompts import suite_prompts
 from jaxspec.causal.decode import generate
 from jaxspec.causal.sps import DraftModelDrafter
 from models.llama.layout import DecodePlan

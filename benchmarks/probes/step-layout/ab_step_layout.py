@@ -19,7 +19,9 @@ import argparse
 import jax
 
 import jaxspec.causal.decode as D
-from jaxspec.bench.common import ab_seconds, ab_table, cpu_model, emit_lines, suite_prompts
+from jaxspec.bench.ab import ab_seconds, ab_table, emit_lines
+from jaxspec.bench.machine import cpu_model
+from jaxspec.bench.prompts import suite_prompts
 from jaxspec.core.drafters import NgramDrafter
 from models.llama.layout import DecodePlan
 from models.registry import load_model

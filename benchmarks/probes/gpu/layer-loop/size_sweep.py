@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.bench.common import cpu_model
+from jaxspec.bench.machine import cpu_model
 from jaxspec.causal.decode import decode_plan, generate
 from jaxspec.core import runtime
 from models.config import ModelConfig
