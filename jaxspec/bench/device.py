@@ -690,7 +690,7 @@ def markdown_suite(result: dict) -> str:
 
 def plot_suite(result: dict, out: Path) -> Path:
     """Bar chart of each measured row's speedup over its reference (or tok/s)."""
-    from jaxspec.bench.report import save_figure
+    from jaxspec.bench.common import save_figure
     from jaxspec.core.plotting import pyplot
 
     rows = [r for r in result["rows"] if r.get("speedup_vs_reference") or r.get("tokens_per_s")]
@@ -799,7 +799,7 @@ def collect(bundle_path: Path, out_dir: Path, log_path: Optional[Path] = None) -
 def device_machine_info() -> dict:
     """:func:`jaxspec.bench.common.machine_info` plus the GPU's driver version and name
     (``nvidia-smi``), when there is one."""
-    from jaxspec.bench.machine import machine_info
+    from jaxspec.bench.common import machine_info
 
     info = machine_info()
     try:
@@ -1565,16 +1565,21 @@ def run_device_bench(
             res["rows"] = public_rows(rows)
             measured[fam] = rows
             emit(name, res, True)
-        elif name == "peers":
-            res = peers.run_peers_suite(
-                vehicles, prompts, s, deadline, compile=peers_compile, log=log
-            )
-            emit(name, {**base, **res}, True)
-        elif name == "projection":
-            rows = [r for fam_rows in measured.values() for r in fam_rows]
-            res = projection.run_projection_suite(
-                shapes, measured=public_rows(rows), deadline_s=deadline, log=log
-            )
+        elif name in ("peers", "projection"):
+            try:
+                if name == "peers":
+                    res = peers.run_peers_suite(
+                        vehicles, prompts, s, deadline, compile=peers_compile, log=log
+                    )
+                else:
+                    rows = [r for fam_rows in measured.values() for r in fam_rows]
+                    res = projection.run_projection_suite(
+                        shapes, measured=public_rows(rows), deadline_s=deadline, log=log
+                    )
+            except Exception as e:  # noqa: BLE001 - a suite's failure must not end the run
+                err = peers.one_line(e)
+                log(f"[device-bench] suite {name} failed: {err}")
+                res = {"rows": [], "notes": [f"the suite failed: {err}"], "failed": err}
             emit(name, {**base, **res}, True)
     if bundle_path:
         bundle(out_dir, bundle_path, list(results))

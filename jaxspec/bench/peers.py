@@ -139,17 +139,31 @@ def truncated_hf(hf_model, layers: int):
 
 
 def static_compiled_system(
-    hf_model, *, compile: bool, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int
+    hf_model,
+    *,
+    compile: bool,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    compile_options: Optional[dict] = None,
 ):
     """``transformers/ar-static-compile`` (``ar-static`` when ``compile`` is False): greedy
     ``generate`` of a copy of ``hf_model`` with ``cache_implementation="static"`` and, with
-    ``compile``, ``forward`` compiled by ``torch.compile(mode="reduce-overhead",
-    fullgraph=True)``. A copy, so the other peers keep the eager model. The static cache is
-    sized by each call's prompt + budget, so a new prompt length compiles again:
-    :func:`run_peers_suite` decodes every prompt once untimed first."""
-    import torch
+    ``compile``, its one-token decode steps run by ``torch.compile(forward,
+    mode="reduce-overhead", fullgraph=True)`` (``compile_options`` replaces these keyword
+    arguments, e.g. ``{"backend": "eager"}`` in a CPU test). A copy, so the other peers keep
+    the eager model.
 
-    from jaxspec.bench.systems import TransformersSystem
+    How the compiled forward is called (:func:`_step_forward`), as transformers' own
+    generate-time compilation does: the prompt pass runs eagerly, so the static cache
+    allocates its key / value tensors outside the compiled graph and marks them as static
+    addresses (allocated inside a CUDA-graph run they are graph outputs that the next replay
+    overwrites: "accessing tensor output of CUDAGraphs that has been overwritten by a
+    subsequent run"); each decode step begins with ``torch.compiler.
+    cudagraph_mark_step_begin()`` and its logits are cloned before the next step replays the
+    graph. The static cache is sized by each call's prompt + budget, so
+    :func:`run_peers_suite` decodes every prompt once untimed first."""
+    from jaxspec.bench.common import TransformersSystem
 
     m = copy.deepcopy(hf_model)
     s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id)
@@ -158,9 +172,113 @@ def static_compiled_system(
     # stays off, so "ar-static" is eager and "ar-static-compile" is the documented recipe
     s.gen_config.disable_compile = True
     if compile:
-        m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+        opts = dict(mode="reduce-overhead", fullgraph=True)
+        if compile_options is not None:
+            opts = dict(compile_options)
+        m.forward = _step_forward(m.forward, opts)
     s.method = "ar-static-compile" if compile else "ar-static"
     return s
+
+
+def _step_forward(forward, compile_options: dict):
+    """``forward`` with its one-token calls (decode steps) compiled by ``torch.compile(forward,
+    **compile_options)`` and its other calls (the prompt pass) eager; each compiled call
+    begins a new CUDA-graph step and returns cloned logits. The returned function counts
+    its calls in ``.calls`` (``{"eager": n, "compiled": n}``)."""
+    import torch
+
+    compiled = torch.compile(forward, **compile_options)
+    calls = {"eager": 0, "compiled": 0}
+
+    def step(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None or ids.ndim != 2 or ids.shape[1] != 1:
+            calls["eager"] += 1
+            return forward(*args, **kwargs)
+        calls["compiled"] += 1
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(*args, **kwargs)
+        logits = getattr(out, "logits", None)
+        if logits is not None:
+            out.logits = logits.clone()
+        return out
+
+    step.calls = calls
+    return step
+
+
+class PeerFailed(RuntimeError):
+    """A peer raised while the suite ran it; ``name`` is the system, the message its one-line
+    error."""
+
+    def __init__(self, name: str, error: str):
+        super().__init__(error)
+        self.name = name
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """``"<Type>: <message>"`` on one line, at most ``limit`` characters of message (a CUDA
+    graph error's stack trace cut off)."""
+    msg = " ".join(str(e).split(" Stack trace:")[0].split())
+    return f"{type(e).__name__}: {msg[:limit]}"
+
+
+class Guarded:
+    """A system (``system``, ``method``, ``name``, ``run``) whose ``run`` turns any exception
+    into :class:`PeerFailed`, naming the system, so the suite can drop it and go on."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.system, self.method = inner.system, inner.method
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def run(self, ids, max_new_tokens=None):
+        try:
+            if max_new_tokens is None:
+                return self.inner.run(ids)
+            return self.inner.run(ids, max_new_tokens=max_new_tokens)
+        except PeerFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - a peer's failure is its row, not the run's end
+            raise PeerFailed(self.name, one_line(e)) from None
+
+
+def failed_row(system, error: str) -> dict:
+    """The row of a peer that failed: its name, ``failed`` and its one-line error."""
+    return {
+        "system": system.system,
+        "method": system.method,
+        "failed": True,
+        "skipped": f"error: {error}",
+    }
+
+
+def run_contained(
+    systems: Sequence,
+    run: Callable[[list], dict],
+    *,
+    baseline: str = "jaxspec/ar",
+    log: Callable[[str], None] = print,
+) -> tuple[Optional[dict], list[dict]]:
+    """``run(systems)`` with every system :class:`Guarded`: a system that raises is dropped
+    (its row: :func:`failed_row`) and ``run`` starts again with the others, until it ends or
+    the baseline itself fails. Returns ``(run's result or None, failed rows)``."""
+    active = [s if isinstance(s, Guarded) else Guarded(s) for s in systems]
+    failed: list[dict] = []
+    while active:
+        try:
+            return run(active), failed
+        except PeerFailed as e:
+            bad = next(s for s in active if s.name == e.name)
+            failed.append(failed_row(bad, str(e)))
+            log(f"[peers] {e.name} failed: {e}")
+            active = [s for s in active if s.name != e.name]
+            if e.name == baseline:
+                break
+    return None, failed
 
 
 _PEER_COLUMNS = [
@@ -179,6 +297,7 @@ _PEER_COLUMNS = [
     ("identical_share", "ident. share", "{:.2f}"),
     ("first_divergence", "1st diff", "{:g}"),
     ("compile_s", "compile s", "{:.1f}"),
+    ("failed", "failed", "{}"),
     ("skipped", "skipped", "{}"),
 ]
 
@@ -191,20 +310,23 @@ def run_peers_suite(
     *,
     compile: Optional[bool] = None,
     limit: Optional[int] = None,
+    compile_options: Optional[dict] = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """The ``peers`` suite on the causal vehicle (module docstring); returns ``{"rows",
     "columns", "notes", "title"}``. ``compile`` (default: on a CUDA device only) picks
     ``ar-static-compile`` over ``ar-static``; ``limit`` prompts (default: 2 in smoke mode,
-    else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s, less). Peers that cannot run
-    here get rows saying why."""
-    from jaxspec.bench.ar_suite import run_ar_suite
-    from jaxspec.bench.machine import streamed_params
-    from jaxspec.bench.records import BenchPrompt
-    from jaxspec.bench.systems import (
+    else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s, less); ``compile_options``:
+    :func:`static_compiled_system`'s. Peers that cannot run here get rows saying why; a peer
+    that raises gets a row marked ``failed`` with its one-line error (:func:`run_contained`),
+    never a crash of the run."""
+    from jaxspec.bench.common import (
+        BenchPrompt,
         JaxspecSystem,
         TransformersSystem,
         load_transformers_model,
+        run_ar_suite,
+        streamed_params,
         torch_device,
     )
     from models.llama.modeling import param_dtype
@@ -243,20 +365,26 @@ def run_peers_suite(
         dtype = str(param_dtype(v.params))
         hf = load_transformers_model(v.hf_path, dtype=dtype, device=dev)
         assistant = truncated_hf(hf, draft[0].config.num_layers)
-        static = static_compiled_system(hf, compile=use_compile, **common)
+        static = static_compiled_system(
+            hf, compile=use_compile, compile_options=compile_options, **common
+        )
         if use_compile:  # compile every prompt's shapes before timing (see the note)
             w0 = time.perf_counter()
-            for p in bench_prompts:
-                static.run(p.ids)
-                static.run(p.ids, max_new_tokens=1)
-            notes.append(
-                f"`transformers/ar-static-compile`: the static cache is sized per "
-                f"prompt length, so every prompt (and its one-token run) was decoded "
-                f"once untimed first, compiling its shapes "
-                f"({time.perf_counter() - w0:.1f} s in all)."
-            )
-        systems += [
-            static,
+            try:
+                for p in bench_prompts:
+                    static.run(p.ids)
+                    static.run(p.ids, max_new_tokens=1)
+                notes.append(
+                    f"`transformers/ar-static-compile`: the static cache is sized per "
+                    f"prompt length, so every prompt (and its one-token run) was decoded "
+                    f"once untimed first, compiling its shapes "
+                    f"({time.perf_counter() - w0:.1f} s in all)."
+                )
+            except Exception as e:  # noqa: BLE001 - a failed peer is a row, not a crash
+                skipped.append(failed_row(static, one_line(e)))
+                log(f"[peers] {static.name} failed while compiling: {one_line(e)}")
+                static = None
+        systems += [s for s in [static] if s is not None] + [
             TransformersSystem("prompt-lookup", hf, draft_length=NGRAM_K, **common),
             TransformersSystem("assisted", hf, draft_length=SPS_K, assistant=assistant, **common),
         ]
@@ -273,18 +401,28 @@ def run_peers_suite(
         except PeerUnavailable as e:
             why_f = str(e)
         skipped.append({"system": "fast-dllm", "method": f"{fam} (official)", "skipped": why_f})
-    result = run_ar_suite(
+    result, failed = run_contained(
         systems,
-        bench_prompts,
-        model_name=v.name,
-        num_params=None if smoke else streamed_params(v.params),
-        param_dtype=str(param_dtype(v.params)),
-        progress=False,
+        lambda active: run_ar_suite(
+            active,
+            bench_prompts,
+            model_name=v.name,
+            num_params=None if smoke else streamed_params(v.params),
+            param_dtype=str(param_dtype(v.params)),
+            progress=False,
+            log=log,
+        ),
         log=log,
     )
+    if failed:
+        notes.append(
+            "A system that raised is a row marked failed with its error; the suite ran again "
+            "without it (its rows come from that run)."
+        )
     log(f"[peers] {len(systems)} systems on {n} prompt(s) in {time.perf_counter() - t0:.1f} s")
+    result = result or {"rows": []}
     return {
-        "rows": result["rows"] + skipped,
+        "rows": result["rows"] + failed + skipped,
         "columns": _PEER_COLUMNS,
         "notes": notes,
         "bandwidth": result.get("bandwidth"),
