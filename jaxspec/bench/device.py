@@ -690,7 +690,7 @@ def markdown_suite(result: dict) -> str:
 
 def plot_suite(result: dict, out: Path) -> Path:
     """Bar chart of each measured row's speedup over its reference (or tok/s)."""
-    from jaxspec.bench.common import save_figure
+    from jaxspec.bench.report import save_figure
     from jaxspec.core.plotting import pyplot
 
     rows = [r for r in result["rows"] if r.get("speedup_vs_reference") or r.get("tokens_per_s")]
@@ -799,7 +799,7 @@ def collect(bundle_path: Path, out_dir: Path, log_path: Optional[Path] = None) -
 def device_machine_info() -> dict:
     """:func:`jaxspec.bench.common.machine_info` plus the GPU's driver version and name
     (``nvidia-smi``), when there is one."""
-    from jaxspec.bench.common import machine_info
+    from jaxspec.bench.machine import machine_info
 
     info = machine_info()
     try:

@@ -163,7 +163,7 @@ def static_compiled_system(
     cudagraph_mark_step_begin()`` and its logits are cloned before the next step replays the
     graph. The static cache is sized by each call's prompt + budget, so
     :func:`run_peers_suite` decodes every prompt once untimed first."""
-    from jaxspec.bench.common import TransformersSystem
+    from jaxspec.bench.systems import TransformersSystem
 
     m = copy.deepcopy(hf_model)
     s = TransformersSystem("ar", m, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id)
@@ -320,13 +320,13 @@ def run_peers_suite(
     :func:`static_compiled_system`'s. Peers that cannot run here get rows saying why; a peer
     that raises gets a row marked ``failed`` with its one-line error (:func:`run_contained`),
     never a crash of the run."""
-    from jaxspec.bench.common import (
-        BenchPrompt,
+    from jaxspec.bench.ar_suite import run_ar_suite
+    from jaxspec.bench.machine import streamed_params
+    from jaxspec.bench.records import BenchPrompt
+    from jaxspec.bench.systems import (
         JaxspecSystem,
         TransformersSystem,
         load_transformers_model,
-        run_ar_suite,
-        streamed_params,
         torch_device,
     )
     from models.llama.modeling import param_dtype

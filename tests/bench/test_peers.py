@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from jaxspec.bench import peers
-from jaxspec.bench.common import BenchPrompt, RunOutput, run_ar_suite
+from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.records import BenchPrompt, RunOutput
 
 
 @pytest.fixture(scope="module")
