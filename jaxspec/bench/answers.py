@@ -73,6 +73,15 @@ class AnswerRun:
     total_seconds: float
     draft_nfe: int = 0
 
+    def entry(self) -> dict[str, Any]:
+        """The answer fields of a suite's ``per_prompt`` run entry: ``answer_length``,
+        ``answer_nfe`` and ``answer_seconds`` (rounded to 0.1 ms)."""
+        return {
+            "answer_length": self.length,
+            "answer_nfe": self.nfe,
+            "answer_seconds": _num(self.seconds, 4),
+        }
+
 
 def answer_length(tokens: Sequence[int], eos_ids: Sequence[int]) -> int:
     """Positions up to and including the first of ``eos_ids`` in ``tokens`` (``len(tokens)``

@@ -283,13 +283,10 @@ def _per_prompt(prompts, keys, outs, answers, costs_per_prompt, caches, gen_leng
         e: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "runs": {}}
         for m, c in keys:
             r = outs[(m, c)][i]
-            a = answers[(m, c)][i]
             e["runs"][f"{m}/{c}"] = {
                 "nfe": int(r.stats.target_nfe.sum()),
                 "seconds": _num(r.run_s, 4),
-                "answer_length": a.length,
-                "answer_nfe": a.nfe,
-                "answer_seconds": _num(a.seconds, 4),
+                **answers[(m, c)][i].entry(),
                 "tokens_per_s": _num(gen_length / max(r.run_s, 1e-9), 3),
                 "new_tokens": len(r.tokens[0]),
                 "identical_to_stepwise": bool(

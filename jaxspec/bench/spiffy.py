@@ -38,7 +38,7 @@ from jaxspec.bench import report
 from jaxspec.bench.dllm import method_config, run_interleaved
 from jaxspec.bench.machine import machine_info
 from jaxspec.bench.records import BenchError, BenchPrompt, _num
-from jaxspec.bench.ssd import _answer_entry, speed_figures, speedup_bars
+from jaxspec.bench.ssd import speed_figures, speedup_bars
 from jaxspec.dllm import (
     DiffusionDecodeConfig,
     DraftGraph,
@@ -189,7 +189,7 @@ def run_spiffy_suite(
                 "/".join(map(str, k)): {
                     "nfe": int(o[i].stats.target_nfe.sum()),
                     "seconds": _num(o[i].run_s, 4),
-                    **_answer_entry(ans.diffusion_answer(o[i], eos)),
+                    **ans.diffusion_answer(o[i], eos).entry(),
                     "identical_to_reference": bool(
                         np.array_equal(o[i].full_tokens, outs[("reference", k[-1])][i].full_tokens)
                     ),

@@ -243,7 +243,7 @@ def run_ssd_suite(
                 "/".join(map(str, k)): {
                     "nfe": int(o[i].stats.target_nfe.sum()),
                     "seconds": _num(o[i].run_s, 4),
-                    **_answer_entry(ans.diffusion_answer(o[i], eos)),
+                    **ans.diffusion_answer(o[i], eos).entry(),
                     "identical_to_reference": bool(
                         np.array_equal(o[i].full_tokens, outs[("stepwise", k[-1])][i].full_tokens)
                     ),
@@ -264,11 +264,6 @@ def run_ssd_suite(
         "acceptance_limits": limits,
         "per_prompt": per_prompt,
     }
-
-
-def _answer_entry(a: ans.AnswerRun) -> dict:
-    """The answer fields of a ``per_prompt`` run entry (shared with the ``spiffy`` suite)."""
-    return {"answer_length": a.length, "answer_nfe": a.nfe, "answer_seconds": _num(a.seconds, 4)}
 
 
 _COLUMNS = [
