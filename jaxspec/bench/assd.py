@@ -274,77 +274,46 @@ def run_assd_suite(
     """
     if not sequences:
         raise BenchError("no sequences to benchmark")
+    if infill_tasks and tokenizer is None:
+        raise BenchError("infilling rows need a tokenizer")
     to_ext = to_external or (lambda ids: [int(i) for i in ids])
     to_mod = to_model or (lambda ids: [int(i) for i in ids])
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    seqs = [[int(t) for t in s] for s in sequences]
     ms = seed if mask_seed is None else mask_seed
-    masks = {f"seq{i}": random_mask(len(s), mask_rate, ms * 100003 + i) for i, s in enumerate(seqs)}
-    prompts = [BenchPrompt(f"seq{i}", s) for i, s in enumerate(seqs)]
-
-    mask_of = {id(p.ids): masks[p.task_id] for p in prompts}
-    index_of = {id(p.ids): i for i, p in enumerate(prompts)}
-    runs: dict = {}
+    prompts, masks = _masked_sequences(sequences, mask_rate, ms)
     main = [("sequential", None)] + [(m, k) for m in methods]
     keys = main + [("assd", kk) for kk in k_sweep if kk != k]
-    for j, (method, kk) in enumerate(keys):
-        # every (row, sequence) pair samples with its own seed: independent samples within
-        # and across rows, as the Welch tests against sequential assume
-        def run(ids, method=method, kk=kk, j=j):
-            return assd_generate(
-                model,
-                params,
-                [ids],
-                [mask_of[id(ids)]],
-                method=method,
-                k=kk or 1,
-                sampling=sampling,
-                seed=row_seed(seed, j, index_of[id(ids)]),
-                bucket=bucket,
-                suppress=suppress,
-                cache=cache,
-            )
-
-        runs[(method, kk)] = run
-    outs, compile_s = run_interleaved(
-        runs, prompts, max(len(s) for s in seqs), progress, "assd runs"
+    runs = _generation_runs(
+        model,
+        params,
+        prompts,
+        masks,
+        keys,
+        sampling=SamplingConfig(temperature, top_k, top_p),
+        seed=seed,
+        bucket=bucket,
+        suppress=suppress,
+        cache=cache,
     )
-    ref = outs[("sequential", None)]
-    judged = {}
-    if judge is not None:
-        for key, o in outs.items():
-            log(f"[bench] judging {key[0]} k={key[1]}")
-            judged[key] = list(judge([to_ext(x.sequences[0]) for x in o]))
-    N_list = [len(s) for s in seqs]
-    all_rows = {}
-    for key, o in outs.items():
-        label = key[0] if key[1] is None else f"{key[0]} (k={key[1]})"
-        all_rows[key] = _gen_row(
-            label,
-            key[0],
-            key[1],
-            o,
-            ref,
-            judged.get(key),
-            to_ext,
-            model_name=model_name,
-            N_list=N_list,
-            mask_rate=mask_rate,
-            temperature=temperature,
-            compile_s=compile_s[key],
-        )
-    _add_p_values(all_rows)
-    rows = [all_rows[kk] for kk in main]
-    sweep = _sweep_rows(all_rows, k, k_sweep)
-    per_sequence = _per_sequence(prompts, masks, outs, all_rows, judged)
-    for r in all_rows.values():
-        r.pop("_ent_vals")
-        r.pop("_ppl_vals")
-
+    outs, compile_s = run_interleaved(
+        runs, prompts, max(len(p.ids) for p in prompts), progress, "assd runs"
+    )
+    judged = _judge_outputs(outs, judge, to_ext, log)
+    rows, sweep, per_sequence = _generation_tables(
+        prompts,
+        masks,
+        outs,
+        compile_s,
+        judged,
+        to_ext,
+        main=main,
+        k=k,
+        k_sweep=k_sweep,
+        model_name=model_name,
+        mask_rate=mask_rate,
+        temperature=temperature,
+    )
     infill = None
-    if infill_tasks:
-        if tokenizer is None:
-            raise BenchError("infilling rows need a tokenizer")
+    if infill_tasks:  # HumanEval single-line infilling (Appendix E.7)
         infill = run_infill(
             model,
             params,
@@ -370,6 +339,104 @@ def run_assd_suite(
         "infill": infill,
         "per_sequence": per_sequence,
     }
+
+
+def _masked_sequences(sequences, mask_rate: float, mask_seed: int) -> tuple[list, dict]:
+    """``(prompts, masks)``: the evaluation sequences as :class:`BenchPrompt` items
+    ``seq<i>`` and each one's fixed random mask (:func:`jaxspec.eval.quality.random_mask`,
+    seeded ``mask_seed * 100003 + i``), keyed by ``task_id``."""
+    seqs = [[int(t) for t in s] for s in sequences]
+    masks = {
+        f"seq{i}": random_mask(len(s), mask_rate, mask_seed * 100003 + i)
+        for i, s in enumerate(seqs)
+    }
+    return [BenchPrompt(f"seq{i}", s) for i, s in enumerate(seqs)], masks
+
+
+def _generation_tables(
+    prompts,
+    masks: dict,
+    outs: dict,
+    compile_s: dict,
+    judged: dict,
+    to_ext,
+    *,
+    main,
+    k,
+    k_sweep,
+    model_name,
+    mask_rate,
+    temperature,
+) -> tuple[list, list, list]:
+    """``(rows, k sweep, per_sequence)`` of the generation runs: one :func:`_gen_row` per
+    ``(method, k)`` with its Welch p-values against sequential; ``rows`` in ``main``'s order."""
+    all_rows = {
+        key: _gen_row(
+            key[0] if key[1] is None else f"{key[0]} (k={key[1]})",
+            key[0],
+            key[1],
+            o,
+            outs[("sequential", None)],
+            judged.get(key),
+            to_ext,
+            model_name=model_name,
+            N_list=[len(p.ids) for p in prompts],
+            mask_rate=mask_rate,
+            temperature=temperature,
+            compile_s=compile_s[key],
+        )
+        for key, o in outs.items()
+    }
+    _add_p_values(all_rows)
+    sweep = _sweep_rows(all_rows, k, k_sweep)
+    per_sequence = _per_sequence(prompts, masks, outs, all_rows, judged)
+    for r in all_rows.values():
+        r.pop("_ent_vals")
+        r.pop("_ppl_vals")
+    return [all_rows[key] for key in main], sweep, per_sequence
+
+
+def _generation_runs(
+    model, params, prompts, masks: dict, keys, *, sampling, seed, bucket, suppress, cache
+) -> dict:
+    """``{(method, k): run(ids)}`` of the generation rows for
+    :func:`jaxspec.bench.dllm.run_interleaved`: each infills its sequence's mask
+    (``masks[task_id]``) with :func:`jaxspec.asarm.assd.assd_generate`. Every (row, sequence)
+    pair samples with its own seed (:func:`row_seed`): independent samples within and across
+    rows, as the Welch tests against sequential assume."""
+    mask_of = {id(p.ids): masks[p.task_id] for p in prompts}
+    index_of = {id(p.ids): i for i, p in enumerate(prompts)}
+    runs: dict = {}
+    for j, (method, kk) in enumerate(keys):
+
+        def run(ids, method=method, kk=kk, j=j):
+            return assd_generate(
+                model,
+                params,
+                [ids],
+                [mask_of[id(ids)]],
+                method=method,
+                k=kk or 1,
+                sampling=sampling,
+                seed=row_seed(seed, j, index_of[id(ids)]),
+                bucket=bucket,
+                suppress=suppress,
+                cache=cache,
+            )
+
+        runs[(method, kk)] = run
+    return runs
+
+
+def _judge_outputs(outs: dict, judge, to_ext, log) -> dict:
+    """``{(method, k): per-sequence generative perplexity}`` of every row's infilled
+    sequences under ``judge`` (empty without one)."""
+    judged = {}
+    if judge is not None:
+        for key, o in outs.items():
+            log(f"[bench] judging {key[0]} k={key[1]}")
+            judged[key] = list(judge([to_ext(x.sequences[0]) for x in o]))
+    return judged
 
 
 def run_infill(
