@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-hf", action="store_true", help="smoke: no transformers copy of the causal vehicle"
     )
+    p.add_argument(
+        "--jax-cache-from",
+        default=None,
+        help="a JAX compilation cache a device run returned (the folder holding "
+        "jax-cache.json and its jax-cache.tar.NN parts): packed as the optional artifact "
+        "jax-cache, extracted into the run's cache",
+    )
+    p.add_argument("--jax-cache-max-mib", type=float, default=48.0)
     r = sub.add_parser("run", help="run the suites (device)")
     r.add_argument("--pack-dir", default=PACK_DIR)
     r.add_argument("--smoke", action="store_true", help="the tiny pack, CPU, seconds")
@@ -96,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="only these registered methods (their references always run)",
     )
+    r.add_argument(
+        "--jax-cache",
+        default=None,
+        help="the JAX compilation cache folder (default <first --stage-dir>/jax-cache, else "
+        "/tmp/jaxspec-jax-cache; smoke: none); off: none",
+    )
+    r.add_argument(
+        "--jax-cache-out",
+        default=None,
+        help="where the cache goes back, as jax-cache.json + jax-cache.tar.NN parts of at "
+        "most 16 MiB (default $OUT if set); off: nowhere",
+    )
+    r.add_argument("--jax-cache-max-mib", type=float, default=48.0)
     r.add_argument(
         "--no-compile",
         action="store_true",
@@ -164,6 +185,8 @@ def main(argv=None) -> int:
                 wheels=wheels,
                 gguf=args.gguf,
                 hf=not args.no_hf,
+                jax_cache_from=Path(args.jax_cache_from) if args.jax_cache_from else None,
+                jax_cache_max_bytes=int(args.jax_cache_max_mib * device.MiB),
                 log=log,
             )
             log(
@@ -201,6 +224,9 @@ def main(argv=None) -> int:
         bundle = args.bundle or (
             Path(os.environ["OUT"]) / "device-bench.tgz" if os.environ.get("OUT") else None
         )
+        cache_out = args.jax_cache_out or os.environ.get("OUT") or None
+        if cache_out is not None and cache_out.lower() == "off":
+            cache_out = None
         device.run_device_bench(
             Path(args.pack_dir),
             out_dir,
@@ -212,6 +238,9 @@ def main(argv=None) -> int:
             stage_dirs=[Path(d) for d in args.stage_dir],
             peers_compile=False if args.no_compile else None,
             methods=args.methods,
+            jax_cache=args.jax_cache,
+            jax_cache_out=Path(cache_out) if cache_out else None,
+            jax_cache_max_bytes=int(args.jax_cache_max_mib * device.MiB),
             log=log,
         )
         return 0

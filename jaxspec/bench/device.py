@@ -41,16 +41,21 @@ PACK_DIR = "device_pack"
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.json"
 PACK_FORMAT = 1
-# Suites of the device run, in the order they run, with their share of the time budget
-# (time a suite leaves unused passes on to the next).
-SUITE_SHARES = {
-    "methods-causal": 0.30,
-    "methods-dllm": 0.25,
-    "methods-asarm": 0.10,
-    "peers": 0.20,
-    "projection": 0.15,
-}
-SUITES = tuple(SUITE_SHARES)
+# The suites of the device run (each writes ``<suite>.json/.md/.png``).
+SUITES = ("methods-causal", "methods-dllm", "methods-asarm", "peers", "projection")
+# The run goes in stages, not suite by suite, so that a budget that runs out loses the least
+# important rows: first every method's greedy batch-1 row across the three method suites
+# (interleaved family by family), then the peers and the projection, then the other (batch,
+# temperature) pairs: batch 8 greedy, then T = 1. Each stage's share of the budget (time a
+# stage leaves unused passes on to the next); the later method stages share LATER_SHARE.
+STAGE_SHARES = {"first": 0.55, "peers": 0.15, "projection": 0.10}
+LATER_SHARE = 0.20
+# Returned JAX compilation cache: files of at most this size come back under $OUT
+# (jax-cache.tar.NN), at most JAX_CACHE_MAX_BYTES in all, described by jax-cache.json.
+RETURN_PART_BYTES = 16 * MiB
+JAX_CACHE_MAX_BYTES = 48 * MiB
+JAX_CACHE_JSON = "jax-cache.json"
+JAX_CACHE_ARTIFACT = "jax-cache"
 # What the device image lacks (/work/.library/device/KINDS.md lists its packages: jax 0.11.2,
 # flax, optax, orbax, chex, safetensors, tokenizers, transformers 5.17, torch 2.11 are there).
 # gguf reads the SmolLM2 weight file, for jaxspec and for transformers' GGUF loader alike.
@@ -204,15 +209,24 @@ def _find_part(rel: str, dirs: Sequence[Path]) -> Optional[Path]:
 def verify_pack(pack_dir: Path, stage_dirs: Sequence[Path] = ()) -> dict:
     """Check that every part of every artifact and every wheel is present with its size and
     sha256. Parts are looked for in ``pack_dir`` first, then in ``stage_dirs`` (where
-    earlier calls of a multi-call plan left theirs: :func:`stage_parts`).
+    earlier calls of a multi-call plan left theirs: :func:`stage_parts`). An ``optional``
+    artifact (the JAX compilation cache) with a part missing is left out, not an error.
 
-    Returns the manifest.
+    Returns the manifest, its ``artifacts`` those that are complete, ``left_out`` the names of
+    the optional ones left out.
 
     Raises:
       PackError: one line naming the first missing or corrupt file and the two digests.
     """
     m = read_manifest(pack_dir)
     dirs = [Path(pack_dir), *map(Path, stage_dirs)]
+    # an optional artifact (the returned JAX compilation cache) that did not travel is left out
+    m["left_out"] = [
+        a["name"]
+        for a in m["artifacts"]
+        if a.get("optional") and any(_find_part(p["file"], dirs) is None for p in a["parts"])
+    ]
+    m["artifacts"] = [a for a in m["artifacts"] if a["name"] not in m["left_out"]]
     files = [(p, a["name"]) for a in m["artifacts"] for p in a["parts"]]
     files += [(w, "wheels") for w in m.get("wheels", [])]
     files += [(m["prompts"], "prompts")]
@@ -477,9 +491,10 @@ def load_params(path: Path):
 
 @dataclasses.dataclass
 class Budget:
-    """Wall-clock budget of one device run (seconds from ``start``), shared out by suite
-    (:data:`SUITE_SHARES`; time a suite leaves unused passes on). A step runs only when its
-    estimate fits the suite's time left; otherwise it is skipped and says why."""
+    """Wall-clock budget of one device run (seconds from ``start``), shared out by stage
+    (:func:`stage_plan`; time a stage leaves unused passes on). A row runs only when the
+    time its family's slowest row took fits the stage's time left; otherwise it is skipped
+    and says why."""
 
     total_s: float
     start: float = dataclasses.field(default_factory=time.perf_counter)
@@ -489,11 +504,11 @@ class Budget:
         """Seconds left of the whole run, the reserve subtracted."""
         return self.total_s - self.reserve_s - (time.perf_counter() - self.start)
 
-    def suite_deadline(self, suite: str, suites: Sequence[str]) -> float:
-        """Seconds from now the suite may use: its share of what is left, in proportion to
-        the shares of the suites still to run (itself included)."""
-        shares = [SUITE_SHARES.get(s, 0.1) for s in suites[suites.index(suite) :]]
-        return max(0.0, self.left() * SUITE_SHARES.get(suite, 0.1) / sum(shares))
+    def share(self, shares: Sequence[float]) -> float:
+        """Seconds from now the first of ``shares`` (this stage's, then those of the stages
+        still to run) may use: its share of what is left, in proportion."""
+        total = sum(shares)
+        return max(0.0, self.left() * shares[0] / total) if total > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------- results
@@ -649,7 +664,11 @@ def _run_lines(result: dict) -> list[str]:
         if e.get("deadline_s") is not None:
             s += f" (share {e['deadline_s']:.0f} s)"
         parts.append(s)
-    return [f"This run's suites, in order: {'; '.join(parts)}.", ""] if parts else []
+    lines = [f"This run's suites, in order: {'; '.join(parts)}.", ""] if parts else []
+    stages = [f"{e['stage']} ({e['deadline_s']:.0f} s)" for e in run.get("stages", [])]
+    if stages:
+        lines += [f"Stages and their shares of the budget: {', '.join(stages)}.", ""]
+    return lines
 
 
 def _vehicle_lines(result: dict) -> list[str]:
@@ -782,7 +801,7 @@ def collect(bundle_path: Path, out_dir: Path, log_path: Optional[Path] = None) -
         result = json.loads(p.read_text())
         if "suite" not in result or "machine" not in result:
             continue
-        if log_path is not None:
+        if log_path is not None and "run" not in result:
             planned = (result.get("config") or {}).get("suites") or list(SUITES)
             result["run"] = parse_run_log(Path(log_path).read_text(), planned)
             share = [e for e in result["run"]["suites"] if e["suite"] == result["suite"]]
@@ -987,12 +1006,17 @@ def build_pack(
     wheels: Sequence[Path] = (),
     gguf: Optional[Path] = None,
     hf: bool = True,
+    jax_cache_from: Optional[Path] = None,
+    jax_cache_max_bytes: int = JAX_CACHE_MAX_BYTES,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Build the pack in ``pack_dir`` (emptied first): artifacts in parts, prompts, wheels,
-    manifest. ``smoke``: tiny random vehicles (seconds); else the SmolLM2 GGUF (``gguf``, the
-    fetched preset file by default; the other real vehicles are committed deltas and
-    checkpoints that travel with the tree) and the HumanEval prompts.
+    manifest; with ``jax_cache_from`` (a JAX compilation cache a device run returned:
+    :func:`join_returned_cache`) also the optional artifact ``jax-cache``, which the run
+    extracts into its cache folder (:func:`run_device_bench`). ``smoke``: tiny random
+    vehicles (seconds); else the SmolLM2 GGUF (``gguf``, the fetched preset file by default;
+    the other real vehicles are committed deltas and checkpoints that travel with the tree)
+    and the HumanEval prompts.
 
     Returns the manifest (``total_bytes``: the pack's size).
 
@@ -1021,8 +1045,16 @@ def build_pack(
             }
             vehicles["cache"] = "cache"
             prompts = real_prompts(gguf)
+        cache_meta = None
+        if jax_cache_from is not None:
+            tar = Path(td) / "jax-cache.tar"
+            info = join_returned_cache(Path(jax_cache_from), tar, jax_cache_max_bytes)
+            cache_meta = {k: info.get(k) for k in ("jax", "accelerator", "entries")}
+            files.append((JAX_CACHE_ARTIFACT, tar, "jax-cache.tar"))
         for name, path, dest in files:
             artifacts.append(split_file(path, pack_dir, name, dest, part_max))
+            if name == JAX_CACHE_ARTIFACT:
+                artifacts[-1].update(optional=True, kind="jax-cache", meta=cache_meta)
             log(
                 f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
                 f"{len(artifacts[-1]['parts'])} part(s)"
@@ -1325,10 +1357,18 @@ def answer_degeneracy(rows: Sequence[Sequence[int]], eos_ids: Sequence[int]) -> 
     }
 
 
-def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
+def _pairs(s: RunSettings) -> list[tuple]:
+    """The run's (temperature, batch) pairs in run order: greedy first, batch 1 first."""
+    return [(t, b) for t in s.temperatures for b in s.batches]
+
+
+def _entries(
+    family: str, vehicles: dict, s: RunSettings, pairs: Optional[Sequence[tuple]] = None
+) -> list[tuple]:
     """(method, vehicle, batch, temperature) in run order: every method greedy at batch 1,
     then greedy at the larger batches, then sampled; within a group each vehicle's reference
-    first (a skipped tail loses the least important rows)."""
+    first (a skipped tail loses the least important rows). ``pairs``: only these
+    (temperature, batch) pairs."""
     methods = list(Registry.methods(family))
     ref = REFERENCE_FIRST.get(family)
     if ref in methods:
@@ -1336,7 +1376,9 @@ def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
     if s.methods is not None:
         methods = [m for m in methods if m in s.methods]
     out = []
-    for n, (t, b) in enumerate((t, b) for t in s.temperatures for b in s.batches):
+    for n, (t, b) in enumerate(_pairs(s)):
+        if pairs is not None and (t, b) not in pairs:
+            continue
         for m in methods if n == 0 or s.later_methods is None else methods[: s.later_methods]:
             vname = METHOD_VEHICLE.get(m, family)
             if vname not in vehicles:
@@ -1345,6 +1387,141 @@ def _entries(family: str, vehicles: dict, s: RunSettings) -> list[tuple]:
                 out.append((ref, vname, b, t))
             out.append((m, vname, b, t))
     return out
+
+
+def stage_plan(suites: Sequence[str], s: RunSettings) -> list[dict]:
+    """The run's stages in order (module constants :data:`STAGE_SHARES`): the method suites'
+    first (temperature, batch) pair (greedy batch 1), then ``peers`` and ``projection``, then
+    each later pair. Each stage: ``{"label", "kind" ("methods", "peers", "projection"),
+    "pair" (methods stages), "families", "share"}``; stages of suites not asked for are
+    left out."""
+    fams = [_FAMILY_OF_SUITE[x] for x in SUITES if x in suites and x in _FAMILY_OF_SUITE]
+    pairs = _pairs(s)
+    out = []
+
+    def methods_stage(pair, share):
+        t, b = pair
+        return {
+            "label": f"b{b} T{t:g}",
+            "kind": "methods",
+            "pair": pair,
+            "families": fams,
+            "share": share,
+        }
+
+    if fams and pairs:
+        out.append(methods_stage(pairs[0], STAGE_SHARES["first"]))
+    for name in ("peers", "projection"):
+        if name in suites:
+            out.append({"label": name, "kind": name, "share": STAGE_SHARES[name]})
+    if fams:
+        out += [methods_stage(pr, LATER_SHARE / max(1, len(pairs) - 1)) for pr in pairs[1:]]
+    return out
+
+
+def _round_robin(queues: dict[str, list]) -> list[tuple]:
+    """``(key, item)`` taking one item of each queue in turn (each queue's order kept)."""
+    out, qs = [], {k: list(v) for k, v in queues.items()}
+    while any(qs.values()):
+        for k, q in qs.items():
+            if q:
+                out.append((k, q.pop(0)))
+    return out
+
+
+def run_methods_stage(
+    families: Sequence[str],
+    pair: tuple,
+    vehicles: dict,
+    prompts: dict,
+    s: RunSettings,
+    deadline_s: float,
+    rows: dict[str, list],
+    *,
+    slowest: Optional[dict[str, float]] = None,
+    planned: Optional[dict[str, int]] = None,
+    log: Callable[[str], None] = print,
+    on_row: Callable[[str], None] = lambda family: None,
+) -> None:
+    """Every registered method of ``families`` at one (temperature, batch) ``pair``, the
+    families taken in turn (one row of each, then the next), within ``deadline_s`` seconds;
+    rows are appended to ``rows[family]``. A row is skipped (it says why) when the time left
+    is under the time its family's slowest row took (``slowest``, updated). Errors become
+    rows (``skipped`` holds the one-line error). ``on_row(family)`` follows each row."""
+    t0 = time.perf_counter()
+    slowest = {} if slowest is None else slowest
+    planned = planned or {}
+    queues = {f: _entries(f, vehicles, s, pairs=[pair]) for f in families}
+    for family, (m, vname, b, t) in _round_robin(queues):
+        fam_rows = rows.setdefault(family, [])
+        left = deadline_s - (time.perf_counter() - t0)
+        base = {"vehicle": vname, "family": family, "method": m, "batch": b, "temperature": t}
+        worst = slowest.get(family, 0.0)
+        e0 = time.perf_counter()
+        if left < max(worst, 0.5):
+            fam_rows.append(
+                {
+                    **base,
+                    "skipped": f"time budget: {left:.0f} s left in this stage, the slowest "
+                    f"{family} row took {worst:.0f} s",
+                }
+            )
+        else:
+            try:
+                fam_rows.append(run_entry(m, family, vehicles[vname], vehicles, prompts, b, t, s))
+            except Exception as e:  # noqa: BLE001 - one method's failure must not end the run
+                err = " ".join(str(e).split())[:200]
+                fam_rows.append({**base, "skipped": f"error: {type(e).__name__}: {err}"})
+            slowest[family] = max(worst, time.perf_counter() - e0)
+        took = time.perf_counter() - e0
+        r = fam_rows[-1]
+        n = planned.get(family, len(fam_rows))
+        log(
+            f"[{family} {len(fam_rows)}/{n}] {vname}/{m} b{b} T{t:g}: "
+            + (
+                f"{r['tokens_per_s']:.1f} tok/s, MAT {r['mat'] or 0:.2f} ({took:.1f} s)"
+                if "seconds" in r
+                else r["skipped"]
+            )
+        )
+        _finish_rows(fam_rows)
+        on_row(family)
+
+
+def run_method_suite(
+    family: str,
+    vehicles: dict,
+    prompts: dict,
+    s: RunSettings,
+    deadline_s: float,
+    *,
+    log: Callable[[str], None] = print,
+    on_row: Callable[[list], None] = lambda rows: None,
+) -> list[dict]:
+    """Every registered method of ``family`` at each (temperature, batch) pair in turn
+    (:func:`run_methods_stage` per pair, the time left passing on), within ``deadline_s``
+    seconds. Returns the rows."""
+    t0 = time.perf_counter()
+    rows: dict[str, list] = {family: []}
+    slowest: dict[str, float] = {}
+    pairs = _pairs(s)
+    planned = {family: len(_entries(family, vehicles, s))}
+    for i, pair in enumerate(pairs):
+        left = deadline_s - (time.perf_counter() - t0)
+        run_methods_stage(
+            [family],
+            pair,
+            vehicles,
+            prompts,
+            s,
+            left / (len(pairs) - i),
+            rows,
+            slowest=slowest,
+            planned=planned,
+            log=log,
+            on_row=lambda f: on_row(rows[f]),
+        )
+    return rows[family]
 
 
 def _finish_rows(rows: list[dict]) -> None:
@@ -1366,65 +1543,12 @@ def _finish_rows(rows: list[dict]) -> None:
             r["identical_to_reference"] = r["_tokens"] == ref["_tokens"]
 
 
-def run_method_suite(
-    family: str,
-    vehicles: dict,
-    prompts: dict,
-    s: RunSettings,
-    deadline_s: float,
-    *,
-    log: Callable[[str], None] = print,
-    on_row: Callable[[list], None] = lambda rows: None,
-) -> list[dict]:
-    """Every registered method of ``family`` on the vehicles at each batch and temperature,
-    within ``deadline_s`` seconds: an entry is skipped (its row says why) when the time left
-    is under the time the slowest entry so far took. Errors become rows (``skipped`` holds
-    the one-line error). ``on_row`` sees the rows after each entry (partial results)."""
-    t0 = time.perf_counter()
-    rows, slowest = [], 0.0
-    entries = _entries(family, vehicles, s)
-    for i, (m, vname, b, t) in enumerate(entries):
-        left = deadline_s - (time.perf_counter() - t0)
-        base = {"vehicle": vname, "family": family, "method": m, "batch": b, "temperature": t}
-        if left < max(slowest, 0.5):
-            rows.append(
-                {
-                    **base,
-                    "skipped": f"time budget: {left:.0f} s left, the slowest "
-                    f"entry took {slowest:.0f} s",
-                }
-            )
-            continue
-        e0 = time.perf_counter()
-        try:
-            rows.append(run_entry(m, family, vehicles[vname], vehicles, prompts, b, t, s))
-        except Exception as e:  # noqa: BLE001 - one method's failure must not end the run
-            rows.append(
-                {**base, "skipped": f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}"}
-            )
-        took = time.perf_counter() - e0
-        slowest = max(slowest, took)
-        r = rows[-1]
-        log(
-            f"[{family} {i + 1}/{len(entries)}] {vname}/{m} b{b} T{t:g}: "
-            + (
-                f"{r['tokens_per_s']:.1f} tok/s, MAT {r['mat'] or 0:.2f} ({took:.1f} s)"
-                if "seconds" in r
-                else r["skipped"]
-            )
-        )
-        _finish_rows(rows)
-        on_row(rows)
-    _finish_rows(rows)
-    return rows
-
-
 def public_rows(rows: list[dict]) -> list[dict]:
     """Rows without their private fields (token lists)."""
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
 
 
-# ----------------------------------------------------------------------------- the run
+# ----------------------------------------------------------------------------- suite notes
 
 
 _FAMILY_OF_SUITE = {"methods-causal": "causal", "methods-dllm": "dllm", "methods-asarm": "asarm"}
@@ -1448,6 +1572,147 @@ _NOTES = {
 }
 
 
+_SCHEDULE_NOTE = (
+    "The run goes in stages: every method's greedy batch-1 row across the method suites first "
+    "(the families in turn), then the peers and the projection, then batch 8 greedy, then "
+    "T = 1; each stage gets a share of the budget and passes on what it leaves."
+)
+
+
+# ----------------------------------------------------------------------------- the JAX cache
+
+
+def _cache_files(cache_dir: Path) -> list[Path]:
+    """The cache's files in the order they are kept when the size bound bites: the decode
+    plan's pass timings first, then the oldest entries (the run's first stage) first."""
+    from jaxspec.core.compile_cache import TIMINGS_FILE
+
+    files = [f for f in Path(cache_dir).rglob("*") if f.is_file() and not f.is_symlink()]
+    return sorted(files, key=lambda f: (f.name != TIMINGS_FILE, f.stat().st_mtime, f.name))
+
+
+def export_jax_cache(
+    cache_dir: Path,
+    out_dir: Path,
+    *,
+    max_bytes: int = JAX_CACHE_MAX_BYTES,
+    part_bytes: int = RETURN_PART_BYTES,
+    meta: Optional[dict] = None,
+) -> dict:
+    """Put the persistent JAX compilation cache ``cache_dir`` into ``out_dir`` as an
+    uncompressed tar (XLA's entries are compressed already) in parts ``jax-cache.tar.NN`` of
+    at most ``part_bytes`` (what a device call returns), with ``jax-cache.json`` (parts and
+    their sha256, entries kept and left out, ``meta``: JAX version, accelerator). Entries are
+    kept in :func:`_cache_files` order while the tar stays within ``max_bytes``; parts of an
+    earlier export beyond the new count are removed. Returns the json's content.
+
+    Raises:
+      PackError: ``max_bytes`` or ``part_bytes`` < 1 MiB."""
+    import tempfile
+
+    if max_bytes < MiB or part_bytes < MiB:
+        raise PackError(f"cache bound and part size must be >= 1 MiB, got {max_bytes}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kept, left_out, size = [], 0, 1024  # tar end blocks
+    for f in _cache_files(cache_dir):
+        need = 512 + -(-f.stat().st_size // 512) * 512
+        if size + need > max_bytes:
+            left_out += 1
+            continue
+        kept.append(f)
+        size += need
+    with tempfile.TemporaryDirectory(prefix="jaxspec-cache-") as td:
+        tar = Path(td) / "jax-cache.tar"
+        with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as tf:
+            for f in kept:
+                tf.add(f, arcname=str(f.relative_to(cache_dir)))
+        parts = []
+        with open(tar, "rb") as src:
+            while block := src.read(part_bytes):
+                name = f"jax-cache.tar.{len(parts):02d}"
+                tmp = out_dir / (name + ".tmp")
+                tmp.write_bytes(block)
+                tmp.replace(out_dir / name)
+                parts.append(
+                    {"file": name, "size": len(block), "sha256": hashlib.sha256(block).hexdigest()}
+                )
+        whole = sha256_file(tar)
+        total = tar.stat().st_size
+    for old in out_dir.glob("jax-cache.tar.*"):
+        if old.name not in {p["file"] for p in parts}:
+            old.unlink()
+    info = {
+        "format": 1,
+        "entries": len(kept),
+        "left_out": left_out,
+        "bytes": total,
+        "sha256": whole,
+        "parts": parts,
+        **(meta or {}),
+    }
+    tmp = out_dir / (JAX_CACHE_JSON + ".tmp")
+    tmp.write_text(json.dumps(info, indent=1) + "\n")
+    tmp.replace(out_dir / JAX_CACHE_JSON)
+    return info
+
+
+def join_returned_cache(src: Path, dest: Path, max_bytes: int = JAX_CACHE_MAX_BYTES) -> dict:
+    """Join the returned cache at ``src`` (a folder with ``jax-cache.json`` and its parts, or
+    the json file) into the tar ``dest``, checking each part's and the whole tar's sha256.
+    Returns the json's content.
+
+    Raises:
+      PackError: no json, a missing or corrupt part, or a cache over ``max_bytes``."""
+    src = Path(src)
+    js = src / JAX_CACHE_JSON if src.is_dir() else src
+    if not js.is_file():
+        raise PackError(f"no returned JAX cache at {src} (missing {JAX_CACHE_JSON})")
+    info = json.loads(js.read_text())
+    if info.get("bytes", 0) > max_bytes:
+        raise PackError(
+            f"the returned JAX cache is {info['bytes'] / MiB:.1f} MiB, over the "
+            f"{max_bytes / MiB:.0f} MiB bound (--jax-cache-max-mib)"
+        )
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as out:
+        for p in info["parts"]:
+            part = js.parent / p["file"]
+            if not part.is_file():
+                raise PackError(f"jax cache: part {part} missing")
+            data = part.read_bytes()
+            if hashlib.sha256(data).hexdigest() != p["sha256"]:
+                raise PackError(f"jax cache: {part} fails its sha256 check")
+            out.write(data)
+    if sha256_file(dest) != info["sha256"]:
+        raise PackError(f"jax cache: the joined {dest.name} fails its sha256 check")
+    return info
+
+
+def extract_jax_cache(tar_path: Path, cache_dir: Path) -> int:
+    """Extract a cache tar into ``cache_dir`` (files already there are kept). Returns the
+    number of files extracted."""
+    n = 0
+    cache_dir = Path(cache_dir)
+    with tarfile.open(tar_path, "r") as tf:
+        for m in tf.getmembers():
+            if m.isfile() and not (cache_dir / m.name).exists():
+                tf.extract(m, cache_dir, filter="data")
+                n += 1
+    return n
+
+
+def default_jax_cache(stage_dirs: Sequence[Path]) -> Path:
+    """Where the device run keeps its JAX compilation cache by default: ``jax-cache`` under
+    the first stage folder (outside the tree, kept while the machine stays warm), else
+    ``/tmp/jaxspec-jax-cache``."""
+    return Path(stage_dirs[0]) / "jax-cache" if stage_dirs else Path("/tmp/jaxspec-jax-cache")
+
+
+# ----------------------------------------------------------------------------- the run
+
+
 def run_device_bench(
     pack_dir: Path,
     out_dir: Path,
@@ -1463,20 +1728,30 @@ def run_device_bench(
     settings: Optional[RunSettings] = None,
     peers_compile: Optional[bool] = None,
     methods: Optional[Sequence[str]] = None,
+    jax_cache: Optional[str] = None,
+    jax_cache_out: Optional[Path] = None,
+    jax_cache_max_bytes: int = JAX_CACHE_MAX_BYTES,
     log: Callable[[str], None] = print,
 ) -> dict[str, dict]:
     """The device run: verify and unpack the pack, install its wheels, load the vehicles,
-    then run ``suites`` in order within ``budget_s`` seconds (compile included), writing each
-    suite's ``<suite>.json/.md/.png`` under ``out_dir`` as it ends (and after every row of
-    the method suites) and re-bundling everything into ``bundle_path``. ``methods`` limits
-    the method suites to those methods (and their references), e.g. for a second call.
+    then run the stages of ``suites`` (:func:`stage_plan`) within ``budget_s`` seconds
+    (compile included), writing each suite's ``<suite>.json/.md/.png`` under ``out_dir``
+    after every row and stage and re-bundling everything into ``bundle_path``. ``methods``
+    limits the method suites to those methods (and their references).
+
+    JAX compilation cache: ``jax_cache`` is its folder (default :func:`default_jax_cache`;
+    ``"off"``: none; smoke mode: none unless given); a cache the pack carries (``pack
+    --jax-cache-from``) is extracted into it first, and with ``jax_cache_out`` the cache goes
+    back there after every stage (:func:`export_jax_cache`, at most
+    ``jax_cache_max_bytes``).
 
     Returns ``{suite: result}``.
 
     Raises:
-      PackError: a missing or corrupt pack (one line), an unknown suite.
+      PackError: a missing or corrupt pack (one line), an unknown suite or method.
     """
     from jaxspec.bench import peers, projection
+    from jaxspec.core.compile_cache import enable_persistent_cache
 
     bad = [x for x in suites if x not in SUITES]
     if bad:
@@ -1484,6 +1759,7 @@ def run_device_bench(
     if budget_s <= 0:
         raise PackError(f"--budget-s must be > 0, got {budget_s}")
     budget = Budget(float(budget_s))
+    suites = [x for x in SUITES if x in suites]
     if smoke:  # tiny models: compile time is all there is (as in the test suite)
         import jax
 
@@ -1495,6 +1771,12 @@ def run_device_bench(
         if bad:
             raise PackError(f"unknown method {bad[0]!r}; available: {', '.join(sorted(known))}")
         s = dataclasses.replace(s, methods=tuple(methods))
+    cache_dir = None
+    if jax_cache is None and not smoke:
+        jax_cache = str(default_jax_cache(stage_dirs))
+    if jax_cache is not None and str(jax_cache).lower() != "off":
+        cache_dir = enable_persistent_cache(jax_cache)
+        cache_dir = Path(cache_dir) if cache_dir else None
     machine = device_machine_info()
     log(f"[device-bench] {machine_header(machine)}")
     config = {"smoke": smoke, "budget_s": budget_s, "suites": list(suites)}
@@ -1506,8 +1788,22 @@ def run_device_bench(
         log(
             f"[device-bench] pack verified: {len(manifest['artifacts'])} artifacts, "
             f"{manifest['total_bytes'] / MiB:.1f} MiB, sha256 ok ({t_verify:.1f} s)"
+            + (
+                f"; left out (not carried): {', '.join(manifest['left_out'])}"
+                if manifest.get("left_out")
+                else ""
+            )
         )
-        unpack(pack_dir, unpack_dir, stage_dirs, manifest)
+        arts = unpack(pack_dir, unpack_dir, stage_dirs, manifest)
+        if JAX_CACHE_ARTIFACT in arts and cache_dir is not None:
+            meta = next(a for a in manifest["artifacts"] if a["name"] == JAX_CACHE_ARTIFACT)
+            n = extract_jax_cache(arts[JAX_CACHE_ARTIFACT], cache_dir)
+            was = meta.get("meta") or {}
+            log(
+                f"[device-bench] JAX cache: {n} file(s) carried in to {cache_dir} (written "
+                f"by jax {was.get('jax', '?')} on {was.get('accelerator', '?')}; hits need "
+                f"the same jax and device)"
+            )
         shutil.copyfile(pack_dir / manifest["prompts"]["file"], unpack_dir / PROMPTS)
         if manifest.get("wheels"):
             names = install_wheels(pack_dir, Path(wheel_dir or "/tmp/jaxspec-site"), manifest)
@@ -1531,56 +1827,119 @@ def run_device_bench(
                 },
             }
         )
+    config["jax_cache"] = str(cache_dir) if cache_dir else None
     out_dir = Path(out_dir)
     results: dict[str, dict] = {}
-    measured: dict[str, list] = {}  # family -> rows with their tokens
+    state = {"suites": [{"suite": n, "status": "not reached"} for n in suites], "stages": []}
+    rows: dict[str, list] = {}  # family -> rows with their tokens
+    suite_of = {f: n for n, f in _FAMILY_OF_SUITE.items()}
+    dates = {}
+
+    def set_status(name: str, status: str) -> None:
+        for e in state["suites"]:
+            if e["suite"] == name:
+                e["status"] = status
+
+    def base(name: str) -> dict:
+        dates.setdefault(name, now_iso())
+        return {"suite": name, "date": dates[name], "machine": machine, "config": config}
 
     def emit(name: str, result: dict, plot: bool) -> None:
-        results[name] = result
-        write_suite(result, out_dir, plot=plot)
+        results[name] = {**result, "run": json.loads(json.dumps(state))}
+        write_suite(results[name], out_dir, plot=plot)
         if bundle_path:
             bundle(out_dir, bundle_path, list(results))
 
-    for name in suites:
-        deadline = budget.suite_deadline(name, list(suites))
-        log(f"[device-bench] suite {name}: {deadline:.0f} s of {budget.left():.0f} s left")
-        base = {"suite": name, "date": now_iso(), "machine": machine, "config": config}
-        if deadline < 1.0:
-            emit(
-                name, {**base, "rows": [], "notes": ["skipped: no time left in the budget"]}, False
+    def emit_family(family: str, plot: bool = False) -> None:
+        notes = list(_NOTES["methods"]) + [_SCHEDULE_NOTE]
+        emit(
+            suite_of[family],
+            {**base(suite_of[family]), "notes": notes, "rows": public_rows(rows.get(family, []))},
+            plot,
+        )
+
+    def export_cache() -> None:
+        if cache_dir is None or jax_cache_out is None:
+            return
+        try:
+            info, t = timed(
+                lambda: export_jax_cache(
+                    cache_dir,
+                    Path(jax_cache_out),
+                    max_bytes=jax_cache_max_bytes,
+                    meta={
+                        "jax": machine.get("jax"),
+                        "accelerator": machine.get("accelerator") or machine.get("cpu"),
+                    },
+                )
             )
-            continue
-        if name in _FAMILY_OF_SUITE:
-            fam = _FAMILY_OF_SUITE[name]
-            res = {**base, "notes": list(_NOTES["methods"])}
-            rows = run_method_suite(
-                fam,
+            log(
+                f"[device-bench] JAX cache: {info['entries']} file(s), "
+                f"{info['bytes'] / MiB:.1f} MiB in {len(info['parts'])} part(s) under "
+                f"{jax_cache_out} ({info['left_out']} left out by the bound; {t:.1f} s)"
+            )
+        except Exception as e:  # noqa: BLE001 - the cache is optional, the results are not
+            log(f"[device-bench] JAX cache not exported: {peers.one_line(e)}")
+
+    stages = stage_plan(suites, s)
+    slowest: dict[str, float] = {}
+    planned = {
+        f: len(_entries(f, vehicles, s))
+        for st in stages
+        if st["kind"] == "methods"
+        for f in st["families"]
+    }
+    for i, st in enumerate(stages):
+        deadline = budget.share([x["share"] for x in stages[i:]])
+        state["stages"].append({"stage": st["label"], "deadline_s": round(deadline, 1)})
+        log(
+            f"[device-bench] stage {i + 1}/{len(stages)} {st['label']}: {deadline:.0f} s of "
+            f"{budget.left():.0f} s left"
+        )
+        if st["kind"] == "methods":
+            for f in st["families"]:
+                set_status(suite_of[f], "ran")
+            run_methods_stage(
+                st["families"],
+                st["pair"],
                 vehicles,
                 prompts,
                 s,
                 deadline,
+                rows,
+                slowest=slowest,
+                planned=planned,
                 log=log,
-                on_row=lambda rows, res=res: emit(name, {**res, "rows": public_rows(rows)}, False),
+                on_row=emit_family,
             )
-            res["rows"] = public_rows(rows)
-            measured[fam] = rows
-            emit(name, res, True)
-        elif name in ("peers", "projection"):
+        else:
+            name = st["kind"]
+            if deadline < 1.0:
+                set_status(name, "skipped: no time left in the budget")
+                emit(name, {**base(name), "rows": [], "notes": ["skipped: no time left"]}, False)
+                continue
+            set_status(name, "ran")
             try:
                 if name == "peers":
                     res = peers.run_peers_suite(
                         vehicles, prompts, s, deadline, compile=peers_compile, log=log
                     )
                 else:
-                    rows = [r for fam_rows in measured.values() for r in fam_rows]
+                    measured = [r for fam_rows in rows.values() for r in fam_rows]
                     res = projection.run_projection_suite(
-                        shapes, measured=public_rows(rows), deadline_s=deadline, log=log
+                        shapes, measured=public_rows(measured), deadline_s=deadline, log=log
                     )
             except Exception as e:  # noqa: BLE001 - a suite's failure must not end the run
                 err = peers.one_line(e)
                 log(f"[device-bench] suite {name} failed: {err}")
+                set_status(name, f"failed: {err}")
                 res = {"rows": [], "notes": [f"the suite failed: {err}"], "failed": err}
-            emit(name, {**base, **res}, True)
+            emit(name, {**base(name), **res}, True)
+        export_cache()
+    for f in rows:  # the final pages, with every stage's share and the charts
+        emit_family(f, plot=True)
+    for name in [n for n in ("peers", "projection") if n in results]:
+        emit(name, {k: v for k, v in results[name].items() if k != "run"}, True)
     if bundle_path:
         bundle(out_dir, bundle_path, list(results))
     log(

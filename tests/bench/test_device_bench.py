@@ -122,10 +122,140 @@ def test_entries_put_greedy_batch_1_first_and_keep_references():
 
 def test_budget_shares_out_what_is_left():
     b = device.Budget(100.0, reserve_s=0.0)
-    first = b.suite_deadline("methods-causal", list(device.SUITES))
-    assert first == pytest.approx(100.0 * device.SUITE_SHARES["methods-causal"], rel=0.05)
-    last = b.suite_deadline("projection", ["projection"])
-    assert last == pytest.approx(100.0, rel=0.05)
+    assert b.share([0.55, 0.15, 0.3]) == pytest.approx(55.0, rel=0.05)
+    assert b.share([0.1]) == pytest.approx(100.0, rel=0.05)
+
+
+def test_stages_run_every_greedy_batch_1_row_first_across_suites():
+    s = device.RunSettings()
+    labels = [st["label"] for st in device.stage_plan(device.SUITES, s)]
+    assert labels == ["b1 T0", "peers", "projection", "b8 T0", "b1 T1", "b8 T1"]
+    first = device.stage_plan(device.SUITES, s)[0]
+    assert first["families"] == ["causal", "dllm", "asarm"] and first["pair"] == (0.0, 1)
+    only = device.stage_plan(["methods-asarm", "projection"], s)
+    assert [st["label"] for st in only] == ["b1 T0", "projection", "b8 T0", "b1 T1", "b8 T1"]
+    assert only[0]["families"] == ["asarm"]
+
+
+def test_a_stage_takes_the_families_in_turn_and_skips_by_family(monkeypatch):
+    took = {"causal": 0.03, "dllm": 0.0, "asarm": 0.0}
+    ran = []
+
+    def fake_entry(m, family, vehicle, vehicles, prompts, b, t, s):
+        import time
+
+        ran.append((family, m))
+        time.sleep(took[family])
+        return {
+            "vehicle": vehicle,
+            "family": family,
+            "method": m,
+            "batch": b,
+            "temperature": t,
+            "seconds": 0.01,
+            "tokens_per_s": 1.0,
+            "mat": 1.0,
+            "nfe": 1,
+            "new_tokens": 1,
+            "reference": m,
+            "_tokens": [[1]],
+        }
+
+    monkeypatch.setattr(device, "run_entry", fake_entry)
+    monkeypatch.setattr(device, "_finish_rows", lambda rows: None)
+    vehicles = {"causal": "causal", "space": "space", "dllm": "dllm", "asarm": "asarm"}
+    s = device.RunSettings(methods=("ngram", "sps", "fixed-k", "ssd", "assd"))
+    rows, emitted = {}, []
+    device.run_methods_stage(
+        ["causal", "dllm", "asarm"],
+        (0.0, 1),
+        vehicles,
+        {},
+        s,
+        60.0,
+        rows,
+        log=lambda m: None,
+        on_row=emitted.append,
+    )
+    assert ran[:6] == [
+        ("causal", "ar"),
+        ("dllm", "stepwise"),
+        ("asarm", "sequential"),
+        ("causal", "ngram"),
+        ("dllm", "fixed-k"),
+        ("asarm", "assd"),
+    ]
+    assert {r["batch"] for f in rows for r in rows[f]} == {1}
+    assert len(emitted) == sum(len(v) for v in rows.values())
+    # a budget under the causal rows' time skips them but still runs the faster families'
+    ran.clear()
+    rows2 = {}
+    device.run_methods_stage(
+        ["causal", "dllm", "asarm"],
+        (0.0, 8),
+        vehicles,
+        {},
+        s,
+        2.0,
+        rows2,
+        slowest={"causal": 5.0},
+        log=lambda m: None,
+    )
+    assert all("time budget" in r["skipped"] for r in rows2["causal"])
+    assert all("seconds" in r for r in rows2["dllm"] + rows2["asarm"])
+    assert ("dllm", "ssd") in ran and not any(f == "causal" for f, _ in ran)
+
+
+def test_jax_cache_goes_back_in_parts_and_comes_in_with_the_pack(tmp_path):
+    import os
+
+    from jaxspec.core.compile_cache import TIMINGS_FILE
+
+    cache = tmp_path / "cache"
+    (cache / "sub").mkdir(parents=True)
+    _file(cache / TIMINGS_FILE, 100, 9)
+    for i in range(5):  # 5 entries of 0.9 MiB, oldest first
+        f = _file(cache / ("sub" if i % 2 else "") / f"e{i}", int(0.9 * MiB), i)
+        os.utime(f, (1000 + i, 1000 + i))
+    out = tmp_path / "OUT"
+    info = device.export_jax_cache(
+        cache, out, max_bytes=3 * MiB, part_bytes=MiB, meta={"jax": "0.11.2"}
+    )
+    assert info["entries"] == 4 and info["left_out"] == 2 and info["jax"] == "0.11.2"
+    parts = sorted(out.glob("jax-cache.tar.*"))
+    assert [p.name for p in parts] == [p["file"] for p in info["parts"]] and len(parts) == 3
+    assert all(p.stat().st_size <= MiB for p in parts)
+    assert sum(p.stat().st_size for p in parts) == info["bytes"] <= 3 * MiB
+    pack = tmp_path / "pack"
+    assert (
+        device_bench.main(
+            ["pack", "--smoke", "--no-hf", "--pack-dir", str(pack), "--jax-cache-from", str(out)]
+        )
+        == 0
+    )
+    m = device.read_manifest(pack)
+    art = next(a for a in m["artifacts"] if a["name"] == device.JAX_CACHE_ARTIFACT)
+    assert art["optional"] and art["meta"]["jax"] == "0.11.2"
+    plan = device.carry_plan(m, tree_bytes=MiB)
+    assert {p["file"] for p in art["parts"]} <= {f for c in plan["calls"] for f in c}
+    joined = device.unpack(pack, tmp_path / "un")[device.JAX_CACHE_ARTIFACT]
+    fresh = tmp_path / "fresh"
+    assert device.extract_jax_cache(joined, fresh) == 4
+    for name in (TIMINGS_FILE, "e0", "sub/e1", "e2"):  # the timings, then the oldest
+        assert (fresh / name).read_bytes() == (cache / name).read_bytes()
+    assert not (fresh / "sub" / "e3").exists()
+    # a cache part that did not travel leaves the cache out, not the run
+    for p in art["parts"]:
+        (pack / p["file"]).unlink()
+    assert device.verify_pack(pack)["left_out"] == [device.JAX_CACHE_ARTIFACT]
+    # a corrupt returned part is a one-line error
+    data = bytearray(parts[0].read_bytes())
+    data[5] ^= 1
+    parts[0].write_bytes(bytes(data))
+    with pytest.raises(device.PackError, match="jax-cache.tar.00 fails its sha256"):
+        device.join_returned_cache(out, tmp_path / "j.tar")
+    with pytest.raises(device.PackError, match="over the 1 MiB bound"):
+        device.join_returned_cache(out, tmp_path / "j.tar", max_bytes=MiB)
 
 
 def test_smoke_pack_and_run_write_every_suite(tmp_path, capsys):
