@@ -69,6 +69,8 @@ __all__ = [
     "drafter_params",
     "init_drafter",
     "block_logits",
+    "block_frame",
+    "draw_drafts",
     "context_kv",
     "save_drafter",
     "load_drafter",
@@ -333,56 +335,102 @@ def block_logits(
     ctx_v: jax.Array,
     ctx_mask: jax.Array,
 ) -> jax.Array:
-    """One drafter forward over blocks ``[anchor, mask * (B - 1)]``.
+    """One drafter forward over blocks ``[anchor, mask * (B - 1)]``, ``A`` blocks per context.
+
+    Each block sees its context's slots where ``ctx_mask`` allows and all rows of its own
+    block (bidirectional), never another block: the decode loop runs one block per row
+    (``A = 1``); training runs ``A`` blocks of one sequence against that sequence's context
+    keys / values, which are not repeated per block (:mod:`jaxspec.training.dflash`).
 
     Args:
       params: :func:`drafter_params` (``draft``, ``embed``, optional ``lm_head``).
-      anchor: int32 ``(R,)`` anchor tokens (one block per row ``r``).
-      positions: int32 ``(R, B)`` the block rows' RoPE positions.
+      anchor: int32 ``(R,)`` anchor tokens (one block per row ``r``), or ``(R, A)``.
+      positions: int32 ``(R, B)`` the block rows' RoPE positions, or ``(R, A, B)``.
       ctx_k, ctx_v: ``(l, R, K, S, Dh)`` context keys / values (:func:`context_kv`).
-      ctx_mask: bool ``(R, S)`` context slots each block sees.
+      ctx_mask: bool ``(R, S)`` context slots each block sees, or ``(R, A, S)``.
 
     Returns:
-      float32 ``(R, B - 1, V)``: logits of the block's ``B - 1`` draft rows.
+      float32 ``(R, B - 1, V)`` (or ``(R, A, B - 1, V)``): logits of the blocks' ``B - 1``
+      draft rows.
     """
+    if anchor.ndim == 1:
+        out = block_logits(
+            spec, params, anchor[:, None], positions[:, None], ctx_k, ctx_v, ctx_mask[:, None]
+        )
+        return out[:, 0]
     own, s = params["draft"], spec
-    R, Bk = positions.shape
+    R, A, Bk = positions.shape
     H, K, Dh = s.num_heads, s.num_kv_heads, s.head_dim
     G = H // K
     x = jnp.concatenate(
         [
-            jnp.take(params["embed"], anchor, axis=0)[:, None],
+            jnp.take(params["embed"], anchor, axis=0)[:, :, None],
             jnp.broadcast_to(
-                own["mask_embed"].astype(params["embed"].dtype), (R, Bk - 1, s.target_hidden)
+                own["mask_embed"].astype(params["embed"].dtype),
+                (R, A, Bk - 1, s.target_hidden),
             ),
         ],
-        axis=1,
-    )
-    cos, sin = rope_tables(positions, Dh, s.rope_theta)
-    # bidirectional inside the block: every row sees the context and the whole block
-    mask = jnp.concatenate([ctx_mask, jnp.ones((R, Bk), bool)], axis=1)
-    bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, None, :]
+        axis=2,
+    ).reshape(R, A * Bk, s.target_hidden)
+    cos, sin = rope_tables(positions.reshape(R, A * Bk), Dh, s.rope_theta)
+    neg = jnp.finfo(jnp.float32).min
+    ctx_bias = jnp.where(ctx_mask, 0.0, neg)[:, :, None, None, None, :]  # (R, A, 1, 1, 1, S)
 
     def layer(x, lp_kv):
-        lp, kc, vc = lp_kv
+        lp, kc, vc = lp_kv  # kc, vc: (R, K, S, Dh)
         a = rms_norm(x, lp["attn_norm"], s.rms_norm_eps)
         q = rms_norm(_heads(a @ lp["wq"], H, Dh), lp["q_norm"], s.rms_norm_eps)
         k = rms_norm(_heads(a @ lp["wk"], K, Dh), lp["k_norm"], s.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = _heads(a @ lp["wv"], K, Dh)
-        keys = jnp.concatenate([kc, jnp.swapaxes(k, 1, 2)], axis=2)  # (R, K, S + Bk, Dh)
-        vals = jnp.concatenate([vc, jnp.swapaxes(v, 1, 2)], axis=2)
-        sc = jnp.einsum("rtkgd,rksd->rkgts", q.reshape(R, Bk, K, G, Dh), keys) / math.sqrt(Dh)
-        w = jax.nn.softmax(sc.astype(jnp.float32) + bias, axis=-1).astype(vals.dtype)
-        o = jnp.einsum("rkgts,rksd->rtkgd", w, vals).reshape(R, Bk, H * Dh)
-        x = x + o @ lp["wo"]
+        q = q.reshape(R, A, Bk, K, G, Dh) / math.sqrt(Dh)
+        kb, vb = k.reshape(R, A, Bk, K, Dh), v.reshape(R, A, Bk, K, Dh)
+        sc = jnp.einsum("rabkgd,rksd->rakgbs", q, kc).astype(jnp.float32) + ctx_bias
+        sb = jnp.einsum("rabkgd,rackd->rakgbc", q, kb).astype(jnp.float32)
+        w = jax.nn.softmax(jnp.concatenate([sc, sb], axis=-1), axis=-1).astype(vc.dtype)
+        S = kc.shape[2]
+        o = jnp.einsum("rakgbs,rksd->rabkgd", w[..., :S], vc) + jnp.einsum(
+            "rakgbc,rackd->rabkgd", w[..., S:], vb
+        )
+        x = x + o.reshape(R, A * Bk, H * Dh) @ lp["wo"]
         m = rms_norm(x, lp["mlp_norm"], s.rms_norm_eps)
         x = x + (jax.nn.silu(m @ lp["w_gate"]) * (m @ lp["w_up"])) @ lp["w_down"]
         return x, None
 
     x, _ = jax.lax.scan(layer, x, (own["blocks"], ctx_k, ctx_v))
-    x = rms_norm(x[:, 1:], own["final_norm"], s.rms_norm_eps)
+    x = x.reshape(R, A, Bk, s.target_hidden)[:, :, 1:]
+    x = rms_norm(x, own["final_norm"], s.rms_norm_eps)
     return lm_logits(x, params["embed"], params.get("lm_head"))
+
+
+def block_frame(ctx: DraftContext, block_size: int):
+    """Where the next block sits (the decode loop's phase before :func:`block_logits`).
+
+    Returns ``(anchor int32 (B,), positions int32 (B, block_size), ctx_mask bool (B, S))``:
+    the anchor is the last emitted token (slot ``length - 1``), the block's rows take RoPE
+    positions ``length - 1 - pad ..``, and the context is the accepted prefix before the
+    anchor, slots ``[pad, length - 1)`` (the anchor's own hidden state is not known yet)."""
+    S = ctx.buffer.shape[1]
+    L = ctx.length
+    anchor = jnp.take_along_axis(ctx.buffer, (L - 1)[:, None], axis=1)[:, 0]
+    pos = (L - 1 - ctx.pad)[:, None] + jnp.arange(block_size, dtype=jnp.int32)[None]
+    slot = jnp.arange(S)[None]
+    ctx_mask = (slot >= ctx.pad[:, None]) & (slot < (L - 1)[:, None])
+    return anchor, pos, ctx_mask
+
+
+def draw_drafts(key: jax.Array, logits: jax.Array, sampling: SamplingConfig, sample: bool):
+    """The drafts and the ``q`` the verifier gets, from the block's logits ``(B, k, V)``.
+
+    Sampled: ``q_i`` = the drafter's distribution after the target's temperature / top-k /
+    top-p, each ``d_i`` drawn from its own ``q_i`` (independent draws: every ``q_i`` depends on
+    the accepted context only). Greedy: ``d_i = argmax``, ``q`` None.
+
+    Returns ``(tokens int32 (B, k), q float32 (B, k, V) or None)``."""
+    if not sample:
+        return argmax(logits).astype(jnp.int32), None
+    q = target_probs(logits, sampling)
+    return sample_from_probs(key, q).astype(jnp.int32), q
 
 
 # ----------------------------------------------------------------------------- the drafter
@@ -515,21 +563,14 @@ class DFlashDrafter(Drafter):
                 "sampled decoding needs the drafter's sampling config (temperature "
                 "> 0): build DFlashDrafter with the target's SamplingConfig"
             )
-        B, S = ctx.buffer.shape
-        L, k = ctx.length, self.draft_length
-        anchor = jnp.take_along_axis(ctx.buffer, (L - 1)[:, None], axis=1)[:, 0]
-        pos = (L - 1 - ctx.pad)[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
-        slot = jnp.arange(S)[None]
-        ctx_mask = (slot >= ctx.pad[:, None]) & (slot < (L - 1)[:, None])
+        B, k = ctx.buffer.shape[0], self.draft_length
+        # phases looked up at trace time (jaxspec.testing.mutants swaps them in tests)
+        anchor, pos, ctx_mask = block_frame(ctx, k + 1)
         logits = block_logits(self.spec, params, anchor, pos, state.ctx_k, state.ctx_v, ctx_mask)
-        if sample:
-            q = target_probs(logits, self.sampling)
-            tokens = sample_from_probs(key, q)
-        else:
-            q, tokens = None, argmax(logits)
+        tokens, q = draw_drafts(key, logits, self.sampling, sample)
         ones = jnp.ones((B,), jnp.int32)
         return Draft(
-            tokens=tokens.astype(jnp.int32),
+            tokens=tokens,
             q=q,
             has_draft=jnp.ones((B,), bool),
             length=k * ones,

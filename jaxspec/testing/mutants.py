@@ -30,6 +30,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxspec.asarm.assd as assd_mod
 import jaxspec.asarm.fused as assd_fused_mod
@@ -51,6 +52,10 @@ __all__ = [
     "inject_assd",
     "DLLM_MUTANTS",
     "inject_dllm",
+    "DFlashMutant",
+    "DFLASH_MUTANTS",
+    "DFLASH_EQUIVALENT",
+    "inject_dflash",
 ]
 
 
@@ -215,7 +220,7 @@ EQUIVALENT = (
 
 
 def _as_tuple(mutants, rows_per: Optional[int]) -> tuple:
-    if mutants is None or isinstance(mutants, Mutant):
+    if mutants is None or isinstance(mutants, (Mutant, DFlashMutant)):
         mutants = (mutants,)
     mutants = tuple(mutants)
     if len(mutants) > 1 and not rows_per:
@@ -408,3 +413,226 @@ def inject_dllm(method: str, mutant: str):
         patches.append((spiffy_mod, "reference_step", shared))
     with patched(*patches):
         yield
+
+
+# ----------------------------------------------------------------------------- DFlash mutants
+# Plausible bugs of the DFlash path (jaxspec.causal.dflash and the target's hidden-state pass),
+# injected by swapping one phase of the decode loop. A drafter is lossless whatever its weights
+# as long as every draft d_i is drawn from the q_i the verifier gets, independently, before the
+# verifier's uniforms, and the target's logits are untouched (Leviathan et al. 2023, Thm 3.5):
+# bugs that break that are *not* lossless and the exactness tests must reject them; bugs that
+# only make the drafts worse (wrong block positions, a stale feature in the context, a dropped
+# bonus token) are still exact, so the exactness tests must accept them, and other checks
+# catch them (tests/causal/test_mutants.py: train/decode parity, the acceptance histogram).
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashMutant:
+    """A named variant of one phase of the DFlash decode path.
+
+    Attributes:
+      name: short id; description: what is wrong.
+      phase: the swapped phase: ``"frame"`` (:func:`jaxspec.causal.dflash.block_frame`),
+        ``"draw"`` (:func:`jaxspec.causal.dflash.draw_drafts`), ``"target"``
+        (:func:`jaxspec.causal.decode.model_pass` of a pass that returns hidden states) or
+        ``"accept"`` (:func:`jaxspec.causal.decode.accept`).
+      lossless: True when the variant is still exact (a control the exactness tests must
+        accept); greedy_visible: the variant changes greedy output (greedy identity rejects
+        it); needs_processing: it differs from the real code only when the sampling config
+        processes logits.
+    """
+
+    name: str
+    description: str
+    phase: str
+    lossless: bool = False
+    greedy_visible: bool = False
+    needs_processing: bool = False
+
+
+DFLASH_MUTANTS = (
+    DFlashMutant(
+        "q-unprocessed",
+        "drafts drawn from the processed q, but the verifier gets softmax(logits) "
+        "(T=1, no top-k/top-p)",
+        "draw",
+        needs_processing=True,
+    ),
+    DFlashMutant(
+        "q-off-by-one",
+        "the verifier gets, for draft i, the q of block row i - 1 (draft 0 its own): "
+        "each q one row off the row its draft was drawn from",
+        "draw",
+    ),
+    DFlashMutant(
+        "argmax-drafts",
+        "drafts are the argmax of q while the verifier is told they were drawn from q",
+        "draw",
+    ),
+    DFlashMutant(
+        "shared-draft-uniform",
+        "all drafts of a block drawn by inverse CDF from one uniform (not independent)",
+        "draw",
+    ),
+    DFlashMutant(
+        "early-exit-logits",
+        "a target pass that returns hidden states takes its logits from the last "
+        "feature layer instead of the last layer",
+        "target",
+        greedy_visible=True,
+    ),
+)
+"""DFlash-path mutants that are not lossless: the exact-distribution test must reject each
+(``greedy_visible`` ones also the greedy-identity test)."""
+
+DFLASH_EQUIVALENT = (
+    DFlashMutant(
+        "block-positions+1",
+        "the block's RoPE positions start one past the anchor's (worse drafts; still exact)",
+        "frame",
+        lossless=True,
+    ),
+    DFlashMutant(
+        "stale-anchor-feature",
+        "the context also holds the anchor's slot, a stale or empty feature (worse "
+        "drafts; still exact)",
+        "frame",
+        lossless=True,
+    ),
+    DFlashMutant(
+        "no-bonus",
+        "when every draft is accepted the last draft is committed as the next token and "
+        "no bonus is drawn (fewer tokens per step; still exact)",
+        "accept",
+        lossless=True,
+    ),
+)
+"""DFlash-path variants that are still exact: the exactness tests must accept them."""
+
+
+def _block_rows(j: int, n: int, rows_per: int, B: int) -> jax.Array:
+    """bool ``(B,)``: the rows of mutant ``j`` of ``n`` (:func:`run_variants`' blocks)."""
+    r = jnp.arange(B)
+    hi = B if j == n - 1 else (j + 1) * rows_per
+    return (r >= j * rows_per) & (r < hi)
+
+
+def _pick(rows: jax.Array, new, old):
+    """Rows ``rows`` of every leaf from ``new``, the others from ``old`` (leading axis B)."""
+    return jax.tree.map(
+        lambda a, b: jnp.where(rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b), new, old
+    )
+
+
+def _frame_variant(name, real):
+    def frame(ctx, block_size):
+        anchor, pos, ctx_mask = real(ctx, block_size)
+        if name == "block-positions+1":
+            return anchor, pos + 1, ctx_mask
+        slot = jnp.arange(ctx.buffer.shape[1])[None]  # stale-anchor-feature
+        return anchor, pos, ctx_mask | (slot == (ctx.length - 1)[:, None])
+
+    return frame
+
+
+def _draw_variant(name, real):
+    def draw(key, logits, sampling, sample):
+        tokens, q = real(key, logits, sampling, sample)
+        if not sample:
+            return tokens, q
+        if name == "q-unprocessed":
+            return tokens, jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        if name == "q-off-by-one":
+            return tokens, jnp.concatenate([q[:, :1], q[:, :-1]], axis=1)
+        if name == "argmax-drafts":
+            return jnp.argmax(q, axis=-1).astype(jnp.int32), q
+        # shared-draft-uniform: d_i = F_i^{-1}(u), one u per row
+        u = jax.random.uniform(key, q.shape[:1] + (1, 1))
+        cdf = jnp.cumsum(q, axis=-1) / jnp.sum(q, axis=-1, keepdims=True)
+        inv = jnp.sum(cdf <= u, axis=-1)
+        return jnp.minimum(inv, q.shape[-1] - 1).astype(jnp.int32), q
+
+    return draw
+
+
+def _early_exit_pass(real):
+    from models.llama.modeling import lm_logits, rms_norm
+
+    def model_pass(model, params, feed, slot, pad, cache, S, last_rows=None, hidden_layers=()):
+        out = real(model, params, feed, slot, pad, cache, S, last_rows, hidden_layers)
+        if not hidden_layers:
+            return out
+        logits, new_cache, hidden = out
+        h = hidden[:, :, int(np.argmax(hidden_layers))]  # the deepest feature layer
+        if last_rows is not None:
+            h = h[:, h.shape[1] - last_rows :]
+        h = rms_norm(h, params["final_norm"], model.config.rms_norm_eps)
+        return lm_logits(h, params["embed"], params.get("lm_head")), new_cache, hidden
+
+    return model_pass
+
+
+def _no_bonus_accept(real):
+    def accept(cfg, key, logits, draft):
+        n, nxt = real(cfg, key, logits, draft)
+        k = draft.tokens.shape[1]
+        if k == 0:
+            return n, nxt
+        full = n >= draft.length
+        last = jnp.take_along_axis(draft.tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+        return jnp.where(full, n - 1, n), jnp.where(full, last, nxt)
+
+    return accept
+
+
+def inject_dflash(mutants, rows_per: Optional[int] = None):
+    """Run the DFlash decode path with :data:`DFLASH_MUTANTS` / :data:`DFLASH_EQUIVALENT`
+    variants inside the ``with`` block (:func:`patched`): one variant on every row, or several
+    side by side, variant ``j`` on rows ``[j * rows_per, (j + 1) * rows_per)`` (the last
+    takes any remaining rows; ``None`` in the sequence: the real code on its block). Every
+    swapped phase runs the real phase first and replaces the rows of its variants, so rows of
+    other variants see the real code. Test-only; not thread-safe."""
+    import jaxspec.causal.dflash as dflash_mod
+
+    mutants = _as_tuple(mutants, rows_per)
+    n = len(mutants)
+    real = {
+        "frame": dflash_mod.block_frame,
+        "draw": dflash_mod.draw_drafts,
+        "target": causal_decode.model_pass,
+        "accept": causal_decode.accept,
+    }
+    build = {
+        "frame": _frame_variant,
+        "draw": _draw_variant,
+        "target": lambda name, f: _early_exit_pass(f),
+        "accept": lambda name, f: _no_bonus_accept(f),
+    }
+
+    def dispatch(phase, batch_of):
+        variants = [
+            (j, build[phase](m.name, real[phase]))
+            for j, m in enumerate(mutants)
+            if m is not None and m.phase == phase
+        ]
+
+        def run(*args, **kw):
+            out = real[phase](*args, **kw)
+            B = batch_of(*args)
+            for j, f in variants:
+                rows = _block_rows(j, n, rows_per or B, B)
+                new = f(*args, **kw)
+                if phase == "target":  # only the logits differ (the cache's axis 0 is layers)
+                    out = (_pick(rows, new[0], out[0]),) + tuple(out[1:])
+                else:
+                    out = _pick(rows, new, out)
+            return out
+
+        return run if variants else real[phase]
+
+    return patched(
+        (dflash_mod, "block_frame", dispatch("frame", lambda ctx, *a: ctx.buffer.shape[0])),
+        (dflash_mod, "draw_drafts", dispatch("draw", lambda key, logits, *a: logits.shape[0])),
+        (causal_decode, "model_pass", dispatch("target", lambda m, p, feed, *a: feed.shape[0])),
+        (causal_decode, "accept", dispatch("accept", lambda cfg, key, lg, *a: lg.shape[0])),
+    )

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from jaxspec.causal.dflash import DFlashSpec, block_logits, context_kv
 
-__all__ = ["dflash_loss", "position_weights", "sample_anchors", "target_features"]
+__all__ = ["blocks_at", "dflash_loss", "position_weights", "sample_anchors", "target_features"]
 
 
 def target_features(model, params, tokens: jax.Array, layer_ids: tuple[int, ...]) -> jax.Array:
@@ -87,6 +87,47 @@ def position_weights(block_size: int, gamma: Optional[float]) -> jax.Array:
     return jnp.exp(-j / gamma)
 
 
+def blocks_at(
+    spec: DFlashSpec,
+    own: dict,
+    shared: dict,
+    tokens: jax.Array,
+    hidden: jax.Array,
+    anchors: jax.Array,
+) -> jax.Array:
+    """The drafter's logits for the blocks opened at ``anchors``, as the decode loop would
+    compute them after emitting ``tokens[:, a]`` (the context is the features of positions
+    ``< a``; the block's rows sit at positions ``a .. a + B - 1``).
+
+    Args:
+      own: the drafter's tree; shared: the target's ``embed`` (and ``lm_head``).
+      tokens: int32 ``(N, T)`` sequences from position 0; hidden: ``(N, T, n, D)``
+        (:func:`target_features`); anchors: int32 ``(N, A)`` in ``0 .. T - 1``.
+
+    Returns:
+      float32 ``(N, A, B - 1, V)``. The ``A`` blocks of a sequence attend to one copy of its
+      context keys / values (:func:`jaxspec.causal.dflash.block_logits`): memory grows with
+      ``N * T`` for the context and ``N * A * B`` for the blocks, not ``N * A * T``.
+    """
+    N, T = tokens.shape
+    ctx_k, ctx_v = context_kv(
+        spec,
+        own,
+        hidden.astype(own["fc"].dtype),
+        jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T)),
+    )
+    ctx_mask = jnp.arange(T)[None, None] < anchors[..., None]  # (N, A, T)
+    return block_logits(
+        spec,
+        {"draft": own, **shared},
+        jnp.take_along_axis(tokens, anchors, axis=1),
+        anchors[..., None] + jnp.arange(spec.block_size, dtype=jnp.int32),
+        ctx_k,
+        ctx_v,
+        ctx_mask,
+    )
+
+
 def dflash_loss(
     spec: DFlashSpec,
     own: dict,
@@ -113,28 +154,11 @@ def dflash_loss(
     """
     N, T = tokens.shape
     A, Bk = anchors.shape[1], spec.block_size
-    ctx_k, ctx_v = context_kv(
-        spec,
-        own,
-        hidden.astype(own["fc"].dtype),
-        jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T)),
-    )
-    rep = lambda x: jnp.repeat(x, A, axis=1)  # noqa: E731  (l, N, ...) -> (l, N*A, ...)
+    j = jnp.arange(Bk, dtype=jnp.int32)
+    logits = blocks_at(spec, own, shared, tokens, hidden, anchors).reshape(N * A, Bk - 1, -1)
     a = anchors.reshape(N * A)
     row_seq = jnp.repeat(jnp.arange(N), A)
-    slot = jnp.arange(T)[None]
-    ctx_mask = slot < a[:, None]  # the features of the positions before the anchor
-    j = jnp.arange(Bk, dtype=jnp.int32)[None]
-    logits = block_logits(
-        spec,
-        {"draft": own, **shared},
-        tokens[row_seq, a],
-        a[:, None] + j,
-        rep(ctx_k),
-        rep(ctx_v),
-        ctx_mask,
-    )  # (N*A, B-1, V)
-    tgt_pos = a[:, None] + j[:, 1:]
+    tgt_pos = a[:, None] + j[None, 1:]
     inside = tgt_pos < T
     tgt_pos = jnp.minimum(tgt_pos, T - 1)
     labels = tokens[row_seq[:, None], tgt_pos]

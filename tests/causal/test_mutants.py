@@ -14,9 +14,19 @@ left-padded batch of two different prompts. Methods: the context n-gram drafter 
 copies with point-mass q, Eq. 23 bigram fallback with its real q), the model-based
 :class:`~jaxspec.testing.drafters.TableDrafter` (real q, adaptive k_t), SPS
 (:class:`~jaxspec.causal.sps.DraftModelDrafter`: a one-layer draft model with a KV cache) and
-SPACE (:class:`~jaxspec.causal.space.SpaceDrafter`: q from the target's own mask groups) and
+SPACE (:class:`~jaxspec.causal.space.SpaceDrafter`: q from the target's own mask groups),
 DiffuSpec (:class:`~jaxspec.causal.diffuspec.DiffusionDrafter`: CPS paths with ADL, point-mass
-q).
+q) and DFlash (:class:`~jaxspec.causal.dflash.DFlashDrafter`: a random one-layer block drafter
+on the target's hidden states, block 3, real q).
+
+DFlash also has mutants of its own path (:data:`~jaxspec.testing.mutants.DFLASH_MUTANTS`:
+a wrong q, drafts not drawn from their q, target logits taken at a feature layer), which the
+distribution test (and, where greedy output changes, the greedy-identity test on 50 prompts)
+must reject, and variants that are still exact (:data:`~jaxspec.testing.mutants.
+DFLASH_EQUIVALENT`: block positions one off, a stale feature in the context, no bonus token),
+which those tests must accept and which other checks catch: the decode loop's block
+distributions against the training objective's for the same anchor, and the acceptance
+histogram.
 
 One compile per method for the real code and one for all the mutants together (each mutant
 runs its own block of rows, :func:`~jaxspec.testing.mutants.causal_accept`). Set
@@ -42,6 +52,7 @@ import numpy as np
 import pytest
 
 from jaxspec.causal.decode import generate
+from jaxspec.causal.dflash import DFlashDrafter, DFlashSpec, drafter_params, init_drafter
 from jaxspec.causal.diffuspec import DiffusionDrafter, NgramProxy
 from jaxspec.causal.space import SpaceDrafter
 from jaxspec.causal.sps import DraftModelDrafter
@@ -50,7 +61,15 @@ from jaxspec.core.sampling import SamplingConfig
 from jaxspec.core.verify import verify_sample
 from jaxspec.testing.distribution import check_distribution, check_groups
 from jaxspec.testing.drafters import TableDrafter
-from jaxspec.testing.mutants import EQUIVALENT, MUTANTS, inject_causal, verify_variant
+from jaxspec.testing.mutants import (
+    DFLASH_EQUIVALENT,
+    DFLASH_MUTANTS,
+    EQUIVALENT,
+    MUTANTS,
+    inject_causal,
+    inject_dflash,
+    verify_variant,
+)
 from jaxspec.testing.tiny import tiny_model
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
 from tests.causal.test_decode import _exact_joint
@@ -67,7 +86,8 @@ VARIANTS = MUTANTS + EQUIVALENT
 # SPACE's draft ratios p/q are >= 1 and the shared-uniform mutant hides (chi2 p 0.01), with
 # id 0 about half the drafts are rejected and every mutant is rejected at p <= 1e-39
 SPACE_MASK = 0
-METHODS = ("ngram", "table", "sps", "space", "diffuspec")
+METHODS = ("ngram", "table", "sps", "space", "diffuspec", "dflash")
+DFLASH_VARIANTS = DFLASH_MUTANTS + DFLASH_EQUIVALENT
 
 
 def _drafter(method):
@@ -87,6 +107,14 @@ def _drafter(method):
         dream = DiffusionLM(DiffusionConfig(base=target.config, head="dream", mask_token_id=4))
         proxy = NgramProxy.fit(np.random.default_rng(1).integers(0, V, 300), V, bits=10)
         return DiffusionDrafter(dream, K, eos_id=4, adl=False), (tparams, proxy)
+    # features of layer 0 of 2 (the early-exit mutant then reads logits short of the last layer)
+    if method == "dflash":  # random weights x 20: sharp q rows that differ along the block
+        target, tparams = tiny_model(V, seed=7, scale=6.0)
+        spec = DFlashSpec.for_target(target.config, block_size=K + 1, layer_ids=(0,))
+        own = jax.tree_util.tree_map(
+            lambda x: 20.0 * x if x.ndim >= 2 else x, init_drafter(spec, seed=1)
+        )
+        return DFlashDrafter(spec, CFG), drafter_params(own, tparams)
     table = {"logits": 2.0 * jax.random.normal(jax.random.PRNGKey(4), (V, V))}  # sharp q
     return TableDrafter(K, V), table
 
@@ -137,6 +165,22 @@ class _Suite:
                 self.results[(method, m.name)] = (self._check(toks), None)
         return self.results[(method, name)]
 
+    def dflash_variant(self, name):
+        """The DFlash-path variants, all from one batched run (each on its own rows)."""
+        if ("dflash", name) not in self.results:
+            block = len(PROMPTS) * N
+            with inject_dflash(DFLASH_VARIANTS, rows_per=block):
+                res = self._generate(
+                    "dflash", [p for _ in DFLASH_VARIANTS for p in PROMPTS for _ in range(N)]
+                )
+            for j, m in enumerate(DFLASH_VARIANTS):
+                rows = slice(j * block, (j + 1) * block)
+                self.results[("dflash", m.name)] = (
+                    self._check(res.tokens[rows]),
+                    res.stats.accept_hist[rows],
+                )
+        return self.results[("dflash", name)]
+
     def table(self) -> str:
         lines = [
             "| method | verifier | lossless | distribution test | worst TV | TV floor "
@@ -144,7 +188,8 @@ class _Suite:
             "|---|---|---|---|---|---|---|---|",
         ]
         for method in METHODS:
-            for m in (None,) + VARIANTS:
+            extra = DFLASH_VARIANTS if method == "dflash" else ()
+            for m in (None,) + VARIANTS + extra:
                 name = "real" if m is None else m.name
                 if (method, name) not in self.results:
                     continue
@@ -174,7 +219,7 @@ def suite():
             "Bonferroni over the prompts). Mutants: `jaxspec/testing/mutants.py`. "
             "Worst TV / floor: of the prompt with the largest TV-to-floor ratio.\n\n"
         )
-        desc = "\n".join(f"- `{m.name}`: {m.description}" for m in VARIANTS)
+        desc = "\n".join(f"- `{m.name}`: {m.description}" for m in VARIANTS + DFLASH_VARIANTS)
         note = (
             "\n\nSeed 3 falsely rejected `table / ignore-draft-len` (TV 0.0610 > 0.0601; "
             "null TV mean 0.0498, sd 0.0030; chi2 p 0.003): at 10^5 samples per prompt it "
@@ -288,6 +333,111 @@ def test_every_mutant_rejected_and_equivalent_accepted(suite, method):
         if not chk.passed:
             wrong.append(f"equivalent {m.name} rejected: {chk.why}")
     assert not wrong, f"{method}: " + "; ".join(wrong)
+
+
+def test_dflash_path_mutants_rejected_and_exact_variants_accepted(suite):
+    """Every DFlash-path mutant (a wrong q, drafts not drawn from their q, target logits from
+    a feature layer) is rejected by the distribution test, and every variant that is still
+    exact (block positions one off, a stale feature in the context, no bonus token) is
+    accepted. The dropped bonus shows in the acceptance histogram instead: no step of that
+    variant takes ``k + 1`` tokens, against over a thousand of the real code's. One batched
+    run for all variants."""
+    wrong = []
+    for m in DFLASH_VARIANTS:
+        chk, _ = suite.dflash_variant(m.name)
+        if m.lossless and not chk.passed:
+            wrong.append(f"exact variant {m.name} rejected: {chk.why}")
+        if not m.lossless and chk.passed:
+            wrong.append(f"mutant {m.name} not rejected: {chk.why}")
+    assert not wrong, "; ".join(wrong)
+    _, res = suite.real("dflash")
+    assert res.stats.accept_hist[:, K + 1].sum() > 1000
+    _, hist = suite.dflash_variant("no-bonus")
+    assert hist[:, K + 1].sum() == 0 and hist[:, K].sum() > 1000
+
+
+def test_dflash_greedy_identity_rejects_the_logit_mutant_on_50_prompts():
+    """Greedy decoding of 50 prompts (EOS inside the vocabulary) with a random block-4
+    drafter: the real code and every still-exact variant give AR's tokens on every prompt;
+    the mutant whose target logits come from a feature layer changes them. One batched run,
+    each variant on its own 50 rows."""
+    model, params = tiny_model(64, seed=0)
+    # features of layer 0 of 2: the mutant's logits come from a layer short of the last
+    spec = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0,))
+    own = jax.tree_util.tree_map(lambda x: 8.0 * x if x.ndim >= 2 else x, init_drafter(spec, 1))
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(1, 64, size=rng.integers(3, 12))] for _ in range(50)]
+    kw = dict(max_new_tokens=24, eos_ids=(7,), bucket=16)
+    ar = generate(model, params, prompts, **kw)
+    variants = (None,) + DFLASH_VARIANTS
+    with inject_dflash(variants, rows_per=len(prompts)):
+        res = generate(
+            model,
+            params,
+            prompts * len(variants),
+            drafter=DFlashDrafter(spec),
+            drafter_params=drafter_params(own, params),
+            **kw,
+        )
+    for j, m in enumerate(variants):
+        toks = res.tokens[j * len(prompts) : (j + 1) * len(prompts)]
+        same = sum(a == b for a, b in zip(toks, ar.tokens))
+        if m is not None and m.greedy_visible:
+            assert same < len(prompts) // 2, (m.name, same)
+        else:
+            assert same == len(prompts), (m and m.name, same)
+    assert res.stats.acceptance_rate > 0
+
+
+def _decode_block_q(model, params, spec, own, prompts):
+    """After the prompt pass and one verification step of a left-padded batch: the q of the
+    next block (temperature 1: the drafter's softmax), the buffer, lengths and padding."""
+    from jaxspec.causal import decode as D
+
+    cfg = SamplingConfig(temperature=1.0)
+    drafter, dparams = DFlashDrafter(spec, cfg), drafter_params(own, params)
+    buf, pad = D.left_pad(prompts, 8, 0)
+    buf, pad = jnp.asarray(buf), jnp.asarray(pad)
+    loop = D.LoopConfig(model=model, max_new=12, sampling=cfg, drafter=drafter, eos_ids=())
+    st = D.prefill(loop, params, dparams, buf, pad, jax.random.PRNGKey(0))
+    st = D.step(loop, (params, params), dparams, pad, st)
+    ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
+    d, _ = drafter.propose(dparams, st.drafter_state, ctx, jax.random.PRNGKey(1), True)
+    return np.asarray(d.q), np.asarray(st.buffer), np.asarray(st.length), np.asarray(pad)
+
+
+def test_dflash_decode_blocks_match_the_training_objective():
+    """The decode loop's next-block distributions equal the training objective's for the
+    same anchor (:func:`jaxspec.training.dflash.blocks_at` on the unpadded sequence, one
+    uncached target pass): block positions, context (features before the anchor) and
+    anchor agree between training and decoding. Both still-exact frame variants, which the
+    exactness tests cannot see, break this parity."""
+    from jaxspec.training.dflash import blocks_at, target_features
+
+    model, params = tiny_model(64, seed=3)
+    spec = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(1, 0))
+    own = jax.tree_util.tree_map(lambda x: 8.0 * x if x.ndim >= 2 else x, init_drafter(spec, 2))
+    shared = {k: params[k] for k in ("embed", "lm_head")}
+    prompts = [[4, 5, 6, 7, 8], [9, 10, 11]]
+
+    def gap(q, buf, length, pad):
+        worst = 0.0
+        for b in range(len(prompts)):
+            seq = jnp.asarray(buf[b, pad[b] : length[b]])[None]
+            hid = target_features(model, params, seq, spec.layer_ids)
+            anchor = jnp.asarray([[seq.shape[1] - 1]], jnp.int32)
+            logits = blocks_at(spec, own, shared, seq, hid, anchor)[0, 0]
+            want = np.asarray(jax.nn.softmax(logits, axis=-1))
+            worst = max(worst, float(np.abs(q[b] - want).max()))
+        return worst
+
+    assert gap(*_decode_block_q(model, params, spec, own, prompts)) < 1e-5
+    for m in DFLASH_EQUIVALENT:
+        if m.phase != "frame":
+            continue
+        with inject_dflash(m):
+            q, *rest = _decode_block_q(model, params, spec, own, prompts)
+        assert gap(q, *rest) > 1e-3, m.name
 
 
 # ---- verifier level --------------------------------------------------------------------------
