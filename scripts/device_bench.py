@@ -27,7 +27,11 @@ files into ``results/gpu``. ``--smoke`` (CPU, seconds) runs the same code on the
 and writes under ``<pack-dir>/results``. ``--suite projection --shapes tiny`` needs no pack.
 
 ``verify`` checks a pack; ``stage`` copies the parts present to ``--stage-dir`` (outside the
-tree), for a plan of several calls; ``plan`` prints the carry plan.
+tree), for a plan of several calls; ``plan`` prints every device call a session makes when
+the tree is over the 64 MiB a call carries: the untrack / restore commands, each call's
+``carry`` list and command (docs/device.md). ``run`` keeps a JAX compilation cache and sends
+it back under ``$OUT`` (``jax-cache.json`` + parts); ``pack --jax-cache-from DIR`` carries it
+into the next run.
 
 Exit code 2 with one ``error:`` line on bad input or a missing / corrupt pack.
 """
@@ -35,6 +39,7 @@ Exit code 2 with one ``error:`` line on bad input or a missing / corrupt pack.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -128,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stage", help="copy the parts present to --stage-dir")
     s.add_argument("--pack-dir", default=PACK_DIR)
     s.add_argument("--stage-dir", default="/tmp/jaxspec-pack")
-    pl = sub.add_parser("plan", help="print the carry plan of a pack")
+    pl = sub.add_parser(
+        "plan", help="print the device calls a session makes (carry lists and commands)"
+    )
     pl.add_argument("--pack-dir", default=PACK_DIR)
+    pl.add_argument("--stage-dir", default="/tmp/stage")
+    pl.add_argument("--budget-s", type=float, default=540.0)
     c = sub.add_parser("collect", help="extract a returned bundle into results/gpu")
     c.add_argument("bundle")
     c.add_argument("--out-dir", default="results/gpu")
@@ -142,28 +151,54 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _plan_lines(manifest: dict, pack: str) -> list[str]:
-    """The carry plan as lines: per device call, the paths to name in ``carry`` and the
-    command (the last call runs the bench; earlier calls only bring parts, which an
-    ignored folder keeps on a machine that stays warm between the calls)."""
-    from jaxspec.bench import device
-    from jaxspec.bench.device import MiB, carry_plan, travel_bytes
+def _plan_lines(
+    manifest: dict, pack: str, stage_dir: str = "/tmp/stage", budget_s: float = 540.0
+) -> list[str]:
+    """The whole multi-call plan a session follows (:func:`jaxspec.bench.device.
+    session_plan`), as lines: the untrack commands when the tree is over the limit, each
+    call's ``carry`` list and command, the restore commands, and what to do with what comes
+    back."""
+    from jaxspec.bench.device import CARRY_MAX_BYTES, MiB, session_plan
 
-    tree = travel_bytes(REPO)
-    plan = carry_plan(manifest, tree)
+    plan = session_plan(manifest, REPO, pack=pack, stage_dir=stage_dir, budget_s=budget_s)
+    cache = [a for a in manifest["artifacts"] if a.get("kind") == "jax-cache"]
     lines = [
-        f"[pack] pack {manifest['total_bytes'] / MiB:.1f} MiB; working tree that travels "
-        f"{tree / MiB:.1f} MiB; carry plan: {plan['reason']}"
+        f"[plan] pack {manifest['total_bytes'] / MiB:.1f} MiB"
+        + (f" (a JAX cache of {cache[0]['size'] / MiB:.1f} MiB included)" if cache else "")
+        + f"; the working tree that travels {plan['tree_bytes'] / MiB:.1f} MiB; a device call "
+        f"carries {CARRY_MAX_BYTES / MiB:.0f} MiB with the tree, at most 8 paths"
     ]
-    last = len(plan["calls"])
-    for i, (files, size) in enumerate(zip(plan["calls"], plan["call_bytes"]), 1):
-        carry = [f"{pack}/{f}" for f in files]
-        if i < last:
-            carry.append(f"{pack}/{device.MANIFEST}")
-        cmd = "make device-bench" if i == last else "true  # parts stay on the warm machine"
+    if not plan["fits"]:
+        return lines + [f"[plan] no plan fits: {plan['reason']}"]
+    if plan["untrack"]:
+        lines += [
+            f"[plan] the tree is over the limit: untrack checkpoints/ and results/ first "
+            f"(the tree then travels {plan['untracked_tree_bytes'] / MiB:.1f} MiB); nobody "
+            "may commit until they are restored:",
+            *[f"    {c}" for c in plan["untrack"]],
+        ]
+    n = len(plan["calls"])
+    for i, c in enumerate(plan["calls"], 1):
+        lines += [
+            f"[plan] call {i} of {n}: {c['what']} ({c['bytes'] / MiB:.1f} MiB with the tree; "
+            f"timeout_s {c['timeout_s']})",
+            f"    carry: {json.dumps(c['carry'])}",
+            f"    command: {c['command']}",
+        ]
+    if n > 1:
         lines.append(
-            f"[pack]   call {i} ({size / MiB:.1f} MiB with the tree): carry {carry}; command: {cmd}"
+            "[plan] the calls must follow each other on the same warm machine (stage copies "
+            f"its parts to {stage_dir}, which a fresh machine lacks); save each reply's "
+            "output_tail"
         )
+    if plan["restore"]:
+        lines += ["[plan] after the last call, restore:", *[f"    {c}" for c in plan["restore"]]]
+    lines += [
+        "[plan] then: python -m scripts.device_bench collect FILES_AT/device-bench.tgz "
+        "[--log the run call's saved output]",
+        "[plan] the next pack takes the returned cache: python -m scripts.device_bench pack "
+        "--part-max-mib 56 --jax-cache-from FILES_AT",
+    ]
     return lines
 
 
@@ -210,7 +245,8 @@ def main(argv=None) -> int:
             log(f"[stage] {len(done)} part(s) copied to {args.stage_dir}")
             return 0
         if args.cmd == "plan":
-            for line in _plan_lines(device.read_manifest(Path(args.pack_dir)), args.pack_dir):
+            m = device.read_manifest(Path(args.pack_dir))
+            for line in _plan_lines(m, args.pack_dir, args.stage_dir, args.budget_s):
                 log(line)
             return 0
         if args.cmd == "collect":

@@ -386,10 +386,11 @@ def download_wheels(specs: Sequence[str], dest: Path) -> list[Path]:
     return sorted(set(dest.glob("*.whl")) - before) or sorted(before)
 
 
-def travel_bytes(repo: Path) -> int:
+def travel_bytes(repo: Path, exclude: Sequence[str] = ()) -> int:
     """Bytes of the working tree a device call sends: tracked files plus untracked files
     git does not ignore (``git ls-files -co --exclude-standard``), the carried paths not
-    included."""
+    included; ``exclude``: top-level folders left out (those a session untracks:
+    :data:`UNTRACK_FOR_DEVICE`)."""
     r = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=repo,
@@ -399,9 +400,182 @@ def travel_bytes(repo: Path) -> int:
     total = 0
     for name in r.stdout.decode().split("\0"):
         p = Path(repo) / name
-        if name and p.is_file() and not p.is_symlink():
+        if not name or any(name == d or name.startswith(d + "/") for d in exclude):
+            continue
+        if p.is_file() and not p.is_symlink():
             total += p.stat().st_size
     return total
+
+
+# What a session untracks (and lists in .git/info/exclude) while the tree is over the limit a
+# device call carries; the run call carries back the checkpoint folders the vehicles need.
+UNTRACK_FOR_DEVICE = ("checkpoints", "results")
+STAGE_DIR = "/tmp/stage"
+CARRY_MAX_PATHS = 8
+
+
+def vehicle_dirs(manifest: dict) -> list[str]:
+    """The folders (relative to the repository root) the pack's preset vehicles read besides
+    the GGUF: each delta preset's delta folder and each AS-ARM checkpoint folder."""
+    from models.registry import get_preset
+
+    out = []
+    for v in manifest.get("vehicles", {}).values():
+        if not isinstance(v, dict) or v.get("kind") != "preset":
+            continue
+        p = get_preset(v["preset"])
+        rel = p.delta or p.checkpoint
+        if not rel:
+            continue
+        d = Path(rel) if not Path(rel).suffix else Path(rel).parent
+        if str(d) not in out:
+            out.append(str(d))
+    return out
+
+
+def _path_bytes(path: Path) -> int:
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def session_plan(
+    manifest: dict,
+    repo: Path,
+    *,
+    pack: str = PACK_DIR,
+    stage_dir: str = STAGE_DIR,
+    budget_s: float = 540.0,
+    limit: int = CARRY_MAX_BYTES,
+    tree_bytes: Optional[int] = None,
+    untracked_tree_bytes: Optional[int] = None,
+    sizes: Optional[dict[str, int]] = None,
+) -> dict:
+    """The device calls a session makes to run the bench from the pack ``pack`` (relative to
+    ``repo``), each carrying the working tree plus at most ``limit`` bytes in all and at
+    most :data:`CARRY_MAX_PATHS` paths.
+
+    When the tree plus the run's files is over ``limit``, the session first untracks
+    :data:`UNTRACK_FOR_DEVICE` (``untrack`` commands: ``git rm --cached`` and
+    ``.git/info/exclude`` lines; ``restore`` undoes them after the last call), and the run
+    call carries the checkpoint folders the vehicles need (:func:`vehicle_dirs`). Parts go
+    first into the run call's spare room, the rest into stage calls before it (each carrying
+    the manifest and running ``stage``, which copies its parts to ``stage_dir`` on the warm
+    machine); the run call carries the manifest, ``prompts.json`` and the wheels and runs
+    ``run``.
+
+    ``tree_bytes`` / ``untracked_tree_bytes`` / ``sizes`` (path -> bytes) replace what is
+    measured in ``repo`` (tests).
+
+    Returns ``{"fits", "reason", "tree_bytes", "untracked_tree_bytes", "untrack", "restore",
+    "calls": [{"what" ("stage" / "run"), "carry", "bytes" (tree included), "command",
+    "timeout_s"}]}``."""
+    repo = Path(repo)
+    sizes = dict(sizes or {})
+
+    def size(rel: str, default: int = 0) -> int:
+        if rel not in sizes:
+            p = repo / rel
+            sizes[rel] = _path_bytes(p) if p.exists() else default
+        return sizes[rel]
+
+    man = f"{pack}/{MANIFEST}"
+    run_files = [man, f"{pack}/{manifest['prompts']['file']}"]
+    size(man, 64 * 1024)
+    sizes.setdefault(run_files[1], manifest["prompts"]["size"])
+    if manifest.get("wheels"):
+        run_files.append(f"{pack}/wheels")
+        sizes.setdefault(run_files[-1], sum(w["size"] for w in manifest["wheels"]))
+    parts = [(f"{pack}/{p['file']}", p["size"]) for a in manifest["artifacts"] for p in a["parts"]]
+    tree = travel_bytes(repo) if tree_bytes is None else tree_bytes
+    out = {
+        "fits": False,
+        "tree_bytes": tree,
+        "untracked_tree_bytes": None,
+        "untrack": [],
+        "restore": [],
+        "calls": [],
+    }
+    base = tree
+    if tree + sum(size(f) for f in run_files) > limit:
+        dirs = " ".join(UNTRACK_FOR_DEVICE)
+        base = (
+            travel_bytes(repo, UNTRACK_FOR_DEVICE)
+            if untracked_tree_bytes is None
+            else untracked_tree_bytes
+        )
+        out["untracked_tree_bytes"] = base
+        excl = " ".join(f"/{d}/" for d in UNTRACK_FOR_DEVICE)
+        sed = "; ".join(f"\\#^/{d}/$#d" for d in UNTRACK_FOR_DEVICE)
+        out["untrack"] = [
+            f"git rm -r -q --cached {dirs}",
+            f"printf '%s\\n' {excl} >> .git/info/exclude",
+        ]
+        out["restore"] = [
+            f"sed -i '{sed}' .git/info/exclude",
+            f"git reset -q -- {dirs}",
+            f"git status --short -- {dirs}  # only files new since HEAD may show",
+        ]
+        run_files += vehicle_dirs(manifest)
+    run_bytes = base + sum(size(f) for f in run_files)
+    if run_bytes > limit:
+        out["reason"] = (
+            f"the run call needs {run_bytes / MiB:.1f} MiB (the tree "
+            f"{base / MiB:.1f} MiB + {', '.join(run_files)}), over the {limit / MiB:.0f} MiB "
+            "a call carries"
+        )
+        return out
+    man_bytes = size(man)
+    room = limit - base - man_bytes
+    big = [(f, b) for f, b in parts if b > room]
+    if big:
+        out["reason"] = (
+            f"part {big[0][0]} ({big[0][1] / MiB:.1f} MiB) does not fit beside the "
+            f"{base / MiB:.1f} MiB tree and the manifest; pack with --part-max-mib "
+            f"{int(room / MiB)}"
+        )
+        return out
+    run_carry, todo = list(run_files), []
+    for f, b in sorted(parts, key=lambda x: -x[1]):
+        if run_bytes + b <= limit and len(run_carry) < CARRY_MAX_PATHS:
+            run_carry.append(f)
+            run_bytes += b
+        else:
+            todo.append((f, b))
+    stage_calls: list[list] = []
+    for f, b in todo:  # first fit, largest first
+        for c in stage_calls:
+            if c[1] + b <= room and len(c[0]) < CARRY_MAX_PATHS - 1:
+                c[0].append(f)
+                c[1] += b
+                break
+        else:
+            stage_calls.append([[f], b])
+    stage_cmd = f"python3 -m scripts.device_bench stage --pack-dir {pack} --stage-dir {stage_dir}"
+    for files, b in stage_calls:
+        out["calls"].append(
+            {
+                "what": "stage",
+                "carry": [man, *files],
+                "bytes": base + man_bytes + b,
+                "command": stage_cmd,
+                "timeout_s": 120,
+            }
+        )
+    out["calls"].append(
+        {
+            "what": "run",
+            "carry": run_carry,
+            "bytes": run_bytes,
+            "command": f"PYTHONUNBUFFERED=1 python3 -m scripts.device_bench run --budget-s "
+            f"{budget_s:g} --pack-dir {pack} --stage-dir {stage_dir}",
+            "timeout_s": int(min(600, budget_s + 60)),
+        }
+    )
+    out["fits"] = True
+    out["reason"] = f"{len(out['calls'])} call(s), the last one runs the bench"
+    return out
 
 
 def carry_plan(manifest: dict, tree_bytes: int, limit: int = CARRY_MAX_BYTES) -> dict:

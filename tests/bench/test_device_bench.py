@@ -548,3 +548,108 @@ def test_answer_degeneracy_cuts_at_the_first_eos():
         "answer_rep4": pytest.approx(1 / 3, abs=1e-4),
     }
     assert device.answer_degeneracy([[2]], eos_ids=[2]) == {}
+
+
+def _real_like_manifest(parts_mib, cache_mib=()):
+    """A manifest shaped like the real pack's: the GGUF in parts, optionally a JAX cache."""
+    arts = [
+        {
+            "name": "smollm2-gguf",
+            "parts": [
+                {"file": f"parts/smollm2-gguf.{i:02d}", "size": int(s * MiB)}
+                for i, s in enumerate(parts_mib)
+            ],
+        }
+    ]
+    if cache_mib:
+        arts.append(
+            {
+                "name": device.JAX_CACHE_ARTIFACT,
+                "optional": True,
+                "kind": "jax-cache",
+                "parts": [
+                    {"file": f"parts/jax-cache.{i:02d}", "size": int(s * MiB)}
+                    for i, s in enumerate(cache_mib)
+                ],
+            }
+        )
+    return {
+        "artifacts": arts,
+        "prompts": {"file": "prompts.json", "size": 17356},
+        "wheels": [{"file": "wheels/gguf.whl", "size": 118475}],
+        "vehicles": {
+            k: {"kind": "preset", "family": device._REAL_FAMILY[k], "preset": v}
+            for k, v in device.REAL_VEHICLES.items()
+        },
+    }
+
+
+_CKPT = {  # bytes of the checkpoint folders on 2026-11-27
+    "checkpoints/smollm2-135m-space": 21_044_387,
+    "checkpoints/dream-smollm2-135m-v2": 19_759_751,
+    "checkpoints/asarm-small": 14_742_393,
+    "device_pack/manifest.json": 2_000,
+}
+
+
+def test_session_plan_untracks_an_oversized_tree_and_fits_every_call(tmp_path):
+    m = _real_like_manifest([56, 37.8], cache_mib=[16, 16, 4])
+    plan = device.session_plan(
+        m, tmp_path, tree_bytes=98 * MiB, untracked_tree_bytes=3 * MiB, sizes=dict(_CKPT)
+    )
+    assert plan["fits"], plan["reason"]
+    assert plan["untrack"] == [
+        "git rm -r -q --cached checkpoints results",
+        "printf '%s\\n' /checkpoints/ /results/ >> .git/info/exclude",
+    ]
+    assert plan["restore"][:2] == [
+        "sed -i '\\#^/checkpoints/$#d; \\#^/results/$#d' .git/info/exclude",
+        "git reset -q -- checkpoints results",
+    ]
+    calls = plan["calls"]
+    sizes = {**_CKPT, "device_pack/prompts.json": 17356, "device_pack/wheels": 118475}
+    for a in m["artifacts"]:
+        sizes.update({f"device_pack/{p['file']}": p["size"] for p in a["parts"]})
+    for c in calls:
+        assert len(c["carry"]) <= device.CARRY_MAX_PATHS
+        assert c["bytes"] == 3 * MiB + sum(sizes[f] for f in c["carry"])
+        assert c["bytes"] <= device.CARRY_MAX_BYTES
+    run = calls[-1]
+    assert run["what"] == "run" and all(c["what"] == "stage" for c in calls[:-1])
+    assert "device_pack/prompts.json" in run["carry"] and "device_pack/wheels" in run["carry"]
+    assert {
+        "checkpoints/smollm2-135m-space",
+        "checkpoints/dream-smollm2-135m-v2",
+        "checkpoints/asarm-small",
+    } <= set(run["carry"])
+    assert run["command"].startswith("PYTHONUNBUFFERED=1 python3 -m scripts.device_bench run")
+    assert "--stage-dir /tmp/stage" in run["command"] and run["timeout_s"] == 600
+    assert all("device_pack/manifest.json" in c["carry"] for c in calls)
+    carried = [f for c in calls for f in c["carry"] if "/parts/" in f]
+    assert sorted(carried) == sorted(f for f in sizes if "/parts/" in f)  # each part once
+    # a tree that fits carries its checkpoints itself: nothing untracked, one call
+    small = device.session_plan(
+        _real_like_manifest([10]), tmp_path, tree_bytes=30 * MiB, sizes=dict(_CKPT)
+    )
+    assert small["fits"] and not small["untrack"] and len(small["calls"]) == 1
+    assert not any(f.startswith("checkpoints/") for f in small["calls"][0]["carry"])
+    # a part too big beside the tree names the part size to pack with
+    big = device.session_plan(
+        _real_like_manifest([62]),
+        tmp_path,
+        tree_bytes=98 * MiB,
+        untracked_tree_bytes=3 * MiB,
+        sizes=dict(_CKPT),
+    )
+    assert not big["fits"] and "--part-max-mib 60" in big["reason"]
+
+
+def test_plan_command_prints_every_call(tmp_path, capsys):
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    m = {**_real_like_manifest([56, 37.8]), "format": device.PACK_FORMAT, "total_bytes": 1}
+    (pack / device.MANIFEST).write_text(json.dumps(m))
+    assert device_bench.main(["plan", "--pack-dir", str(pack)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("    carry: [") == out.count("    command: ") >= 1
+    assert "scripts.device_bench run --budget-s 540" in out and "prompts.json" in out
