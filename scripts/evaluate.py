@@ -22,8 +22,8 @@ perplexity (geometric mean) exceeds 10x the true text's. Writes ``gate.json`` ne
 
 **Masked diffusion**:
 
-``python -m scripts.evaluate --gate dream-smollm2-135m [--prompts 20 --gen-length 64]
-[--out checkpoints/dream-smollm2-135m/gate.json]``
+``python -m scripts.evaluate --gate dream-smollm2-135m-v1 [--prompts 20 --gen-length 64]
+[--out checkpoints/dream-smollm2-135m-v1/gate.json]``
 
 Reads ``configs/train/<gate>.yaml`` (base preset, head, mask id, held-out modules) and
 ``checkpoints/<gate>/delta.safetensors``, builds ``--prompts`` held-out stdlib snippets

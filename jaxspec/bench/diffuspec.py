@@ -84,7 +84,7 @@ def diffuspec_drafter_options(
     if target_tok is not None and not target_tok.same_vocabulary(drafter_tok):
         out["vocab_adapter"] = (target_tok, drafter_tok)
     if proxy:
-        cfg = Path(__file__).resolve().parents[2] / "configs/train/dream-smollm2-135m.yaml"
+        cfg = Path(__file__).resolve().parents[2] / "configs/train/dream-smollm2-135m-v1.yaml"
         train, _, _ = stdlib_tokens(drafter_tok, load_config(cfg).data.holdout, sep_id=eos)
         out["proxy"] = NgramProxy.fit(train, drafter_tok.vocab_size)
     return out

@@ -32,7 +32,7 @@ def test_preset_fields_and_committed_delta_hash():
     assert sha256_of(presets.delta_path(p)) == p.sha256
     assert NAME in presets.available()
     v1 = get_preset("dream-smollm2-135m-v1")  # issue 15: v1 stays loadable, same base and head
-    assert v1.delta == "checkpoints/dream-smollm2-135m/delta.safetensors"
+    assert v1.delta == "checkpoints/dream-smollm2-135m-v1/delta.safetensors"
     assert (v1.base, v1.head, v1.mask_token_id) == (p.base, p.head, p.mask_token_id)
     assert sha256_of(presets.delta_path(v1)) == v1.sha256 != p.sha256
 

@@ -401,10 +401,10 @@ def test_stdlib_root_override(tmp_path, monkeypatch):
 
 
 def test_configs_load_and_reject_unknown_keys():
-    for name in ("dlm-tiny", "dream-smollm2-135m", "dream-smollm2-135m-v2"):
+    for name in ("dlm-tiny", "dream-smollm2-135m-v1", "dream-smollm2-135m-v2"):
         cfg = load_config(ROOT / f"configs/train/{name}.yaml", ["train.steps=7"])
         assert cfg.train.steps == 7 and cfg.model.mask_token_id is not None
-    assert load_config(ROOT / "configs/train/dream-smollm2-135m.yaml").lora is not None
+    assert load_config(ROOT / "configs/train/dream-smollm2-135m-v1.yaml").lora is not None
     with pytest.raises(TrainConfigError):
         config_from_dict({"optim": {"learning_rate": 1}})
 
