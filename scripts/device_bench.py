@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--jax-cache-max-mib", type=float, default=48.0)
     r.add_argument(
+        "--matmul-precision",
+        default="highest",
+        choices=("highest", "high", "default"),
+        help="jax_default_matmul_precision for the run (default highest: float32 products "
+        "in float32, so greedy rows compare like with like; default: the backend's TF32)",
+    )
+    r.add_argument(
         "--no-compile",
         action="store_true",
         help="transformers static-cache peer without torch.compile",
@@ -277,6 +284,7 @@ def main(argv=None) -> int:
             jax_cache=args.jax_cache,
             jax_cache_out=Path(cache_out) if cache_out else None,
             jax_cache_max_bytes=int(args.jax_cache_max_mib * device.MiB),
+            matmul_precision=args.matmul_precision,
             log=log,
         )
         return 0

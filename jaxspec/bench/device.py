@@ -130,6 +130,9 @@ class Registry:
 # ----------------------------------------------------------------------------- files
 
 
+MATMUL_PRECISIONS = ("highest", "high", "default")  # jax_default_matmul_precision
+
+
 def sha256_file(path: Path, chunk: int = 4 * MiB) -> str:
     """Hex sha256 of a file, streamed."""
     h = hashlib.sha256()
@@ -1907,6 +1910,7 @@ def run_device_bench(
     jax_cache: Optional[str] = None,
     jax_cache_out: Optional[Path] = None,
     jax_cache_max_bytes: int = JAX_CACHE_MAX_BYTES,
+    matmul_precision: str = "highest",
     log: Callable[[str], None] = print,
 ) -> dict[str, dict]:
     """The device run: verify and unpack the pack, install its wheels, load the vehicles,
@@ -1921,10 +1925,18 @@ def run_device_bench(
     back there after every stage (:func:`export_jax_cache`, at most
     ``jax_cache_max_bytes``).
 
+    ``matmul_precision`` is JAX's ``jax_default_matmul_precision`` for the whole run:
+    ``"highest"`` (default) computes float32 products in float32, so the greedy identity
+    column compares like with like; ``"default"`` leaves the backend's choice (on NVIDIA GPUs
+    TF32 for float32 products, where a verification pass of K + 1 rows and a one-token step
+    may round differently and flip a near-tie arg-max: the H200 run of 2026-11-27, at the
+    default, had n-gram and batch-8 ASSD rows differ from their references).
+
     Returns ``{suite: result}``.
 
     Raises:
-      PackError: a missing or corrupt pack (one line), an unknown suite or method.
+      PackError: a missing or corrupt pack (one line), an unknown suite or method, or an
+        unknown ``matmul_precision``.
     """
     from jaxspec.bench import peers, projection
     from jaxspec.core.compile_cache import enable_persistent_cache
@@ -1934,6 +1946,16 @@ def run_device_bench(
         raise PackError(f"unknown suite {bad[0]!r}; available: {', '.join(SUITES)}")
     if budget_s <= 0:
         raise PackError(f"--budget-s must be > 0, got {budget_s}")
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise PackError(
+            f"matmul precision {matmul_precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}"
+        )
+    if smoke:  # the CPU computes float32 products in float32 already; leave the process be
+        matmul_precision = "default"
+    if matmul_precision != "default":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", matmul_precision)
     budget = Budget(float(budget_s))
     suites = [x for x in SUITES if x in suites]
     if smoke:  # tiny models: compile time is all there is (as in the test suite)
@@ -1955,7 +1977,12 @@ def run_device_bench(
         cache_dir = Path(cache_dir) if cache_dir else None
     machine = device_machine_info()
     log(f"[device-bench] {machine_header(machine)}")
-    config = {"smoke": smoke, "budget_s": budget_s, "suites": list(suites)}
+    config = {
+        "smoke": smoke,
+        "budget_s": budget_s,
+        "suites": list(suites),
+        "matmul_precision": matmul_precision,
+    }
     vehicles, prompts = {}, {"task_ids": []}
     if any(x != "projection" for x in suites):  # the projection needs no pack
         pack_dir = Path(pack_dir)
