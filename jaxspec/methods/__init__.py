@@ -310,6 +310,26 @@ def _check_row(what: str, row, i: int, kind=_is_id, expect: str = "int token ids
         raise ValueError(f"{what} {i} is empty")
 
 
+def array_prompts(family: str, inputs):
+    """Prompts given as one integer array ``(B, T)`` (numpy or JAX) as ``B`` lists of ids, the
+    form every decoder takes; any other ``inputs`` (lists; AS-ARM tasks) come back unchanged.
+
+    Raises:
+      TypeError: an array of another rank or a non-integer dtype (one line naming its shape
+        and dtype).
+    """
+    if family == "asarm" or not (hasattr(inputs, "ndim") and hasattr(inputs, "dtype")):
+        return inputs
+    arr = np.asarray(inputs)
+    if arr.ndim != 2 or arr.dtype.kind not in "iu":
+        hint = " (one prompt: pass ids[None])" if arr.ndim == 1 else ""
+        raise TypeError(
+            f"prompts given as an array must be int token ids of shape (B, T); got shape "
+            f"{arr.shape}, dtype {arr.dtype}{hint}"
+        )
+    return arr.tolist()
+
+
 def check_inputs(family: str, inputs) -> None:
     """``TypeError`` / ``ValueError`` (one line) unless ``inputs`` fit ``family``: prompts
     (a non-empty sequence of non-empty sequences of int token ids) for ``causal`` / ``dllm``,
@@ -384,8 +404,8 @@ def run(
     Args:
       method: a registry name (:data:`METHODS`) or entry.
       model, params: the model (its family must be the method's) and its parameters.
-      inputs: ``B`` prompts (lists of int token ids; causal and dllm methods) or ``B``
-        infilling tasks ``(tokens, masked)`` (asarm methods).
+      inputs: ``B`` prompts (lists of int token ids, or one int array ``(B, T)``; causal
+        and dllm methods) or ``B`` infilling tasks ``(tokens, masked)`` (asarm methods).
       config: the method's config (:meth:`Method.configure` or its config class; None: the
         defaults).
       seed: PRNG seed; the same seed reproduces a run exactly.
@@ -400,7 +420,7 @@ def run(
       MethodError: unknown method, or a model of another family ("ssd needs a dllm model
         (got a causal model)").
       TypeError: a config of another method; prompts that are not lists of int ids (a
-        ``str``, float ids).
+        ``str``, float ids) or an array of prompts that is not 2-d int.
       ValueError: empty inputs, a missing draft model or [MASK] token, a draft length that
         does not fit the context, and every error of the decoder (one line).
     """
@@ -418,6 +438,7 @@ def run(
             f"method {m.name!r} takes a {m.config.__name__}, got "
             f"{type(config).__name__} (use get_method({m.name!r}).configure(...))"
         )
+    inputs = array_prompts(m.family, inputs)
     check_inputs(m.family, inputs)
     check_needs(m, model, config)
     config.check_model(model, inputs)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxspec.methods import MethodError, get_method, run
@@ -251,6 +252,9 @@ API_RUN_CASES = [  # (method, inputs, exception, words)
     ("assd", [[1, 2]], MethodError, "assd needs an asarm model (got a causal model)"),
     ("space", [[1, 2]], ValueError, "needs a SAR-SFT model with a [MASK] token"),
     ("sps", [[1, 2]], ValueError, "method 'sps' needs a causal draft model"),
+    ("ar", np.ones((1, 2, 3), int), TypeError, "of shape (B, T); got shape (1, 2, 3), dtype int"),
+    ("ar", np.ones((1, 3)), TypeError, "of shape (B, T); got shape (1, 3), dtype float64"),
+    ("ar", np.arange(3), TypeError, "got shape (3,), dtype int64 (one prompt: pass ids[None])"),
 ]
 
 
@@ -260,6 +264,18 @@ def test_api_run_errors(causal, name, inputs, exc, words):
     with pytest.raises(exc) as e:
         run(name, model, params, inputs)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_api_run_takes_prompts_as_one_2d_int_array(causal):
+    """A numpy or JAX int array ``(B, T)`` decodes as its ``B`` rows given as lists."""
+    import jax.numpy as jnp
+
+    model, params = causal
+    ids = [[1, 2, 3], [4, 5, 6]]
+    config = get_method("ngram").configure(max_new_tokens=6)
+    want = run("ngram", model, params, ids, config).tokens
+    assert run("ngram", model, params, np.array(ids), config).tokens == want
+    assert run("ngram", model, params, jnp.asarray(ids, jnp.int32), config).tokens == want
 
 
 def test_api_draft_length_past_the_context(causal):
