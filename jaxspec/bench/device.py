@@ -995,7 +995,7 @@ def collect(bundle_path: Path, out_dir: Path, log_path: Optional[Path] = None) -
 
 
 def device_machine_info() -> dict:
-    """:func:`jaxspec.bench.common.machine_info` plus the GPU's driver version and name
+    """:func:`jaxspec.bench.machine.machine_info` plus the GPU's driver version and name
     (``nvidia-smi``), when there is one."""
     from jaxspec.bench.machine import machine_info
 

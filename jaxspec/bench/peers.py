@@ -2,7 +2,7 @@
 suite of :mod:`jaxspec.bench.device`).
 
 Rows (greedy, batch 1, every system on every prompt in rotating order, after one untimed
-warm-up each: the protocol of :func:`jaxspec.bench.common.run_ar_suite`):
+warm-up each: the protocol of :func:`jaxspec.bench.ar_suite.run_ar_suite`):
 
 * ``jaxspec/ar`` (baseline and token reference), ``jaxspec/ngram`` (draft length
   :data:`NGRAM_K`), ``jaxspec/sps`` (draft length :data:`SPS_K`, the draft model below);
@@ -12,7 +12,7 @@ warm-up each: the protocol of :func:`jaxspec.bench.common.run_ar_suite`):
   (``ar-static`` without the compile, e.g. on a CPU without a C compiler);
 * ``transformers/prompt-lookup`` (``prompt_lookup_num_tokens`` = :data:`NGRAM_K`);
 * ``transformers/assisted``: assisted generation with the same draft model and exactly
-  :data:`SPS_K` drafts per step (:class:`jaxspec.bench.common.TransformersSystem`).
+  :data:`SPS_K` drafts per step (:class:`jaxspec.bench.systems.TransformersSystem`).
 
 Every row says whether its tokens equal ``jaxspec/ar``'s (``identical``) and on what share of
 the prompts. The draft model of both SPS rows is the target's first layers with its final norm
