@@ -1,10 +1,11 @@
-"""Train a model on the Python stdlib: a masked-diffusion LM, an AS-ARM or a SAR model.
+"""Train a masked-diffusion LM, AS-ARM or SAR model on the Python stdlib, or a DFlash drafter.
 
     python -m scripts.train --config configs/train/dlm-tiny.yaml [--out DIR] [--steps N]
         [--resume] [--stop-after N] [--set section.key=value ...] [--no-progress]
 
 Writes ``config.json``, ``checkpoints/<step>/`` (orbax), ``metrics.jsonl``, ``loss.png`` and,
-for LoRA configs, ``delta.safetensors`` under ``--out`` (default
+for LoRA configs, ``delta.safetensors`` (for ``objective.kind: dflash``, ``drafter.safetensors``,
+for ``scripts.generate --dflash-drafter``) under ``--out`` (default
 ``$JAXSPEC_CACHE/runs/<config name>``, i.e. ``~/.cache/jaxspec/runs/<name>``). After an
 interruption, rerun the same command with ``--resume``: training continues from the latest
 checkpoint and reproduces the uninterrupted run exactly (see :mod:`jaxspec.training.loop`).
@@ -118,8 +119,9 @@ def main(argv=None) -> int:
         "tokens_per_step": res["tokens_per_step"],
         "tokens_per_sec": round(res["tokens_per_step"] / sps, 1) if steady else None,
     }
-    if "delta_bytes" in res:
-        summary["delta_bytes"] = res["delta_bytes"]
+    for k in ("delta_bytes", "drafter_bytes"):
+        if k in res:
+            summary[k] = res[k]
     print(json.dumps(summary))
     return 0
 

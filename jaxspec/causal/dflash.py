@@ -243,10 +243,11 @@ def drafter_params(own: dict, target_params: dict) -> dict:
 SPEC_KEY = "dflash_spec"
 
 
-def save_drafter(path, spec: DFlashSpec, own: dict) -> int:
+def save_drafter(path, spec: DFlashSpec, own: dict, meta: Optional[dict] = None) -> int:
     """Write the drafter's own tree as safetensors (keys ``fc``, ``blocks.wq``, ...; float32)
-    with its :class:`DFlashSpec` as JSON metadata (``dflash_spec``). Returns the file size in
-    bytes. The target's embedding and LM head are not stored."""
+    with its :class:`DFlashSpec` as JSON metadata (``dflash_spec``) and, when given, ``meta``
+    (e.g. how it was trained) as JSON under ``dflash_meta``. Returns the file size in bytes.
+    The target's embedding and LM head are not stored."""
     from safetensors.numpy import save_file
 
     flat = {
@@ -255,7 +256,10 @@ def save_drafter(path, spec: DFlashSpec, own: dict) -> int:
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(flat, str(path), metadata={SPEC_KEY: json.dumps(dataclasses.asdict(spec))})
+    info = {SPEC_KEY: json.dumps(dataclasses.asdict(spec))}
+    if meta:
+        info["dflash_meta"] = json.dumps(meta)
+    save_file(flat, str(path), metadata=info)
     return path.stat().st_size
 
 

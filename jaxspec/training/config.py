@@ -61,7 +61,7 @@ class DataSection:
     distill_fraction: float = 0.5
 
 
-OBJECTIVES = ("diffusion", "asarm", "sar")
+OBJECTIVES = ("diffusion", "asarm", "sar", "dflash")
 
 
 @dataclasses.dataclass
@@ -70,7 +70,9 @@ class ObjectiveSection:
     Eq. 7 on an XLNet; settings in the ``asarm`` section) or ``"sar"`` (SPACE SAR-SFT, Eqs. 1-3,
     on a causal LM: ``sar_k`` masks per group, AR samples with probability ``p_ar``; with
     ``sar_groups > 0`` every row instead carries that many mask groups beside its AR terms,
-    :func:`jaxspec.training.objectives.sar_group_inputs`)."""
+    :func:`jaxspec.training.objectives.sar_group_inputs`) or ``"dflash"`` (a DFlash block
+    drafter on a frozen causal target; settings in the ``dflash`` section,
+    :mod:`jaxspec.training.dflash_run`)."""
 
     kind: str = "diffusion"
     eps: float = 1e-3
@@ -137,6 +139,27 @@ class AsarmSection:
 
 
 @dataclasses.dataclass
+class DFlashSection:
+    """Config section ``dflash`` (used when ``objective.kind == "dflash"``): the drafter
+    (:class:`jaxspec.causal.dflash.DFlashSpec`: ``block_size``, ``num_layers``, ``layer_ids``
+    (None: DFlash's default rule), ``intermediate_size`` (None: the target's)) and its
+    objective (:mod:`jaxspec.training.dflash`): ``blocks_per_seq`` masked blocks (anchors) per
+    sequence, ``gamma`` the position decay of DFlash Eq. 4 (None: uniform weights).
+    ``answer_cap``: the answer budget the distillation file was written with (an answer this
+    long was cut, not ended). ``init_weights``: a drafter file (``save_drafter``) whose
+    weights start the run; its spec must equal this config's."""
+
+    block_size: int = 16
+    num_layers: int = 1
+    layer_ids: Optional[tuple] = None
+    intermediate_size: Optional[int] = None
+    blocks_per_seq: int = 16
+    gamma: Optional[float] = 7.0
+    answer_cap: int = 192
+    init_weights: Optional[str] = None
+
+
+@dataclasses.dataclass
 class TrainConfig:
     name: str = "unnamed"
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
@@ -146,6 +169,7 @@ class TrainConfig:
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     lora: Optional[LoraSection] = None
     asarm: Optional[AsarmSection] = None
+    dflash: Optional[DFlashSection] = None
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -159,6 +183,7 @@ _SECTIONS = {
     "train": TrainSection,
     "lora": LoraSection,
     "asarm": AsarmSection,
+    "dflash": DFlashSection,
 }
 
 
@@ -187,6 +212,10 @@ _RANGES = {
     ("optim", "min_lr_ratio"): (0, 1),
     ("optim", "weight_decay"): (0, None),
     ("lora", "rank"): (1, None),
+    ("dflash", "block_size"): (2, None),
+    ("dflash", "num_layers"): (1, 5),
+    ("dflash", "blocks_per_seq"): (1, None),
+    ("dflash", "answer_cap"): (1, None),
 }
 
 
@@ -273,6 +302,15 @@ def config_from_dict(d: dict) -> TrainConfig:
             cfg.asarm = AsarmSection()
         if cfg.lora is not None:
             raise TrainConfigError("objective.kind = asarm does not support a lora section")
+    if cfg.objective.kind == "dflash":
+        if cfg.dflash is None:
+            cfg.dflash = DFlashSection()
+        if cfg.lora is not None:
+            raise TrainConfigError("objective.kind = dflash does not support a lora section")
+        if cfg.dflash.gamma is not None and not cfg.dflash.gamma > 0:
+            raise TrainConfigError(
+                f"dflash.gamma must be > 0 (or null: uniform weights), got {cfg.dflash.gamma}"
+            )
     if cfg.objective.kind == "sar" and (
         int(cfg.objective.sar_k) < 1 or not 0.0 <= float(cfg.objective.p_ar) <= 1.0
     ):
@@ -345,6 +383,7 @@ __all__ = [
     "OptimSection",
     "TrainSection",
     "AsarmSection",
+    "DFlashSection",
     "TrainConfig",
     "config_from_dict",
     "load_config",

@@ -1,26 +1,34 @@
 """The DFlash training objective: a block-diffusion drafter (:mod:`jaxspec.causal.dflash`)
 learns to fill a masked block from the target's hidden states of the context before it.
 
-Objective (DFlash, Chen, Liang, Liu, arXiv 2602.06036; training recipe as described for the
-released drafters and in public re-implementations, e.g. NVIDIA Model-Optimizer's ``dflash``
-recipe):
+Objective (DFlash, Chen, Liang, Liu, arXiv 2602.06036, Sec. 4 and Eq. 4):
 
 1. **Target features.** One causal pass of the frozen target over each training sequence
-   returns the hidden states after the drafter's ``layer_ids``
-   (:func:`target_features`; the same ``hidden_layers`` option the decoder uses).
-2. **Anchors.** Per sequence, ``n_anchors`` distinct positions ``a`` are drawn uniformly among
-   the trainable ones (:func:`sample_anchors`: ``a`` and ``a + 1`` are trainable tokens, e.g.
-   the response). Each anchor opens one block ``[x_a, mask * (B - 1)]`` at positions
-   ``a .. a + B - 1``, exactly as at decode time (the anchor is the last emitted token).
+   returns the hidden states after the drafter's ``layer_ids`` (:func:`target_features`; the
+   same ``hidden_layers`` option the decoder uses, on the target cut after its deepest
+   feature layer, :func:`truncated_target`).
+2. **Anchors.** DFlash fixes the number of masked blocks per sequence and samples their
+   anchor positions afresh for every sequence: per sequence, ``n_anchors`` distinct
+   positions ``a`` are drawn uniformly among the trainable ones (:func:`sample_anchors`: ``a``
+   and ``a + 1`` are trainable tokens, e.g. the response). Each anchor opens one block
+   ``[x_a, mask * (B - 1)]`` at positions ``a .. a + B - 1``, exactly as at decode time (the
+   anchor is the last emitted token).
 3. **Context.** The block sees the projected features of positions ``< a`` only (at decode
    time the anchor's own hidden state is computed by the next verification pass), and all
-   rows of its own block (bidirectional). Blocks never see each other.
-4. **Loss.** Cross-entropy of draft row ``j = 1 .. B - 1`` against ``x_{a + j}`` (where that
-   position exists and is trainable), weighted by ``w_j = exp(-(j - 1) / gamma)``: DFlash's
-   position decay, which favours the early block positions (a draft token counts only if
-   every token before it is accepted); ``gamma = None`` weighs all positions equally.
-   Model-Optimizer's recipe defaults to ``gamma = 4`` at block size 8. The loss is the
+   rows of its own block (bidirectional). Blocks never see each other. The blocks of one
+   sequence attend to one copy of its context keys / values (:func:`blocks_at`), so memory
+   does not grow with ``anchors x context``.
+4. **Loss (Eq. 4).** Cross-entropy of draft row ``k = 1 .. B - 1`` against ``x_{a + k}``
+   (where that position exists and is trainable), weighted by
+   ``w_k = exp(-(k - 1) / gamma)``, which favours the early block positions: a draft counts
+   only if every draft before it is accepted. The paper's ``gamma`` is 7 for block size 16
+   (5 for 10, 4 for 8). ``gamma = None`` weighs all positions equally. The loss is the
    weighted sum divided by the sum of the weights.
+
+   Sources for step 4: the paper's text was not at hand; the form of Eq. 4 is as NVIDIA NeMo
+   AutoModel's DFlash trainer documents it ("the decay-weighted CE of Eq. 4, w_k =
+   exp(-(k-1)/gamma)") and the per-block-size ``gamma`` as public DFlash training scripts
+   give them (16: 7, 10: 5, 8: 4).
 
 The token embedding and LM head are the target's, frozen: only the drafter's own tree
 (:func:`jaxspec.causal.dflash.init_drafter`) is trained.
@@ -35,17 +43,26 @@ import jax.numpy as jnp
 
 from jaxspec.causal.dflash import DFlashSpec, block_logits, context_kv
 
-__all__ = ["blocks_at", "dflash_loss", "position_weights", "sample_anchors", "target_features"]
+__all__ = [
+    "blocks_at",
+    "truncated_target",
+    "dflash_loss",
+    "position_weights",
+    "sample_anchors",
+    "target_features",
+]
 
 
 def target_features(model, params, tokens: jax.Array, layer_ids: tuple[int, ...]) -> jax.Array:
     """The frozen target's hidden states after ``layer_ids`` for right-padded ``tokens``
-    int32 ``(N, T)`` (one causal pass, positions ``0..T-1``): ``(N, T, n, D)``."""
+    int32 ``(N, T)`` (one causal pass, positions ``0..T-1``): ``(N, T, n, D)``. The layers
+    after ``max(layer_ids)`` do not change them: ``model`` / ``params`` may be the target cut
+    to its first ``max(layer_ids) + 1`` layers (:func:`truncated_target`)."""
     N, T = tokens.shape
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (N, T, T))
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
-    _, _, hidden = model.apply(
-        {"params": params}, tokens, pos, mask, hidden_layers=tuple(layer_ids)
+    _, _, hidden = model.apply(  # last_rows=1: the LM head skips all but one row
+        {"params": params}, tokens, pos, mask, last_rows=1, hidden_layers=tuple(layer_ids)
     )
     return jax.lax.stop_gradient(hidden)
 
@@ -71,6 +88,19 @@ def sample_anchors(key: jax.Array, trainable: jax.Array, n_anchors: int):
     A = min(n_anchors, cand.shape[1])
     top, idx = jax.lax.top_k(score, A)
     return idx.astype(jnp.int32), top >= 0.0
+
+
+def truncated_target(model, params, layer_ids: tuple[int, ...]):
+    """``(CausalLM, params)`` of the target cut to its first ``max(layer_ids) + 1`` layers
+    (stacked ``layers`` weights): the hidden states of ``layer_ids`` are the full target's,
+    at a fraction of the cost when the deepest feature layer is early."""
+    from models.llama.modeling import CausalLM
+
+    keep = max(layer_ids) + 1
+    if keep >= model.config.num_layers:
+        return model, params
+    cut = dict(params, layers={k: v[:keep] for k, v in params["layers"].items()})
+    return CausalLM(model.config.replace(num_layers=keep)), cut
 
 
 def position_weights(block_size: int, gamma: Optional[float]) -> jax.Array:
@@ -149,8 +179,12 @@ def dflash_loss(
       anchors, ok: :func:`sample_anchors`; gamma: the position decay (None: uniform).
 
     Returns:
-      ``(loss float32 (), metrics)``: ``metrics["acc"]`` float32 ``(B - 1,)`` the argmax
-      accuracy per draft row, ``metrics["tokens"]`` the number of scored tokens.
+      ``(loss float32 (), metrics)``: ``acc`` float32 ``(B - 1,)`` the argmax accuracy per
+      draft row, ``tokens`` the number of scored tokens, ``hits`` / ``scored`` float32
+      ``(B - 1,)`` the counts behind ``acc``, ``accepted`` the drafts before the first argmax
+      miss summed over the complete blocks (all ``B - 1`` labels scored) and ``blocks`` their
+      number: on the target's own greedy continuations, ``accepted / blocks`` is what greedy
+      verification would accept per block (the acceptance length less the bonus token).
     """
     N, T = tokens.shape
     A, Bk = anchors.shape[1], spec.block_size
@@ -169,4 +203,13 @@ def dflash_loss(
     loss = jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1e-9)
     hit = (jnp.argmax(logits, -1) == labels) & scored
     acc = jnp.sum(hit, 0) / jnp.maximum(jnp.sum(scored, 0), 1)
-    return loss, {"acc": acc, "tokens": jnp.sum(scored)}
+    complete = jnp.all(scored, axis=1)  # blocks whose B - 1 labels all exist
+    lead = jnp.sum(jnp.cumprod(hit, axis=1), axis=1)  # drafts before the first miss
+    return loss, {
+        "acc": acc,
+        "tokens": jnp.sum(scored),
+        "hits": jnp.sum(hit, 0).astype(jnp.float32),
+        "scored": jnp.sum(scored, 0).astype(jnp.float32),
+        "accepted": jnp.sum(jnp.where(complete, lead, 0)).astype(jnp.float32),
+        "blocks": jnp.sum(complete).astype(jnp.float32),
+    }

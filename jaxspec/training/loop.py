@@ -6,8 +6,10 @@ Objectives (``objective.kind``): ``diffusion`` (LLaDA / Dream masked diffusion,
 and the run writes ``delta.safetensors``) and ``asarm`` (ASSD Eq. 7 on an XLNet,
 :mod:`jaxspec.training.asarm`; the run also writes ``vocab.json`` and, at the stop,
 ``model.safetensors``, float16, :func:`models.xlnet.modeling.save_xlnet`), and ``sar`` (SPACE
-SAR-SFT of a causal LM, :func:`jaxspec.training.objectives.sar_loss`, with the same LoRA delta).
-The same loop, optimiser, checkpoints and metrics serve all three.
+SAR-SFT of a causal LM, :func:`jaxspec.training.objectives.sar_loss`, with the same LoRA delta),
+and ``dflash`` (a DFlash drafter on a frozen causal target, :mod:`jaxspec.training.dflash_run`:
+its own model, data and export around the same step loop). The same loop, optimiser,
+checkpoints and metrics serve all four.
 
 Exact resume: the masking key of step ``s`` is ``fold_in(PRNGKey(seed), s)`` and its batch is
 ``PackedDataset.batch(s, ...)``, both pure functions of ``s``; checkpoints (orbax) hold the
@@ -311,6 +313,8 @@ class _Run:
     train_ds: Any  # PackedDataset
     val_batches: list  # fixed held-out batches
     mngr: Any  # orbax CheckpointManager
+    # (eval_fn, trainable, base, batches) -> the eval row (None: _evaluate)
+    evaluate: Optional[Callable] = None
 
     @property
     def tokens_per_step(self) -> int:
@@ -382,7 +386,7 @@ def _run_steps(
             rec = {
                 "kind": "eval",
                 "step": done,
-                **_evaluate(run.eval_fn, trainable, run.base, run.val_batches),
+                **(run.evaluate or _evaluate)(run.eval_fn, trainable, run.base, run.val_batches),
             }
             mf.write(json.dumps(rec) + "\n")
             mf.flush()
@@ -441,6 +445,20 @@ def train(
     Raises:
       TrainConfigError: ``out_dir`` already has checkpoints and ``resume`` is False.
     """
+    if cfg.objective.kind == "dflash":  # its own target, data and export
+        from jaxspec.training.dflash_run import train_dflash
+
+        return train_dflash(
+            cfg,
+            out_dir,
+            resume=resume,
+            stop_after=stop_after,
+            max_seconds=max_seconds,
+            datasets=datasets,
+            model_and_params=model_and_params,
+            progress=progress,
+            log=log,
+        )
     import orbax.checkpoint as ocp
     from tqdm.auto import tqdm
 

@@ -431,3 +431,177 @@ def test_save_and_load(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(ValueError, match="not a readable"):
         load_drafter(tmp_path / "junk.safetensors")
+
+
+# ----------------------------------------------------------------------------- scripts.train
+
+
+def _distill_file(tmp_path, model, params):
+    """A self-distillation file of the tiny target (``scripts.distill``'s row format): its
+    greedy answers (EOS 7 inside the vocabulary, budget 24) to 24 random prompts, and as the
+    ``val`` split four of those rows again (the evaluation then scores a fixed batch of
+    training blocks). Returns ``(path, prompts, their AR answers)``."""
+    import json
+
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(8, 64, size=rng.integers(4, 10))] for _ in range(24)]
+    ar = generate(model, params, prompts, max_new_tokens=24, eos_ids=(7,), bucket=8)
+    path = tmp_path / "distill.jsonl"
+    with path.open("w") as f:
+        for i, (p, a) in enumerate(list(zip(prompts, ar.tokens)) * 2):
+            if i >= 28:
+                break
+            answer = [t for t in a if t != 7]  # stored without its EOS, as scripts.distill does
+            row = {"i": i, "split": "val" if i >= 24 else "train", "prompt": p, "answer": answer}
+            f.write(json.dumps(row) + "\n")
+    return path, prompts, ar.tokens
+
+
+def _dflash_cfg(path, **train):
+    from jaxspec.training.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "name": "dflash-tiny",
+            "model": {"init": "preset", "preset": "tiny"},
+            "data": {"source": "distill", "distill": str(path), "seq_len": 40, "batch_size": 4},
+            "objective": {"kind": "dflash"},
+            "dflash": {
+                "block_size": 4,
+                "layer_ids": [0, 1],
+                "blocks_per_seq": 8,
+                "gamma": 4.0,
+                "answer_cap": 24,
+            },
+            "optim": {"lr": 0.003, "warmup_steps": 0, "weight_decay": 0.0, "clip_norm": 10.0},
+            "train": {
+                "steps": 60,
+                "eval_every": 1,
+                "eval_batches": 2,
+                "log_every": 10,
+                "ckpt_every": 25,
+                **train,
+            },
+        }
+    )
+
+
+def test_train_objective_smoke_resume_and_export(tmp_path):
+    """``objective.kind: dflash`` through the shared training loop on a tiny random target
+    and its own greedy answers: the evaluation loss on fixed blocks falls, an interrupted run
+    resumed from its checkpoint ends with the uninterrupted run's weights, and the exported
+    drafter file loads with its spec and training metadata and decodes AR's greedy tokens,
+    with more drafts accepted than an untrained drafter. The evaluation rows repeat four
+    training rows: the loss on that fixed batch of blocks (fixed anchors) must fall."""
+    import json
+
+    from safetensors import safe_open
+
+    from jaxspec.training.loop import train
+
+    model, params = tiny_model(64, seed=0)
+    path, prompts, answers = _distill_file(tmp_path, model, params)
+    cfg = _dflash_cfg(path)
+    whole = train(cfg, tmp_path / "a", model_and_params=(model, params), progress=False)
+    part = train(
+        cfg, tmp_path / "b", model_and_params=(model, params), progress=False, stop_after=25
+    )
+    assert part["step"] == 25 and part["stopped_early"] is False
+    rest = train(cfg, tmp_path / "b", model_and_params=(model, params), progress=False, resume=True)
+    assert rest["step"] == 60
+    jax.tree_util.tree_map(np.testing.assert_array_equal, rest["trainable"], whole["trainable"])
+    rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == list(range(1, 61))
+    assert evals[-1]["val_loss"] < 0.85 * evals[0]["val_loss"], (evals[0], evals[-1])
+    assert len(evals[-1]["val_acc_pos"]) == 3 and evals[-1]["val_greedy_tau"] > 1.0
+    assert all(r["loss"] > 0 for r in rows if r["kind"] == "train")
+
+    file = tmp_path / "a" / "drafter.safetensors"
+    assert whole["drafter_bytes"] == file.stat().st_size
+    spec, own = load_drafter(file)
+    assert spec == DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0, 1))
+    with safe_open(str(file), framework="numpy") as f:
+        meta = json.loads(f.metadata()["dflash_meta"])
+    assert meta["step"] == 60 and meta["gamma"] == 4.0
+    rates = {}
+    for name, tree in (("trained", own), ("untrained", init_drafter(spec, 0))):
+        res = generate(
+            model,
+            params,
+            prompts[:8],
+            max_new_tokens=24,
+            eos_ids=(7,),
+            bucket=8,
+            drafter=DFlashDrafter(spec),
+            drafter_params=drafter_params(tree, params),
+        )
+        assert res.tokens == answers[:8], name
+        rates[name] = res.stats.acceptance_rate
+    assert rates["trained"] > rates["untrained"], rates
+
+
+def test_train_objective_bad_input(tmp_path, capsys):
+    """One-line errors for a ``dflash`` run: a target that is not a preset, data that are
+    not a distillation file, a position decay <= 0, a LoRA section, a start drafter built
+    for another spec; ``scripts.train`` exits 2 with one ``error:`` line."""
+    from jaxspec.training.config import TrainConfigError, config_from_dict
+    from jaxspec.training.dflash_run import build_rows, build_target
+    from scripts import train as train_cli
+
+    model, params = tiny_model(64, seed=0)
+    path = tmp_path / "none.jsonl"
+    cfg = _dflash_cfg(path)
+    with pytest.raises(TrainConfigError, match="data.distill must name a file"):
+        build_rows(cfg, 7)
+    d = cfg.to_dict()
+    with pytest.raises(TrainConfigError, match="data.source must be 'distill'"):
+        build_rows(config_from_dict({**d, "data": {**d["data"], "source": "stdlib"}}), 7)
+    with pytest.raises(TrainConfigError, match="dflash.gamma must be > 0"):
+        config_from_dict({**d, "dflash": {**d["dflash"], "gamma": 0.0}})
+    with pytest.raises(TrainConfigError, match="lora"):
+        config_from_dict({**d, "lora": {"rank": 4}})
+    with pytest.raises(TrainConfigError, match="dflash: layer_ids"):
+        build_target(
+            config_from_dict({**d, "dflash": {**d["dflash"], "layer_ids": [5]}}),
+            model_and_params=(model, params),
+        )
+    other = tmp_path / "other.safetensors"
+    wrong = DFlashSpec.for_target(model.config, block_size=8, layer_ids=(0, 1))
+    save_drafter(other, wrong, init_drafter(wrong))
+    rows = tmp_path / "one.jsonl"
+    rows.write_text('{"split": "train", "prompt": [9, 10, 11], "answer": [12, 13, 14, 15]}\n')
+    bad = config_from_dict(
+        {
+            **d,
+            "data": {**d["data"], "distill": str(rows)},
+            "dflash": {**d["dflash"], "init_weights": str(other)},
+        }
+    )
+    with pytest.raises(TrainConfigError, match="init_weights .* spec differs"):
+        from jaxspec.training.loop import train
+
+        train(bad, tmp_path / "x", model_and_params=(model, params), progress=False)
+    rc = train_cli.main(
+        [
+            "--config",
+            "configs/train/dlm-tiny.yaml",
+            "--set",
+            "objective.kind=dflash",
+            "--out",
+            str(tmp_path / "cli"),
+            "--no-progress",
+        ]
+    )
+    from pathlib import Path
+
+    from jaxspec.training.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    real = load_config(root / "configs/train/dflash-smollm2-135m.yaml")  # the committed recipe
+    assert real.objective.kind == "dflash" and real.dflash.gamma == 7.0
+    assert real.dflash.block_size == 16 and (root / real.data.distill).is_file()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1] == (
+        "error: objective.kind = dflash needs model.init: preset and model.preset (the target)"
+    ), err

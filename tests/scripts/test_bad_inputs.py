@@ -196,12 +196,12 @@ CASES = [
         "train",
         f"--config {TINY} --set magic.x=1",
         "unknown config section 'magic'; "
-        "expected model, data, objective, optim, train, lora, asarm",
+        "expected model, data, objective, optim, train, lora, asarm, dflash",
     ),
     (
         "train",
         f"--config {TINY} --set objective.kind=gan",
-        "unknown objective.kind 'gan'; expected one of ('diffusion', 'asarm', 'sar')",
+        "unknown objective.kind 'gan'; expected one of ('diffusion', 'asarm', 'sar', 'dflash')",
     ),
     ("train", f"--config {TINY} --steps 0", "--steps must be >= 1, got 0"),
     ("train", f"--config {TINY} --stop-after 0", "--stop-after must be >= 1, got 0"),

@@ -1,0 +1,449 @@
+"""The ``dflash`` objective of ``scripts.train``: a DFlash drafter (:mod:`jaxspec.causal.dflash`)
+trained against a frozen causal target on the target's own answers, through the shared step
+loop, checkpoints and metrics of :mod:`jaxspec.training.loop`.
+
+**Data** (``data.source: distill``): the rows of ``data.distill``, a file written by
+``scripts.distill`` (the target's own greedy answers to prompts, each row ``split`` train or
+val). A row becomes ``prompt + answer``, plus EOS when the target ended the answer (it is
+shorter than ``dflash.answer_cap``), cut to ``data.seq_len`` and right-padded
+(:func:`distill_sequences`). The trainable positions (block labels and anchors) are the
+answer's tokens and its EOS; padding and prompt are context only, so no row needs dropping
+for being short.
+
+**Step** (:func:`compiled_fns`): per micro-batch, the frozen target cut after its deepest
+feature layer (:func:`jaxspec.training.dflash.truncated_target`, LM head skipped) gives the
+hidden states without gradient; ``dflash.blocks_per_seq`` anchors are drawn per sequence with
+the key ``fold_in(fold_in(PRNGKey(seed), step), i)``; the gradient of DFlash's Eq. 4 loss
+(:func:`jaxspec.training.dflash.dflash_loss`, position decay ``dflash.gamma``) with respect to
+the drafter's own tree is averaged over the ``grad_accum`` micro-batches. Batches and keys
+are functions of the step, so ``--resume`` reproduces an uninterrupted run.
+
+**Memory.** The blocks of a sequence attend to one copy of its context keys / values (not one
+per block): per micro-batch the drafter holds ``l x N x T`` context rows and ``N x A x B``
+block rows, and the logits of the ``N x A x (B - 1)`` draft rows over the vocabulary (with
+``batch_size`` 4, 16 blocks of 16 and SmolLM2's 49,152 tokens, 189 MB in float32, about three
+times that with the log-softmax and its gradient), which ``batch_size`` and
+``blocks_per_seq`` bound.
+
+**Held-out** (``metrics.jsonl`` eval rows, on ``eval_batches`` fixed batches of the val rows
+with fixed anchors): ``val_loss``, ``val_masked_acc`` (argmax accuracy over all draft rows),
+``val_acc_pos`` (per draft row ``1 .. B - 1``), ``val_accepted`` (drafts before the first
+argmax miss per complete block) and ``val_greedy_tau`` (``1 + val_accepted``): the data are
+the target's own greedy answers, so this is the acceptance length (tokens per target pass)
+greedy verification would reach on those blocks.
+
+**Export:** ``drafter.safetensors`` (:func:`jaxspec.causal.dflash.save_drafter`, float32, the
+spec and the run's step / tokens as metadata), loadable by ``scripts.generate
+--dflash-drafter``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxspec.causal.dflash import DFlashSpec, init_drafter, load_drafter, save_drafter
+from jaxspec.training.build import make_optimizer
+from jaxspec.training.config import TrainConfig, TrainConfigError, config_from_dict
+from jaxspec.training.data import DataError
+from jaxspec.training.dflash import dflash_loss, sample_anchors, target_features, truncated_target
+from jaxspec.training.distill import read_distill
+
+__all__ = ["DFlashRows", "distill_sequences", "build_target", "compiled_fns", "train_dflash"]
+
+
+def distill_sequences(
+    rows, seq_len: int, eos_id: int, answer_cap: int, pad_id: Optional[int] = None
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Self-distillation rows ``{"prompt": ids, "answer": ids}`` -> training sequences.
+
+    Returns:
+      ``(tokens int32 (N, T), trainable bool (N, T), stats)``: ``prompt + answer (+ EOS when
+      len(answer) < answer_cap)`` cut to ``T = seq_len`` and right-padded with ``pad_id``
+      (default ``eos_id``); ``trainable`` marks the answer and its EOS. Rows whose prompt
+      leaves fewer than two answer positions are dropped (no anchor with a label).
+      ``stats``: ``rows``, ``kept``, ``ended`` (EOS appended and inside ``T``),
+      ``dropped_prompt_too_long``, ``trainable_tokens``.
+
+    Raises:
+      DataError: ``seq_len`` < 2 or ``answer_cap`` < 1.
+    """
+    if seq_len < 2 or answer_cap < 1:
+        raise DataError(f"seq_len must be >= 2 and answer_cap >= 1, got {seq_len}, {answer_cap}")
+    pad = eos_id if pad_id is None else pad_id
+    toks, train = [], []
+    ended = long_prompt = 0
+    for r in rows:
+        p, a = [int(t) for t in r["prompt"]], [int(t) for t in r["answer"]]
+        if len(a) < answer_cap:
+            a = a + [int(eos_id)]
+        if len(p) + 2 > seq_len or len(a) < 2:
+            long_prompt += 1
+            continue
+        seq = (p + a)[:seq_len]
+        ended += int(len(p) + len(a) <= seq_len and len(r["answer"]) < answer_cap)
+        row = np.full(seq_len, pad, np.int32)
+        row[: len(seq)] = seq
+        mask = np.zeros(seq_len, bool)
+        mask[len(p) : len(seq)] = True
+        toks.append(row)
+        train.append(mask)
+    tokens = np.stack(toks) if toks else np.zeros((0, seq_len), np.int32)
+    trainable = np.stack(train) if train else np.zeros((0, seq_len), bool)
+    stats = {
+        "rows": len(rows),
+        "kept": len(toks),
+        "ended": ended,
+        "dropped_prompt_too_long": long_prompt,
+        "trainable_tokens": int(trainable.sum()),
+    }
+    return tokens, trainable, stats
+
+
+class DFlashRows:
+    """Training sequences as batches ``int32 (n, 2, T)`` = ``[tokens, trainable]``, a pure
+    function of ``(seed, step)``: global sample ``k`` is row ``perm_e[k mod N]`` of the
+    epoch-``e = k // N`` permutation (seeded by ``seed`` and ``e``).
+
+    Raises:
+      DataError: no rows, or ``tokens`` and ``trainable`` of different shapes."""
+
+    def __init__(self, tokens: np.ndarray, trainable: np.ndarray, seed: int = 0):
+        tokens, trainable = np.asarray(tokens), np.asarray(trainable)
+        if tokens.ndim != 2 or len(tokens) == 0 or trainable.shape != tokens.shape:
+            raise DataError(
+                f"DFlash rows must be (N, T) tokens and trainable with N > 0, got "
+                f"{tokens.shape} and {trainable.shape}"
+            )
+        self.tokens, self.trainable, self.seed = tokens, trainable, int(seed)
+        self.seq_len = tokens.shape[1]
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _row(self, k: int) -> int:
+        n = len(self.tokens)
+        e = k // n
+        if e not in self._perms:
+            if len(self._perms) > 4:
+                self._perms.clear()
+            self._perms[e] = np.random.default_rng([self.seed, 4241, e]).permutation(n)
+        return int(self._perms[e][k % n])
+
+    def batch(self, step: int, samples_per_step: int) -> np.ndarray:
+        """``int32 (samples_per_step, 2, T)``: the batch of ``step``."""
+        idx = [self._row(k) for k in range(step * samples_per_step, (step + 1) * samples_per_step)]
+        return np.stack([self.tokens[idx], self.trainable[idx].astype(np.int32)], axis=1)
+
+    def fixed_batches(self, num: int, batch_size: int) -> list[np.ndarray]:
+        """``num`` evaluation batches of the rows in file order (wrapping around)."""
+        n = len(self.tokens)
+        out = []
+        for i in range(num):
+            idx = [(i * batch_size + j) % n for j in range(batch_size)]
+            out.append(np.stack([self.tokens[idx], self.trainable[idx].astype(np.int32)], axis=1))
+        return out
+
+
+def build_target(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr), model_and_params=None):
+    """``(target CausalLM, params, tokenizer or None, DFlashSpec)`` of a ``dflash`` run: the
+    preset of ``model.preset`` (frozen) and the drafter's spec from the ``dflash`` section
+    (``model_and_params`` replaces the preset, e.g. a tiny target in tests).
+
+    Raises:
+      TrainConfigError: no preset, a target that is not a causal LM, a spec out of range.
+    """
+    from models.llama.modeling import CausalLM
+    from models.registry import load_model
+
+    tok = None
+    if model_and_params is None:
+        m = cfg.model
+        if m.init != "preset" or not m.preset:
+            raise TrainConfigError(
+                "objective.kind = dflash needs model.init: preset and model.preset (the target)"
+            )
+        target, params, tok, _ = load_model(m.preset, log=log)
+    else:
+        target, params = model_and_params
+    if not isinstance(target, CausalLM):
+        raise TrainConfigError(
+            f"the DFlash target must be a causal LM, {cfg.model.preset!r} is a "
+            f"{type(target).__name__}"
+        )
+    d = cfg.dflash
+    try:
+        spec = DFlashSpec.for_target(
+            target.config,
+            block_size=d.block_size,
+            num_layers=d.num_layers,
+            layer_ids=d.layer_ids,
+            intermediate_size=d.intermediate_size,
+        )
+    except ValueError as e:
+        raise TrainConfigError(f"dflash: {e}") from None
+    return target, params, tok, spec
+
+
+def build_rows(cfg: TrainConfig, eos_id: int, log=lambda m: print(m, file=sys.stderr)):
+    """``(train DFlashRows, val DFlashRows or None, meta)`` from ``data.distill``.
+
+    Raises:
+      TrainConfigError: another ``data.source``, a missing / unreadable file, no train row
+        that fits ``seq_len``."""
+    if cfg.data.source != "distill":
+        raise TrainConfigError(
+            f"objective.kind = dflash trains on the target's own answers: data.source must be "
+            f"'distill' (with data.distill, a file of scripts.distill), got {cfg.data.source!r}"
+        )
+    try:
+        rows = read_distill(cfg.data.distill) if cfg.data.distill else []
+    except DataError as e:
+        raise TrainConfigError(f"data.distill: {e}") from None
+    if not rows:
+        raise TrainConfigError(
+            f"data.distill must name a file written by scripts.distill with at least one row "
+            f"(got {cfg.data.distill!r})"
+        )
+    out, stats = [], {}
+    for split in ("train", "val"):
+        part = [r for r in rows if r.get("split", "train") == split]
+        toks, mask, st = distill_sequences(part, cfg.data.seq_len, eos_id, cfg.dflash.answer_cap)
+        stats[split] = st
+        out.append(DFlashRows(toks, mask, cfg.train.seed) if len(toks) else None)
+    if out[0] is None:
+        raise TrainConfigError(
+            f"data.distill {cfg.data.distill}: no train row leaves an answer inside "
+            f"seq_len {cfg.data.seq_len}"
+        )
+    if out[1] is None:
+        log("[train] no val rows in data.distill: no held-out evaluation")
+    return out[0], out[1], {"distill": {"path": str(cfg.data.distill), **stats}}
+
+
+@functools.lru_cache(maxsize=4)
+def compiled_fns(spec: DFlashSpec, feature_model, cfg_json: str):
+    """``(jitted train step, jitted eval, optax transform, schedule)`` of a ``dflash`` run.
+
+    The step ``(own, opt_state, base, batch int32 (accum, N, 2, T), step) -> (own, opt_state,
+    stats)`` (``base``: ``{"target": the cut target's params, "shared": embed / lm_head}``)
+    averages the micro-batches' gradients and applies one update (donating ``own`` and
+    ``opt_state``); ``stats``: ``loss``, ``grad_norm``, ``masked_acc``. The eval ``(own, base,
+    batch (N, 2, T), i) -> (loss, metrics)`` draws its anchors with the fixed key
+    ``fold_in(PRNGKey(seed + 1), i)``."""
+    cfg = config_from_dict(json.loads(cfg_json))
+    seed, accum, d = cfg.train.seed, cfg.optim.grad_accum, cfg.dflash
+    tx, sched = make_optimizer(cfg)
+
+    def loss_on(own, base, batch, key):
+        tokens, trainable = batch[:, 0], batch[:, 1].astype(bool)
+        hidden = target_features(feature_model, base["target"], tokens, spec.layer_ids)
+        anchors, ok = sample_anchors(key, trainable, d.blocks_per_seq)
+        return dflash_loss(
+            spec, own, base["shared"], tokens, hidden, trainable, anchors, ok, d.gamma
+        )
+
+    def step_fn(own, opt, base, batch, step):
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+
+        def micro(carry, xs):
+            gsum, lsum, hits, scored = carry
+            mb, i = xs
+            (loss, m), g = jax.value_and_grad(loss_on, has_aux=True)(
+                own, base, mb, jax.random.fold_in(key, i)
+            )
+            return (
+                jax.tree.map(jnp.add, gsum, g),
+                lsum + loss,
+                hits + jnp.sum(m["hits"]),
+                scored + jnp.sum(m["scored"]),
+            ), None
+
+        zero = jnp.float32(0)
+        init = (jax.tree.map(jnp.zeros_like, own), zero, zero, zero)
+        (g, lsum, hits, scored), _ = jax.lax.scan(
+            micro, init, (batch, jnp.arange(accum, dtype=jnp.int32))
+        )
+        g = jax.tree.map(lambda x: x / accum, g)
+        gnorm = optax.tree.norm(g)
+        upd, opt = tx.update(g, opt, own)
+        own = optax.apply_updates(own, upd)
+        stats = {
+            "loss": lsum / accum,
+            "grad_norm": gnorm,
+            "masked_acc": hits / jnp.maximum(scored, 1.0),
+        }
+        return own, opt, stats
+
+    def eval_fn(own, base, batch, i):
+        return loss_on(own, base, batch, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i))
+
+    return jax.jit(step_fn, donate_argnums=(0, 1)), jax.jit(eval_fn), tx, sched
+
+
+def evaluate(eval_fn, own, base, val_batches) -> dict:
+    """The held-out row of ``metrics.jsonl`` (module docstring) over ``val_batches``."""
+    loss, hits, scored, acc_n, blocks = 0.0, 0.0, 0.0, 0.0, 0.0
+    for i, vb in enumerate(val_batches):
+        lv, m = eval_fn(own, base, jnp.asarray(vb), jnp.int32(i))
+        loss += float(lv)
+        hits = hits + np.asarray(m["hits"], np.float64)
+        scored = scored + np.asarray(m["scored"], np.float64)
+        acc_n += float(m["accepted"])
+        blocks += float(m["blocks"])
+    n = max(len(val_batches), 1)
+    accepted = acc_n / blocks if blocks else float("nan")
+    return {
+        "val_loss": loss / n,
+        "val_masked_acc": float(np.sum(hits) / max(np.sum(scored), 1.0)),
+        "val_acc_pos": [round(float(x), 4) for x in np.asarray(hits) / np.maximum(scored, 1.0)],
+        "val_accepted": accepted,
+        "val_greedy_tau": 1.0 + accepted,
+    }
+
+
+def _start_weights(cfg: TrainConfig, spec: DFlashSpec):
+    """The drafter tree a run starts from: ``dflash.init_weights`` or a fresh init."""
+    path = cfg.dflash.init_weights
+    if not path:
+        return init_drafter(spec, cfg.train.seed)
+    try:
+        stored_spec, own = load_drafter(path)
+    except ValueError as e:
+        raise TrainConfigError(f"dflash.init_weights: {e}") from None
+    if stored_spec != spec:
+        raise TrainConfigError(
+            f"dflash.init_weights {path}: its spec differs from this config's ({stored_spec} "
+            f"vs {spec})"
+        )
+    return own
+
+
+def train_dflash(
+    cfg: TrainConfig,
+    out_dir,
+    *,
+    resume: bool = False,
+    stop_after: Optional[int] = None,
+    max_seconds: Optional[float] = None,
+    datasets=None,
+    model_and_params=None,
+    progress: bool = True,
+    log=lambda m: print(m, file=sys.stderr),
+) -> dict:
+    """:func:`jaxspec.training.loop.train` for ``objective.kind: dflash`` (same arguments,
+    files and metrics rows, module docstring for the held-out columns); ``datasets``: optional
+    ``(train, val)`` :class:`DFlashRows`; ``model_and_params``: the frozen target. Writes
+    ``drafter.safetensors`` at the stop; the result also has ``drafter_bytes``.
+
+    Raises:
+      TrainConfigError: ``out_dir`` holds checkpoints and ``resume`` is False; bad config
+        or data (:func:`build_target`, :func:`build_rows`)."""
+    import orbax.checkpoint as ocp
+    from tqdm.auto import tqdm
+
+    from jaxspec.training.loop import (
+        _compile_key,
+        _restore,
+        _Run,
+        _run_steps,
+        plot_metrics,
+    )
+
+    out = Path(out_dir).resolve()
+    ckdir, mpath = out / "checkpoints", out / "metrics.jsonl"
+    if ckdir.exists() and any(ckdir.iterdir()) and not resume:
+        raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    target, params, tok, spec = build_target(cfg, log, model_and_params)
+    eos = tok.eos_token_ids[0] if tok is not None and tok.eos_token_ids else None
+    if eos is None:
+        eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else 0
+    train_ds, val_ds = datasets if datasets is not None else build_rows(cfg, eos, log)[:2]
+    fmodel, fparams = truncated_target(target, params, spec.layer_ids)
+    shared = {k: params[k] for k in ("embed", "lm_head") if k in params}
+    base = {"target": fparams, "shared": shared}
+    own = jax.tree.map(lambda x: jnp.array(x, jnp.float32), _start_weights(cfg, spec))
+    jstep, eval_fn, tx, sched = compiled_fns(spec, fmodel, _compile_key(cfg))
+    opt_state = tx.init(own)
+    bs = cfg.data.batch_size
+    val_batches = val_ds.fixed_batches(cfg.train.eval_batches, bs) if val_ds is not None else []
+    log(
+        f"[train] DFlash drafter: {sum(x.size for x in jax.tree.leaves(own)):,} parameters, "
+        f"block {spec.block_size}, {spec.num_layers} layer(s), target layers {spec.layer_ids} "
+        f"(the target runs {fmodel.config.num_layers} of its {target.config.num_layers} layers)"
+    )
+
+    mngr = ocp.CheckpointManager(
+        ckdir,
+        options=ocp.CheckpointManagerOptions(max_to_keep=cfg.train.keep_checkpoints, create=True),
+    )
+    start = 0
+    if resume and mngr.latest_step() is not None:
+        start, own, opt_state = _restore(mngr, ckdir, own, opt_state, mpath, log)
+    else:
+        mpath.write_text("")
+    cfg_path = out / "config.json"
+    if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
+        log("[train] warning: config differs from the one this run started with")
+    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+
+    end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
+    run = _Run(
+        cfg=cfg,
+        step_fn=jstep,
+        eval_fn=eval_fn,
+        sched=sched,
+        base=base,
+        train_ds=train_ds,
+        val_batches=val_batches,
+        mngr=mngr,
+        evaluate=evaluate,
+    )
+    bar = tqdm(
+        total=cfg.train.steps,
+        initial=start,
+        disable=not progress,
+        desc=cfg.name,
+        dynamic_ncols=True,
+    )
+    t_run = time.perf_counter()
+    deadline = None if max_seconds is None else t_run + float(max_seconds)
+    with mpath.open("a") as mf:
+        own, opt_state, losses, step_times, done = _run_steps(
+            run, own, opt_state, start, end, mf, bar, deadline
+        )
+    bar.close()
+    mngr.wait_until_finished()
+    mngr.close()
+    wall = time.perf_counter() - t_run
+    plot_metrics(mpath, out / "loss.png", cfg.name)
+    if done < end:
+        log(f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end}")
+    step = max(done, start)
+    meta = {
+        "target_preset": cfg.model.preset,
+        "config": cfg.name,
+        "objective": "dflash",
+        "gamma": cfg.dflash.gamma,
+        "blocks_per_seq": cfg.dflash.blocks_per_seq,
+        "step": step,
+        "tokens_seen": step * run.tokens_per_step,
+    }
+    return {
+        "step": step,
+        "stopped_early": done < end,
+        "trainable": own,
+        "losses": losses,
+        "wall_s": wall,
+        "step_times": step_times,
+        "tokens_per_step": run.tokens_per_step,
+        "drafter_bytes": save_drafter(out / "drafter.safetensors", spec, own, meta=meta),
+    }
