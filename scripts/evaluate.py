@@ -669,6 +669,12 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
     if "answer_length" in res:
         a = res["answer_length"]
         print(f"  median answer tokens {a['median']:.1f} (base AR {a['ar_median']:.1f})")
+        f_ar = a["ar_completion_figures"]
+        print(
+            f"  base AR on the same prompts: repeated 4-gram rate "
+            f"{f_ar['repeated_ngram_rate']:.3f}, distinct share "
+            f"{f_ar['distinct_token_share']:.3f}, ending with EOS {f_ar['ends_with_eos']:.3f}"
+        )
     for k, v in (res.get("masked_accuracy") or {}).items():
         print(f"  masked accuracy at {float(k):.0%}: {v:.4f}")
     for k, v in (res.get("humaneval") or {}).items():
