@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.training.config import TrainConfigError, load_config
     from jaxspec.training.data import DataError
+    from jaxspec.training.dflash_run import train_dflash
     from jaxspec.training.loop import train
     from models.registry import PresetError
     from scripts.common import setup_compile_cache
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
         except OSError as e:
             raise TrainConfigError(f"--out {out}: cannot create it ({e.strerror or e})") from None
         setup_compile_cache(args)
-        res = train(
+        res = (train_dflash if cfg.objective.kind == "dflash" else train)(
             cfg,
             out,
             resume=args.resume,

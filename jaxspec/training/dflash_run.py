@@ -338,7 +338,8 @@ def train_dflash(
     progress: bool = True,
     log=lambda m: print(m, file=sys.stderr),
 ) -> dict:
-    """:func:`jaxspec.training.loop.train` for ``objective.kind: dflash`` (same arguments,
+    """What :func:`jaxspec.training.loop.train` is for the other objectives, for
+    ``objective.kind: dflash`` (scripts.train calls it; same arguments,
     files and metrics rows, module docstring for the held-out columns); ``datasets``: optional
     ``(train, val)`` :class:`DFlashRows`; ``model_and_params``: the frozen target. Writes
     ``drafter.safetensors`` at the stop; the result also has ``drafter_bytes``.

@@ -7,9 +7,9 @@ and the run writes ``delta.safetensors``) and ``asarm`` (ASSD Eq. 7 on an XLNet,
 :mod:`jaxspec.training.asarm`; the run also writes ``vocab.json`` and, at the stop,
 ``model.safetensors``, float16, :func:`models.xlnet.modeling.save_xlnet`), and ``sar`` (SPACE
 SAR-SFT of a causal LM, :func:`jaxspec.training.objectives.sar_loss`, with the same LoRA delta),
-and ``dflash`` (a DFlash drafter on a frozen causal target, :mod:`jaxspec.training.dflash_run`:
-its own model, data and export around the same step loop). The same loop, optimiser,
-checkpoints and metrics serve all four.
+and ``dflash`` (a DFlash drafter on a frozen causal target: its own model, data and export
+around this module's step loop, :func:`jaxspec.training.dflash_run.train_dflash`). The same
+loop, optimiser, checkpoints and metrics serve all four.
 
 Exact resume: the masking key of step ``s`` is ``fold_in(PRNGKey(seed), s)`` and its batch is
 ``PackedDataset.batch(s, ...)``, both pure functions of ``s``; checkpoints (orbax) hold the
@@ -445,19 +445,9 @@ def train(
     Raises:
       TrainConfigError: ``out_dir`` already has checkpoints and ``resume`` is False.
     """
-    if cfg.objective.kind == "dflash":  # its own target, data and export
-        from jaxspec.training.dflash_run import train_dflash
-
-        return train_dflash(
-            cfg,
-            out_dir,
-            resume=resume,
-            stop_after=stop_after,
-            max_seconds=max_seconds,
-            datasets=datasets,
-            model_and_params=model_and_params,
-            progress=progress,
-            log=log,
+    if cfg.objective.kind == "dflash":  # its own target, data and export, around _run_steps
+        raise TrainConfigError(
+            "objective.kind = dflash trains through jaxspec.training.dflash_run.train_dflash"
         )
     import orbax.checkpoint as ocp
     from tqdm.auto import tqdm

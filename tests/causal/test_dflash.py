@@ -497,7 +497,7 @@ def test_train_objective_smoke_resume_and_export(tmp_path):
 
     from safetensors import safe_open
 
-    from jaxspec.training.loop import train
+    from jaxspec.training.dflash_run import train_dflash as train
 
     model, params = tiny_model(64, seed=0)
     path, prompts, answers = _distill_file(tmp_path, model, params)
@@ -579,7 +579,7 @@ def test_train_objective_bad_input(tmp_path, capsys):
         }
     )
     with pytest.raises(TrainConfigError, match="init_weights .* spec differs"):
-        from jaxspec.training.loop import train
+        from jaxspec.training.dflash_run import train_dflash as train
 
         train(bad, tmp_path / "x", model_and_params=(model, params), progress=False)
     rc = train_cli.main(
