@@ -73,6 +73,13 @@ Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
         [--space-sets humaneval humaneval-chat mt-bench news] [--space-k-sweep 1 2 ... 8] \
         [--space-batches 1 2 4 8 16] [--quality checkpoints/smollm2-135m-space/quality.json]
 
+Suite ``dflash`` (trained DFlash drafters beside AR / n-gram / SPS, :mod:`jaxspec.bench.dflash`;
+the block sweep is one ``--dflash-drafter`` file per block size):
+
+    python -m scripts.benchmark --suite dflash [--model smollm2-135m-instruct] \
+        --dflash-drafter FILE [--dflash-drafter FILE ...] [--draft-model NAME] [--limit 5] \
+        [--dflash-sets humaneval mt-bench news] [--draft-length 8]
+
 ``--model auto`` (or ``hf-directory``) ``--weights PATH`` reads the model family from the
 checkpoint (``models.registry.weights_family``): a Llama / Qwen2 directory or GGUF file runs the
 causal suites ``ar`` and ``space``, a LLaDA / Dream directory (or a diffusion jaxspec checkpoint)
@@ -305,6 +312,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("none", "prefix"),
         help="drafter caches of the prompt-set rows (default: none prefix; prefix "
         "adds specdiff+prefix / diffuspec+prefix rows)",
+    )
+    dg = ap.add_argument_group("suite dflash (--draft-model: the SPS row's draft model)")
+    dg.add_argument(
+        "--dflash-drafter",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a trained DFlash drafter (scripts.train's drafter.safetensors); repeat for the "
+        "block sweep (one file per block size)",
+    )
+    dg.add_argument(
+        "--dflash-sets",
+        nargs="+",
+        default=None,
+        help="prompt sets: humaneval humaneval-chat mt-bench news (default humaneval "
+        "mt-bench news)",
     )
     from jaxspec.bench.assd import add_arguments as add_assd_arguments
 
@@ -816,6 +839,45 @@ def main_diffuspec(args, log) -> int:
     return _write(result, args.out, write_results, markdown_report, log)
 
 
+def main_dflash(args, log) -> int:
+    """``--suite dflash``."""
+    from jaxspec.bench.dflash import PROMPT_SETS, markdown_report, run_dflash_suite, write_results
+    from jaxspec.bench.records import BenchError
+    from jaxspec.causal.dflash import load_drafter
+    from models.llama.params import WeightFileError
+    from models.registry import PresetError, load_model, require_family
+
+    try:
+        name = args.model or "smollm2-135m-instruct"
+        require_family(name, args.weights, "causal", "suite dflash")
+        if not args.dflash_drafter:
+            raise BenchError("suite dflash needs --dflash-drafter FILE (one per block size)")
+        drafters = [load_drafter(f) for f in args.dflash_drafter]  # one-line ValueErrors
+        model, params, tok, _ = load_model(name, args.weights, log=log)
+        draft = None
+        if args.draft_model:
+            dmodel, dparams, _, _ = load_model(args.draft_model, log=log)
+            draft = (dmodel, dparams)
+        result = run_dflash_suite(
+            (model, params),
+            drafters,
+            tok,
+            sets=args.dflash_sets or PROMPT_SETS,
+            limit=5 if args.limit is None else args.limit,
+            max_new_tokens=args.max_new_tokens,
+            draft_model=draft,
+            draft_length=args.draft_length,
+            model_name=name,
+            config={"drafters": list(args.dflash_drafter), "draft_model": args.draft_model},
+            progress=not args.no_progress,
+            log=log,
+        )
+    except (BenchError, PresetError, WeightFileError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return _write(result, args.out, write_results, markdown_report, log)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from jaxspec.bench.ar_suite import markdown_report, run_ar_suite, write_results
@@ -846,7 +908,7 @@ def main(argv=None) -> int:
     try:
         validate_args(args)  # before any model loads: exit 2 with one line
         setup_compile_cache(args)
-        if args.quant != "none" and args.suite in ("assd", "space", "diffuspec"):
+        if args.quant != "none" and args.suite in ("assd", "space", "diffuspec", "dflash"):
             raise BenchError(
                 f"--quant applies to suites ar, dllm, ssd and spiffy, not {args.suite}"
             )
@@ -868,6 +930,8 @@ def main(argv=None) -> int:
             return main_space(args, log)
         if args.suite == "diffuspec":
             return main_diffuspec(args, log)
+        if args.suite == "dflash":
+            return main_dflash(args, log)
         args.model = args.model or "smollm2-135m-instruct"
         args.limit = 20 if args.limit is None else args.limit
         systems = parse_systems(args.systems)

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 from jaxspec.bench.records import BenchError, RunOutput, cut_output
 from jaxspec.methods import get_method, methods_of
 
-SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec")
+SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec", "dflash")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
 SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (

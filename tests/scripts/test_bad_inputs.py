@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "configs/train/dlm-tiny.yaml"
 DISTILL = "configs/train/smollm2-135m-space-distill.yaml"
-SUITES = "ar, dllm, ssd, spiffy, assd, space, diffuspec"
+SUITES = "ar, dllm, ssd, spiffy, assd, space, diffuspec, dflash"
 DTYPES = "auto, float32, bfloat16"
 REMASKING = "low_confidence, random, origin, maskgit_plus, topk_margin, entropy"
 DLLM_METHOD = "expected stepwise, fixed-K (e.g. fixed-2) or threshold-T (e.g. threshold-0.9)"

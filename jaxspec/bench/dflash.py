@@ -1,0 +1,347 @@
+"""Benchmark suite ``dflash``: trained DFlash drafters (:mod:`jaxspec.causal.dflash`; DFlash,
+arXiv 2602.06036) beside AR, n-gram and SPS on one causal target, greedy, batch 1.
+
+Two parts, in one process (wall-clock ratios are comparable within one run only):
+
+1. **Prompt sets** (:data:`PROMPT_SETS`: HumanEval completion, MT-Bench first turns, news
+   summaries): per set, :func:`jaxspec.bench.ar_suite.run_ar_suite` interleaves ``jaxspec/ar``
+   (baseline and reference), ``jaxspec/ngram``, ``jaxspec/sps`` (when a draft model is given)
+   and one ``jaxspec/dflash-b<B>`` row per drafter: the **block sweep** is the drafters given
+   (each trained for its own block size ``B``, e.g. 4, 8 and 16; a drafter runs only at the
+   block it was trained for). A DFlash row adds ``block_size`` and ``accept_by_position``:
+   for draft ``i = 1 .. B - 1`` of the block, the share of the steps that reached draft ``i``
+   (every draft before it accepted) in which it was accepted, from the decoder's acceptance
+   histogram; and ``accept_hist``, the steps by drafts accepted (0 .. B - 1).
+2. **Drafter cost per forward** (:func:`drafter_cost`): per drafter, the median seconds of one
+   jitted drafter forward (``propose``: the block's ``B`` rows through the drafter and the LM
+   head on ``B - 1`` rows) and of one jitted target verification pass over ``B`` tokens (with
+   the feature layers), after the prompt pass of the first prompt, and their ratio. These two
+   programs run on the target's stored (stacked) weights, not the decode loop's per-machine
+   layout: the ratio, not the absolute time, is the figure to read.
+
+**MAT** = generated tokens / target forward passes (the prompt pass counts as one): AR has 1.
+Every row carries the degeneracy figures of its outputs (distinct share, repeated 4-grams).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.machine import machine_info
+from jaxspec.bench.prompts import suite_prompts
+from jaxspec.bench.records import BenchError, BenchPrompt, _num
+from jaxspec.bench.report import MAT_DEFINITION, markdown_table, report_header, save_figure
+from jaxspec.bench.systems import JaxspecSystem
+
+__all__ = [
+    "PROMPT_SETS",
+    "accept_by_position",
+    "drafter_cost",
+    "run_dflash_suite",
+    "markdown_report",
+    "write_results",
+]
+
+PROMPT_SETS = ("humaneval", "mt-bench", "news")
+
+
+def accept_by_position(hist: Sequence[int]) -> list[Optional[float]]:
+    """Per-position acceptance in the block from an acceptance histogram.
+
+    Args:
+      hist: ``(k + 2,)`` decode steps by tokens produced (:attr:`DecodeStats.accept_hist`
+        summed over rows): entry ``n + 1`` counts the steps that accepted ``n`` drafts; entry
+        0 (no token) is ignored.
+
+    Returns:
+      ``k`` values: for draft ``i = 1 .. k``, (steps accepting ``>= i`` drafts) / (steps
+      accepting ``>= i - 1``), None where no step reached draft ``i``.
+    """
+    acc = np.asarray(hist, np.int64)[1:]  # acc[n]: steps with n drafts accepted
+    k = len(acc) - 1
+    reach = np.cumsum(acc[::-1])[::-1]  # reach[n]: steps with >= n accepted
+    return [_num(reach[i] / reach[i - 1], 4) if reach[i - 1] else None for i in range(1, k + 1)]
+
+
+class _Recording:
+    """A registry entry that keeps the acceptance histogram of every decode it runs."""
+
+    def __init__(self, entry):
+        self.entry, self.hists = entry, []
+
+    def configure(self, *a, **kw):
+        return self.entry.configure(*a, **kw)
+
+    def run(self, *a, **kw):
+        res = self.entry.run(*a, **kw)
+        self.hists.append(np.asarray(res.stats.accept_hist).sum(axis=0))
+        return res
+
+
+def _median_s(fn, reps: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn())  # compile and warm up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def drafter_cost(model, params, spec, own, ids: Sequence[int], *, reps: int = 5) -> dict:
+    """Seconds of one drafter forward against one target verification pass of the same
+    block (module docstring, part 2), after the prompt pass over ``ids``.
+
+    Returns:
+      ``{"block_size", "drafter_params", "drafter_s", "verify_s", "drafter_over_verify"}``
+      (medians of ``reps`` timed calls after a warm-up)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.causal import decode as D
+    from jaxspec.causal.dflash import DFlashDrafter, drafter_params
+    from jaxspec.core.drafters import DraftContext
+    from jaxspec.core.sampling import SamplingConfig
+
+    drafter = DFlashDrafter(spec)
+    dparams = drafter_params(own, params)
+    cfg = D.LoopConfig(
+        model=model,
+        max_new=spec.block_size + 1,
+        sampling=SamplingConfig(),
+        drafter=drafter,
+        eos_ids=(),
+    )
+    buf, pad = D.left_pad([list(ids)], 8, 0)
+    buf, pad = jnp.asarray(buf), jnp.asarray(pad)
+    st = jax.jit(D.prefill, static_argnums=0)(cfg, params, dparams, buf, pad, jax.random.PRNGKey(0))
+    ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
+    propose = jax.jit(lambda dp, ds, c: drafter.propose(dp, ds, c, jax.random.PRNGKey(1), False)[0])
+    draft = propose(dparams, st.drafter_state, ctx)
+    last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)
+    feed = jnp.concatenate([last, draft.tokens], axis=1)
+    S = st.buffer.shape[1]
+
+    def verify(p, feed, cache):
+        return D.target_pass(
+            cfg, p, feed, st.length - 1, pad, cache, S, hidden_layers=spec.layer_ids
+        )[0]
+
+    verify = jax.jit(verify)
+    d_s = _median_s(lambda: propose(dparams, st.drafter_state, ctx).tokens, reps)
+    v_s = _median_s(lambda: verify(params, feed, st.cache), reps)
+    return {
+        "block_size": spec.block_size,
+        "drafter_params": int(sum(x.size for x in jax.tree.leaves(own))),
+        "drafter_s": _num(d_s, 6),
+        "verify_s": _num(v_s, 6),
+        "drafter_over_verify": _num(d_s / v_s, 4),
+    }
+
+
+def run_dflash_suite(
+    target,
+    drafters: Sequence,
+    tok,
+    *,
+    sets: Sequence[str] = PROMPT_SETS,
+    limit: int = 5,
+    max_new_tokens: int = 128,
+    draft_model=None,
+    draft_length: int = 8,
+    model_name: str = "smollm2-135m-instruct",
+    prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
+    config: Optional[dict] = None,
+    cost_reps: int = 5,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict:
+    """The whole suite (module docstring).
+
+    Args:
+      target: ``(CausalLM, params)``; drafters: ``(DFlashSpec, own weights)`` pairs
+        (:func:`jaxspec.causal.dflash.load_drafter`), one row each, in block-size order.
+      tok: the tokenizer (prompt sets, EOS, padding); sets, limit: prompt sets and prompts
+        per set, or ``prompt_sets`` already encoded (tests).
+      draft_model: ``(CausalLM, params)`` of the SPS draft model (None: no SPS row).
+      draft_length: k of the n-gram and SPS rows.
+
+    Returns:
+      ``{"suite": "dflash", "date", "machine", "model", "config", "sets", "drafter_cost"}``.
+
+    Raises:
+      BenchError: no drafter, two drafters of one block size, or a drafter built for another
+        target (:meth:`DFlashSpec.check_target`).
+    """
+    model, params = target
+    if not drafters:
+        raise BenchError("suite dflash needs at least one trained drafter (--dflash-drafter FILE)")
+    drafters = sorted(drafters, key=lambda d: d[0].block_size)
+    blocks = [d[0].block_size for d in drafters]
+    if len(set(blocks)) != len(blocks):
+        raise BenchError(f"one drafter per block size, got block sizes {blocks}")
+    for spec, _ in drafters:
+        try:
+            spec.check_target(model.config)
+        except ValueError as e:
+            raise BenchError(str(e)) from None
+    eos = tuple(tok.eos_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad)
+    if prompt_sets is None:
+        prompt_sets = suite_prompts(tok, sets, limit)
+    out_sets: dict[str, Any] = {}
+    for name, prompts in prompt_sets.items():
+        log(f"[dflash] prompt set {name}: {len(prompts)} prompts")
+        systems = [
+            JaxspecSystem("ar", model, params, **common),
+            JaxspecSystem("ngram", model, params, **common, draft_length=draft_length),
+        ]
+        if draft_model is not None:
+            systems.append(
+                JaxspecSystem(
+                    "sps",
+                    model,
+                    params,
+                    **common,
+                    draft_length=draft_length,
+                    options={"draft_model": draft_model},
+                )
+            )
+        rec = {}
+        for spec, own in drafters:
+            s = JaxspecSystem(
+                "dflash",
+                model,
+                params,
+                **common,
+                draft_length=spec.block_size - 1,
+                options={"drafter_model": (spec, own)},
+                label=f"dflash-b{spec.block_size}",
+            )
+            s.entry = rec[s.method] = _Recording(s.entry)
+            systems.append(s)
+        res = run_ar_suite(systems, prompts, model_name=model_name, progress=progress, log=log)
+        for r in res["rows"]:
+            r["prompt_set"] = name
+            if r["method"] in rec:
+                hist = np.sum(rec[r["method"]].hists[-len(prompts) :], axis=0)  # the timed runs
+                r["block_size"] = int(r["method"].split("-b")[1])
+                r["accept_hist"] = [int(x) for x in hist[1:]]
+                r["accept_by_position"] = accept_by_position(hist)
+        out_sets[name] = {"rows": res["rows"], "per_prompt": res["per_prompt"]}
+    first = next(iter(prompt_sets.values()))[0].ids
+    costs = [
+        drafter_cost(model, params, spec, own, first, reps=cost_reps) for spec, own in drafters
+    ]
+    return {
+        "suite": "dflash",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "model": model_name,
+        "config": dict(
+            config or {},
+            sets=list(prompt_sets),
+            limit=limit,
+            max_new_tokens=max_new_tokens,
+            draft_length=draft_length,
+            blocks=blocks,
+            temperature=0.0,
+        ),
+        "sets": out_sets,
+        "drafter_cost": costs,
+    }
+
+
+_SET_COLUMNS = [
+    ("prompt_set", "set", "{}"),
+    ("method", "method", "{}"),
+    ("prompts", "prompts", "{}"),
+    ("new_tokens", "tokens", "{}"),
+    ("median_tokens_per_s", "median tok/s", "{:.1f}"),
+    ("speedup_vs_baseline", "speedup vs AR", "{:.2f}x"),
+    ("mat", "MAT", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("identical_to_reference", "identical", "{}"),
+    ("distinct_token_share", "distinct", "{:.2f}"),
+    ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
+]
+_COST_COLUMNS = [
+    ("block_size", "block", "{}"),
+    ("drafter_params", "drafter params", "{:,}"),
+    ("drafter_s", "drafter forward (s)", "{:.4f}"),
+    ("verify_s", "verification pass (s)", "{:.4f}"),
+    ("drafter_over_verify", "drafter / verify", "{:.3f}"),
+]
+
+
+def markdown_report(result: dict) -> str:
+    """The suite's markdown page: machine, the prompt-set table, per-position acceptance,
+    drafter cost, how to read."""
+    out = report_header(f"Benchmark suite `dflash` ({result['model']})", result)
+    rows = [r for s in result["sets"].values() for r in s["rows"]]
+    out += ["## Prompt sets (batch 1, greedy)", "", markdown_table({"rows": rows}, _SET_COLUMNS)]
+    out += ["", "## Acceptance by position in the block", ""]
+    for r in rows:
+        if r.get("accept_by_position") is not None:
+            cells = ", ".join("-" if a is None else f"{a:.2f}" for a in r["accept_by_position"])
+            out.append(f"- {r['prompt_set']} / {r['method']}: {cells}")
+    out += [
+        "",
+        "## Drafter cost per forward",
+        "",
+        markdown_table({"rows": result["drafter_cost"]}, _COST_COLUMNS),
+        "",
+        "How to read this:",
+        "",
+        f"- {MAT_DEFINITION}",
+        "- `dflash-b<B>`: a drafter trained for block size B drafts B - 1 tokens in one "
+        "forward; acceptance by position i: of the steps whose drafts 1..i-1 were all "
+        "accepted, the share that also accepted draft i.",
+        "- Drafter cost: one drafter forward and one target verification pass over the same "
+        "block, jitted, median seconds (stored weight layout: read the ratio).",
+        "- `identical` compares with AR greedy decoding of the same target (lossless); "
+        "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
+        "",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict, out: Path) -> Path:
+    """MAT against block size per prompt set (left), acceptance by position (right)."""
+    from jaxspec.core.plotting import pyplot
+
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, s in result["sets"].items():
+        rs = [r for r in s["rows"] if "block_size" in r]
+        a.plot([r["block_size"] for r in rs], [r["mat"] for r in rs], "o-", label=name)
+        for r in rs:
+            pos = [i + 1 for i, x in enumerate(r["accept_by_position"]) if x is not None]
+            vals = [x for x in r["accept_by_position"] if x is not None]
+            b.plot(pos, vals, ".-", label=f"{name} b{r['block_size']}")
+    a.set_xlabel("block size")
+    a.set_ylabel("MAT")
+    a.legend()
+    a.set_title("block sweep")
+    b.set_xlabel("draft position in the block")
+    b.set_ylabel("acceptance given the drafts before")
+    b.legend(fontsize=7)
+    b.set_title("acceptance by position")
+    return save_figure(fig, out, f"DFlash on {result['model']} ({result['machine'].get('cpu')})")
+
+
+def write_results(result: dict, out: Path) -> tuple[Path, Path]:
+    """JSON, markdown and chart (:func:`jaxspec.bench.report.write_results`)."""
+    from jaxspec.bench.report import write_results as write
+
+    return write(result, out, report=markdown_report, plot=plot, caption="block sweep")

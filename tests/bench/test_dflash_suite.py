@@ -1,0 +1,120 @@
+"""Benchmark suite ``dflash`` (:mod:`jaxspec.bench.dflash`) on a tiny random target: the block
+sweep rows beside AR / n-gram / SPS, per-position acceptance from the acceptance histogram,
+the drafter cost figures, the report, and bad input. No timing figure is asserted."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from jaxspec.bench.dflash import accept_by_position, markdown_report, run_dflash_suite
+from jaxspec.bench.records import BenchError, BenchPrompt
+from jaxspec.causal.dflash import DFlashSpec, init_drafter
+from jaxspec.testing.tiny import tiny_model
+
+
+def test_accept_by_position_from_a_histogram():
+    """Entry ``n + 1`` of the histogram counts steps that accepted ``n`` drafts: 10 steps
+    accepted none, 6 one, 4 both (k = 2) -> draft 1 accepted in 10 of 20 steps, draft 2 in 4
+    of the 10 that reached it; a position no step reached is None."""
+    assert accept_by_position([0, 10, 6, 4]) == [0.5, 0.4]
+    assert accept_by_position([0, 5, 0, 0]) == [0.0, None]
+
+
+def _drafter(model, block, seed):
+    spec = DFlashSpec.for_target(model.config, block_size=block, layer_ids=(0, 1))
+    own = jax.tree_util.tree_map(lambda x: 8.0 * x if x.ndim >= 2 else x, init_drafter(spec, seed))
+    return spec, own
+
+
+def test_suite_rows_on_a_tiny_target(tmp_path):
+    """Two prompt sets, drafters of blocks 3 and 5 (given out of order), an SPS draft model:
+    every system's row per set, the DFlash rows identical to AR with their block size, an
+    acceptance histogram over the timed runs and ``B - 1`` per-position figures, one cost row
+    per drafter; the report and files are written."""
+    model, params = tiny_model(64, seed=0)
+    draft = tiny_model(64, seed=1, layers=1)
+    tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
+    rng = np.random.default_rng(0)
+    sets = {
+        name: [
+            BenchPrompt(f"{name}/{i}", [int(t) for t in rng.integers(8, 64, size=6)])
+            for i in range(2)
+        ]
+        for name in ("humaneval", "news")
+    }
+    res = run_dflash_suite(
+        (model, params),
+        [_drafter(model, 5, 1), _drafter(model, 3, 2)],
+        tok,
+        prompt_sets=sets,
+        max_new_tokens=12,
+        draft_model=draft,
+        draft_length=3,
+        model_name="tiny",
+        cost_reps=2,
+        progress=False,
+    )
+    assert res["config"]["blocks"] == [3, 5]
+    for name, s in res["sets"].items():
+        methods = [r["method"] for r in s["rows"]]
+        assert methods == ["ar", "ngram", "sps", "dflash-b3", "dflash-b5"], methods
+        for r in s["rows"]:
+            assert r["prompt_set"] == name and r["identical_to_reference"] is True
+            if r["method"].startswith("dflash"):
+                B = r["block_size"]
+                assert len(r["accept_by_position"]) == B - 1
+                assert len(r["accept_hist"]) == B
+                # the histogram counts the timed runs' steps, one per target pass after the
+                # prompt pass
+                ar = next(x for x in s["rows"] if x["method"] == "ar")
+                steps = sum(r["accept_hist"])
+                assert steps == round(r["new_tokens"] / r["mat"]) - len(sets[name])
+                assert ar["mat"] == 1.0
+    costs = res["drafter_cost"]
+    assert [c["block_size"] for c in costs] == [3, 5]
+    assert all(c["drafter_s"] > 0 and c["verify_s"] > 0 for c in costs)
+    text = markdown_report(res)
+    assert "dflash-b5" in text and "Drafter cost per forward" in text
+
+    from jaxspec.bench.dflash import write_results
+
+    out, md = write_results(res, tmp_path / "dflash.json")
+    assert out.is_file() and md.is_file() and out.with_suffix(".png").is_file()
+
+
+def test_suite_bad_input():
+    """No drafter, two drafters of one block size, a drafter for another target: one-line
+    BenchErrors before anything runs."""
+    model, params = tiny_model(64, seed=0)
+    tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
+    sets = {"humaneval": [BenchPrompt("p", [9, 10, 11])]}
+    kw = dict(prompt_sets=sets, max_new_tokens=4, progress=False)
+    with pytest.raises(BenchError, match="at least one trained drafter"):
+        run_dflash_suite((model, params), [], tok, **kw)
+    with pytest.raises(BenchError, match="one drafter per block size"):
+        run_dflash_suite((model, params), [_drafter(model, 3, 1), _drafter(model, 3, 2)], tok, **kw)
+    other = tiny_model(48, seed=0)[0]
+    with pytest.raises(BenchError, match="vocabulary 48"):
+        run_dflash_suite((model, params), [_drafter(other, 3, 1)], tok, **kw)
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ([], "error: suite dflash needs --dflash-drafter FILE (one per block size)"),
+        (["--dflash-drafter", "nothing.safetensors"], "DFlash drafter file does not exist"),
+        (["--quant", "int8"], "--quant applies to suites ar, dllm, ssd and spiffy, not dflash"),
+    ],
+)
+def test_cli_bad_input(tmp_path, capsys, extra, message):
+    """``scripts.benchmark --suite dflash``: exit 2 and one ``error:`` line before any model
+    loads."""
+    from scripts import benchmark
+
+    rc = benchmark.main(["--suite", "dflash", "--out", str(tmp_path / "r.json"), *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and message in err[-1], err
