@@ -1,7 +1,7 @@
 """The DFlash training objective: a block-diffusion drafter (:mod:`jaxspec.causal.dflash`)
 learns to fill a masked block from the target's hidden states of the context before it.
 
-Objective (DFlash, Chen, Liang, Liu, arXiv 2602.06036, Sec. 4 and Eq. 4):
+Objective (DFlash, Chen, Liang, Liu, arXiv 2602.06036; the loss is its Eq. 4):
 
 1. **Target features.** One causal pass of the frozen target over each training sequence
    returns the hidden states after the drafter's ``layer_ids`` (:func:`target_features`; the

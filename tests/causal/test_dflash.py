@@ -605,3 +605,29 @@ def test_train_objective_bad_input(tmp_path, capsys):
     assert rc == 2 and err[-1] == (
         "error: objective.kind = dflash needs model.init: preset and model.preset (the target)"
     ), err
+
+
+def test_distill_sequences():
+    """A row ended by the target gets its EOS (a label); a cut one (answer at the budget)
+    none; a row cut by ``seq_len`` keeps its first ``T`` tokens; one whose prompt leaves no
+    label is dropped; padding and prompt are never trainable."""
+    from jaxspec.training.dflash_run import DFlashRows, distill_sequences
+
+    rows = [
+        {"prompt": [3, 4], "answer": [5, 6]},  # ended (2 < cap 4): + EOS 7
+        {"prompt": [3], "answer": [5, 6, 8, 9]},  # at the cap: no EOS
+        {"prompt": [3, 4, 5, 6, 8], "answer": [9]},  # 5 prompt tokens of T = 6: dropped
+        {"prompt": [3, 4, 5], "answer": [9, 9, 9]},  # 3 + 3 + EOS > 6: cut, EOS falls off
+    ]
+    tokens, trainable, st = distill_sequences(rows, 6, eos_id=7, answer_cap=4, pad_id=0)
+    np.testing.assert_array_equal(
+        tokens, [[3, 4, 5, 6, 7, 0], [3, 5, 6, 8, 9, 0], [3, 4, 5, 9, 9, 9]]
+    )
+    np.testing.assert_array_equal(
+        trainable.astype(int), [[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
+    )
+    assert st == {"rows": 4, "kept": 3, "ended": 1, "dropped": 1, "trainable_tokens": 10}
+    ds = DFlashRows(tokens, trainable, seed=0)
+    b = ds.batch(1, 2)  # samples 2 and 3: the end of epoch 0, the start of epoch 1
+    assert b.shape == (2, 2, 6) and set(map(tuple, b[:, 0])) <= set(map(tuple, tokens))
+    np.testing.assert_array_equal(ds.batch(1, 2), b)  # a pure function of the step
