@@ -631,3 +631,25 @@ def test_distill_sequences():
     b = ds.batch(1, 2)  # samples 2 and 3: the end of epoch 0, the start of epoch 1
     assert b.shape == (2, 2, 6) and set(map(tuple, b[:, 0])) <= set(map(tuple, tokens))
     np.testing.assert_array_equal(ds.batch(1, 2), b)  # a pure function of the step
+
+
+def test_train_objective_time_budget(tmp_path):
+    """``max_seconds`` (``scripts.train --max-minutes``): the first step past the budget is
+    the last; the run checkpoints it, writes its eval row and exports the drafter, and
+    ``resume`` continues the schedule."""
+    import json
+
+    from jaxspec.training.dflash_run import train_dflash
+
+    model, params = tiny_model(64, seed=0)
+    path, _, _ = _distill_file(tmp_path, model, params)
+    cfg = _dflash_cfg(path, steps=6, eval_every=50)
+    kw = dict(model_and_params=(model, params), progress=False)
+    res = train_dflash(cfg, tmp_path / "run", max_seconds=1e-3, **kw)
+    assert res["step"] == 1 and res["stopped_early"] is True
+    assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
+    assert (tmp_path / "run" / "drafter.safetensors").is_file()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["train", "eval"]
+    res = train_dflash(cfg, tmp_path / "run", resume=True, **kw)
+    assert res["step"] == 6 and res["stopped_early"] is False
