@@ -1938,7 +1938,76 @@ def run_device_bench(
       PackError: a missing or corrupt pack (one line), an unknown suite or method, or an
         unknown ``matmul_precision``.
     """
-    from jaxspec.bench import peers, projection
+    s, suites, cache_dir, matmul_precision = _setup_run(
+        budget_s, smoke, suites, settings, methods, jax_cache, stage_dirs, matmul_precision
+    )
+    budget = Budget(float(budget_s))
+    machine = device_machine_info()
+    log(f"[device-bench] {machine_header(machine)}")
+    config = {
+        "smoke": smoke,
+        "budget_s": budget_s,
+        "suites": list(suites),
+        "matmul_precision": matmul_precision,
+    }
+    vehicles, prompts = {}, {"task_ids": []}
+    if any(x != "projection" for x in suites):  # the projection needs no pack
+        vehicles, prompts, loaded = _load_pack(
+            Path(pack_dir), unpack_dir, stage_dirs, wheel_dir, cache_dir, s, log
+        )
+        config.update(loaded)
+    config["jax_cache"] = str(cache_dir) if cache_dir else None
+    pages = _Pages(Path(out_dir), bundle_path, suites, machine, config)
+    stages = stage_plan(suites, s)
+    slowest: dict[str, float] = {}
+    planned = {
+        f: len(_entries(f, vehicles, s))
+        for st in stages
+        if st["kind"] == "methods"
+        for f in st["families"]
+    }
+    for i, st in enumerate(stages):
+        deadline = budget.share([x["share"] for x in stages[i:]])
+        pages.state["stages"].append({"stage": st["label"], "deadline_s": round(deadline, 1)})
+        log(
+            f"[device-bench] stage {i + 1}/{len(stages)} {st['label']}: {deadline:.0f} s of "
+            f"{budget.left():.0f} s left"
+        )
+        if st["kind"] == "methods":
+            for f in st["families"]:
+                pages.set_status(pages.suite_of[f], "ran")
+            run_methods_stage(
+                st["families"],
+                st["pair"],
+                vehicles,
+                prompts,
+                s,
+                deadline,
+                pages.rows,
+                slowest=slowest,
+                planned=planned,
+                log=log,
+                on_row=pages.emit_family,
+            )
+        else:
+            _run_other_stage(
+                st["kind"], pages, vehicles, prompts, s, deadline, shapes, peers_compile, log
+            )
+        _export_cache(cache_dir, jax_cache_out, jax_cache_max_bytes, machine, log)
+    pages.finish()
+    log(
+        f"[device-bench] done in {time.perf_counter() - budget.start:.0f} s; results in "
+        f"{out_dir}" + (f", bundle {bundle_path}" if bundle_path else "")
+    )
+    return pages.results
+
+
+def _setup_run(budget_s, smoke, suites, settings, methods, jax_cache, stage_dirs, precision):
+    """Check :func:`run_device_bench`'s arguments and set up JAX (matmul precision, the
+    smoke mode's optimisation level, the persistent compilation cache).
+
+    Returns ``(settings, suites in run order, cache folder or None, precision in force)``.
+    Raises :class:`PackError` on a bad argument."""
     from jaxspec.core.compile_cache import enable_persistent_cache
 
     bad = [x for x in suites if x not in SUITES]
@@ -1946,22 +2015,18 @@ def run_device_bench(
         raise PackError(f"unknown suite {bad[0]!r}; available: {', '.join(SUITES)}")
     if budget_s <= 0:
         raise PackError(f"--budget-s must be > 0, got {budget_s}")
-    if matmul_precision not in MATMUL_PRECISIONS:
+    if precision not in MATMUL_PRECISIONS:
         raise PackError(
-            f"matmul precision {matmul_precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}"
+            f"matmul precision {precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}"
         )
+    import jax
+
     if smoke:  # the CPU computes float32 products in float32 already; leave the process be
-        matmul_precision = "default"
-    if matmul_precision != "default":
-        import jax
-
-        jax.config.update("jax_default_matmul_precision", matmul_precision)
-    budget = Budget(float(budget_s))
-    suites = [x for x in SUITES if x in suites]
-    if smoke:  # tiny models: compile time is all there is (as in the test suite)
-        import jax
-
+        precision = "default"
+        # tiny models: compile time is all there is (as in the test suite)
         jax.config.update("jax_disable_most_optimizations", True)
+    if precision != "default":
+        jax.config.update("jax_default_matmul_precision", precision)
     s = settings or (RunSettings.smoke() if smoke else RunSettings())
     if methods is not None:
         known = {m for fam in ("causal", "dllm", "asarm") for m in Registry.methods(fam)}
@@ -1975,178 +2040,155 @@ def run_device_bench(
     if jax_cache is not None and str(jax_cache).lower() != "off":
         cache_dir = enable_persistent_cache(jax_cache)
         cache_dir = Path(cache_dir) if cache_dir else None
-    machine = device_machine_info()
-    log(f"[device-bench] {machine_header(machine)}")
-    config = {
-        "smoke": smoke,
-        "budget_s": budget_s,
-        "suites": list(suites),
-        "matmul_precision": matmul_precision,
-    }
-    vehicles, prompts = {}, {"task_ids": []}
-    if any(x != "projection" for x in suites):  # the projection needs no pack
-        pack_dir = Path(pack_dir)
-        unpack_dir = Path(unpack_dir or pack_dir / "unpacked")
-        (manifest, t_verify) = timed(lambda: verify_pack(pack_dir, stage_dirs))
-        log(
-            f"[device-bench] pack verified: {len(manifest['artifacts'])} artifacts, "
-            f"{manifest['total_bytes'] / MiB:.1f} MiB, sha256 ok ({t_verify:.1f} s)"
-            + (
-                f"; left out (not carried): {', '.join(manifest['left_out'])}"
-                if manifest.get("left_out")
-                else ""
-            )
-        )
-        arts = unpack(pack_dir, unpack_dir, stage_dirs, manifest)
-        if JAX_CACHE_ARTIFACT in arts and cache_dir is not None:
-            meta = next(a for a in manifest["artifacts"] if a["name"] == JAX_CACHE_ARTIFACT)
-            n = extract_jax_cache(arts[JAX_CACHE_ARTIFACT], cache_dir)
-            was = meta.get("meta") or {}
-            log(
-                f"[device-bench] JAX cache: {n} file(s) carried in to {cache_dir} (written "
-                f"by jax {was.get('jax', '?')} on {was.get('accelerator', '?')}; hits need "
-                f"the same jax and device)"
-            )
-        shutil.copyfile(pack_dir / manifest["prompts"]["file"], unpack_dir / PROMPTS)
-        if manifest.get("wheels"):
-            names = install_wheels(pack_dir, Path(wheel_dir or "/tmp/jaxspec-site"), manifest)
-            log(f"[device-bench] installed {', '.join(names)}")
-        prompts = json.loads((unpack_dir / PROMPTS).read_text())
-        vehicles, t_load = timed(lambda: load_vehicles(manifest, unpack_dir, log=log))
-        log(f"[device-bench] vehicles {', '.join(vehicles)} loaded ({t_load:.1f} s)")
-        config.update(
-            {
-                "batches": list(s.batches),
-                "temperatures": list(s.temperatures),
-                "max_new_tokens": s.max_new_tokens,
-                "gen_length": s.gen_length,
-                "block_length": s.block_length,
-                "cache": s.cache,
-                "prompts": len(prompts["task_ids"]),
-                "vehicles": {
-                    k: v.get("preset") or v.get("factory") or v.get("kind")
-                    for k, v in manifest["vehicles"].items()
-                    if isinstance(v, dict)
-                },
-            }
-        )
-    config["jax_cache"] = str(cache_dir) if cache_dir else None
-    out_dir = Path(out_dir)
-    results: dict[str, dict] = {}
-    state = {"suites": [{"suite": n, "status": "not reached"} for n in suites], "stages": []}
-    rows: dict[str, list] = {}  # family -> rows with their tokens
-    suite_of = {f: n for n, f in _FAMILY_OF_SUITE.items()}
-    dates = {}
+    return s, [x for x in SUITES if x in suites], cache_dir, precision
 
-    def set_status(name: str, status: str) -> None:
-        for e in state["suites"]:
+
+def _load_pack(pack_dir: Path, unpack_dir, stage_dirs, wheel_dir, cache_dir, s, log):
+    """Verify and unpack the pack (and a carried JAX cache), install its wheels, load the
+    prompts and the vehicles. Returns ``(vehicles, prompts, config entries)``."""
+    unpack_dir = Path(unpack_dir or pack_dir / "unpacked")
+    (manifest, t_verify) = timed(lambda: verify_pack(pack_dir, stage_dirs))
+    log(
+        f"[device-bench] pack verified: {len(manifest['artifacts'])} artifacts, "
+        f"{manifest['total_bytes'] / MiB:.1f} MiB, sha256 ok ({t_verify:.1f} s)"
+        + (
+            f"; left out (not carried): {', '.join(manifest['left_out'])}"
+            if manifest.get("left_out")
+            else ""
+        )
+    )
+    arts = unpack(pack_dir, unpack_dir, stage_dirs, manifest)
+    if JAX_CACHE_ARTIFACT in arts and cache_dir is not None:
+        meta = next(a for a in manifest["artifacts"] if a["name"] == JAX_CACHE_ARTIFACT)
+        n = extract_jax_cache(arts[JAX_CACHE_ARTIFACT], cache_dir)
+        was = meta.get("meta") or {}
+        log(
+            f"[device-bench] JAX cache: {n} file(s) carried in to {cache_dir} (written "
+            f"by jax {was.get('jax', '?')} on {was.get('accelerator', '?')}; hits need "
+            f"the same jax and device)"
+        )
+    shutil.copyfile(pack_dir / manifest["prompts"]["file"], unpack_dir / PROMPTS)
+    if manifest.get("wheels"):
+        names = install_wheels(pack_dir, Path(wheel_dir or "/tmp/jaxspec-site"), manifest)
+        log(f"[device-bench] installed {', '.join(names)}")
+    prompts = json.loads((unpack_dir / PROMPTS).read_text())
+    vehicles, t_load = timed(lambda: load_vehicles(manifest, unpack_dir, log=log))
+    log(f"[device-bench] vehicles {', '.join(vehicles)} loaded ({t_load:.1f} s)")
+    loaded = {
+        "batches": list(s.batches),
+        "temperatures": list(s.temperatures),
+        "max_new_tokens": s.max_new_tokens,
+        "gen_length": s.gen_length,
+        "block_length": s.block_length,
+        "cache": s.cache,
+        "prompts": len(prompts["task_ids"]),
+        "vehicles": {
+            k: v.get("preset") or v.get("factory") or v.get("kind")
+            for k, v in manifest["vehicles"].items()
+            if isinstance(v, dict)
+        },
+    }
+    return vehicles, prompts, loaded
+
+
+class _Pages:
+    """The run's result pages: every suite's status and stages (``state``), the method rows
+    per family (``rows``), and writing ``<suite>.json/.md/.png`` (and the bundle) as they
+    change."""
+
+    def __init__(self, out_dir: Path, bundle_path, suites, machine: dict, config: dict):
+        self.out_dir, self.bundle_path = out_dir, bundle_path
+        self.machine, self.config = machine, config
+        self.results: dict[str, dict] = {}
+        self.state = {
+            "suites": [{"suite": n, "status": "not reached"} for n in suites],
+            "stages": [],
+        }
+        self.rows: dict[str, list] = {}  # family -> rows with their tokens
+        self.suite_of = {f: n for n, f in _FAMILY_OF_SUITE.items()}
+        self.dates: dict[str, str] = {}
+
+    def set_status(self, name: str, status: str) -> None:
+        for e in self.state["suites"]:
             if e["suite"] == name:
                 e["status"] = status
 
-    def base(name: str) -> dict:
-        dates.setdefault(name, now_iso())
-        return {"suite": name, "date": dates[name], "machine": machine, "config": config}
+    def base(self, name: str) -> dict:
+        self.dates.setdefault(name, now_iso())
+        return {
+            "suite": name,
+            "date": self.dates[name],
+            "machine": self.machine,
+            "config": self.config,
+        }
 
-    def emit(name: str, result: dict, plot: bool) -> None:
-        results[name] = {**result, "run": json.loads(json.dumps(state))}
-        write_suite(results[name], out_dir, plot=plot)
-        if bundle_path:
-            bundle(out_dir, bundle_path, list(results))
+    def emit(self, name: str, result: dict, plot: bool) -> None:
+        self.results[name] = {**result, "run": json.loads(json.dumps(self.state))}
+        write_suite(self.results[name], self.out_dir, plot=plot)
+        if self.bundle_path:
+            bundle(self.out_dir, self.bundle_path, list(self.results))
 
-    def emit_family(family: str, plot: bool = False) -> None:
+    def emit_family(self, family: str, plot: bool = False) -> None:
+        name = self.suite_of[family]
         notes = list(_NOTES["methods"]) + [_SCHEDULE_NOTE]
-        emit(
-            suite_of[family],
-            {**base(suite_of[family]), "notes": notes, "rows": public_rows(rows.get(family, []))},
-            plot,
-        )
+        rows = public_rows(self.rows.get(family, []))
+        self.emit(name, {**self.base(name), "notes": notes, "rows": rows}, plot)
 
-    def export_cache() -> None:
-        if cache_dir is None or jax_cache_out is None:
-            return
-        try:
-            info, t = timed(
-                lambda: export_jax_cache(
-                    cache_dir,
-                    Path(jax_cache_out),
-                    max_bytes=jax_cache_max_bytes,
-                    meta={
-                        "jax": machine.get("jax"),
-                        "accelerator": machine.get("accelerator") or machine.get("cpu"),
-                    },
-                )
-            )
-            log(
-                f"[device-bench] JAX cache: {info['entries']} file(s), "
-                f"{info['bytes'] / MiB:.1f} MiB in {len(info['parts'])} part(s) under "
-                f"{jax_cache_out} ({info['left_out']} left out by the bound; {t:.1f} s)"
-            )
-        except Exception as e:  # noqa: BLE001 - the cache is optional, the results are not
-            log(f"[device-bench] JAX cache not exported: {peers.one_line(e)}")
+    def finish(self) -> None:
+        """The final pages, with every stage's share and the charts."""
+        for f in self.rows:
+            self.emit_family(f, plot=True)
+        for name in [n for n in ("peers", "projection") if n in self.results]:
+            self.emit(name, {k: v for k, v in self.results[name].items() if k != "run"}, True)
+        if self.bundle_path:
+            bundle(self.out_dir, self.bundle_path, list(self.results))
 
-    stages = stage_plan(suites, s)
-    slowest: dict[str, float] = {}
-    planned = {
-        f: len(_entries(f, vehicles, s))
-        for st in stages
-        if st["kind"] == "methods"
-        for f in st["families"]
-    }
-    for i, st in enumerate(stages):
-        deadline = budget.share([x["share"] for x in stages[i:]])
-        state["stages"].append({"stage": st["label"], "deadline_s": round(deadline, 1)})
-        log(
-            f"[device-bench] stage {i + 1}/{len(stages)} {st['label']}: {deadline:.0f} s of "
-            f"{budget.left():.0f} s left"
+
+def _run_other_stage(name, pages: _Pages, vehicles, prompts, s, deadline, shapes, compile_, log):
+    """The ``peers`` or ``projection`` stage; a failure becomes its page's note."""
+    from jaxspec.bench import peers, projection
+
+    if deadline < 1.0:
+        pages.set_status(name, "skipped: no time left in the budget")
+        pages.emit(
+            name, {**pages.base(name), "rows": [], "notes": ["skipped: no time left"]}, False
         )
-        if st["kind"] == "methods":
-            for f in st["families"]:
-                set_status(suite_of[f], "ran")
-            run_methods_stage(
-                st["families"],
-                st["pair"],
-                vehicles,
-                prompts,
-                s,
-                deadline,
-                rows,
-                slowest=slowest,
-                planned=planned,
-                log=log,
-                on_row=emit_family,
-            )
+        return
+    pages.set_status(name, "ran")
+    try:
+        if name == "peers":
+            res = peers.run_peers_suite(vehicles, prompts, s, deadline, compile=compile_, log=log)
         else:
-            name = st["kind"]
-            if deadline < 1.0:
-                set_status(name, "skipped: no time left in the budget")
-                emit(name, {**base(name), "rows": [], "notes": ["skipped: no time left"]}, False)
-                continue
-            set_status(name, "ran")
-            try:
-                if name == "peers":
-                    res = peers.run_peers_suite(
-                        vehicles, prompts, s, deadline, compile=peers_compile, log=log
-                    )
-                else:
-                    measured = [r for fam_rows in rows.values() for r in fam_rows]
-                    res = projection.run_projection_suite(
-                        shapes, measured=public_rows(measured), deadline_s=deadline, log=log
-                    )
-            except Exception as e:  # noqa: BLE001 - a suite's failure must not end the run
-                err = peers.one_line(e)
-                log(f"[device-bench] suite {name} failed: {err}")
-                set_status(name, f"failed: {err}")
-                res = {"rows": [], "notes": [f"the suite failed: {err}"], "failed": err}
-            emit(name, {**base(name), **res}, True)
-        export_cache()
-    for f in rows:  # the final pages, with every stage's share and the charts
-        emit_family(f, plot=True)
-    for name in [n for n in ("peers", "projection") if n in results]:
-        emit(name, {k: v for k, v in results[name].items() if k != "run"}, True)
-    if bundle_path:
-        bundle(out_dir, bundle_path, list(results))
-    log(
-        f"[device-bench] done in {time.perf_counter() - budget.start:.0f} s; results in "
-        f"{out_dir}" + (f", bundle {bundle_path}" if bundle_path else "")
-    )
-    return results
+            measured = [r for fam_rows in pages.rows.values() for r in fam_rows]
+            res = projection.run_projection_suite(
+                shapes, measured=public_rows(measured), deadline_s=deadline, log=log
+            )
+    except Exception as e:  # noqa: BLE001 - a suite's failure must not end the run
+        err = peers.one_line(e)
+        log(f"[device-bench] suite {name} failed: {err}")
+        pages.set_status(name, f"failed: {err}")
+        res = {"rows": [], "notes": [f"the suite failed: {err}"], "failed": err}
+    pages.emit(name, {**pages.base(name), **res}, True)
+
+
+def _export_cache(cache_dir, out, max_bytes, machine, log) -> None:
+    """Write the JAX cache back under ``out`` (optional: a failure is one log line)."""
+    from jaxspec.bench import peers
+
+    if cache_dir is None or out is None:
+        return
+    try:
+        meta = {
+            "jax": machine.get("jax"),
+            "accelerator": machine.get("accelerator") or machine.get("cpu"),
+        }
+        info, t = timed(
+            lambda: export_jax_cache(cache_dir, Path(out), max_bytes=max_bytes, meta=meta)
+        )
+        log(
+            f"[device-bench] JAX cache: {info['entries']} file(s), "
+            f"{info['bytes'] / MiB:.1f} MiB in {len(info['parts'])} part(s) under "
+            f"{out} ({info['left_out']} left out by the bound; {t:.1f} s)"
+        )
+    except Exception as e:  # noqa: BLE001 - the cache is optional, the results are not
+        log(f"[device-bench] JAX cache not exported: {peers.one_line(e)}")
