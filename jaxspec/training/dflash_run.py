@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -349,19 +348,10 @@ def train_dflash(
     Raises:
       TrainConfigError: ``out_dir`` holds checkpoints and ``resume`` is False; bad config
         or data (:func:`build_target`, :func:`build_rows`)."""
-    import orbax.checkpoint as ocp
-    from tqdm.auto import tqdm
-
-    from jaxspec.training.loop import (
-        _compile_key,
-        _restore,
-        _Run,
-        _run_steps,
-        plot_metrics,
-    )
+    from jaxspec.training.loop import _compile_key, _drive, _open_run, _Run
 
     out = Path(out_dir).resolve()
-    ckdir, mpath = out / "checkpoints", out / "metrics.jsonl"
+    ckdir = out / "checkpoints"
     if ckdir.exists() and any(ckdir.iterdir()) and not resume:
         raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -384,20 +374,7 @@ def train_dflash(
         f"(the target runs {fmodel.config.num_layers} of its {target.config.num_layers} layers)"
     )
 
-    mngr = ocp.CheckpointManager(
-        ckdir,
-        options=ocp.CheckpointManagerOptions(max_to_keep=cfg.train.keep_checkpoints, create=True),
-    )
-    start = 0
-    if resume and mngr.latest_step() is not None:
-        start, own, opt_state = _restore(mngr, ckdir, own, opt_state, mpath, log)
-    else:
-        mpath.write_text("")
-    cfg_path = out / "config.json"
-    if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
-        log("[train] warning: config differs from the one this run started with")
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
-
+    mngr, start, own, opt_state = _open_run(cfg, out, own, opt_state, resume=resume, log=log)
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
     run = _Run(
         cfg=cfg,
@@ -410,26 +387,17 @@ def train_dflash(
         mngr=mngr,
         evaluate=evaluate,
     )
-    bar = tqdm(
-        total=cfg.train.steps,
-        initial=start,
-        disable=not progress,
-        desc=cfg.name,
-        dynamic_ncols=True,
+    own, opt_state, losses, step_times, done, wall = _drive(
+        run,
+        own,
+        opt_state,
+        start,
+        end,
+        out=out,
+        progress=progress,
+        max_seconds=max_seconds,
+        log=log,
     )
-    t_run = time.perf_counter()
-    deadline = None if max_seconds is None else t_run + float(max_seconds)
-    with mpath.open("a") as mf:
-        own, opt_state, losses, step_times, done = _run_steps(
-            run, own, opt_state, start, end, mf, bar, deadline
-        )
-    bar.close()
-    mngr.wait_until_finished()
-    mngr.close()
-    wall = time.perf_counter() - t_run
-    plot_metrics(mpath, out / "loss.png", cfg.name)
-    if done < end:
-        log(f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end}")
     step = max(done, start)
     meta = {
         "target_preset": cfg.model.preset,

@@ -399,6 +399,67 @@ def _run_steps(
     return trainable, opt_state, losses, step_times, done
 
 
+def _open_run(cfg: TrainConfig, out: Path, state, opt_state, *, resume: bool, log):
+    """The run's orbax checkpoint manager under ``out/checkpoints``, the step to start from
+    and the state (restored from the newest checkpoint with ``resume``, else fresh, with an
+    empty ``metrics.jsonl``), and ``out/config.json`` written (a warning when a resumed run's
+    config differs). Returns ``(manager, start, state, opt_state)``."""
+    import orbax.checkpoint as ocp
+
+    ckdir, mpath = out / "checkpoints", out / "metrics.jsonl"
+    mngr = ocp.CheckpointManager(
+        ckdir,
+        options=ocp.CheckpointManagerOptions(max_to_keep=cfg.train.keep_checkpoints, create=True),
+    )
+    start = 0
+    if resume and mngr.latest_step() is not None:
+        start, state, opt_state = _restore(mngr, ckdir, state, opt_state, mpath, log)
+    else:
+        mpath.write_text("")
+    cfg_path = out / "config.json"
+    if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
+        log(
+            "[train] warning: config differs from the one this run started with; "
+            "resume may not be exact"
+        )
+    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    return mngr, start, state, opt_state
+
+
+def _drive(run, state, opt_state, start: int, end: int, *, out: Path, progress, max_seconds, log):
+    """Steps ``start .. end`` of ``run`` (:func:`_run_steps`) with a progress bar, appending
+    to ``out/metrics.jsonl`` and stopping after the step that passes ``max_seconds``; then
+    the checkpoints are flushed and ``out/loss.png`` drawn. Returns ``(state, opt_state,
+    losses, step_times, last step done, wall seconds)``."""
+    from tqdm.auto import tqdm
+
+    cfg, mpath = run.cfg, out / "metrics.jsonl"
+    bar = tqdm(
+        total=cfg.train.steps,
+        initial=start,
+        disable=not progress,
+        desc=cfg.name,
+        dynamic_ncols=True,
+    )
+    t_run = time.perf_counter()
+    deadline = None if max_seconds is None else t_run + float(max_seconds)
+    with mpath.open("a") as mf:
+        state, opt_state, losses, step_times, done = _run_steps(
+            run, state, opt_state, start, end, mf, bar, deadline
+        )
+    bar.close()
+    run.mngr.wait_until_finished()
+    run.mngr.close()
+    wall = time.perf_counter() - t_run
+    plot_metrics(mpath, out / "loss.png", cfg.name)
+    if done < end:
+        log(
+            f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
+            f"(--resume continues)"
+        )
+    return state, opt_state, losses, step_times, done, wall
+
+
 def train(
     cfg: TrainConfig,
     out_dir,
@@ -449,12 +510,8 @@ def train(
         raise TrainConfigError(
             "objective.kind = dflash trains through jaxspec.training.dflash_run.train_dflash"
         )
-    import orbax.checkpoint as ocp
-    from tqdm.auto import tqdm
-
     out = Path(out_dir).resolve()
     ckdir = out / "checkpoints"
-    mpath = out / "metrics.jsonl"
     if ckdir.exists() and any(ckdir.iterdir()) and not resume:
         raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -467,23 +524,9 @@ def train(
     bs = cfg.data.batch_size
     val_batches = val_ds.fixed_batches(cfg.train.eval_batches, bs) if val_ds is not None else []
 
-    mngr = ocp.CheckpointManager(
-        ckdir,
-        options=ocp.CheckpointManagerOptions(max_to_keep=cfg.train.keep_checkpoints, create=True),
+    mngr, start, trainable, opt_state = _open_run(
+        cfg, out, trainable, opt_state, resume=resume, log=log
     )
-    start = 0
-    if resume and mngr.latest_step() is not None:
-        start, trainable, opt_state = _restore(mngr, ckdir, trainable, opt_state, mpath, log)
-    else:
-        mpath.write_text("")
-    cfg_path = out / "config.json"
-    if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
-        log(
-            "[train] warning: config differs from the one this run started with; "
-            "resume may not be exact"
-        )
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
-
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
     run = _Run(
         cfg=cfg,
@@ -495,29 +538,17 @@ def train(
         val_batches=val_batches,
         mngr=mngr,
     )
-    bar = tqdm(
-        total=cfg.train.steps,
-        initial=start,
-        disable=not progress,
-        desc=cfg.name,
-        dynamic_ncols=True,
+    trainable, opt_state, losses, step_times, done, wall = _drive(
+        run,
+        trainable,
+        opt_state,
+        start,
+        end,
+        out=out,
+        progress=progress,
+        max_seconds=max_seconds,
+        log=log,
     )
-    t_run = time.perf_counter()
-    deadline = None if max_seconds is None else t_run + float(max_seconds)
-    with mpath.open("a") as mf:
-        trainable, opt_state, losses, step_times, done = _run_steps(
-            run, trainable, opt_state, start, end, mf, bar, deadline
-        )
-    bar.close()
-    mngr.wait_until_finished()
-    mngr.close()
-    wall = time.perf_counter() - t_run
-    plot_metrics(mpath, out / "loss.png", cfg.name)
-    if done < end:
-        log(
-            f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
-            f"(--resume continues)"
-        )
     result = {
         "step": max(done, start),
         "stopped_early": done < end,
