@@ -16,8 +16,8 @@ from jaxspec.methods import get_method, methods_of
 SUITES = ("ar", "dllm", "ssd", "spiffy", "assd", "space", "diffuspec", "dflash")
 # every causal method of the registry is a jaxspec system; ngram-bigram is the n-gram drafter
 # with the Eq. 23 fallback
-SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
-    "jaxspec/ngram-bigram",
+# layout / quantisation variants of AR and n-gram (below), on request only
+VARIANTS = (
     "jaxspec/ar-scan",
     "jaxspec/ngram-scan",
     "jaxspec/ar-unrolled",
@@ -27,9 +27,16 @@ SYSTEMS = tuple(f"jaxspec/{m}" for m in methods_of("causal")) + (
     "jaxspec/ngram-gate",
     "jaxspec/ar-int8",
     "jaxspec/ngram-int8",
-    "transformers/ar",
-    "transformers/prompt-lookup",
-    "transformers/assisted",
+)
+SYSTEMS = (
+    tuple(f"jaxspec/{m}" for m in methods_of("causal"))
+    + ("jaxspec/ngram-bigram",)
+    + VARIANTS
+    + (
+        "transformers/ar",
+        "transformers/prompt-lookup",
+        "transformers/assisted",
+    )
 )
 BASELINE = "jaxspec/ar"
 # systems that need more than the target model run on request only: jaxspec/sps and
@@ -54,17 +61,7 @@ NEEDS_MORE = (
 QUANT_REFERENCE = "jaxspec/ar-int8"
 _VERIFY_SUFFIXES = {"-om": "output-major", "-stored": "stored"}
 _LOOP_SUFFIXES = {"-scan": "scan", "-unrolled": "unrolled"}
-ON_REQUEST = NEEDS_MORE + (
-    "jaxspec/ar-scan",
-    "jaxspec/ngram-scan",
-    "jaxspec/ar-unrolled",
-    "jaxspec/ngram-unrolled",
-    "jaxspec/ngram-om",
-    "jaxspec/ngram-stored",
-    "jaxspec/ngram-gate",
-    "jaxspec/ar-int8",
-    "jaxspec/ngram-int8",
-)
+ON_REQUEST = NEEDS_MORE + VARIANTS
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ON_REQUEST)
 
 
