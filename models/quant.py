@@ -116,7 +116,7 @@ def quantize_params(params, scheme: str = "int8", dtype: Optional[jnp.dtype] = N
     docstring: scheme, error bound, what stays unquantized).
 
     Args:
-      params: the params tree (or linen variables ``{"params": tree}``) with float layer
+      params: the params tree (or the wrapped ``{"params": tree}``) with float layer
         matrices, in the stacked layout (``layers/wq (L, D, H*Dh)`` ...) or the per-layer decode
         layout of :func:`models.llama.modeling.unstack_layers` (input-major ``wq (D, H*Dh)``
         or output-major ``wq_t (H*Dh, D)``). Quantize float32 weights for the smallest error.

@@ -131,7 +131,7 @@ class DiffusionLM:
         """One forward pass.
 
         Args:
-          params: the ``CausalLM`` params tree, or linen variables ``{"params": tree}``.
+          params: the ``CausalLM`` params tree, or the wrapped ``{"params": tree}``.
           tokens: ``int32 (B, T)`` token ids (masked positions hold ``mask_token_id``).
           positions: ``int32 (B, T)`` RoPE positions.
           attn_mask: ``bool (B, T, S)``; query ``t`` may attend key slot ``s``. ``None``

@@ -245,7 +245,7 @@ def _is_body(layers) -> bool:
 
 def _map_bodies(tree: Any, fn: Callable[[Any], Any]) -> Any:
     """``tree`` with ``fn(layers)`` in place of the ``layers`` of every Llama/Qwen2-layout body
-    inside it (stacked dict or split tuple; in a params dict, linen variables
+    inside it (stacked dict or split tuple; in a params dict, the wrapped
     ``{"params": ...}``, or any nest of dicts / tuples / lists holding them); everything else
     is shared, not copied."""
 
@@ -363,7 +363,7 @@ def tree_layer_loop(tree: Any, layer_loop: str = "auto", output_major: bool = Fa
 
 
 def decode_layout(tree: Any, layer_loop: str = "auto", output_major: bool = False) -> Any:
-    """Put every Llama/Qwen2-layout parameter tree inside ``tree`` (a params dict, linen
+    """Put every Llama/Qwen2-layout parameter tree inside ``tree`` (a params dict, the wrapped
     variables ``{"params": ...}``, or any nest of dicts / tuples / lists holding them, e.g. a
     drafter's ``(dllm_params, proxy)``) into the layout of ``layer_loop``
     (:func:`tree_layer_loop`): per-layer weights (:func:`models.llama.modeling.unstack_layers`)
@@ -690,7 +690,7 @@ def plan(
 def plan_model(model, plan: DecodePlan):
     """``model`` (a :class:`models.llama.modeling.CausalLM`) with the plan's ``row_blocks``
     (the same module when the plan leaves them to the model)."""
-    return model if plan.row_blocks is None else model.clone(row_blocks=plan.row_blocks)
+    return model if plan.row_blocks is None else model.replace(row_blocks=plan.row_blocks)
 
 
 def plan_trees(params, plan: DecodePlan) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""Causal Llama / Qwen2 decoder as a pure-functional Flax linen module.
+"""Causal Llama / Qwen2 decoder: a frozen dataclass of the architecture over a parameter pytree.
 
 One module covers both families: grouped-query attention, RMSNorm, rotary position
 embeddings (HF "rotate-half" layout, base ``rope_theta``), SwiGLU MLP, optional q/k/v bias
@@ -11,7 +11,7 @@ axis and the layers run in one ``lax.scan`` (compiles once per layer shape inste
 unrolling 30 layers). Decode loops on the CPU and GPUs pass the per-layer layout of
 :func:`unstack_layers` instead, which unrolls the layers (faster per step there).
 
-Parameter tree (``variables["params"]``)::
+Parameter tree (``params``; ``{"params": tree}`` is accepted too)::
 
     embed        (V, D)
     layers/      attn_norm (L, D), wq (L, D, H*Dh), wk (L, D, K*Dh), wv (L, D, K*Dh),
@@ -28,11 +28,12 @@ the seven projection matrices ``name`` (:data:`MATRICES`).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from typing import Any, Optional
 
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -154,44 +155,74 @@ def _write_cache(
     return cache_arr.at[idx].set(new.astype(cache_arr.dtype))
 
 
-class _Layers(nn.Module):
-    """Stacked decoder-block parameters; the computation lives in :class:`CausalLM`."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self):
-        c = self.config
-        L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
-        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        dense = nn.initializers.normal(0.02)
-        p = {
-            "attn_norm": self.param("attn_norm", nn.initializers.ones, (L, D)),
-            "wq": self.param("wq", dense, (L, D, qd)),
-            "wk": self.param("wk", dense, (L, D, kd)),
-            "wv": self.param("wv", dense, (L, D, kd)),
-            "wo": self.param("wo", dense, (L, qd, D)),
-            "mlp_norm": self.param("mlp_norm", nn.initializers.ones, (L, D)),
-            "w_gate": self.param("w_gate", dense, (L, D, F)),
-            "w_up": self.param("w_up", dense, (L, D, F)),
-            "w_down": self.param("w_down", dense, (L, F, D)),
-        }
-        if c.qkv_bias:
-            p["bq"] = self.param("bq", nn.initializers.zeros, (L, qd))
-            p["bk"] = self.param("bk", nn.initializers.zeros, (L, kd))
-            p["bv"] = self.param("bv", nn.initializers.zeros, (L, kd))
-        return p
+def _param_key(root: jax.Array, *path) -> jax.Array:
+    """The PRNG key of one parameter of :func:`init_params`: ``root`` with ``path`` (the
+    parameter's parent names, then its 1-based index in its parent) folded in through the
+    leading 32 bits of a SHA-1 of the path. This is the derivation the earlier Flax-linen
+    declaration of this model used (``flax.core.scope.LazyRng``), kept so that a seed gives the
+    same random test models, and so the same goldens, as before."""
+    digest = hashlib.sha1()
+    for part in path:
+        if isinstance(part, str):
+            digest.update(part.encode("utf-8"))
+        else:
+            digest.update(part.to_bytes((part.bit_length() + 7) // 8, byteorder="big"))
+    return jax.random.fold_in(root, jnp.uint32(int.from_bytes(digest.digest()[:4], "big")))
 
 
-class CausalLM(nn.Module):
-    """Llama / Qwen2 decoder-only LM.
+def init_params(config: ModelConfig, seed: int = 0) -> dict:
+    """Random parameters of :class:`CausalLM` (module docstring's tree, float32 stacked
+    layout) for tests and benchmarks: projection matrices and the embedding / LM head drawn
+    from ``N(0, 0.02^2)``, norms one, biases zero. Deterministic in ``seed``."""
+    c = config
+    L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
+    qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    root = jax.random.PRNGKey(seed)
 
-    Call signature (via ``model.apply({"params": params}, ...)``)::
+    def normal(key, shape):
+        return 0.02 * jax.random.normal(key, shape, jnp.float32)
 
-        logits, cache = model.apply(variables, tokens, positions, mask,
+    shapes = {
+        "attn_norm": (L, D), "wq": (L, D, qd), "wk": (L, D, kd), "wv": (L, D, kd),
+        "wo": (L, qd, D), "mlp_norm": (L, D), "w_gate": (L, D, F), "w_up": (L, D, F),
+        "w_down": (L, F, D),
+    }  # fmt: skip
+    if c.qkv_bias:
+        shapes.update(bq=(L, qd), bk=(L, kd), bv=(L, kd))
+    layers = {}
+    for i, (name, shape) in enumerate(shapes.items(), start=1):
+        if name.endswith("norm"):
+            layers[name] = jnp.ones(shape, jnp.float32)
+        elif name.startswith("b"):
+            layers[name] = jnp.zeros(shape, jnp.float32)
+        else:
+            layers[name] = normal(_param_key(root, "layers", i), shape)
+    params = {
+        "embed": normal(_param_key(root, 1), (c.vocab_size, c.hidden_size)),
+        "layers": layers,
+        "final_norm": jnp.ones((c.hidden_size,), jnp.float32),
+    }
+    if not c.tie_embeddings:
+        params["lm_head"] = normal(_param_key(root, 3), (c.hidden_size, c.vocab_size))
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLM:
+    """Llama / Qwen2 decoder-only LM: the architecture (static, hashable) over a parameter
+    pytree that lives outside (:func:`init_params`, :func:`models.llama.params.load_llama`).
+    The same convention as :class:`models.diffusion.modeling.DiffusionLM` and
+    :class:`models.xlnet.modeling.XLNetLM`: ``jax.jit(model.apply)`` works.
+
+    Call signature::
+
+        logits, cache = model.apply(params, tokens, positions, mask,
                                     cache=None, cache_index=None)
 
     Args:
+      params: the parameter tree (module docstring), in the stacked layout, a decode layout
+        of :func:`unstack_layers`, or weight-only int8 (:mod:`models.quant`); or
+        ``{"params": tree}``.
       tokens: ``int32 (B, T)`` token ids.
       positions: ``int32 (B, T)`` absolute positions used for RoPE.
       mask: ``bool (B, T, S)``: query ``t`` may attend key slot ``s``. Without a cache
@@ -223,16 +254,21 @@ class CausalLM(nn.Module):
         :data:`ONE_TASK_BLOCKS`.
 
     Raises:
-      ValueError: ``cache`` without ``cache_index``; ``last_rows`` outside ``1..T``; a
+      ValueError: the embedding's shape is not the config's ``(vocab_size, hidden_size)``;
+        ``cache`` without ``cache_index``; ``last_rows`` outside ``1..T``; a
         ``hidden_layers`` id outside ``0..num_layers-1``.
     """
 
     config: ModelConfig
     row_blocks: Optional[int] = None
 
-    @nn.compact
-    def __call__(
+    def replace(self, **changes) -> "CausalLM":
+        """A copy with ``changes`` (e.g. ``row_blocks``) applied."""
+        return dataclasses.replace(self, **changes)
+
+    def apply(
         self,
+        params,
         tokens,
         positions,
         mask,
@@ -243,21 +279,18 @@ class CausalLM(nn.Module):
         hidden_layers: tuple = (),
     ):
         c = self.config
-        embed = self.param("embed", nn.initializers.normal(0.02), (c.vocab_size, c.hidden_size))
-        stored = None if self.is_initializing() else self.variables["params"].get("layers")
-        per_layer = isinstance(stored, (tuple, list))  # the decode layout, see unstack_layers
-        if per_layer:
-            layers = tuple(stored)
-        elif stored is not None and "wq" not in stored:  # stacked int8 weights (models.quant)
-            layers = dict(stored)
-        else:
-            layers = _Layers(c, name="layers")()
-        final_norm = self.param("final_norm", nn.initializers.ones, (c.hidden_size,))
-        lm_head = None
-        if not c.tie_embeddings:
-            lm_head = self.param(
-                "lm_head", nn.initializers.normal(0.02), (c.hidden_size, c.vocab_size)
+        p = params["params"] if "params" in params else params
+        embed, final_norm, lm_head = p["embed"], p["final_norm"], p.get("lm_head")
+        if tuple(embed.shape) != (c.vocab_size, c.hidden_size):
+            raise ValueError(
+                f"the embedding has shape {tuple(embed.shape)}, the config expects "
+                f"{(c.vocab_size, c.hidden_size)} (params of another model?)"
             )
+        stored = p["layers"]
+        per_layer = isinstance(stored, (tuple, list))  # the decode layout, see unstack_layers
+        layers = tuple(stored) if per_layer else dict(stored)
+        tokens = jnp.asarray(tokens, jnp.int32)
+        positions = jnp.asarray(positions, jnp.int32)
 
         B, T = tokens.shape
         if last_rows is not None and not 1 <= last_rows <= T:
@@ -538,12 +571,3 @@ def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> j
     embedding matrix ``(V, D)`` as the head when ``lm_head`` ``(D, V)`` is None (tied)."""
     head = embed.T if lm_head is None else lm_head
     return (x @ head).astype(jnp.float32)
-
-
-def init_params(config: ModelConfig, seed: int = 0):
-    """Random parameters (the ``params`` collection) for a tiny test model."""
-    model = CausalLM(config)
-    tok = jnp.zeros((1, 2), jnp.int32)
-    pos = jnp.arange(2, dtype=jnp.int32)[None]
-    mask = jnp.tril(jnp.ones((2, 2), bool))[None]
-    return model.init(jax.random.PRNGKey(seed), tok, pos, mask)["params"]
