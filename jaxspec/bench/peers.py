@@ -86,6 +86,179 @@ def load_fastdllm(family: str, root: Optional[str] = None):
     return mod
 
 
+def _default_rope_init(config, device=None, seq_len=None, **_):
+    """Plain RoPE inverse frequencies ``theta ** (-2i / d)``, ``i < d / 2``, with ``d =
+    hidden_size // num_attention_heads`` and attention factor 1: what transformers 4.x
+    registered as ``ROPE_INIT_FUNCTIONS["default"]`` (4.49 for Fast-dLLM), which the official
+    Dream code looks up and transformers 5 no longer registers."""
+    import torch
+
+    d = config.hidden_size // config.num_attention_heads
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = config.rope_parameters["rope_theta"]
+    exps = torch.arange(0, d, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / d
+    return 1.0 / (float(theta) ** exps), 1.0
+
+
+def _register_default_rope() -> None:
+    """Give transformers the ``"default"`` RoPE initialiser the official Dream code needs
+    (:func:`_default_rope_init`) when this transformers lacks it; the official code itself
+    stays unmodified."""
+    from transformers import modeling_rope_utils
+
+    modeling_rope_utils.ROPE_INIT_FUNCTIONS.setdefault("default", _default_rope_init)
+
+
+def _accept_validate_keywords(cls) -> None:
+    """Let ``cls.validate`` (the official ``DreamGenerationConfig.validate``, whose body is
+    ``pass``) take the keywords transformers 5's ``GenerationConfig.update`` passes it
+    (``user_set_attributes``); it still does nothing. Done once per class."""
+    import inspect
+
+    if getattr(cls.validate, "_jaxspec_compat", False):
+        return
+    params = inspect.signature(cls.validate).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    original = cls.validate
+
+    def validate(self, *args, **kwargs):
+        return original(self, *args, **{k: v for k, v in kwargs.items() if k in params})
+
+    validate._jaxspec_compat = True
+    cls.validate = validate
+
+
+def load_fastdllm_dream(root: Optional[str] = None):
+    """The official Fast-dLLM Dream code from the checkout at :func:`fastdllm_root`, unmodified:
+    its ``dream/model`` package (``modeling_dream``, ``configuration_dream``) imported under
+    the name ``fastdllm_dream_model``, and its block decoder module
+    (``dream/model/generation_utils_block.py``, :func:`load_fastdllm`). Returns ``(DreamModel
+    class, block decoder module)``.
+
+    Raises:
+      PeerUnavailable: no checkout, torch / transformers missing, or an import error."""
+    why = transformers_available()
+    if why:
+        raise PeerUnavailable(why)
+    block = load_fastdllm("dream", root)
+    pkg_dir = fastdllm_root(root) / "dream" / "model"
+    name = "fastdllm_dream_model"
+    import sys
+
+    try:
+        _register_default_rope()
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(
+                name, pkg_dir / "__init__.py", submodule_search_locations=[str(pkg_dir)]
+            )
+            pkg = importlib.util.module_from_spec(spec)
+            sys.modules[name] = pkg
+            try:
+                spec.loader.exec_module(pkg)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+        modeling = importlib.import_module(f"{name}.modeling_dream")
+        for mod in (importlib.import_module(f"{name}.generation_utils"), block):
+            _accept_validate_keywords(mod.DreamGenerationConfig)
+    except Exception as e:  # noqa: BLE001 - third-party import failure is a row's reason
+        raise PeerUnavailable(
+            f"Fast-dLLM dream modeling import failed: {' '.join(str(e).split())[:200]}"
+        ) from None
+    return modeling.DreamModel, block
+
+
+def load_dream_hf(folder, root: Optional[str] = None, dtype: str = "float32", device="cpu"):
+    """``DreamModel.from_pretrained(folder)`` with the official code (:func:`
+    load_fastdllm_dream`), in ``dtype`` on ``device``, in eval mode, with the block decoder's
+    ``diffusion_generate`` / ``_sample`` bound to it as Fast-dLLM's ``dream/eval.py`` binds
+    them, and its RoPE buffers recomputed (``reset_rope_parameters``). Raises
+    :class:`PeerUnavailable` as :func:`load_fastdllm_dream`."""
+    import types
+
+    import torch
+
+    DreamModel, block = load_fastdllm_dream(root)
+    m = DreamModel.from_pretrained(str(folder), torch_dtype=getattr(torch, dtype))
+    # transformers 5 builds the model on the meta device and leaves non-persistent buffers
+    # (the RoPE inverse frequencies) unset: the official class's own reset recomputes them
+    m.reset_rope_parameters()
+    m = m.to(device).eval()
+    m.diffusion_generate = types.MethodType(block.DreamGenerationMixin.diffusion_generate, m)
+    m._sample = types.MethodType(block.DreamGenerationMixin._sample, m)
+    return m
+
+
+def cut_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
+    """``tokens`` up to and including the first id of ``eos_ids`` (all of them when none is
+    there): how jaxspec's masked-diffusion decoders return a row."""
+    out = []
+    for t in tokens:
+        out.append(int(t))
+        if int(t) in eos_ids:
+            break
+    return out
+
+
+def fastdllm_dream_generate(
+    hf_model,
+    prompt: Sequence[int],
+    *,
+    gen_length: int,
+    block_length: int,
+    threshold: float,
+    mask_id: int,
+) -> tuple[list[int], int]:
+    """Greedy Fast-dLLM Dream decoding of one prompt with the official block decoder bound to
+    ``hf_model`` (:func:`load_dream_hf`): ``diffusion_generate`` with
+    ``alg="confidence_threshold"``, ``threshold``, ``block_length``, ``dual_cache=True``,
+    ``max_new_tokens = steps = gen_length``, temperature 0 (Fast-dLLM's ``dream/eval.py``
+    settings for its dual-cache threshold rows), starting from the checkpoint's own
+    generation config (``generation_config.json``; deriving one from the model config fails
+    under transformers 5).
+
+    Returns ``(the gen_length generated ids, forward passes)``.
+
+    Raises:
+      RuntimeError: more forwards than ``gen_length + blocks`` (each one after a block's
+        first commits at least one position unless the official code predicts [MASK] there,
+        which would loop for ever)."""
+    import torch
+
+    limit = gen_length + gen_length // block_length + 1
+    calls = [0]
+
+    def count(module, args):
+        calls[0] += 1
+        if calls[0] > limit:
+            raise RuntimeError(
+                f"Fast-dLLM Dream made no progress after {limit} forwards (it predicts [MASK])"
+            )
+
+    dev = next(hf_model.parameters()).device
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
+    handle = hf_model.register_forward_pre_hook(count)
+    try:
+        out = hf_model.diffusion_generate(
+            ids,
+            generation_config=hf_model.generation_config,
+            max_new_tokens=gen_length,
+            steps=gen_length,
+            alg="confidence_threshold",
+            threshold=float(threshold),
+            block_length=block_length,
+            dual_cache=True,
+            temperature=0.0,
+            mask_token_id=int(mask_id),
+            return_dict_in_generate=False,
+        )
+    finally:
+        handle.remove()
+    return [int(t) for t in out[0, len(prompt) :].tolist()], calls[0]
+
+
 def transformers_available() -> Optional[str]:
     """None when torch and transformers import, else the reason they do not."""
     try:

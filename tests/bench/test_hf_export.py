@@ -1,0 +1,154 @@
+"""A jaxspec Dream exported as a Hugging Face Dream folder (models.diffusion.hf_export) computes
+the same function elsewhere:
+
+* transformers' own Qwen2 reads the folder and, given a full (non-causal) attention mask,
+  returns jaxspec's raw logits (float32; always runs where transformers is installed), while
+  its default causal mask does not;
+* the official Fast-dLLM Dream code (``third_party/Fast-dLLM``, git-ignored; skipped without
+  it) loads the folder with its own modeling code and returns the same logits, and its
+  dual-cache threshold block decoder returns the same tokens as jaxspec's ``threshold``
+  method with ``block_start="first-position"`` and ``cache="dual"``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.bench import peers
+from jaxspec.testing.tiny import tiny_diffusion_model
+from models.diffusion.hf_export import GENERATION_CONFIG, export_dream_hf
+
+VOCAB = 40  # mask id 39
+IDS = np.array([[5, 7, 9, 11, 39, 39, 39, 39, 3, 4, 39, 39]])
+PROMPTS = [[5, 7, 9, 11, 3], [12, 13, 14, 15, 16, 17, 8], [20, 4]]
+GEN, BLOCK = 16, 4
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model, params = tiny_diffusion_model("dream", vocab=VOCAB, ctx=64)
+    folder = export_dream_hf(tmp_path_factory.mktemp("dream") / "hf", model, params, eos_ids=[2])
+    return model, params, folder
+
+
+def _ours(model, params):
+    T = IDS.shape[1]
+    logits, _ = model.apply(params, jnp.asarray(IDS), jnp.arange(T)[None], shift=False)
+    return np.asarray(logits)
+
+
+def test_folder_holds_dream_config_and_zero_biases(exported):
+    from safetensors.numpy import load_file
+
+    model, params, folder = exported
+    conf = json.loads((folder / "config.json").read_text())
+    assert conf["model_type"] == "Dream" and conf["mask_token_id"] == VOCAB - 1
+    assert conf["tie_word_embeddings"] is False and "head_dim" not in conf
+    gen = json.loads((folder / GENERATION_CONFIG).read_text())
+    assert gen["mask_token_id"] == VOCAB - 1 and gen["eos_token_id"] == 2
+    tensors = {}
+    for f in folder.glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    wq = np.asarray(params["layers"]["wq"][1])
+    np.testing.assert_array_equal(tensors["model.layers.1.self_attn.q_proj.weight"], wq.T)
+    np.testing.assert_array_equal(
+        tensors["model.layers.0.self_attn.k_proj.bias"], np.asarray(params["layers"]["bk"][0])
+    )
+
+
+def test_biasless_tied_body_gets_zero_biases_and_an_explicit_head(tmp_path):
+    from safetensors.numpy import load_file
+
+    from jaxspec.testing.tiny import tiny_model
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+
+    body, params = tiny_model(vocab=VOCAB, arch="llama")  # no biases, tied head
+    model = DiffusionLM(DiffusionConfig(body.config.replace(tie_embeddings=True), "dream", 39))
+    params = {k: v for k, v in params.items() if k != "lm_head"}
+    folder = export_dream_hf(tmp_path / "hf", model, {"params": params})
+    tensors = {}
+    for f in folder.glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    assert not tensors["model.layers.0.self_attn.v_proj.bias"].any()
+    np.testing.assert_array_equal(tensors["lm_head.weight"], np.asarray(params["embed"]))
+
+
+def test_export_rejects_llada_and_odd_head_width(tmp_path):
+    model, params = tiny_diffusion_model("llada", vocab=VOCAB)
+    with pytest.raises(ValueError, match="head is 'llada'"):
+        export_dream_hf(tmp_path / "a", model, params)
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+
+    dream, params = tiny_diffusion_model("dream", vocab=VOCAB)
+    odd = DiffusionLM(DiffusionConfig(dream.config.base.replace(head_dim=4), "dream", 39))
+    with pytest.raises(ValueError, match="head_dim 4"):
+        export_dream_hf(tmp_path / "b", odd, params)
+
+
+def test_transformers_qwen2_with_a_full_mask_matches(exported):
+    why = peers.transformers_available()
+    if why:
+        pytest.skip(why)
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model, params, folder = exported
+    conf = json.loads((folder / "config.json").read_text())
+    conf = {k: v for k, v in conf.items() if k not in ("model_type", "architectures")}
+    hf = Qwen2ForCausalLM.from_pretrained(
+        str(folder), config=Qwen2Config(**conf), torch_dtype=torch.float32
+    ).eval()
+    T = IDS.shape[1]
+    with torch.no_grad():
+        full = hf(torch.tensor(IDS), attention_mask=torch.ones(1, 1, T, T, dtype=torch.bool))
+        causal = hf(torch.tensor(IDS))
+    ours = _ours(model, params)
+    np.testing.assert_allclose(full.logits.numpy(), ours, atol=1e-4, rtol=1e-5)
+    assert np.abs(causal.logits.numpy() - ours).max() > 1e-2  # the mask matters
+
+
+@pytest.fixture(scope="module")
+def official(exported):
+    try:
+        return peers.load_dream_hf(exported[2])
+    except peers.PeerUnavailable as e:
+        pytest.skip(f"official Fast-dLLM Dream code unavailable: {e}")
+
+
+def test_official_dream_modeling_matches_logits(exported, official):
+    import torch
+
+    model, params, _ = exported
+    with torch.no_grad():
+        theirs = official(torch.tensor(IDS), "full").logits.numpy()
+    np.testing.assert_allclose(theirs, _ours(model, params), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threshold", [0.9, 0.3])
+def test_official_block_decoder_matches_first_position_threshold(exported, official, threshold):
+    from jaxspec.methods import get_method, run
+
+    model, params, _ = exported
+    m = get_method("threshold", "dllm")
+    cfg = m.configure(
+        gen_length=GEN,
+        block_length=BLOCK,
+        cache="dual",
+        threshold=threshold,
+        block_start="first-position",
+    )
+    nfes = []
+    for p in PROMPTS:
+        theirs, nfe = peers.fastdllm_dream_generate(
+            official, p, gen_length=GEN, block_length=BLOCK, threshold=threshold, mask_id=39
+        )
+        res = run(m, model, params, [p], cfg)
+        assert [int(t) for t in res.tokens[0]] == theirs, p
+        assert int(res.stats.target_nfe[0]) == nfe
+        nfes.append(nfe)
+    if threshold < 0.5:  # the parallel path ran: some step committed several positions
+        assert min(nfes) < GEN
