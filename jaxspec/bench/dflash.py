@@ -1,17 +1,20 @@
 """Benchmark suite ``dflash``: trained DFlash drafters (:mod:`jaxspec.causal.dflash`; DFlash,
-arXiv 2602.06036) beside AR, n-gram and SPS on one causal target, greedy, batch 1.
+arXiv 2602.06036) beside AR, n-gram, SPS, SpecDiff and DiffuSpec on one causal target, greedy,
+batch 1.
 
 Two parts, in one process (wall-clock ratios are comparable within one run only):
 
 1. **Prompt sets** (:data:`PROMPT_SETS`: HumanEval completion, MT-Bench first turns, news
    summaries): per set, :func:`jaxspec.bench.ar_suite.run_ar_suite` interleaves ``jaxspec/ar``
-   (baseline and reference), ``jaxspec/ngram``, ``jaxspec/sps`` (when a draft model is given)
-   and one ``jaxspec/dflash-b<B>`` row per drafter: the **block sweep** is the drafters given
-   (each trained for its own block size ``B``, e.g. 4, 8 and 16; a drafter runs only at the
-   block it was trained for). A DFlash row adds ``block_size`` and ``accept_by_position``:
-   for draft ``i = 1 .. B - 1`` of the block, the share of the steps that reached draft ``i``
-   (every draft before it accepted) in which it was accepted, from the decoder's acceptance
-   histogram; and ``accept_hist``, the steps by drafts accepted (0 .. B - 1).
+   (baseline and reference), ``jaxspec/ngram``, ``jaxspec/sps`` (when a draft model is given),
+   ``jaxspec/specdiff+prefix`` and ``jaxspec/diffuspec+prefix`` (when a diffusion drafter is
+   given; their default draft lengths) and one ``jaxspec/dflash-b<B>`` row per drafter: the
+   **block sweep** is the drafters given (each trained for its own block size ``B``, e.g. 4, 8
+   and 16; a drafter runs only at the block it was trained for). A DFlash row adds
+   ``block_size`` and ``accept_by_position``: for draft ``i = 1 .. B - 1`` of the block, the
+   share of the steps that reached draft ``i`` (every draft before it accepted) in which it was
+   accepted, from the decoder's acceptance histogram; and ``accept_hist``, the steps by drafts
+   accepted (0 .. B - 1).
 2. **Drafter cost per forward** (:func:`drafter_cost`): per drafter, the median seconds of one
    jitted drafter forward (``propose``: the block's ``B`` rows through the drafter and the LM
    head on ``B - 1`` rows) and of one jitted target verification pass over ``B`` tokens (with
@@ -68,6 +71,24 @@ def accept_by_position(hist: Sequence[int]) -> list[Optional[float]]:
     k = len(acc) - 1
     reach = np.cumsum(acc[::-1])[::-1]  # reach[n]: steps with >= n accepted
     return [_num(reach[i] / reach[i - 1], 4) if reach[i - 1] else None for i in range(1, k + 1)]
+
+
+def _diffusion_drafter_systems(model, params, dllm_drafter: Optional[dict], common: dict):
+    """The ``specdiff+prefix`` and ``diffuspec+prefix`` rows (a diffusion LM drafting for the
+    causal target; :mod:`jaxspec.causal.diffuspec`), or none without ``dllm_drafter``."""
+    if dllm_drafter is None:
+        return []
+    return [
+        JaxspecSystem(
+            method,
+            model,
+            params,
+            **common,
+            options={**dllm_drafter, "drafter_cache": "prefix"},
+            label=f"{method}+prefix",
+        )
+        for method in ("specdiff", "diffuspec")
+    ]
 
 
 class _Recording:
@@ -158,6 +179,7 @@ def run_dflash_suite(
     max_new_tokens: int = 128,
     draft_model=None,
     draft_length: int = 8,
+    dllm_drafter: Optional[dict] = None,
     model_name: str = "smollm2-135m-instruct",
     prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
     config: Optional[dict] = None,
@@ -174,6 +196,9 @@ def run_dflash_suite(
         per set, or ``prompt_sets`` already encoded (tests).
       draft_model: ``(CausalLM, params)`` of the SPS draft model (None: no SPS row).
       draft_length: k of the n-gram and SPS rows.
+      dllm_drafter: the diffusion-drafter options of the DiffuSpec and SpecDiff rows
+        (:func:`jaxspec.bench.diffuspec.diffuspec_drafter_options`), or None (no such rows).
+        Both rows use the drafter's prefix cache and their own default draft lengths.
 
     Returns:
       ``{"suite": "dflash", "date", "machine", "model", "config", "sets", "drafter_cost"}``.
@@ -217,6 +242,7 @@ def run_dflash_suite(
                     options={"draft_model": draft_model},
                 )
             )
+        systems += _diffusion_drafter_systems(model, params, dllm_drafter, common)
         rec = {}
         for spec, own in drafters:
             s = JaxspecSystem(
@@ -255,6 +281,7 @@ def run_dflash_suite(
             max_new_tokens=max_new_tokens,
             draft_length=draft_length,
             blocks=blocks,
+            diffusion_drafter_rows=dllm_drafter is not None,
             temperature=0.0,
         ),
         "sets": out_sets,

@@ -13,7 +13,7 @@ import pytest
 from jaxspec.bench.dflash import accept_by_position, markdown_report, run_dflash_suite
 from jaxspec.bench.records import BenchError, BenchPrompt
 from jaxspec.causal.dflash import DFlashSpec, init_drafter
-from jaxspec.testing.tiny import tiny_model
+from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model
 
 
 def test_accept_by_position_from_a_histogram():
@@ -31,8 +31,9 @@ def _drafter(model, block, seed):
 
 
 def test_suite_rows_on_a_tiny_target(tmp_path):
-    """Two prompt sets, drafters of blocks 3 and 5 (given out of order), an SPS draft model:
-    every system's row per set, the DFlash rows identical to AR with their block size, an
+    """Two prompt sets, drafters of blocks 3 and 5 (given out of order), an SPS draft model, a
+    diffusion drafter (SpecDiff and DiffuSpec rows): every system's row per set, all identical
+    to AR, the DFlash rows identical to AR with their block size, an
     acceptance histogram over the timed runs and ``B - 1`` per-position figures, one cost row
     per drafter; the report and files are written."""
     model, params = tiny_model(64, seed=0)
@@ -54,14 +55,20 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
         max_new_tokens=12,
         draft_model=draft,
         draft_length=3,
+        dllm_drafter={
+            "dllm_drafter": tiny_diffusion_model("dream", vocab=64, ctx=128),
+            "eos_id": 7,
+            "proxy": None,
+        },
         model_name="tiny",
         cost_reps=2,
         progress=False,
     )
-    assert res["config"]["blocks"] == [3, 5]
+    assert res["config"]["blocks"] == [3, 5] and res["config"]["diffusion_drafter_rows"]
     for name, s in res["sets"].items():
         methods = [r["method"] for r in s["rows"]]
-        assert methods == ["ar", "ngram", "sps", "dflash-b3", "dflash-b5"], methods
+        want = ["ar", "ngram", "sps", "specdiff+prefix", "diffuspec+prefix", "dflash-b3"]
+        assert methods == want + ["dflash-b5"], methods
         for r in s["rows"]:
             assert r["prompt_set"] == name and r["identical_to_reference"] is True
             if r["method"].startswith("dflash"):
