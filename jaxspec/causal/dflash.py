@@ -243,15 +243,23 @@ def drafter_params(own: dict, target_params: dict) -> dict:
 SPEC_KEY = "dflash_spec"
 
 
-def save_drafter(path, spec: DFlashSpec, own: dict, meta: Optional[dict] = None) -> int:
-    """Write the drafter's own tree as safetensors (keys ``fc``, ``blocks.wq``, ...; float32)
-    with its :class:`DFlashSpec` as JSON metadata (``dflash_spec``) and, when given, ``meta``
-    (e.g. how it was trained) as JSON under ``dflash_meta``. Returns the file size in bytes.
-    The target's embedding and LM head are not stored."""
+def save_drafter(
+    path, spec: DFlashSpec, own: dict, meta: Optional[dict] = None, dtype: str = "float32"
+) -> int:
+    """Write the drafter's own tree as safetensors (keys ``fc``, ``blocks.wq``, ...; ``dtype``
+    ``"float32"`` or ``"float16"``, half the bytes for a committed drafter) with its
+    :class:`DFlashSpec` as JSON metadata (``dflash_spec``) and, when given, ``meta`` (e.g. how
+    it was trained) as JSON under ``dflash_meta``. Returns the file size in bytes. The
+    target's embedding and LM head are not stored.
+
+    Raises:
+      ValueError: another ``dtype``."""
     from safetensors.numpy import save_file
 
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"drafter dtype must be 'float32' or 'float16', got {dtype!r}")
     flat = {
-        ".".join(str(getattr(k, "key", k)) for k in path_): np.asarray(x, np.float32)
+        ".".join(str(getattr(k, "key", k)) for k in path_): np.asarray(x, np.float32).astype(dtype)
         for path_, x in jax.tree_util.tree_flatten_with_path(own)[0]
     }
     path = Path(path)
@@ -264,7 +272,8 @@ def save_drafter(path, spec: DFlashSpec, own: dict, meta: Optional[dict] = None)
 
 
 def load_drafter(path) -> tuple[DFlashSpec, dict]:
-    """Inverse of :func:`save_drafter`: ``(spec, own tree of jnp float32 arrays)``.
+    """Inverse of :func:`save_drafter`: ``(spec, own tree of jnp float32 arrays)`` (a float16
+    file is widened to float32).
 
     Raises:
       ValueError: a missing or unreadable file, or one without the drafter's spec (one line
@@ -294,7 +303,7 @@ def load_drafter(path) -> tuple[DFlashSpec, dict]:
         node = own
         for part in outer:
             node = node.setdefault(part, {})
-        node[last] = jnp.asarray(v)
+        node[last] = jnp.asarray(v, jnp.float32)
     return spec, own
 
 

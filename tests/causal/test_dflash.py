@@ -423,6 +423,14 @@ def test_save_and_load(tmp_path):
     spec2, own2 = load_drafter(path)
     assert spec2 == spec
     jax.tree_util.tree_map(np.testing.assert_array_equal, own2, own)
+    half = tmp_path / "half.safetensors"  # float16 storage, widened to float32 on load
+    assert save_drafter(half, spec, own, dtype="float16") < path.stat().st_size
+    _, own16 = load_drafter(half)
+    for a, b in zip(jax.tree.leaves(own16), jax.tree.leaves(own)):
+        assert a.dtype == jnp.float32
+        np.testing.assert_array_equal(a, np.asarray(b).astype(np.float16).astype(np.float32))
+    with pytest.raises(ValueError, match="dtype must be"):
+        save_drafter(half, spec, own, dtype="int8")
     save_file({"fc": np.zeros((2, 2), np.float32)}, str(tmp_path / "bare.safetensors"))
     with pytest.raises(ValueError, match="no DFlash drafter config"):
         load_drafter(tmp_path / "bare.safetensors")
