@@ -21,7 +21,12 @@ ship no smaller model of the same vocabulary.
 
 The official Fast-dLLM decoding code is never committed: :func:`load_fastdllm` imports it,
 unmodified, from an ignored folder (``$JAXSPEC_FASTDLLM`` or :data:`FASTDLLM_DEFAULT`) that a
-device call carries; without it its rows say so.
+device call carries (the pack's optional ``fastdllm`` artifact); without it its rows say so.
+Its Dream rows (:func:`fastdllm_dream_rows`): the dllm vehicle exported to the Hugging Face
+Dream layout (:func:`models.diffusion.hf_export.export_dream_hf`), loaded by the official
+modeling code and decoded by its dual-cache threshold block decoder, beside jaxspec's
+``threshold`` method with the same block rule (``block_start="first-position"``,
+``cache="dual"``), which is that row's token reference. LLaDA's rows are not built yet.
 """
 
 from __future__ import annotations
@@ -454,6 +459,181 @@ def run_contained(
     return None, failed
 
 
+FASTDLLM_THRESHOLD = 0.9
+DREAM_PEER = ("fast-dllm", "dream (official)")
+
+
+def _jaxspec_dream_decoder(v, s, threshold: float):
+    """``prompt -> (tokens cut at EOS, NFE, seconds, compile seconds)``: jaxspec's
+    ``threshold`` method with Fast-dLLM's Dream block rule (``block_start="first-position"``,
+    ``cache="dual"``) on the dllm vehicle ``v``, one untimed call first (compilation)."""
+    from jaxspec.methods import get_method, run
+
+    m = get_method("threshold", "dllm")
+    cfg = m.configure(
+        gen_length=s.gen_length,
+        block_length=s.block_length,
+        cache="dual",
+        threshold=threshold,
+        block_start="first-position",
+    )
+    kw = dict(eos_ids=tuple(v.eos_ids), pad_id=v.pad_id)
+
+    def decode(prompt):
+        first = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
+        t0 = time.perf_counter()
+        res = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
+        wall = time.perf_counter() - t0 - (res.compile_s or 0.0)
+        toks = [int(t) for t in res.tokens[0]]
+        return toks, int(res.stats.target_nfe[0]), wall, float(first.compile_s or 0.0)
+
+    return decode
+
+
+def _official_dream_decoder(hf, v, s, threshold: float):
+    """``prompt -> (tokens cut at EOS, NFE, seconds, 0)``: the official Fast-dLLM Dream block
+    decoder on ``hf`` (:func:`fastdllm_dream_generate`), timed to the host copy of its
+    output."""
+    kw = dict(
+        gen_length=s.gen_length,
+        block_length=s.block_length,
+        threshold=threshold,
+        mask_id=v.model.config.mask_token_id,
+    )
+
+    def decode(prompt):
+        t0 = time.perf_counter()
+        toks, nfe = fastdllm_dream_generate(hf, prompt, **kw)
+        return cut_at_eos(toks, v.eos_ids), nfe, time.perf_counter() - t0, 0.0
+
+    return decode
+
+
+def _dream_row(system: str, method: str, outs: list, s, ref: Optional[list] = None) -> dict:
+    """One row from per-prompt ``(tokens, NFE, seconds, compile seconds)``; ``ref``: the
+    reference's outputs for the ``identical`` fields. Throughput counts the ``gen_length``
+    positions each prompt decodes (as the ``methods-dllm`` suite does)."""
+    import statistics
+
+    from jaxspec.bench.records import first_divergence
+
+    n = len(outs)
+    row = {
+        "system": system,
+        "method": method,
+        "prompts": n,
+        "new_tokens": n * s.gen_length,
+        "median_tokens_per_s": statistics.median(s.gen_length / o[2] for o in outs),
+        "nfe_per_token": sum(o[1] for o in outs) / (n * s.gen_length),
+        "compile_s": sum(o[3] for o in outs) or None,
+    }
+    if ref is not None:
+        div = [first_divergence(o[0], r[0]) for o, r in zip(outs, ref)]
+        same = [d is None for d in div]
+        row.update(
+            identical_to_reference=all(same),
+            identical_share=sum(same) / n,
+            first_divergence=(
+                None if all(same) else statistics.median(d for d in div if d is not None)
+            ),
+        )
+    return row
+
+
+def _load_official_dream(v, work: Path):
+    """The dllm vehicle exported to ``work`` (:func:`models.diffusion.hf_export.
+    export_dream_hf`) and loaded by the official code (:func:`load_dream_hf`) in the
+    vehicle's dtype on the transformers peers' device. Returns ``(model, dtype, device)``."""
+    from jaxspec.bench.systems import torch_device
+    from models.diffusion.hf_export import export_dream_hf
+    from models.llama.modeling import param_dtype
+
+    dtype = str(param_dtype(v.params))
+    dev = torch_device("auto")
+    folder = export_dream_hf(
+        work / "dream-hf",
+        v.model,
+        v.params,
+        eos_ids=v.eos_ids,
+        pad_id=v.pad_id,
+        torch_dtype=dtype,
+    )
+    return load_dream_hf(folder, dtype=dtype, device=dev), dtype, dev
+
+
+def fastdllm_dream_rows(
+    vehicles: dict,
+    prompts: dict,
+    settings,
+    n: int,
+    deadline_s: float,
+    *,
+    threshold: float = FASTDLLM_THRESHOLD,
+    log: Callable[[str], None] = print,
+) -> tuple[list[dict], list[str]]:
+    """The official Fast-dLLM Dream block decoder (dual cache, confidence threshold
+    ``threshold``) against jaxspec's ``threshold`` method with the same block rule, on the
+    dllm vehicle exported to the Hugging Face Dream layout, on the first ``n`` dllm prompts
+    (greedy, batch 1, ``settings.gen_length`` / ``settings.block_length``). Prompts stop
+    when ``deadline_s`` seconds have passed. Returns ``(rows, notes)``: the
+    ``jaxspec/threshold`` row (the reference of this pair) and the ``fast-dllm`` row with
+    ``identical`` against it; one skipped or failed row when the peer cannot run."""
+    import tempfile
+
+    t0 = time.perf_counter()
+    sys_, meth = DREAM_PEER
+    v = vehicles.get("dllm")
+    head = getattr(getattr(getattr(v, "model", None), "config", None), "head", None)
+    if head != "dream":
+        return [{"system": sys_, "method": meth, "skipped": "no Dream-head dllm vehicle"}], []
+    if deadline_s <= 0:
+        return [{"system": sys_, "method": meth, "skipped": "no time left in the budget"}], []
+    with tempfile.TemporaryDirectory(prefix="jaxspec-dream-hf-") as td:
+        try:
+            hf, dtype, dev = _load_official_dream(v, Path(td))
+        except PeerUnavailable as e:
+            return [{"system": sys_, "method": meth, "skipped": str(e)}], []
+        except Exception as e:  # noqa: BLE001 - e.g. a vehicle layout the export refuses
+            log(f"[peers] fast-dllm dream not loaded: {one_line(e)}")
+            return [{"system": sys_, "method": meth, "failed": True, "skipped": one_line(e)}], []
+    ours = _jaxspec_dream_decoder(v, settings, threshold)
+    theirs = _official_dream_decoder(hf, v, settings, threshold)
+    ids = prompts["dllm"][:n]
+    try:
+        theirs(ids[0])  # untimed warm-up (CUDA context, kernels)
+        outs = {"jaxspec": [], "official": []}
+        for p in ids:
+            if outs["jaxspec"] and time.perf_counter() - t0 > deadline_s:
+                break
+            outs["jaxspec"].append(ours(p))
+            outs["official"].append(theirs(p))
+    except Exception as e:  # noqa: BLE001 - a failed peer is a row, not a crash
+        log(f"[peers] fast-dllm dream failed: {one_line(e)}")
+        return [{"system": sys_, "method": meth, "failed": True, "skipped": one_line(e)}], []
+    label = f"threshold {threshold:g} (first-position, dual)"
+    rows = [
+        _dream_row("jaxspec", label, outs["jaxspec"], settings),
+        _dream_row(sys_, meth, outs["official"], settings, ref=outs["jaxspec"]),
+    ]
+    import torch
+    import transformers
+
+    notes = [
+        f"`fast-dllm / dream (official)`: NVlabs/Fast-dLLM's Dream block decoder "
+        f"(`dream/model/generation_utils_block.py`, dual cache, threshold {threshold:g}, "
+        f"block {settings.block_length}, {settings.gen_length} positions) and modeling code, "
+        f"unmodified, on the dllm vehicle exported to the Hugging Face Dream layout, in "
+        f"{dtype} on {dev} (torch {torch.__version__}, transformers "
+        f"{transformers.__version__}; under transformers 5 two shims: the 'default' RoPE "
+        "initialiser registered and `DreamGenerationConfig.validate` taking `update`'s "
+        "keywords). Its `identical` compares with the jaxspec threshold row above it "
+        "(same rule), not with `jaxspec/ar`; tok/s counts decoded positions; both cut at EOS.",
+    ]
+    if len(outs["official"]) < len(ids):
+        notes.append(f"fast-dllm dream: {len(outs['official'])} of {len(ids)} prompts in time.")
+    return rows, notes
+
+
 _PEER_COLUMNS = [
     ("system", "system", "{}"),
     ("method", "method", "{}"),
@@ -567,13 +747,12 @@ def run_peers_suite(
             {"system": "transformers", "method": m, "skipped": why}
             for m in ("ar-static-compile", "prompt-lookup", "assisted")
         ]
-    for fam in ("llada", "dream"):
-        try:
-            load_fastdllm(fam)
-            why_f = "loaded; its rows need the diffusion weights exported to HF (not built yet)"
-        except PeerUnavailable as e:
-            why_f = str(e)
-        skipped.append({"system": "fast-dllm", "method": f"{fam} (official)", "skipped": why_f})
+    try:
+        load_fastdllm("llada")
+        why_f = "loaded; its rows need the LLaDA weights exported to HF (not built yet)"
+    except PeerUnavailable as e:
+        why_f = str(e)
+    skipped.append({"system": "fast-dllm", "method": "llada (official)", "skipped": why_f})
     result, failed = run_contained(
         systems,
         lambda active: run_ar_suite(
@@ -587,6 +766,11 @@ def run_peers_suite(
         ),
         log=log,
     )
+    left = deadline_s - (time.perf_counter() - t0)
+    dream_rows, dream_notes = fastdllm_dream_rows(
+        vehicles, prompts, settings, n, max(left, 0.0), log=log
+    )
+    notes += dream_notes
     if failed:
         notes.append(
             "A system that raised is a row marked failed with its error; the suite ran again "
@@ -595,7 +779,7 @@ def run_peers_suite(
     log(f"[peers] {len(systems)} systems on {n} prompt(s) in {time.perf_counter() - t0:.1f} s")
     result = result or {"rows": []}
     return {
-        "rows": result["rows"] + failed + skipped,
+        "rows": result["rows"] + failed + dream_rows + skipped,
         "columns": _PEER_COLUMNS,
         "notes": notes,
         "bandwidth": result.get("bandwidth"),

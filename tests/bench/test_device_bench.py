@@ -403,6 +403,8 @@ def test_peers_on_a_tiny_hf_model(tmp_path):
     for key in [("jaxspec", "ngram"), ("jaxspec", "sps"), ("transformers", "ar-static")]:
         assert rows[key]["identical_to_reference"], key
     assert rows[("fast-dllm", "llada (official)")]["skipped"]
+    dream = rows[peers.DREAM_PEER]  # the official decoder when third_party/Fast-dLLM is here
+    assert dream.get("skipped") or dream["identical_to_reference"] is True, dream
 
 
 def test_projection_cost_model_uses_the_papers_mat():

@@ -152,3 +152,40 @@ def test_official_block_decoder_matches_first_position_threshold(exported, offic
         nfes.append(nfe)
     if threshold < 0.5:  # the parallel path ran: some step committed several positions
         assert min(nfes) < GEN
+
+
+def _vehicle(exported):
+    from jaxspec.bench.device import Vehicle
+
+    model, params, _ = exported
+    return Vehicle("tiny-dream", "dllm", model, params, eos_ids=(2,), pad_id=0)
+
+
+def test_dream_peer_rows_compare_with_jaxspec(exported, official):
+    from jaxspec.bench.device import RunSettings
+
+    rows, notes = peers.fastdllm_dream_rows(
+        {"dllm": _vehicle(exported)},
+        {"dllm": PROMPTS},
+        RunSettings.smoke(),
+        n=2,
+        deadline_s=600.0,
+        log=lambda m: None,
+    )
+    ours, theirs = rows
+    assert ours["system"] == "jaxspec" and ours["prompts"] == 2
+    assert (theirs["system"], theirs["method"]) == peers.DREAM_PEER
+    assert theirs["identical_to_reference"] is True and theirs["identical_share"] == 1.0
+    assert theirs["nfe_per_token"] == ours["nfe_per_token"] > 0
+    assert any("generation_utils_block.py" in n for n in notes)
+
+
+def test_dream_peer_without_checkout_is_a_skipped_row(exported, tmp_path, monkeypatch):
+    from jaxspec.bench.device import RunSettings
+
+    monkeypatch.setenv(peers.FASTDLLM_ENV, str(tmp_path / "none"))
+    rows, notes = peers.fastdllm_dream_rows(
+        {"dllm": _vehicle(exported)}, {"dllm": PROMPTS}, RunSettings.smoke(), 1, 60.0
+    )
+    assert len(rows) == 1 and "official Fast-dLLM code not found" in rows[0]["skipped"]
+    assert notes == []
