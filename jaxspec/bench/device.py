@@ -1230,10 +1230,16 @@ def build_pack(
             info = join_returned_cache(Path(jax_cache_from), tar, jax_cache_max_bytes)
             cache_meta = {k: info.get(k) for k in ("jax", "accelerator", "entries")}
             files.append((JAX_CACHE_ARTIFACT, tar, "jax-cache.tar"))
+        from jaxspec.bench.peers import FASTDLLM_ARTIFACT, pack_fastdllm
+
+        if pack_fastdllm(Path(td) / "fastdllm.tar.gz") is not None:  # the official peer code
+            files.append((FASTDLLM_ARTIFACT, Path(td) / "fastdllm.tar.gz", "fastdllm.tar.gz"))
         for name, path, dest in files:
             artifacts.append(split_file(path, pack_dir, name, dest, part_max))
             if name == JAX_CACHE_ARTIFACT:
                 artifacts[-1].update(optional=True, kind="jax-cache", meta=cache_meta)
+            if name == FASTDLLM_ARTIFACT:
+                artifacts[-1].update(optional=True, kind="fastdllm")
             log(
                 f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
                 f"{len(artifacts[-1]['parts'])} part(s)"
@@ -2067,6 +2073,11 @@ def _load_pack(pack_dir: Path, unpack_dir, stage_dirs, wheel_dir, cache_dir, s, 
             f"by jax {was.get('jax', '?')} on {was.get('accelerator', '?')}; hits need "
             f"the same jax and device)"
         )
+    from jaxspec.bench.peers import FASTDLLM_ARTIFACT, unpack_fastdllm
+
+    if FASTDLLM_ARTIFACT in arts:
+        where = unpack_fastdllm(arts[FASTDLLM_ARTIFACT], unpack_dir / "Fast-dLLM")
+        log(f"[device-bench] official Fast-dLLM code unpacked to {where}")
     shutil.copyfile(pack_dir / manifest["prompts"]["file"], unpack_dir / PROMPTS)
     if manifest.get("wheels"):
         names = install_wheels(pack_dir, Path(wheel_dir or "/tmp/jaxspec-site"), manifest)

@@ -46,6 +46,12 @@ FASTDLLM_DEFAULT = "third_party/Fast-dLLM"
 FASTDLLM_MODULES = {"llada": "llada/generate.py", "dream": "dream/model/generation_utils_block.py"}
 
 
+# the checkout's files a device pack carries (:func:`pack_fastdllm`): the decoders, the
+# modeling code they run, and the licence
+FASTDLLM_ARTIFACT = "fastdllm"
+FASTDLLM_PACK_FILES = ("LICENSE", "dream/model/*.py", "llada/generate.py", "llada/model/*.py")
+
+
 class PeerUnavailable(RuntimeError):
     """A peer that cannot run here (package or code missing); the message is its row's
     reason."""
@@ -89,6 +95,46 @@ def load_fastdllm(family: str, root: Optional[str] = None):
     finally:
         sys.path.remove(str(path.parent))
     return mod
+
+
+def pack_fastdllm(dest: Path, root: Optional[str] = None) -> Optional[Path]:
+    """A gzipped tar at ``dest`` of the checkout's :data:`FASTDLLM_PACK_FILES` (paths relative
+    to the checkout), for a device pack; None when there is no checkout at
+    :func:`fastdllm_root`."""
+    import tarfile
+
+    base = fastdllm_root(root)
+    files = sorted({f for pat in FASTDLLM_PACK_FILES for f in base.glob(pat) if f.is_file()})
+    if not (base / FASTDLLM_MODULES["dream"]).is_file() or not files:
+        return None
+    dest = Path(dest)
+    with tarfile.open(dest, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=str(f.relative_to(base)))
+    return dest
+
+
+def unpack_fastdllm(tar_path: Path, dest: Path) -> Path:
+    """Extract a :func:`pack_fastdllm` tar into ``dest`` and point ``$JAXSPEC_FASTDLLM`` at
+    it unless a checkout is already found (:func:`fastdllm_root`). Returns ``dest``.
+
+    Raises:
+      PeerUnavailable: a member outside ``dest`` or not a plain file."""
+    import tarfile
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tar_path, "r:gz") as tar:
+        for m in tar.getmembers():
+            target = (dest / m.name).resolve()
+            if not m.isfile() or dest.resolve() not in target.parents:
+                raise PeerUnavailable(f"Fast-dLLM pack member {m.name!r} is not a file in it")
+            with tar.extractfile(m) as src:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(src.read())
+    if not (fastdllm_root() / FASTDLLM_MODULES["dream"]).is_file():
+        os.environ[FASTDLLM_ENV] = str(dest)
+    return dest
 
 
 def _default_rope_init(config, device=None, seq_len=None, **_):

@@ -189,3 +189,30 @@ def test_dream_peer_without_checkout_is_a_skipped_row(exported, tmp_path, monkey
     )
     assert len(rows) == 1 and "official Fast-dLLM code not found" in rows[0]["skipped"]
     assert notes == []
+
+
+def test_pack_carries_only_the_decoding_files(tmp_path, monkeypatch):
+    fake = tmp_path / "Fast-dLLM"
+    for rel in [
+        "LICENSE",
+        "dream/model/generation_utils_block.py",
+        "dream/model/modeling_dream.py",
+        "dream/eval.py",
+        "llada/generate.py",
+        "asset/big.gif",
+    ]:
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(rel)
+    assert peers.pack_fastdllm(tmp_path / "none.tgz", root=str(tmp_path / "absent")) is None
+    tar = peers.pack_fastdllm(tmp_path / "fd.tar.gz", root=str(fake))
+    monkeypatch.setenv(peers.FASTDLLM_ENV, str(tmp_path / "absent"))
+    out = peers.unpack_fastdllm(tar, tmp_path / "out")
+    got = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert got == [
+        "LICENSE",
+        "dream/model/generation_utils_block.py",
+        "dream/model/modeling_dream.py",
+        "llada/generate.py",
+    ]
+    assert (out / "llada/generate.py").read_text() == "llada/generate.py"
+    assert peers.fastdllm_root() == out  # the device run finds the unpacked code
