@@ -80,12 +80,28 @@ def _presets() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    methods = "; ".join(f"{n} ({m.family})" for n, m in METHODS.items())
     ap = argparse.ArgumentParser(
         prog="python -m scripts.generate",
         description=__doc__.split("\n\n")[0].replace("\n", " "),
         epilog="methods: " + "; ".join(f"{n}: {m.summary}" for n, m in METHODS.items()),
     )
+    _add_model_args(ap)
+    _add_run_args(ap)
+    add_compile_cache_flag(ap)
+    # the method options: default None = the method config's default
+    _add_sampling_args(ap)
+    cg = ap.add_argument_group("causal methods")
+    _add_causal_args(cg)
+    _add_causal_drafter_args(cg)
+    _add_diffusion_args(ap.add_argument_group("masked-diffusion methods"))
+    _add_asarm_args(
+        ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
+    )
+    return ap
+
+
+def _add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The target model: preset, weights, dtype, quantization and device mesh."""
     ap.add_argument(
         "--model",
         default="smollm2-135m-instruct",
@@ -118,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="shard the model over a DATAxMODEL device mesh (e.g. 1x8: weights split "
         "over 8 devices; 2x4: also the batch over 2): models.sharding",
     )
+
+
+def _add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The method, the prompts, the draft model and what is printed."""
+    methods = "; ".join(f"{n} ({m.family})" for n, m in METHODS.items())
     defaults = ", ".join(default_method(f).name for f in FAMILY_WORDS)
     ap.add_argument(
         "--method",
@@ -157,14 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run the method's reference and check identity / speedup",
     )
     ap.add_argument("--quiet", action="store_true", help="print only the stats lines")
-    add_compile_cache_flag(ap)
 
-    # the method options: default None = the method config's default
+
+def _add_sampling_args(ap: argparse.ArgumentParser) -> None:
+    """Sampling options every method takes (default None: the method config's default)."""
     sg = ap.add_argument_group("sampling (every method)")
     sg.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
     sg.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
     sg.add_argument("--top-p", type=float, default=None, help="in (0, 1]; 1.0 = off (default)")
-    cg = ap.add_argument_group("causal methods")
+
+
+def _add_causal_args(cg) -> None:
+    """Causal methods: token budget, DFlash drafter, draft length, n-gram, gate, SpACE."""
     cg.add_argument("--max-new-tokens", type=int, default=None, help="budget per row (default 128)")
     cg.add_argument(
         "--dflash-drafter",
@@ -218,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="space: 'exact' (default) resamples the residual (lossless); 'paper' "
         "draws the extra token from p as Algorithm 1 line 18 does (approximate)",
     )
+
+
+def _add_causal_drafter_args(cg) -> None:
+    """Causal methods with a masked-diffusion drafter (DiffuSpec / SpecDiff)."""
     cg.add_argument(
         "--k-min",
         type=int,
@@ -254,7 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(Fast-dLLM prefix cache; drafts change, output does not); same "
         "vocabulary only (default none)",
     )
-    dg = ap.add_argument_group("masked-diffusion methods")
+
+
+def _add_diffusion_args(dg) -> None:
+    """Masked-diffusion methods: lengths, steps, unmasking rule, cache, SSD / Spiffy."""
     dg.add_argument("--gen-length", type=int, default=None, help="generated positions (default 64)")
     dg.add_argument(
         "--block-length", type=int, default=None, help="semi-autoregressive block size (default 8)"
@@ -302,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"spiffy draft graph JSON (default {DEFAULT_GRAPH}, pruned to the block)",
     )
+    _add_diffusion_confidence_args(dg)
+
+
+def _add_diffusion_confidence_args(dg) -> None:
+    """Masked-diffusion confidence details: Dream's alg_temp, the softmax, a block's start."""
     dg.add_argument(
         "--alg-temp",
         type=float,
@@ -324,7 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="threshold: what a block's first step commits: rule (default) or "
         "first-position (Fast-dLLM's Dream block decoder: the block's first position only)",
     )
-    ag = ap.add_argument_group("AS-ARM infilling (XLNet checkpoints, e.g. --model asarm-small)")
+
+
+def _add_asarm_args(ag) -> None:
+    """AS-ARM infilling: the template, ASSD's tolerance and the UNK id."""
     ag.add_argument(
         "--infill", default=None, help="template with <mask:N> spans; \\n, \\t, \\\\ are expanded"
     )
@@ -349,7 +389,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let the AS-ARM generate its UNK id (as scripts.benchmark --assd-keep-unk)",
     )
-    return ap
 
 
 # ----------------------------------------------------------------------------- checks
