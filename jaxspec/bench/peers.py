@@ -712,13 +712,14 @@ def run_peers_suite(
     compile_options: Optional[dict] = None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """The ``peers`` suite on the causal vehicle (module docstring); returns ``{"rows",
-    "columns", "notes", "title"}``. ``compile`` (default: on a CUDA device only) picks
-    ``ar-static-compile`` over ``ar-static``; ``limit`` prompts (default: 2 in smoke mode,
-    else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s, less); ``compile_options``:
-    :func:`static_compiled_system`'s. Peers that cannot run here get rows saying why; a peer
-    that raises gets a row marked ``failed`` with its one-line error (:func:`run_contained`),
-    never a crash of the run."""
+    """The ``peers`` suite on the causal vehicle, then, with the time left, the Fast-dLLM
+    Dream pair on the dllm vehicle (:func:`fastdllm_dream_rows`, same prompt count; module
+    docstring); returns ``{"rows", "columns", "notes", "title"}``. ``compile`` (default: on
+    a CUDA device only) picks ``ar-static-compile`` over ``ar-static``; ``limit`` prompts
+    (default: 2 in smoke mode, else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s,
+    less); ``compile_options``: :func:`static_compiled_system`'s. Peers that cannot run here
+    get rows saying why; a peer that raises gets a row marked ``failed`` with its one-line
+    error (:func:`run_contained`), never a crash of the run."""
     from jaxspec.bench.ar_suite import run_ar_suite
     from jaxspec.bench.machine import streamed_params
     from jaxspec.bench.records import BenchPrompt
