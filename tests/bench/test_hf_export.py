@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,13 +69,17 @@ def test_biasless_tied_body_gets_zero_biases_and_an_explicit_head(tmp_path):
 
     body, params = tiny_model(vocab=VOCAB, arch="llama")  # no biases, tied head
     model = DiffusionLM(DiffusionConfig(body.config.replace(tie_embeddings=True), "dream", 39))
+    params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
     params = {k: v for k, v in params.items() if k != "lm_head"}
-    folder = export_dream_hf(tmp_path / "hf", model, {"params": params})
+    folder = export_dream_hf(tmp_path / "hf", model, {"params": params}, torch_dtype="bfloat16")
     tensors = {}
     for f in folder.glob("*.safetensors"):
         tensors.update(load_file(str(f)))
     assert not tensors["model.layers.0.self_attn.v_proj.bias"].any()
-    np.testing.assert_array_equal(tensors["lm_head.weight"], np.asarray(params["embed"]))
+    embed = np.asarray(params["embed"], np.float32)  # bfloat16 written exactly as float32
+    np.testing.assert_array_equal(tensors["lm_head.weight"], embed)
+    np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed)
+    assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
 def test_export_rejects_llada_and_odd_head_width(tmp_path):
