@@ -58,6 +58,10 @@ RETURN_PART_BYTES = 16 * MiB
 JAX_CACHE_MAX_BYTES = 48 * MiB
 JAX_CACHE_JSON = "jax-cache.json"
 JAX_CACHE_ARTIFACT = "jax-cache"
+#: the optional artifact of the committed trained DFlash drafter for the SmolLM2 vehicle (the
+#: run's ``dflash`` rows use it; without it they time a random drafter of block 16)
+DFLASH_ARTIFACT = "dflash-drafter"
+TRAINED_DFLASH = "checkpoints/dflash-smollm2-135m/drafter.safetensors"
 # What the device image lacks (/work/.library/device/KINDS.md lists its packages: jax 0.11.2,
 # flax, optax, orbax, chex, safetensors, tokenizers, transformers 5.17, torch 2.11 are there).
 # gguf reads the SmolLM2 weight file, for jaxspec and for transformers' GGUF loader alike.
@@ -1224,6 +1228,9 @@ def build_pack(
             }
             vehicles["cache"] = "cache"
             prompts = real_prompts(gguf)
+            drafter = Path(__file__).resolve().parents[2] / TRAINED_DFLASH
+            if drafter.is_file():
+                files.append((DFLASH_ARTIFACT, drafter, "dflash/drafter.safetensors"))
         cache_meta = None
         if jax_cache_from is not None:
             tar = Path(td) / "jax-cache.tar"
@@ -1240,6 +1247,8 @@ def build_pack(
                 artifacts[-1].update(optional=True, kind="jax-cache", meta=cache_meta)
             if name == FASTDLLM_ARTIFACT:
                 artifacts[-1].update(optional=True, kind="fastdllm")
+            if name == DFLASH_ARTIFACT:
+                artifacts[-1].update(optional=True, kind="dflash-drafter")
             log(
                 f"[pack] {name}: {Path(path).stat().st_size / MiB:.2f} MiB in "
                 f"{len(artifacts[-1]['parts'])} part(s)"
@@ -1403,6 +1412,28 @@ class RunSettings:
         )
 
 
+def dflash_drafter(vehicle: Vehicle) -> tuple:
+    """The ``(DFlashSpec, weights)`` the vehicle's ``dflash`` rows use, loaded once: the
+    trained drafter the pack carried (``extra["dflash_file"]``, :data:`DFLASH_ARTIFACT`), else
+    a random one of block 16, which times the drafter's forward and checks identity (its
+    acceptance is near 0 and its MAT says nothing).
+
+    Raises:
+      ValueError: the carried drafter was trained for another target
+        (:meth:`jaxspec.causal.dflash.DFlashSpec.check_target`) or its file is unreadable."""
+    from jaxspec.causal.dflash import DFlashSpec, init_drafter, load_drafter
+
+    if "dflash_drafter" not in vehicle.extra:
+        if vehicle.extra.get("dflash_file"):
+            spec, own = load_drafter(vehicle.extra["dflash_file"])
+            spec.check_target(vehicle.model.config)
+        else:
+            spec = DFlashSpec.for_target(vehicle.model.config, block_size=16)
+            own = init_drafter(spec, seed=0)
+        vehicle.extra["dflash_drafter"] = (spec, own)
+    return vehicle.extra["dflash_drafter"]
+
+
 def method_options(
     method: str, family: str, vehicles: dict[str, Vehicle], s: RunSettings, temperature: float
 ) -> dict:
@@ -1417,16 +1448,8 @@ def method_options(
                 "sps_draft", truncated_draft(vehicles["causal"], s.sps_draft_layers)
             )
         if method == "dflash":
-            # no trained drafter travels yet: a random one of block 16 (acceptance near 0)
-            # times the drafter's forward and checks identity; its MAT says nothing
-            from jaxspec.causal.dflash import DFlashSpec, init_drafter
-
-            target = vehicles["causal"].model.config
-            spec = DFlashSpec.for_target(target, block_size=16)
-            o["drafter_model"] = vehicles["causal"].extra.setdefault(
-                "dflash_drafter", (spec, init_drafter(spec, seed=0))
-            )
-            o["draft_length"] = 15
+            o["drafter_model"] = dflash_drafter(vehicles["causal"])
+            o["draft_length"] = o["drafter_model"][0].block_size - 1
         if method in ("diffuspec", "specdiff"):
             d = vehicles["dllm"]
             o.update(
@@ -2085,6 +2108,9 @@ def _load_pack(pack_dir: Path, unpack_dir, stage_dirs, wheel_dir, cache_dir, s, 
     prompts = json.loads((unpack_dir / PROMPTS).read_text())
     vehicles, t_load = timed(lambda: load_vehicles(manifest, unpack_dir, log=log))
     log(f"[device-bench] vehicles {', '.join(vehicles)} loaded ({t_load:.1f} s)")
+    if DFLASH_ARTIFACT in arts and "causal" in vehicles:
+        vehicles["causal"].extra["dflash_file"] = arts[DFLASH_ARTIFACT]
+        log(f"[device-bench] trained DFlash drafter: {arts[DFLASH_ARTIFACT]}")
     loaded = {
         "batches": list(s.batches),
         "temperatures": list(s.temperatures),

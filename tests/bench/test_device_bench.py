@@ -655,3 +655,32 @@ def test_plan_command_prints_every_call(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("    carry: [") == out.count("    command: ") >= 1
     assert "scripts.device_bench run --budget-s 540" in out and "prompts.json" in out
+
+
+def test_dflash_rows_use_the_carried_trained_drafter(tmp_path):
+    """The ``dflash`` rows load the drafter the pack carried (same spec and weights, loaded
+    once), a random block-16 drafter without one, and refuse a drafter of another target in
+    one line."""
+    import jax
+
+    from jaxspec.causal.dflash import DFlashSpec, init_drafter, save_drafter
+    from jaxspec.testing.tiny import tiny_model
+
+    model, params = tiny_model(64, seed=0)
+    spec = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0, 1))
+    own = init_drafter(spec, seed=5)
+    save_drafter(tmp_path / "d.safetensors", spec, own)
+    v = device.Vehicle("causal", "causal", model, params, extra={})
+    v.extra["dflash_file"] = tmp_path / "d.safetensors"
+    got_spec, got_own = device.dflash_drafter(v)
+    assert got_spec == spec and device.dflash_drafter(v)[1] is got_own
+    jax.tree_util.tree_map(np.testing.assert_array_equal, got_own, own)
+    bare = device.Vehicle("causal", "causal", model, params, extra={})
+    assert device.dflash_drafter(bare)[0].block_size == 16
+    other = tiny_model(48, seed=0)[0]
+    wrong = DFlashSpec.for_target(other.config, block_size=4, layer_ids=(0, 1))
+    save_drafter(tmp_path / "w.safetensors", wrong, init_drafter(wrong))
+    v2 = device.Vehicle("causal", "causal", model, params, extra={})
+    v2.extra["dflash_file"] = tmp_path / "w.safetensors"
+    with pytest.raises(ValueError):
+        device.dflash_drafter(v2)
