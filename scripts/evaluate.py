@@ -75,6 +75,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from jaxspec.methods import methods_of
@@ -86,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m scripts.evaluate", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
+    _add_target_args(ap)
+    _add_diffusion_args(ap)
+    _add_asarm_args(ap.add_argument_group("AS-ARM gate (objective.kind: asarm)"))
+    return ap
+
+
+def _add_target_args(ap: argparse.ArgumentParser) -> None:
+    """What is gated: a trained config's name, or a checkpoint read by its family."""
     ap.add_argument(
         "--gate",
         default=None,
@@ -99,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto / hf-directory with --weights DIR (or a preset): gate a checkpoint "
         "by its family: masked diffusion (LLaDA / Dream) or AS-ARM (XLNet)",
     )
+
+
+def _add_diffusion_args(ap: argparse.ArgumentParser) -> None:
+    """The masked-diffusion, EOS and SAR gates: prompts, lengths, batch, output, rules."""
     ap.add_argument("--prompts", type=int, default=20, help="held-out snippets (default 20)")
     ap.add_argument(
         "--gen-prompts",
@@ -149,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=20,
         help="SAR gate: HumanEval problems for pass@1 (default 20; 0 = skip)",
     )
-    g = ap.add_argument_group("AS-ARM gate (objective.kind: asarm)")
+
+
+def _add_asarm_args(g) -> None:
+    """The AS-ARM gate: weights, sequences, masking, the infilling method and the judge."""
     g.add_argument(
         "--weights",
         default=None,
@@ -185,7 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-judge", action="store_true", help="skip generative perplexity (no SmolLM2-135M judge)"
     )
     g.add_argument("--samples", type=int, default=3, help="decoded samples kept in the JSON")
-    return ap
 
 
 def _fail(msg: str) -> int:
@@ -209,110 +224,140 @@ def _fmt(x) -> str:
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
-def asarm_main(args, cfg_path) -> int:
-    """``--gate`` of an AS-ARM config (module docstring), or of an XLNet checkpoint given with
-    ``--model auto --weights PATH`` (``cfg_path`` None: the default held-out modules,
-    :data:`jaxspec.bench.assd.DEFAULT_HOLDOUT`, and ``--seq-len`` or 256). Exit 0 after writing
-    the JSON (PASS or FAIL: the verdict is in the output), 2 with one ``error:`` line on bad
-    input."""
-    weights = (
-        Path(args.weights)
-        if args.weights
-        else ROOT / "checkpoints" / args.gate / "model.safetensors"
-    )
+class _Refused(Exception):
+    """Bad input found while a gate loads: its one-line message is the ``error:`` line."""
+
+
+@dataclass
+class _AsarmInputs:
+    """What the AS-ARM gate runs on: the loaded model (:func:`models.registry.load_asarm`),
+    the held-out modules and windows (model ids), and the judge (None with ``--no-judge``)."""
+
+    asarm: object
+    seq_len: int
+    holdout: list
+    snips: list
+    seqs: list
+    judge: object
+
+
+def _asarm_flag_error(args, weights: Path, batch: int) -> str | None:
+    """The first bad AS-ARM gate flag as a one-line message, or None (checked before loading)."""
     if not weights.exists():
-        return _fail(
+        return (
             f"AS-ARM weights not found: {weights} (export them with "
             f"jaxspec.training.asarm.export_checkpoint)"
         )
-    batch = 10 if args.batch is None else args.batch
     for name, v in (("sequences", args.sequences), ("batch", batch), ("k", args.k)):
         if v < 1:
-            return _fail(f"--{name} must be >= 1, got {v}")
+            return f"--{name} must be >= 1, got {v}"
     if args.samples < 0:
-        return _fail(f"--samples must be >= 0, got {args.samples}")
+        return f"--samples must be >= 0, got {args.samples}"
     if not 0.0 < args.mask_rate < 1.0:
-        return _fail(f"--mask-rate must be in (0, 1), got {args.mask_rate}")
+        return f"--mask-rate must be in (0, 1), got {args.mask_rate}"
     if not args.temperature >= 0:
-        return _fail(f"--temperature must be >= 0, got {args.temperature}")
+        return f"--temperature must be >= 0, got {args.temperature}"
+    return None
 
-    t_start = time.perf_counter()
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    from jaxspec.bench.records import BenchError
+
+def _asarm_load(args, cfg_path, weights: Path, t_start: float, log) -> _AsarmInputs:
+    """Load phase of the AS-ARM gate: the held-out modules and ``--seq-len`` (of the config,
+    or the defaults without one), the model, ``--sequences`` held-out windows and the judge.
+
+    Raises:
+      _Refused: ``--seq-len`` < 2 or past the model's context, no held-out modules.
+      QualityError / WeightFileError / ValueError / OSError / KeyError: from the loaders.
+    """
     from jaxspec.eval import judge as judges
     from jaxspec.eval import quality as Q
     from jaxspec.training.config import load_config
-    from models.llama.params import WeightFileError
     from models.registry import load_asarm
 
-    try:
-        if cfg_path is not None:
-            cfg = load_config(cfg_path)
-            seq_len = args.seq_len or int(getattr(cfg.data, "seq_len", 0) or 256)
-            holdout = list(cfg.data.holdout)
-        else:  # --model auto --weights DIR without --gate
-            from jaxspec.bench.assd import DEFAULT_HOLDOUT
+    if cfg_path is not None:
+        cfg = load_config(cfg_path)
+        seq_len = args.seq_len or int(getattr(cfg.data, "seq_len", 0) or 256)
+        holdout = list(cfg.data.holdout)
+    else:  # --model auto --weights DIR without --gate
+        from jaxspec.bench.assd import DEFAULT_HOLDOUT
 
-            seq_len, holdout = args.seq_len or 256, list(DEFAULT_HOLDOUT)
-        if seq_len < 2:
-            return _fail(f"--seq-len must be >= 2, got {seq_len}")
-        if not holdout:
-            return _fail(f"{cfg_path}: data.holdout is empty (no held-out modules to gate on)")
-        asarm = load_asarm(str(weights), log=log)
-        if asarm.max_len is not None and seq_len > asarm.max_len:
-            return _fail(f"--seq-len {seq_len} exceeds the model's context {asarm.max_len}")
-        snips = Q.heldout_snippets(
-            asarm.tokenizer, holdout, args.sequences, prompt_len=seq_len - 1, cont_len=1
-        )
-        raw = [s.tokens for s in snips]
-        seqs = [asarm.to_model(r) for r in raw]
-        judge = None if args.no_judge else judges.smollm2_judge(log)
-        log(
-            f"[evaluate] {len(seqs)} held-out sequences of {seq_len} tokens from "
-            f"{len(set(s.source for s in snips))} files; loaded in "
-            f"{time.perf_counter() - t_start:.1f}s"
-        )
-        res = Q.run_asarm_gate(
-            asarm.model,
-            asarm.params,
-            seqs,
-            to_external=asarm.to_external,
-            judge=judge,
-            decode=asarm.decode,
-            mask_rate=args.mask_rate,
-            seed=args.seed,
-            method=args.method,
-            temperature=args.temperature,
-            k=args.k,
-            greedy=not args.no_greedy,
-            batch=batch,
-            max_len=asarm.max_len,
-            samples=args.samples,
-            log=log,
-        )
-        raw_ppl = judge(raw) if judge is not None else None
-    except (Q.QualityError, BenchError, WeightFileError, ValueError, OSError, KeyError) as e:
-        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        seq_len, holdout = args.seq_len or 256, list(DEFAULT_HOLDOUT)
+    if seq_len < 2:
+        raise _Refused(f"--seq-len must be >= 2, got {seq_len}")
+    if not holdout:
+        raise _Refused(f"{cfg_path}: data.holdout is empty (no held-out modules to gate on)")
+    asarm = load_asarm(str(weights), log=log)
+    if asarm.max_len is not None and seq_len > asarm.max_len:
+        raise _Refused(f"--seq-len {seq_len} exceeds the model's context {asarm.max_len}")
+    snips = Q.heldout_snippets(
+        asarm.tokenizer, holdout, args.sequences, prompt_len=seq_len - 1, cont_len=1
+    )
+    seqs = [asarm.to_model(s.tokens) for s in snips]
+    judge = None if args.no_judge else judges.smollm2_judge(log)
+    log(
+        f"[evaluate] {len(seqs)} held-out sequences of {seq_len} tokens from "
+        f"{len(set(s.source for s in snips))} files; loaded in "
+        f"{time.perf_counter() - t_start:.1f}s"
+    )
+    return _AsarmInputs(asarm, seq_len, holdout, snips, seqs, judge)
 
+
+def _asarm_run(args, inp: _AsarmInputs, batch: int, log):
+    """Run phase of the AS-ARM gate: :func:`jaxspec.eval.quality.run_asarm_gate` on the
+    windows, and the judge's perplexities of the true windows (None without a judge)."""
+    from jaxspec.eval import quality as Q
+
+    asarm = inp.asarm
+    res = Q.run_asarm_gate(
+        asarm.model,
+        asarm.params,
+        inp.seqs,
+        to_external=asarm.to_external,
+        judge=inp.judge,
+        decode=asarm.decode,
+        mask_rate=args.mask_rate,
+        seed=args.seed,
+        method=args.method,
+        temperature=args.temperature,
+        k=args.k,
+        greedy=not args.no_greedy,
+        batch=batch,
+        max_len=asarm.max_len,
+        samples=args.samples,
+        log=log,
+    )
+    raw_ppl = inp.judge([s.tokens for s in inp.snips]) if inp.judge is not None else None
+    return res, raw_ppl
+
+
+def _asarm_result(args, weights: Path, inp: _AsarmInputs, res: dict, raw_ppl, t_start) -> dict:
+    """The AS-ARM gate's JSON record: provenance, the gate's figures, wall time and table."""
     import jax
 
+    from jaxspec.eval import quality as Q
+
     rel = lambda p: str(p.relative_to(ROOT) if p.resolve().is_relative_to(ROOT) else p)  # noqa: E731
-    unk = [sum(1 for t in asarm.to_external(s) if t < 0) / len(s) for s in seqs]
+    unk = [sum(1 for t in inp.asarm.to_external(s) if t < 0) / len(s) for s in inp.seqs]
     result = {
         "gate": args.gate or weights.name,
         "weights": rel(weights.resolve()),
-        "meta": asarm.meta,
+        "meta": inp.asarm.meta,
         "python": platform.python_version(),
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
-        "holdout": holdout,
-        "snippets": [{"source": s.source, "offset": s.offset} for s in snips],
-        "judge": None if judge is None else "smollm2-135m-instruct",
+        "holdout": inp.holdout,
+        "snippets": [{"source": s.source, "offset": s.offset} for s in inp.snips],
+        "judge": None if inp.judge is None else "smollm2-135m-instruct",
         "true_unk_share": round(float(sum(unk) / len(unk)), 4),
         "true_raw_gen_ppl_geomean": None if raw_ppl is None else round(Q._geomean(raw_ppl), 4),
         **res,
     }
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    result["table_md"] = _asarm_table(result)
+    return result
+
+
+def _asarm_table(result: dict) -> str:
+    """The markdown table of the AS-ARM gate's figures, one column per run."""
     labels = list(result["figures"])
     rows = (
         ("distinct_token_share", "distinct-token share (mean)"),
@@ -334,9 +379,13 @@ def asarm_main(args, cfg_path) -> int:
         + " | ".join(_fmt(result["nfe_per_token"][x]) for x in labels[1:])
         + " |"
     )
-    result["table_md"] = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def _asarm_report(args, result: dict, n_seqs: int, seq_len: int) -> None:
+    """Print the AS-ARM gate's heading, table, checks and verdict."""
     print(
-        f"gate {result['gate']}: {len(seqs)} held-out sequences x {seq_len} tokens, "
+        f"gate {result['gate']}: {n_seqs} held-out sequences x {seq_len} tokens, "
         f"{args.mask_rate:.0%} masked, seed {args.seed}; figures on the masked positions, "
         f"PPL on whole sequences"
     )
@@ -356,6 +405,40 @@ def asarm_main(args, cfg_path) -> int:
         + (f"; failed: {', '.join(failed)}" if failed else "")
         + f"; wall {result['wall_s']}s"
     )
+
+
+def asarm_main(args, cfg_path) -> int:
+    """``--gate`` of an AS-ARM config (module docstring), or of an XLNet checkpoint given with
+    ``--model auto --weights PATH`` (``cfg_path`` None: the default held-out modules,
+    :data:`jaxspec.bench.assd.DEFAULT_HOLDOUT`, and ``--seq-len`` or 256). Exit 0 after writing
+    the JSON (PASS or FAIL: the verdict is in the output), 2 with one ``error:`` line on bad
+    input."""
+    weights = (
+        Path(args.weights)
+        if args.weights
+        else ROOT / "checkpoints" / args.gate / "model.safetensors"
+    )
+    batch = 10 if args.batch is None else args.batch
+    bad = _asarm_flag_error(args, weights, batch)
+    if bad is not None:
+        return _fail(bad)
+
+    t_start = time.perf_counter()
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    from jaxspec.bench.records import BenchError
+    from jaxspec.eval import quality as Q
+    from models.llama.params import WeightFileError
+
+    try:
+        inp = _asarm_load(args, cfg_path, weights, t_start, log)
+        res, raw_ppl = _asarm_run(args, inp, batch, log)
+    except _Refused as e:
+        return _fail(str(e))
+    except (Q.QualityError, BenchError, WeightFileError, ValueError, OSError, KeyError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    result = _asarm_result(args, weights, inp, res, raw_ppl, t_start)
+    _asarm_report(args, result, len(inp.seqs), inp.seq_len)
     out = (
         Path(args.out)
         if args.out
@@ -687,116 +770,123 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
     return 0
 
 
-def diffusion_gate(
-    args,
-    *,
-    name,
-    model,
-    params,
-    tok,
-    mask_id: int,
-    holdout,
-    info: dict,
-    causal=None,
-    base=None,
-    base_name=None,
-    t_start: float,
-    log,
-) -> int:
-    """The masked-diffusion figures (module docstring) of ``model`` / ``params`` (a
-    :class:`models.diffusion.modeling.DiffusionLM`) on ``--prompts`` held-out windows of the
-    stdlib modules ``holdout``; with ``causal`` / ``base`` (the AR base model and its params)
-    also the AR columns. Prints the table and the verdict, writes ``--out``; exit 0, or 2 with
-    one ``error:`` line on bad input (too few held-out windows, prompts past the context)."""
-    import jax
+@dataclass
+class _Completions:
+    """Greedy completions of the diffusion gate: token rows of the diffusion model and of the
+    AR base model (empty without one), and the seconds each took."""
+
+    diffusion: list
+    ar: list
+    diffusion_s: float
+    ar_s: float
+
+
+def _gate_snippets(args, tok, holdout, mask_id: int) -> list:
+    """``--prompts`` held-out windows (prompt + true continuation), with no special token
+    (``<...>`` among the first 64 ids) and no mask id in them.
+
+    Raises:
+      ValueError / OSError / KeyError: too few held-out windows, unreadable modules.
+    """
+    from jaxspec.eval import quality as Q
+
+    specials = [
+        i
+        for i in range(min(tok.vocab_size, 64))
+        if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")
+    ]
+    return Q.heldout_snippets(
+        tok,
+        holdout,
+        args.prompts,
+        prompt_len=args.prompt_length,
+        cont_len=args.gen_length,
+        drop_ids=set(specials) | {mask_id},
+    )
+
+
+def _masked_figures(args, model, params, rows, causal, base, log) -> dict:
+    """Masked-token top-1 accuracy at 15% and 50% masking, beside the AR base model's
+    next-token accuracy at the same positions (None without a base model)."""
+    from jaxspec.eval import quality as Q
+
+    masked = {}
+    for rate in (0.15, 0.5):
+        t0 = time.perf_counter()
+        d, masks = Q.masked_accuracy(
+            model, params, rows, rate, seed=args.seed, batch_size=args.batch, return_masks=True
+        )
+        a = (
+            None
+            if causal is None
+            else Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch)
+        )
+        masked[f"{rate:.2f}"] = {"diffusion": d, "ar_next_token_same_positions": a}
+        log(
+            f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}"
+            + ("" if a is None else f", AR next-token {a['accuracy']:.4f}")
+            + f" ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)"
+        )
+    return masked
+
+
+def _gate_decode_config(args, mask_id: int):
+    """The gate's diffusion decode: greedy stepwise (one token per step), low_confidence."""
+    from jaxspec.dllm import DiffusionDecodeConfig
+
+    return DiffusionDecodeConfig(
+        gen_length=args.gen_length,
+        block_length=args.block,
+        steps=args.gen_length,
+        remasking="low_confidence",
+        temperature=0.0,
+        mask_id=mask_id,
+    )
+
+
+def _gate_completions(args, model, params, prompts, dcfg, causal, base, log) -> _Completions:
+    """Greedy completions of ``prompts`` in batches of ``--batch``: the diffusion model's
+    (``dcfg``) and, with a base model, its AR ones of ``--gen-length`` tokens.
+
+    Raises:
+      ValueError: a prompt plus the gen length past the context (DecodeInputError).
+    """
     import numpy as np
 
     from jaxspec.causal.decode import generate
-    from jaxspec.dllm import DiffusionDecodeConfig, diffusion_generate
-    from jaxspec.eval import quality as Q
+    from jaxspec.dllm import diffusion_generate
 
-    gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
-    try:
-        specials = [
-            i
-            for i in range(min(tok.vocab_size, 64))
-            if (t := tok.id_to_token(i)) and t.startswith("<") and t.endswith(">")
-        ]
-        snippets = Q.heldout_snippets(
-            tok,
-            holdout,
-            args.prompts,
-            prompt_len=args.prompt_length,
-            cont_len=args.gen_length,
-            drop_ids=set(specials) | {mask_id},
-        )
-    except (ValueError, OSError, KeyError) as e:
-        return _fail(str(e))
-    log(
-        f"[evaluate] {len(snippets)} snippets from "
-        f"{len(set(s.source for s in snippets))} held-out files; loaded in "
-        f"{time.perf_counter() - t_start:.1f}s"
-    )
-
-    rows = [s.tokens for s in snippets]
-    masked = {}
-    try:
-        for rate in (0.15, 0.5):
+    c = _Completions([], [], 0.0, 0.0)
+    for s in range(0, len(prompts), args.batch):
+        t0 = time.perf_counter()
+        r = diffusion_generate(model, params, prompts[s : s + args.batch], dcfg, seed=args.seed)
+        c.diffusion += [[int(t) for t in row] for row in np.asarray(r.full_tokens)]
+        c.diffusion_s += time.perf_counter() - t0
+        if causal is not None:
             t0 = time.perf_counter()
-            d, masks = Q.masked_accuracy(
-                model, params, rows, rate, seed=args.seed, batch_size=args.batch, return_masks=True
+            g = generate(
+                causal,
+                base,
+                prompts[s : s + args.batch],
+                max_new_tokens=args.gen_length,
+                seed=args.seed,
             )
-            a = (
-                None
-                if causal is None
-                else Q.causal_accuracy_at(causal, base, rows, masks, batch_size=args.batch)
-            )
-            masked[f"{rate:.2f}"] = {"diffusion": d, "ar_next_token_same_positions": a}
-            log(
-                f"[evaluate] masked {rate:.0%}: diffusion {d['accuracy']:.4f}"
-                + ("" if a is None else f", AR next-token {a['accuracy']:.4f}")
-                + f" ({d['masked']} positions, {time.perf_counter() - t0:.1f}s)"
-            )
-
-        dcfg = DiffusionDecodeConfig(
-            gen_length=args.gen_length,
-            block_length=args.block,
-            steps=args.gen_length,
-            remasking="low_confidence",
-            temperature=0.0,
-            mask_id=mask_id,
+            c.ar += [list(map(int, row)) for row in g.tokens]
+            c.ar_s += time.perf_counter() - t0
+        log(
+            f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
+            f"(diffusion {c.diffusion_s:.0f}s"
+            + ("" if causal is None else f", AR {c.ar_s:.0f}s")
+            + " so far)"
         )
-        gen = snippets[:gen_prompts]
-        prompts = [s.prompt for s in gen]
-        targets = [s.target for s in gen]
-        diff_out, ar_out = [], []
-        diff_s = ar_s = 0.0
-        for s in range(0, len(prompts), args.batch):
-            t0 = time.perf_counter()
-            r = diffusion_generate(model, params, prompts[s : s + args.batch], dcfg, seed=args.seed)
-            diff_out += [[int(t) for t in row] for row in np.asarray(r.full_tokens)]
-            diff_s += time.perf_counter() - t0
-            if causal is not None:
-                t0 = time.perf_counter()
-                g = generate(
-                    causal,
-                    base,
-                    prompts[s : s + args.batch],
-                    max_new_tokens=args.gen_length,
-                    seed=args.seed,
-                )
-                ar_out += [list(map(int, row)) for row in g.tokens]
-                ar_s += time.perf_counter() - t0
-            log(
-                f"[evaluate] completions {min(s + args.batch, len(prompts))}/{len(prompts)} "
-                f"(diffusion {diff_s:.0f}s"
-                + ("" if causal is None else f", AR {ar_s:.0f}s")
-                + " so far)"
-            )
-    except ValueError as e:  # DecodeInputError: prompt + gen length past the context
-        return _fail(str(e))
+    return c
 
-    result = {
+
+def _gate_record(args, *, name, info, mask_id, holdout, snippets, masked, dcfg, ar, n_gen):
+    """The head of the diffusion gate's JSON record: provenance, settings, masked accuracy."""
+    import jax
+
+    return {
         "gate": name,
         **info,
         "mask_token_id": mask_id,
@@ -819,34 +909,41 @@ def diffusion_gate(
                 "eos_cut": False,
             },
             "ar": None
-            if causal is None
+            if not ar
             else {"greedy": True, "max_new_tokens": args.gen_length, "eos_ids": []},
         },
-        "completion_prompts": len(gen),
+        "completion_prompts": n_gen,
     }
-    if gen:
-        dfig = Q.completion_figures(diff_out, targets)
-        afig = Q.completion_figures(ar_out, targets) if causal is not None else None
-        result["completions"] = {
-            "diffusion": dfig,
-            "ar": afig,
-            "diffusion_s": round(diff_s, 1),
-            "ar_s": None if causal is None else round(ar_s, 1),
-        }
-        result["samples"] = {"diffusion": diff_out, "ar": ar_out if causal is not None else None}
-        result["verdict"] = "FAIL" if dfig["degenerate_share"] > 0 else "PASS"
-    else:
+
+
+def _gate_verdict(result: dict, comp: _Completions, targets, ar: bool):
+    """Add the completion figures, samples and verdict to ``result`` (NOT MEASURED without
+    completions); returns the diffusion and AR figures (None where not measured)."""
+    from jaxspec.eval import quality as Q
+
+    if not targets:
         result["verdict"] = "NOT MEASURED (no completions)"
-    result["rule"] = (
-        "FAIL if any diffusion completion is degenerate (one token > 50% of its "
-        "gen_length tokens); otherwise PASS"
-    )
-    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+        return None, None
+    dfig = Q.completion_figures(comp.diffusion, targets)
+    afig = Q.completion_figures(comp.ar, targets) if ar else None
+    result["completions"] = {
+        "diffusion": dfig,
+        "ar": afig,
+        "diffusion_s": round(comp.diffusion_s, 1),
+        "ar_s": None if not ar else round(comp.ar_s, 1),
+    }
+    result["samples"] = {"diffusion": comp.diffusion, "ar": comp.ar if ar else None}
+    result["verdict"] = "FAIL" if dfig["degenerate_share"] > 0 else "PASS"
+    return dfig, afig
+
+
+def _gate_table(name, base_name, masked: dict, dfig, afig, ar: bool) -> str:
+    """The markdown table of the diffusion gate: the model's column and, with ``ar``, the
+    base model's (``dfig`` None: masked accuracy only)."""
 
     def f(x):
         return f"{x:.4f}" if isinstance(x, float) else str(x)
 
-    ar = causal is not None
     lines = [
         f"| figure | {name} |" + (f" {base_name} (AR) |" if ar else ""),
         "|---|---|" + ("---|" if ar else ""),
@@ -861,7 +958,7 @@ def diffusion_gate(
                 else ""
             )
         )
-    if gen:
+    if dfig is not None:
         for key, label in (
             ("distinct_token_share", "distinct-token share"),
             ("repeated_ngram_rate", "repeated 4-gram rate"),
@@ -870,7 +967,72 @@ def diffusion_gate(
             ("degenerate_share", "degenerate completions"),
         ):
             lines.append(f"| {label} | {f(dfig[key])} |" + (f" {f(afig[key])} |" if ar else ""))
-    result["table_md"] = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def diffusion_gate(
+    args,
+    *,
+    name,
+    model,
+    params,
+    tok,
+    mask_id: int,
+    holdout,
+    info: dict,
+    causal=None,
+    base=None,
+    base_name=None,
+    t_start: float,
+    log,
+) -> int:
+    """The masked-diffusion figures (module docstring) of ``model`` / ``params`` (a
+    :class:`models.diffusion.modeling.DiffusionLM`) on ``--prompts`` held-out windows of the
+    stdlib modules ``holdout``; with ``causal`` / ``base`` (the AR base model and its params)
+    also the AR columns. Prints the table and the verdict, writes ``--out``; exit 0, or 2 with
+    one ``error:`` line on bad input (too few held-out windows, prompts past the context)."""
+    gen_prompts = args.prompts if args.gen_prompts is None else args.gen_prompts
+    try:
+        snippets = _gate_snippets(args, tok, holdout, mask_id)
+    except (ValueError, OSError, KeyError) as e:
+        return _fail(str(e))
+    log(
+        f"[evaluate] {len(snippets)} snippets from "
+        f"{len(set(s.source for s in snippets))} held-out files; loaded in "
+        f"{time.perf_counter() - t_start:.1f}s"
+    )
+    gen = snippets[:gen_prompts]
+    try:
+        masked = _masked_figures(
+            args, model, params, [s.tokens for s in snippets], causal, base, log
+        )
+        dcfg = _gate_decode_config(args, mask_id)
+        comp = _gate_completions(
+            args, model, params, [s.prompt for s in gen], dcfg, causal, base, log
+        )
+    except ValueError as e:  # DecodeInputError: prompt + gen length past the context
+        return _fail(str(e))
+
+    ar = causal is not None
+    result = _gate_record(
+        args,
+        name=name,
+        info=info,
+        mask_id=mask_id,
+        holdout=holdout,
+        snippets=snippets,
+        masked=masked,
+        dcfg=dcfg,
+        ar=ar,
+        n_gen=len(gen),
+    )
+    dfig, afig = _gate_verdict(result, comp, [s.target for s in gen], ar)
+    result["rule"] = (
+        "FAIL if any diffusion completion is degenerate (one token > 50% of its "
+        "gen_length tokens); otherwise PASS"
+    )
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    result["table_md"] = _gate_table(name, base_name, masked, dfig, afig, ar)
     print(result["table_md"])
     print(f"verdict: {result['verdict']} ({result['rule']}); wall {result['wall_s']}s")
     if args.out:
