@@ -100,12 +100,32 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxspec.bench.systems import SUITES, SYSTEMS
     from scripts.common import add_compile_cache_flag
 
     ap = argparse.ArgumentParser(
         prog="python -m scripts.benchmark", description=__doc__.split("\n")[0]
     )
+    _add_run_args(ap)
+    _add_model_args(ap)
+    _add_causal_args(ap)
+    _add_peer_args(ap)
+    add_compile_cache_flag(ap)
+    _add_suite_dllm_args(ap)
+    _add_suite_ssd_args(ap)
+    _add_suite_spiffy_args(ap)
+    _add_suite_space_args(ap)
+    _add_suite_diffuspec_args(ap)
+    _add_suite_dflash_args(ap)
+    from jaxspec.bench.assd import add_arguments as add_assd_arguments
+
+    add_assd_arguments(ap)
+    return ap
+
+
+def _add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The suite, its prompt range and the result file."""
+    from jaxspec.bench.systems import SUITES
+
     ap.add_argument("--suite", required=True, help=f"benchmark suite: {', '.join(SUITES)}")
     ap.add_argument(
         "--limit",
@@ -127,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing --out file (and its .md / .png)",
     )
+
+
+def _add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The model: preset, weights, dtype and quantization."""
     ap.add_argument(
         "--model",
         default=None,
@@ -150,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         "model: none or int8 (models.quant; suites ar, dllm, ssd, spiffy). For the "
         "drift from float in one run use --systems jaxspec/ar-int8 jaxspec/ngram-int8",
     )
+
+
+def _add_causal_args(ap: argparse.ArgumentParser) -> None:
+    """Causal decoding: the token budget, the draft length and the n-gram drafter."""
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument(
         "--draft-length",
@@ -165,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         "max_matching_ngram_size)",
     )
     ap.add_argument("--min-ngram", type=int, default=2, help="shortest suffix of jaxspec's drafter")
+
+
+def _add_peer_args(ap: argparse.ArgumentParser) -> None:
+    """Suite ar's systems, the draft model, the transformers peers and the progress bar."""
+    from jaxspec.bench.systems import SYSTEMS
+
     ap.add_argument(
         "--systems",
         nargs="+",
@@ -187,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         "and torch sees one, else cpu",
     )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_compile_cache_flag(ap)
+
+
+def _add_suite_dllm_args(ap: argparse.ArgumentParser) -> None:
+    """Suites dllm and ssd: lengths, rows, caches, remasking, prompt set, overhead."""
     dg = ap.add_argument_group("suites dllm and ssd")
     dg.add_argument("--gen-length", type=int, default=256)
     dg.add_argument(
@@ -221,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="timed repetitions of each lone forward for loop_overhead (0 = skip)",
     )
+
+
+def _add_suite_ssd_args(ap: argparse.ArgumentParser) -> None:
+    """Suite ssd: the SSD rows and the acceptance-limit table."""
     sg = ap.add_argument_group("suite ssd")
     sg.add_argument(
         "--ssd-rows",
@@ -232,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument(
         "--no-limit-analysis", action="store_true", help="skip the Sec. 5.1 acceptance-limit table"
     )
+
+
+def _add_suite_spiffy_args(ap: argparse.ArgumentParser) -> None:
+    """Suite spiffy: the rows, the calibrated graphs and the cache policy."""
     pg = ap.add_argument_group("suite spiffy")
     pg.add_argument(
         "--spiffy-rows",
@@ -251,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="dual",
         help="cache policy of every spiffy row and its reference (default dual)",
     )
+
+
+def _add_suite_space_args(ap: argparse.ArgumentParser) -> None:
+    """Suite space: the base model, k, the prompt sets, the sweeps and the quality file."""
     xg = ap.add_argument_group("suite space")
     xg.add_argument(
         "--base-model",
@@ -279,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch sizes (default 1 2 4 8 16; empty: skip)",
     )
     xg.add_argument("--quality", default=None, help="JSON of the SAR model's quality figures")
+
+
+def _add_suite_diffuspec_args(ap: argparse.ArgumentParser) -> None:
+    """Suite diffuspec: ADL's bounds, the prompt sets, the ablations and the drafter cache."""
     fg = ap.add_argument_group(
         "suite diffuspec (--draft-model: the diffusion drafter, default dream-smollm2-135m)"
     )
@@ -313,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="drafter caches of the prompt-set rows (default: none prefix; prefix "
         "adds specdiff+prefix / diffuspec+prefix rows)",
     )
+
+
+def _add_suite_dflash_args(ap: argparse.ArgumentParser) -> None:
+    """Suite dflash: the trained drafters and the prompt sets."""
     dg = ap.add_argument_group("suite dflash (--draft-model: the SPS row's draft model)")
     dg.add_argument(
         "--dflash-drafter",
@@ -329,10 +386,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt sets: humaneval humaneval-chat mt-bench news (default humaneval "
         "mt-bench news)",
     )
-    from jaxspec.bench.assd import add_arguments as add_assd_arguments
-
-    add_assd_arguments(ap)
-    return ap
 
 
 HUMANEVAL_PROBLEMS = 164  # the prompt pool of suites ar, dllm, ssd and spiffy
@@ -405,10 +458,24 @@ def validate_args(args) -> None:
     Raises:
       BenchError / PresetError / ValueError: the first bad value, in one line.
     """
-    from jaxspec.bench.prompts import PROMPT_SETS
+    _check_names_and_ranges(args)
+    _check_sweeps_and_sets(args)
+    if args.suite == "assd":
+        _check_assd_args(args)
+    if args.suite == "ar":
+        from jaxspec.bench.systems import parse_systems
+
+        parse_systems(args.systems)
+    _check_diffusion_args(args)
+    _check_presets(args)
+    args.out = str(resolve_out(args))
+
+
+def _check_names_and_ranges(args) -> None:
+    """The suite, dtype and quantization names, and the ranges of the numeric flags."""
     from jaxspec.bench.records import BenchError
-    from jaxspec.bench.systems import SUITES, parse_systems
-    from models.registry import DTYPES, REPO_ROOT, get_preset, is_preset
+    from jaxspec.bench.systems import SUITES
+    from models.registry import DTYPES
 
     if args.suite not in SUITES:
         raise BenchError(f"unknown suite {args.suite!r}; available: {', '.join(SUITES)}")
@@ -442,6 +509,13 @@ def validate_args(args) -> None:
         )
     if args.suite == "diffuspec" and not 1 <= args.k_min <= args.k_max:
         raise BenchError(f"need 1 <= --k-min <= --k-max, got {args.k_min} and {args.k_max}")
+
+
+def _check_sweeps_and_sets(args) -> None:
+    """The values of the sweep flags (each >= 1) and the names of the prompt sets."""
+    from jaxspec.bench.prompts import PROMPT_SETS
+    from jaxspec.bench.records import BenchError
+
     for flag, values in (
         ("--space-k-sweep", args.space_k_sweep),
         ("--space-batches", args.space_batches),
@@ -465,24 +539,32 @@ def validate_args(args) -> None:
             raise BenchError(
                 f"unknown {flag} {bad[0]!r}; available: {', '.join(PROMPT_SETS)}{extra}"
             )
-    if args.suite == "assd":
-        from jaxspec.bench.assd import MAIN_METHODS
 
-        if not 0.0 < args.assd_mask_rate <= 1.0:
-            raise BenchError(f"--assd-mask-rate must lie in (0, 1], got {args.assd_mask_rate}")
-        for flag, t in (
-            ("--assd-temperature", args.assd_temperature),
-            ("--assd-infill-temperature", args.assd_infill_temperature),
-        ):
-            if not 0.0 <= t < float("inf"):
-                raise BenchError(f"{flag} must be a finite value >= 0, got {t}")
-        bad = sorted(set(args.assd_methods) - set(MAIN_METHODS))
-        if bad:
-            raise BenchError(
-                f"unknown --assd-methods {bad[0]!r}; available: {', '.join(MAIN_METHODS)}"
-            )
-    if args.suite == "ar":
-        parse_systems(args.systems)
+
+def _check_assd_args(args) -> None:
+    """Suite assd: the mask rate, the temperatures and the method names."""
+    from jaxspec.bench.assd import MAIN_METHODS
+    from jaxspec.bench.records import BenchError
+
+    if not 0.0 < args.assd_mask_rate <= 1.0:
+        raise BenchError(f"--assd-mask-rate must lie in (0, 1], got {args.assd_mask_rate}")
+    for flag, t in (
+        ("--assd-temperature", args.assd_temperature),
+        ("--assd-infill-temperature", args.assd_infill_temperature),
+    ):
+        if not 0.0 <= t < float("inf"):
+            raise BenchError(f"{flag} must be a finite value >= 0, got {t}")
+    bad = sorted(set(args.assd_methods) - set(MAIN_METHODS))
+    if bad:
+        raise BenchError(f"unknown --assd-methods {bad[0]!r}; available: {', '.join(MAIN_METHODS)}")
+
+
+def _check_diffusion_args(args) -> None:
+    """Suites dllm, ssd and spiffy: the remasking rule, the rows (dllm: every decode config)
+    and the graph folder (spiffy: a relative one missing here is looked up in the package)."""
+    from jaxspec.bench.records import BenchError
+    from models.registry import REPO_ROOT
+
     if args.suite in ("dllm", "ssd", "spiffy"):
         from jaxspec.dllm import REMASKING
 
@@ -522,6 +604,13 @@ def validate_args(args) -> None:
             and (REPO_ROOT / graph_dir).is_dir()
         ):
             args.graph_dir = str(REPO_ROOT / graph_dir)  # the packaged graphs (installed wheel)
+
+
+def _check_presets(args) -> None:
+    """The model / draft model / base model names and the ``--weights`` path."""
+    from jaxspec.bench.records import BenchError
+    from models.registry import get_preset, is_preset
+
     for flag, name in (
         ("--model", args.model),
         ("--draft-model", args.draft_model),
@@ -531,7 +620,6 @@ def validate_args(args) -> None:
             get_preset(name)  # PresetError: unknown name, lists the presets
     if args.weights is not None and not Path(args.weights).exists():
         raise BenchError(f"--weights {args.weights} does not exist")
-    args.out = str(resolve_out(args))
 
 
 def _write(result, out, write_results, markdown_report, log) -> int:
@@ -878,30 +966,216 @@ def main_dflash(args, log) -> int:
     return _write(result, args.out, write_results, markdown_report, log)
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from jaxspec.bench.ar_suite import markdown_report, run_ar_suite, write_results
-    from jaxspec.bench.machine import streamed_params
+def _suite_main(suite: str):
+    """The ``main_<suite>(args, log)`` of a suite other than ar (None for ar)."""
+    return {
+        "dllm": main_dllm,
+        "ssd": main_ssd,
+        "spiffy": main_spiffy,
+        "space": main_space,
+        "diffuspec": main_diffuspec,
+        "dflash": main_dflash,
+    }.get(suite)
+
+
+def _ar_check(args, log) -> list[str]:
+    """Suite ar's defaults and budgets; the systems to run (the baseline always among them).
+
+    Raises:
+      BenchError / ValueError: an unknown system or a budget below 1.
+    """
+    from jaxspec.bench.records import BenchError
+    from jaxspec.bench.systems import BASELINE, parse_systems
+
+    args.model = args.model or "smollm2-135m-instruct"
+    args.limit = 20 if args.limit is None else args.limit
+    systems = parse_systems(args.systems)
+    if args.systems and BASELINE not in " ".join(args.systems):
+        log(f"[bench] adding {BASELINE}: it is the baseline and reference of every row")
+    for flag, v in (
+        ("--limit", args.limit),
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--draft-length", args.draft_length),
+    ):
+        if v < 1:
+            raise BenchError(f"{flag} must be >= 1, got {v}")
+    return systems
+
+
+def _ar_load(args, log):
+    """Suite ar's model: ``(model, params, tok, path)``, ``path`` the weight file the
+    transformers peers load too.
+
+    Raises:
+      PresetError / WeightFileError: an unknown preset, a model of another family, a preset
+        without weights and no ``--weights``, unreadable weights.
+    """
+    from models.registry import PresetError, fetch, get_preset, load_model, require_family
+
+    preset = get_preset(args.model)
+    # hf-directory / auto: the family is read from --weights
+    require_family(args.model, args.weights, "causal", f"suite {args.suite}")
+    if args.weights is not None:
+        path = Path(args.weights)
+    elif preset.parts:
+        path = fetch(preset, log=log)
+    else:
+        raise PresetError(
+            f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)"
+        )
+    model, params, tok, _ = load_model(
+        args.model, str(path), log=log, dtype=args.dtype, quant=args.quant
+    )
+    return model, params, tok, path
+
+
+def _ar_prompts(args, model, tok):
+    """Suite ar's HumanEval prompts and the longest one's length in tokens.
+
+    Raises:
+      BenchError: no problem at ``--start``.
+      DecodeInputError: the longest prompt plus ``--max-new-tokens`` exceeds the context.
+    """
     from jaxspec.bench.records import BenchError, BenchPrompt
+    from jaxspec.causal.decode import DecodeInputError
+    from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
+
+    probs = humaneval_problems()[args.start : args.start + args.limit]
+    if not probs:
+        raise BenchError(f"no HumanEval problems at --start {args.start}")
+    prompts = [
+        BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat))) for p in probs
+    ]
+    ctx = model.config.max_position_embeddings
+    longest = max(len(p.ids) for p in prompts)
+    if longest + args.max_new_tokens > ctx:
+        raise DecodeInputError(
+            f"prompt of {longest} tokens + {args.max_new_tokens} new tokens "
+            f"exceeds the model's context of {ctx} tokens"
+        )
+    return prompts, longest
+
+
+def _ar_draft(args, systems, tok, log):
+    """The draft model of the systems that take one: ``(model, params, weight path)``, or None
+    when no such system runs.
+
+    Raises:
+      BenchError: no ``--draft-model``, or one with another tokenizer than ``--model``.
+    """
+    from jaxspec.bench.records import BenchError
+    from models.registry import fetch, get_preset, load_model
+
+    if not any(s in ("jaxspec/sps", "transformers/assisted") for s in systems):
+        return None
+    if not args.draft_model:
+        raise BenchError("jaxspec/sps and transformers/assisted need --draft-model NAME")
+    dmodel, dparams, dtok, _ = load_model(args.draft_model, log=log, dtype=args.dtype)
+    if not tok.same_vocabulary(dtok):
+        raise BenchError(
+            f"draft model {args.draft_model!r} has a different tokenizer than {args.model!r}"
+        )
+    return dmodel, dparams, fetch(get_preset(args.draft_model), log=log)
+
+
+def _ar_systems(args, systems, model, params, path, draft, common, log):
+    """The system objects of suite ar, in ``systems`` order, and the transformers model of the
+    peers (None when no peer runs; loaded once, in the jaxspec model's dtype)."""
     from jaxspec.bench.systems import (
-        BASELINE,
-        SUITES,
         JaxspecSystem,
         TransformersSystem,
         load_transformers_model,
-        parse_systems,
         torch_device,
     )
+    from models.llama.modeling import param_dtype
+
+    objs, hf = [], None
+    for name in systems:
+        family, method = name.split("/")
+        if family == "jaxspec":
+            # the methods that take a causal draft model read it; the others ignore it
+            opts = {"draft_model": draft[:2]} if draft else None
+            objs.append(
+                JaxspecSystem(
+                    method,
+                    model,
+                    params,
+                    max_ngram=args.max_ngram,
+                    min_ngram=args.min_ngram,
+                    options=opts,
+                    **common,
+                )
+            )
+            continue
+        if hf is None:
+            tdtype = str(param_dtype(params))
+            tdev = torch_device(args.torch_device)
+            log(f"[bench] loading {path} into transformers ({tdtype}, {tdev})")
+            hf = load_transformers_model(path, threads=args.threads, dtype=tdtype, device=tdev)
+        assistant = None
+        if method == "assisted":
+            log(f"[bench] loading {draft[2]} into transformers ({tdtype}, {tdev})")
+            assistant = load_transformers_model(
+                draft[2], threads=args.threads, dtype=tdtype, device=tdev
+            )
+        objs.append(
+            TransformersSystem(method, hf, max_ngram=args.max_ngram, assistant=assistant, **common)
+        )
+    return objs, hf
+
+
+def main_ar(args, log):
+    """``--suite ar``: check, load the model and prompts, build the systems, run them
+    interleaved; returns the suite result (errors propagate to :func:`main`)."""
+    from jaxspec.bench.ar_suite import run_ar_suite
+    from jaxspec.bench.machine import streamed_params
+    from models.llama.modeling import param_dtype
+
+    systems = _ar_check(args, log)
+    model, params, tok, path = _ar_load(args, log)
+    prompts, longest = _ar_prompts(args, model, tok)
+    eos = tuple(tok.eos_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    common = dict(
+        max_new_tokens=args.max_new_tokens,
+        eos_ids=eos,
+        pad_id=pad,
+        draft_length=args.draft_length,
+    )
+    draft = _ar_draft(args, systems, tok, log)
+    objs, hf = _ar_systems(args, systems, model, params, path, draft, common, log)
+    config = {
+        **vars(args),
+        "systems": systems,
+        "weights": str(path),
+        "eos_ids": list(eos),
+        "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
+        "torch_device": str(next(hf.parameters()).device) if hf is not None else None,
+        "prompt_tokens_max": longest,
+    }
+    return run_ar_suite(
+        objs,
+        prompts,
+        model_name=args.model,
+        num_params=streamed_params(params),
+        param_dtype=str(param_dtype(params)),
+        config=config,
+        progress=not args.no_progress,
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+        log=log,
+    )
+
+
+def main(argv=None) -> int:
+    """The command: parse and check the flags, run the suite, write and print its report;
+    exit code 0, or 2 with one ``error:`` line on bad input."""
+    args = build_parser().parse_args(argv)
+    from jaxspec.bench.ar_suite import markdown_report, write_results
+    from jaxspec.bench.records import BenchError
+    from jaxspec.bench.systems import SUITES
     from jaxspec.causal.decode import DecodeInputError
     from models.llama.params import WeightFileError
-    from models.registry import (
-        PresetError,
-        fetch,
-        get_preset,
-        is_preset,
-        load_model,
-        require_family,
-    )
+    from models.registry import PresetError, is_preset, require_family
     from scripts.common import setup_compile_cache
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
@@ -920,135 +1194,10 @@ def main(argv=None) -> int:
             return main_assd(args, log)
         if args.suite not in SUITES:
             raise BenchError(f"unknown suite {args.suite!r}; available: {', '.join(SUITES)}")
-        if args.suite == "dllm":
-            return main_dllm(args, log)
-        if args.suite == "ssd":
-            return main_ssd(args, log)
-        if args.suite == "spiffy":
-            return main_spiffy(args, log)
-        if args.suite == "space":
-            return main_space(args, log)
-        if args.suite == "diffuspec":
-            return main_diffuspec(args, log)
-        if args.suite == "dflash":
-            return main_dflash(args, log)
-        args.model = args.model or "smollm2-135m-instruct"
-        args.limit = 20 if args.limit is None else args.limit
-        systems = parse_systems(args.systems)
-        if args.systems and BASELINE not in " ".join(args.systems):
-            log(f"[bench] adding {BASELINE}: it is the baseline and reference of every row")
-        for flag, v in (
-            ("--limit", args.limit),
-            ("--max-new-tokens", args.max_new_tokens),
-            ("--draft-length", args.draft_length),
-        ):
-            if v < 1:
-                raise BenchError(f"{flag} must be >= 1, got {v}")
-        preset = get_preset(args.model)
-        # hf-directory / auto: the family is read from --weights
-        require_family(args.model, args.weights, "causal", f"suite {args.suite}")
-        if args.weights is not None:
-            path = Path(args.weights)
-        elif preset.parts:
-            path = fetch(preset, log=log)
-        else:
-            raise PresetError(
-                f"model {args.model!r} needs --weights PATH (an HF directory or GGUF file)"
-            )
-        model, params, tok, preset = load_model(
-            args.model, str(path), log=log, dtype=args.dtype, quant=args.quant
-        )
-        from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
-        from models.llama.modeling import param_dtype
-
-        probs = humaneval_problems()[args.start : args.start + args.limit]
-        if not probs:
-            raise BenchError(f"no HumanEval problems at --start {args.start}")
-        prompts = [
-            BenchPrompt(p["task_id"], tok.encode(humaneval_prompt(p, tok, args.chat)))
-            for p in probs
-        ]
-        ctx = model.config.max_position_embeddings
-        longest = max(len(p.ids) for p in prompts)
-        if longest + args.max_new_tokens > ctx:
-            raise DecodeInputError(
-                f"prompt of {longest} tokens + {args.max_new_tokens} new tokens "
-                f"exceeds the model's context of {ctx} tokens"
-            )
-        eos = tuple(tok.eos_token_ids)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-        common = dict(
-            max_new_tokens=args.max_new_tokens,
-            eos_ids=eos,
-            pad_id=pad,
-            draft_length=args.draft_length,
-        )
-        objs, hf, draft = [], None, None
-        if any(s in ("jaxspec/sps", "transformers/assisted") for s in systems):
-            if not args.draft_model:
-                raise BenchError("jaxspec/sps and transformers/assisted need --draft-model NAME")
-            dmodel, dparams, dtok, _ = load_model(args.draft_model, log=log, dtype=args.dtype)
-            if not tok.same_vocabulary(dtok):
-                raise BenchError(
-                    f"draft model {args.draft_model!r} has a different tokenizer "
-                    f"than {args.model!r}"
-                )
-            draft = (dmodel, dparams, fetch(get_preset(args.draft_model), log=log))
-        for name in systems:
-            family, method = name.split("/")
-            if family == "jaxspec":
-                # the methods that take a causal draft model read it; the others ignore it
-                opts = {"draft_model": draft[:2]} if draft else None
-                objs.append(
-                    JaxspecSystem(
-                        method,
-                        model,
-                        params,
-                        max_ngram=args.max_ngram,
-                        min_ngram=args.min_ngram,
-                        options=opts,
-                        **common,
-                    )
-                )
-            else:
-                if hf is None:
-                    tdtype = str(param_dtype(params))
-                    tdev = torch_device(args.torch_device)
-                    log(f"[bench] loading {path} into transformers ({tdtype}, {tdev})")
-                    hf = load_transformers_model(
-                        path, threads=args.threads, dtype=tdtype, device=tdev
-                    )
-                assistant = None
-                if method == "assisted":
-                    log(f"[bench] loading {draft[2]} into transformers ({tdtype}, {tdev})")
-                    assistant = load_transformers_model(
-                        draft[2], threads=args.threads, dtype=tdtype, device=tdev
-                    )
-                objs.append(
-                    TransformersSystem(
-                        method, hf, max_ngram=args.max_ngram, assistant=assistant, **common
-                    )
-                )
-        config = {
-            **vars(args),
-            "systems": systems,
-            "weights": str(path),
-            "eos_ids": list(eos),
-            "torch_threads": (args.threads or os.cpu_count()) if hf is not None else None,
-            "torch_device": str(next(hf.parameters()).device) if hf is not None else None,
-            "prompt_tokens_max": longest,
-        }
-        result = run_ar_suite(
-            objs,
-            prompts,
-            model_name=args.model,
-            num_params=streamed_params(params),
-            param_dtype=str(param_dtype(params)),
-            config=config,
-            progress=not args.no_progress,
-            decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
-            log=log,
-        )
+        suite_main = _suite_main(args.suite)
+        if suite_main is not None:
+            return suite_main(args, log)
+        result = main_ar(args, log)
     except (BenchError, PresetError, WeightFileError, DecodeInputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
