@@ -73,12 +73,13 @@ Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
         [--space-sets humaneval humaneval-chat mt-bench news] [--space-k-sweep 1 2 ... 8] \
         [--space-batches 1 2 4 8 16] [--quality checkpoints/smollm2-135m-space/quality.json]
 
-Suite ``dflash`` (trained DFlash drafters beside AR / n-gram / SPS, :mod:`jaxspec.bench.dflash`;
-the block sweep is one ``--dflash-drafter`` file per block size):
+Suite ``dflash`` (trained DFlash drafters beside AR / n-gram / SPS / SpecDiff / DiffuSpec,
+:mod:`jaxspec.bench.dflash`; the block sweep is one ``--dflash-drafter`` file per block size):
 
     python -m scripts.benchmark --suite dflash [--model smollm2-135m-instruct] \
         --dflash-drafter FILE [--dflash-drafter FILE ...] [--draft-model NAME] [--limit 5] \
-        [--dflash-sets humaneval mt-bench news] [--draft-length 8]
+        [--dflash-sets humaneval mt-bench news] [--draft-length 8] \
+        [--dflash-dllm-drafter dream-smollm2-135m]
 
 ``--model auto`` (or ``hf-directory``) ``--weights PATH`` reads the model family from the
 checkpoint (``models.registry.weights_family``): a Llama / Qwen2 directory or GGUF file runs the
@@ -385,6 +386,13 @@ def _add_suite_dflash_args(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="prompt sets: humaneval humaneval-chat mt-bench news (default humaneval "
         "mt-bench news)",
+    )
+    dg.add_argument(
+        "--dflash-dllm-drafter",
+        default=None,
+        metavar="NAME",
+        help="a diffusion LM preset (e.g. dream-smollm2-135m): add SpecDiff and DiffuSpec rows "
+        "with it as their drafter (default: none)",
     )
 
 
@@ -938,6 +946,8 @@ def main_dflash(args, log) -> int:
     try:
         name = args.model or "smollm2-135m-instruct"
         require_family(name, args.weights, "causal", "suite dflash")
+        if args.dflash_dllm_drafter:
+            require_family(args.dflash_dllm_drafter, None, "dllm", "--dflash-dllm-drafter")
         if not args.dflash_drafter:
             raise BenchError("suite dflash needs --dflash-drafter FILE (one per block size)")
         drafters = [load_drafter(f) for f in args.dflash_drafter]  # one-line ValueErrors
@@ -946,6 +956,12 @@ def main_dflash(args, log) -> int:
         if args.draft_model:
             dmodel, dparams, _, _ = load_model(args.draft_model, log=log)
             draft = (dmodel, dparams)
+        dllm = None
+        if args.dflash_dllm_drafter:
+            from jaxspec.bench.diffuspec import diffuspec_drafter_options
+
+            dmodel, dparams, dtok, _ = load_model(args.dflash_dllm_drafter, log=log)
+            dllm = diffuspec_drafter_options((dmodel, dparams), dtok, tok)
         result = run_dflash_suite(
             (model, params),
             drafters,
@@ -955,8 +971,13 @@ def main_dflash(args, log) -> int:
             max_new_tokens=args.max_new_tokens,
             draft_model=draft,
             draft_length=args.draft_length,
+            dllm_drafter=dllm,
             model_name=name,
-            config={"drafters": list(args.dflash_drafter), "draft_model": args.draft_model},
+            config={
+                "drafters": list(args.dflash_drafter),
+                "draft_model": args.draft_model,
+                "dllm_drafter": args.dflash_dllm_drafter,
+            },
             progress=not args.no_progress,
             log=log,
         )

@@ -115,6 +115,7 @@ def test_suite_bad_input():
         ([], "error: suite dflash needs --dflash-drafter FILE (one per block size)"),
         (["--dflash-drafter", "nothing.safetensors"], "DFlash drafter file does not exist"),
         (["--quant", "int8"], "--quant applies to suites ar, dllm, ssd and spiffy, not dflash"),
+        (["--dflash-dllm-drafter", "smollm2-135m-instruct"], "--dflash-dllm-drafter"),
     ],
 )
 def test_cli_bad_input(tmp_path, capsys, extra, message):
