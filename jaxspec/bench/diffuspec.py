@@ -146,6 +146,115 @@ def suite_prompt_sets(tok, sets: Sequence[str], limit: int) -> dict:
     return {s: (ans.prompt_set(tok, "long", limit) if s == "long" else got[s]) for s in sets}
 
 
+def _check_drafter(drafter: dict, k_min: int, k_max: int) -> None:
+    """Raise :class:`BenchError` without a diffusion drafter or with a bad ``k_min``/``k_max``."""
+    if drafter.get("dllm_drafter") is None:
+        raise BenchError("suite diffuspec needs a diffusion drafter (--draft-model NAME)")
+    if not 1 <= k_min <= k_max:
+        raise BenchError(f"need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
+
+
+def _drafter_caches(drafter: dict, drafter_caches: Sequence[str], log) -> list[str]:
+    """The drafter caches other than ``none`` that the prompt-set rows add (none, with a log
+    line, for a drafter of another vocabulary); an unknown cache raises :class:`BenchError`."""
+    unknown = set(drafter_caches) - {"none", "prefix"}
+    if unknown:
+        raise BenchError(f"unknown drafter cache(s) {sorted(unknown)}: use none / prefix")
+    caches = [c for c in drafter_caches if c != "none"]
+    if caches and drafter.get("vocab_adapter") is not None:
+        log("[diffuspec] drafter caches need the target's vocabulary: skipped for this pair")
+        caches = []
+    return caches
+
+
+def _check_sets(sets: Sequence[str]) -> None:
+    """Raise :class:`BenchError` naming the first unknown prompt set."""
+    unknown_sets = [s for s in sets if s not in PROMPT_SETS and s != "long"]
+    if unknown_sets:
+        raise BenchError(
+            f"unknown prompt set {unknown_sets[0]!r}; available: {', '.join(PROMPT_SETS)}, long"
+        )
+
+
+def _result_head(model_name, drafter_name, config: dict, flag_rule) -> dict[str, Any]:
+    """The result's leading keys: suite, date, machine, model, drafter, config, flag rule."""
+    return {
+        "suite": "diffuspec",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "model": model_name,
+        "drafter": drafter_name,
+        "config": config,
+        "answer_flag_rule": dict(flag_rule or {}),
+    }
+
+
+def _set_systems(target, drafter: dict, common: dict, caches: Sequence[str]) -> list:
+    """A prompt set's systems: ``ar``, ``ngram`` (draft length 8), ``specdiff``, ``diffuspec``
+    and per cache ``specdiff+CACHE`` / ``diffuspec+CACHE``."""
+    model, params = target
+    systems = [
+        JaxspecSystem("ar", model, params, **common),
+        JaxspecSystem("ngram", model, params, **{**common, "draft_length": 8}),
+    ]
+    variants = {"specdiff": {}, "diffuspec": {}}
+    for c in caches:
+        variants.update(
+            {f"specdiff+{c}": {"drafter_cache": c}, f"diffuspec+{c}": {"drafter_cache": c}}
+        )
+    return systems + _systems(target, drafter, common, variants)[1:]
+
+
+def _ablation_rows(target, drafter: dict, common: dict, first, first_name: str, kw) -> list:
+    """The Table 2 grid (:data:`ABLATIONS`) on the first prompt set."""
+    return _run(
+        _systems(
+            target,
+            drafter,
+            common,
+            {label: {"cps": c, "adl": a} for label, (c, a) in ABLATIONS.items()},
+        ),
+        first,
+        prompt_set=first_name,
+        **kw,
+    )
+
+
+def _fixed_k_rows(target, drafter, common, fixed_k, first, first_name: str, kw) -> list:
+    """The Table 5 sweep on the first prompt set: one run per ``k`` (the static draft buffer is
+    ``k`` wide), its non-AR rows tagged with ``k``."""
+    out = []
+    for k in fixed_k:
+        rows = _run(
+            _systems(
+                target, drafter, {**common, "draft_length": int(k)}, {f"fixed-k{k}": {"adl": False}}
+            ),
+            first,
+            prompt_set=first_name,
+            **kw,
+        )
+        out += [dict(r, k=int(k)) for r in rows if r["method"] != "ar"]
+    return out
+
+
+def _refine_rows(target, drafter, common, refine_steps, first, first_name: str, kw) -> list:
+    """The ``S`` sweep (Fig. 5a) on the first prompt set, every row tagged with ``S`` (AR: 0)."""
+    return [
+        dict(r, S=0 if r["method"] == "ar" else int(r["method"][1:]))
+        for r in _run(
+            _systems(
+                target,
+                drafter,
+                common,
+                {f"S{s}": {"refine_steps": int(s)} for s in refine_steps},
+            ),
+            first,
+            prompt_set=first_name,
+            **kw,
+        )
+    ]
+
+
 def run_diffuspec_suite(
     target,
     drafter: dict,
@@ -193,110 +302,42 @@ def run_diffuspec_suite(
     Raises:
       BenchError: no drafter, ``k_min > k_max``, ``limit < 1`` or an unknown prompt set.
     """
-    if drafter.get("dllm_drafter") is None:
-        raise BenchError("suite diffuspec needs a diffusion drafter (--draft-model NAME)")
-    if not 1 <= k_min <= k_max:
-        raise BenchError(f"need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
+    _check_drafter(drafter, k_min, k_max)
     eos = tuple(tok.eos_token_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, draft_length=k_max)
     drafter = {**drafter, "k_min": k_min}
-    unknown = set(drafter_caches) - {"none", "prefix"}
-    if unknown:
-        raise BenchError(f"unknown drafter cache(s) {sorted(unknown)}: use none / prefix")
-    caches = [c for c in drafter_caches if c != "none"]
-    if caches and drafter.get("vocab_adapter") is not None:
-        log("[diffuspec] drafter caches need the target's vocabulary: skipped for this pair")
-        caches = []
-    unknown_sets = [s for s in sets if s not in PROMPT_SETS and s != "long"]
-    if unknown_sets:
-        raise BenchError(
-            f"unknown prompt set {unknown_sets[0]!r}; available: {', '.join(PROMPT_SETS)}, long"
-        )
+    caches = _drafter_caches(drafter, drafter_caches, log)
+    _check_sets(sets)
     prompt_sets = suite_prompt_sets(tok, sets, limit)
     first_name, first = next(iter(prompt_sets.items()))
     kw = dict(progress=progress, log=log, eos_ids=eos, flag_rule=flag_rule)
-    result: dict[str, Any] = {
-        "suite": "diffuspec",
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(),
-        "model": model_name,
-        "drafter": drafter_name,
-        "config": dict(
-            config or {},
-            limit=limit,
-            k_max=k_max,
-            k_min=k_min,
-            max_new_tokens=max_new_tokens,
-            sets=list(sets),
-            fixed_k=list(fixed_k),
-            refine_steps=list(refine_steps),
-            ablations=ablations,
-            temperature=0.0,
-            drafter_caches=["none"] + caches,
-            ablation_set=first_name,
-            layer_loop=resolve_layer_loop(),
-        ),
-        "answer_flag_rule": dict(flag_rule or {}),
-    }
+    cfg = dict(
+        config or {},
+        limit=limit,
+        k_max=k_max,
+        k_min=k_min,
+        max_new_tokens=max_new_tokens,
+        sets=list(sets),
+        fixed_k=list(fixed_k),
+        refine_steps=list(refine_steps),
+        ablations=ablations,
+        temperature=0.0,
+        drafter_caches=["none"] + caches,
+        ablation_set=first_name,
+        layer_loop=resolve_layer_loop(),
+    )
+    result = _result_head(model_name, drafter_name, cfg, flag_rule)
     result["sets"] = {}
     for name, prompts in prompt_sets.items():
         log(f"[diffuspec] prompt set {name}: {len(prompts)} prompts")
-        model, params = target
-        systems = [
-            JaxspecSystem("ar", model, params, **common),
-            JaxspecSystem("ngram", model, params, **{**common, "draft_length": 8}),
-        ]
-        variants = {"specdiff": {}, "diffuspec": {}}
-        for c in caches:
-            variants.update(
-                {f"specdiff+{c}": {"drafter_cache": c}, f"diffuspec+{c}": {"drafter_cache": c}}
-            )
-        systems += _systems(target, drafter, common, variants)[1:]
+        systems = _set_systems(target, drafter, common, caches)
         result["sets"][name] = _run(systems, prompts, prompt_set=name, **kw)
-    result["ablations"] = (
-        _run(
-            _systems(
-                target,
-                drafter,
-                common,
-                {label: {"cps": c, "adl": a} for label, (c, a) in ABLATIONS.items()},
-            ),
-            first,
-            prompt_set=first_name,
-            **kw,
-        )
-        if ablations
-        else []
-    )
-    result["fixed_k"] = []
-    for k in fixed_k:  # one k per run: the static draft buffer is k wide
-        rows = _run(
-            _systems(
-                target, drafter, {**common, "draft_length": int(k)}, {f"fixed-k{k}": {"adl": False}}
-            ),
-            first,
-            prompt_set=first_name,
-            **kw,
-        )
-        result["fixed_k"] += [dict(r, k=int(k)) for r in rows if r["method"] != "ar"]
+    phase = (target, drafter, common)
+    result["ablations"] = _ablation_rows(*phase, first, first_name, kw) if ablations else []
+    result["fixed_k"] = _fixed_k_rows(*phase, fixed_k, first, first_name, kw)
     result["refine_steps"] = (
-        [
-            dict(r, S=0 if r["method"] == "ar" else int(r["method"][1:]))
-            for r in _run(
-                _systems(
-                    target,
-                    drafter,
-                    common,
-                    {f"S{s}": {"refine_steps": int(s)} for s in refine_steps},
-                ),
-                first,
-                prompt_set=first_name,
-                **kw,
-            )
-        ]
-        if refine_steps
-        else []
+        _refine_rows(*phase, refine_steps, first, first_name, kw) if refine_steps else []
     )
     return result
 
