@@ -141,47 +141,136 @@ def _load_records(path: Path):
         ) from None
 
 
+def _check_args(args) -> None:
+    """Every check that needs no model, first (``ValueError``: exit 2, one line)."""
+    if not 1 <= args.prompts <= HUMANEVAL_PROBLEMS:
+        raise ValueError(
+            f"--prompts must lie in [1, {HUMANEVAL_PROBLEMS}] (the calibration "
+            f"prompts come from HumanEval's {HUMANEVAL_PROBLEMS}), got "
+            f"{args.prompts}"
+        )
+    for flag, value in (
+        ("--lookahead", args.lookahead),
+        ("--sizes", min(args.sizes)),
+        ("--max-vocab-rank", args.max_vocab_rank),
+        ("--batch", args.batch),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    from models.registry import DTYPES, get_preset, is_preset
+
+    if args.dtype not in DTYPES:
+        raise ValueError(f"unknown --dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
+    if not args.reuse:
+        if not is_preset(args.model):
+            get_preset(args.model)  # PresetError: unknown model, lists the presets
+        if args.weights is not None and not Path(args.weights).exists():
+            raise ValueError(f"--weights {args.weights} does not exist")
+
+
+def _prepare_out_dir(out: Path, reuse: bool):
+    """Create ``out``; with ``reuse`` read its ``records.npz`` first (a corrupt file fails
+    now). Returns the reused records or None."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out-dir {out} is a file, not a directory")
+    recs = _load_records(out / "records.npz") if reuse else None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out-dir {out}: cannot create it ({e.strerror or e})") from None
+    return recs
+
+
+def _run_meta(args) -> dict:
+    """The settings every graph file records."""
+    return {
+        "model": args.model,
+        "prompts": args.prompts,
+        "gen_length": args.gen_length,
+        "block_length": args.block_length,
+        "cache": args.cache,
+        "remasking": args.remasking,
+        "lookahead": args.lookahead,
+        "calibration_set": f"HumanEval/{164 - args.prompts}..163",
+    }
+
+
+def _record(args, decode, meta: dict, rec_path: Path, log) -> list:
+    """Load the model, decode the calibration prompts (the last ``--prompts`` HumanEval
+    problems) in batches recording what the calibration needs, save the records to
+    ``rec_path``; ``meta["record_seconds"]`` gets the decode time."""
+    from tqdm import tqdm
+
+    from jaxspec.dllm.spiffy import record_calibration
+    from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
+    from models.registry import load_model, require_family
+
+    # hf-directory / auto: the family is read from --weights (LLaDA / Dream directories)
+    require_family(args.model, args.weights, "dllm", "scripts.calibrate")
+    mesh = None
+    if args.mesh:  # MeshError (a ValueError): a bad spec or too few devices
+        from models.sharding import make_mesh
+
+        mesh = make_mesh(args.mesh)
+    model, params, tok, _ = load_model(
+        args.model, args.weights, log=log, dtype=args.dtype, mesh=mesh
+    )
+    probs = humaneval_problems()[-args.prompts :]
+    prompts = [tok.encode(humaneval_prompt(p, tok)) for p in probs]
+    recs, t0 = [], time.perf_counter()
+    for a in tqdm(
+        range(0, len(prompts), args.batch),
+        desc="calibration runs",
+        unit="batch",
+        file=sys.stderr,
+    ):
+        recs.append(
+            record_calibration(
+                model,
+                params,
+                prompts[a : a + args.batch],
+                decode,
+                args.max_vocab_rank,
+                eos_ids=tuple(tok.eos_token_ids),
+            )
+        )
+    meta["record_seconds"] = round(time.perf_counter() - t0, 1)
+    _save_records(rec_path, recs)
+    return recs
+
+
+def _select_graphs(args, recs: list, meta: dict, out: Path, log) -> dict:
+    """One draft graph per ``--sizes`` D from the records' counts, saved as JSON and PNG.
+    Returns ``{D: formulas}``."""
+    from jaxspec.dllm.spiffy import calibration_counts, plot_graph, save_graph, select_graph
+
+    counts = calibration_counts(recs, args.lookahead)
+    summary = {}
+    for D in args.sizes:
+        g = select_graph(counts, D, args.strategy, meta=meta)
+        stem = out / (f"D{D}" if args.strategy == "degree-1" else f"D{D}-{args.strategy}")
+        save_graph(g, stem.with_suffix(".json"))
+        plot_graph(
+            g,
+            stem.with_suffix(".png"),
+            f"{args.model}: D = {D} ({args.strategy}, {args.prompts} prompts)",
+        )
+        summary[D] = [[list(p) for p in f] for f in g.formulas]
+        log(f"D={D}: {stem.with_suffix('.json')} score {dict(g.meta)['score']:.0f}")
+    return summary
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from scripts.common import setup_compile_cache
 
     log = lambda m: print(m, file=sys.stderr, flush=True)
     from jaxspec.dllm import DiffusionDecodeConfig
-    from jaxspec.dllm.spiffy import (
-        GraphError,
-        calibration_counts,
-        plot_graph,
-        record_calibration,
-        save_graph,
-        select_graph,
-    )
+    from jaxspec.dllm.spiffy import GraphError
 
     out = Path(args.out_dir)
     try:
-        # every check that needs no model first (exit 2, one line)
-        if not 1 <= args.prompts <= HUMANEVAL_PROBLEMS:
-            raise ValueError(
-                f"--prompts must lie in [1, {HUMANEVAL_PROBLEMS}] (the calibration "
-                f"prompts come from HumanEval's {HUMANEVAL_PROBLEMS}), got "
-                f"{args.prompts}"
-            )
-        for flag, value in (
-            ("--lookahead", args.lookahead),
-            ("--sizes", min(args.sizes)),
-            ("--max-vocab-rank", args.max_vocab_rank),
-            ("--batch", args.batch),
-        ):
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-        from models.registry import DTYPES, get_preset, is_preset
-
-        if args.dtype not in DTYPES:
-            raise ValueError(f"unknown --dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if not args.reuse:
-            if not is_preset(args.model):
-                get_preset(args.model)  # PresetError: unknown model, lists the presets
-            if args.weights is not None and not Path(args.weights).exists():
-                raise ValueError(f"--weights {args.weights} does not exist")
+        _check_args(args)
         decode = DiffusionDecodeConfig(
             args.gen_length,
             args.block_length,
@@ -189,75 +278,12 @@ def main(argv=None) -> int:
             remasking=args.remasking,
             cache=args.cache,
         )
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out-dir {out} is a file, not a directory")
-        rec_path = out / "records.npz"
-        recs = _load_records(rec_path) if args.reuse else None  # a corrupt file fails now
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"--out-dir {out}: cannot create it ({e.strerror or e})") from None
+        recs = _prepare_out_dir(out, args.reuse)
         setup_compile_cache(args)
-        meta = {
-            "model": args.model,
-            "prompts": args.prompts,
-            "gen_length": args.gen_length,
-            "block_length": args.block_length,
-            "cache": args.cache,
-            "remasking": args.remasking,
-            "lookahead": args.lookahead,
-            "calibration_set": f"HumanEval/{164 - args.prompts}..163",
-        }
+        meta = _run_meta(args)
         if not args.reuse:
-            from tqdm import tqdm
-
-            from jaxspec.eval.datasets import humaneval_problems, humaneval_prompt
-            from models.registry import load_model, require_family
-
-            # hf-directory / auto: the family is read from --weights (LLaDA / Dream directories)
-            require_family(args.model, args.weights, "dllm", "scripts.calibrate")
-            mesh = None
-            if args.mesh:  # MeshError (a ValueError): a bad spec or too few devices
-                from models.sharding import make_mesh
-
-                mesh = make_mesh(args.mesh)
-            model, params, tok, _ = load_model(
-                args.model, args.weights, log=log, dtype=args.dtype, mesh=mesh
-            )
-            probs = humaneval_problems()[-args.prompts :]
-            prompts = [tok.encode(humaneval_prompt(p, tok)) for p in probs]
-            recs, t0 = [], time.perf_counter()
-            for a in tqdm(
-                range(0, len(prompts), args.batch),
-                desc="calibration runs",
-                unit="batch",
-                file=sys.stderr,
-            ):
-                recs.append(
-                    record_calibration(
-                        model,
-                        params,
-                        prompts[a : a + args.batch],
-                        decode,
-                        args.max_vocab_rank,
-                        eos_ids=tuple(tok.eos_token_ids),
-                    )
-                )
-            meta["record_seconds"] = round(time.perf_counter() - t0, 1)
-            _save_records(rec_path, recs)
-        counts = calibration_counts(recs, args.lookahead)
-        summary = {}
-        for D in args.sizes:
-            g = select_graph(counts, D, args.strategy, meta=meta)
-            stem = out / (f"D{D}" if args.strategy == "degree-1" else f"D{D}-{args.strategy}")
-            save_graph(g, stem.with_suffix(".json"))
-            plot_graph(
-                g,
-                stem.with_suffix(".png"),
-                f"{args.model}: D = {D} ({args.strategy}, {args.prompts} prompts)",
-            )
-            summary[D] = [[list(p) for p in f] for f in g.formulas]
-            log(f"D={D}: {stem.with_suffix('.json')} score {dict(g.meta)['score']:.0f}")
+            recs = _record(args, decode, meta, out / "records.npz", log)
+        summary = _select_graphs(args, recs, meta, out, log)
         print(json.dumps({"strategy": args.strategy, "graphs": summary}))
         return 0
     except (ValueError, GraphError, FileNotFoundError) as e:
