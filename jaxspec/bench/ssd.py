@@ -126,6 +126,114 @@ def speed_figures(
     }
 
 
+def _ssd_runs(model, params, rows, gen_length, block_length, remasking, eos, pad_id):
+    """The interleaved runs (``("stepwise", cache)`` per cache policy, then ``("ssd", n, tree,
+    cache)`` per row) and the SSD configs by row."""
+    caches = list(dict.fromkeys(c for _, _, c in rows))
+    refs = {
+        c: DiffusionDecodeConfig(gen_length, block_length, gen_length, remasking=remasking, cache=c)
+        for c in caches
+    }
+    ssds = {(n, t, c): SSDConfig(refs[c], n, t) for n, t, c in rows}
+    runs: dict = {
+        ("stepwise", c): (
+            lambda ids, d=d: diffusion_generate(model, params, [ids], d, eos_ids=eos, pad_id=pad_id)
+        )
+        for c, d in refs.items()
+    }
+    runs.update(
+        {
+            ("ssd", *k): (
+                lambda ids, s=s: ssd_generate(model, params, [ids], s, eos_ids=eos, pad_id=pad_id)
+            )
+            for k, s in ssds.items()
+        }
+    )
+    return runs, ssds
+
+
+def _summary_rows(outs, compile_s, ssds, eos, flag_rule, **fields) -> list[dict]:
+    """One row per run: method, draft length, tree, nodes, cache, the suite ``fields`` (model,
+    remasking, prompt set, prompts, gen and block length) and :func:`speed_figures`."""
+    out_rows = []
+    for key, o in outs.items():
+        c = key[-1]
+        is_ssd = key[0] == "ssd"
+        out_rows.append(
+            {
+                "method": key[0],
+                "draft_length": key[1] if is_ssd else None,
+                "tree": key[2] if is_ssd else None,
+                "nodes": ssds[key[1:]].num_nodes if is_ssd else 1,
+                "cache": c,
+                "model": fields["model"],
+                "remasking": fields["remasking"],
+                "prompt_set": fields["prompt_set"],
+                "prompts": len(o),
+                "gen_length": fields["gen_length"],
+                "block_length": fields["block_length"],
+                **speed_figures(
+                    o,
+                    outs[("stepwise", c)],
+                    fields["gen_length"],
+                    compile_s[key],
+                    is_ssd,
+                    eos,
+                    flag_rule,
+                ),
+            }
+        )
+    return out_rows
+
+
+def _acceptance_limits(
+    model, params, prompts, d0, pad_id, draft_lengths, top_ks, log
+) -> dict[str, Any]:
+    """Sec. 5.1's acceptance-limit analysis: stepwise top-k records per prompt (one log line
+    each), then the mean step reduction per draft length and top-k."""
+    recs = []
+    for p in prompts:
+        log(f"[bench] acceptance-limit records: {p.task_id}")
+        recs.append(stepwise_topk(model, params, p.ids, d0, top_k=max(top_ks), pad_id=pad_id))
+    return {
+        "top_ks": list(top_ks),
+        "rows": [
+            {
+                "draft_length": n,
+                "upper_bound": _num(n / (n + 1), 4),
+                "step_reduction": [
+                    _num(statistics.fmean(acceptance_limit(*r, n, k) for r in recs), 4)
+                    for k in top_ks
+                ],
+            }
+            for n in draft_lengths
+        ],
+    }
+
+
+def _per_prompt(prompts, outs, eos) -> list[dict]:
+    """Per prompt and run: target NFE, seconds, answer entry and identity to the stepwise
+    reference of the run's cache policy."""
+    return [
+        {
+            "task_id": p.task_id,
+            "prompt_tokens": len(p.ids),
+            "runs": {
+                "/".join(map(str, k)): {
+                    "nfe": int(o[i].stats.target_nfe.sum()),
+                    "seconds": _num(o[i].run_s, 4),
+                    **ans.diffusion_answer(o[i], eos).entry(),
+                    "identical_to_reference": bool(
+                        np.array_equal(o[i].full_tokens, outs[("stepwise", k[-1])][i].full_tokens)
+                    ),
+                }
+                for k, o in outs.items()
+            },
+        }
+        for i, p in enumerate(prompts)
+    ]
+
+
 def run_ssd_suite(
     model,
     params,
@@ -166,93 +274,28 @@ def run_ssd_suite(
     """
     if not prompts:
         raise BenchError("no prompts to benchmark")
-    caches = list(dict.fromkeys(c for _, _, c in rows))
     eos = tuple(int(e) for e in eos_ids)
-    refs = {
-        c: DiffusionDecodeConfig(gen_length, block_length, gen_length, remasking=remasking, cache=c)
-        for c in caches
-    }
-    ssds = {(n, t, c): SSDConfig(refs[c], n, t) for n, t, c in rows}
-    runs: dict = {
-        ("stepwise", c): (
-            lambda ids, d=d: diffusion_generate(model, params, [ids], d, eos_ids=eos, pad_id=pad_id)
-        )
-        for c, d in refs.items()
-    }
-    runs.update(
-        {
-            ("ssd", *k): (
-                lambda ids, s=s: ssd_generate(model, params, [ids], s, eos_ids=eos, pad_id=pad_id)
-            )
-            for k, s in ssds.items()
-        }
-    )
+    runs, ssds = _ssd_runs(model, params, rows, gen_length, block_length, remasking, eos, pad_id)
     outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "ssd runs")
-
-    out_rows = []
-    for key, o in outs.items():
-        c = key[-1]
-        is_ssd = key[0] == "ssd"
-        out_rows.append(
-            {
-                "method": key[0],
-                "draft_length": key[1] if is_ssd else None,
-                "tree": key[2] if is_ssd else None,
-                "nodes": ssds[key[1:]].num_nodes if is_ssd else 1,
-                "cache": c,
-                "model": model_name,
-                "remasking": remasking,
-                "prompt_set": prompt_set,
-                "prompts": len(o),
-                "gen_length": gen_length,
-                "block_length": block_length,
-                **speed_figures(
-                    o, outs[("stepwise", c)], gen_length, compile_s[key], is_ssd, eos, flag_rule
-                ),
-            }
-        )
-
+    out_rows = _summary_rows(
+        outs,
+        compile_s,
+        ssds,
+        eos,
+        flag_rule,
+        model=model_name,
+        remasking=remasking,
+        prompt_set=prompt_set,
+        gen_length=gen_length,
+        block_length=block_length,
+    )
     limits = None
     if limit_analysis:
         d0 = DiffusionDecodeConfig(gen_length, block_length, gen_length, remasking=remasking)
-        recs = []
-        for p in prompts:
-            log(f"[bench] acceptance-limit records: {p.task_id}")
-            recs.append(
-                stepwise_topk(model, params, p.ids, d0, top_k=max(limit_top_ks), pad_id=pad_id)
-            )
-        limits = {
-            "top_ks": list(limit_top_ks),
-            "rows": [
-                {
-                    "draft_length": n,
-                    "upper_bound": _num(n / (n + 1), 4),
-                    "step_reduction": [
-                        _num(statistics.fmean(acceptance_limit(*r, n, k) for r in recs), 4)
-                        for k in limit_top_ks
-                    ],
-                }
-                for n in limit_draft_lengths
-            ],
-        }
-    per_prompt = [
-        {
-            "task_id": p.task_id,
-            "prompt_tokens": len(p.ids),
-            "runs": {
-                "/".join(map(str, k)): {
-                    "nfe": int(o[i].stats.target_nfe.sum()),
-                    "seconds": _num(o[i].run_s, 4),
-                    **ans.diffusion_answer(o[i], eos).entry(),
-                    "identical_to_reference": bool(
-                        np.array_equal(o[i].full_tokens, outs[("stepwise", k[-1])][i].full_tokens)
-                    ),
-                }
-                for k, o in outs.items()
-            },
-        }
-        for i, p in enumerate(prompts)
-    ]
+        limits = _acceptance_limits(
+            model, params, prompts, d0, pad_id, limit_draft_lengths, limit_top_ks, log
+        )
+    per_prompt = _per_prompt(prompts, outs, eos)
     return {
         "suite": "ssd",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
