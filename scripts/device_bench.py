@@ -47,15 +47,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from jaxspec.bench.device import PACK_DIR, SUITES
+def _add_pack_parser(sub) -> None:
+    """``pack``: weights, wheels and prompts (CPU machine)."""
+    from jaxspec.bench.device import PACK_DIR
 
-    ap = argparse.ArgumentParser(
-        prog="python -m scripts.device_bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="pack weights, wheels and prompts (CPU machine)")
     p.add_argument("--pack-dir", default=PACK_DIR)
     p.add_argument("--smoke", action="store_true", help="tiny random vehicles")
@@ -78,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         "jax-cache, extracted into the run's cache",
     )
     p.add_argument("--jax-cache-max-mib", type=float, default=48.0)
+
+
+def _add_run_parser(sub) -> None:
+    """``run``: the suites (device)."""
+    from jaxspec.bench.device import PACK_DIR, SUITES
+
     r = sub.add_parser("run", help="run the suites (device)")
     r.add_argument("--pack-dir", default=PACK_DIR)
     r.add_argument("--smoke", action="store_true", help="the tiny pack, CPU, seconds")
@@ -134,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="transformers static-cache peer without torch.compile",
     )
+
+
+def _add_small_parsers(sub) -> None:
+    """``verify``, ``stage``, ``plan`` and ``collect``."""
+    from jaxspec.bench.device import PACK_DIR
+
     v = sub.add_parser("verify", help="check a pack's sha256")
     v.add_argument("--pack-dir", default=PACK_DIR)
     v.add_argument("--stage-dir", action="append", default=[])
@@ -155,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's printed log: each suite's share and how every suite ended go into "
         "its .json / .md",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.device_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_pack_parser(sub)
+    _add_run_parser(sub)
+    _add_small_parsers(sub)
     return ap
 
 
