@@ -501,6 +501,88 @@ def visible_text(sequence: Sequence[int], masked: Sequence[bool], decode) -> str
     return "".join(out)
 
 
+def _infill_run(
+    model, params, seqs, masks, label, temp, *, batch, seed, method, k, bucket, max_len, log
+):
+    """One infilling run of every sequence at temperature ``temp``, ``batch`` rows per
+    :func:`jaxspec.asarm.assd.assd_generate` call (chunk at row ``s`` seeded ``seed + s``),
+    one log line per chunk; returns ``(infilled sequences, target NFE per new token, seconds)``."""
+    filled, n_fe, n_tok, t0 = [], 0, 0, time.perf_counter()
+    for s in range(0, len(seqs), batch):
+        r = assd_generate(
+            model,
+            params,
+            seqs[s : s + batch],
+            masks[s : s + batch],
+            method=method,
+            k=k,
+            sampling=SamplingConfig(temp),
+            seed=seed + s,
+            bucket=bucket,
+            max_len=max_len,
+        )
+        filled += [[int(t) for t in x] for x in r.sequences]
+        n_fe += int(r.stats.target_nfe.sum())
+        n_tok += int(r.stats.new_tokens.sum())
+        log(
+            f"[gate] {label}: {len(filled)}/{len(seqs)} sequences infilled "
+            f"({time.perf_counter() - t0:.0f}s)"
+        )
+    return filled, round(n_fe / max(n_tok, 1), 4), round(time.perf_counter() - t0, 1)
+
+
+def _gate_figures(seqs, outs: dict, masks, to_ext, judge, rule, log) -> dict:
+    """:func:`infill_figures` in external ids for the true text and every run (judged by
+    ``judge`` when given, one log line each)."""
+    ext = {
+        "true": [to_ext(s) for s in seqs],
+        **{k_: [to_ext(s) for s in v] for k_, v in outs.items()},
+    }
+    figures = {}
+    for label, rows in ext.items():
+        ppl = None
+        if judge is not None:
+            log(f"[gate] judging {label}")
+            ppl = list(judge(rows))
+        figures[label] = infill_figures(
+            rows,
+            masks,
+            ppl,
+            degenerate_share=dict(ASARM_GATE_RULE, **(rule or {}))["degenerate_token_share"],
+        )
+    return figures
+
+
+def _gate_config(seqs, masks, mask_rate, seed, method, k, temperature, greedy, batch, judge):
+    """The gate's ``config`` record (``k`` None for the sequential method)."""
+    return {
+        "sequences": len(seqs),
+        "seq_len": [len(s) for s in seqs],
+        "mask_rate": mask_rate,
+        "masked": [int(m.sum()) for m in masks],
+        "seed": seed,
+        "method": method,
+        "k": None if method == "sequential" else k,
+        "temperature": temperature,
+        "greedy": greedy,
+        "batch": batch,
+        "judge": judge is not None,
+    }
+
+
+def _gate_samples(seqs, masks, outs: dict, decode, samples: int) -> list[dict]:
+    """The first ``samples`` sequences as text: visible prompt, truth and every run."""
+    return [
+        {
+            "index": b,
+            "prompt": visible_text(seqs[b], masks[b], decode),
+            "true": decode(seqs[b]),
+            **{label: decode(outs[label][b]) for label in outs},
+        }
+        for b in range(min(samples, len(seqs)))
+    ]
+
+
 def run_asarm_gate(
     model,
     params,
@@ -559,62 +641,17 @@ def run_asarm_gate(
     if greedy and temperature != 0:
         runs[f"{method} greedy"] = 0.0
     outs, nfe, secs = {}, {}, {}
+    opts = dict(batch=batch, seed=seed, method=method, k=k, bucket=bucket, max_len=max_len)
     for label, temp in runs.items():
-        filled, n_fe, n_tok, t0 = [], 0, 0, time.perf_counter()
-        for s in range(0, len(seqs), batch):
-            r = assd_generate(
-                model,
-                params,
-                seqs[s : s + batch],
-                masks[s : s + batch],
-                method=method,
-                k=k,
-                sampling=SamplingConfig(temp),
-                seed=seed + s,
-                bucket=bucket,
-                max_len=max_len,
-            )
-            filled += [[int(t) for t in x] for x in r.sequences]
-            n_fe += int(r.stats.target_nfe.sum())
-            n_tok += int(r.stats.new_tokens.sum())
-            log(
-                f"[gate] {label}: {len(filled)}/{len(seqs)} sequences infilled "
-                f"({time.perf_counter() - t0:.0f}s)"
-            )
-        outs[label], nfe[label] = filled, round(n_fe / max(n_tok, 1), 4)
-        secs[label] = round(time.perf_counter() - t0, 1)
-    ext = {
-        "true": [to_ext(s) for s in seqs],
-        **{k_: [to_ext(s) for s in v] for k_, v in outs.items()},
-    }
-    figures = {}
-    for label, rows in ext.items():
-        ppl = None
-        if judge is not None:
-            log(f"[gate] judging {label}")
-            ppl = list(judge(rows))
-        figures[label] = infill_figures(
-            rows,
-            masks,
-            ppl,
-            degenerate_share=dict(ASARM_GATE_RULE, **(rule or {}))["degenerate_token_share"],
-        )
+        run = _infill_run(model, params, seqs, masks, label, temp, **opts, log=log)
+        outs[label], nfe[label], secs[label] = run
+    figures = _gate_figures(seqs, outs, masks, to_ext, judge, rule, log)
     gated, *rest = list(runs)
     checks = asarm_gate_checks(figures[gated], figures["true"], rule)
     res = {
-        "config": {
-            "sequences": len(seqs),
-            "seq_len": [len(s) for s in seqs],
-            "mask_rate": mask_rate,
-            "masked": [int(m.sum()) for m in masks],
-            "seed": seed,
-            "method": method,
-            "k": None if method == "sequential" else k,
-            "temperature": temperature,
-            "greedy": bool(rest),
-            "batch": batch,
-            "judge": judge is not None,
-        },
+        "config": _gate_config(
+            seqs, masks, mask_rate, seed, method, k, temperature, bool(rest), batch, judge
+        ),
         "rule": dict(ASARM_GATE_RULE, **(rule or {})),
         "gated_run": gated,
         "checks": checks,
@@ -627,15 +664,7 @@ def run_asarm_gate(
         gc = asarm_gate_checks(figures[rest[0]], figures["true"], rule)
         res["greedy_checks"], res["greedy_verdict"] = gc, gate_verdict(gc)
     if decode is not None:
-        res["samples"] = [
-            {
-                "index": b,
-                "prompt": visible_text(seqs[b], masks[b], decode),
-                "true": decode(seqs[b]),
-                **{label: decode(outs[label][b]) for label in outs},
-            }
-            for b in range(min(samples, len(seqs)))
-        ]
+        res["samples"] = _gate_samples(seqs, masks, outs, decode, samples)
     return res
 
 
