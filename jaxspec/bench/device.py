@@ -449,6 +449,98 @@ def _path_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
+def _size_lookup(repo: Path, sizes: dict) -> Callable[..., int]:
+    """``size(rel, default=0)``: ``sizes[rel]``, else the bytes measured under ``repo``
+    (``default`` for a missing path), remembered in ``sizes``."""
+
+    def size(rel: str, default: int = 0) -> int:
+        if rel not in sizes:
+            p = repo / rel
+            sizes[rel] = _path_bytes(p) if p.exists() else default
+        return sizes[rel]
+
+    return size
+
+
+def _run_files(manifest: dict, pack: str, size, sizes: dict) -> list[str]:
+    """The run call's own files (manifest, prompts, the wheels folder when packed), their
+    sizes put in ``sizes`` (the manifest's measured, 64 KiB when missing)."""
+    man = f"{pack}/{MANIFEST}"
+    run_files = [man, f"{pack}/{manifest['prompts']['file']}"]
+    size(man, 64 * 1024)
+    sizes.setdefault(run_files[1], manifest["prompts"]["size"])
+    if manifest.get("wheels"):
+        run_files.append(f"{pack}/wheels")
+        sizes.setdefault(run_files[-1], sum(w["size"] for w in manifest["wheels"]))
+    return run_files
+
+
+def _untrack_commands() -> tuple[list[str], list[str]]:
+    """The ``untrack`` and ``restore`` shell commands for :data:`UNTRACK_FOR_DEVICE`."""
+    dirs = " ".join(UNTRACK_FOR_DEVICE)
+    excl = " ".join(f"/{d}/" for d in UNTRACK_FOR_DEVICE)
+    sed = "; ".join(f"\\#^/{d}/$#d" for d in UNTRACK_FOR_DEVICE)
+    untrack = [
+        f"git rm -r -q --cached {dirs}",
+        f"printf '%s\\n' {excl} >> .git/info/exclude",
+    ]
+    restore = [
+        f"sed -i '{sed}' .git/info/exclude",
+        f"git reset -q -- {dirs}",
+        f"git status --short -- {dirs}  # only files new since HEAD may show",
+    ]
+    return untrack, restore
+
+
+def _fill_run_call(parts, run_files: list[str], run_bytes: int, limit: int):
+    """Parts, largest first, into the run call's spare room (bytes up to ``limit``, paths up to
+    :data:`CARRY_MAX_PATHS`); returns ``(run carry, run bytes, [(part, bytes)] left over)``."""
+    run_carry, todo = list(run_files), []
+    for f, b in sorted(parts, key=lambda x: -x[1]):
+        if run_bytes + b <= limit and len(run_carry) < CARRY_MAX_PATHS:
+            run_carry.append(f)
+            run_bytes += b
+        else:
+            todo.append((f, b))
+    return run_carry, run_bytes, todo
+
+
+def _stage_calls(todo, room: int, base: int, man: str, man_bytes: int, command: str) -> list:
+    """The stage calls: left-over parts grouped first fit (in ``todo`` order, largest first)
+    into calls of at most ``room`` bytes and :data:`CARRY_MAX_PATHS` paths with the manifest."""
+    stage_calls: list[list] = []
+    for f, b in todo:
+        for c in stage_calls:
+            if c[1] + b <= room and len(c[0]) < CARRY_MAX_PATHS - 1:
+                c[0].append(f)
+                c[1] += b
+                break
+        else:
+            stage_calls.append([[f], b])
+    return [
+        {
+            "what": "stage",
+            "carry": [man, *files],
+            "bytes": base + man_bytes + b,
+            "command": command,
+            "timeout_s": 120,
+        }
+        for files, b in stage_calls
+    ]
+
+
+def _run_call(carry: list[str], run_bytes: int, budget_s: float, pack: str, stage_dir: str):
+    """The run call's record: it carries ``carry`` and runs the bench for ``budget_s``."""
+    return {
+        "what": "run",
+        "carry": carry,
+        "bytes": run_bytes,
+        "command": f"PYTHONUNBUFFERED=1 python3 -m scripts.device_bench run --budget-s "
+        f"{budget_s:g} --pack-dir {pack} --stage-dir {stage_dir}",
+        "timeout_s": int(min(600, budget_s + 60)),
+    }
+
+
 def session_plan(
     manifest: dict,
     repo: Path,
@@ -482,20 +574,9 @@ def session_plan(
     "timeout_s"}]}``."""
     repo = Path(repo)
     sizes = dict(sizes or {})
-
-    def size(rel: str, default: int = 0) -> int:
-        if rel not in sizes:
-            p = repo / rel
-            sizes[rel] = _path_bytes(p) if p.exists() else default
-        return sizes[rel]
-
+    size = _size_lookup(repo, sizes)
     man = f"{pack}/{MANIFEST}"
-    run_files = [man, f"{pack}/{manifest['prompts']['file']}"]
-    size(man, 64 * 1024)
-    sizes.setdefault(run_files[1], manifest["prompts"]["size"])
-    if manifest.get("wheels"):
-        run_files.append(f"{pack}/wheels")
-        sizes.setdefault(run_files[-1], sum(w["size"] for w in manifest["wheels"]))
+    run_files = _run_files(manifest, pack, size, sizes)
     parts = [(f"{pack}/{p['file']}", p["size"]) for a in manifest["artifacts"] for p in a["parts"]]
     tree = travel_bytes(repo) if tree_bytes is None else tree_bytes
     out = {
@@ -508,24 +589,13 @@ def session_plan(
     }
     base = tree
     if tree + sum(size(f) for f in run_files) > limit:
-        dirs = " ".join(UNTRACK_FOR_DEVICE)
         base = (
             travel_bytes(repo, UNTRACK_FOR_DEVICE)
             if untracked_tree_bytes is None
             else untracked_tree_bytes
         )
         out["untracked_tree_bytes"] = base
-        excl = " ".join(f"/{d}/" for d in UNTRACK_FOR_DEVICE)
-        sed = "; ".join(f"\\#^/{d}/$#d" for d in UNTRACK_FOR_DEVICE)
-        out["untrack"] = [
-            f"git rm -r -q --cached {dirs}",
-            f"printf '%s\\n' {excl} >> .git/info/exclude",
-        ]
-        out["restore"] = [
-            f"sed -i '{sed}' .git/info/exclude",
-            f"git reset -q -- {dirs}",
-            f"git status --short -- {dirs}  # only files new since HEAD may show",
-        ]
+        out["untrack"], out["restore"] = _untrack_commands()
         run_files += vehicle_dirs(manifest)
     run_bytes = base + sum(size(f) for f in run_files)
     if run_bytes > limit:
@@ -545,43 +615,10 @@ def session_plan(
             f"{int(room / MiB)}"
         )
         return out
-    run_carry, todo = list(run_files), []
-    for f, b in sorted(parts, key=lambda x: -x[1]):
-        if run_bytes + b <= limit and len(run_carry) < CARRY_MAX_PATHS:
-            run_carry.append(f)
-            run_bytes += b
-        else:
-            todo.append((f, b))
-    stage_calls: list[list] = []
-    for f, b in todo:  # first fit, largest first
-        for c in stage_calls:
-            if c[1] + b <= room and len(c[0]) < CARRY_MAX_PATHS - 1:
-                c[0].append(f)
-                c[1] += b
-                break
-        else:
-            stage_calls.append([[f], b])
+    run_carry, run_bytes, todo = _fill_run_call(parts, run_files, run_bytes, limit)
     stage_cmd = f"python3 -m scripts.device_bench stage --pack-dir {pack} --stage-dir {stage_dir}"
-    for files, b in stage_calls:
-        out["calls"].append(
-            {
-                "what": "stage",
-                "carry": [man, *files],
-                "bytes": base + man_bytes + b,
-                "command": stage_cmd,
-                "timeout_s": 120,
-            }
-        )
-    out["calls"].append(
-        {
-            "what": "run",
-            "carry": run_carry,
-            "bytes": run_bytes,
-            "command": f"PYTHONUNBUFFERED=1 python3 -m scripts.device_bench run --budget-s "
-            f"{budget_s:g} --pack-dir {pack} --stage-dir {stage_dir}",
-            "timeout_s": int(min(600, budget_s + 60)),
-        }
-    )
+    out["calls"] += _stage_calls(todo, room, base, man, man_bytes, stage_cmd)
+    out["calls"].append(_run_call(run_carry, run_bytes, budget_s, pack, stage_dir))
     out["fits"] = True
     out["reason"] = f"{len(out['calls'])} call(s), the last one runs the bench"
     return out
