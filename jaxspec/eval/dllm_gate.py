@@ -273,6 +273,95 @@ def _gate_prompts(tok, model, holdout, prompts: int, humaneval: int, gen_length:
     return ps, probs, [tok.encode(p["prompt"]) for p in probs], specials
 
 
+def _gate_rule(rule: str, causal) -> dict:
+    """The rule ``rule`` names; ValueError for an unknown one or, when it compares answer
+    lengths with AR, for a missing AR base model."""
+    if rule not in GATE_RULES:
+        raise ValueError(f"gate rule {rule!r}: expected one of {sorted(GATE_RULES)}")
+    r = GATE_RULES[rule]
+    if "answer_length_vs_ar_min" in r and causal is None:
+        raise ValueError(f"the {rule} gate compares answer lengths with AR: it needs the base")
+    return r
+
+
+def _gate_settings(scored, ps, gen_length, block_length, cache, rule: str, r: dict) -> dict:
+    """The gate's ``settings`` record (stepwise, greedy, low-confidence remasking)."""
+    return {
+        "prompts": len(scored),
+        "stdlib_prompts": len(ps),
+        "humaneval_prompts_scored": len(scored) - len(ps),
+        "gen_length": gen_length,
+        "block_length": block_length,
+        "steps": gen_length,
+        "cache": cache,
+        "remasking": "low_confidence",
+        "temperature": 0.0,
+        "rule_name": rule,
+        "rule": r,
+    }
+
+
+def _answer_lengths(causal, base, scored, figs: dict, eos, pad, gen_length, batch, log):
+    """The AR base model's completions of ``scored``; returns ``(answer_length record, median
+    answer tokens, AR median)`` and logs the two medians."""
+    ar = ar_completions(
+        causal, base, scored, max_new_tokens=gen_length, eos_ids=eos, pad_id=pad, batch=batch
+    )
+    ar_figs = eos_completion_figures(ar, eos, gen_length)
+    median = float(np.median([c["answer_tokens"] for c in figs["per_completion"]]))
+    ar_median = float(np.median([c["answer_tokens"] for c in ar_figs["per_completion"]]))
+    record = {"median": median, "ar_median": ar_median, "ar_completion_figures": ar_figs["mean"]}
+    log(f"[gate] median answer tokens {median} vs AR {ar_median}")
+    return record, median, ar_median
+
+
+def _masked_accuracies(model, params, tok, holdout, masked_rows, specials, batch, log) -> dict:
+    """Masked accuracy at 15% / 50% on ``masked_rows`` held-out 256-token windows (logged)."""
+    from jaxspec.eval import quality as Q
+
+    rows = [
+        sn.tokens
+        for sn in Q.heldout_snippets(
+            tok,
+            holdout,
+            masked_rows,
+            prompt_len=128,
+            cont_len=128,
+            drop_ids=specials | {model.config.mask_token_id},
+        )
+    ]
+    acc = {
+        f"{m:.2f}": Q.masked_accuracy(model, params, rows, m, batch_size=batch)["accuracy"]
+        for m in (0.15, 0.5)
+    }
+    log(f"[gate] masked accuracy {acc}")
+    return acc
+
+
+def _humaneval(model, params, tok, probs, he, causal, base, gen_length, log) -> dict:
+    """HumanEval pass@1 of the stepwise completions ``he`` and, with ``causal``, of the AR base
+    model (logged)."""
+    from jaxspec.eval import quality as Q
+
+    out = {"stepwise": humaneval_pass_from_completions(tok, probs, he)}
+    if causal is not None:
+        out["base_ar"] = Q.humaneval_pass_at_1(causal, base, tok, probs, gen_length)
+    log(f"[gate] HumanEval {out}")
+    return out
+
+
+def _gate_samples(tok, scored, comps, figs: dict, samples: int) -> list[dict]:
+    """The first ``samples`` completions decoded, cut after their answer."""
+    return [
+        {
+            "prompt": tok.decode(p),
+            "completion": tok.decode(c[: f["answer_tokens"]]),
+            "ends_with_eos": f["ends_with_eos"],
+        }
+        for p, c, f in list(zip(scored, comps, figs["per_completion"]))[:samples]
+    ]
+
+
 def run_eos_gate(
     model,
     params,
@@ -315,13 +404,7 @@ def run_eos_gate(
       ValueError: an unknown ``rule``, or the v3 rule without the AR base model."""
     import time
 
-    from jaxspec.eval import quality as Q
-
-    if rule not in GATE_RULES:
-        raise ValueError(f"gate rule {rule!r}: expected one of {sorted(GATE_RULES)}")
-    r = GATE_RULES[rule]
-    if "answer_length_vs_ar_min" in r and causal is None:
-        raise ValueError(f"the {rule} gate compares answer lengths with AR: it needs the base")
+    r = _gate_rule(rule, causal)
     t0 = time.perf_counter()
     eos = tuple(tok.eos_token_ids)
     pad = tok.pad_token_id or 0
@@ -332,64 +415,25 @@ def run_eos_gate(
     figs = eos_completion_figures(comps, eos, gen_length)
     log(f"[gate] {len(scored)} completions in {time.perf_counter() - t0:.0f}s: {figs['mean']}")
     out = {
-        "settings": {
-            "prompts": len(scored),
-            "stdlib_prompts": len(ps),
-            "humaneval_prompts_scored": len(scored) - len(ps),
-            "gen_length": gen_length,
-            "block_length": block_length,
-            "steps": gen_length,
-            "cache": cache,
-            "remasking": "low_confidence",
-            "temperature": 0.0,
-            "rule_name": rule,
-            "rule": r,
-        },
+        "settings": _gate_settings(scored, ps, gen_length, block_length, cache, rule, r),
         "completion_figures": figs["mean"],
     }
     median = ar_median = None
     if "answer_length_vs_ar_min" in r:
-        ar = ar_completions(
-            causal, base, scored, max_new_tokens=gen_length, eos_ids=eos, pad_id=pad, batch=batch
+        out["answer_length"], median, ar_median = _answer_lengths(
+            causal, base, scored, figs, eos, pad, gen_length, batch, log
         )
-        ar_figs = eos_completion_figures(ar, eos, gen_length)
-        median = float(np.median([c["answer_tokens"] for c in figs["per_completion"]]))
-        ar_median = float(np.median([c["answer_tokens"] for c in ar_figs["per_completion"]]))
-        out["answer_length"] = {
-            "median": median,
-            "ar_median": ar_median,
-            "ar_completion_figures": ar_figs["mean"],
-        }
-        log(f"[gate] median answer tokens {median} vs AR {ar_median}")
     if masked_rows:
-        rows = [
-            sn.tokens
-            for sn in Q.heldout_snippets(
-                tok,
-                holdout,
-                masked_rows,
-                prompt_len=128,
-                cont_len=128,
-                drop_ids=specials | {model.config.mask_token_id},
-            )
-        ]
-        out["masked_accuracy"] = {
-            f"{m:.2f}": Q.masked_accuracy(model, params, rows, m, batch_size=batch)["accuracy"]
-            for m in (0.15, 0.5)
-        }
-        log(f"[gate] masked accuracy {out['masked_accuracy']}")
+        out["masked_accuracy"] = _masked_accuracies(
+            model, params, tok, holdout, masked_rows, specials, batch, log
+        )
     if probs:
         he = (
             comps[len(ps) :]
             if r.get("score_humaneval")
             else stepwise_completions(model, params, he_ps, eos_ids=eos, pad_id=pad, **decode)
         )
-        out["humaneval"] = {"stepwise": humaneval_pass_from_completions(tok, probs, he)}
-        if causal is not None:
-            out["humaneval"]["base_ar"] = Q.humaneval_pass_at_1(
-                causal, base, tok, probs, gen_length
-            )
-        log(f"[gate] HumanEval {out['humaneval']}")
+        out["humaneval"] = _humaneval(model, params, tok, probs, he, causal, base, gen_length, log)
     out["checks"] = gate_checks(
         figs["mean"],
         r,
@@ -398,14 +442,7 @@ def run_eos_gate(
         ar_median_answer=ar_median,
     )
     out["verdict"] = "PASS" if all(c["passed"] for c in out["checks"]) else "FAIL"
-    out["samples"] = [
-        {
-            "prompt": tok.decode(p),
-            "completion": tok.decode(c[: f["answer_tokens"]]),
-            "ends_with_eos": f["ends_with_eos"],
-        }
-        for p, c, f in list(zip(scored, comps, figs["per_completion"]))[:samples]
-    ]
+    out["samples"] = _gate_samples(tok, scored, comps, figs, samples)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
