@@ -205,6 +205,36 @@ def _per_sequence(prompts, masks: dict, outs: dict, all_rows: dict, judged: dict
     ]
 
 
+def _check_inputs(sequences, infill_tasks, tokenizer) -> None:
+    """Raise :class:`BenchError` without sequences, or for infilling tasks without a
+    tokenizer."""
+    if not sequences:
+        raise BenchError("no sequences to benchmark")
+    if infill_tasks and tokenizer is None:
+        raise BenchError("infilling rows need a tokenizer")
+
+
+def _run_generation(model, params, prompts, masks, keys, gen: dict, progress: bool):
+    """The generation rows (:func:`_generation_runs` with ``gen``) run interleaved prompt by
+    prompt; returns ``(outputs, compile seconds)`` by ``(method, k)``."""
+    runs = _generation_runs(model, params, prompts, masks, keys, **gen)
+    return run_interleaved(runs, prompts, max(len(p.ids) for p in prompts), progress, "assd runs")
+
+
+def _suite_result(config: Optional[dict], rows, sweep, infill, per_sequence) -> dict[str, Any]:
+    """The result document: suite, date, machine, config, then the tables."""
+    return {
+        "suite": "assd",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "config": dict(config or {}),
+        "rows": rows,
+        "k_sweep": sweep,
+        "infill": infill,
+        "per_sequence": per_sequence,
+    }
+
+
 def run_assd_suite(
     model,
     params,
@@ -272,73 +302,27 @@ def run_assd_suite(
       tokenizer; ValueError: invalid decoding settings (from
       :func:`jaxspec.asarm.assd.assd_generate`).
     """
-    if not sequences:
-        raise BenchError("no sequences to benchmark")
-    if infill_tasks and tokenizer is None:
-        raise BenchError("infilling rows need a tokenizer")
+    _check_inputs(sequences, infill_tasks, tokenizer)
     to_ext = to_external or (lambda ids: [int(i) for i in ids])
     to_mod = to_model or (lambda ids: [int(i) for i in ids])
     ms = seed if mask_seed is None else mask_seed
     prompts, masks = _masked_sequences(sequences, mask_rate, ms)
     main = [("sequential", None)] + [(m, k) for m in methods]
     keys = main + [("assd", kk) for kk in k_sweep if kk != k]
-    runs = _generation_runs(
-        model,
-        params,
-        prompts,
-        masks,
-        keys,
-        sampling=SamplingConfig(temperature, top_k, top_p),
-        seed=seed,
-        bucket=bucket,
-        suppress=suppress,
-        cache=cache,
-    )
-    outs, compile_s = run_interleaved(
-        runs, prompts, max(len(p.ids) for p in prompts), progress, "assd runs"
-    )
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    gen = dict(sampling=sampling, seed=seed, bucket=bucket, suppress=suppress, cache=cache)
+    outs, compile_s = _run_generation(model, params, prompts, masks, keys, gen, progress)
     judged = _judge_outputs(outs, judge, to_ext, log)
+    labels = dict(model_name=model_name, mask_rate=mask_rate, temperature=temperature)
     rows, sweep, per_sequence = _generation_tables(
-        prompts,
-        masks,
-        outs,
-        compile_s,
-        judged,
-        to_ext,
-        main=main,
-        k=k,
-        k_sweep=k_sweep,
-        model_name=model_name,
-        mask_rate=mask_rate,
-        temperature=temperature,
+        prompts, masks, outs, compile_s, judged, to_ext, main=main, k=k, k_sweep=k_sweep, **labels
     )
     infill = None
     if infill_tasks:  # HumanEval single-line infilling (Appendix E.7)
-        infill = run_infill(
-            model,
-            params,
-            infill_tasks,
-            tokenizer,
-            to_mod,
-            to_ext,
-            k=k,
-            temperature=infill_temperature,
-            seed=seed,
-            bucket=bucket,
-            timeout=sandbox_timeout,
-            max_len=max_len,
-            log=log,
-        )
-    return {
-        "suite": "assd",
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(),
-        "config": dict(config or {}),
-        "rows": rows,
-        "k_sweep": sweep,
-        "infill": infill,
-        "per_sequence": per_sequence,
-    }
+        inputs = (model, params, infill_tasks, tokenizer, to_mod, to_ext)
+        opts = dict(k=k, temperature=infill_temperature, seed=seed, bucket=bucket, log=log)
+        infill = run_infill(*inputs, **opts, timeout=sandbox_timeout, max_len=max_len)
+    return _suite_result(config, rows, sweep, infill, per_sequence)
 
 
 def _masked_sequences(sequences, mask_rate: float, mask_seed: int) -> tuple[list, dict]:
