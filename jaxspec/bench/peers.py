@@ -701,6 +701,104 @@ _PEER_COLUMNS = [
 ]
 
 
+def _jaxspec_systems(v, common: dict, draft) -> list:
+    """``jaxspec/ar``, ``jaxspec/ngram`` (:data:`NGRAM_K`) and ``jaxspec/sps`` (:data:`SPS_K`,
+    the truncated ``draft``) on the causal vehicle ``v``."""
+    from jaxspec.bench.systems import JaxspecSystem
+
+    return [
+        JaxspecSystem("ar", v.model, v.params, **common),
+        JaxspecSystem("ngram", v.model, v.params, draft_length=NGRAM_K, **common),
+        JaxspecSystem(
+            "sps", v.model, v.params, draft_length=SPS_K, options={"draft_model": draft}, **common
+        ),
+    ]
+
+
+def _draft_notes(draft) -> list[str]:
+    """The notes on draft lengths, the SPS draft model and the identity columns."""
+    return [
+        f"Draft lengths: n-gram and prompt lookup {NGRAM_K}, SPS and assisted generation "
+        f"{SPS_K}; the SPS draft is the target's first {draft[0].config.num_layers} "
+        "layers with its final norm and head, in both systems.",
+        "`identical`: every prompt's tokens equal `jaxspec/ar`'s; `ident. share`: the "
+        "share of prompts that do; `1st diff`: median first differing position.",
+    ]
+
+
+def _compile_shapes(static, bench_prompts, log) -> tuple[Optional[str], Optional[dict]]:
+    """Decode every prompt (and its one-token run) once untimed with the compiled ``static``
+    system, compiling its shapes; returns ``(note, None)``, or ``(None, failed row)`` (logged)
+    when it raises."""
+    w0 = time.perf_counter()
+    try:
+        for p in bench_prompts:
+            static.run(p.ids)
+            static.run(p.ids, max_new_tokens=1)
+        return (
+            f"`transformers/ar-static-compile`: the static cache is sized per "
+            f"prompt length, so every prompt (and its one-token run) was decoded "
+            f"once untimed first, compiling its shapes "
+            f"({time.perf_counter() - w0:.1f} s in all).",
+            None,
+        )
+    except Exception as e:  # noqa: BLE001 - a failed peer is a row, not a crash
+        row = failed_row(static, one_line(e))
+        log(f"[peers] {static.name} failed while compiling: {one_line(e)}")
+        return None, row
+
+
+def _transformers_systems(v, draft, common, bench_prompts, compile, compile_options, log):
+    """The transformers peers on the causal vehicle's HF copy (static-cache AR, compiled
+    first when ``compile``, prompt lookup, assisted generation); returns ``(systems, notes,
+    skipped rows)``: without transformers or an HF copy, no systems and a skipped row each."""
+    from jaxspec.bench.systems import TransformersSystem, load_transformers_model, torch_device
+    from models.llama.modeling import param_dtype
+
+    why = transformers_available() or (
+        None if v.hf_path else "the causal vehicle has no transformers copy"
+    )
+    if why is not None:
+        skipped = [
+            {"system": "transformers", "method": m, "skipped": why}
+            for m in ("ar-static-compile", "prompt-lookup", "assisted")
+        ]
+        return [], [], skipped
+    import torch
+
+    dev = torch_device("auto")
+    use_compile = (dev == "cuda") if compile is None else bool(compile)
+    dtype = str(param_dtype(v.params))
+    hf = load_transformers_model(v.hf_path, dtype=dtype, device=dev)
+    assistant = truncated_hf(hf, draft[0].config.num_layers)
+    static = static_compiled_system(
+        hf, compile=use_compile, compile_options=compile_options, **common
+    )
+    notes, skipped = [], []
+    if use_compile:  # compile every prompt's shapes before timing (see the note)
+        note, failed = _compile_shapes(static, bench_prompts, log)
+        notes += [note] if note else []
+        if failed:
+            skipped.append(failed)
+            static = None
+    systems = [s for s in [static] if s is not None] + [
+        TransformersSystem("prompt-lookup", hf, draft_length=NGRAM_K, **common),
+        TransformersSystem("assisted", hf, draft_length=SPS_K, assistant=assistant, **common),
+    ]
+    notes.append(f"transformers on {dev} in {dtype}; torch {torch.__version__}.")
+    return systems, notes, skipped
+
+
+def _llada_row() -> dict:
+    """The official Fast-dLLM LLaDA row: skipped, saying why (its rows are not built yet)."""
+    try:
+        load_fastdllm("llada")
+        why_f = "loaded; its rows need the LLaDA weights exported to HF (not built yet)"
+    except PeerUnavailable as e:
+        why_f = str(e)
+    return {"system": "fast-dllm", "method": "llada (official)", "skipped": why_f}
+
+
 def run_peers_suite(
     vehicles: dict,
     prompts: dict,
@@ -723,12 +821,6 @@ def run_peers_suite(
     from jaxspec.bench.ar_suite import run_ar_suite
     from jaxspec.bench.machine import streamed_params
     from jaxspec.bench.records import BenchPrompt
-    from jaxspec.bench.systems import (
-        JaxspecSystem,
-        TransformersSystem,
-        load_transformers_model,
-        torch_device,
-    )
     from models.llama.modeling import param_dtype
 
     t0 = time.perf_counter()
@@ -739,67 +831,14 @@ def run_peers_suite(
     bench_prompts = [BenchPrompt(t, list(p)) for t, p in zip(prompts["task_ids"], ids)]
     common = dict(max_new_tokens=settings.max_new_tokens, eos_ids=v.eos_ids, pad_id=v.pad_id)
     draft = truncated_draft(v, settings.sps_draft_layers)
-    systems = [
-        JaxspecSystem("ar", v.model, v.params, **common),
-        JaxspecSystem("ngram", v.model, v.params, draft_length=NGRAM_K, **common),
-        JaxspecSystem(
-            "sps", v.model, v.params, draft_length=SPS_K, options={"draft_model": draft}, **common
-        ),
-    ]
-    notes = [
-        f"Draft lengths: n-gram and prompt lookup {NGRAM_K}, SPS and assisted generation "
-        f"{SPS_K}; the SPS draft is the target's first {draft[0].config.num_layers} "
-        "layers with its final norm and head, in both systems.",
-        "`identical`: every prompt's tokens equal `jaxspec/ar`'s; `ident. share`: the "
-        "share of prompts that do; `1st diff`: median first differing position.",
-    ]
-    skipped = []
-    why = transformers_available() or (
-        None if v.hf_path else "the causal vehicle has no transformers copy"
+    systems = _jaxspec_systems(v, common, draft)
+    notes = _draft_notes(draft)
+    hf_systems, hf_notes, skipped = _transformers_systems(
+        v, draft, common, bench_prompts, compile, compile_options, log
     )
-    if why is None:
-        import torch
-
-        dev = torch_device("auto")
-        use_compile = (dev == "cuda") if compile is None else bool(compile)
-        dtype = str(param_dtype(v.params))
-        hf = load_transformers_model(v.hf_path, dtype=dtype, device=dev)
-        assistant = truncated_hf(hf, draft[0].config.num_layers)
-        static = static_compiled_system(
-            hf, compile=use_compile, compile_options=compile_options, **common
-        )
-        if use_compile:  # compile every prompt's shapes before timing (see the note)
-            w0 = time.perf_counter()
-            try:
-                for p in bench_prompts:
-                    static.run(p.ids)
-                    static.run(p.ids, max_new_tokens=1)
-                notes.append(
-                    f"`transformers/ar-static-compile`: the static cache is sized per "
-                    f"prompt length, so every prompt (and its one-token run) was decoded "
-                    f"once untimed first, compiling its shapes "
-                    f"({time.perf_counter() - w0:.1f} s in all)."
-                )
-            except Exception as e:  # noqa: BLE001 - a failed peer is a row, not a crash
-                skipped.append(failed_row(static, one_line(e)))
-                log(f"[peers] {static.name} failed while compiling: {one_line(e)}")
-                static = None
-        systems += [s for s in [static] if s is not None] + [
-            TransformersSystem("prompt-lookup", hf, draft_length=NGRAM_K, **common),
-            TransformersSystem("assisted", hf, draft_length=SPS_K, assistant=assistant, **common),
-        ]
-        notes.append(f"transformers on {dev} in {dtype}; torch {torch.__version__}.")
-    else:
-        skipped += [
-            {"system": "transformers", "method": m, "skipped": why}
-            for m in ("ar-static-compile", "prompt-lookup", "assisted")
-        ]
-    try:
-        load_fastdllm("llada")
-        why_f = "loaded; its rows need the LLaDA weights exported to HF (not built yet)"
-    except PeerUnavailable as e:
-        why_f = str(e)
-    skipped.append({"system": "fast-dllm", "method": "llada (official)", "skipped": why_f})
+    systems += hf_systems
+    notes += hf_notes
+    skipped.append(_llada_row())
     result, failed = run_contained(
         systems,
         lambda active: run_ar_suite(
