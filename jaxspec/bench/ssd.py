@@ -152,9 +152,10 @@ def _ssd_runs(model, params, rows, gen_length, block_length, remasking, eos, pad
     return runs, ssds
 
 
-def _summary_rows(outs, compile_s, ssds, eos, flag_rule, **fields) -> list[dict]:
-    """One row per run: method, draft length, tree, nodes, cache, the suite ``fields`` (model,
-    remasking, prompt set, prompts, gen and block length) and :func:`speed_figures`."""
+def _summary_rows(outs, compile_s, ssds, meta: dict, gen_length, block_length, eos, flag_rule):
+    """One row per run: method, draft length, tree, nodes, cache, ``meta`` (model, remasking,
+    prompt set), prompts, gen and block length, then :func:`speed_figures` against the
+    stepwise reference of the run's cache policy."""
     out_rows = []
     for key, o in outs.items():
         c = key[-1]
@@ -166,20 +167,12 @@ def _summary_rows(outs, compile_s, ssds, eos, flag_rule, **fields) -> list[dict]
                 "tree": key[2] if is_ssd else None,
                 "nodes": ssds[key[1:]].num_nodes if is_ssd else 1,
                 "cache": c,
-                "model": fields["model"],
-                "remasking": fields["remasking"],
-                "prompt_set": fields["prompt_set"],
+                **meta,
                 "prompts": len(o),
-                "gen_length": fields["gen_length"],
-                "block_length": fields["block_length"],
+                "gen_length": gen_length,
+                "block_length": block_length,
                 **speed_figures(
-                    o,
-                    outs[("stepwise", c)],
-                    fields["gen_length"],
-                    compile_s[key],
-                    is_ssd,
-                    eos,
-                    flag_rule,
+                    o, outs[("stepwise", c)], gen_length, compile_s[key], is_ssd, eos, flag_rule
                 ),
             }
         )
@@ -211,9 +204,10 @@ def _acceptance_limits(
     }
 
 
-def _per_prompt(prompts, outs, eos) -> list[dict]:
-    """Per prompt and run: target NFE, seconds, answer entry and identity to the stepwise
-    reference of the run's cache policy."""
+def per_prompt_records(prompts, outs: dict, eos, reference: str = "stepwise") -> list[dict]:
+    """Per prompt (``task_id``, prompt tokens) and run (``outs`` key joined by ``/``): target
+    NFE, seconds, the answer entry (:func:`jaxspec.bench.answers.diffusion_answer`) and
+    whether its tokens equal those of the run ``(reference, <the key's last item>)``."""
     return [
         {
             "task_id": p.task_id,
@@ -224,7 +218,7 @@ def _per_prompt(prompts, outs, eos) -> list[dict]:
                     "seconds": _num(o[i].run_s, 4),
                     **ans.diffusion_answer(o[i], eos).entry(),
                     "identical_to_reference": bool(
-                        np.array_equal(o[i].full_tokens, outs[("stepwise", k[-1])][i].full_tokens)
+                        np.array_equal(o[i].full_tokens, outs[(reference, k[-1])][i].full_tokens)
                     ),
                 }
                 for k, o in outs.items()
@@ -277,25 +271,15 @@ def run_ssd_suite(
     eos = tuple(int(e) for e in eos_ids)
     runs, ssds = _ssd_runs(model, params, rows, gen_length, block_length, remasking, eos, pad_id)
     outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "ssd runs")
-    out_rows = _summary_rows(
-        outs,
-        compile_s,
-        ssds,
-        eos,
-        flag_rule,
-        model=model_name,
-        remasking=remasking,
-        prompt_set=prompt_set,
-        gen_length=gen_length,
-        block_length=block_length,
-    )
+    meta = dict(model=model_name, remasking=remasking, prompt_set=prompt_set)
+    out_rows = _summary_rows(outs, compile_s, ssds, meta, gen_length, block_length, eos, flag_rule)
     limits = None
     if limit_analysis:
         d0 = DiffusionDecodeConfig(gen_length, block_length, gen_length, remasking=remasking)
         limits = _acceptance_limits(
             model, params, prompts, d0, pad_id, limit_draft_lengths, limit_top_ks, log
         )
-    per_prompt = _per_prompt(prompts, outs, eos)
+    per_prompt = per_prompt_records(prompts, outs, eos)
     return {
         "suite": "ssd",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
