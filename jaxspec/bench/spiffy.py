@@ -31,14 +31,12 @@ import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from jaxspec.bench import answers as ans
 from jaxspec.bench import report
 from jaxspec.bench.dllm import method_config, run_interleaved
 from jaxspec.bench.machine import machine_info
 from jaxspec.bench.records import BenchError, BenchPrompt, _num
-from jaxspec.bench.ssd import speed_figures, speedup_bars
+from jaxspec.bench.ssd import per_prompt_records, speed_figures, speedup_bars
 from jaxspec.dllm import (
     DiffusionDecodeConfig,
     DraftGraph,
@@ -85,6 +83,79 @@ def rule_config(
     )
 
 
+def _check_inputs(prompts, rows, graphs: dict) -> None:
+    """Raise :class:`BenchError` without prompts or for a row whose graph is missing."""
+    if not prompts:
+        raise BenchError("no prompts to benchmark")
+    missing = sorted({D for D, _ in rows} - set(graphs))
+    if missing:
+        raise BenchError(f"no draft graph for D = {missing}")
+
+
+def _spiffy_runs(model, params, rows, graphs, refs: dict, eos, pad_id) -> dict:
+    """The interleaved runs: ``("reference", rule)`` per rule of ``refs``, then ``("spiffy", D,
+    rule)`` per row (:class:`SpiffyConfig` over that rule's reference and graph ``D``)."""
+    cfgs = {(D, r): SpiffyConfig(refs[r], graphs[D]) for D, r in rows}
+    runs: dict = {
+        ("reference", r): (
+            lambda ids, d=d: diffusion_generate(model, params, [ids], d, eos_ids=eos, pad_id=pad_id)
+        )
+        for r, d in refs.items()
+    }
+    runs.update(
+        {
+            ("spiffy", D, r): (
+                lambda ids, c=c: spiffy_generate(
+                    model, params, [ids], c, eos_ids=eos, pad_id=pad_id
+                )
+            )
+            for (D, r), c in cfgs.items()
+        }
+    )
+    return runs
+
+
+def _summary_rows(outs, compile_s, meta: dict, gen_length, block_length, eos, flag_rule):
+    """One row per run: method, graph ``D``, unmasking rule, nodes, ``meta`` (cache, model,
+    remasking, prompt set), prompts, gen and block length, :func:`speed_figures` against the
+    rule's reference, then the parallel and total speedups over the stepwise reference (in
+    NFE, answer and whole)."""
+    base_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", "stepwise")])
+    answer_nfe = {
+        k: sum(ans.diffusion_answer(r, eos).nfe for r in o)
+        for k, o in outs.items()
+        if k[0] == "reference"
+    }
+    out_rows = []
+    for key, o in outs.items():
+        rule = key[-1]
+        is_sp = key[0] == "spiffy"
+        fig = speed_figures(
+            o, outs[("reference", rule)], gen_length, compile_s[key], is_sp, eos, flag_rule
+        )
+        ref_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", rule)])
+        par = base_nfe / ref_nfe
+        a_par = answer_nfe[("reference", "stepwise")] / max(answer_nfe[("reference", rule)], 1)
+        out_rows.append(
+            {
+                "method": key[0],
+                "graph_D": key[1] if is_sp else 0,
+                "unmasking": rule,
+                "nodes": key[1] + 1 if is_sp else 1,
+                **meta,
+                "prompts": len(o),
+                "gen_length": gen_length,
+                "block_length": block_length,
+                **fig,
+                "answer_parallel_speedup": _num(a_par, 3),
+                "answer_total_speedup": _num(a_par * fig["answer_nfe_speedup"], 3),
+                "parallel_speedup": _num(par, 3),
+                "total_speedup": _num(par * fig["nfe_speedup"], 3),
+            }
+        )
+    return out_rows
+
+
 def run_spiffy_suite(
     model,
     params,
@@ -118,87 +189,15 @@ def run_spiffy_suite(
 
     Raises: BenchError: no prompts, a missing graph or an unknown rule.
     """
-    if not prompts:
-        raise BenchError("no prompts to benchmark")
-    missing = sorted({D for D, _ in rows} - set(graphs))
-    if missing:
-        raise BenchError(f"no draft graph for D = {missing}")
+    _check_inputs(prompts, rows, graphs)
     eos = tuple(int(e) for e in eos_ids)
     rules = list(dict.fromkeys(["stepwise"] + [r for _, r in rows]))
     refs = {r: rule_config(r, gen_length, block_length, remasking, cache) for r in rules}
-    cfgs = {(D, r): SpiffyConfig(refs[r], graphs[D]) for D, r in rows}
-    runs: dict = {
-        ("reference", r): (
-            lambda ids, d=d: diffusion_generate(model, params, [ids], d, eos_ids=eos, pad_id=pad_id)
-        )
-        for r, d in refs.items()
-    }
-    runs.update(
-        {
-            ("spiffy", D, r): (
-                lambda ids, c=c: spiffy_generate(
-                    model, params, [ids], c, eos_ids=eos, pad_id=pad_id
-                )
-            )
-            for (D, r), c in cfgs.items()
-        }
-    )
+    runs = _spiffy_runs(model, params, rows, graphs, refs, eos, pad_id)
     outs, compile_s = run_interleaved(runs, prompts, gen_length, progress, "spiffy runs")
-
-    base_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", "stepwise")])
-    answer_nfe = {
-        k: sum(ans.diffusion_answer(r, eos).nfe for r in o)
-        for k, o in outs.items()
-        if k[0] == "reference"
-    }
-    out_rows = []
-    for key, o in outs.items():
-        rule = key[-1]
-        is_sp = key[0] == "spiffy"
-        fig = speed_figures(
-            o, outs[("reference", rule)], gen_length, compile_s[key], is_sp, eos, flag_rule
-        )
-        ref_nfe = sum(int(r.stats.target_nfe.sum()) for r in outs[("reference", rule)])
-        par = base_nfe / ref_nfe
-        a_par = answer_nfe[("reference", "stepwise")] / max(answer_nfe[("reference", rule)], 1)
-        out_rows.append(
-            {
-                "method": key[0],
-                "graph_D": key[1] if is_sp else 0,
-                "unmasking": rule,
-                "nodes": key[1] + 1 if is_sp else 1,
-                "cache": cache,
-                "model": model_name,
-                "remasking": remasking,
-                "prompt_set": prompt_set,
-                "prompts": len(o),
-                "gen_length": gen_length,
-                "block_length": block_length,
-                **fig,
-                "answer_parallel_speedup": _num(a_par, 3),
-                "answer_total_speedup": _num(a_par * fig["answer_nfe_speedup"], 3),
-                "parallel_speedup": _num(par, 3),
-                "total_speedup": _num(par * fig["nfe_speedup"], 3),
-            }
-        )
-    per_prompt = [
-        {
-            "task_id": p.task_id,
-            "prompt_tokens": len(p.ids),
-            "runs": {
-                "/".join(map(str, k)): {
-                    "nfe": int(o[i].stats.target_nfe.sum()),
-                    "seconds": _num(o[i].run_s, 4),
-                    **ans.diffusion_answer(o[i], eos).entry(),
-                    "identical_to_reference": bool(
-                        np.array_equal(o[i].full_tokens, outs[("reference", k[-1])][i].full_tokens)
-                    ),
-                }
-                for k, o in outs.items()
-            },
-        }
-        for i, p in enumerate(prompts)
-    ]
+    meta = dict(cache=cache, model=model_name, remasking=remasking, prompt_set=prompt_set)
+    out_rows = _summary_rows(outs, compile_s, meta, gen_length, block_length, eos, flag_rule)
+    per_prompt = per_prompt_records(prompts, outs, eos, reference="reference")
     return {
         "suite": "spiffy",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
