@@ -79,7 +79,7 @@ Suite ``dflash`` (trained DFlash drafters beside AR / n-gram / SPS / SpecDiff / 
     python -m scripts.benchmark --suite dflash [--model smollm2-135m-instruct] \
         --dflash-drafter FILE [--dflash-drafter FILE ...] [--draft-model NAME] [--limit 5] \
         [--dflash-sets humaneval mt-bench news] [--draft-length 8] \
-        [--dflash-dllm-drafter dream-smollm2-135m]
+        [--dflash-verify-lengths 3 7] [--dflash-dllm-drafter dream-smollm2-135m]
 
 ``--model auto`` (or ``hf-directory``) ``--weights PATH`` reads the model family from the
 checkpoint (``models.registry.weights_family``): a Llama / Qwen2 directory or GGUF file runs the
@@ -386,6 +386,15 @@ def _add_suite_dflash_args(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="prompt sets: humaneval humaneval-chat mt-bench news (default humaneval "
         "mt-bench news)",
+    )
+    dg.add_argument(
+        "--dflash-verify-lengths",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="K",
+        help="also run each drafter at these shorter draft lengths (its whole block is "
+        "forwarded, the first K drafts verified; default: the block's B - 1 only)",
     )
     dg.add_argument(
         "--dflash-dllm-drafter",
@@ -950,6 +959,10 @@ def main_dflash(args, log) -> int:
             require_family(args.dflash_dllm_drafter, None, "dllm", "--dflash-dllm-drafter")
         if not args.dflash_drafter:
             raise BenchError("suite dflash needs --dflash-drafter FILE (one per block size)")
+        if any(k < 1 for k in args.dflash_verify_lengths):
+            raise BenchError(
+                f"--dflash-verify-lengths must be >= 1, got {args.dflash_verify_lengths}"
+            )
         drafters = [load_drafter(f) for f in args.dflash_drafter]  # one-line ValueErrors
         model, params, tok, _ = load_model(name, args.weights, log=log)
         draft = None
@@ -972,6 +985,7 @@ def main_dflash(args, log) -> int:
             draft_model=draft,
             draft_length=args.draft_length,
             dllm_drafter=dllm,
+            verify_lengths=args.dflash_verify_lengths,
             model_name=name,
             config={
                 "drafters": list(args.dflash_drafter),

@@ -10,11 +10,13 @@ Two parts, in one process (wall-clock ratios are comparable within one run only)
    ``jaxspec/specdiff+prefix`` and ``jaxspec/diffuspec+prefix`` (when a diffusion drafter is
    given; their default draft lengths) and one ``jaxspec/dflash-b<B>`` row per drafter: the
    **block sweep** is the drafters given (each trained for its own block size ``B``, e.g. 4, 8
-   and 16; a drafter runs only at the block it was trained for). A DFlash row adds
-   ``block_size`` and ``accept_by_position``: for draft ``i = 1 .. B - 1`` of the block, the
+   and 16; a drafter runs only at the block it was trained for), and with ``verify_lengths``
+   each drafter also at shorter draft lengths ``k`` (``dflash-b<B>-k<k>``: its whole block is
+   forwarded, the first ``k`` drafts verified). A DFlash row adds ``block_size``,
+   ``draft_length`` ``k`` and ``accept_by_position``: for draft ``i = 1 .. k`` of the block, the
    share of the steps that reached draft ``i`` (every draft before it accepted) in which it was
    accepted, from the decoder's acceptance histogram; and ``accept_hist``, the steps by drafts
-   accepted (0 .. B - 1).
+   accepted (0 .. k).
 2. **Drafter cost per forward** (:func:`drafter_cost`): per drafter, the median seconds of one
    jitted drafter forward (``propose``: the block's ``B`` rows through the drafter and the LM
    head on ``B - 1`` rows) and of one jitted target verification pass over ``B`` tokens (with
@@ -71,6 +73,27 @@ def accept_by_position(hist: Sequence[int]) -> list[Optional[float]]:
     k = len(acc) - 1
     reach = np.cumsum(acc[::-1])[::-1]  # reach[n]: steps with >= n accepted
     return [_num(reach[i] / reach[i - 1], 4) if reach[i - 1] else None for i in range(1, k + 1)]
+
+
+def _dflash_systems(model, params, drafters, verify_lengths: Sequence[int], common: dict):
+    """``(system, block size, draft length)`` per DFlash row: each drafter at its whole block
+    (``dflash-b<B>``, ``B - 1`` drafts), then at each shorter draft length of
+    ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first."""
+    out = []
+    for spec, own in drafters:
+        B = spec.block_size
+        for k in [k for k in sorted(set(verify_lengths)) if k < B - 1] + [B - 1]:
+            s = JaxspecSystem(
+                "dflash",
+                model,
+                params,
+                **common,
+                draft_length=k,
+                options={"drafter_model": (spec, own)},
+                label=f"dflash-b{B}" + ("" if k == B - 1 else f"-k{k}"),
+            )
+            out.append((s, B, k))
+    return out
 
 
 def _diffusion_drafter_systems(model, params, dllm_drafter: Optional[dict], common: dict):
@@ -180,6 +203,7 @@ def run_dflash_suite(
     draft_model=None,
     draft_length: int = 8,
     dllm_drafter: Optional[dict] = None,
+    verify_lengths: Sequence[int] = (),
     model_name: str = "smollm2-135m-instruct",
     prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
     config: Optional[dict] = None,
@@ -199,6 +223,10 @@ def run_dflash_suite(
       dllm_drafter: the diffusion-drafter options of the DiffuSpec and SpecDiff rows
         (:func:`jaxspec.bench.diffuspec.diffuspec_drafter_options`), or None (no such rows).
         Both rows use the drafter's prefix cache and their own default draft lengths.
+      verify_lengths: shorter draft lengths ``k < B - 1`` to run each drafter at besides its
+        whole block (row ``dflash-b<B>-k<k>``: the drafter forwards its trained block and the
+        verifier checks the first ``k`` drafts, :attr:`~jaxspec.causal.dflash.DFlashDrafter.
+        verify_length`); lengths ``>= B - 1`` are skipped for that drafter.
 
     Returns:
       ``{"suite": "dflash", "date", "machine", "model", "config", "sets", "drafter_cost"}``.
@@ -244,24 +272,16 @@ def run_dflash_suite(
             )
         systems += _diffusion_drafter_systems(model, params, dllm_drafter, common)
         rec = {}
-        for spec, own in drafters:
-            s = JaxspecSystem(
-                "dflash",
-                model,
-                params,
-                **common,
-                draft_length=spec.block_size - 1,
-                options={"drafter_model": (spec, own)},
-                label=f"dflash-b{spec.block_size}",
-            )
+        for s, block, k in _dflash_systems(model, params, drafters, verify_lengths, common):
             s.entry = rec[s.method] = _Recording(s.entry)
+            rec[s.method].shape = (block, k)
             systems.append(s)
         res = run_ar_suite(systems, prompts, model_name=model_name, progress=progress, log=log)
         for r in res["rows"]:
             r["prompt_set"] = name
             if r["method"] in rec:
                 hist = np.sum(rec[r["method"]].hists[-len(prompts) :], axis=0)  # the timed runs
-                r["block_size"] = int(r["method"].split("-b")[1])
+                r["block_size"], r["draft_length"] = rec[r["method"]].shape
                 r["accept_hist"] = [int(x) for x in hist[1:]]
                 r["accept_by_position"] = accept_by_position(hist)
         out_sets[name] = {"rows": res["rows"], "per_prompt": res["per_prompt"]}
@@ -281,6 +301,7 @@ def run_dflash_suite(
             max_new_tokens=max_new_tokens,
             draft_length=draft_length,
             blocks=blocks,
+            verify_lengths=sorted(set(verify_lengths)),
             diffusion_drafter_rows=dllm_drafter is not None,
             temperature=0.0,
         ),
@@ -296,6 +317,7 @@ _SET_COLUMNS = [
     ("new_tokens", "tokens", "{}"),
     ("median_tokens_per_s", "median tok/s", "{:.1f}"),
     ("speedup_vs_baseline", "speedup vs AR", "{:.2f}x"),
+    ("draft_length", "k", "{}"),
     ("mat", "MAT", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.3f}"),
     ("identical_to_reference", "identical", "{}"),
@@ -351,15 +373,15 @@ def plot(result: dict, out: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for name, s in result["sets"].items():
         rs = [r for r in s["rows"] if "block_size" in r]
-        a.plot([r["block_size"] for r in rs], [r["mat"] for r in rs], "o-", label=name)
+        a.plot([r["draft_length"] for r in rs], [r["mat"] for r in rs], "o-", label=name)
         for r in rs:
             pos = [i + 1 for i, x in enumerate(r["accept_by_position"]) if x is not None]
             vals = [x for x in r["accept_by_position"] if x is not None]
-            b.plot(pos, vals, ".-", label=f"{name} b{r['block_size']}")
-    a.set_xlabel("block size")
+            b.plot(pos, vals, ".-", label=f"{name} {r['method']}")
+    a.set_xlabel("draft length (drafts verified per step)")
     a.set_ylabel("MAT")
     a.legend()
-    a.set_title("block sweep")
+    a.set_title("block and draft-length sweep")
     b.set_xlabel("draft position in the block")
     b.set_ylabel("acceptance given the drafts before")
     b.legend(fontsize=7)
@@ -371,4 +393,6 @@ def write_results(result: dict, out: Path) -> tuple[Path, Path]:
     """JSON, markdown and chart (:func:`jaxspec.bench.report.write_results`)."""
     from jaxspec.bench.report import write_results as write
 
-    return write(result, out, report=markdown_report, plot=plot, caption="block sweep")
+    return write(
+        result, out, report=markdown_report, plot=plot, caption="block and draft-length sweep"
+    )

@@ -347,6 +347,7 @@ def block_logits(
     ctx_k: jax.Array,
     ctx_v: jax.Array,
     ctx_mask: jax.Array,
+    rows: Optional[int] = None,
 ) -> jax.Array:
     """One drafter forward over blocks ``[anchor, mask * (B - 1)]``, ``A`` blocks per context.
 
@@ -361,14 +362,24 @@ def block_logits(
       positions: int32 ``(R, B)`` the block rows' RoPE positions, or ``(R, A, B)``.
       ctx_k, ctx_v: ``(l, R, K, S, Dh)`` context keys / values (:func:`context_kv`).
       ctx_mask: bool ``(R, S)`` context slots each block sees, or ``(R, A, S)``.
+      rows: static ``int`` in ``1..B-1`` or None: the LM head runs on the first ``rows`` draft
+        rows only (their logits equal the full block's: the whole block still goes through
+        the drafter's layers). None: all ``B - 1``.
 
     Returns:
-      float32 ``(R, B - 1, V)`` (or ``(R, A, B - 1, V)``): logits of the blocks' ``B - 1``
-      draft rows.
+      float32 ``(R, B - 1, V)`` (or ``(R, A, B - 1, V)``; ``rows`` in place of ``B - 1``):
+      logits of the blocks' draft rows.
     """
     if anchor.ndim == 1:
         out = block_logits(
-            spec, params, anchor[:, None], positions[:, None], ctx_k, ctx_v, ctx_mask[:, None]
+            spec,
+            params,
+            anchor[:, None],
+            positions[:, None],
+            ctx_k,
+            ctx_v,
+            ctx_mask[:, None],
+            rows,
         )
         return out[:, 0]
     own, s = params["draft"], spec
@@ -411,7 +422,7 @@ def block_logits(
         return x, None
 
     x, _ = jax.lax.scan(layer, x, (own["blocks"], ctx_k, ctx_v))
-    x = x.reshape(R, A, Bk, s.target_hidden)[:, :, 1:]
+    x = x.reshape(R, A, Bk, s.target_hidden)[:, :, 1 : Bk if rows is None else 1 + rows]
     x = rms_norm(x, own["final_norm"], s.rms_norm_eps)
     return lm_logits(x, params["embed"], params.get("lm_head"))
 
@@ -478,13 +489,18 @@ class DFlashDrafter(Drafter):
         (:func:`drafter_params`), traced.
       sampling: the target's temperature / top-k / top-p (drafts are sampled from the
         drafter's distribution after the same processing); ignored under greedy decoding.
-      block_size: the block size asked for (None: the spec's). Draft length ``k = B - 1``.
+      block_size: the block size asked for (None: the spec's).
+      verify_length: drafts verified per step, ``1 .. B - 1`` (None: ``B - 1``): the drafter
+        still forwards its whole trained block and the verifier checks its first
+        ``verify_length`` drafts (a shorter verification pass where the later positions are
+        rarely accepted; the LM head runs on those rows only). Exactness is unchanged.
 
     Capabilities: ``feature_layers`` (the spec's ``layer_ids``) and
     :meth:`absorb_features`, read by :mod:`jaxspec.causal.decode`.
 
     Raises:
-      ValueError: a block size the drafter was not built for; at trace time, target hidden
+      ValueError: a block size the drafter was not built for, a ``verify_length`` outside
+        ``1 .. B - 1``; at trace time, target hidden
         states whose width or layer count differ from the spec's, or sampled decoding with a
         greedy ``sampling``.
     """
@@ -492,20 +508,28 @@ class DFlashDrafter(Drafter):
     spec: DFlashSpec
     sampling: SamplingConfig = SamplingConfig()
     block_size: Optional[int] = None
+    verify_length: Optional[int] = None
 
     name = "dflash"
 
     def __post_init__(self):
-        if self.block_size is not None and self.block_size != self.spec.block_size:
+        B = self.spec.block_size
+        if self.block_size is not None and self.block_size != B:
             raise ValueError(
-                f"block size {self.block_size}: this DFlash drafter was built for "
-                f"block size {self.spec.block_size}"
+                f"block size {self.block_size}: this DFlash drafter was built for block size {B}"
+            )
+        if self.verify_length is not None and not 1 <= self.verify_length <= B - 1:
+            raise ValueError(
+                f"draft length {self.verify_length} (block size {self.verify_length + 1}): "
+                f"this DFlash drafter was built for block size {B}, which drafts 1 to "
+                f"{B - 1} tokens per step"
             )
 
     @property
     def draft_length(self) -> int:
-        """``k = B - 1``: the block's anchor is the last emitted token."""
-        return self.spec.block_size - 1
+        """``k``: ``verify_length``, else ``B - 1`` (the block's anchor is the last emitted
+        token)."""
+        return self.spec.block_size - 1 if self.verify_length is None else self.verify_length
 
     @property
     def vocab_size(self) -> int:
@@ -565,7 +589,8 @@ class DFlashDrafter(Drafter):
         return state
 
     def propose(self, params, state: DFlashState, ctx: DraftContext, key: jax.Array, sample: bool):
-        """One drafter forward: ``k = B - 1`` drafts per row.
+        """One drafter forward over the trained block of ``B`` rows: ``k`` drafts per row
+        (:attr:`draft_length`).
 
         Returns:
           ``(Draft, state)``: tokens int32 ``(B, k)``; ``q`` float32 ``(B, k, V)`` (``None``
@@ -578,8 +603,10 @@ class DFlashDrafter(Drafter):
             )
         B, k = ctx.buffer.shape[0], self.draft_length
         # phases looked up at trace time (jaxspec.testing.mutants swaps them in tests)
-        anchor, pos, ctx_mask = block_frame(ctx, k + 1)
-        logits = block_logits(self.spec, params, anchor, pos, state.ctx_k, state.ctx_v, ctx_mask)
+        anchor, pos, ctx_mask = block_frame(ctx, self.spec.block_size)
+        logits = block_logits(
+            self.spec, params, anchor, pos, state.ctx_k, state.ctx_v, ctx_mask, rows=k
+        )
         tokens, q = draw_drafts(key, logits, self.sampling, sample)
         ones = jnp.ones((B,), jnp.int32)
         return Draft(
@@ -597,7 +624,9 @@ class DFlashDrafter(Drafter):
 @dataclasses.dataclass(frozen=True)
 class Config(DraftedConfig):
     """The ``dflash`` method (the registry's entry; :class:`DraftedConfig` has the shared
-    knobs). ``draft_length`` is ``B - 1`` of the drafter's block (default 15: ``B = 16``).
+    knobs). ``draft_length`` is ``B - 1`` of the drafter's block (default 15: ``B = 16``) or
+    fewer: the verifier then checks the block's first ``draft_length`` drafts
+    (:attr:`DFlashDrafter.verify_length`).
 
     Attributes:
       drafter_model: ``(DFlashSpec, own weights)`` of a trained drafter
@@ -607,8 +636,9 @@ class Config(DraftedConfig):
         theirs); not compared or hashed.
 
     Raises:
-      ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`) or
-        another block size; :meth:`drafter_params` without the target's parameters.
+      ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`), a
+        draft length above its block's ``B - 1``; :meth:`drafter_params` without the target's
+        parameters.
     """
 
     drafter_model: Any = dataclasses.field(default=None, compare=False)
@@ -622,7 +652,7 @@ class Config(DraftedConfig):
             raise ValueError("the dflash method needs a trained drafter (drafter_model)")
         spec = self.drafter_model[0]
         spec.check_target(target_config)
-        return DFlashDrafter(spec, self.sampling, block_size=self.k + 1)
+        return DFlashDrafter(spec, self.sampling, verify_length=self.k)
 
     def drafter_params(self, target_params: Any = None) -> Any:
         """The drafter's own weights and the target's embedding / LM head, from

@@ -33,9 +33,9 @@ def _drafter(model, block, seed):
 def test_suite_rows_on_a_tiny_target(tmp_path):
     """Two prompt sets, drafters of blocks 3 and 5 (given out of order), an SPS draft model, a
     diffusion drafter (SpecDiff and DiffuSpec rows): every system's row per set, all identical
-    to AR, the DFlash rows identical to AR with their block size, an
-    acceptance histogram over the timed runs and ``B - 1`` per-position figures, one cost row
-    per drafter; the report and files are written."""
+    to AR; the DFlash rows (block 5 also at draft length 2) with their block size and draft
+    length ``k``, an acceptance histogram over the timed runs and ``k`` per-position figures;
+    one cost row per drafter; the report and files are written."""
     model, params = tiny_model(64, seed=0)
     draft = tiny_model(64, seed=1, layers=1)
     tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
@@ -60,21 +60,24 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
             "eos_id": 7,
             "proxy": None,
         },
+        verify_lengths=(2,),
         model_name="tiny",
         cost_reps=2,
         progress=False,
     )
     assert res["config"]["blocks"] == [3, 5] and res["config"]["diffusion_drafter_rows"]
+    assert res["config"]["verify_lengths"] == [2]
     for name, s in res["sets"].items():
         methods = [r["method"] for r in s["rows"]]
         want = ["ar", "ngram", "sps", "specdiff+prefix", "diffuspec+prefix", "dflash-b3"]
-        assert methods == want + ["dflash-b5"], methods
+        assert methods == want + ["dflash-b5-k2", "dflash-b5"], methods
         for r in s["rows"]:
             assert r["prompt_set"] == name and r["identical_to_reference"] is True
             if r["method"].startswith("dflash"):
-                B = r["block_size"]
-                assert len(r["accept_by_position"]) == B - 1
-                assert len(r["accept_hist"]) == B
+                k = r["draft_length"]
+                assert k == (2 if r["method"].endswith("-k2") else r["block_size"] - 1)
+                assert len(r["accept_by_position"]) == k
+                assert len(r["accept_hist"]) == k + 1
                 # the histogram counts the timed runs' steps, one per target pass after the
                 # prompt pass
                 ar = next(x for x in s["rows"] if x["method"] == "ar")

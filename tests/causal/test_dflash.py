@@ -14,6 +14,7 @@ from jaxspec.causal.dflash import (
     Config,
     DFlashDrafter,
     DFlashSpec,
+    block_logits,
     context_kv,
     default_layer_ids,
     drafter_params,
@@ -104,6 +105,49 @@ def test_greedy_identical_to_ar(arch, block, layers):
     st = res.stats
     np.testing.assert_array_equal(st.draft_nfe, st.steps)
     np.testing.assert_array_equal(st.drafts_proposed, (block - 1) * st.steps)
+
+
+def test_shorter_verify_length_is_identical_to_ar_and_drafts_the_block_prefix():
+    """``verify_length`` k < B - 1: the block-5 drafter still forwards its whole block, the
+    verifier checks its first k drafts (the LM head's rows equal the full block's first k);
+    greedy tokens identical to AR, k drafts per step; a length above B - 1 or below 1 is one
+    line."""
+    model, params = tiny_model(64, seed=0)
+    drafter, dparams = _drafter(model, params, 5, scale=8.0)
+    spec = drafter.spec
+    ar = generate(model, params, PROMPTS, max_new_tokens=20, eos_ids=(7,), bucket=16)
+    for k in (1, 2):
+        short = DFlashDrafter(spec, verify_length=k)
+        assert short.draft_length == k
+        res = generate(
+            model,
+            params,
+            PROMPTS,
+            max_new_tokens=20,
+            eos_ids=(7,),
+            bucket=16,
+            drafter=short,
+            drafter_params=dparams,
+        )
+        assert res.tokens == ar.tokens
+        np.testing.assert_array_equal(res.stats.drafts_proposed, k * res.stats.steps)
+    R, S = 2, 12
+    rng = np.random.default_rng(0)
+    ctx_k = jnp.asarray(rng.normal(size=(1, R, spec.num_kv_heads, S, spec.head_dim)), jnp.float32)
+    args = (
+        jnp.asarray([5, 9], jnp.int32),
+        jnp.asarray(np.arange(5)[None] + np.array([[6], [3]]), jnp.int32),
+        ctx_k,
+        -ctx_k,
+        jnp.asarray(np.arange(S)[None] < np.array([[6], [3]])),
+    )
+    full = block_logits(spec, dparams, *args)
+    np.testing.assert_allclose(
+        np.asarray(block_logits(spec, dparams, *args, rows=2)), np.asarray(full[:, :2]), atol=1e-5
+    )
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="drafts 1 to 4 tokens"):
+            DFlashDrafter(spec, verify_length=bad)
 
 
 def test_unrolled_layer_loop_drafts_as_the_scan_loop(monkeypatch):
