@@ -75,6 +75,59 @@ def accept_by_position(hist: Sequence[int]) -> list[Optional[float]]:
     return [_num(reach[i] / reach[i - 1], 4) if reach[i - 1] else None for i in range(1, k + 1)]
 
 
+def _checked_drafters(drafters: Sequence, target_config) -> list:
+    """The drafters in block-size order, each checked against the target.
+
+    Raises:
+      BenchError: no drafter, two of one block size, one built for another target."""
+    if not drafters:
+        raise BenchError("suite dflash needs at least one trained drafter (--dflash-drafter FILE)")
+    drafters = sorted(drafters, key=lambda d: d[0].block_size)
+    blocks = [d[0].block_size for d in drafters]
+    if len(set(blocks)) != len(blocks):
+        raise BenchError(f"one drafter per block size, got block sizes {blocks}")
+    for spec, _ in drafters:
+        try:
+            spec.check_target(target_config)
+        except ValueError as e:
+            raise BenchError(str(e)) from None
+    return drafters
+
+
+def _peer_systems(model, params, draft_model, draft_length: int, dllm_drafter, common: dict):
+    """The rows beside DFlash: AR (baseline, reference), n-gram, SPS (with a draft model),
+    SpecDiff and DiffuSpec (with a diffusion drafter)."""
+    systems = [
+        JaxspecSystem("ar", model, params, **common),
+        JaxspecSystem("ngram", model, params, **common, draft_length=draft_length),
+    ]
+    if draft_model is not None:
+        systems.append(
+            JaxspecSystem(
+                "sps",
+                model,
+                params,
+                **common,
+                draft_length=draft_length,
+                options={"draft_model": draft_model},
+            )
+        )
+    return systems + _diffusion_drafter_systems(model, params, dllm_drafter, common)
+
+
+def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts: int) -> None:
+    """Tag every row with its prompt set; a DFlash row also gets its block size, draft length,
+    acceptance histogram and acceptance by position over the timed runs (the last
+    ``n_prompts`` decodes its recording entry saw)."""
+    for r in rows:
+        r["prompt_set"] = prompt_set
+        if r["method"] in rec:
+            hist = np.sum(rec[r["method"]].hists[-n_prompts:], axis=0)
+            r["block_size"], r["draft_length"] = rec[r["method"]].shape
+            r["accept_hist"] = [int(x) for x in hist[1:]]
+            r["accept_by_position"] = accept_by_position(hist)
+
+
 def _dflash_systems(model, params, drafters, verify_lengths: Sequence[int], common: dict):
     """``(system, block size, draft length)`` per DFlash row: each drafter at its whole block
     (``dflash-b<B>``, ``B - 1`` drafts), then at each shorter draft length of
@@ -236,17 +289,8 @@ def run_dflash_suite(
         target (:meth:`DFlashSpec.check_target`).
     """
     model, params = target
-    if not drafters:
-        raise BenchError("suite dflash needs at least one trained drafter (--dflash-drafter FILE)")
-    drafters = sorted(drafters, key=lambda d: d[0].block_size)
+    drafters = _checked_drafters(drafters, model.config)
     blocks = [d[0].block_size for d in drafters]
-    if len(set(blocks)) != len(blocks):
-        raise BenchError(f"one drafter per block size, got block sizes {blocks}")
-    for spec, _ in drafters:
-        try:
-            spec.check_target(model.config)
-        except ValueError as e:
-            raise BenchError(str(e)) from None
     eos = tuple(tok.eos_token_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad)
@@ -255,35 +299,14 @@ def run_dflash_suite(
     out_sets: dict[str, Any] = {}
     for name, prompts in prompt_sets.items():
         log(f"[dflash] prompt set {name}: {len(prompts)} prompts")
-        systems = [
-            JaxspecSystem("ar", model, params, **common),
-            JaxspecSystem("ngram", model, params, **common, draft_length=draft_length),
-        ]
-        if draft_model is not None:
-            systems.append(
-                JaxspecSystem(
-                    "sps",
-                    model,
-                    params,
-                    **common,
-                    draft_length=draft_length,
-                    options={"draft_model": draft_model},
-                )
-            )
-        systems += _diffusion_drafter_systems(model, params, dllm_drafter, common)
+        systems = _peer_systems(model, params, draft_model, draft_length, dllm_drafter, common)
         rec = {}
         for s, block, k in _dflash_systems(model, params, drafters, verify_lengths, common):
             s.entry = rec[s.method] = _Recording(s.entry)
             rec[s.method].shape = (block, k)
             systems.append(s)
         res = run_ar_suite(systems, prompts, model_name=model_name, progress=progress, log=log)
-        for r in res["rows"]:
-            r["prompt_set"] = name
-            if r["method"] in rec:
-                hist = np.sum(rec[r["method"]].hists[-len(prompts) :], axis=0)  # the timed runs
-                r["block_size"], r["draft_length"] = rec[r["method"]].shape
-                r["accept_hist"] = [int(x) for x in hist[1:]]
-                r["accept_by_position"] = accept_by_position(hist)
+        _add_dflash_figures(res["rows"], rec, name, len(prompts))
         out_sets[name] = {"rows": res["rows"], "per_prompt": res["per_prompt"]}
     first = next(iter(prompt_sets.values()))[0].ids
     costs = [
