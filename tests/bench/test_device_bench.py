@@ -161,8 +161,8 @@ def test_a_stage_takes_the_families_in_turn_and_skips_by_family(monkeypatch):
             "_tokens": [[1]],
         }
 
-    monkeypatch.setattr(device, "run_entry", fake_entry)
-    monkeypatch.setattr(device, "_finish_rows", lambda rows: None)
+    monkeypatch.setattr(device.run, "run_entry", fake_entry)
+    monkeypatch.setattr(device.run, "_finish_rows", lambda rows: None)
     vehicles = {"causal": "causal", "space": "space", "dllm": "dllm", "asarm": "asarm"}
     s = device.RunSettings(methods=("ngram", "sps", "fixed-k", "ssd", "assd"))
     rows, emitted = {}, []
