@@ -2,7 +2,9 @@
 
 - :mod:`~jaxspec.bench.device.pack`: the pack format (parts, manifest, sha256, wheels, the
   returned JAX compilation cache);
-- :mod:`~jaxspec.bench.device.run`: the carry plan, the vehicles and prompts, the staged run
+- :mod:`~jaxspec.bench.device.plan`: the carry plan of a device session (which call carries
+  which pack parts);
+- :mod:`~jaxspec.bench.device.run`: the vehicles and prompts, the staged run
   and its result pages.
 
 This package re-exports the names the CLI (``scripts.device_bench``) and the tests use.
@@ -27,10 +29,14 @@ from jaxspec.bench.device.pack import (
     unpack,
     verify_pack,
 )
-from jaxspec.bench.device.run import (
-    _REAL_FAMILY,
+from jaxspec.bench.device.plan import (
     CARRY_MAX_BYTES,
     CARRY_MAX_PATHS,
+    carry_plan,
+    session_plan,
+)
+from jaxspec.bench.device.run import (
+    _REAL_FAMILY,
     REAL_VEHICLES,
     SUITES,
     Budget,
@@ -39,7 +45,6 @@ from jaxspec.bench.device.run import (
     _entries,
     answer_degeneracy,
     build_pack,
-    carry_plan,
     collect,
     coverage,
     dflash_drafter,
@@ -47,7 +52,6 @@ from jaxspec.bench.device.run import (
     parse_run_log,
     run_device_bench,
     run_methods_stage,
-    session_plan,
     smoke_prompts,
     smoke_vehicles,
     stage_plan,
