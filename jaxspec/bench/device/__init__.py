@@ -4,8 +4,9 @@
   returned JAX compilation cache);
 - :mod:`~jaxspec.bench.device.plan`: the carry plan of a device session (which call carries
   which pack parts);
-- :mod:`~jaxspec.bench.device.run`: the vehicles and prompts, the staged run
-  and its result pages.
+- :mod:`~jaxspec.bench.device.pages`: the result pages (each suite's json, markdown page
+  and figure, the returned bundle, its collection);
+- :mod:`~jaxspec.bench.device.run`: the vehicles and prompts and the staged run.
 
 This package re-exports the names the CLI (``scripts.device_bench``) and the tests use.
 """
@@ -29,6 +30,7 @@ from jaxspec.bench.device.pack import (
     unpack,
     verify_pack,
 )
+from jaxspec.bench.device.pages import SUITES, collect, coverage, parse_run_log
 from jaxspec.bench.device.plan import (
     CARRY_MAX_BYTES,
     CARRY_MAX_PATHS,
@@ -38,18 +40,14 @@ from jaxspec.bench.device.plan import (
 from jaxspec.bench.device.run import (
     _REAL_FAMILY,
     REAL_VEHICLES,
-    SUITES,
     Budget,
     RunSettings,
     Vehicle,
     _entries,
     answer_degeneracy,
     build_pack,
-    collect,
-    coverage,
     dflash_drafter,
     load_vehicles,
-    parse_run_log,
     run_device_bench,
     run_methods_stage,
     smoke_prompts,
