@@ -6,7 +6,9 @@
   which pack parts);
 - :mod:`~jaxspec.bench.device.pages`: the result pages (each suite's json, markdown page
   and figure, the returned bundle, its collection);
-- :mod:`~jaxspec.bench.device.run`: the vehicles and prompts and the staged run.
+- :mod:`~jaxspec.bench.device.vehicles`: the vehicles and prompts, and the pack that
+  carries them;
+- :mod:`~jaxspec.bench.device.run`: the staged run on the device.
 
 This package re-exports the names the CLI (``scripts.device_bench``) and the tests use.
 """
@@ -38,21 +40,23 @@ from jaxspec.bench.device.plan import (
     session_plan,
 )
 from jaxspec.bench.device.run import (
-    _REAL_FAMILY,
-    REAL_VEHICLES,
     Budget,
     RunSettings,
-    Vehicle,
     _entries,
     answer_degeneracy,
-    build_pack,
     dflash_drafter,
-    load_vehicles,
     run_device_bench,
     run_methods_stage,
+    stage_plan,
+)
+from jaxspec.bench.device.vehicles import (
+    _REAL_FAMILY,
+    REAL_VEHICLES,
+    Vehicle,
+    build_pack,
+    load_vehicles,
     smoke_prompts,
     smoke_vehicles,
-    stage_plan,
     write_manifest,
 )
 
