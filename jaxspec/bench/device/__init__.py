@@ -1,4 +1,14 @@
-"""One prepared benchmark run for a lent accelerator, by concern:
+"""One prepared benchmark run for a lent accelerator: pack, unpack, verify, run plan.
+
+A lent GPU machine has no network, receives the working tree plus at most 64 MiB per call
+(:data:`CARRY_MAX_BYTES`, the tree included), gives back at most 8 files of at most 16 MiB,
+and runs one command for at most 10 minutes. So everything the run needs is packed here on the
+CPU machine (:func:`build_pack`) into an ignored folder, and the device run
+(:func:`run_device_bench`) unpacks and checks it, then times every registered method
+(:mod:`jaxspec.methods`) on the test vehicles within a time budget, writing each suite's
+results as the suite ends and re-bundling them into one file under ``$OUT``.
+
+The modules, by concern:
 
 - :mod:`~jaxspec.bench.device.pack`: the pack format (parts, manifest, sha256, wheels, the
   returned JAX compilation cache);

@@ -1,14 +1,11 @@
-"""One prepared benchmark run for a lent accelerator: pack, unpack, verify, run plan.
+"""The device run: unpack and check the pack, then time every method in stages.
 
-A lent GPU machine has no network, receives the working tree plus at most 64 MiB per call
-(:data:`CARRY_MAX_BYTES`, the tree included), gives back at most 8 files of at most 16 MiB,
-and runs one command for at most 10 minutes. So everything the run needs is packed here on the
-CPU machine (:func:`build_pack`) into an ignored folder, and the device run
-(:func:`run_device_bench`) unpacks and checks it, then times every registered method
-(:mod:`jaxspec.methods`) on the test vehicles within a time budget, writing each suite's
-results as the suite ends and re-bundling them into one file under ``$OUT``.
-
-The pack's format is :mod:`jaxspec.bench.device.pack`.
+:func:`run_device_bench` unpacks and checks the pack (:mod:`jaxspec.bench.device.pack`),
+loads the vehicles (:mod:`jaxspec.bench.device.vehicles`), then times every registered method
+(:mod:`jaxspec.methods`) within a time budget (:class:`Budget`), in stages
+(:func:`stage_plan`) so that a budget that runs out loses the least important rows, writing
+each suite's results as the suite ends and re-bundling them into one file under ``$OUT``
+(:mod:`jaxspec.bench.device.pages`).
 
 The method registry is reached through one adapter (:class:`Registry`), so a change of the
 registry's API touches one place.

@@ -221,7 +221,8 @@ def build_pack(
     """Build the pack in ``pack_dir`` (emptied first): artifacts in parts, prompts, wheels,
     manifest; with ``jax_cache_from`` (a JAX compilation cache a device run returned:
     :func:`join_returned_cache`) also the optional artifact ``jax-cache``, which the run
-    extracts into its cache folder (:func:`run_device_bench`). ``smoke``: tiny random
+    extracts into its cache folder
+    (:func:`~jaxspec.bench.device.run.run_device_bench`). ``smoke``: tiny random
     vehicles (seconds); else the SmolLM2 GGUF (``gguf``, the fetched preset file by default;
     the other real vehicles are committed deltas and checkpoints that travel with the tree)
     and the HumanEval prompts.
