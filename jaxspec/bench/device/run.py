@@ -41,7 +41,12 @@ from jaxspec.bench.device.pages import (
     now_iso,
     write_suite,
 )
-from jaxspec.bench.device.vehicles import DFLASH_ARTIFACT, Vehicle, load_vehicles
+from jaxspec.bench.device.vehicles import (
+    DFLASH_ARTIFACT,
+    Vehicle,
+    dflash_drafter,
+    load_vehicles,
+)
 
 # The run goes in stages, not suite by suite, so that a budget that runs out loses the least
 # important rows: first every method's greedy batch-1 row across the three method suites
@@ -188,28 +193,6 @@ class RunSettings:
             sps_draft_layers=1,
             later_methods=1,
         )
-
-
-def dflash_drafter(vehicle: Vehicle) -> tuple:
-    """The ``(DFlashSpec, weights)`` the vehicle's ``dflash`` rows use, loaded once: the
-    trained drafter the pack carried (``extra["dflash_file"]``, :data:`DFLASH_ARTIFACT`), else
-    a random one of block 16, which times the drafter's forward and checks identity (its
-    acceptance is near 0 and its MAT says nothing).
-
-    Raises:
-      ValueError: the carried drafter was trained for another target
-        (:meth:`jaxspec.causal.dflash.DFlashSpec.check_target`) or its file is unreadable."""
-    from jaxspec.causal.dflash import DFlashSpec, init_drafter, load_drafter
-
-    if "dflash_drafter" not in vehicle.extra:
-        if vehicle.extra.get("dflash_file"):
-            spec, own = load_drafter(vehicle.extra["dflash_file"])
-            spec.check_target(vehicle.model.config)
-        else:
-            spec = DFlashSpec.for_target(vehicle.model.config, block_size=16)
-            own = init_drafter(spec, seed=0)
-        vehicle.extra["dflash_drafter"] = (spec, own)
-    return vehicle.extra["dflash_drafter"]
 
 
 def method_options(

@@ -90,6 +90,28 @@ class Vehicle:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
+def dflash_drafter(vehicle: Vehicle) -> tuple:
+    """The ``(DFlashSpec, weights)`` the vehicle's ``dflash`` rows use, loaded once: the
+    trained drafter the pack carried (``extra["dflash_file"]``, :data:`DFLASH_ARTIFACT`), else
+    a random one of block 16, which times the drafter's forward and checks identity (its
+    acceptance is near 0 and its MAT says nothing).
+
+    Raises:
+      ValueError: the carried drafter was trained for another target
+        (:meth:`jaxspec.causal.dflash.DFlashSpec.check_target`) or its file is unreadable."""
+    from jaxspec.causal.dflash import DFlashSpec, init_drafter, load_drafter
+
+    if "dflash_drafter" not in vehicle.extra:
+        if vehicle.extra.get("dflash_file"):
+            spec, own = load_drafter(vehicle.extra["dflash_file"])
+            spec.check_target(vehicle.model.config)
+        else:
+            spec = DFlashSpec.for_target(vehicle.model.config, block_size=16)
+            own = init_drafter(spec, seed=0)
+        vehicle.extra["dflash_drafter"] = (spec, own)
+    return vehicle.extra["dflash_drafter"]
+
+
 def _tiny_factories():
     from jaxspec.testing.tiny import tiny_diffusion_model, tiny_model, tiny_xlnet
 
