@@ -4,7 +4,7 @@ under jaxspec's own parameter layout and sharding rules (the table of docs/check
 
     .venv/bin/python notebooks/memory_table.py          # prints the markdown table
 
-Nothing is allocated: the parameter shapes come from ``jax.eval_shape`` of
+Nothing is allocated: the parameter shapes come from ``jax.eval_shape`` of the parameters of
 :class:`models.llama.modeling.CausalLM` (the body LLaDA and Dream share), and every count is
 checked against the closed formula (``V`` vocabulary, ``D`` hidden size, ``L`` layers, ``H`` query
 heads, ``K`` key/value heads, ``Dh`` head width, ``F`` MLP width, ``t`` 1 for tied embeddings)::
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from models.config import ModelConfig
-from models.llama.modeling import CausalLM
+from models.llama.modeling import init_params
 from models.sharding import MeshError, check_mesh, partition_spec
 
 # Published config.json values (Hugging Face model repositories): GSAI-ML/LLaDA-8B-Instruct
@@ -79,12 +79,9 @@ GB = 1e9
 def param_shapes(config: ModelConfig) -> dict:
     """``{path: shape}`` of the parameter tree (``"embed"``, ``"layers/wq"``, ...), from
     ``jax.eval_shape`` (no memory allocated)."""
-    tok = jnp.zeros((1, 2), jnp.int32)
-    pos = jnp.arange(2, dtype=jnp.int32)[None]
-    mask = jnp.tril(jnp.ones((2, 2), bool))[None]
-    tree = jax.eval_shape(lambda: CausalLM(config).init(jax.random.PRNGKey(0), tok, pos, mask))
+    tree = jax.eval_shape(lambda: init_params(config))
     out = {}
-    for k, v in tree["params"].items():
+    for k, v in tree.items():
         if isinstance(v, dict):
             out.update({f"{k}/{kk}": tuple(vv.shape) for kk, vv in v.items()})
         else:
