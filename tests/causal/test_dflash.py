@@ -231,6 +231,31 @@ def _exact_joint(model, params, prompt, n_new, cfg):
     return enumerate_chain(next_logprobs, n_new)
 
 
+def test_sampling_distribution_exact_with_a_shorter_verify_length():
+    """A block-4 drafter verifying only its first 2 drafts (``verify_length``): 10^4 sampled
+    continuations follow the enumerated AR joint distribution, drafts accepted and rejected."""
+    cfg = SamplingConfig(temperature=1.0)
+    V, N, k = 6, 10_000, 2
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    full, dparams = _drafter(model, params, 4, ids=(1,), sampling=cfg, scale=30.0)
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=k + 2,
+        sampling=cfg,
+        drafter=DFlashDrafter(full.spec, cfg, verify_length=k),
+        drafter_params=dparams,
+        seed=11,
+        bucket=8,
+    )
+    chk = check_distribution(res.tokens, exact)
+    assert chk.passed, chk.why
+    assert 0.02 < res.stats.acceptance_rate < 0.95, res.stats.acceptance_rate
+
+
 @pytest.mark.parametrize(
     "cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)]
 )
