@@ -240,6 +240,35 @@ def _suite_row(
     }
 
 
+def _per_prompt_records(prompts, names, outs, ttft, decode) -> list[dict[str, Any]]:
+    """One record per prompt: each system's tokens, time, target NFE and acceptance counts,
+    and whether its tokens equal the baseline's (with the texts where ``decode`` is given)."""
+    ref = outs[BASELINE]
+    per_prompt = []
+    for i, p in enumerate(prompts):
+        entry: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "systems": {}}
+        for n in names:
+            o = outs[n][i]
+            same = o.tokens == ref[i].tokens
+            entry["systems"][n] = {
+                "new_tokens": len(o.tokens),
+                "seconds": _num(o.seconds, 5),
+                "ttft_s": _num(ttft[n][i], 5) if n in ttft else None,
+                "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
+                "target_nfe": o.target_nfe,
+                "proposed": o.proposed,
+                "accepted": o.accepted,
+                "identical_to_reference": same,
+                "first_divergence": first_divergence(o.tokens, ref[i].tokens),
+            }
+            if decode is not None and not same:
+                entry["systems"][n]["output"] = decode(o.tokens)
+        if decode is not None:
+            entry["reference_output"] = decode(ref[i].tokens)
+        per_prompt.append(entry)
+    return per_prompt
+
+
 def run_ar_suite(
     systems: Sequence,
     prompts: Sequence[BenchPrompt],
@@ -302,7 +331,6 @@ def run_ar_suite(
     )
     model_bytes = int(np.dtype(param_dtype).itemsize) * int(num_params or 0)
 
-    ref = outs[BASELINE]
     rows = [
         _suite_row(
             s,
@@ -314,28 +342,7 @@ def run_ar_suite(
         )
         for s in systems
     ]
-    per_prompt = []
-    for i, p in enumerate(prompts):
-        entry: dict[str, Any] = {"task_id": p.task_id, "prompt_tokens": len(p.ids), "systems": {}}
-        for n in names:
-            o = outs[n][i]
-            same = o.tokens == ref[i].tokens
-            entry["systems"][n] = {
-                "new_tokens": len(o.tokens),
-                "seconds": _num(o.seconds, 5),
-                "ttft_s": _num(ttft[n][i], 5) if n in ttft else None,
-                "tokens_per_s": _num(len(o.tokens) / max(o.seconds, 1e-9), 3),
-                "target_nfe": o.target_nfe,
-                "proposed": o.proposed,
-                "accepted": o.accepted,
-                "identical_to_reference": same,
-                "first_divergence": first_divergence(o.tokens, ref[i].tokens),
-            }
-            if decode is not None and not same:
-                entry["systems"][n]["output"] = decode(o.tokens)
-        if decode is not None:
-            entry["reference_output"] = decode(ref[i].tokens)
-        per_prompt.append(entry)
+    per_prompt = _per_prompt_records(prompts, names, outs, ttft, decode)
 
     bandwidth = bandwidth_ceiling(num_params, param_dtype, bandwidth_reps) if num_params else None
     if bandwidth is not None and matvec_s:
