@@ -147,7 +147,11 @@ class DFlashSection:
     sequence, ``gamma`` the position decay of DFlash Eq. 4 (None: uniform weights).
     ``answer_cap``: the answer budget the distillation file was written with (an answer this
     long was cut, not ended). ``init_weights``: a drafter file (``save_drafter``) whose
-    weights start the run; its spec must equal this config's."""
+    weights start the run; its spec must equal this config's. ``feature_cache``: a ``.npy``
+    file of the target's feature-layer states of every row, built once before the first
+    step and then read instead of running the target (None: computed on the fly every
+    step); ``feature_cache_dtype``: ``float16`` or ``float32``
+    (:mod:`jaxspec.training.dflash_run`)."""
 
     block_size: int = 16
     num_layers: int = 1
@@ -157,6 +161,8 @@ class DFlashSection:
     gamma: Optional[float] = 7.0
     answer_cap: int = 192
     init_weights: Optional[str] = None
+    feature_cache: Optional[str] = None
+    feature_cache_dtype: str = "float16"
 
 
 @dataclasses.dataclass

@@ -40,9 +40,13 @@ spec and the run's step / tokens as metadata), loadable by ``scripts.generate
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -115,10 +119,20 @@ class DFlashRows:
     function of ``(seed, step)``: global sample ``k`` is row ``perm_e[k mod N]`` of the
     epoch-``e = k // N`` permutation (seeded by ``seed`` and ``e``).
 
+    With ``row_base`` (an int), batches are ``int32 (n, 3, T)``: the third channel holds
+    ``row_base + i`` (``i`` the row's index in ``tokens``) at every position, the row of the
+    feature cache that holds its target features (:class:`FeatureCache`).
+
     Raises:
       DataError: no rows, or ``tokens`` and ``trainable`` of different shapes."""
 
-    def __init__(self, tokens: np.ndarray, trainable: np.ndarray, seed: int = 0):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        trainable: np.ndarray,
+        seed: int = 0,
+        row_base: Optional[int] = None,
+    ):
         tokens, trainable = np.asarray(tokens), np.asarray(trainable)
         if tokens.ndim != 2 or len(tokens) == 0 or trainable.shape != tokens.shape:
             raise DataError(
@@ -127,7 +141,15 @@ class DFlashRows:
             )
         self.tokens, self.trainable, self.seed = tokens, trainable, int(seed)
         self.seq_len = tokens.shape[1]
+        self.row_base = None if row_base is None else int(row_base)
         self._perms: dict[int, np.ndarray] = {}
+
+    def _rows(self, idx: list[int]) -> np.ndarray:
+        parts = [self.tokens[idx], self.trainable[idx].astype(np.int32)]
+        if self.row_base is not None:
+            rows = self.row_base + np.asarray(idx, np.int32)
+            parts.append(np.broadcast_to(rows[:, None], (len(idx), self.seq_len)))
+        return np.stack(parts, axis=1).astype(np.int32)
 
     def _row(self, k: int) -> int:
         n = len(self.tokens)
@@ -139,17 +161,16 @@ class DFlashRows:
         return int(self._perms[e][k % n])
 
     def batch(self, step: int, samples_per_step: int) -> np.ndarray:
-        """``int32 (samples_per_step, 2, T)``: the batch of ``step``."""
+        """``int32 (samples_per_step, 2 or 3, T)``: the batch of ``step``."""
         idx = [self._row(k) for k in range(step * samples_per_step, (step + 1) * samples_per_step)]
-        return np.stack([self.tokens[idx], self.trainable[idx].astype(np.int32)], axis=1)
+        return self._rows(idx)
 
     def fixed_batches(self, num: int, batch_size: int) -> list[np.ndarray]:
         """``num`` evaluation batches of the rows in file order (wrapping around)."""
         n = len(self.tokens)
         out = []
         for i in range(num):
-            idx = [(i * batch_size + j) % n for j in range(batch_size)]
-            out.append(np.stack([self.tokens[idx], self.trainable[idx].astype(np.int32)], axis=1))
+            out.append(self._rows([(i * batch_size + j) % n for j in range(batch_size)]))
         return out
 
 
@@ -229,36 +250,289 @@ def build_rows(cfg: TrainConfig, eos_id: int, log=lambda m: print(m, file=sys.st
     return out[0], out[1], {"distill": {"path": str(cfg.data.distill), **stats}}
 
 
+# ----------------------------------------------------------------------- the feature cache
+FEATURE_CACHE_FORMAT = "jaxspec-dflash-features/1"
+FEATURE_CACHE_DTYPES = ("float16", "float32")
+# sidecar fields that must equal the run's (in this order: the first that differs is named);
+# data_file (the path as given) and done (rows written) are recorded, not compared
+CACHE_IDENTITY = (
+    "format",
+    "dtype",
+    "layer_ids",
+    "seq_len",
+    "target",
+    "target_sha256",
+    "data_sha256",
+    "train_rows",
+    "val_rows",
+    "rows_sha256",
+    "shape",
+)
+
+
+def _sha256_file(path) -> Optional[str]:
+    p = Path(path)
+    if not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with p.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def params_sha256(model, params) -> str:
+    """sha256 of a model's config and every parameter (path, dtype, shape, bytes): the
+    identity of the (cut) target a feature cache was computed with."""
+    h = hashlib.sha256()
+    conf = model.config
+    desc = dataclasses.asdict(conf) if dataclasses.is_dataclass(conf) else repr(conf)
+    h.update(json.dumps(desc, sort_keys=True, default=str).encode())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        a = np.asarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _rows_sha256(datasets) -> str:
+    h = hashlib.sha256()
+    for ds in datasets:
+        for a in (ds.tokens, ds.trainable):
+            a = np.ascontiguousarray(a)
+            h.update(f"{a.dtype}|{a.shape}".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def feature_cache_meta(cfg: TrainConfig, spec: DFlashSpec, fmodel, fparams, train_ds, val_ds):
+    """The sidecar a feature cache of this run must carry (:data:`CACHE_IDENTITY` plus
+    ``data_file`` and ``done``): the rows are the train rows, then the val rows, in the order
+    of :func:`build_rows`; ``shape`` is ``(rows, T, len(layer_ids), D)``."""
+    parts = [train_ds] + ([val_ds] if val_ds is not None else [])
+    rows = sum(len(ds.tokens) for ds in parts)
+    return {
+        "format": FEATURE_CACHE_FORMAT,
+        "dtype": cfg.dflash.feature_cache_dtype,
+        "layer_ids": list(spec.layer_ids),
+        "seq_len": int(train_ds.seq_len),
+        "target": cfg.model.preset,
+        "target_sha256": params_sha256(fmodel, fparams),
+        "data_file": cfg.data.distill,
+        "data_sha256": _sha256_file(cfg.data.distill) if cfg.data.distill else None,
+        "train_rows": len(train_ds.tokens),
+        "val_rows": 0 if val_ds is None else len(val_ds.tokens),
+        "rows_sha256": _rows_sha256(parts),
+        "shape": [rows, int(train_ds.seq_len), len(spec.layer_ids), int(spec.target_hidden)],
+        "done": 0,
+    }
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def _write_sidecar(path: Path, meta: dict) -> None:
+    tmp = _sidecar(path).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, _sidecar(path))
+
+
+def _short(v):
+    return f"{v[:12]}..." if isinstance(v, str) and len(v) == 64 else v
+
+
+def check_feature_cache(path, meta: dict) -> int:
+    """Rows of the cache at ``path`` already written for this run (0: none yet, or no usable
+    file): its sidecar must equal ``meta`` (:func:`feature_cache_meta`) on every
+    :data:`CACHE_IDENTITY` field.
+
+    Raises:
+      TrainConfigError: ``path`` does not end in ``.npy``, an unreadable sidecar, or one
+        whose field differs from this run's (one line naming the first such field)."""
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise TrainConfigError(f"dflash.feature_cache must name a .npy file, got {str(path)!r}")
+    side = _sidecar(path)
+    if not side.is_file():
+        return 0
+    try:
+        stored = json.loads(side.read_text())
+    except (OSError, ValueError) as e:
+        raise TrainConfigError(f"dflash.feature_cache sidecar {side} is unreadable ({e})") from None
+    for k in CACHE_IDENTITY:
+        if stored.get(k) != meta[k]:
+            raise TrainConfigError(
+                f"dflash.feature_cache {path} was built for another {k} "
+                f"({_short(stored.get(k))!r}; this run: {_short(meta[k])!r}): delete {path.name} "
+                f"and {side.name} or name another file"
+            )
+    if not path.is_file():
+        return 0
+    try:
+        mm = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return 0
+    if list(mm.shape) != meta["shape"] or str(mm.dtype) != meta["dtype"]:
+        return 0
+    return int(stored.get("done", 0))
+
+
+def build_feature_cache(
+    path,
+    meta: dict,
+    fmodel,
+    fparams,
+    tokens: np.ndarray,
+    batch_size: int,
+    *,
+    progress: bool = True,
+    max_seconds: Optional[float] = None,
+    flush_every_s: float = 30.0,
+    log=lambda m: print(m, file=sys.stderr),
+) -> bool:
+    """Write the target features of ``tokens`` int32 ``(rows, T)`` (:func:`target_features`
+    after ``meta["layer_ids"]``, one pass of the cut target ``fmodel`` per ``batch_size``
+    rows) into the ``.npy`` memory map ``path`` (``meta["shape"]``, ``meta["dtype"]``) and
+    its JSON sidecar (``path`` with ``.json``; ``meta`` plus ``done``, the rows written).
+
+    Resumable: rows are flushed to disk before ``done`` counts them (every
+    ``flush_every_s`` seconds, past ``max_seconds`` and at the end), so a killed or stopped
+    build continues at ``done`` (:func:`check_feature_cache`); without a usable file it
+    starts at row 0. Past ``max_seconds`` it stops after the batch in hand.
+
+    Returns:
+      True when all rows are written, False when it stopped at ``max_seconds``.
+
+    Raises:
+      TrainConfigError: a sidecar for another run (:func:`check_feature_cache`), a feature
+        that is not finite once cast to ``meta["dtype"]`` (float16 overflows past 65504).
+    """
+    from numpy.lib.format import open_memmap
+    from tqdm.auto import tqdm
+
+    path = Path(path)
+    rows, dtype = meta["shape"][0], np.dtype(meta["dtype"])
+    if len(tokens) != rows:
+        raise ValueError(f"tokens has {len(tokens)} rows, the cache {rows}")
+    done = check_feature_cache(path, meta)
+    if done >= rows:
+        return True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if done == 0:
+        mm = open_memmap(path, mode="w+", dtype=dtype, shape=tuple(meta["shape"]))
+        _write_sidecar(path, {**meta, "done": 0})
+    else:
+        mm = open_memmap(path, mode="r+")
+    gb = mm.nbytes / 1e9
+    log(
+        f"[train] feature cache {path}: rows {done}..{rows - 1} of {rows} to compute "
+        f"({tuple(meta['shape'])} {dtype.name}, {gb:.2f} GB; the target's layers "
+        f"{meta['layer_ids']})"
+    )
+    layer_ids = tuple(meta["layer_ids"])
+    feats = jax.jit(lambda p, t: target_features(fmodel, p, t, layer_ids))
+    t0 = t_flush = time.perf_counter()
+    bar = tqdm(total=rows, initial=done, disable=not progress, desc="features", unit="row")
+    complete = True
+    try:
+        for s in range(done, rows, batch_size):
+            e = min(s + batch_size, rows)
+            tok = tokens[s:e]
+            if e - s < batch_size:  # one static shape: pad the last batch with its last row
+                tok = np.concatenate([tok, np.repeat(tok[-1:], batch_size - (e - s), 0)])
+            h = np.asarray(feats(fparams, jnp.asarray(tok, jnp.int32)))[: e - s].astype(dtype)
+            if not np.all(np.isfinite(h)):
+                raise TrainConfigError(
+                    f"dflash.feature_cache: a target feature of rows {s}..{e - 1} is not "
+                    f"finite as {dtype.name} (beyond its range): use feature_cache_dtype "
+                    f"float32"
+                )
+            mm[s:e] = h
+            bar.update(e - s)
+            now = time.perf_counter()
+            late = max_seconds is not None and now - t0 >= max_seconds
+            if e == rows or late or now - t_flush >= flush_every_s:
+                mm.flush()
+                _write_sidecar(path, {**meta, "done": e})
+                t_flush = now
+            if late and e < rows:
+                complete = False
+                log(
+                    f"[train] time budget spent: feature cache at {e} of {rows} rows "
+                    f"(rerun to continue)"
+                )
+                break
+    finally:
+        bar.close()
+        del mm
+    return complete
+
+
+class FeatureCache:
+    """Read side of a complete feature cache: ``take(rows int (...)) -> (..., T, n, D)`` of
+    the stored dtype, gathered on the host from the memory map."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.features = np.load(self.path, mmap_mode="r")
+
+    def take(self, rows) -> np.ndarray:
+        rows = np.asarray(rows)
+        return np.asarray(self.features[rows.reshape(-1)]).reshape(
+            *rows.shape, *self.features.shape[1:]
+        )
+
+
+def _with_features(fn, cache: FeatureCache, batch_arg: int):
+    """``fn`` (a jitted step or eval of :func:`compiled_fns`) for batches that carry the
+    cache row in channel 2 (:class:`DFlashRows` ``row_base``): the rows' features come from
+    ``cache`` and go in as ``hidden``."""
+
+    def call(*args):
+        b = np.asarray(args[batch_arg])
+        args = list(args)
+        args[batch_arg] = b[..., :2, :]
+        return fn(*args, hidden=cache.take(b[..., 2, 0]))
+
+    return call
+
+
 @functools.lru_cache(maxsize=4)
 def compiled_fns(spec: DFlashSpec, feature_model, cfg_json: str):
     """``(jitted train step, jitted eval, optax transform, schedule)`` of a ``dflash`` run.
 
-    The step ``(own, opt_state, base, batch int32 (accum, N, 2, T), step) -> (own, opt_state,
-    stats)`` (``base``: ``{"target": the cut target's params, "shared": embed / lm_head}``)
-    averages the micro-batches' gradients and applies one update (donating ``own`` and
-    ``opt_state``); ``stats``: ``loss``, ``grad_norm``, ``masked_acc``. The eval ``(own, base,
-    batch (N, 2, T), i) -> (loss, metrics)`` draws its anchors with the fixed key
-    ``fold_in(PRNGKey(seed + 1), i)``."""
+    The step ``(own, opt_state, base, batch int32 (accum, N, 2, T), step, hidden=None) ->
+    (own, opt_state, stats)`` (``base``: ``{"target": the cut target's params, "shared":
+    embed / lm_head}``) averages the micro-batches' gradients and applies one update
+    (donating ``own`` and ``opt_state``); ``stats``: ``loss``, ``grad_norm``, ``masked_acc``.
+    The eval ``(own, base, batch (N, 2, T), i, hidden=None) -> (loss, metrics)`` draws its
+    anchors with the fixed key ``fold_in(PRNGKey(seed + 1), i)``. ``hidden``: the target
+    features of the batch's rows, float16 / float32 ``(accum, N, T, n, D)`` (step) or
+    ``(N, T, n, D)`` (eval), from a :class:`FeatureCache`; None: the target computes them
+    (``base["target"]`` is then unused)."""
     cfg = config_from_dict(json.loads(cfg_json))
     seed, accum, d = cfg.train.seed, cfg.optim.grad_accum, cfg.dflash
     tx, sched = make_optimizer(cfg)
 
-    def loss_on(own, base, batch, key):
+    def loss_on(own, base, batch, key, hidden=None):
         tokens, trainable = batch[:, 0], batch[:, 1].astype(bool)
-        hidden = target_features(feature_model, base["target"], tokens, spec.layer_ids)
+        if hidden is None:
+            hidden = target_features(feature_model, base["target"], tokens, spec.layer_ids)
         anchors, ok = sample_anchors(key, trainable, d.blocks_per_seq)
         return dflash_loss(
             spec, own, base["shared"], tokens, hidden, trainable, anchors, ok, d.gamma
         )
 
-    def step_fn(own, opt, base, batch, step):
+    def step_fn(own, opt, base, batch, step, hidden=None):
         key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
 
         def micro(carry, xs):
             gsum, lsum, hits, scored = carry
-            mb, i = xs
+            mb, i, hid = xs
             (loss, m), g = jax.value_and_grad(loss_on, has_aux=True)(
-                own, base, mb, jax.random.fold_in(key, i)
+                own, base, mb, jax.random.fold_in(key, i), hid
             )
             return (
                 jax.tree.map(jnp.add, gsum, g),
@@ -270,7 +544,7 @@ def compiled_fns(spec: DFlashSpec, feature_model, cfg_json: str):
         zero = jnp.float32(0)
         init = (jax.tree.map(jnp.zeros_like, own), zero, zero, zero)
         (g, lsum, hits, scored), _ = jax.lax.scan(
-            micro, init, (batch, jnp.arange(accum, dtype=jnp.int32))
+            micro, init, (batch, jnp.arange(accum, dtype=jnp.int32), hidden)
         )
         g = jax.tree.map(lambda x: x / accum, g)
         gnorm = optax.tree.norm(g)
@@ -283,8 +557,9 @@ def compiled_fns(spec: DFlashSpec, feature_model, cfg_json: str):
         }
         return own, opt, stats
 
-    def eval_fn(own, base, batch, i):
-        return loss_on(own, base, batch, jax.random.fold_in(jax.random.PRNGKey(seed + 1), i))
+    def eval_fn(own, base, batch, i, hidden=None):
+        key = jax.random.fold_in(jax.random.PRNGKey(seed + 1), i)
+        return loss_on(own, base, batch, key, hidden)
 
     return jax.jit(step_fn, donate_argnums=(0, 1)), jax.jit(eval_fn), tx, sched
 
@@ -363,6 +638,20 @@ def train_dflash(
     fmodel, fparams = truncated_target(target, params, spec.layer_ids)
     shared = {k: params[k] for k in ("embed", "lm_head") if k in params}
     base = {"target": fparams, "shared": shared}
+    cache_path = cfg.dflash.feature_cache
+    if cache_path:  # every check before the run opens
+        if cfg.dflash.feature_cache_dtype not in FEATURE_CACHE_DTYPES:
+            raise TrainConfigError(
+                f"dflash.feature_cache_dtype must be one of {FEATURE_CACHE_DTYPES}, got "
+                f"{cfg.dflash.feature_cache_dtype!r}"
+            )
+        cache_meta = feature_cache_meta(cfg, spec, fmodel, fparams, train_ds, val_ds)
+        check_feature_cache(cache_path, cache_meta)
+        train_ds = DFlashRows(train_ds.tokens, train_ds.trainable, train_ds.seed, row_base=0)
+        if val_ds is not None:
+            val_ds = DFlashRows(
+                val_ds.tokens, val_ds.trainable, val_ds.seed, row_base=len(train_ds.tokens)
+            )
     own = jax.tree.map(lambda x: jnp.array(x, jnp.float32), _start_weights(cfg, spec))
     jstep, eval_fn, tx, sched = compiled_fns(spec, fmodel, _compile_key(cfg))
     opt_state = tx.init(own)
@@ -371,11 +660,44 @@ def train_dflash(
     log(
         f"[train] DFlash drafter: {sum(x.size for x in jax.tree.leaves(own)):,} parameters, "
         f"block {spec.block_size}, {spec.num_layers} layer(s), target layers {spec.layer_ids} "
-        f"(the target runs {fmodel.config.num_layers} of its {target.config.num_layers} layers)"
+        f"(the target runs {fmodel.config.num_layers} of its {target.config.num_layers} layers"
+        + (", once per row into the feature cache)" if cache_path else " every step)")
     )
 
     mngr, start, own, opt_state = _open_run(cfg, out, own, opt_state, resume=resume, log=log)
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, stop_after)
+    if cache_path:
+        t0 = time.perf_counter()
+        rows = [train_ds.tokens] + ([val_ds.tokens] if val_ds is not None else [])
+        complete = build_feature_cache(
+            cache_path,
+            cache_meta,
+            fmodel,
+            fparams,
+            np.concatenate(rows),
+            bs,
+            progress=progress,
+            max_seconds=max_seconds,
+            log=log,
+        )
+        if max_seconds is not None:
+            max_seconds = max(0.0, max_seconds - (time.perf_counter() - t0))
+        if not complete:  # the budget went to the cache: no step this time
+            mngr.close()
+            return {
+                "step": start,
+                "stopped_early": True,
+                "trainable": own,
+                "losses": {},
+                "wall_s": time.perf_counter() - t0,
+                "step_times": [],
+                "tokens_per_step": cfg.optim.grad_accum * bs * cfg.data.seq_len,
+            }
+        cache = FeatureCache(cache_path)
+        base = {"target": {}, "shared": shared}  # the target is not run any more
+        del fparams, params
+        jstep, eval_fn = _with_features(jstep, cache, 3), _with_features(eval_fn, cache, 2)
+        log(f"[train] target features from {cache_path} ({cache.features.dtype})")
     run = _Run(
         cfg=cfg,
         step_fn=jstep,
