@@ -18,6 +18,26 @@ the key ``fold_in(fold_in(PRNGKey(seed), step), i)``; the gradient of DFlash's E
 the drafter's own tree is averaged over the ``grad_accum`` micro-batches. Batches and keys
 are functions of the step, so ``--resume`` reproduces an uninterrupted run.
 
+**Feature cache** (``dflash.feature_cache: PATH.npy``, off by default): the target's
+features do not change during training, so they can be computed once per row instead of
+once per step (the DFlash paper: "computed on the fly or cached"). Before the first step,
+:func:`build_feature_cache` runs the cut target over every train row, then every val row
+(``batch_size`` rows per pass) into a ``.npy`` memory map of shape ``(rows, T, n, D)``
+(``dflash.feature_cache_dtype``: ``float16``, the default, 2 bytes per value, or
+``float32``) beside a JSON sidecar ``PATH.json`` recording what it was computed from: the
+target preset and a sha256 of the cut target's config and weights, ``layer_ids``, the data
+file and its sha256, ``seq_len``, the train / val row counts and a sha256 of the rows in
+order, the dtype and shape, and ``done``, the rows written. The build is resumable (rows are
+flushed before ``done`` counts them; a rerun continues at ``done``) and ``--max-minutes``
+counts it: a budget spent on the cache stops the run before its first step. A sidecar of
+another run is refused in one line naming the first field that differs (delete the two
+files to rebuild). With the cache, batches carry each row's cache index
+(:class:`DFlashRows` ``row_base``), the step gathers those rows' features on the host from
+the memory map and hands them to the jitted step / eval as ``hidden``; the target's layers
+are dropped from memory. Batches, anchors, the loss, the held-out rows, resume and export are
+those of the on-the-fly run: a float32 cache reproduces its losses to float32 round-off, a
+float16 cache to the rounding of the features (relative ``2^-11``).
+
 **Memory.** The blocks of a sequence attend to one copy of its context keys / values (not one
 per block): per micro-batch the drafter holds ``l x N x T`` context rows and ``N x A x B``
 block rows, and the logits of the ``N x A x (B - 1)`` draft rows over the vocabulary (with
@@ -62,7 +82,17 @@ from jaxspec.training.data import DataError
 from jaxspec.training.dflash import dflash_loss, sample_anchors, target_features, truncated_target
 from jaxspec.training.distill import read_distill
 
-__all__ = ["DFlashRows", "distill_sequences", "build_target", "compiled_fns", "train_dflash"]
+__all__ = [
+    "DFlashRows",
+    "FeatureCache",
+    "build_feature_cache",
+    "build_target",
+    "check_feature_cache",
+    "compiled_fns",
+    "distill_sequences",
+    "feature_cache_meta",
+    "train_dflash",
+]
 
 
 def distill_sequences(
@@ -398,9 +428,11 @@ def build_feature_cache(
     its JSON sidecar (``path`` with ``.json``; ``meta`` plus ``done``, the rows written).
 
     Resumable: rows are flushed to disk before ``done`` counts them (every
-    ``flush_every_s`` seconds, past ``max_seconds`` and at the end), so a killed or stopped
-    build continues at ``done`` (:func:`check_feature_cache`); without a usable file it
-    starts at row 0. Past ``max_seconds`` it stops after the batch in hand.
+    ``flush_every_s`` seconds, past ``max_seconds``, at the end and when an exception such
+    as ``KeyboardInterrupt`` stops the build), so a stopped or killed build continues at
+    ``done`` (:func:`check_feature_cache`; a killed one recomputes at most the last
+    ``flush_every_s`` seconds); without a usable file it starts at row 0. Past
+    ``max_seconds`` it stops after the batch in hand.
 
     Returns:
       True when all rows are written, False when it stopped at ``max_seconds``.
@@ -435,7 +467,7 @@ def build_feature_cache(
     feats = jax.jit(lambda p, t: target_features(fmodel, p, t, layer_ids))
     t0 = t_flush = time.perf_counter()
     bar = tqdm(total=rows, initial=done, disable=not progress, desc="features", unit="row")
-    complete = True
+    complete, written, recorded = True, done, done
     try:
         for s in range(done, rows, batch_size):
             e = min(s + batch_size, rows)
@@ -450,13 +482,14 @@ def build_feature_cache(
                     f"float32"
                 )
             mm[s:e] = h
+            written = e
             bar.update(e - s)
             now = time.perf_counter()
             late = max_seconds is not None and now - t0 >= max_seconds
             if e == rows or late or now - t_flush >= flush_every_s:
                 mm.flush()
                 _write_sidecar(path, {**meta, "done": e})
-                t_flush = now
+                recorded, t_flush = e, now
             if late and e < rows:
                 complete = False
                 log(
@@ -464,8 +497,11 @@ def build_feature_cache(
                     f"(rerun to continue)"
                 )
                 break
-    finally:
+    finally:  # an exception (Ctrl-C included) keeps the rows written so far
         bar.close()
+        if written > recorded:
+            mm.flush()
+            _write_sidecar(path, {**meta, "done": written})
         del mm
     return complete
 
@@ -618,11 +654,15 @@ def train_dflash(
     ``objective.kind: dflash`` (scripts.train calls it; same arguments,
     files and metrics rows, module docstring for the held-out columns); ``datasets``: optional
     ``(train, val)`` :class:`DFlashRows`; ``model_and_params``: the frozen target. Writes
-    ``drafter.safetensors`` at the stop; the result also has ``drafter_bytes``.
+    ``drafter.safetensors`` at the stop; the result also has ``drafter_bytes``. With
+    ``dflash.feature_cache``, the cache is built or completed first (module docstring); when
+    ``max_seconds`` runs out during the build the run stops before any step (``step`` the
+    checkpoint it started from, ``stopped_early`` True, no ``drafter_bytes``).
 
     Raises:
       TrainConfigError: ``out_dir`` holds checkpoints and ``resume`` is False; bad config
-        or data (:func:`build_target`, :func:`build_rows`)."""
+        or data (:func:`build_target`, :func:`build_rows`); a feature cache of another run
+        or a bad ``feature_cache`` / ``feature_cache_dtype`` (:func:`check_feature_cache`)."""
     from jaxspec.training.loop import _compile_key, _drive, _open_run, _Run
 
     out = Path(out_dir).resolve()

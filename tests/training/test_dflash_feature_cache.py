@@ -12,6 +12,7 @@ stopped.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -202,12 +203,13 @@ def test_resume_with_cache_continues_the_schedule(tmp_path, tiny):
     ]
 
 
-def test_interrupted_build_continues(tmp_path, tiny):
+def test_interrupted_build_continues(tmp_path, tiny, monkeypatch):
     """A build stopped by its time budget records the rows it flushed; rows past that count
     (garbage here) are recomputed on the next call, which ends with the cache a single build
-    writes. Without its ``.npy`` the sidecar's count is ignored and the build starts over.
-    Through ``train_dflash``: a budget spent on the cache runs no step, and the rerun
-    finishes the cache and trains."""
+    writes; so does a build stopped by Ctrl-C (it records the rows written). Without its
+    ``.npy`` the sidecar's count is ignored and the build starts over. Through
+    ``train_dflash``: a budget spent on the cache runs no step, and the rerun finishes the
+    cache and trains."""
     model, params = tiny
     path = _distill(tmp_path, tiny)
     cfg = _cfg(path, tmp_path / "x.npy")
@@ -229,6 +231,25 @@ def test_interrupted_build_continues(tmp_path, tiny):
     assert build_feature_cache(part, meta, model, params, tokens, 4, **kw)
     np.testing.assert_array_equal(np.load(part), np.load(ref))
     assert json.loads((tmp_path / "part.json").read_text())["done"] == 28
+
+    calls = []
+
+    def interrupted(x, dtype=None):  # Ctrl-C while the third batch is prepared
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return jnp.asarray(x, dtype)
+
+    import jaxspec.training.dflash_run as dr
+
+    again = tmp_path / "again.npy"
+    monkeypatch.setattr(dr, "jnp", SimpleNamespace(asarray=interrupted, int32=jnp.int32))
+    with pytest.raises(KeyboardInterrupt):
+        build_feature_cache(again, meta, model, params, tokens, 4, **kw)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "again.json").read_text())["done"] == 8
+    assert build_feature_cache(again, meta, model, params, tokens, 4, **kw)
+    np.testing.assert_array_equal(np.load(again), np.load(ref))
 
     part.unlink()  # the sidecar says done, the file is gone: start over
     assert build_feature_cache(part, meta, model, params, tokens, 4, **kw)
