@@ -6,7 +6,9 @@ Objective (DFlash, Chen, Liang, Liu, arXiv 2602.06036; the loss is its Eq. 4):
 1. **Target features.** One causal pass of the frozen target over each training sequence
    returns the hidden states after the drafter's ``layer_ids`` (:func:`target_features`; the
    same ``hidden_layers`` option the decoder uses, on the target cut after its deepest
-   feature layer, :func:`truncated_target`).
+   feature layer, :func:`truncated_target`). The target is frozen, so these can also be
+   computed once per row and read back (the paper: "computed on the fly or cached"; the
+   ``dflash.feature_cache`` option of :mod:`jaxspec.training.dflash_run`).
 2. **Anchors.** DFlash fixes the number of masked blocks per sequence and samples their
    anchor positions afresh for every sequence: per sequence, ``n_anchors`` distinct
    positions ``a`` are drawn uniformly among the trainable ones (:func:`sample_anchors`: ``a``

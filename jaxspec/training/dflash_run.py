@@ -503,6 +503,11 @@ def build_feature_cache(
             mm.flush()
             _write_sidecar(path, {**meta, "done": written})
         del mm
+    spent = time.perf_counter() - t0
+    log(
+        f"[train] feature cache: rows {done}..{written - 1} in {spent:.1f} s "
+        f"({spent / max(written - done, 1):.3f} s per row, compile included)"
+    )
     return complete
 
 
