@@ -26,7 +26,27 @@ Its Dream rows (:func:`fastdllm_dream_rows`): the dllm vehicle exported to the H
 Dream layout (:func:`models.diffusion.hf_export.export_dream_hf`), loaded by the official
 modeling code and decoded by its dual-cache threshold block decoder, beside jaxspec's
 ``threshold`` method with the same block rule (``block_start="first-position"``,
-``cache="dual"``), which is that row's token reference. LLaDA's rows are not built yet.
+``cache="dual"``), which is that row's token reference. Its LLaDA rows
+(:func:`fastdllm_llada_rows`): a LLaDA-head model (:func:`llada_vehicle`: the dllm vehicle,
+read with the LLaDA head when it is a Dream) exported to the LLaDA layout
+(:func:`models.diffusion.hf_export.export_llada_hf`), loaded by the official modeling code and
+decoded by each of its decoders in ``llada/generate.py``, beside its jaxspec counterpart, the
+token reference of that pair (:func:`llada_decode_config`):
+
+* ``generate`` (no cache), ``generate_with_prefix_cache``, ``generate_with_dual_cache`` ->
+  ``cache="none"``, ``"prefix"``, ``"dual"``;
+* ``threshold=None`` (``steps`` positions per block spread by ``get_num_transfer_tokens``) ->
+  the ``stepwise`` method with the same ``steps``; ``threshold=t`` -> the ``threshold`` method
+  with ``t``;
+* ``remasking="low_confidence"`` and temperature 0 -> jaxspec's defaults (``block_start=
+  "rule"``: every step, a block's opening full forward included, applies the rule;
+  ``confidence_softmax="official"``: the softmax keeps the [MASK] logit).
+
+The decisions agree (tests/bench/test_hf_export.py); the one difference is a count: with a
+cache the official loop forwards once more after a block whose opening full forward unmasked
+it all (that forward transfers nothing), so its NFE exceeds jaxspec's by the number of such
+blocks. The official code could also predict [MASK] and "transfer" it; jaxspec never does
+(:class:`jaxspec.dllm.config.DiffusionDecodeConfig`).
 """
 
 from __future__ import annotations
@@ -680,6 +700,354 @@ def fastdllm_dream_rows(
     return rows, notes
 
 
+# ----------------------------------------------------------------------------- Fast-dLLM LLaDA
+
+# Fast-dLLM's LLaDA decoders (``llada/generate.py``) by the KV cache they keep; each is the
+# official counterpart of jaxspec's decoder with that ``cache`` (module docstring)
+FASTDLLM_LLADA_DECODERS = {
+    "none": "generate",
+    "prefix": "generate_with_prefix_cache",
+    "dual": "generate_with_dual_cache",
+}
+# the LLaDA pairs ``(cache, threshold or None for stepwise)``, in the order they run while
+# the time lasts: Fast-dLLM's fastest setting first, LLaDA's own one-token-per-step last
+LLADA_SETTINGS = (
+    ("dual", FASTDLLM_THRESHOLD),
+    ("prefix", FASTDLLM_THRESHOLD),
+    ("none", FASTDLLM_THRESHOLD),
+    ("none", None),
+)
+LLADA_SYSTEM = "fast-dllm"
+
+
+def load_fastdllm_llada(root: Optional[str] = None):
+    """The official Fast-dLLM LLaDA decoding module (``llada/generate.py``, :func:`
+    load_fastdllm`), unmodified; it imports the official modeling code
+    (``llada/model/modeling_llada.py``, as the package ``model``) and exposes its
+    ``LLaDAModelLM``.
+
+    Raises:
+      PeerUnavailable: no checkout, torch / transformers / einops missing, or an import
+        error."""
+    why = transformers_available()
+    if why:
+        raise PeerUnavailable(why)
+    gen = load_fastdllm("llada", root)
+    if not hasattr(gen, "LLaDAModelLM"):
+        raise PeerUnavailable("Fast-dLLM llada/generate.py has no LLaDAModelLM")
+    return gen
+
+
+def load_llada_hf(folder, root: Optional[str] = None, dtype: str = "float32", device="cpu"):
+    """The LLaDA folder ``folder`` (:func:`models.diffusion.hf_export.export_llada_hf`) in the
+    official ``LLaDAModelLM`` (:func:`load_fastdllm_llada`), in ``dtype`` on ``device``, in
+    eval mode. Returns ``(model, decoding module)``.
+
+    Built as ``LLaDAModelLM(LLaDAConfig.from_pretrained(folder))`` with the folder's tensors
+    loaded by ``load_state_dict(strict=True)``, not ``from_pretrained``: the official class
+    never calls ``post_init``, which transformers 5's loader needs. Under transformers 5
+    ``PretrainedConfig`` also drops ``use_cache``, which the official forward reads when a
+    call leaves it out: it is set back to the folder's ``false``.
+
+    Raises:
+      PeerUnavailable: as :func:`load_fastdllm_llada`."""
+    import torch
+    from safetensors.torch import load_file
+
+    gen = load_fastdllm_llada(root)
+    cls = gen.LLaDAModelLM
+    conf = cls.config_class.from_pretrained(str(folder))
+    if not hasattr(conf, "use_cache"):
+        conf.use_cache = False
+    m = cls(conf)
+    state = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    m.load_state_dict(state, strict=True)
+    return m.to(dtype=getattr(torch, dtype)).to(device).eval(), gen
+
+
+def fastdllm_llada_generate(
+    hf_model,
+    gen,
+    prompt: Sequence[int],
+    *,
+    cache: str,
+    gen_length: int,
+    block_length: int,
+    steps: int,
+    threshold: Optional[float],
+    mask_id: int,
+) -> tuple[list[int], int]:
+    """Greedy Fast-dLLM LLaDA decoding of one prompt: the official decoder of ``cache``
+    (:data:`FASTDLLM_LLADA_DECODERS` in ``gen``, :func:`load_llada_hf`) on ``hf_model`` with
+    ``steps``, ``gen_length``, ``block_length``, temperature 0, ``remasking=
+    "low_confidence"``, ``mask_id`` and ``threshold`` (None: the stepwise schedule).
+
+    Returns ``(the gen_length generated ids, the forwards the official code counts)``.
+
+    The official arg-max ranges over [MASK] too (jaxspec's never does): a position whose
+    prediction is [MASK] is "transferred" and stays masked, so a threshold loop may never end
+    and a stepwise block ends its schedule still masked (an ``IndexError`` in the official
+    loop). Trained models do not predict [MASK]; tiny random ones can.
+
+    Raises:
+      ValueError: an unknown ``cache``.
+      RuntimeError: more than ``gen_length + 2 * blocks`` forwards (each step commits a
+        position unless the official code predicts [MASK] there, which would loop for
+        ever), or a stepwise block still masked after its steps."""
+    import torch
+
+    if cache not in FASTDLLM_LLADA_DECODERS:
+        raise ValueError(
+            f"unknown cache {cache!r}; expected one of {', '.join(FASTDLLM_LLADA_DECODERS)}"
+        )
+    limit = gen_length + 2 * (gen_length // block_length) + 1
+    calls = [0]
+
+    def count(module, args):
+        calls[0] += 1
+        if calls[0] > limit:
+            raise RuntimeError(
+                f"Fast-dLLM LLaDA made no progress after {limit} forwards (it predicts [MASK])"
+            )
+
+    dev = next(hf_model.parameters()).device
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
+    decode = getattr(gen, FASTDLLM_LLADA_DECODERS[cache])
+    handle = hf_model.register_forward_pre_hook(count)
+    try:
+        x, nfe = decode(
+            hf_model,
+            ids,
+            steps=steps,
+            gen_length=gen_length,
+            block_length=block_length,
+            temperature=0.0,
+            remasking="low_confidence",
+            mask_id=int(mask_id),
+            threshold=None if threshold is None else float(threshold),
+        )
+    except IndexError as e:  # the stepwise schedule ran out with the block still masked
+        raise RuntimeError(
+            f"Fast-dLLM LLaDA kept a block masked past its {steps} steps ({e}): it predicts "
+            "[MASK] there"
+        ) from None
+    finally:
+        handle.remove()
+    return [int(t) for t in x[0, len(prompt) :].tolist()], int(nfe)
+
+
+def llada_decode_config(cache: str, threshold: Optional[float], s):
+    """jaxspec's counterpart of a Fast-dLLM LLaDA decoder: ``(method, config)`` of the
+    ``threshold`` method (``threshold`` set) or the ``stepwise`` reference with ``steps =
+    gen_length`` (``threshold`` None), with ``cache``, ``s.gen_length`` / ``s.block_length``
+    and the defaults that are LLaDA's rule (``remasking="low_confidence"``, ``block_start=
+    "rule"``, ``confidence_softmax="official"``, greedy)."""
+    from jaxspec.methods import get_method
+
+    shared = dict(gen_length=s.gen_length, block_length=s.block_length, cache=cache)
+    if threshold is None:
+        m = get_method("stepwise", "dllm")
+        return m, m.configure(steps=s.gen_length, **shared)
+    m = get_method("threshold", "dllm")
+    return m, m.configure(threshold=threshold, **shared)
+
+
+def llada_labels(cache: str, threshold: Optional[float]) -> tuple[str, str]:
+    """``(jaxspec row's method, official row's method)`` of one LLaDA pair."""
+    rule = "stepwise" if threshold is None else f"threshold {threshold:g}"
+    return (
+        f"{rule} (llada, cache {cache})",
+        f"llada {FASTDLLM_LLADA_DECODERS[cache]}, {rule} (official)",
+    )
+
+
+def llada_vehicle(vehicles: dict):
+    """The vehicle of the LLaDA pairs and what it is: the dllm vehicle when its head is
+    LLaDA's, else the dllm vehicle's weights read with the LLaDA head (logits at ``i`` score
+    position ``i``; the vehicles carry no LLaDA checkpoint: its tokens are not text, its
+    forwards cost what a LLaDA of that body costs). ``(None, reason)`` without a dllm
+    vehicle."""
+    import dataclasses
+
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+
+    v = vehicles.get("dllm")
+    cfg = getattr(getattr(v, "model", None), "config", None)
+    if not isinstance(cfg, DiffusionConfig):
+        return None, "no dllm vehicle"
+    if cfg.head == "llada":
+        return v, f"the dllm vehicle {v.name}"
+    model = DiffusionLM(DiffusionConfig(cfg.base, "llada", cfg.mask_token_id))
+    what = (
+        f"the dllm vehicle's weights ({v.name}) read with the LLaDA head: no LLaDA "
+        "checkpoint is among the vehicles, so its tokens are not text; parity and cost only"
+    )
+    return dataclasses.replace(v, name=f"{v.name} (LLaDA head)", model=model), what
+
+
+def _jaxspec_llada_decoder(v, s, cache: str, threshold: Optional[float]):
+    """``prompt -> (tokens cut at EOS, NFE, seconds, compile seconds)``: jaxspec's counterpart
+    of the Fast-dLLM LLaDA decoder (:func:`llada_decode_config`) on ``v``, one untimed call
+    first (compilation)."""
+    from jaxspec.methods import run
+
+    m, cfg = llada_decode_config(cache, threshold, s)
+    kw = dict(eos_ids=tuple(v.eos_ids), pad_id=v.pad_id)
+
+    def decode(prompt):
+        first = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
+        t0 = time.perf_counter()
+        res = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
+        wall = time.perf_counter() - t0 - (res.compile_s or 0.0)
+        toks = [int(t) for t in res.tokens[0]]
+        return toks, int(res.stats.target_nfe[0]), wall, float(first.compile_s or 0.0)
+
+    return decode
+
+
+def _official_llada_decoder(hf, gen, v, s, cache: str, threshold: Optional[float]):
+    """``prompt -> (tokens cut at EOS, NFE, seconds, 0)``: the official Fast-dLLM LLaDA
+    decoder of ``cache`` (:func:`fastdllm_llada_generate`), timed to the host copy of its
+    output."""
+    kw = dict(
+        cache=cache,
+        gen_length=s.gen_length,
+        block_length=s.block_length,
+        steps=s.gen_length,
+        threshold=threshold,
+        mask_id=v.model.config.mask_token_id,
+    )
+
+    def decode(prompt):
+        t0 = time.perf_counter()
+        toks, nfe = fastdllm_llada_generate(hf, gen, prompt, **kw)
+        return cut_at_eos(toks, v.eos_ids), nfe, time.perf_counter() - t0, 0.0
+
+    return decode
+
+
+def _load_official_llada(v, work: Path):
+    """``v`` exported to ``work`` (:func:`models.diffusion.hf_export.export_llada_hf`) and
+    loaded by the official code (:func:`load_llada_hf`) in the vehicle's dtype on the
+    transformers peers' device. Returns ``(model, decoding module, dtype, device)``."""
+    from jaxspec.bench.systems import torch_device
+    from models.diffusion.hf_export import export_llada_hf
+    from models.llama.modeling import param_dtype
+
+    dtype = str(param_dtype(v.params))
+    dev = torch_device("auto")
+    folder = export_llada_hf(
+        work / "llada-hf", v.model, v.params, eos_ids=v.eos_ids, pad_id=v.pad_id, torch_dtype=dtype
+    )
+    hf, gen = load_llada_hf(folder, dtype=dtype, device=dev)
+    return hf, gen, dtype, dev
+
+
+def _llada_pair(hf, gen, v, ids, s, cache, threshold, t0, deadline_s):
+    """One LLaDA pair's outputs ``{"jaxspec": [...], "official": [...]}`` (prompts until
+    ``deadline_s`` seconds after ``t0``, at least one), after an untimed official warm-up."""
+    ours = _jaxspec_llada_decoder(v, s, cache, threshold)
+    theirs = _official_llada_decoder(hf, gen, v, s, cache, threshold)
+    theirs(ids[0])  # untimed warm-up (CUDA context, kernels)
+    outs = {"jaxspec": [], "official": []}
+    for p in ids:
+        if outs["jaxspec"] and time.perf_counter() - t0 > deadline_s:
+            break
+        outs["jaxspec"].append(ours(p))
+        outs["official"].append(theirs(p))
+    return outs
+
+
+def fastdllm_llada_rows(
+    vehicles: dict,
+    prompts: dict,
+    settings,
+    n: int,
+    deadline_s: float,
+    *,
+    pairs: Sequence[tuple[str, Optional[float]]] = LLADA_SETTINGS,
+    log: Callable[[str], None] = print,
+) -> tuple[list[dict], list[str]]:
+    """The official Fast-dLLM LLaDA decoders against their jaxspec counterparts
+    (:func:`llada_decode_config`), one pair of rows per ``(cache, threshold)`` of ``pairs``
+    (threshold None: stepwise, one position per step), on :func:`llada_vehicle` exported to
+    the LLaDA layout, on the first ``n`` dllm prompts (greedy, batch 1, ``settings.
+    gen_length`` / ``settings.block_length``). Pairs run in order; prompts and pairs stop
+    when ``deadline_s`` seconds have passed (the first pair runs one prompt at least). Returns
+    ``(rows, notes)``: per pair the jaxspec row (that pair's reference) and the
+    ``fast-dllm`` row with ``identical`` against it; a skipped or failed row where a pair or
+    the peer cannot run."""
+    import tempfile
+
+    t0 = time.perf_counter()
+    v, what = llada_vehicle(vehicles)
+    labels = [llada_labels(c, t) for c, t in pairs]
+    skip = lambda why, failed=False: [
+        {"system": LLADA_SYSTEM, "method": official, "skipped": why}
+        | ({"failed": True} if failed else {})
+        for _, official in labels
+    ]
+    if v is None:
+        return skip(what), []
+    if deadline_s <= 0:
+        return skip("no time left in the budget"), []
+    with tempfile.TemporaryDirectory(prefix="jaxspec-llada-hf-") as td:
+        try:
+            hf, gen, dtype, dev = _load_official_llada(v, Path(td))
+        except PeerUnavailable as e:
+            return skip(str(e)), []
+        except Exception as e:  # noqa: BLE001 - e.g. a vehicle layout the export refuses
+            log(f"[peers] fast-dllm llada not loaded: {one_line(e)}")
+            return skip(one_line(e), failed=True), []
+    ids = prompts["dllm"][:n]
+    rows, ran = [], []
+    for (cache, threshold), (ours, official) in zip(pairs, labels):
+        if rows and time.perf_counter() - t0 > deadline_s:
+            rows.append(
+                {
+                    "system": LLADA_SYSTEM,
+                    "method": official,
+                    "skipped": "no time left in the budget",
+                }
+            )
+            continue
+        try:
+            outs = _llada_pair(hf, gen, v, ids, settings, cache, threshold, t0, deadline_s)
+        except Exception as e:  # noqa: BLE001 - a failed peer is a row, not a crash
+            log(f"[peers] fast-dllm llada ({cache}) failed: {one_line(e)}")
+            rows.append(
+                {"system": LLADA_SYSTEM, "method": official, "failed": True, "skipped": one_line(e)}
+            )
+            continue
+        rows += [
+            _dream_row("jaxspec", ours, outs["jaxspec"], settings),
+            _dream_row(LLADA_SYSTEM, official, outs["official"], settings, ref=outs["jaxspec"]),
+        ]
+        ran.append(len(outs["official"]))
+    import torch
+    import transformers
+
+    notes = [
+        f"`fast-dllm / llada ... (official)`: NVlabs/Fast-dLLM's LLaDA decoders "
+        f"(`llada/generate.py`: `generate`, `generate_with_prefix_cache`, "
+        f"`generate_with_dual_cache`; low_confidence remasking, block {settings.block_length}, "
+        f"{settings.gen_length} positions, steps = positions) and modeling code, unmodified, "
+        f"on {what}, exported to the LLaDA layout, in {dtype} on {dev} (torch "
+        f"{torch.__version__}, transformers {transformers.__version__}; built by "
+        "`load_state_dict` and with `use_cache` set back on its config under transformers 5). "
+        "Each `identical` compares with the jaxspec row above it (the same rule: jaxspec's "
+        "stepwise or threshold decoder with the same cache), not with `jaxspec/ar`. With a "
+        "cache the official loop forwards once more after a block whose opening full forward "
+        "unmasked it all (that forward transfers nothing): its NFE counts it, jaxspec's does "
+        "not. tok/s counts decoded positions; both cut at EOS.",
+    ]
+    if ran and min(ran) < len(ids):
+        notes.append(f"fast-dllm llada: {min(ran)} of {len(ids)} prompts in time (some pairs).")
+    return rows, notes
+
+
 _PEER_COLUMNS = [
     ("system", "system", "{}"),
     ("method", "method", "{}"),
@@ -789,16 +1157,6 @@ def _transformers_systems(v, draft, common, bench_prompts, compile, compile_opti
     return systems, notes, skipped
 
 
-def _llada_row() -> dict:
-    """The official Fast-dLLM LLaDA row: skipped, saying why (its rows are not built yet)."""
-    try:
-        load_fastdllm("llada")
-        why_f = "loaded; its rows need the LLaDA weights exported to HF (not built yet)"
-    except PeerUnavailable as e:
-        why_f = str(e)
-    return {"system": "fast-dllm", "method": "llada (official)", "skipped": why_f}
-
-
 def run_peers_suite(
     vehicles: dict,
     prompts: dict,
@@ -811,13 +1169,14 @@ def run_peers_suite(
     log: Callable[[str], None] = print,
 ) -> dict:
     """The ``peers`` suite on the causal vehicle, then, with the time left, the Fast-dLLM
-    Dream pair on the dllm vehicle (:func:`fastdllm_dream_rows`, same prompt count; module
-    docstring); returns ``{"rows", "columns", "notes", "title"}``. ``compile`` (default: on
-    a CUDA device only) picks ``ar-static-compile`` over ``ar-static``; ``limit`` prompts
-    (default: 2 in smoke mode, else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s, >= 60 s,
-    less); ``compile_options``: :func:`static_compiled_system`'s. Peers that cannot run here
-    get rows saying why; a peer that raises gets a row marked ``failed`` with its one-line
-    error (:func:`run_contained`), never a crash of the run."""
+    Dream pair on the dllm vehicle (:func:`fastdllm_dream_rows`, half the time left) and the
+    Fast-dLLM LLaDA pairs (:func:`fastdllm_llada_rows`, the rest), both on the same prompt
+    count (module docstring); returns ``{"rows", "columns", "notes", "title"}``. ``compile``
+    (default: on a CUDA device only) picks ``ar-static-compile`` over ``ar-static``; ``limit``
+    prompts (default: 2 in smoke mode, else 4, 2 or 1 as ``deadline_s`` allows: >= 150 s,
+    >= 60 s, less); ``compile_options``: :func:`static_compiled_system`'s. Peers that cannot
+    run here get rows saying why; a peer that raises gets a row marked ``failed`` with its
+    one-line error (:func:`run_contained`), never a crash of the run."""
     from jaxspec.bench.ar_suite import run_ar_suite
     from jaxspec.bench.machine import streamed_params
     from jaxspec.bench.records import BenchPrompt
@@ -838,7 +1197,6 @@ def run_peers_suite(
     )
     systems += hf_systems
     notes += hf_notes
-    skipped.append(_llada_row())
     result, failed = run_contained(
         systems,
         lambda active: run_ar_suite(
@@ -852,11 +1210,11 @@ def run_peers_suite(
         ),
         log=log,
     )
-    left = deadline_s - (time.perf_counter() - t0)
-    dream_rows, dream_notes = fastdllm_dream_rows(
-        vehicles, prompts, settings, n, max(left, 0.0), log=log
-    )
-    notes += dream_notes
+    left = max(deadline_s - (time.perf_counter() - t0), 0.0)
+    dream_rows, dream_notes = fastdllm_dream_rows(vehicles, prompts, settings, n, left / 2, log=log)
+    left = max(deadline_s - (time.perf_counter() - t0), 0.0)
+    llada_rows, llada_notes = fastdllm_llada_rows(vehicles, prompts, settings, n, left, log=log)
+    notes += dream_notes + llada_notes
     if failed:
         notes.append(
             "A system that raised is a row marked failed with its error; the suite ran again "
@@ -865,7 +1223,7 @@ def run_peers_suite(
     log(f"[peers] {len(systems)} systems on {n} prompt(s) in {time.perf_counter() - t0:.1f} s")
     result = result or {"rows": []}
     return {
-        "rows": result["rows"] + failed + dream_rows + skipped,
+        "rows": result["rows"] + failed + dream_rows + skipped + llada_rows,
         "columns": _PEER_COLUMNS,
         "notes": notes,
         "bandwidth": result.get("bandwidth"),

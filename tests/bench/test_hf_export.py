@@ -8,10 +8,17 @@ the same function elsewhere:
   it) loads the folder with its own modeling code and returns the same logits, and its
   dual-cache threshold block decoder returns the same tokens as jaxspec's ``threshold``
   method with ``block_start="first-position"`` and ``cache="dual"``.
+
+A jaxspec LLaDA exported as a LLaDA folder (``export_llada_hf``) loads back bit for bit
+(``load_llada_dir``); the official Fast-dLLM LLaDA modeling code (skipped without the checkout,
+torch or einops) returns jaxspec's logits, and its three decoders (``generate``,
+``generate_with_prefix_cache``, ``generate_with_dual_cache``; stepwise or threshold) make
+jaxspec's decisions with the matching ``cache`` and rule.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -21,7 +28,7 @@ import pytest
 
 from jaxspec.bench import peers
 from jaxspec.testing.tiny import tiny_diffusion_model
-from models.diffusion.hf_export import GENERATION_CONFIG, export_dream_hf
+from models.diffusion.hf_export import GENERATION_CONFIG, export_dream_hf, export_llada_hf
 
 VOCAB = 40  # mask id 39
 IDS = np.array([[5, 7, 9, 11, 39, 39, 39, 39, 3, 4, 39, 39]])
@@ -221,3 +228,234 @@ def test_pack_carries_only_the_decoding_files(tmp_path, monkeypatch):
     ]
     assert (out / "llada/generate.py").read_text() == "llada/generate.py"
     assert peers.fastdllm_root() == out  # the device run finds the unpacked code
+
+
+# ----------------------------------------------------------------------------- LLaDA
+
+
+@pytest.fixture(scope="module")
+def llada_exported(tmp_path_factory):
+    model, params = tiny_diffusion_model("llada", vocab=VOCAB, ctx=64)
+    folder = export_llada_hf(tmp_path_factory.mktemp("llada") / "hf", model, params, eos_ids=[2])
+    return model, params, folder
+
+
+def _tied_llada():
+    """The tiny LLaDA with a tied head (no ``lm_head``: the transposed embedding)."""
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+
+    model, params = tiny_diffusion_model("llada", vocab=VOCAB, ctx=64, seed=2)
+    tied = DiffusionLM(DiffusionConfig(model.config.base.replace(tie_embeddings=True), "llada", 39))
+    return tied, {k: v for k, v in params.items() if k != "lm_head"}
+
+
+def _same_tree(a, b) -> bool:
+    la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+    return [k for k, _ in la] == [k for k, _ in lb] and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+        for (_, x), (_, y) in zip(la, lb)
+    )
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_llada_export_round_trips_bitwise(tmp_path, tied):
+    from safetensors.numpy import load_file
+
+    from models.diffusion.params import load_llada_dir
+
+    model, params = _tied_llada() if tied else tiny_diffusion_model("llada", vocab=VOCAB)
+    folder = export_llada_hf(tmp_path / "hf", model, params, eos_ids=[2, 3], pad_id=0)
+    conf = json.loads((folder / "config.json").read_text())
+    assert conf["model_type"] == "llada" and conf["weight_tying"] is tied
+    assert (conf["block_type"], conf["activation_type"], conf["layer_norm_type"]) == (
+        "llama",
+        "silu",
+        "rms",
+    )
+    assert conf["rope"] and not conf["alibi"] and conf["residual_dropout"] == 0.0
+    tensors = {}
+    for f in folder.glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    assert ("model.transformer.ff_out.weight" in tensors) is not tied
+    np.testing.assert_array_equal(
+        tensors["model.transformer.blocks.1.ff_proj.weight"],
+        np.asarray(params["layers"]["w_gate"][1]).T,
+    )
+    cfg, back = load_llada_dir(folder)
+    assert _same_tree(back, params)
+    assert cfg.head == "llada" and cfg.mask_token_id == 39
+    assert cfg.base == model.config.base.replace(eos_token_ids=(2, 3), pad_token_id=0)
+
+
+def test_llada_export_rejects_dream_and_odd_head_width(tmp_path):
+    from models.diffusion.modeling import DiffusionConfig, DiffusionLM
+
+    dream, params = tiny_diffusion_model("dream", vocab=VOCAB)
+    with pytest.raises(ValueError, match="head is 'dream'"):
+        export_llada_hf(tmp_path / "a", dream, params)
+    llada, params = tiny_diffusion_model("llada", vocab=VOCAB)
+    odd = DiffusionLM(DiffusionConfig(llada.config.base.replace(head_dim=4), "llada", 39))
+    with pytest.raises(ValueError, match="head_dim 4"):
+        export_llada_hf(tmp_path / "b", odd, params)
+
+
+def _official_llada(folder):
+    try:
+        return peers.load_llada_hf(folder)
+    except peers.PeerUnavailable as e:
+        pytest.skip(f"official Fast-dLLM LLaDA code unavailable: {e}")
+
+
+@pytest.fixture(scope="module")
+def llada_official(llada_exported):
+    return _official_llada(llada_exported[2])
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_official_llada_modeling_matches_logits(llada_exported, llada_official, tmp_path, tied):
+    import torch
+
+    if tied:
+        model, params = _tied_llada()
+        hf, _ = _official_llada(export_llada_hf(tmp_path / "hf", model, params))
+    else:
+        model, params, _ = llada_exported
+        hf = llada_official[0]
+    with torch.no_grad():
+        theirs = hf(torch.tensor(IDS)).logits.numpy()
+    np.testing.assert_allclose(theirs, _ours(model, params), atol=1e-4, rtol=1e-5)
+
+
+def _opened_full(transfer_step: np.ndarray, block: int) -> int:
+    """Blocks that their first step unmasked entirely (every position transferred at the
+    block's first step)."""
+    steps = transfer_step.reshape(-1, block)
+    return int(np.sum(steps.min(axis=1) == steps.max(axis=1)))
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("rule", [("stepwise", GEN), ("stepwise", GEN // 2), 0.9, 0.3])
+def test_official_llada_decoders_match_jaxspec(llada_exported, llada_official, cache, rule):
+    """Fast-dLLM's ``generate`` / ``generate_with_prefix_cache`` / ``generate_with_dual_cache``
+    (``threshold`` None with ``steps``, or a threshold) make jaxspec's decisions: the same
+    tokens at every position; the NFE differ only by the forward the official cached loop
+    spends after a block its opening full forward unmasked entirely."""
+    from jaxspec.methods import get_method, run
+
+    model, params, _ = llada_exported
+    hf, gen = llada_official
+    shared = dict(gen_length=GEN, block_length=BLOCK, cache=cache)
+    if isinstance(rule, tuple):
+        steps, threshold = rule[1], None
+        m = get_method("stepwise", "dllm")
+        cfg = m.configure(steps=steps, **shared)
+    else:
+        steps, threshold = GEN, rule
+        m = get_method("threshold", "dllm")
+        cfg = m.configure(threshold=threshold, **shared)
+    nfes = []
+    for p in PROMPTS:
+        theirs, nfe = peers.fastdllm_llada_generate(
+            hf, gen, p, steps=steps, threshold=threshold, mask_id=39, **shared
+        )
+        res = run(m, model, params, [p], cfg)
+        assert [int(t) for t in res.full_tokens[0]] == theirs, p
+        extra = 0 if cache == "none" else _opened_full(res.transfer_step[0], BLOCK)
+        assert nfe == int(res.stats.target_nfe[0]) + extra, p
+        nfes.append(nfe)
+    if threshold is not None and threshold < 0.5:  # the parallel path ran
+        assert min(nfes) < GEN
+
+
+def test_official_llada_predicts_mask_where_jaxspec_does_not(llada_exported, llada_official):
+    """The one rule difference: the official arg-max ranges over [MASK]. With blocks of 8 the
+    tiny model predicts [MASK] at a masked position of this prompt's canvas, so the official
+    stepwise loop ends a block still masked and the threshold loop stalls; jaxspec (whose
+    arg-max leaves [MASK] out) decodes every position."""
+    from jaxspec.methods import get_method, run
+
+    model, params, _ = llada_exported
+    hf, gen = llada_official
+    p = PROMPTS[0]
+    seen = []
+
+    def grab(module, args, out):  # did a masked input position predict [MASK]?
+        seen.append(bool(((out.logits.argmax(-1) == 39) & (args[0] == 39)).any()))
+
+    shared = dict(gen_length=GEN, block_length=8, cache="none", mask_id=39)
+    handle = hf.register_forward_hook(grab)
+    try:
+        for threshold in (None, 0.9):
+            with pytest.raises(RuntimeError, match=r"predicts \[MASK\]"):
+                peers.fastdllm_llada_generate(hf, gen, p, steps=GEN, threshold=threshold, **shared)
+            assert seen[-1]
+    finally:
+        handle.remove()
+    m = get_method("threshold", "dllm")
+    res = run(m, model, params, [p], m.configure(gen_length=GEN, block_length=8, threshold=0.9))
+    assert 39 not in res.full_tokens[0].tolist()
+
+
+def test_llada_decode_config_is_the_official_rule():
+    from jaxspec.bench.device import RunSettings
+
+    s = RunSettings.smoke()
+    _, cfg = peers.llada_decode_config("prefix", None, s)
+    d = cfg.diffusion()
+    assert (d.method, d.steps, d.cache, d.remasking) == (
+        "stepwise",
+        s.gen_length,
+        "prefix",
+        "low_confidence",
+    )
+    _, cfg = peers.llada_decode_config("dual", 0.9, s)
+    d = cfg.diffusion()
+    assert (d.method, d.threshold, d.block_start, d.confidence_softmax) == (
+        "threshold",
+        0.9,
+        "rule",
+        "official",
+    )
+
+
+@pytest.mark.parametrize("head", ["llada", "dream"])
+def test_llada_peer_rows_compare_with_jaxspec(llada_official, head):
+    """The LLaDA pairs on a LLaDA vehicle and on a Dream vehicle read with the LLaDA head
+    (the device suite's case: its dllm vehicle is a Dream)."""
+    from jaxspec.bench.device import RunSettings, Vehicle
+
+    model, params = tiny_diffusion_model(head, vocab=VOCAB, ctx=64)
+    v = Vehicle(f"tiny-{head}", "dllm", model, params, eos_ids=(2,), pad_id=0)
+    pairs = (("dual", 0.9), ("none", None))
+    rows, notes = peers.fastdllm_llada_rows(
+        {"dllm": v},
+        {"dllm": PROMPTS},
+        dataclasses.replace(RunSettings.smoke(), gen_length=GEN, block_length=BLOCK),
+        n=2,
+        deadline_s=600.0,
+        pairs=pairs,
+        log=lambda m: None,
+    )
+    assert len(rows) == 4
+    for (cache, threshold), ours, theirs in zip(pairs, rows[::2], rows[1::2]):
+        assert (ours["system"], ours["prompts"]) == ("jaxspec", 2)
+        assert theirs["method"] == peers.llada_labels(cache, threshold)[1]
+        assert theirs["identical_to_reference"] is True and theirs["identical_share"] == 1.0
+        assert theirs["nfe_per_token"] >= ours["nfe_per_token"] > 0
+    assert any("llada/generate.py" in n for n in notes)
+    assert ("read with the LLaDA head" in notes[0]) is (head == "dream")
+
+
+def test_llada_peer_without_checkout_is_skipped_rows(tmp_path, monkeypatch):
+    from jaxspec.bench.device import RunSettings, Vehicle
+
+    monkeypatch.setenv(peers.FASTDLLM_ENV, str(tmp_path / "none"))
+    model, params = tiny_diffusion_model("llada", vocab=VOCAB, ctx=64)
+    v = Vehicle("tiny-llada", "dllm", model, params, eos_ids=(2,), pad_id=0)
+    rows, notes = peers.fastdllm_llada_rows(
+        {"dllm": v}, {"dllm": PROMPTS}, RunSettings.smoke(), 1, 60.0
+    )
+    assert len(rows) == len(peers.LLADA_SETTINGS) and notes == []
+    assert all("official Fast-dLLM code not found" in r["skipped"] for r in rows)
+    rows, _ = peers.fastdllm_llada_rows({}, {"dllm": PROMPTS}, RunSettings.smoke(), 1, 60.0)
+    assert all(r["skipped"] == "no dllm vehicle" for r in rows)
