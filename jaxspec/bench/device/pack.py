@@ -43,8 +43,9 @@ JAX_CACHE_JSON = "jax-cache.json"
 JAX_CACHE_ARTIFACT = "jax-cache"
 # What the device image lacks (/work/.library/device/KINDS.md lists its packages: jax 0.11.2,
 # flax, optax, orbax, chex, safetensors, tokenizers, transformers 5.17, torch 2.11 are there).
-# gguf reads the SmolLM2 weight file, for jaxspec and for transformers' GGUF loader alike.
-DEVICE_WHEELS = ("gguf==0.19.0",)
+# gguf reads the SmolLM2 weight file, for jaxspec and for transformers' GGUF loader alike;
+# einops is imported by the official Fast-dLLM LLaDA modeling code (the peers suite).
+DEVICE_WHEELS = ("gguf==0.19.0", "einops==0.8.2")
 
 
 class PackError(ValueError):
