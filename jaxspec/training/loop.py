@@ -399,6 +399,26 @@ def _run_steps(
     return trainable, opt_state, losses, step_times, done
 
 
+def _changed_keys(saved: dict, cfg: TrainConfig) -> list[str]:
+    """``section.key`` names whose value in ``cfg`` differs from the ``saved`` config.json.
+    The saved config is read through today's schema first, so a key added to the schema since
+    (absent from the file, at its default now) is not a change; an unreadable saved config is
+    one change, ``config.json``."""
+    try:
+        old = config_from_dict(saved).to_dict()
+    except TrainConfigError:
+        return ["config.json"]
+    new = cfg.to_dict()
+    out = []
+    for sec in sorted(set(old) | set(new)):
+        a, b = old.get(sec), new.get(sec)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{sec}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(sec)
+    return out
+
+
 def _open_run(cfg: TrainConfig, out: Path, state, opt_state, *, resume: bool, log):
     """The run's orbax checkpoint manager under ``out/checkpoints``, the step to start from
     and the state (restored from the newest checkpoint with ``resume``, else fresh, with an
@@ -417,10 +437,11 @@ def _open_run(cfg: TrainConfig, out: Path, state, opt_state, *, resume: bool, lo
     else:
         mpath.write_text("")
     cfg_path = out / "config.json"
-    if resume and cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg.to_dict():
+    changed = _changed_keys(json.loads(cfg_path.read_text()), cfg) if cfg_path.is_file() else []
+    if resume and changed:
         log(
-            "[train] warning: config differs from the one this run started with; "
-            "resume may not be exact"
+            "[train] warning: config differs from the one this run started with "
+            f"({', '.join(changed)}); resume may not be exact"
         )
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     return mngr, start, state, opt_state

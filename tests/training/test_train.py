@@ -423,3 +423,19 @@ def test_cli_errors_exit_2(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert err.count("error:") == 3 and "--resume" in err
+
+
+def test_resume_warning_names_changed_keys_and_ignores_keys_added_since():
+    """A saved config.json without a key the schema gained since (at its default now) is not a
+    change; a changed value is named as ``section.key``."""
+    from jaxspec.training.config import load_config
+    from jaxspec.training.loop import _changed_keys
+
+    cfg = load_config("configs/train/dflash-smollm2-135m.yaml")
+    saved = cfg.to_dict()
+    del saved["dflash"]["feature_cache"], saved["dflash"]["feature_cache_dtype"]
+    assert _changed_keys(saved, cfg) == []
+    saved["optim"]["lr"] = 1e-3
+    saved["dflash"]["gamma"] = 5.0
+    assert _changed_keys(saved, cfg) == ["dflash.gamma", "optim.lr"]
+    assert _changed_keys({"nonsense": {}}, cfg) == ["config.json"]
