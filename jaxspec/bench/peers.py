@@ -273,6 +273,22 @@ def cut_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
     return out
 
 
+def _count_forwards(hf_model, limit: int, who: str):
+    """A forward pre-hook on ``hf_model`` that counts its forwards into ``calls[0]`` and raises
+    ``RuntimeError`` past ``limit`` (an official decoder that predicts [MASK] never finishes).
+    Returns ``(calls, handle)``; the caller removes ``handle``."""
+    calls = [0]
+
+    def count(module, args):
+        calls[0] += 1
+        if calls[0] > limit:
+            raise RuntimeError(
+                f"{who} made no progress after {limit} forwards (it predicts [MASK])"
+            )
+
+    return calls, hf_model.register_forward_pre_hook(count)
+
+
 def fastdllm_dream_generate(
     hf_model,
     prompt: Sequence[int],
@@ -299,18 +315,9 @@ def fastdllm_dream_generate(
     import torch
 
     limit = gen_length + gen_length // block_length + 1
-    calls = [0]
-
-    def count(module, args):
-        calls[0] += 1
-        if calls[0] > limit:
-            raise RuntimeError(
-                f"Fast-dLLM Dream made no progress after {limit} forwards (it predicts [MASK])"
-            )
-
     dev = next(hf_model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
-    handle = hf_model.register_forward_pre_hook(count)
+    calls, handle = _count_forwards(hf_model, limit, "Fast-dLLM Dream")
     try:
         out = hf_model.diffusion_generate(
             ids,
@@ -803,19 +810,10 @@ def fastdllm_llada_generate(
             f"unknown cache {cache!r}; expected one of {', '.join(FASTDLLM_LLADA_DECODERS)}"
         )
     limit = gen_length + 2 * (gen_length // block_length) + 1
-    calls = [0]
-
-    def count(module, args):
-        calls[0] += 1
-        if calls[0] > limit:
-            raise RuntimeError(
-                f"Fast-dLLM LLaDA made no progress after {limit} forwards (it predicts [MASK])"
-            )
-
     dev = next(hf_model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
     decode = getattr(gen, FASTDLLM_LLADA_DECODERS[cache])
-    handle = hf_model.register_forward_pre_hook(count)
+    calls, handle = _count_forwards(hf_model, limit, "Fast-dLLM LLaDA")
     try:
         x, nfe = decode(
             hf_model,
