@@ -85,6 +85,27 @@ def _stacked_tree(params) -> dict:
     return out
 
 
+def _export_config(model, head: str, family: str, width: str) -> DiffusionConfig:
+    """The config of ``model`` (a :class:`DiffusionLM` or its :class:`DiffusionConfig`),
+    checked for an export in ``family``'s format.
+
+    Raises:
+      ValueError: the model's head is not ``head``, or its attention width ``head_dim *
+        num_heads`` is not the hidden size (``family`` derives it as ``width``)."""
+    cfg: DiffusionConfig = model.config if isinstance(model, DiffusionLM) else model
+    base = cfg.base
+    if cfg.head != head:
+        raise ValueError(
+            f"export_{head}_hf writes {family} checkpoints; this model's head is {cfg.head!r}"
+        )
+    if base.head_dim * base.num_heads != base.hidden_size:
+        raise ValueError(
+            f"{family}'s attention width is {width} = "
+            f"{base.hidden_size // base.num_heads}; this body has head_dim {base.head_dim}"
+        )
+    return cfg
+
+
 def export_dream_hf(
     out_dir,
     model: DiffusionLM,
@@ -107,17 +128,8 @@ def export_dream_hf(
         or a parameter tree not in the stored layout (:func:`_stacked_tree`)."""
     from models.checkpoint import export_hf
 
-    cfg: DiffusionConfig = model.config
+    cfg = _export_config(model, "dream", "Dream", "hidden_size // num_heads")
     base = cfg.base
-    if cfg.head != "dream":
-        raise ValueError(
-            f"export_dream_hf writes Dream checkpoints; this model's head is {cfg.head!r}"
-        )
-    if base.head_dim * base.num_heads != base.hidden_size:
-        raise ValueError(
-            f"Dream's attention width is hidden_size // num_heads = "
-            f"{base.hidden_size // base.num_heads}; this body has head_dim {base.head_dim}"
-        )
     tree = _stacked_tree(params)
     layers = tree["layers"]
     for b, w in _BIASES:
@@ -208,17 +220,8 @@ def export_llada_hf(
         or a parameter tree not in the stored layout (:func:`_stacked_tree`)."""
     from models.checkpoint import export_hf
 
-    cfg: DiffusionConfig = model.config if isinstance(model, DiffusionLM) else model
+    cfg = _export_config(model, "llada", "LLaDA", "d_model // n_heads")
     base = cfg.base
-    if cfg.head != "llada":
-        raise ValueError(
-            f"export_llada_hf writes LLaDA checkpoints; this model's head is {cfg.head!r}"
-        )
-    if base.head_dim * base.num_heads != base.hidden_size:
-        raise ValueError(
-            f"LLaDA's attention width is d_model // n_heads = "
-            f"{base.hidden_size // base.num_heads}; this body has head_dim {base.head_dim}"
-        )
     tree = _stacked_tree(params)
     eos = [int(e) for e in (eos_ids or base.eos_token_ids)]
     pad = pad_id if pad_id is not None else base.pad_token_id
