@@ -643,6 +643,55 @@ def _start_weights(cfg: TrainConfig, spec: DFlashSpec):
     return own
 
 
+def _checked_cache(cfg: TrainConfig, spec, fmodel, fparams, train_ds, val_ds):
+    """The feature cache's sidecar for this run, checked against ``dflash.feature_cache``'s
+    (:func:`check_feature_cache`), and the rows renumbered as cache rows (train rows first,
+    then val). Returns ``(meta, train_ds, val_ds)``.
+
+    Raises:
+      TrainConfigError: an unknown ``feature_cache_dtype``, or a cache of another run."""
+    if cfg.dflash.feature_cache_dtype not in FEATURE_CACHE_DTYPES:
+        raise TrainConfigError(
+            f"dflash.feature_cache_dtype must be one of {FEATURE_CACHE_DTYPES}, got "
+            f"{cfg.dflash.feature_cache_dtype!r}"
+        )
+    meta = feature_cache_meta(cfg, spec, fmodel, fparams, train_ds, val_ds)
+    check_feature_cache(cfg.dflash.feature_cache, meta)
+    train_ds = DFlashRows(train_ds.tokens, train_ds.trainable, train_ds.seed, row_base=0)
+    if val_ds is not None:
+        val_ds = DFlashRows(
+            val_ds.tokens, val_ds.trainable, val_ds.seed, row_base=len(train_ds.tokens)
+        )
+    return meta, train_ds, val_ds
+
+
+def _drafter_meta(cfg: TrainConfig, step: int, tokens_per_step: int) -> dict:
+    """What the exported ``drafter.safetensors`` records of its training."""
+    return {
+        "target_preset": cfg.model.preset,
+        "config": cfg.name,
+        "objective": "dflash",
+        "gamma": cfg.dflash.gamma,
+        "blocks_per_seq": cfg.dflash.blocks_per_seq,
+        "step": step,
+        "tokens_seen": step * tokens_per_step,
+    }
+
+
+def _no_step_result(cfg: TrainConfig, start: int, own, wall_s: float) -> dict:
+    """:func:`train_dflash`'s result when the time budget ran out while the feature cache was
+    built: no step, no drafter export."""
+    return {
+        "step": start,
+        "stopped_early": True,
+        "trainable": own,
+        "losses": {},
+        "wall_s": wall_s,
+        "step_times": [],
+        "tokens_per_step": cfg.optim.grad_accum * cfg.data.batch_size * cfg.data.seq_len,
+    }
+
+
 def train_dflash(
     cfg: TrainConfig,
     out_dir,
@@ -685,18 +734,7 @@ def train_dflash(
     base = {"target": fparams, "shared": shared}
     cache_path = cfg.dflash.feature_cache
     if cache_path:  # every check before the run opens
-        if cfg.dflash.feature_cache_dtype not in FEATURE_CACHE_DTYPES:
-            raise TrainConfigError(
-                f"dflash.feature_cache_dtype must be one of {FEATURE_CACHE_DTYPES}, got "
-                f"{cfg.dflash.feature_cache_dtype!r}"
-            )
-        cache_meta = feature_cache_meta(cfg, spec, fmodel, fparams, train_ds, val_ds)
-        check_feature_cache(cache_path, cache_meta)
-        train_ds = DFlashRows(train_ds.tokens, train_ds.trainable, train_ds.seed, row_base=0)
-        if val_ds is not None:
-            val_ds = DFlashRows(
-                val_ds.tokens, val_ds.trainable, val_ds.seed, row_base=len(train_ds.tokens)
-            )
+        cache_meta, train_ds, val_ds = _checked_cache(cfg, spec, fmodel, fparams, train_ds, val_ds)
     own = jax.tree.map(lambda x: jnp.array(x, jnp.float32), _start_weights(cfg, spec))
     jstep, eval_fn, tx, sched = compiled_fns(spec, fmodel, _compile_key(cfg))
     opt_state = tx.init(own)
@@ -729,15 +767,7 @@ def train_dflash(
             max_seconds = max(0.0, max_seconds - (time.perf_counter() - t0))
         if not complete:  # the budget went to the cache: no step this time
             mngr.close()
-            return {
-                "step": start,
-                "stopped_early": True,
-                "trainable": own,
-                "losses": {},
-                "wall_s": time.perf_counter() - t0,
-                "step_times": [],
-                "tokens_per_step": cfg.optim.grad_accum * bs * cfg.data.seq_len,
-            }
+            return _no_step_result(cfg, start, own, time.perf_counter() - t0)
         cache = FeatureCache(cache_path)
         base = {"target": {}, "shared": shared}  # the target is not run any more
         del fparams, params
@@ -766,15 +796,7 @@ def train_dflash(
         log=log,
     )
     step = max(done, start)
-    meta = {
-        "target_preset": cfg.model.preset,
-        "config": cfg.name,
-        "objective": "dflash",
-        "gamma": cfg.dflash.gamma,
-        "blocks_per_seq": cfg.dflash.blocks_per_seq,
-        "step": step,
-        "tokens_seen": step * run.tokens_per_step,
-    }
+    meta = _drafter_meta(cfg, step, run.tokens_per_step)
     return {
         "step": step,
         "stopped_early": done < end,
