@@ -262,6 +262,25 @@ def load_dream_hf(folder, root: Optional[str] = None, dtype: str = "float32", de
     return m
 
 
+def _timed_decoder(m: str, cfg, v):
+    """``prompt -> (tokens, target NFE, seconds, compile seconds)`` of jaxspec method ``m``
+    with ``cfg`` on the vehicle ``v``: one untimed call first (compilation), then the timed
+    one."""
+    from jaxspec.methods import run
+
+    kw = dict(eos_ids=tuple(v.eos_ids), pad_id=v.pad_id)
+
+    def decode(prompt):
+        first = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
+        t0 = time.perf_counter()
+        res = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
+        wall = time.perf_counter() - t0 - (res.compile_s or 0.0)
+        toks = [int(t) for t in res.tokens[0]]
+        return toks, int(res.stats.target_nfe[0]), wall, float(first.compile_s or 0.0)
+
+    return decode
+
+
 def cut_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
     """``tokens`` up to and including the first id of ``eos_ids`` (all of them when none is
     there): how jaxspec's masked-diffusion decoders return a row."""
@@ -540,7 +559,7 @@ def _jaxspec_dream_decoder(v, s, threshold: float):
     """``prompt -> (tokens cut at EOS, NFE, seconds, compile seconds)``: jaxspec's
     ``threshold`` method with Fast-dLLM's Dream block rule (``block_start="first-position"``,
     ``cache="dual"``) on the dllm vehicle ``v``, one untimed call first (compilation)."""
-    from jaxspec.methods import get_method, run
+    from jaxspec.methods import get_method
 
     m = get_method("threshold", "dllm")
     cfg = m.configure(
@@ -550,17 +569,7 @@ def _jaxspec_dream_decoder(v, s, threshold: float):
         threshold=threshold,
         block_start="first-position",
     )
-    kw = dict(eos_ids=tuple(v.eos_ids), pad_id=v.pad_id)
-
-    def decode(prompt):
-        first = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
-        t0 = time.perf_counter()
-        res = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
-        wall = time.perf_counter() - t0 - (res.compile_s or 0.0)
-        toks = [int(t) for t in res.tokens[0]]
-        return toks, int(res.stats.target_nfe[0]), wall, float(first.compile_s or 0.0)
-
-    return decode
+    return _timed_decoder(m, cfg, v)
 
 
 def _official_dream_decoder(hf, v, s, threshold: float):
@@ -889,20 +898,9 @@ def _jaxspec_llada_decoder(v, s, cache: str, threshold: Optional[float]):
     """``prompt -> (tokens cut at EOS, NFE, seconds, compile seconds)``: jaxspec's counterpart
     of the Fast-dLLM LLaDA decoder (:func:`llada_decode_config`) on ``v``, one untimed call
     first (compilation)."""
-    from jaxspec.methods import run
 
     m, cfg = llada_decode_config(cache, threshold, s)
-    kw = dict(eos_ids=tuple(v.eos_ids), pad_id=v.pad_id)
-
-    def decode(prompt):
-        first = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
-        t0 = time.perf_counter()
-        res = run(m, v.model, v.params, [list(prompt)], cfg, **kw)
-        wall = time.perf_counter() - t0 - (res.compile_s or 0.0)
-        toks = [int(t) for t in res.tokens[0]]
-        return toks, int(res.stats.target_nfe[0]), wall, float(first.compile_s or 0.0)
-
-    return decode
+    return _timed_decoder(m, cfg, v)
 
 
 def _official_llada_decoder(hf, gen, v, s, cache: str, threshold: Optional[float]):
