@@ -2,11 +2,13 @@
 
     python -m scripts.distill --config configs/train/smollm2-135m-space-distill.yaml \
         [--prompts 2000] [--val-prompts 64] [--max-new-tokens 192] [--batch 8] [--bucket 64] \
-        [--chat-fraction 0.5] [--out FILE] [--no-progress]
+        [--chat-fraction 0.5] [--source stdlib|prose] [--out FILE] [--no-progress]
 
 The model is the config's ``model.preset`` (the SAR model's base), the prompts come from the
 stdlib functions of the config's training split (``--val-prompts`` from its held-out modules),
-and the answers are appended to ``--out`` (default: the config's ``data.distill``) as JSON lines
+or, with ``--source prose``, chat-template instructions over news documents and stdlib module
+docstrings (``jaxspec.training.distill.prose_prompts``; ``--chat-fraction`` unused), and the
+answers are appended to ``--out`` (default: the config's ``data.distill``) as JSON lines
 (:mod:`jaxspec.training.distill`). Rerunning the same command resumes: prompts already answered
 are skipped. Exit code 2 with one ``error:`` line on a bad config or argument.
 """
@@ -47,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="share of prompts in the chat template (the rest: code continuation)",
     )
+    ap.add_argument(
+        "--source",
+        choices=("stdlib", "prose"),
+        default="stdlib",
+        help="stdlib: function prompts (chat and code); prose: chat instructions over news "
+        "documents and module docstrings (default stdlib)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="prompt order seed")
     ap.add_argument(
         "--out", default=None, help="JSON-lines file (default: the config's data.distill)"
@@ -61,7 +70,7 @@ def main(argv=None) -> int:
     from jaxspec.core.batching import DecodeInputError
     from jaxspec.training.config import TrainConfigError, load_config
     from jaxspec.training.data import DataError
-    from jaxspec.training.distill import distill_prompts, self_distill
+    from jaxspec.training.distill import distill_prompts, prose_prompts, self_distill
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model
     from scripts.common import setup_compile_cache
@@ -89,10 +98,13 @@ def main(argv=None) -> int:
             raise ValueError(f"--out {out} is a directory; name a JSON-lines file")
         setup_compile_cache(args)
         model, params, tok, _ = load_model(cfg.model.preset, log=log)
-        kw = dict(chat_fraction=args.chat_fraction, seed=args.seed)
-        prompts = distill_prompts(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
+        if args.source == "prose":
+            make, kw = prose_prompts, dict(seed=args.seed)
+        else:
+            make, kw = distill_prompts, dict(chat_fraction=args.chat_fraction, seed=args.seed)
+        prompts = make(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
         if args.val_prompts:
-            prompts += distill_prompts(tok, cfg.data.holdout, split="val", n=args.val_prompts, **kw)
+            prompts += make(tok, cfg.data.holdout, split="val", n=args.val_prompts, **kw)
         rows = self_distill(
             model,
             params,

@@ -10,6 +10,12 @@ the SAR model's autoregressive behaviour stays close to the base model's).
      function's decorators, signature and docstring;
    * ``"code"``: the signature and docstring as plain text, to be continued as code.
 
+   :func:`prose_prompts` gives prose prompts instead (``scripts.distill --source prose``), for
+   drafters that must also follow the target on chat and news answers: chat-template
+   instructions over English news documents (the Lee corpus, its first :data:`NEWS_HOLDOUT`
+   documents never used: the benchmarks' news prompts are taken from the front) and over the
+   module docstrings of the stdlib training split.
+
 2. **Answers** (:func:`self_distill`): the base model's greedy continuation of every prompt
    (jaxspec AR decoding, :func:`jaxspec.causal.decode.generate`, batched), appended to a
    JSON-lines file one prompt at a time, so an interrupted run resumes where it stopped.
@@ -34,7 +40,10 @@ from jaxspec.training.sft import function_samples, interleave
 
 __all__ = [
     "INSTRUCTION",
+    "NEWS_HOLDOUT",
+    "PROSE_INSTRUCTIONS",
     "distill_prompts",
+    "prose_prompts",
     "self_distill",
     "read_distill",
     "distill_stream",
@@ -93,6 +102,100 @@ def distill_prompts(
         )
         out.append({"kind": "chat" if c else "code", "split": split, "text": text, "source": src})
     return out
+
+
+#: news documents (Lee corpus, from the front) never used for prose prompts: the benchmarks'
+#: news prompts (``jaxspec.bench.prompts``) take the first ones
+NEWS_HOLDOUT = 100
+
+#: the instructions of :func:`prose_prompts`: ``(source, template)``, ``{text}`` the document
+PROSE_INSTRUCTIONS = (
+    ("news", "Summarize:\n{text}"),
+    ("news", "Write a headline for this news story, then explain it in two sentences:\n{text}"),
+    ("news", "What are the main facts in this news story? Answer in a list.\n{text}"),
+    ("news", "Explain this news story to a high-school student:\n{text}"),
+    ("news", "Write a short opinion piece about this news story:\n{text}"),
+    ("docs", "Explain in plain words what this Python module is for:\n\n{text}"),
+    ("docs", "Write a short tutorial, with an example, for the Python module described here:"
+     "\n\n{text}"),
+)
+
+
+def _module_docstrings(files: Sequence[Path], root: Path, min_chars: int, max_chars: int):
+    import ast
+
+    out = []
+    for f in files:
+        try:
+            tree = ast.parse((root / f).read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        doc = ast.get_docstring(tree) or ""
+        if len(doc) >= min_chars:
+            out.append((str(f), doc[:max_chars]))
+    return out
+
+
+def prose_prompts(
+    tokenizer,
+    holdout: Sequence[str],
+    *,
+    split: str = "train",
+    n: int = 1000,
+    seed: int = 0,
+    max_words: int = 70,
+    val_docs: int = 10,
+    root: Optional[Path] = None,
+) -> list[dict]:
+    """``n`` chat-template prose prompts (dicts ``{"kind": "prose", "split", "text",
+    "source"}``), drawn without replacement in a seeded order from every pair of an
+    instruction (:data:`PROSE_INSTRUCTIONS`) and a document of its source:
+
+    * ``news``: the Lee corpus (:func:`jaxspec.eval.datasets.lee_documents`) from document
+      :data:`NEWS_HOLDOUT` on (``val``: the first ``val_docs`` of those; ``train``: the rest),
+      cut to ``max_words`` words (short enough that a 256-token training row keeps most of the
+      answer);
+    * ``docs``: the module docstrings (>= 200 characters, cut at ``6 * max_words``) of the
+      stdlib files of the split (``holdout``: the validation modules, as
+      :func:`distill_prompts`).
+
+    ``source`` is ``news:<document index>`` or the stdlib file.
+
+    Raises:
+      DataError: ``split`` not ``train`` / ``val``, a tokenizer without a chat template, or no
+        document in the split.
+    """
+    from jaxspec.eval.datasets import chat_prompt, lee_documents
+
+    if split not in ("train", "val"):
+        raise DataError(f"split must be 'train' or 'val', got {split!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("prose prompts need a tokenizer with a chat template")
+    root = Path(root) if root is not None else stdlib_root()
+    news = list(enumerate(lee_documents()))[NEWS_HOLDOUT:]
+    news = news[:val_docs] if split == "val" else news[val_docs:]
+    docs = {
+        "news": [(f"news:{i}", " ".join(d.split()[:max_words])) for i, d in news],
+        "docs": _module_docstrings(
+            split_files(stdlib_files(root), list(holdout))[split == "val"],
+            root,
+            200,
+            6 * max_words,
+        ),
+    }
+    pairs = [(t, src, text) for kind, t in PROSE_INSTRUCTIONS for src, text in docs[kind]]
+    if not pairs:
+        raise DataError(f"no prose document in the {split} split")
+    rng = np.random.default_rng([seed, 2 if split == "train" else 3])
+    return [
+        {
+            "kind": "prose",
+            "split": split,
+            "text": chat_prompt(pairs[int(i)][0].format(text=pairs[int(i)][2]), tokenizer),
+            "source": pairs[int(i)][1],
+        }
+        for i in rng.permutation(len(pairs))[:n]
+    ]
 
 
 def read_distill(path) -> list[dict]:

@@ -169,3 +169,34 @@ def test_distill_datasets_mix_the_answers_into_the_windows(tmp_path):
     assert [int(r.any()) for r in batch] == [0, 1, 0, 1]  # every other one
     assert set(np.unique(batch[1])) <= {4, 5, 6, 7, 9}
     assert val is plain[1] and meta["distill"]["train"] == {"rows": 4, "answer_tokens": 24}
+
+
+def test_prose_prompts_keep_the_benchmark_news_and_the_held_out_modules_out(stdlib):
+    from jaxspec.eval.datasets import lee_documents
+    from jaxspec.training.distill import NEWS_HOLDOUT, PROSE_INSTRUCTIONS, prose_prompts
+
+    doc = '"""' + "This module does a thing. " * 10 + '"""\n'
+    for name in ("alpha.py", "held.py"):
+        (stdlib / name).write_text(doc + SRC)
+    tok = _ChatTok()
+    train = prose_prompts(tok, ["held"], split="train", n=100000, root=stdlib)
+    val = prose_prompts(tok, ["held"], split="val", n=100000, root=stdlib, val_docs=3)
+    n_news, n_docs = (sum(k == s for k, _ in PROSE_INSTRUCTIONS) for s in ("news", "docs"))
+    docs = len(lee_documents()) - NEWS_HOLDOUT
+    assert len(val) == 3 * n_news + 1 * n_docs  # held.py's docstring; beta.py has none
+    assert len(train) == (docs - 10) * n_news + 1 * n_docs  # default val_docs=10 held back
+    assert {p["kind"] for p in train + val} == {"prose"}
+    news_ids = lambda ps: {int(p["source"][5:]) for p in ps if p["source"].startswith("news:")}
+    assert min(news_ids(train)) == NEWS_HOLDOUT + 10 and news_ids(val) == {100, 101, 102}
+    assert {p["source"] for p in train if not p["source"].startswith("news:")} == {"alpha.py"}
+    assert all(p["text"].startswith("<user>") and p["text"].endswith("<assistant>") for p in val)
+    first = lee_documents()[NEWS_HOLDOUT].split()
+    summary = "<user>Summarize:\n" + " ".join(first[:70]) + "<assistant>"
+    assert summary in {p["text"] for p in val}  # the document cut to max_words words
+    assert prose_prompts(tok, ["held"], n=5, root=stdlib, seed=1) == prose_prompts(
+        tok, ["held"], n=5, root=stdlib, seed=1
+    )
+    with pytest.raises(DataError, match="chat template"):
+        prose_prompts(CharTok(), ["held"], root=stdlib)
+    with pytest.raises(DataError, match="split"):
+        prose_prompts(tok, ["held"], split="test", root=stdlib)
