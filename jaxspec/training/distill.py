@@ -116,8 +116,10 @@ PROSE_INSTRUCTIONS = (
     ("news", "Explain this news story to a high-school student:\n{text}"),
     ("news", "Write a short opinion piece about this news story:\n{text}"),
     ("docs", "Explain in plain words what this Python module is for:\n\n{text}"),
-    ("docs", "Write a short tutorial, with an example, for the Python module described here:"
-     "\n\n{text}"),
+    (
+        "docs",
+        "Write a short tutorial, with an example, for the Python module described here:\n\n{text}",
+    ),
 )
 
 
