@@ -627,7 +627,15 @@ def evaluate(eval_fn, own, base, val_batches) -> dict:
 
 
 def _start_weights(cfg: TrainConfig, spec: DFlashSpec):
-    """The drafter tree a run starts from: ``dflash.init_weights`` or a fresh init."""
+    """The drafter tree a run starts from: ``dflash.init_weights`` or a fresh init.
+
+    The start drafter's spec must equal the run's except perhaps its ``block_size``: the
+    drafter's weights do not depend on the block size (no position embedding; RoPE is
+    relative; the mask embedding is one vector), so a drafter trained at block 16 starts the
+    runs that train block 8 or 4 (the block-size sweep).
+
+    Raises:
+      TrainConfigError: an unreadable file, or a spec that differs in anything else."""
     path = cfg.dflash.init_weights
     if not path:
         return init_drafter(spec, cfg.train.seed)
@@ -635,7 +643,7 @@ def _start_weights(cfg: TrainConfig, spec: DFlashSpec):
         stored_spec, own = load_drafter(path)
     except ValueError as e:
         raise TrainConfigError(f"dflash.init_weights: {e}") from None
-    if stored_spec != spec:
+    if dataclasses.replace(stored_spec, block_size=spec.block_size) != spec:
         raise TrainConfigError(
             f"dflash.init_weights {path}: its spec differs from this config's ({stored_spec} "
             f"vs {spec})"

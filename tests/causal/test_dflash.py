@@ -644,7 +644,7 @@ def test_train_objective_bad_input(tmp_path, capsys):
             model_and_params=(model, params),
         )
     other = tmp_path / "other.safetensors"
-    wrong = DFlashSpec.for_target(model.config, block_size=8, layer_ids=(0, 1))
+    wrong = DFlashSpec.for_target(model.config, block_size=8, layer_ids=(0,))
     save_drafter(other, wrong, init_drafter(wrong))
     rows = tmp_path / "one.jsonl"
     rows.write_text('{"split": "train", "prompt": [9, 10, 11], "answer": [12, 13, 14, 15]}\n')
@@ -682,6 +682,26 @@ def test_train_objective_bad_input(tmp_path, capsys):
     assert rc == 2 and err[-1] == (
         "error: objective.kind = dflash needs model.init: preset and model.preset (the target)"
     ), err
+
+
+def test_init_weights_may_come_from_another_block_size(tmp_path):
+    """``dflash.init_weights`` from a drafter trained at another block size starts the run
+    from exactly its weights (they do not depend on the block size); any other difference of
+    the spec is refused (``test_train_objective_bad_input``)."""
+    from jaxspec.training.config import config_from_dict
+    from jaxspec.training.dflash_run import _start_weights
+
+    model, _ = tiny_model(64, seed=0)
+    b16 = DFlashSpec.for_target(model.config, block_size=16, layer_ids=(0, 1))
+    own = init_drafter(b16, seed=3)
+    start = tmp_path / "b16.safetensors"
+    save_drafter(start, b16, own)
+    d = _dflash_cfg(tmp_path / "rows.jsonl").to_dict()
+    cfg = config_from_dict({**d, "dflash": {**d["dflash"], "init_weights": str(start)}})
+    b4 = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0, 1))
+    got = _start_weights(cfg, b4)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, got, own)
+    assert not np.array_equal(got["fc"], init_drafter(b4, cfg.train.seed)["fc"])
 
 
 def test_distill_sequences():
