@@ -269,6 +269,26 @@ def _per_prompt_records(prompts, names, outs, ttft, decode) -> list[dict[str, An
     return per_prompt
 
 
+def free_programs(log: Callable[[str], None] = lambda m: None) -> int:
+    """Drop every compiled program (:func:`jaxspec.core.runtime.clear_compiled`) once a
+    prompt set's systems have run, so a suite over several sets does not pile them up.
+
+    Each set pads its prompts to its own buckets, so its programs are new ones, and every XLA
+    CPU program holds memory maps of its own: a ``dflash`` suite over three sets with twelve
+    rows each ran into the kernel's map limit (``vm.max_map_count``, 65,530) and aborted with
+    ``LLVM ERROR: Unable to allocate section memory`` in its third set. The next set compiles
+    what it needs again (from the persistent compilation cache where it has them).
+
+    Returns:
+      the number of programs dropped."""
+    from jaxspec.core.runtime import clear_compiled
+
+    n = clear_compiled()
+    gc.collect()
+    log(f"freed {n} compiled programs")
+    return n
+
+
 def run_ar_suite(
     systems: Sequence,
     prompts: Sequence[BenchPrompt],

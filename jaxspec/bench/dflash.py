@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.ar_suite import free_programs, run_ar_suite
 from jaxspec.bench.machine import machine_info
 from jaxspec.bench.prompts import suite_prompts
 from jaxspec.bench.records import BenchError, BenchPrompt, _num
@@ -308,6 +308,8 @@ def run_dflash_suite(
         res = run_ar_suite(systems, prompts, model_name=model_name, progress=progress, log=log)
         _add_dflash_figures(res["rows"], rec, name, len(prompts))
         out_sets[name] = {"rows": res["rows"], "per_prompt": res["per_prompt"]}
+        del systems, rec, res
+        free_programs(lambda m: log(f"[dflash] {m}"))
     first = next(iter(prompt_sets.values()))[0].ids
     costs = [
         drafter_cost(model, params, spec, own, first, reps=cost_reps) for spec, own in drafters

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from jaxspec.bench import answers as ans
-from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.ar_suite import free_programs, run_ar_suite
 from jaxspec.bench.machine import machine_info
 from jaxspec.bench.prompts import PROMPT_SETS, suite_prompts
 from jaxspec.bench.records import BenchError
@@ -333,6 +333,8 @@ def run_diffuspec_suite(
         log(f"[diffuspec] prompt set {name}: {len(prompts)} prompts")
         systems = _set_systems(target, drafter, common, caches)
         result["sets"][name] = _run(systems, prompts, prompt_set=name, **kw)
+        del systems
+        free_programs(lambda m: log(f"[diffuspec] {m}"))
     phase = (target, drafter, common)
     result["ablations"] = _ablation_rows(*phase, first, first_name, kw) if ablations else []
     result["fixed_k"] = _fixed_k_rows(*phase, fixed_k, first, first_name, kw)

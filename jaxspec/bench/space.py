@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from jaxspec.bench.ar_suite import run_ar_suite
+from jaxspec.bench.ar_suite import free_programs, run_ar_suite
 from jaxspec.bench.machine import machine_info
 from jaxspec.bench.prompts import PROMPT_SETS, suite_prompts
 from jaxspec.bench.records import BenchError, BenchPrompt, _num
@@ -81,6 +81,8 @@ def run_sets(
             if r["method"] != "ar-base" and base:
                 r["speedup_vs_base_ar"] = _num(r["median_tokens_per_s"] / base, 3)
         out[name] = {"rows": res["rows"], "per_prompt": res["per_prompt"]}
+        del systems, res
+        free_programs(lambda m: log(f"[space] {m}"))
     return out
 
 

@@ -35,7 +35,11 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
     diffusion drafter (SpecDiff and DiffuSpec rows): every system's row per set, all identical
     to AR; the DFlash rows (block 5 also at draft length 2) with their block size and draft
     length ``k``, an acceptance histogram over the timed runs and ``k`` per-position figures;
-    one cost row per drafter; the report and files are written."""
+    one cost row per drafter; the report and files are written. Every set's compiled
+    programs are freed once it has run (:func:`jaxspec.bench.ar_suite.free_programs`), so the
+    second set starts with none held."""
+    from jaxspec.core import runtime
+
     model, params = tiny_model(64, seed=0)
     draft = tiny_model(64, seed=1, layers=1)
     tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
@@ -47,6 +51,7 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
         ]
         for name in ("humaneval", "news")
     }
+    seen = []
     res = run_dflash_suite(
         (model, params),
         [_drafter(model, 5, 1), _drafter(model, 3, 2)],
@@ -64,7 +69,12 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
         model_name="tiny",
         cost_reps=2,
         progress=False,
+        log=lambda m: seen.append((m, len(runtime._EXECUTABLES))),
     )
+    starts = [n for m, n in seen if "prompt set" in m]
+    freed = [int(m.split()[2]) for m, _ in seen if "freed" in m]
+    assert len(starts) == len(freed) == 2 and starts[1] == 0, seen
+    assert all(n >= 8 for n in freed), freed  # one decode program per row at least
     assert res["config"]["blocks"] == [3, 5] and res["config"]["diffusion_drafter_rows"]
     assert res["config"]["verify_lengths"] == [2]
     for name, s in res["sets"].items():
