@@ -42,7 +42,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from jaxspec.bench.machine import _time_products, bandwidth_ceiling, machine_info, matvec_probe
+from jaxspec.bench.machine import (
+    _time_products,
+    bandwidth_ceiling,
+    check_map_headroom,
+    machine_info,
+    matvec_probe,
+)
 from jaxspec.bench.records import (
     BenchError,
     BenchPrompt,
@@ -156,6 +162,7 @@ def _interleaved_runs(
     # compile is not counted)
     for s in systems:
         log(f"[bench] warm-up {s.name}")
+        check_map_headroom(f"warm-up of {s.name}")
         compile_s[s.name] += s.run(prompts[0].ids).compile_s
         if time_first and _measures_ttft(s):
             s.run(prompts[0].ids, max_new_tokens=1)
@@ -169,6 +176,7 @@ def _interleaved_runs(
     try:
         for i, p in enumerate(prompts):
             gc.collect()
+            check_map_headroom(f"prompt {p.task_id}")
             for s in _order(systems, i):
                 o = s.run(p.ids)
                 compile_s[s.name] += o.compile_s

@@ -1,5 +1,6 @@
-"""The machine a benchmark runs on: its CPU and library versions (:func:`machine_info`) and
-its memory bandwidth, the batch-1 decoding ceiling (:func:`bandwidth_ceiling`)."""
+"""The machine a benchmark runs on: its CPU and library versions (:func:`machine_info`), its
+memory bandwidth, the batch-1 decoding ceiling (:func:`bandwidth_ceiling`), and the memory maps
+left to the process for compiled programs (:func:`check_map_headroom`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,53 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from jaxspec.bench.records import _num
+from jaxspec.bench.records import BenchError, _num
+
+#: memory maps a benchmark keeps free for the next compiled program: one XLA CPU program of
+#: SmolLM2-135M holds about 1,300-1,700 (``benchmarks/probes/suite-maps``)
+MAP_HEADROOM = 4_000
+
+
+def memory_maps() -> Optional[tuple[int, int]]:
+    """``(maps held, limit)``: the lines of ``/proc/self/maps`` and ``vm.max_map_count``, or
+    None where they cannot be read (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read().split()[0])
+        with open("/proc/self/maps", "rb") as f:
+            held = sum(1 for _ in f)
+    except (OSError, ValueError, IndexError):
+        return None
+    return held, limit
+
+
+def check_map_headroom(
+    what: str, headroom: int = MAP_HEADROOM, maps: Optional[Callable] = None
+) -> None:
+    """Raise before ``what`` (a program about to compile) would meet the kernel's map limit.
+
+    Every XLA CPU program keeps memory maps of its own; a process that reaches
+    ``vm.max_map_count`` aborts inside the compiler (``LLVM ERROR: Unable to allocate section
+    memory``), losing the run's results. This turns that abort into a clear error first.
+
+    Raises:
+      BenchError: fewer than ``headroom`` maps are left (``maps()``, by default
+        :func:`memory_maps`, says how many are held and allowed; None skips the check)."""
+    got = (maps or memory_maps)()
+    if got is None:
+        return
+    held, limit = got
+    if limit - held < headroom:
+        raise BenchError(
+            f"{what}: this process holds {held:,} of the {limit:,} memory maps the kernel "
+            f"allows (vm.max_map_count), and each compiled XLA CPU program takes about 1,500: "
+            f"the next compile would abort the process. Run fewer systems, prompt sets or "
+            f"prompt lengths per process (e.g. one --*-sets value per run)"
+        )
 
 
 def n_params(params) -> int:

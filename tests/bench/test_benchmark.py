@@ -572,3 +572,24 @@ def test_streamed_params_leave_out_an_untied_embedding_table():
     assert streamed_params(tied) == n_params(tied) == 800 + 8 + 128
     assert n_params(untied) == 1736
     assert streamed_params(untied) == 1736 - 800
+
+
+def test_map_headroom_turns_the_compiler_abort_into_a_clear_error(monkeypatch):
+    """Near the kernel's memory-map limit the suite stops with a BenchError that names the
+    limit before it compiles (an XLA CPU compile there aborts the whole process); with room
+    left it runs. The real reader counts this process's maps."""
+    import jaxspec.bench.machine as machine
+    from jaxspec.testing.tiny import tiny_model
+
+    held, limit = machine.memory_maps()
+    assert 0 < held < limit
+    model, params = tiny_model(64, seed=0)
+    prompts = [BenchPrompt("tiny/0", [5, 6, 7, 8])]
+    systems = [JaxspecSystem("ar", model, params, max_new_tokens=4, eos_ids=(), pad_id=0)]
+    monkeypatch.setattr(machine, "memory_maps", lambda: (62_000, 65_530))
+    with pytest.raises(BenchError, match=r"warm-up of jaxspec/ar: .* 62,000 of the 65,530 "):
+        run_ar_suite(systems, prompts, model_name="tiny", progress=False)
+    monkeypatch.setattr(machine, "memory_maps", lambda: (60_000, 65_530))
+    res = run_ar_suite(systems, prompts, model_name="tiny", progress=False)
+    assert res["rows"][0]["identical_to_reference"] is True
+    machine.check_map_headroom("x", maps=lambda: None)  # no reader (not Linux): no check
