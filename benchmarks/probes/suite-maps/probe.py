@@ -34,14 +34,14 @@ About 1,700 maps per program: the kernel's 65,530 allow some 35 programs per pro
 import sys
 
 import jaxspec.bench.dflash as suite
+from jaxspec.bench.machine import memory_maps
 from jaxspec.causal.dflash import load_drafter
 from jaxspec.core import runtime
 from models.registry import load_model
 
 
 def maps() -> int:
-    with open("/proc/self/maps") as f:
-        return sum(1 for _ in f)
+    return memory_maps()[0]
 
 
 def main(arm: str) -> None:
