@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Optional
 
 import jax
 import optax
 
 from jaxspec.training.config import TrainConfig, TrainConfigError
 from jaxspec.training.data import DataError, PackedDataset, stdlib_tokens
-from jaxspec.training.distill import MixedWindows, distill_stream, read_distill
+from jaxspec.training.distill import MixedWindows, clean_rows, distill_stream, read_distill
 from jaxspec.training.sft import SFTMixDataset, distill_samples, stdlib_sft
 from models.llama.modeling import CausalLM
 from models.registry import build_scratch, load_model
@@ -82,7 +83,7 @@ def build_data(
             f"data.sft_fraction + data.distill_fraction must be <= 1, got "
             f"{cfg.data.sft_fraction} + {cfg.data.distill_fraction}"
         )
-    rows = _distill_rows(cfg) if cfg.data.source.endswith("distill") else []  # fail fast
+    rows, kept = distill_rows(cfg, log) if cfg.data.source.endswith("distill") else ([], None)
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
     sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0
@@ -97,6 +98,8 @@ def build_data(
     )
     T, seed = cfg.data.seq_len, cfg.train.seed
     windows = PackedDataset(train, T, seed), PackedDataset(val, T, seed)
+    if kept is not None:
+        meta = {**meta, "distill_clean": kept}
     if cfg.data.source == "stdlib":
         return (*windows, meta)
     if cfg.data.source == "stdlib+distill":
@@ -156,19 +159,45 @@ def _sft_distill_data(
     )
 
 
-def _distill_rows(cfg: TrainConfig) -> list[dict]:
-    """The rows of ``data.distill``; TrainConfigError when there are none."""
-    path = cfg.data.distill
+def distill_rows(
+    cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)
+) -> tuple[list[dict], Optional[dict]]:
+    """The rows of ``data.distill``, filtered by ``data.distill_max_repeated_ngram`` and
+    ``data.distill_ended_only`` (:func:`jaxspec.training.distill.clean_rows`), and the filter's
+    counts (None when neither is set).
+
+    Raises:
+      TrainConfigError: an unreadable file, no rows, or no row left after the filter."""
+    d = cfg.data
+    path = d.distill
     try:
         rows = read_distill(path) if path else []
     except DataError as e:
         raise TrainConfigError(f"data.distill: {e}") from None
     if not rows:
         raise TrainConfigError(
-            f"data.source stdlib+distill needs data.distill: a file written "
-            f"by scripts.distill with at least one row (got {path!r})"
+            f"data.distill must name a file written by scripts.distill with at least one "
+            f"row (data.source {d.source}; got {path!r})"
         )
-    return rows
+    if d.distill_max_repeated_ngram is None and not d.distill_ended_only:
+        return rows, None
+    rows, stats = clean_rows(
+        rows,
+        answer_cap=DISTILL_ANSWER_CAP,
+        max_repeated_ngram=d.distill_max_repeated_ngram,
+        ended_only=d.distill_ended_only,
+    )
+    log(
+        f"[data] distill filter: kept {stats['kept']:,} of {stats['rows']:,} rows "
+        f"({stats['dropped_looping']:,} looping, {stats['dropped_cut']:,} cut at the budget)"
+    )
+    if not any(r.get("split", "train") == "train" for r in rows):
+        raise TrainConfigError(
+            f"data.distill {path}: no train row is left after the filter "
+            f"(distill_max_repeated_ngram={d.distill_max_repeated_ngram}, "
+            f"distill_ended_only={d.distill_ended_only})"
+        )
+    return rows, stats
 
 
 def _distill_data(cfg: TrainConfig, rows: list[dict], windows, sep: int, drop, meta: dict):

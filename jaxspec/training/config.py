@@ -50,7 +50,9 @@ class DataSection:
     model's own answers, the JSON-lines file ``distill`` written by ``scripts.distill``,
     interleaved with plain windows, ``distill_fraction`` of them distilled;
     :mod:`jaxspec.training.distill`). ``batch_size`` sequences per micro-batch of ``seq_len``
-    tokens; ``holdout``: validation modules."""
+    tokens; ``holdout``: validation modules. ``distill_max_repeated_ngram`` (None: no bound)
+    and ``distill_ended_only`` keep only the distilled rows whose answers do not loop / that
+    the base model ended (:func:`jaxspec.training.distill.clean_rows`)."""
 
     source: str = "stdlib"
     seq_len: int = 128
@@ -59,6 +61,8 @@ class DataSection:
     sft_fraction: float = 0.5
     distill: Optional[str] = None
     distill_fraction: float = 0.5
+    distill_max_repeated_ngram: Optional[float] = None
+    distill_ended_only: bool = False
 
 
 OBJECTIVES = ("diffusion", "asarm", "sar", "dflash")
@@ -213,6 +217,7 @@ _RANGES = {
     ("data", "batch_size"): (1, None),
     ("data", "sft_fraction"): (0, 1),
     ("data", "distill_fraction"): (0, 1),
+    ("data", "distill_max_repeated_ngram"): (0, 1),
     ("optim", "warmup_steps"): (0, None),
     ("optim", "grad_accum"): (1, None),
     ("optim", "min_lr_ratio"): (0, 1),

@@ -76,11 +76,10 @@ import numpy as np
 import optax
 
 from jaxspec.causal.dflash import DFlashSpec, init_drafter, load_drafter, save_drafter
-from jaxspec.training.build import make_optimizer
+from jaxspec.training.build import distill_rows, make_optimizer
 from jaxspec.training.config import TrainConfig, TrainConfigError, config_from_dict
 from jaxspec.training.data import DataError
 from jaxspec.training.dflash import dflash_loss, sample_anchors, target_features, truncated_target
-from jaxspec.training.distill import read_distill
 
 __all__ = [
     "DFlashRows",
@@ -245,25 +244,18 @@ def build_target(cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr), mode
 
 
 def build_rows(cfg: TrainConfig, eos_id: int, log=lambda m: print(m, file=sys.stderr)):
-    """``(train DFlashRows, val DFlashRows or None, meta)`` from ``data.distill``.
+    """``(train DFlashRows, val DFlashRows or None, meta)`` from ``data.distill`` (rows read
+    and filtered by :func:`jaxspec.training.build.distill_rows`).
 
     Raises:
       TrainConfigError: another ``data.source``, a missing / unreadable file, no train row
-        that fits ``seq_len``."""
+        left by the distill filter or that fits ``seq_len``."""
     if cfg.data.source != "distill":
         raise TrainConfigError(
             f"objective.kind = dflash trains on the target's own answers: data.source must be "
             f"'distill' (with data.distill, a file of scripts.distill), got {cfg.data.source!r}"
         )
-    try:
-        rows = read_distill(cfg.data.distill) if cfg.data.distill else []
-    except DataError as e:
-        raise TrainConfigError(f"data.distill: {e}") from None
-    if not rows:
-        raise TrainConfigError(
-            f"data.distill must name a file written by scripts.distill with at least one row "
-            f"(got {cfg.data.distill!r})"
-        )
+    rows, kept = distill_rows(cfg, log)
     out, stats = [], {}
     for split in ("train", "val"):
         part = [r for r in rows if r.get("split", "train") == split]
@@ -277,7 +269,8 @@ def build_rows(cfg: TrainConfig, eos_id: int, log=lambda m: print(m, file=sys.st
         )
     if out[1] is None:
         log("[train] no val rows in data.distill: no held-out evaluation")
-    return out[0], out[1], {"distill": {"path": str(cfg.data.distill), **stats}}
+    clean = {} if kept is None else {"clean": kept}
+    return out[0], out[1], {"distill": {"path": str(cfg.data.distill), **clean, **stats}}
 
 
 # ----------------------------------------------------------------------- the feature cache

@@ -35,6 +35,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from jaxspec.eval.metrics import degeneracy
 from jaxspec.training.data import DataError, PackedDataset, split_files, stdlib_files, stdlib_root
 from jaxspec.training.sft import function_samples, interleave
 
@@ -229,6 +230,55 @@ def read_distill(path) -> list[dict]:
                 break
             raise DataError(f"{path}: line {j + 1} is not JSON") from None
     return rows
+
+
+def clean_rows(
+    rows: Sequence[dict],
+    *,
+    answer_cap: int,
+    max_repeated_ngram: Optional[float] = None,
+    ended_only: bool = False,
+    n: int = 4,
+) -> tuple[list[dict], dict]:
+    """The distilled rows a model should learn to write: answers that do not loop and, with
+    ``ended_only``, that the base model ended itself (rejection-sampling fine-tuning on the
+    model's own answers).
+
+    A 135M parent loops on code prompts: in the committed stdlib file 60% of its code answers
+    run to the 192-token budget without EOS, and those have a mean repeated 4-gram rate of 0.62
+    (0.16 for the answers it ended). A diffusion model trained on every row learns the loops
+    with the style; this keeps the rows whose answer has a repeated ``n``-gram rate
+    (:func:`jaxspec.eval.metrics.degeneracy`) of at most ``max_repeated_ngram``.
+
+    Args:
+      rows: distillation rows (:func:`read_distill`); ``answer`` int ids without EOS.
+      answer_cap: the file's answer budget: an answer this long was cut, not ended.
+      max_repeated_ngram: float in ``[0, 1]`` or None (no bound).
+      ended_only: keep only answers shorter than ``answer_cap``.
+      n: the n-gram order (4, as every degeneracy figure here).
+
+    Returns:
+      ``(kept rows, stats)``; stats: ``{"rows", "kept", "dropped_looping", "dropped_cut"}``
+      (a row failing both counts as looping).
+
+    Raises:
+      DataError: ``max_repeated_ngram`` outside ``[0, 1]`` or ``answer_cap < 1``.
+    """
+    if max_repeated_ngram is not None and not 0.0 <= max_repeated_ngram <= 1.0:
+        raise DataError(f"max_repeated_ngram must lie in [0, 1], got {max_repeated_ngram}")
+    if answer_cap < 1:
+        raise DataError(f"answer_cap must be >= 1, got {answer_cap}")
+    kept, looping, cut = [], 0, 0
+    for r in rows:
+        rate = degeneracy(r["answer"], n)["repeated_ngram_rate"]
+        if max_repeated_ngram is not None and rate > max_repeated_ngram:
+            looping += 1
+        elif ended_only and len(r["answer"]) >= answer_cap:
+            cut += 1
+        else:
+            kept.append(r)
+    stats = {"rows": len(rows), "kept": len(kept), "dropped_looping": looping, "dropped_cut": cut}
+    return kept, stats
 
 
 def self_distill(

@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.training.build import _sft_distill_data, build_data
+from jaxspec.training.build import _sft_distill_data, build_data, distill_rows
 from jaxspec.training.config import TrainConfigError, load_config
-from jaxspec.training.data import PackedDataset
-from jaxspec.training.distill import read_distill
+from jaxspec.training.data import DataError, PackedDataset
+from jaxspec.training.distill import clean_rows, read_distill
 from jaxspec.training.loop import train
 from jaxspec.training.sft import SFTMixDataset, distill_samples, pack_samples
 from tests.training.test_train import tiny_cfg, tiny_model
@@ -141,6 +141,60 @@ def test_fraction_bounds_and_nested_mix():
     assert {_kind(x) for x in train_ds.batch(0, 8)} == {"distill"}
     train_ds, _, _ = _three_way(fd=0.0, fs=1.0)  # the v2 SFT rows only
     assert {_kind(x) for x in train_ds.batch(0, 8)} == {"sft"}
+
+
+def test_clean_rows_drops_loops_and_cut_answers():
+    """The filter keeps an answer iff its repeated 4-gram rate is within the bound (and, with
+    ``ended_only``, it is shorter than the budget); counts add up; bad bounds are errors."""
+    loop = [7, 8, 9, 10] * 4  # 16 tokens, 13 4-grams of which 9 repeat: rate 9/13
+    once = list(range(30, 42))  # no repeat, 12 tokens: cut at a budget of 12
+    ended = [50, 51, 52, 53, 54, 50, 51, 52, 53, 54, 55]  # 8 4-grams, 2 repeated: rate 0.25
+    rows = [_row([1], loop), _row([1], once), _row([1], ended, "val")]
+    kept, st = clean_rows(rows, answer_cap=12, max_repeated_ngram=0.3)
+    assert [r["answer"] for r in kept] == [once, ended]
+    assert st == {"rows": 3, "kept": 2, "dropped_looping": 1, "dropped_cut": 0}
+    kept, st = clean_rows(rows, answer_cap=12, max_repeated_ngram=0.2, ended_only=True)
+    assert kept == [] and (st["dropped_looping"], st["dropped_cut"]) == (2, 1)
+    kept, st = clean_rows(rows, answer_cap=12, ended_only=True)
+    assert [r["answer"] for r in kept] == [ended] and st["dropped_cut"] == 2
+    assert clean_rows(rows, answer_cap=12)[0] == rows
+    with pytest.raises(DataError, match="max_repeated_ngram must lie in"):
+        clean_rows(rows, answer_cap=12, max_repeated_ngram=1.5)
+
+
+def test_distill_filter_in_the_config(tmp_path):
+    """``data.distill_max_repeated_ngram`` / ``distill_ended_only`` filter the rows every
+    distill source reads (the Dream mix and the DFlash rows); out of range and a filter that
+    leaves no train row are one-line errors."""
+    from jaxspec.training.dflash_run import build_rows
+
+    path = tmp_path / "d.jsonl"
+    looping = _row([5, 6], [7, 8, 9, 10] * 48)  # at the 192-token budget, looping
+    clean = _row([5, 6], [20 + i for i in range(40)])
+    path.write_text("".join(json.dumps(r) + "\n" for r in [looping, clean, looping]))
+    base = ["data.source=stdlib-sft+distill", f"data.distill={path}"]
+    cfg = load_config("configs/train/dream-smollm2-135m-v3.yaml", base)
+    rows, kept = distill_rows(cfg, log=lambda m: None)
+    assert len(rows) == 3 and kept is None
+    cfg = load_config(
+        "configs/train/dream-smollm2-135m-v3.yaml", base + ["data.distill_max_repeated_ngram=0.2"]
+    )
+    rows, kept = distill_rows(cfg, log=lambda m: None)
+    assert rows == [clean] and kept["dropped_looping"] == 2
+    with pytest.raises(TrainConfigError, match="distill_max_repeated_ngram must be in"):
+        load_config(
+            "configs/train/dream-smollm2-135m-v3.yaml",
+            base + ["data.distill_max_repeated_ngram=2"],
+        )
+    path.write_text(json.dumps(looping) + "\n")
+    with pytest.raises(TrainConfigError, match="no train row is left after the filter"):
+        distill_rows(cfg, log=lambda m: None)
+    d = load_config(
+        "configs/train/dflash-smollm2-135m.yaml",
+        [f"data.distill={path}", "data.distill_ended_only=true"],
+    )
+    with pytest.raises(TrainConfigError, match="no train row is left after the filter"):
+        build_rows(d, EOS, log=lambda m: None)
 
 
 def test_read_distill_reads_gzip(tmp_path):
