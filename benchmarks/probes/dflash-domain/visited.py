@@ -1,27 +1,39 @@
 """Does DFlash training score blocks the way decoding meets them?
 
-For the first 8 held-out prompts of the self-distillation set, this runs the training
-objective's forward (:func:`jaxspec.training.dflash.blocks_at`, teacher-forced on the target's
-stored greedy answer, first 128 tokens) at every answer position, and reads each block's
-drafts before the first argmax miss. It then reports two figures:
+For each sequence (a prompt and the target's greedy answer, first 128 tokens), this runs the
+training objective's forward (:func:`jaxspec.training.dflash.blocks_at`, teacher-forced on the
+answer) at every answer position, and reads each block's drafts before the first argmax miss.
+It then reports three figures:
 
 - ``visited MAT``: walk the answer as greedy verification would (anchor = the last emitted
   token; advance by accepted + 1), the MAT that decoding these answers must reach if training
-  and decoding agree (compare ``val_mat.py``, which decodes);
+  and decoding agree (compare ``val_mat.py`` and the `dflash` suite, which decode);
+- ``first draft``: the share of visited blocks whose first draft is right;
 - ``uniform tau``: the mean over every anchor with a complete block, the training eval's
   ``val_greedy_tau``, which reads higher because decoding's anchors follow a rejection.
 
-    python benchmarks/probes/dflash-domain/visited.py [DRAFTER]
+Sequences: the first 8 held-out rows of the self-distillation set (their stored answers), or,
+with ``--sets``, the first 5 prompts of the benchmark's prompt sets
+(:func:`jaxspec.bench.prompts.suite_prompts`, as `--suite dflash` uses them) with the target's
+greedy answers decoded here (128 tokens, stopped at EOS).
 
-2026-11-28, 2-core AMD EPYC, the mix-trained drafter of commit ef7d6f6 (before the second
-mix pass): visited MAT 1.748, uniform tau 1.986. Decoding the same 8 prompts (128 tokens, no
-EOS stop, so past the stored answers' ends) gave MAT 1.62: no mismatch between training and
-decoding.
+    python benchmarks/probes/dflash-domain/visited.py [DRAFTER] [--sets humaneval mt-bench news]
+
+2026-11-28, 2-core AMD EPYC:
+- held-out rows, the mix-trained drafter of commit ef7d6f6 (before the second mix pass): visited
+  MAT 1.748, uniform tau 1.986. Decoding the same 8 prompts (128 tokens, no EOS stop, so past
+  the stored answers' ends) gave MAT 1.62: no mismatch between training and decoding. The
+  drafter of the second mix pass: visited MAT 1.795, first draft right 0.45, uniform tau 2.019.
+- ``--sets humaneval mt-bench news``, the drafter of the second mix pass (beside a training run,
+  counts only): visited MAT 1.337 / 1.212 / 1.192, first draft right 0.25 / 0.19 / 0.18,
+  uniform tau 1.393 / 1.207 / 1.178. The suite decoded MAT 1.33 / 1.21 / 1.19 on the same
+  prompts (`results/dflash-mix2/`): training and decoding agree there too; the drafter's
+  first draft is right half as often on these prompts as on its own held-out rows.
 """
 
+import argparse
 import gzip
 import json
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -32,37 +44,69 @@ from models.registry import load_model
 
 DRAFTER = "checkpoints/dflash-smollm2-135m/drafter.safetensors"
 DISTILL = "checkpoints/smollm2-135m-space/distill.jsonl.gz"
+ANSWER = 128
 
 
-def main(path: str) -> None:
-    model, params, _, _ = load_model("smollm2-135m-instruct")
-    spec, own = load_drafter(path)
+def leads(model, params, spec, own, prompt, answer):
+    """Per answer anchor, the number of the block's drafts right before the first miss."""
     shared = {k: params[k] for k in ("embed", "lm_head") if k in params}
-    with gzip.open(DISTILL, "rt") as f:
-        val = [r for r in map(json.loads, f) if r.get("split") == "val"][:8]
+    B, P = spec.block_size, len(prompt)
+    seq = np.asarray(list(prompt) + list(answer), np.int32)[None]
+    T = seq.shape[1]
+    hidden = target_features(model, params, jnp.asarray(seq), spec.layer_ids)
+    anchors = jnp.arange(P, T, dtype=jnp.int32)[None]
+    best = np.asarray(
+        jnp.argmax(blocks_at(spec, own, shared, jnp.asarray(seq), hidden, anchors)[0], -1)
+    )
+    return [
+        int(np.cumprod(best[i, : len(seq[0, a + 1 : a + B])] == seq[0, a + 1 : a + B]).sum())
+        for i, a in enumerate(range(P, T))
+    ]
+
+
+def report(name, model, params, spec, own, pairs) -> None:
     B = spec.block_size
     hist, uniform = np.zeros(B + 1, int), []
-    for r in val:
-        P, answer = len(r["prompt"]), r["answer"][:128]
-        seq = np.asarray(r["prompt"] + answer, np.int32)[None]
-        T = seq.shape[1]
-        hidden = target_features(model, params, jnp.asarray(seq), spec.layer_ids)
-        anchors = jnp.arange(P, T, dtype=jnp.int32)[None]
-        best = np.asarray(
-            jnp.argmax(blocks_at(spec, own, shared, jnp.asarray(seq), hidden, anchors)[0], -1)
-        )
-        lead = [
-            int(np.cumprod(best[i, : len(seq[0, a + 1 : a + B])] == seq[0, a + 1 : a + B]).sum())
-            for i, a in enumerate(range(P, T))
-        ]
-        uniform += [n for n, a in zip(lead, range(P, T)) if a + B - 1 < T]
-        a = P
-        while a < T - 1:
-            hist[lead[a - P] + 1] += 1
-            a += lead[a - P] + 1
-    print(f"visited MAT {(hist * np.arange(B + 1)).sum() / hist.sum():.3f}")
-    print(f"uniform tau {1 + np.mean(uniform):.3f}")
+    for prompt, answer in pairs:
+        lead = leads(model, params, spec, own, prompt, answer)
+        T = len(lead)
+        uniform += [n for i, n in enumerate(lead) if i + B - 1 < T]
+        i = 0
+        while i < T - 1:
+            hist[lead[i] + 1] += 1
+            i += lead[i] + 1
+    visited = (hist * np.arange(B + 1)).sum() / hist.sum()
+    first = hist[2:].sum() / hist.sum()
+    print(
+        f"{name}: visited MAT {visited:.3f}, first draft right {first:.2f}, "
+        f"uniform tau {1 + np.mean(uniform):.3f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("drafter", nargs="?", default=DRAFTER)
+    ap.add_argument("--sets", nargs="*", default=None)
+    a = ap.parse_args()
+    model, params, tok, _ = load_model("smollm2-135m-instruct")
+    spec, own = load_drafter(a.drafter)
+    if a.sets is None:
+        with gzip.open(DISTILL, "rt") as f:
+            val = [r for r in map(json.loads, f) if r.get("split") == "val"][:8]
+        pairs = [(r["prompt"], r["answer"][:ANSWER]) for r in val]
+        report("held-out rows", model, params, spec, own, pairs)
+        return
+    from jaxspec.bench.prompts import suite_prompts
+    from jaxspec.causal.decode import generate
+
+    eos = set(tok.eos_token_ids)
+    for name, prompts in suite_prompts(tok, a.sets, 5).items():
+        pairs = []
+        for p in prompts:
+            res = generate(model, params, [p.ids], max_new_tokens=ANSWER, eos_ids=sorted(eos))
+            pairs.append((p.ids, [t for t in res.tokens[0] if t not in eos]))
+        report(name, model, params, spec, own, pairs)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else DRAFTER)
+    main()
