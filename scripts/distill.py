@@ -2,12 +2,14 @@
 
     python -m scripts.distill --config configs/train/smollm2-135m-space-distill.yaml \
         [--prompts 2000] [--val-prompts 64] [--max-new-tokens 192] [--batch 8] [--bucket 64] \
-        [--chat-fraction 0.5] [--source stdlib|prose] [--out FILE] [--no-progress]
+        [--chat-fraction 0.5] [--source stdlib|prose] [--flip-kinds] [--out FILE] [--no-progress]
 
 The model is the config's ``model.preset`` (the SAR model's base), the prompts come from the
 stdlib functions of the config's training split (``--val-prompts`` from its held-out modules),
 or, with ``--source prose``, chat-template instructions over news documents and stdlib module
-docstrings (``jaxspec.training.distill.prose_prompts``; ``--chat-fraction`` unused), and the
+docstrings (``jaxspec.training.distill.prose_prompts``; ``--chat-fraction`` unused);
+``--flip-kinds`` asks for every drawn function in the other template (chat <-> code) than an
+earlier file with the same ``--seed`` and ``--chat-fraction`` used. The
 answers are appended to ``--out`` (default: the config's ``data.distill``) as JSON lines
 (:mod:`jaxspec.training.distill`). Rerunning the same command resumes: prompts already answered
 are skipped. Exit code 2 with one ``error:`` line on a bad config or argument.
@@ -58,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=0, help="prompt order seed")
     ap.add_argument(
+        "--flip-kinds",
+        action="store_true",
+        help="stdlib: every drawn function in the other template (chat <-> code) than "
+        "the same --seed and --chat-fraction give without it: new prompts for the functions "
+        "an earlier file answered",
+    )
+    ap.add_argument(
         "--out", default=None, help="JSON-lines file (default: the config's data.distill)"
     )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -88,6 +97,8 @@ def main(argv=None) -> int:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
         if not 0.0 <= args.chat_fraction <= 1.0:
             raise ValueError(f"--chat-fraction must lie in [0, 1], got {args.chat_fraction}")
+        if args.flip_kinds and args.source != "stdlib":
+            raise ValueError("--flip-kinds applies to --source stdlib only")
         cfg = load_config(args.config)
         out = args.out or cfg.data.distill
         if not out:
@@ -101,7 +112,10 @@ def main(argv=None) -> int:
         if args.source == "prose":
             make, kw = prose_prompts, dict(seed=args.seed)
         else:
-            make, kw = distill_prompts, dict(chat_fraction=args.chat_fraction, seed=args.seed)
+            make, kw = (
+                distill_prompts,
+                dict(chat_fraction=args.chat_fraction, seed=args.seed, flip_kinds=args.flip_kinds),
+            )
         prompts = make(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
         if args.val_prompts:
             prompts += make(tok, cfg.data.holdout, split="val", n=args.val_prompts, **kw)

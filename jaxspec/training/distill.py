@@ -64,10 +64,16 @@ def distill_prompts(
     seed: int = 0,
     max_prompt_chars: int = 1500,
     root: Optional[Path] = None,
+    flip_kinds: bool = False,
 ) -> list[dict]:
     """``n`` prompts (dicts ``{"kind": "chat" | "code", "split", "text", "source": file}``)
     from the stdlib functions of one split, drawn without replacement in a seeded order; about
     ``chat_fraction`` of them use the chat template (module docstring).
+
+    ``flip_kinds``: the same functions in the same order, each in the *other* template (chat
+    where the call without it gives code, and the reverse): with the seed and ``chat_fraction``
+    of an earlier file, new prompts for every function that file answered (the committed
+    SPACE file answered every function of the train split once, in one template).
 
     Raises:
       DataError: ``split`` not ``train`` / ``val``, ``chat_fraction`` outside ``[0, 1]``, a
@@ -90,7 +96,7 @@ def distill_prompts(
         raise DataError(f"no stdlib function with a docstring in the {split} split")
     rng = np.random.default_rng([seed, 0 if split == "train" else 1])
     order = rng.permutation(len(heads))[:n]
-    chat = rng.random(len(order)) < chat_fraction
+    chat = (rng.random(len(order)) < chat_fraction) != flip_kinds
     out = []
     for i, c in zip(order, chat):
         src, code = heads[int(i)]

@@ -12,6 +12,7 @@ import pytest
 from jaxspec.testing.tiny import CharTok, tiny_model
 from jaxspec.training.data import DataError, PackedDataset
 from jaxspec.training.distill import (
+    INSTRUCTION,
     MixedWindows,
     distill_prompts,
     distill_stream,
@@ -73,6 +74,19 @@ def test_prompts_come_from_the_asked_split_with_the_asked_mix(stdlib):
     assert again == distill_prompts(
         tok, ["held"], split="train", n=3, chat_fraction=0.5, root=stdlib
     )  # seeded
+    # flip_kinds: the same functions in the same order, each in the other template
+    every = distill_prompts(tok, ["held"], n=100, chat_fraction=0.5, seed=3, root=stdlib)
+    flip = distill_prompts(
+        tok, ["held"], n=100, chat_fraction=0.5, seed=3, root=stdlib, flip_kinds=True
+    )
+    assert [p["source"] for p in flip] == [p["source"] for p in every]
+    assert all(a["kind"] != b["kind"] for a, b in zip(every, flip))
+    assert {p["kind"] for p in every} == {"chat", "code"}
+    for a, b in zip(every, flip):  # the code prompt is the chat prompt's function, unwrapped
+        code, chat = (a, b) if a["kind"] == "code" else (b, a)
+        assert chat["text"] == tok.apply_chat_template(
+            [{"role": "user", "content": INSTRUCTION.format(code=code["text"])}]
+        )
     with pytest.raises(DataError, match="chat template"):
         distill_prompts(CharTok(), ["held"], n=2, chat_fraction=0.5, root=stdlib)
     with pytest.raises(DataError, match="split"):
@@ -137,6 +151,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
     assert main(["--config", "configs/train/smollm2-135m-space-distill.yaml", "--batch", "0"]) == 2
     assert "--batch must be >= 1" in capsys.readouterr().err
+    cfg_path = "configs/train/smollm2-135m-space-distill.yaml"
+    assert main(["--config", cfg_path, "--source", "prose", "--flip-kinds"]) == 2
+    assert "--flip-kinds applies to --source stdlib only" in capsys.readouterr().err
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         json.dumps(
