@@ -160,11 +160,13 @@ def _sft_distill_data(
 
 
 def distill_rows(
-    cfg: TrainConfig, log=lambda m: print(m, file=sys.stderr)
+    cfg: TrainConfig,
+    log=lambda m: print(m, file=sys.stderr),
+    answer_cap: int = DISTILL_ANSWER_CAP,
 ) -> tuple[list[dict], Optional[dict]]:
     """The rows of ``data.distill``, filtered by ``data.distill_max_repeated_ngram`` and
-    ``data.distill_ended_only`` (:func:`jaxspec.training.distill.clean_rows`), and the filter's
-    counts (None when neither is set).
+    ``data.distill_ended_only`` (:func:`jaxspec.training.distill.clean_rows`; ``answer_cap``:
+    the file's answer budget), and the filter's counts (None when neither is set).
 
     Raises:
       TrainConfigError: an unreadable file, no rows, or no row left after the filter."""
@@ -183,7 +185,7 @@ def distill_rows(
         return rows, None
     rows, stats = clean_rows(
         rows,
-        answer_cap=DISTILL_ANSWER_CAP,
+        answer_cap=answer_cap,
         max_repeated_ngram=d.distill_max_repeated_ngram,
         ended_only=d.distill_ended_only,
     )

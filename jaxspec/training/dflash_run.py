@@ -255,7 +255,7 @@ def build_rows(cfg: TrainConfig, eos_id: int, log=lambda m: print(m, file=sys.st
             f"objective.kind = dflash trains on the target's own answers: data.source must be "
             f"'distill' (with data.distill, a file of scripts.distill), got {cfg.data.source!r}"
         )
-    rows, kept = distill_rows(cfg, log)
+    rows, kept = distill_rows(cfg, log, cfg.dflash.answer_cap)
     out, stats = [], {}
     for split in ("train", "val"):
         part = [r for r in rows if r.get("split", "train") == split]
