@@ -83,6 +83,13 @@ def build_data(
             f"data.sft_fraction + data.distill_fraction must be <= 1, got "
             f"{cfg.data.sft_fraction} + {cfg.data.distill_fraction}"
         )
+    if not cfg.data.source.endswith("distill") and (
+        cfg.data.distill_max_repeated_ngram is not None or cfg.data.distill_ended_only
+    ):
+        raise TrainConfigError(
+            f"data.distill_max_repeated_ngram / data.distill_ended_only filter the distilled "
+            f"rows: data.source {cfg.data.source} reads none"
+        )
     rows, kept = distill_rows(cfg, log) if cfg.data.source.endswith("distill") else ([], None)
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
@@ -169,7 +176,7 @@ def distill_rows(
     the file's answer budget), and the filter's counts (None when neither is set).
 
     Raises:
-      TrainConfigError: an unreadable file, no rows, or no row left after the filter."""
+      TrainConfigError: an unreadable file, no rows, or no train row left after the filter."""
     d = cfg.data
     path = d.distill
     try:
@@ -183,6 +190,7 @@ def distill_rows(
         )
     if d.distill_max_repeated_ngram is None and not d.distill_ended_only:
         return rows, None
+    n_train = sum(r.get("split", "train") == "train" for r in rows)
     rows, stats = clean_rows(
         rows,
         answer_cap=answer_cap,
@@ -195,8 +203,8 @@ def distill_rows(
     )
     if not any(r.get("split", "train") == "train" for r in rows):
         raise TrainConfigError(
-            f"data.distill {path}: no train row is left after the filter "
-            f"(distill_max_repeated_ngram={d.distill_max_repeated_ngram}, "
+            f"data.distill {path}: no train row is left after the filter ({n_train} "
+            f"before it; distill_max_repeated_ngram={d.distill_max_repeated_ngram}, "
             f"distill_ended_only={d.distill_ended_only})"
         )
     return rows, stats

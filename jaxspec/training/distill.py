@@ -84,7 +84,8 @@ def distill_prompts(
         raise DataError(f"split must be 'train' or 'val', got {split!r}")
     if not 0.0 <= chat_fraction <= 1.0:
         raise DataError(f"chat_fraction must lie in [0, 1], got {chat_fraction}")
-    if chat_fraction > 0 and not getattr(tokenizer, "chat_template", None):
+    wants_chat = chat_fraction < 1 if flip_kinds else chat_fraction > 0
+    if wants_chat and not getattr(tokenizer, "chat_template", None):
         raise DataError("chat prompts need a tokenizer with a chat template (or chat_fraction 0)")
     root = Path(root) if root is not None else stdlib_root()
     train_f, val_f = split_files(stdlib_files(root), list(holdout))
@@ -303,9 +304,11 @@ def self_distill(
 ) -> list[dict]:
     """The base model's greedy answers to ``prompts`` (:func:`distill_prompts`), appended to the
     JSON-lines file ``out``; prompts already answered there (by index ``i``) are skipped, so a
-    rerun resumes. Prompts are answered shortest first, in batches of ``batch`` that share one
-    compiled AR loop per prompt-length bucket (left padding to a multiple of ``bucket`` tokens:
-    a coarse bucket such as 256 means few compiles, which pays on an accelerator).
+    rerun resumes (a row whose kind, split or source differ from this run's prompt ``i``, as
+    after another ``seed`` or ``flip_kinds``, is an error). Prompts are answered shortest
+    first, in batches of ``batch`` that share one compiled AR loop per prompt-length bucket
+    (left padding to a multiple of ``bucket`` tokens: a coarse bucket such as 256 means few
+    compiles, which pays on an accelerator).
 
     Args:
       model, params: the causal base model (:class:`models.llama.modeling.CausalLM`).
@@ -318,6 +321,7 @@ def self_distill(
 
     Raises:
       DecodeInputError: a prompt longer than the model's context minus the budget.
+      DataError: ``out`` holds answers to other prompts.
     """
     from tqdm.auto import tqdm
 
@@ -326,7 +330,18 @@ def self_distill(
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["i"] for r in read_distill(out)}
+    done = set()
+    for r in read_distill(out):
+        i = r["i"]
+        mine = prompts[i] if 0 <= i < len(prompts) else None
+        if mine is None or any(r.get(k) != mine[k] for k in ("kind", "split", "source")):
+            got = {k: r.get(k) for k in ("kind", "split", "source")}
+            want = "no prompt" if mine is None else {k: mine[k] for k in got}
+            raise DataError(
+                f"{out} holds an answer to another prompt (row {i}: {got}; this run's prompt "
+                f"{i}: {want}): write these prompts to a new file"
+            )
+        done.add(i)
     enc = {i: tokenizer.encode(prompts[i]["text"]) for i in range(len(prompts)) if i not in done}
     todo = sorted(enc, key=lambda i: (len(enc[i]), i))
     if done:

@@ -89,6 +89,13 @@ def test_prompts_come_from_the_asked_split_with_the_asked_mix(stdlib):
         )
     with pytest.raises(DataError, match="chat template"):
         distill_prompts(CharTok(), ["held"], n=2, chat_fraction=0.5, root=stdlib)
+    # flipped, chat_fraction 1 asks for code prompts only (no template needed), 0 for chat only
+    code = distill_prompts(
+        CharTok(), ["held"], n=100, chat_fraction=1.0, root=stdlib, flip_kinds=True
+    )
+    assert {p["kind"] for p in code} == {"code"}
+    with pytest.raises(DataError, match="chat template"):
+        distill_prompts(CharTok(), ["held"], n=2, chat_fraction=0.0, root=stdlib, flip_kinds=True)
     with pytest.raises(DataError, match="split"):
         distill_prompts(tok, ["held"], split="test", root=stdlib)
 
@@ -118,6 +125,13 @@ def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path
     assert len(read_distill(out)) == 5
     stream = distill_stream(rows, eos_id=4, drop_ids=[ord("x")])
     assert stream.tolist().count(4) >= 5 and ord("x") not in stream.tolist()
+    # a rerun whose prompt i differs from the file's row i (another seed, --flip-kinds) would
+    # skip prompts it never answered: refused, naming the row
+    other = [dict(p, kind="chat") if i == 1 else p for i, p in enumerate(prompts)]
+    with pytest.raises(DataError, match="row 1: .*write these prompts to a new file"):
+        self_distill(model, params, tok, other, out, max_new_tokens=12, progress=False)
+    with pytest.raises(DataError, match="row [34]: .*no prompt"):
+        self_distill(model, params, tok, prompts[:3], out, max_new_tokens=12, progress=False)
 
 
 def test_mixed_windows_interleave_exactly_and_reproducibly():
@@ -143,6 +157,13 @@ def test_stdlib_distill_source_needs_a_file(tmp_path):
     )
     assert cfg.data.source == "stdlib+distill"
     with pytest.raises(TrainConfigError, match="data.distill"):
+        build_data(cfg, _ChatTok(), 16, log=lambda m: None)
+    # the distill filter on a source that reads no distilled rows: an error, not ignored
+    cfg = load_config(
+        "configs/train/smollm2-135m-space-distill.yaml",
+        ["data.source=stdlib", "data.distill_ended_only=true"],
+    )
+    with pytest.raises(TrainConfigError, match="data.source stdlib reads none"):
         build_data(cfg, _ChatTok(), 16, log=lambda m: None)
 
 

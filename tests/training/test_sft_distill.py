@@ -163,9 +163,9 @@ def test_clean_rows_drops_loops_and_cut_answers():
 
 
 def test_distill_filter_in_the_config(tmp_path):
-    """``data.distill_max_repeated_ngram`` / ``distill_ended_only`` filter the rows every
-    distill source reads (the Dream mix and the DFlash rows); out of range and a filter that
-    leaves no train row are one-line errors."""
+    """``data.distill_max_repeated_ngram`` / ``distill_ended_only`` filter the rows
+    ``distill_rows`` returns (``build_data`` builds the distill mixes from them) and the DFlash
+    rows; out of range and a filter that leaves no train row are one-line errors."""
     from jaxspec.training.dflash_run import build_rows
 
     path = tmp_path / "d.jsonl"
