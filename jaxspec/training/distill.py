@@ -333,10 +333,12 @@ def self_distill(
     done = set()
     for r in read_distill(out):
         i = r["i"]
-        mine = prompts[i] if 0 <= i < len(prompts) else None
-        if mine is None or any(r.get(k) != mine[k] for k in ("kind", "split", "source")):
-            got = {k: r.get(k) for k in ("kind", "split", "source")}
-            want = "no prompt" if mine is None else {k: mine[k] for k in got}
+        got = {k: r.get(k) for k in ("kind", "split", "source")}
+        want = "no prompt"
+        if 0 <= i < len(prompts):
+            q = prompts[i]
+            want = {"kind": q["kind"], "split": q.get("split", "train"), "source": q["source"]}
+        if got != want:
             raise DataError(
                 f"{out} holds an answer to another prompt (row {i}: {got}; this run's prompt "
                 f"{i}: {want}): write these prompts to a new file"
