@@ -83,14 +83,15 @@ def build_data(
             f"data.sft_fraction + data.distill_fraction must be <= 1, got "
             f"{cfg.data.sft_fraction} + {cfg.data.distill_fraction}"
         )
-    if not cfg.data.source.endswith("distill") and (
+    reads_distill = cfg.data.source.endswith("distill")
+    if not reads_distill and (
         cfg.data.distill_max_repeated_ngram is not None or cfg.data.distill_ended_only
     ):
         raise TrainConfigError(
             f"data.distill_max_repeated_ngram / data.distill_ended_only filter the distilled "
             f"rows: data.source {cfg.data.source} reads none"
         )
-    rows, kept = distill_rows(cfg, log) if cfg.data.source.endswith("distill") else ([], None)
+    rows, kept = distill_rows(cfg, log) if reads_distill else ([], None)
     if tokenizer is None:
         raise TrainConfigError("the stdlib corpus needs a tokenizer (model.tokenizer or a preset)")
     sep = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else 0

@@ -277,8 +277,10 @@ def clean_rows(
         raise DataError(f"answer_cap must be >= 1, got {answer_cap}")
     kept, looping, cut = [], 0, 0
     for r in rows:
-        rate = degeneracy(r["answer"], n)["repeated_ngram_rate"]
-        if max_repeated_ngram is not None and rate > max_repeated_ngram:
+        if (
+            max_repeated_ngram is not None
+            and degeneracy(r["answer"], n)["repeated_ngram_rate"] > max_repeated_ngram
+        ):
             looping += 1
         elif ended_only and len(r["answer"]) >= answer_cap:
             cut += 1
