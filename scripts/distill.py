@@ -2,12 +2,16 @@
 
     python -m scripts.distill --config configs/train/smollm2-135m-space-distill.yaml \
         [--prompts 2000] [--val-prompts 64] [--max-new-tokens 192] [--batch 8] [--bucket 64] \
-        [--chat-fraction 0.5] [--source stdlib|prose] [--flip-kinds] [--out FILE] [--no-progress]
+        [--chat-fraction 0.5] [--source stdlib|prose|magpie] [--flip-kinds] [--queries FILE] \
+        [--out FILE] [--no-progress]
 
 The model is the config's ``model.preset`` (the SAR model's base), the prompts come from the
 stdlib functions of the config's training split (``--val-prompts`` from its held-out modules),
 or, with ``--source prose``, chat-template instructions over news documents and stdlib module
-docstrings (``jaxspec.training.distill.prose_prompts``; ``--chat-fraction`` unused);
+docstrings (``jaxspec.training.distill.prose_prompts``; ``--chat-fraction`` unused), or, with
+``--source magpie``, queries the model samples itself from its chat template's pre-query part
+(``jaxspec.training.magpie``: chat prompts, and HumanEval-style function stubs for the code
+share), kept in ``--queries`` (default: the output file's name with ``.queries.jsonl``);
 ``--flip-kinds`` asks for every drawn function in the other template (chat <-> code) than an
 earlier file with the same ``--seed`` and ``--chat-fraction`` used. The
 answers are appended to ``--out`` (default: the config's ``data.distill``) as JSON lines
@@ -53,10 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--source",
-        choices=("stdlib", "prose"),
+        choices=("stdlib", "prose", "magpie"),
         default="stdlib",
         help="stdlib: function prompts (chat and code); prose: chat instructions over news "
-        "documents and module docstrings (default stdlib)",
+        "documents and module docstrings; magpie: queries the model samples itself (chat, "
+        "and function stubs for the code share) (default stdlib)",
+    )
+    ap.add_argument(
+        "--queries",
+        default=None,
+        help="magpie: the sampled queries' JSON-lines file, reused by a rerun (default: --out "
+        "with .queries.jsonl)",
     )
     ap.add_argument("--seed", type=int, default=0, help="prompt order seed")
     ap.add_argument(
@@ -80,6 +91,7 @@ def main(argv=None) -> int:
     from jaxspec.training.config import TrainConfigError, load_config
     from jaxspec.training.data import DataError
     from jaxspec.training.distill import distill_prompts, prose_prompts, self_distill
+    from jaxspec.training.magpie import magpie_prompts
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model
     from scripts.common import setup_compile_cache
@@ -99,6 +111,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--chat-fraction must lie in [0, 1], got {args.chat_fraction}")
         if args.flip_kinds and args.source != "stdlib":
             raise ValueError("--flip-kinds applies to --source stdlib only")
+        if args.queries and args.source != "magpie":
+            raise ValueError("--queries applies to --source magpie only")
         cfg = load_config(args.config)
         out = args.out or cfg.data.distill
         if not out:
@@ -111,6 +125,20 @@ def main(argv=None) -> int:
         model, params, tok, _ = load_model(cfg.model.preset, log=log)
         if args.source == "prose":
             make, kw = prose_prompts, dict(seed=args.seed)
+        elif args.source == "magpie":
+            stem = Path(out).name.split(".")[0]
+            queries = args.queries or str(Path(out).with_name(stem + ".queries.jsonl"))
+
+            def make(tok, _holdout, **kw):
+                return magpie_prompts(model, params, tok, queries, **kw)
+
+            kw = dict(
+                chat_fraction=args.chat_fraction,
+                seed=args.seed,
+                batch=args.batch,
+                bucket=args.bucket,
+                progress=not args.no_progress,
+            )
         else:
             make, kw = (
                 distill_prompts,

@@ -175,6 +175,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     cfg_path = "configs/train/smollm2-135m-space-distill.yaml"
     assert main(["--config", cfg_path, "--source", "prose", "--flip-kinds"]) == 2
     assert "--flip-kinds applies to --source stdlib only" in capsys.readouterr().err
+    assert main(["--config", cfg_path, "--queries", str(tmp_path / "q.jsonl")]) == 2
+    assert "--queries applies to --source magpie only" in capsys.readouterr().err
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         json.dumps(
