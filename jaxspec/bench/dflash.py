@@ -17,12 +17,14 @@ Two parts, in one process (wall-clock ratios are comparable within one run only)
    share of the steps that reached draft ``i`` (every draft before it accepted) in which it was
    accepted, from the decoder's acceptance histogram; and ``accept_hist``, the steps by drafts
    accepted (0 .. k).
-2. **Drafter cost per forward** (:func:`drafter_cost`): per drafter, the median seconds of one
-   jitted drafter forward (``propose``: the block's ``B`` rows through the drafter and the LM
-   head on ``B - 1`` rows) and of one jitted target verification pass over ``B`` tokens (with
-   the feature layers), after the prompt pass of the first prompt, and their ratio. These two
+2. **Drafter cost per forward** (:func:`drafter_cost`): per drafter and draft length ``k``
+   (``B - 1`` and the ``verify_lengths``), the median seconds of one jitted drafter forward
+   (``propose``: the block's ``B`` rows through the drafter and the LM head on ``k`` rows) and
+   of one jitted target verification pass over ``k + 1`` tokens (with the feature layers),
+   after the prompt pass of the first prompt, against one one-token target pass. These
    programs run on the target's stored (stacked) weights, not the decode loop's per-machine
-   layout: the ratio, not the absolute time, is the figure to read.
+   layout: the ratios, not the absolute times, are the figures to read. The report also gives
+   each DFlash row's measured step cost in AR steps (MAT / speedup).
 
 **MAT** = generated tokens / target forward passes (the prompt pass counts as one): AR has 1.
 Every row carries the degeneracy figures of its outputs (distinct share, repeated 4-grams).
@@ -194,13 +196,29 @@ def _median_s(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def drafter_cost(model, params, spec, own, ids: Sequence[int], *, reps: int = 5) -> dict:
-    """Seconds of one drafter forward against one target verification pass of the same
-    block (module docstring, part 2), after the prompt pass over ``ids``.
+def drafter_cost(
+    model,
+    params,
+    spec,
+    own,
+    ids: Sequence[int],
+    *,
+    draft_lengths: Sequence[int] = (),
+    reps: int = 5,
+) -> list[dict]:
+    """Seconds of one drafter forward against one target verification pass, per draft length
+    ``k`` (the block's ``B - 1`` and each of ``draft_lengths`` below it), and of one one-token
+    target pass, after the prompt pass over ``ids`` (module docstring, part 2).
+
+    A step at draft length ``k`` is one drafter forward (the whole block through the drafter,
+    the LM head on ``k`` rows) and one ``k + 1``-token verification pass with the feature
+    layers: ``step_over_ar`` = their sum over the one-token pass, the MAT above which the step
+    beats AR decoding on this machine (loop bookkeeping and layout aside).
 
     Returns:
-      ``{"block_size", "drafter_params", "drafter_s", "verify_s", "drafter_over_verify"}``
-      (medians of ``reps`` timed calls after a warm-up)."""
+      one dict per ``k``, ascending: ``{"block_size", "draft_length", "drafter_params",
+      "drafter_s", "verify_s", "one_token_s", "drafter_over_verify", "step_over_ar"}``
+      (seconds: medians of ``reps`` timed calls after a warm-up)."""
     import jax
     import jax.numpy as jnp
 
@@ -209,40 +227,51 @@ def drafter_cost(model, params, spec, own, ids: Sequence[int], *, reps: int = 5)
     from jaxspec.core.drafters import DraftContext
     from jaxspec.core.sampling import SamplingConfig
 
-    drafter = DFlashDrafter(spec)
+    B = spec.block_size
     dparams = drafter_params(own, params)
     cfg = D.LoopConfig(
         model=model,
-        max_new=spec.block_size + 1,
+        max_new=B + 1,
         sampling=SamplingConfig(),
-        drafter=drafter,
+        drafter=DFlashDrafter(spec),
         eos_ids=(),
     )
     buf, pad = D.left_pad([list(ids)], 8, 0)
     buf, pad = jnp.asarray(buf), jnp.asarray(pad)
     st = jax.jit(D.prefill, static_argnums=0)(cfg, params, dparams, buf, pad, jax.random.PRNGKey(0))
     ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
-    propose = jax.jit(lambda dp, ds, c: drafter.propose(dp, ds, c, jax.random.PRNGKey(1), False)[0])
-    draft = propose(dparams, st.drafter_state, ctx)
     last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)
-    feed = jnp.concatenate([last, draft.tokens], axis=1)
     S = st.buffer.shape[1]
 
+    @jax.jit
     def verify(p, feed, cache):
         return D.target_pass(
             cfg, p, feed, st.length - 1, pad, cache, S, hidden_layers=spec.layer_ids
         )[0]
 
-    verify = jax.jit(verify)
-    d_s = _median_s(lambda: propose(dparams, st.drafter_state, ctx).tokens, reps)
-    v_s = _median_s(lambda: verify(params, feed, st.cache), reps)
-    return {
-        "block_size": spec.block_size,
-        "drafter_params": int(sum(x.size for x in jax.tree.leaves(own))),
-        "drafter_s": _num(d_s, 6),
-        "verify_s": _num(v_s, 6),
-        "drafter_over_verify": _num(d_s / v_s, 4),
-    }
+    one_s = _median_s(lambda: verify(params, last, st.cache), reps)
+    rows = []
+    for k in sorted({B - 1, *(k for k in draft_lengths if 1 <= k < B - 1)}):
+        drafter = DFlashDrafter(spec, verify_length=k)
+        propose = jax.jit(
+            lambda dp, ds, c, d=drafter: d.propose(dp, ds, c, jax.random.PRNGKey(1), False)[0]
+        )
+        feed = jnp.concatenate([last, propose(dparams, st.drafter_state, ctx).tokens], axis=1)
+        d_s = _median_s(lambda: propose(dparams, st.drafter_state, ctx).tokens, reps)
+        v_s = _median_s(lambda: verify(params, feed, st.cache), reps)
+        rows.append(
+            {
+                "block_size": B,
+                "draft_length": k,
+                "drafter_params": int(sum(x.size for x in jax.tree.leaves(own))),
+                "drafter_s": _num(d_s, 6),
+                "verify_s": _num(v_s, 6),
+                "one_token_s": _num(one_s, 6),
+                "drafter_over_verify": _num(d_s / v_s, 4),
+                "step_over_ar": _num((d_s + v_s) / one_s, 3),
+            }
+        )
+    return rows
 
 
 def run_dflash_suite(
@@ -312,7 +341,11 @@ def run_dflash_suite(
         free_programs(lambda m: log(f"[dflash] {m}"))
     first = next(iter(prompt_sets.values()))[0].ids
     costs = [
-        drafter_cost(model, params, spec, own, first, reps=cost_reps) for spec, own in drafters
+        row
+        for spec, own in drafters
+        for row in drafter_cost(
+            model, params, spec, own, first, draft_lengths=verify_lengths, reps=cost_reps
+        )
     ]
     return {
         "suite": "dflash",
@@ -351,10 +384,13 @@ _SET_COLUMNS = [
 ]
 _COST_COLUMNS = [
     ("block_size", "block", "{}"),
+    ("draft_length", "k", "{}"),
     ("drafter_params", "drafter params", "{:,}"),
     ("drafter_s", "drafter forward (s)", "{:.4f}"),
     ("verify_s", "verification pass (s)", "{:.4f}"),
+    ("one_token_s", "one-token pass (s)", "{:.4f}"),
     ("drafter_over_verify", "drafter / verify", "{:.3f}"),
+    ("step_over_ar", "step / one-token pass", "{:.2f}"),
 ]
 
 
@@ -368,7 +404,10 @@ def markdown_report(result: dict) -> str:
     for r in rows:
         if r.get("accept_by_position") is not None:
             cells = ", ".join("-" if a is None else f"{a:.2f}" for a in r["accept_by_position"])
-            out.append(f"- {r['prompt_set']} / {r['method']}: {cells}")
+            line = f"- {r['prompt_set']} / {r['method']}: {cells}"
+            if r.get("speedup_vs_baseline"):
+                line += f" (a step costs {r['mat'] / r['speedup_vs_baseline']:.2f} AR steps)"
+            out.append(line)
     out += [
         "",
         "## Drafter cost per forward",
@@ -381,8 +420,13 @@ def markdown_report(result: dict) -> str:
         "- `dflash-b<B>`: a drafter trained for block size B drafts B - 1 tokens in one "
         "forward; acceptance by position i: of the steps whose drafts 1..i-1 were all "
         "accepted, the share that also accepted draft i.",
-        "- Drafter cost: one drafter forward and one target verification pass over the same "
-        "block, jitted, median seconds (stored weight layout: read the ratio).",
+        "- A step's cost in AR steps, measured in the decode loop, is MAT / speedup: the MAT "
+        "the step needs to break even with AR.",
+        "- Drafter cost: per draft length k, one drafter forward (the LM head on k rows) and "
+        "one target verification pass of k + 1 tokens, against one one-token target pass; "
+        "jitted, median seconds (stored weight layout: read the ratios). `step / one-token "
+        "pass` is the same break-even MAT from the two programs alone, without the loop's "
+        "bookkeeping.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",

@@ -95,10 +95,15 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
                 assert steps == round(r["new_tokens"] / r["mat"]) - len(sets[name])
                 assert ar["mat"] == 1.0
     costs = res["drafter_cost"]
-    assert [c["block_size"] for c in costs] == [3, 5]
-    assert all(c["drafter_s"] > 0 and c["verify_s"] > 0 for c in costs)
+    assert [(c["block_size"], c["draft_length"]) for c in costs] == [(3, 2), (5, 2), (5, 4)]
+    for c in costs:
+        assert c["drafter_s"] > 0 and c["verify_s"] > 0 and c["one_token_s"] > 0
+        assert c["step_over_ar"] == pytest.approx(
+            (c["drafter_s"] + c["verify_s"]) / c["one_token_s"], rel=0.05
+        )
     text = markdown_report(res)
     assert "dflash-b5" in text and "Drafter cost per forward" in text
+    assert "a step costs" in text and "one-token pass" in text
 
     from jaxspec.bench.dflash import write_results
 
