@@ -232,10 +232,11 @@ def magpie_prompts(
     queries the model samples itself (module docstring), sampling more into ``queries_path``
     (:func:`sample_queries`) until ``n`` usable ones exist.
 
-    A query is usable when it ended with EOS (``must_end``; a query cut by the budget is
-    unfinished), has at least ``min_chars`` characters after its lead, is not a repeat of an
-    earlier query of the split, and, for the code kind, gives a stub (:func:`code_stub`).
-    ``source`` is ``magpie:<split>:<j>``.
+    A query is usable when it is complete (``must_end``: it ended with EOS, or, for the code
+    kind, whose stub takes the first paragraph only, a blank line follows that paragraph; a
+    query cut by the budget is otherwise unfinished), has at least ``min_chars`` characters
+    after its lead, is not a repeat of an earlier query of the split, and, for the code kind,
+    gives a stub (:func:`code_stub`). ``source`` is ``magpie:<split>:<j>``.
 
     Raises:
       DataError: fewer than ``n`` usable queries after ``max_tries`` samples (default
@@ -260,7 +261,9 @@ def magpie_prompts(
         out, seen = [], set()
         for r in rows:
             q = r["query"]
-            if (must_end and not r["ended"]) or len(q) - len(r["lead"]) < min_chars:
+            # a code stub takes the first paragraph only: complete once a blank line follows it
+            done = r["ended"] or (r["kind"] == "code" and "\n\n" in q.strip())
+            if (must_end and not done) or len(q) - len(r["lead"]) < min_chars:
                 continue
             if q.strip() in seen:
                 continue

@@ -117,20 +117,23 @@ def test_prompts_keep_the_usable_queries_and_reuse_the_file(tmp_path):
     good = CODE_LEAD + "f(x)` that returns x twice."
     other = CODE_LEAD + "g(a, b)` that adds a and b."
     path = tmp_path / "q.jsonl"
-    # no signature; a repeat; unfinished (cut by the budget); usable
+    third = CODE_LEAD + "h(s)` that counts s."
+    # no signature; a repeat; unfinished (cut by the budget); usable; cut by the budget but
+    # its first paragraph complete (all a stub takes)
     path.write_text(
         _rows(
-            [good, CODE_LEAD + "that sorts things", good, other + " and", other],
-            [True, True, True, False, True],
+            [good, CODE_LEAD + "that sorts things", good, other + " and", other, third + "\n\nE"],
+            [True, True, True, False, True, False],
         )
     )
     # model None: the file holds enough, nothing is sampled
-    got = magpie_prompts(None, None, _ChatTok(), path, n=2, chat_fraction=0.0, progress=False)
-    assert [p["source"] for p in got] == ["magpie:train:0", "magpie:train:4"]
-    assert [p["text"] for p in got] == [code_stub(good), code_stub(other)]
+    kw = dict(chat_fraction=0.0, max_tries=6, progress=False)
+    got = magpie_prompts(None, None, _ChatTok(), path, n=3, **kw)
+    assert [p["source"] for p in got] == ["magpie:train:0", "magpie:train:4", "magpie:train:5"]
+    assert [p["text"] for p in got] == [code_stub(good), code_stub(other), code_stub(third)]
     assert all(p["kind"] == "code" and p["split"] == "train" for p in got)
-    with pytest.raises(DataError, match="only 2 usable train queries of 5"):
-        magpie_prompts(None, None, _ChatTok(), path, n=3, chat_fraction=0.0, max_tries=5)
+    with pytest.raises(DataError, match="only 3 usable train queries of 6"):
+        magpie_prompts(None, None, _ChatTok(), path, n=4, **kw)
 
 
 def test_chat_prompts_from_a_tiny_model(tmp_path):
