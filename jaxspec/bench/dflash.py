@@ -212,8 +212,11 @@ def drafter_cost(
 
     A step at draft length ``k`` is one drafter forward (the whole block through the drafter,
     the LM head on ``k`` rows) and one ``k + 1``-token verification pass with the feature
-    layers: ``step_over_ar`` = their sum over the one-token pass, the MAT above which the step
-    beats AR decoding on this machine (loop bookkeeping and layout aside).
+    layers: ``step_over_ar`` = their sum over the one-token pass, all three on the stored
+    layout. The AR loop's own one-token steps run on a faster layout (output-major; on the
+    2-core AMD EPYC the stored one-token pass took 3.4x an AR loop step), so this ratio is the
+    programs' relative cost, not the break-even MAT: that is the decode loop's MAT / speedup
+    (:func:`markdown_report`).
 
     Returns:
       one dict per ``k``, ascending: ``{"block_size", "draft_length", "drafter_params",
@@ -424,9 +427,9 @@ def markdown_report(result: dict) -> str:
         "the step needs to break even with AR.",
         "- Drafter cost: per draft length k, one drafter forward (the LM head on k rows) and "
         "one target verification pass of k + 1 tokens, against one one-token target pass; "
-        "jitted, median seconds (stored weight layout: read the ratios). `step / one-token "
-        "pass` is the same break-even MAT from the two programs alone, without the loop's "
-        "bookkeeping.",
+        "jitted, median seconds, all on the stored weight layout (read the ratios). The AR "
+        "loop's one-token steps run on a faster layout, so `step / one-token pass` is the "
+        "programs' relative cost on one layout, below the measured step cost above.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",
