@@ -61,6 +61,19 @@ class CharTok:
         return "".join(chr(i) for i in ids)
 
 
+class ChatCharTok(CharTok):
+    """:class:`CharTok` with a chat template (``<role>text`` per message, then
+    ``<assistant>``), EOS id 4 and pad id 0: a stand-in for chat-prompt and distillation
+    tests."""
+
+    chat_template = "x"
+    eos_token_ids = (4,)
+    pad_token_id = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
 def tiny_diffusion_model(
     head: str = "llada",
     *,

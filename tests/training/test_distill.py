@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.testing.tiny import CharTok, tiny_model
+from jaxspec.testing.tiny import CharTok, ChatCharTok, tiny_model
 from jaxspec.training.data import DataError, PackedDataset
 from jaxspec.training.distill import (
     INSTRUCTION,
@@ -41,17 +41,6 @@ def nodoc(x):
 '''
 
 
-class _ChatTok(CharTok):
-    """CharTok with a chat template, an EOS and a pad id (vocabulary 128)."""
-
-    chat_template = "x"
-    eos_token_ids = (4,)
-    pad_token_id = 0
-
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-
-
 @pytest.fixture()
 def stdlib(tmp_path):
     root = tmp_path / "lib"
@@ -62,7 +51,7 @@ def stdlib(tmp_path):
 
 
 def test_prompts_come_from_the_asked_split_with_the_asked_mix(stdlib):
-    tok = _ChatTok()
+    tok = ChatCharTok()
     train = distill_prompts(tok, ["held"], split="train", n=100, chat_fraction=0.0, root=stdlib)
     assert len(train) == 4 and {p["kind"] for p in train} == {"code"}  # 2 functions x 2 files
     assert {p["source"] for p in train} == {"alpha.py", "beta.py"}  # nodoc skipped
@@ -104,7 +93,7 @@ def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path
     from jaxspec.causal.decode import generate
 
     model, params = tiny_model(128, seed=3)
-    tok = _ChatTok()
+    tok = ChatCharTok()
     prompts = [
         {"kind": "code", "split": "train", "text": t, "source": "x.py"}
         for t in ("def f(x):", "import os\n", "class A:\n    pass", "x = 1", "y")
@@ -157,14 +146,14 @@ def test_stdlib_distill_source_needs_a_file(tmp_path):
     )
     assert cfg.data.source == "stdlib+distill"
     with pytest.raises(TrainConfigError, match="data.distill"):
-        build_data(cfg, _ChatTok(), 16, log=lambda m: None)
+        build_data(cfg, ChatCharTok(), 16, log=lambda m: None)
     # the distill filter on a source that reads no distilled rows: an error, not ignored
     cfg = load_config(
         "configs/train/smollm2-135m-space-distill.yaml",
         ["data.source=stdlib", "data.distill_ended_only=true"],
     )
     with pytest.raises(TrainConfigError, match="data.source stdlib reads none"):
-        build_data(cfg, _ChatTok(), 16, log=lambda m: None)
+        build_data(cfg, ChatCharTok(), 16, log=lambda m: None)
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -218,7 +207,7 @@ def test_prose_prompts_keep_the_benchmark_news_and_the_held_out_modules_out(stdl
     doc = '"""' + "This module does a thing. " * 10 + '"""\n'
     for name in ("alpha.py", "held.py"):
         (stdlib / name).write_text(doc + SRC)
-    tok = _ChatTok()
+    tok = ChatCharTok()
     train = prose_prompts(tok, ["held"], split="train", n=100000, root=stdlib)
     val = prose_prompts(tok, ["held"], split="val", n=100000, root=stdlib, val_docs=3)
     n_news, n_docs = (sum(k == s for k, _ in PROSE_INSTRUCTIONS) for s in ("news", "docs"))

@@ -11,26 +11,17 @@ import numpy as np
 import pytest
 
 from jaxspec.eval.datasets import chat_prompt
-from jaxspec.testing.tiny import CharTok, tiny_model
+from jaxspec.testing.tiny import CharTok, ChatCharTok, tiny_model
 from jaxspec.training.data import DataError
 from jaxspec.training.magpie import CODE_LEAD, code_stub, magpie_prompts, pre_query, sample_queries
 
 
-class _ChatTok(CharTok):
-    chat_template = "x"
-    eos_token_ids = (4,)
-    pad_token_id = 0
-
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-
-
 def test_pre_query_is_the_template_before_the_users_text():
-    assert pre_query(_ChatTok()) == "<user>"
+    assert pre_query(ChatCharTok()) == "<user>"
     with pytest.raises(DataError, match="chat template"):
         pre_query(CharTok())
 
-    class Hiding(_ChatTok):
+    class Hiding(ChatCharTok):
         def apply_chat_template(self, messages, add_generation_prompt=True):
             return "<user>hidden<assistant>"
 
@@ -60,7 +51,7 @@ def test_queries_are_the_models_own_samples_and_a_rerun_continues(tmp_path):
     from jaxspec.core.sampling import SamplingConfig
 
     model, params = tiny_model(128, seed=3)
-    tok, path = _ChatTok(), tmp_path / "q.jsonl"
+    tok, path = ChatCharTok(), tmp_path / "q.jsonl"
     kw = dict(split="train", chat_fraction=0.5, seed=5, batch=4, max_query_tokens=8)
     first = sample_queries(model, params, tok, path, count=3, progress=False, **kw)
     assert [r["j"] for r in first] == [0, 1, 2] and len(path.read_text().splitlines()) == 4
@@ -128,17 +119,17 @@ def test_prompts_keep_the_usable_queries_and_reuse_the_file(tmp_path):
     )
     # model None: the file holds enough, nothing is sampled
     kw = dict(chat_fraction=0.0, max_tries=6, progress=False)
-    got = magpie_prompts(None, None, _ChatTok(), path, n=3, **kw)
+    got = magpie_prompts(None, None, ChatCharTok(), path, n=3, **kw)
     assert [p["source"] for p in got] == ["magpie:train:0", "magpie:train:4", "magpie:train:5"]
     assert [p["text"] for p in got] == [code_stub(good), code_stub(other), code_stub(third)]
     assert all(p["kind"] == "code" and p["split"] == "train" for p in got)
     with pytest.raises(DataError, match="only 3 usable train queries of 6"):
-        magpie_prompts(None, None, _ChatTok(), path, n=4, **kw)
+        magpie_prompts(None, None, ChatCharTok(), path, n=4, **kw)
 
 
 def test_chat_prompts_from_a_tiny_model(tmp_path):
     model, params = tiny_model(128, seed=3)
-    tok, path = _ChatTok(), tmp_path / "q.jsonl"
+    tok, path = ChatCharTok(), tmp_path / "q.jsonl"
     kw = dict(n=5, chat_fraction=1.0, must_end=False, min_chars=1, batch=4, max_query_tokens=6)
     got = magpie_prompts(model, params, tok, path, progress=False, **kw)
     rows = {r["j"]: r for r in map(json.loads, path.read_text().splitlines())}
