@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         if args.source == "prose":
             make, kw = prose_prompts, dict(seed=args.seed)
         elif args.source == "magpie":
-            stem = Path(out).name.split(".")[0]
+            stem = Path(out).name.removesuffix(".gz").removesuffix(".jsonl")
             queries = args.queries or str(Path(out).with_name(stem + ".queries.jsonl"))
 
             def make(tok, _holdout, **kw):
@@ -146,6 +146,8 @@ def main(argv=None) -> int:
             )
         prompts = make(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
         if args.val_prompts:
+            if args.source == "magpie":  # sampled, not split by source: keep train prompts out
+                kw["exclude"] = {p["text"] for p in prompts}
             prompts += make(tok, cfg.data.holdout, split="val", n=args.val_prompts, **kw)
         rows = self_distill(
             model,

@@ -47,6 +47,7 @@ __all__ = [
     "prose_prompts",
     "self_distill",
     "read_distill",
+    "open_for_append",
     "distill_stream",
     "MixedWindows",
 ]
@@ -239,6 +240,19 @@ def read_distill(path) -> list[dict]:
     return rows
 
 
+def open_for_append(path):
+    """``path`` opened for appending JSON lines, after cutting a partial last line (an
+    interrupted write, which :func:`read_distill` skips) so the next row starts a line of its
+    own. Creates the file when missing."""
+    path = Path(path)
+    if path.is_file():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+    return path.open("a")
+
+
 def clean_rows(
     rows: Sequence[dict],
     *,
@@ -353,7 +367,7 @@ def self_distill(
     eos = tuple(tokenizer.eos_token_ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     with (
-        out.open("a") as f,
+        open_for_append(out) as f,
         tqdm(
             total=len(prompts),
             initial=len(prompts) - len(todo),

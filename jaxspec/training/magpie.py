@@ -32,11 +32,12 @@ import json
 import re
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
 from jaxspec.training.data import DataError
+from jaxspec.training.distill import open_for_append, read_distill
 
 __all__ = ["CHAT_LEADS", "CODE_LEAD", "pre_query", "code_stub", "sample_queries", "magpie_prompts"]
 
@@ -86,28 +87,13 @@ def code_stub(query: str, max_doc_chars: int = 600) -> Optional[str]:
     if '"""' in doc or "\\" in doc or not doc:
         return None
     head = f"def {m.group(1)}({m.group(2).strip()}):\n"
-    body = textwrap.fill(doc, 84, initial_indent="", subsequent_indent="    ")
-    stub = f'{head}    """{body}\n    """\n'
+    body = textwrap.fill(doc, 88, initial_indent='    """', subsequent_indent="    ")
+    stub = f'{head}{body}\n    """\n'
     try:
         ast.parse(stub + "    pass\n")
     except SyntaxError:
         return None
     return stub
-
-
-def _read(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    lines = path.read_text().splitlines()
-    for j, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if j == len(lines) - 1:  # an interrupted write
-                break
-            raise DataError(f"{path}: line {j + 1} is not JSON") from None
-    return rows
 
 
 def _kind(seed: int, tag: int, j: int, chat_fraction: float) -> str:
@@ -137,9 +123,11 @@ def sample_queries(
     ``(seed, split, j)``) and follows ``CHAT_LEADS[j % 3]``, else it follows :data:`CODE_LEAD`;
     each batch of ``batch`` samples is one :func:`jaxspec.causal.decode.generate` call from the
     pre-query template plus lead, seeded by ``(seed, split, first j)``, stopped at the model's
-    EOS or ``max_query_tokens``. Rows ``{"j", "split", "seed", "kind", "lead", "query", "ended"}``
-    (``query`` includes the lead) are appended to ``path``; rows already there are kept, so a
-    rerun continues. ``bucket``: prompt-length rounding of the compiled loop (as
+    EOS or ``max_query_tokens``. Rows ``{"j", "split", "settings", "kind", "lead", "query",
+    "ended"}`` (``settings``: ``seed``, ``chat_fraction``, ``temperature``, ``top_p``,
+    ``max_query_tokens``; ``query`` includes the lead) are appended to ``path``; rows already
+    there are kept, so a rerun continues (a partial last line, from an interrupted write, is
+    cut first). ``bucket``: prompt-length rounding of the compiled loop (as
     :func:`jaxspec.training.distill.self_distill`).
 
     Returns:
@@ -147,8 +135,8 @@ def sample_queries(
 
     Raises:
       DataError: ``split`` not ``train`` / ``val``, ``chat_fraction`` outside ``[0, 1]``,
-        ``count`` or ``batch`` < 1, no chat template, a row of ``path`` that is not JSON, or
-        rows of ``split`` sampled with another ``seed`` or ``chat_fraction``.
+        ``count`` or ``batch`` < 1, no chat template, a row of ``path`` that is not JSON, a
+        missing or repeated ``j``, or rows of ``split`` sampled with other ``settings``.
     """
     from tqdm.auto import tqdm
 
@@ -165,19 +153,27 @@ def sample_queries(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tag = 0 if split == "train" else 1
-    have = sorted((r for r in _read(path) if r.get("split") == split), key=lambda r: r["j"])
+    settings = dict(
+        seed=seed,
+        chat_fraction=chat_fraction,
+        temperature=temperature,
+        top_p=top_p,
+        max_query_tokens=max_query_tokens,
+    )
+    have = sorted((r for r in read_distill(path) if r.get("split") == split), key=lambda r: r["j"])
     for i, r in enumerate(have):
-        if r["j"] != i or r.get("seed") != seed or r["kind"] != _kind(seed, tag, i, chat_fraction):
+        if r["j"] != i:
+            raise DataError(f"{path}: {split} query j={i} is missing or repeated: use a new file")
+        if r.get("settings") != settings:
             raise DataError(
-                f"{path} holds {split} queries sampled otherwise (row j={r['j']}: seed "
-                f"{r.get('seed')}, kind {r['kind']}; this call: seed {seed}, chat_fraction "
-                f"{chat_fraction}): use a new file"
+                f"{path} holds {split} queries sampled otherwise (row j={i}: "
+                f"{r.get('settings')}; this call: {settings}): use a new file"
             )
     eos = tuple(tokenizer.eos_token_ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p)
     with (
-        path.open("a") as f,
+        open_for_append(path) as f,
         tqdm(
             total=count, initial=min(len(have), count), disable=not progress, desc="queries"
         ) as bar,
@@ -188,7 +184,9 @@ def sample_queries(
             for j in range(j0, j0 + batch):
                 kind = _kind(seed, tag, j, chat_fraction)
                 lead = CHAT_LEADS[j % len(CHAT_LEADS)] if kind == "chat" else CODE_LEAD
-                rows.append({"j": j, "split": split, "seed": seed, "kind": kind, "lead": lead})
+                rows.append(
+                    {"j": j, "split": split, "settings": settings, "kind": kind, "lead": lead}
+                )
             res = generate(
                 model,
                 params,
@@ -226,6 +224,7 @@ def magpie_prompts(
     must_end: bool = True,
     min_chars: int = 16,
     max_tries: Optional[int] = None,
+    exclude: Iterable[str] = (),
     **sample_kw,
 ) -> list[dict]:
     """``n`` prompts (dicts ``{"kind": "chat" | "code", "split", "text", "source"}``) from
@@ -235,8 +234,10 @@ def magpie_prompts(
     A query is usable when it is complete (``must_end``: it ended with EOS, or, for the code
     kind, whose stub takes the first paragraph only, a blank line follows that paragraph; a
     query cut by the budget is otherwise unfinished), has at least ``min_chars`` characters
-    after its lead, is not a repeat of an earlier query of the split, and, for the code kind,
-    gives a stub (:func:`code_stub`). ``source`` is ``magpie:<split>:<j>``.
+    after its lead, gives a prompt that is not a repeat of an earlier one of the split nor one
+    of ``exclude`` (e.g. the train prompts, when building the val split), and, for the code
+    kind, gives a stub (:func:`code_stub`). ``n < 1`` gives ``[]``. ``source`` is
+    ``magpie:<split>:<j>``.
 
     Raises:
       DataError: fewer than ``n`` usable queries after ``max_tries`` samples (default
@@ -244,6 +245,8 @@ def magpie_prompts(
     """
     from jaxspec.eval.datasets import chat_prompt
 
+    if n < 1:
+        return []
     tries = max_tries if max_tries is not None else 4 * n + 64
     count = min(n, tries)
     while True:
@@ -258,19 +261,17 @@ def magpie_prompts(
             seed=seed,
             **sample_kw,
         )
-        out, seen = [], set()
+        out, seen = [], set(exclude)
         for r in rows:
             q = r["query"]
             # a code stub takes the first paragraph only: complete once a blank line follows it
             done = r["ended"] or (r["kind"] == "code" and "\n\n" in q.strip())
             if (must_end and not done) or len(q) - len(r["lead"]) < min_chars:
                 continue
-            if q.strip() in seen:
-                continue
             text = chat_prompt(q, tokenizer) if r["kind"] == "chat" else code_stub(q)
-            if text is None:
+            if text is None or text in seen:
                 continue
-            seen.add(q.strip())
+            seen.add(text)
             out.append(
                 {
                     "kind": r["kind"],

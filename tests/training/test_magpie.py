@@ -41,6 +41,8 @@ def test_code_stub_is_a_signature_and_the_first_paragraph_as_docstring():
     assert fn.name == "pairs" and ast.get_docstring(fn).startswith("Write a Python function")
     long = code_stub(CODE_LEAD + "f(a)` " + "word " * 60)
     assert all(len(line) <= 88 for line in long.splitlines()) and long.endswith('    """\n')
+    full = code_stub(CODE_LEAD + "f(a)` " + "x" * 53 + " " + "y" * 30)  # first line past the limit
+    assert max(len(line) for line in full.splitlines()) <= 88
     assert code_stub("Write a function that sorts") is None  # no signature named
     assert code_stub(CODE_LEAD + "f(1 +)` does") is None  # not Python
     assert code_stub(CODE_LEAD + 'f(x)` returns """') is None  # would close the docstring
@@ -79,8 +81,13 @@ def test_queries_are_the_models_own_samples_and_a_rerun_continues(tmp_path):
     with path.open("a") as f:  # an interrupted write is ignored
         f.write('{"j": 8, "spl')
     assert sample_queries(model, params, tok, path, count=6, progress=False, **kw) == more
-    with pytest.raises(DataError, match="sampled otherwise.*new file"):
-        sample_queries(model, params, tok, path, count=6, progress=False, **dict(kw, seed=6))
+    # ... and cut before the next rows are appended, so later reruns read the file
+    grown = sample_queries(model, params, tok, path, count=10, progress=False, **kw)
+    assert grown[:6] == more and len(path.read_text().splitlines()) == 12
+    assert sample_queries(model, params, tok, path, count=10, progress=False, **kw) == grown
+    for other in (dict(seed=6), dict(chat_fraction=0.52), dict(max_query_tokens=9)):
+        with pytest.raises(DataError, match="sampled otherwise.*new file"):
+            sample_queries(model, params, tok, path, count=6, progress=False, **dict(kw, **other))
     with pytest.raises(DataError, match="split"):
         sample_queries(model, params, tok, path, count=1, split="test", progress=False)
 
@@ -92,7 +99,9 @@ def _rows(queries, ended=None):
             {
                 "j": j,
                 "split": "train",
-                "seed": 0,
+                "settings": dict(
+                    seed=0, chat_fraction=0.0, temperature=1.0, top_p=0.95, max_query_tokens=96
+                ),
                 "kind": "code",
                 "lead": CODE_LEAD,
                 "query": q,
@@ -125,6 +134,10 @@ def test_prompts_keep_the_usable_queries_and_reuse_the_file(tmp_path):
     assert all(p["kind"] == "code" and p["split"] == "train" for p in got)
     with pytest.raises(DataError, match="only 3 usable train queries of 6"):
         magpie_prompts(None, None, ChatCharTok(), path, n=4, **kw)
+    # prompts of another split (or any given texts) are left out
+    rest = magpie_prompts(None, None, ChatCharTok(), path, n=2, exclude=[code_stub(good)], **kw)
+    assert [p["source"] for p in rest] == ["magpie:train:4", "magpie:train:5"]
+    assert magpie_prompts(None, None, ChatCharTok(), path, n=0, **kw) == []
 
 
 def test_chat_prompts_from_a_tiny_model(tmp_path):
