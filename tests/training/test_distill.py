@@ -112,6 +112,10 @@ def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path
     with out.open("a") as f:  # an interrupted write
         f.write('{"i": 9, "kind"')
     assert len(read_distill(out)) == 5
+    # ... and cut before the next answer is appended, so the file stays readable
+    grown = prompts + [dict(prompts[4], text="z")]
+    assert len(self_distill(model, params, tok, grown, out, max_new_tokens=12, progress=False)) == 6
+    assert len(read_distill(out)) == 6 and out.read_text().endswith("\n")
     stream = distill_stream(rows, eos_id=4, drop_ids=[ord("x")])
     assert stream.tolist().count(4) >= 5 and ord("x") not in stream.tolist()
     # a rerun whose prompt i differs from the file's row i (another seed, --flip-kinds) would
