@@ -212,10 +212,11 @@ def drafter_cost(
 
     A step at draft length ``k`` is one drafter forward (the whole block through the drafter,
     the LM head on ``k`` rows) and one ``k + 1``-token verification pass with the feature
-    layers: ``step_over_ar`` = their sum over the one-token pass, all three on the stored
-    layout. The AR loop's own one-token steps run on a faster layout (output-major; on the
-    2-core AMD EPYC the stored one-token pass took 3.4x an AR loop step), so this ratio is the
-    programs' relative cost, not the break-even MAT: that is the decode loop's MAT / speedup
+    layers: ``step_over_ar`` = their sum over the one-token pass (which also returns the
+    feature layers), all three standalone programs on the stored weights. Their absolute
+    times are not the decode loop's (on the 2-core AMD EPYC these programs took about twice
+    the loop's whole step, for reasons not measured), so this ratio is the programs' relative
+    cost, not the break-even MAT: that is the decode loop's MAT / speedup
     (:func:`markdown_report`).
 
     Returns:
@@ -427,9 +428,10 @@ def markdown_report(result: dict) -> str:
         "the step needs to break even with AR.",
         "- Drafter cost: per draft length k, one drafter forward (the LM head on k rows) and "
         "one target verification pass of k + 1 tokens, against one one-token target pass; "
-        "jitted, median seconds, all on the stored weight layout (read the ratios). The AR "
-        "loop's one-token steps run on a faster layout, so `step / one-token pass` is the "
-        "programs' relative cost on one layout, below the measured step cost above.",
+        "jitted standalone programs (the one-token pass also returns the feature layers), "
+        "median seconds: read the ratios, not the times, which differ from the decode "
+        "loop's. `step / one-token pass` is the programs' relative cost, not the measured "
+        "step cost above.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",
