@@ -21,10 +21,10 @@ Two parts, in one process (wall-clock ratios are comparable within one run only)
    (``B - 1`` and the ``verify_lengths``), the median seconds of one jitted drafter forward
    (``propose``: the block's ``B`` rows through the drafter and the LM head on ``k`` rows) and
    of one jitted target verification pass over ``k + 1`` tokens (with the feature layers),
-   after the prompt pass of the first prompt, against one one-token target pass. These
-   programs run on the target's stored (stacked) weights, not the decode loop's per-machine
-   layout: the ratios, not the absolute times, are the figures to read. The report also gives
-   each DFlash row's measured step cost in AR steps (MAT / speedup).
+   after the prompt pass of the first prompt, against one one-token target pass of AR
+   decoding; each in the layer loop and weight layouts of its decode plan, as the decode loop
+   runs it. The report also gives each DFlash row's measured step cost in AR steps (MAT /
+   speedup), which adds the loop's acceptance, commit and drafter update.
 
 **MAT** = generated tokens / target forward passes (the prompt pass counts as one): AR has 1.
 Every row carries the degeneracy figures of its outputs (distinct share, repeated 4-grams).
@@ -196,6 +196,51 @@ def _median_s(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _planned_start(model, params, drafter, own_params, buf, pad, max_new: int):
+    """The decode plan's model and weights for ``drafter`` (None: AR) and the state after the
+    prompt pass, as :func:`jaxspec.causal.decode.generate` builds them: ``(cfg, verify
+    params, step params, drafter params, state)``."""
+    import jax
+
+    from jaxspec.causal import decode as D
+    from jaxspec.core.sampling import SamplingConfig
+    from models.llama import layout
+
+    k = 0 if drafter is None else drafter.draft_length
+    S = buf.shape[1] + max_new + k + 1
+    plan = D.decode_plan(model, params, drafter, own_params, cache_slots=S)
+    cfg = D.LoopConfig(
+        model=layout.plan_model(model, plan),
+        max_new=max_new,
+        sampling=SamplingConfig(),
+        drafter=drafter,
+        eos_ids=(),
+    )
+    verify_params, step_params = layout.plan_trees(params, plan)
+    dparams = layout.plan_draft_tree(own_params, plan)
+    prefill = jax.jit(D.prefill, static_argnums=0)
+    st = prefill(cfg, verify_params, dparams, buf, pad, jax.random.PRNGKey(0))
+    return cfg, verify_params, step_params, dparams, st
+
+
+def _pass_program(cfg, st, pad, hidden_layers: tuple):
+    """A jitted target pass ``(params, feed (1, T), cache) -> logits`` from the state's last
+    emitted token's slot, returning ``hidden_layers`` too, as the decode loop's."""
+    import jax
+
+    from jaxspec.causal import decode as D
+
+    S = st.buffer.shape[1]
+
+    @jax.jit
+    def target(p, feed, cache):
+        return D.target_pass(
+            cfg, p, feed, st.length - 1, pad, cache, S, hidden_layers=hidden_layers
+        )[0]
+
+    return target
+
+
 def drafter_cost(
     model,
     params,
@@ -204,19 +249,22 @@ def drafter_cost(
     ids: Sequence[int],
     *,
     draft_lengths: Sequence[int] = (),
+    max_new: int = 128,
     reps: int = 5,
 ) -> list[dict]:
     """Seconds of one drafter forward against one target verification pass, per draft length
-    ``k`` (the block's ``B - 1`` and each of ``draft_lengths`` below it), and of one one-token
-    target pass, after the prompt pass over ``ids`` (module docstring, part 2).
+    ``k`` (the block's ``B - 1`` and each of ``draft_lengths`` below it), and of one AR
+    one-token target pass, after the prompt pass over ``ids`` with room for ``max_new`` new
+    tokens (module docstring, part 2).
 
     A step at draft length ``k`` is one drafter forward (the whole block through the drafter,
     the LM head on ``k`` rows) and one ``k + 1``-token verification pass with the feature
-    layers: ``step_over_ar`` = their sum over the one-token pass (which also returns the
-    feature layers), all three standalone programs on the stored weights. Their absolute
-    times are not the decode loop's (on the 2-core AMD EPYC these programs took about twice
-    the loop's whole step, for reasons not measured), so this ratio is the programs' relative
-    cost, not the break-even MAT: that is the decode loop's MAT / speedup
+    layers: ``step_over_ar`` = their sum over the one-token pass of AR decoding (no feature
+    layers). Each program runs as :func:`jaxspec.causal.decode.generate` runs it: the model,
+    the target's weights and the drafter's in the layer loop and layouts of the decode plan
+    (:func:`jaxspec.causal.decode.decode_plan`) for that ``k``, or for AR, and a cache of the
+    loop's size. The ratio leaves out the loop's acceptance, commit and drafter update and
+    the AR loop's sampling; the decode loop's whole step cost is its MAT / speedup
     (:func:`markdown_report`).
 
     Returns:
@@ -229,40 +277,29 @@ def drafter_cost(
     from jaxspec.causal import decode as D
     from jaxspec.causal.dflash import DFlashDrafter, drafter_params
     from jaxspec.core.drafters import DraftContext
-    from jaxspec.core.sampling import SamplingConfig
 
     B = spec.block_size
-    dparams = drafter_params(own, params)
-    cfg = D.LoopConfig(
-        model=model,
-        max_new=B + 1,
-        sampling=SamplingConfig(),
-        drafter=DFlashDrafter(spec),
-        eos_ids=(),
-    )
+    own_params = drafter_params(own, params)
     buf, pad = D.left_pad([list(ids)], 8, 0)
     buf, pad = jnp.asarray(buf), jnp.asarray(pad)
-    st = jax.jit(D.prefill, static_argnums=0)(cfg, params, dparams, buf, pad, jax.random.PRNGKey(0))
-    ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
+    cfg, _, ar_params, _, st = _planned_start(model, params, None, (), buf, pad, max_new)
     last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)
-    S = st.buffer.shape[1]
-
-    @jax.jit
-    def verify(p, feed, cache):
-        return D.target_pass(
-            cfg, p, feed, st.length - 1, pad, cache, S, hidden_layers=spec.layer_ids
-        )[0]
-
-    one_s = _median_s(lambda: verify(params, last, st.cache), reps)
+    one_token = _pass_program(cfg, st, pad, ())
+    one_s = _median_s(lambda: one_token(ar_params, last, st.cache), reps)
     rows = []
     for k in sorted({B - 1, *(k for k in draft_lengths if 1 <= k < B - 1)}):
         drafter = DFlashDrafter(spec, verify_length=k)
+        cfg, verify_params, _, dparams, st = _planned_start(
+            model, params, drafter, own_params, buf, pad, max_new
+        )
+        ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
+        verify = _pass_program(cfg, st, pad, spec.layer_ids)
         propose = jax.jit(
             lambda dp, ds, c, d=drafter: d.propose(dp, ds, c, jax.random.PRNGKey(1), False)[0]
         )
         feed = jnp.concatenate([last, propose(dparams, st.drafter_state, ctx).tokens], axis=1)
         d_s = _median_s(lambda: propose(dparams, st.drafter_state, ctx).tokens, reps)
-        v_s = _median_s(lambda: verify(params, feed, st.cache), reps)
+        v_s = _median_s(lambda: verify(verify_params, feed, st.cache), reps)
         rows.append(
             {
                 "block_size": B,
@@ -348,7 +385,14 @@ def run_dflash_suite(
         row
         for spec, own in drafters
         for row in drafter_cost(
-            model, params, spec, own, first, draft_lengths=verify_lengths, reps=cost_reps
+            model,
+            params,
+            spec,
+            own,
+            first,
+            draft_lengths=verify_lengths,
+            max_new=max_new_tokens,
+            reps=cost_reps,
         )
     ]
     return {
@@ -427,11 +471,11 @@ def markdown_report(result: dict) -> str:
         "- A step's cost in AR steps, measured in the decode loop, is MAT / speedup: the MAT "
         "the step needs to break even with AR.",
         "- Drafter cost: per draft length k, one drafter forward (the LM head on k rows) and "
-        "one target verification pass of k + 1 tokens, against one one-token target pass; "
-        "jitted standalone programs (the one-token pass also returns the feature layers), "
-        "median seconds: read the ratios, not the times, which differ from the decode "
-        "loop's. `step / one-token pass` is the programs' relative cost, not the measured "
-        "step cost above.",
+        "one target verification pass of k + 1 tokens (with the feature layers), against one "
+        "one-token target pass of AR decoding; jitted programs in the decode plans' layer "
+        "loop and weight layouts, median seconds. `step / one-token pass` leaves out the "
+        "loop's acceptance, commit and drafter update, which the measured step cost above "
+        "includes.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",

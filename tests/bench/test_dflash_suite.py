@@ -111,6 +111,36 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
     assert out.is_file() and md.is_file() and out.with_suffix(".png").is_file()
 
 
+def test_drafter_cost_runs_the_decode_plans(monkeypatch):
+    """The cost programs run as the decode loop does: one decode plan for AR (drafter None)
+    and one per draft length k with that k's drafter, each for generate's cache size (prompt
+    slots + max_new + k + 1), and the plan's layouts are what the programs receive."""
+    from jaxspec.bench.dflash import drafter_cost
+    from jaxspec.causal import decode as D
+    from models.llama import layout
+
+    model, params = tiny_model(64, seed=0)
+    spec, own = _drafter(model, 5, 1)
+    plans, trees = [], []
+    real_plan, real_trees = D.decode_plan, layout.plan_trees
+
+    def record_plan(m, p, drafter=None, dp=(), **kw):
+        plans.append((None if drafter is None else drafter.draft_length, kw["cache_slots"]))
+        return real_plan(m, p, drafter, dp, **kw)
+
+    def record_trees(p, plan):
+        trees.append(plan)
+        return real_trees(p, plan)
+
+    monkeypatch.setattr(D, "decode_plan", record_plan)
+    monkeypatch.setattr(layout, "plan_trees", record_trees)
+    rows = drafter_cost(model, params, spec, own, [9, 10, 11], draft_lengths=(2,), max_new=6)
+    P = 8  # the prompt is left-padded to a multiple of 8
+    assert plans == [(None, P + 6 + 1), (2, P + 6 + 3), (4, P + 6 + 5)]
+    assert len(trees) == 3
+    assert [r["draft_length"] for r in rows] == [2, 4]
+
+
 def test_suite_bad_input():
     """No drafter, two drafters of one block size, a drafter for another target: one-line
     BenchErrors before anything runs."""
