@@ -198,8 +198,9 @@ def _median_s(fn, reps: int) -> float:
 
 def _planned_start(model, params, drafter, own_params, buf, pad, max_new: int):
     """The decode plan's model and weights for ``drafter`` (None: AR) and the state after the
-    prompt pass, as :func:`jaxspec.causal.decode.generate` builds them: ``(cfg, verify
-    params, step params, drafter params, state)``."""
+    prompt pass, as :func:`jaxspec.causal.decode.generate` builds them (its cache size
+    ``P + max_new + k + 1`` plus the drafter's query slots): ``(cfg, verify params, step
+    params, drafter params, state, cache slots S)``."""
     import jax
 
     from jaxspec.causal import decode as D
@@ -207,7 +208,7 @@ def _planned_start(model, params, drafter, own_params, buf, pad, max_new: int):
     from models.llama import layout
 
     k = 0 if drafter is None else drafter.draft_length
-    S = buf.shape[1] + max_new + k + 1
+    S = buf.shape[1] + max_new + k + 1 + (0 if drafter is None else drafter.query_slots)
     plan = D.decode_plan(model, params, drafter, own_params, cache_slots=S)
     cfg = D.LoopConfig(
         model=layout.plan_model(model, plan),
@@ -220,23 +221,23 @@ def _planned_start(model, params, drafter, own_params, buf, pad, max_new: int):
     dparams = layout.plan_draft_tree(own_params, plan)
     prefill = jax.jit(D.prefill, static_argnums=0)
     st = prefill(cfg, verify_params, dparams, buf, pad, jax.random.PRNGKey(0))
-    return cfg, verify_params, step_params, dparams, st
+    return cfg, verify_params, step_params, dparams, st, S
 
 
-def _pass_program(cfg, st, pad, hidden_layers: tuple):
-    """A jitted target pass ``(params, feed (1, T), cache) -> logits`` from the state's last
-    emitted token's slot, returning ``hidden_layers`` too, as the decode loop's."""
+def _pass_program(cfg, S: int, hidden_layers: tuple):
+    """A jitted target pass ``(params, feed (1, T) int32, first_slot (1,) int32, pad (1,)
+    int32, cache) -> (logits (1, T, V), cache[, hidden states of hidden_layers])``, the decode
+    loop's :func:`jaxspec.causal.decode.target_pass`. Every output is returned, so that XLA
+    keeps the cache writes and the feature layers; the cache is not donated, so a call also
+    copies it once, which the loop (updating it in place) does not."""
     import jax
 
     from jaxspec.causal import decode as D
 
-    S = st.buffer.shape[1]
-
     @jax.jit
-    def target(p, feed, cache):
-        return D.target_pass(
-            cfg, p, feed, st.length - 1, pad, cache, S, hidden_layers=hidden_layers
-        )[0]
+    def target(p, feed, first_slot, pad, cache):
+        out = D.target_pass(cfg, p, feed, first_slot, pad, cache, S, hidden_layers=hidden_layers)
+        return (out[0], *out[2:])
 
     return target
 
@@ -250,6 +251,7 @@ def drafter_cost(
     *,
     draft_lengths: Sequence[int] = (),
     max_new: int = 128,
+    bucket: int = 64,
     reps: int = 5,
 ) -> list[dict]:
     """Seconds of one drafter forward against one target verification pass, per draft length
@@ -260,11 +262,14 @@ def drafter_cost(
     A step at draft length ``k`` is one drafter forward (the whole block through the drafter,
     the LM head on ``k`` rows) and one ``k + 1``-token verification pass with the feature
     layers: ``step_over_ar`` = their sum over the one-token pass of AR decoding (no feature
-    layers). Each program runs as :func:`jaxspec.causal.decode.generate` runs it: the model,
-    the target's weights and the drafter's in the layer loop and layouts of the decode plan
+    layers). Each program runs as :func:`jaxspec.causal.decode.generate` runs it: the prompt
+    left-padded to ``bucket`` (generate's default), the model, the target's weights and the
+    drafter's in the layer loop and layouts of the decode plan
     (:func:`jaxspec.causal.decode.decode_plan`) for that ``k``, or for AR, and a cache of the
-    loop's size. The ratio leaves out the loop's acceptance, commit and drafter update and
-    the AR loop's sampling; the decode loop's whole step cost is its MAT / speedup
+    loop's size. The programs are separate calls, so each also pays a dispatch and a cache
+    copy the loop does not (:func:`_pass_program`); the ratio leaves out the loop's
+    acceptance, commit and the drafter's ``absorb_features`` update, and the AR loop's
+    sampling. The decode loop's whole step cost is its MAT / speedup
     (:func:`markdown_report`).
 
     Returns:
@@ -280,26 +285,27 @@ def drafter_cost(
 
     B = spec.block_size
     own_params = drafter_params(own, params)
-    buf, pad = D.left_pad([list(ids)], 8, 0)
+    buf, pad = D.left_pad([list(ids)], bucket, 0)
     buf, pad = jnp.asarray(buf), jnp.asarray(pad)
-    cfg, _, ar_params, _, st = _planned_start(model, params, None, (), buf, pad, max_new)
-    last = jnp.take_along_axis(st.buffer, (st.length - 1)[:, None], axis=1)
-    one_token = _pass_program(cfg, st, pad, ())
-    one_s = _median_s(lambda: one_token(ar_params, last, st.cache), reps)
+    cfg, _, ar_params, _, st, S = _planned_start(model, params, None, (), buf, pad, max_new)
+    first = st.length - 1  # the last emitted token's slot, where the next pass starts
+    last = jnp.take_along_axis(st.buffer, first[:, None], axis=1)
+    one_token = _pass_program(cfg, S, ())
+    one_s = _median_s(lambda: one_token(ar_params, last, first, pad, st.cache), reps)
     rows = []
     for k in sorted({B - 1, *(k for k in draft_lengths if 1 <= k < B - 1)}):
         drafter = DFlashDrafter(spec, verify_length=k)
-        cfg, verify_params, _, dparams, st = _planned_start(
+        cfg, verify_params, _, dparams, st, S = _planned_start(
             model, params, drafter, own_params, buf, pad, max_new
         )
         ctx = DraftContext(buffer=st.buffer, length=st.length, pad=pad, active=~st.done)
-        verify = _pass_program(cfg, st, pad, spec.layer_ids)
+        verify = _pass_program(cfg, S, spec.layer_ids)
         propose = jax.jit(
             lambda dp, ds, c, d=drafter: d.propose(dp, ds, c, jax.random.PRNGKey(1), False)[0]
         )
         feed = jnp.concatenate([last, propose(dparams, st.drafter_state, ctx).tokens], axis=1)
-        d_s = _median_s(lambda: propose(dparams, st.drafter_state, ctx).tokens, reps)
-        v_s = _median_s(lambda: verify(verify_params, feed, st.cache), reps)
+        d_s = _median_s(lambda: propose(dparams, st.drafter_state, ctx), reps)
+        v_s = _median_s(lambda: verify(verify_params, feed, first, pad, st.cache), reps)
         rows.append(
             {
                 "block_size": B,

@@ -113,31 +113,48 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
 
 def test_drafter_cost_runs_the_decode_plans(monkeypatch):
     """The cost programs run as the decode loop does: one decode plan for AR (drafter None)
-    and one per draft length k with that k's drafter, each for generate's cache size (prompt
-    slots + max_new + k + 1), and the plan's layouts are what the programs receive."""
+    and one per draft length k with that k's drafter, each for generate's cache size (the
+    prompt left-padded to generate's bucket + max_new + k + 1), and each timed target pass
+    receives its plan's weight tree and the feature layers its plan asks for (none for AR)."""
+    import jax
+
     from jaxspec.bench.dflash import drafter_cost
     from jaxspec.causal import decode as D
     from models.llama import layout
 
     model, params = tiny_model(64, seed=0)
     spec, own = _drafter(model, 5, 1)
-    plans, trees = [], []
-    real_plan, real_trees = D.decode_plan, layout.plan_trees
+    plans, trees, passes = [], [], []
+    real_plan, real_trees, real_pass = D.decode_plan, layout.plan_trees, D.target_pass
 
     def record_plan(m, p, drafter=None, dp=(), **kw):
         plans.append((None if drafter is None else drafter.draft_length, kw["cache_slots"]))
         return real_plan(m, p, drafter, dp, **kw)
 
+    def shapes(tree):  # the tree and its leaves' shapes: a layout's fingerprint
+        return jax.tree.structure(tree), tuple(x.shape for x in jax.tree.leaves(tree))
+
     def record_trees(p, plan):
-        trees.append(plan)
-        return real_trees(p, plan)
+        out = real_trees(p, plan)
+        trees.append(tuple(shapes(t) for t in out))  # (verify, step)
+        return out
+
+    def record_pass(cfg, p, feed, *a, hidden_layers=(), **kw):
+        if feed.shape[1] < 8:  # a timed pass, not the prompt pass
+            passes.append((shapes(p), tuple(hidden_layers), feed.shape[1]))
+        return real_pass(cfg, p, feed, *a, hidden_layers=hidden_layers, **kw)
 
     monkeypatch.setattr(D, "decode_plan", record_plan)
     monkeypatch.setattr(layout, "plan_trees", record_trees)
+    monkeypatch.setattr(D, "target_pass", record_pass)
     rows = drafter_cost(model, params, spec, own, [9, 10, 11], draft_lengths=(2,), max_new=6)
-    P = 8  # the prompt is left-padded to a multiple of 8
+    P = 64  # generate's bucket: the prompt is left-padded to a multiple of 64
     assert plans == [(None, P + 6 + 1), (2, P + 6 + 3), (4, P + 6 + 5)]
-    assert len(trees) == 3
+    assert passes == [  # AR's one-token pass on the step tree, verification on the verify tree
+        (trees[0][1], (), 1),
+        (trees[1][0], tuple(spec.layer_ids), 3),
+        (trees[2][0], tuple(spec.layer_ids), 5),
+    ]
     assert [r["draft_length"] for r in rows] == [2, 4]
 
 
