@@ -480,8 +480,9 @@ def markdown_report(result: dict) -> str:
         "one target verification pass of k + 1 tokens (with the feature layers), against one "
         "one-token target pass of AR decoding; jitted programs in the decode plans' layer "
         "loop and weight layouts, median seconds. `step / one-token pass` leaves out the "
-        "loop's acceptance, commit and drafter update, which the measured step cost above "
-        "includes.",
+        "loop's acceptance, commit and the drafter's feature update, which the measured step "
+        "cost above includes, and adds what separate calls pay (a dispatch and a cache copy "
+        "per program), which the loop does not.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",
