@@ -79,7 +79,8 @@ Suite ``dflash`` (trained DFlash drafters beside AR / n-gram / SPS / SpecDiff / 
     python -m scripts.benchmark --suite dflash [--model smollm2-135m-instruct] \
         --dflash-drafter FILE [--dflash-drafter FILE ...] [--draft-model NAME] [--limit 5] \
         [--dflash-sets humaneval mt-bench news] [--draft-length 8] \
-        [--dflash-verify-lengths 3 7] [--dflash-dllm-drafter dream-smollm2-135m]
+        [--dflash-verify-lengths 3 7] [--dflash-dllm-drafter dream-smollm2-135m] \
+        [--dflash-draft-vocab draft-vocab.npy]
 
 ``--model auto`` (or ``hf-directory``) ``--weights PATH`` reads the model family from the
 checkpoint (``models.registry.weights_family``): a Llama / Qwen2 directory or GGUF file runs the
@@ -379,6 +380,13 @@ def _add_suite_dflash_args(ap: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a trained DFlash drafter (scripts.train's drafter.safetensors); repeat for the "
         "block sweep (one file per block size)",
+    )
+    dg.add_argument(
+        "--dflash-draft-vocab",
+        default=None,
+        metavar="FILE",
+        help="a draft vocabulary (.npy of token ids, scripts.draft_vocab): every DFlash row "
+        "and cost row again with the drafter's LM head on those ids only (-v<size>)",
     )
     dg.add_argument(
         "--dflash-sets",
@@ -964,6 +972,11 @@ def main_dflash(args, log) -> int:
                 f"--dflash-verify-lengths must be >= 1, got {args.dflash_verify_lengths}"
             )
         drafters = [load_drafter(f) for f in args.dflash_drafter]  # one-line ValueErrors
+        vocab = None
+        if args.dflash_draft_vocab:
+            from jaxspec.causal.dflash import load_draft_vocab
+
+            vocab = load_draft_vocab(args.dflash_draft_vocab, drafters[0][0].vocab_size)
         model, params, tok, _ = load_model(name, args.weights, log=log)
         draft = None
         if args.draft_model:
@@ -986,9 +999,11 @@ def main_dflash(args, log) -> int:
             draft_length=args.draft_length,
             dllm_drafter=dllm,
             verify_lengths=args.dflash_verify_lengths,
+            draft_vocab=vocab,
             model_name=name,
             config={
                 "drafters": list(args.dflash_drafter),
+                "draft_vocab_file": args.dflash_draft_vocab,
                 "draft_model": args.draft_model,
                 "dllm_drafter": args.dflash_dllm_drafter,
             },

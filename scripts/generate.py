@@ -200,6 +200,14 @@ def _add_causal_args(cg) -> None:
         "built for this target and a block of --draft-length + 1",
     )
     cg.add_argument(
+        "--dflash-draft-vocab",
+        dest="draft_vocab",
+        default=None,
+        metavar="FILE",
+        help="dflash: a draft vocabulary (.npy of token ids, scripts.draft_vocab): the "
+        "drafter's LM head runs on those ids only (exact either way)",
+    )
+    cg.add_argument(
         "--draft-length",
         type=int,
         default=None,
@@ -420,6 +428,8 @@ def _check_command(args) -> None:
         raise ValueError("--draft-weights needs --draft-model NAME")
     if args.drafter_model is not None and not Path(args.drafter_model).is_file():
         raise ValueError(f"--dflash-drafter {args.drafter_model}: no such file")
+    if args.draft_vocab is not None and not Path(args.draft_vocab).is_file():
+        raise ValueError(f"--dflash-draft-vocab {args.draft_vocab}: no such file")
 
 
 def _given(args) -> dict:
@@ -611,6 +621,11 @@ def load(args, method, options, family):
         from jaxspec.causal.dflash import load_drafter
 
         options = {**options, "drafter_model": load_drafter(options["drafter_model"])}
+    if isinstance(options.get("draft_vocab"), str):  # --dflash-draft-vocab FILE
+        from jaxspec.causal.dflash import load_draft_vocab
+
+        vocab = load_draft_vocab(options["draft_vocab"], model.config.vocab_size)
+        options = {**options, "draft_vocab": vocab}
     config = method.configure({**options, **_draft_fields(args, method, tok)})
     texts = _texts(args, tok)
     inputs = [tok.encode(t) for t in texts]

@@ -130,24 +130,31 @@ def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts:
             r["accept_by_position"] = accept_by_position(hist)
 
 
-def _dflash_systems(model, params, drafters, verify_lengths: Sequence[int], common: dict):
+def _dflash_systems(
+    model, params, drafters, verify_lengths: Sequence[int], common: dict, draft_vocab=None
+):
     """``(system, block size, draft length)`` per DFlash row: each drafter at its whole block
     (``dflash-b<B>``, ``B - 1`` drafts), then at each shorter draft length of
-    ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first."""
+    ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first; with ``draft_vocab`` each of
+    those rows again with the drafter's LM head on the draft vocabulary (``-v<V_d>``)."""
     out = []
+    vocabs = [None] if draft_vocab is None else [None, draft_vocab]
     for spec, own in drafters:
         B = spec.block_size
         for k in [k for k in sorted(set(verify_lengths)) if k < B - 1] + [B - 1]:
-            s = JaxspecSystem(
-                "dflash",
-                model,
-                params,
-                **common,
-                draft_length=k,
-                options={"drafter_model": (spec, own)},
-                label=f"dflash-b{B}" + ("" if k == B - 1 else f"-k{k}"),
-            )
-            out.append((s, B, k))
+            for vocab in vocabs:
+                s = JaxspecSystem(
+                    "dflash",
+                    model,
+                    params,
+                    **common,
+                    draft_length=k,
+                    options={"drafter_model": (spec, own), "draft_vocab": vocab},
+                    label=f"dflash-b{B}"
+                    + ("" if k == B - 1 else f"-k{k}")
+                    + ("" if vocab is None else f"-v{len(vocab)}"),
+                )
+                out.append((s, B, k))
     return out
 
 
@@ -252,6 +259,7 @@ def drafter_cost(
     draft_lengths: Sequence[int] = (),
     max_new: int = 128,
     bucket: int = 64,
+    draft_vocab=None,
     reps: int = 5,
 ) -> list[dict]:
     """Seconds of one drafter forward against one target verification pass, per draft length
@@ -272,10 +280,14 @@ def drafter_cost(
     sampling. The decode loop's whole step cost is its MAT / speedup
     (:func:`markdown_report`).
 
+    With ``draft_vocab`` (token ids) the drafter's LM head runs on those ids only
+    (:func:`jaxspec.causal.dflash.drafter_params`).
+
     Returns:
       one dict per ``k``, ascending: ``{"block_size", "draft_length", "drafter_params",
-      "drafter_s", "verify_s", "one_token_s", "drafter_over_verify", "step_over_ar"}``
-      (seconds: medians of ``reps`` timed calls after a warm-up)."""
+      "draft_vocab", "drafter_s", "verify_s", "one_token_s", "drafter_over_verify",
+      "step_over_ar"}`` (``draft_vocab``: the ids the drafter's LM head runs on; seconds:
+      medians of ``reps`` timed calls after a warm-up)."""
     import jax
     import jax.numpy as jnp
 
@@ -284,7 +296,7 @@ def drafter_cost(
     from jaxspec.core.drafters import DraftContext
 
     B = spec.block_size
-    own_params = drafter_params(own, params)
+    own_params = drafter_params(own, params, draft_vocab)
     buf, pad = D.left_pad([list(ids)], bucket, 0)
     buf, pad = jnp.asarray(buf), jnp.asarray(pad)
     cfg, _, ar_params, _, st, S = _planned_start(model, params, None, (), buf, pad, max_new)
@@ -311,6 +323,7 @@ def drafter_cost(
                 "block_size": B,
                 "draft_length": k,
                 "drafter_params": int(sum(x.size for x in jax.tree.leaves(own))),
+                "draft_vocab": spec.vocab_size if draft_vocab is None else len(draft_vocab),
                 "drafter_s": _num(d_s, 6),
                 "verify_s": _num(v_s, 6),
                 "one_token_s": _num(one_s, 6),
@@ -333,6 +346,7 @@ def run_dflash_suite(
     draft_length: int = 8,
     dllm_drafter: Optional[dict] = None,
     verify_lengths: Sequence[int] = (),
+    draft_vocab=None,
     model_name: str = "smollm2-135m-instruct",
     prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
     config: Optional[dict] = None,
@@ -356,6 +370,8 @@ def run_dflash_suite(
         whole block (row ``dflash-b<B>-k<k>``: the drafter forwards its trained block and the
         verifier checks the first ``k`` drafts, :attr:`~jaxspec.causal.dflash.DFlashDrafter.
         verify_length`); lengths ``>= B - 1`` are skipped for that drafter.
+      draft_vocab: token ids (:func:`jaxspec.causal.dflash.load_draft_vocab`): every DFlash
+        row and cost row again with the drafter's LM head on those ids only (``-v<V_d>``).
 
     Returns:
       ``{"suite": "dflash", "date", "machine", "model", "config", "sets", "drafter_cost"}``.
@@ -377,7 +393,9 @@ def run_dflash_suite(
         log(f"[dflash] prompt set {name}: {len(prompts)} prompts")
         systems = _peer_systems(model, params, draft_model, draft_length, dllm_drafter, common)
         rec = {}
-        for s, block, k in _dflash_systems(model, params, drafters, verify_lengths, common):
+        for s, block, k in _dflash_systems(
+            model, params, drafters, verify_lengths, common, draft_vocab
+        ):
             s.entry = rec[s.method] = _Recording(s.entry)
             rec[s.method].shape = (block, k)
             systems.append(s)
@@ -390,6 +408,7 @@ def run_dflash_suite(
     costs = [
         row
         for spec, own in drafters
+        for vocab in ([None] if draft_vocab is None else [None, draft_vocab])
         for row in drafter_cost(
             model,
             params,
@@ -398,6 +417,7 @@ def run_dflash_suite(
             first,
             draft_lengths=verify_lengths,
             max_new=max_new_tokens,
+            draft_vocab=vocab,
             reps=cost_reps,
         )
     ]
@@ -414,6 +434,7 @@ def run_dflash_suite(
             draft_length=draft_length,
             blocks=blocks,
             verify_lengths=sorted(set(verify_lengths)),
+            draft_vocab=None if draft_vocab is None else len(draft_vocab),
             diffusion_drafter_rows=dllm_drafter is not None,
             temperature=0.0,
         ),
@@ -440,6 +461,7 @@ _COST_COLUMNS = [
     ("block_size", "block", "{}"),
     ("draft_length", "k", "{}"),
     ("drafter_params", "drafter params", "{:,}"),
+    ("draft_vocab", "LM head rows", "{:,}"),
     ("drafter_s", "drafter forward (s)", "{:.4f}"),
     ("verify_s", "verification pass (s)", "{:.4f}"),
     ("one_token_s", "one-token pass (s)", "{:.4f}"),
@@ -483,6 +505,9 @@ def markdown_report(result: dict) -> str:
         "loop's acceptance, commit and the drafter's feature update, which the measured step "
         "cost above includes, and adds what separate calls pay (a dispatch and a cache copy "
         "per program), which the loop does not.",
+        "- `-v<V_d>` rows: the drafter's LM head runs on a draft vocabulary of V_d token ids "
+        "only (`LM head rows` in the cost table); drafts never leave it, and the decode stays "
+        "exact.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",

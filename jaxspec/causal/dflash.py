@@ -33,6 +33,13 @@ which projects them once into the drafter's own per-layer context key / value ca
 stale features that the next proposal masks (context = slots ``[pad, length - 1)``; the anchor
 at slot ``length - 1`` enters as a token), like the target's KV cache rollback.
 
+**Draft vocabulary** (optional; EAGLE-3's reduced draft vocabulary, Li et al. 2025, Sec. 3):
+the drafter's LM head may run on a subset of ``V_d`` token ids only (:func:`drafter_params`'s
+``draft_vocab``, e.g. the target's most frequent answer tokens, :func:`build_draft_vocab`): the
+rows of the target's head for those ids, logits ``-inf`` elsewhere. On the CPU the LM head over
+the whole vocabulary is most of a small drafter's forward. ``q`` is then zero outside the subset
+and the drafts never leave it, so the verifier below stays exact; only acceptance can change.
+
 **Exactness.** Verification is the shared chain verifier (:func:`jaxspec.core.verify.
 verify_sample`, residual resampling and a bonus token): greedy output equals AR's and sampled
 output has AR's distribution, for any drafter weights (Leviathan et al. 2023, Theorem 3.5):
@@ -67,6 +74,9 @@ __all__ = [
     "DFlashState",
     "default_layer_ids",
     "drafter_params",
+    "build_draft_vocab",
+    "check_draft_vocab",
+    "load_draft_vocab",
     "init_drafter",
     "block_logits",
     "block_frame",
@@ -229,14 +239,96 @@ def init_drafter(spec: DFlashSpec, seed: int = 0, dtype=jnp.float32) -> dict:
     }
 
 
-def drafter_params(own: dict, target_params: dict) -> dict:
+def drafter_params(own: dict, target_params: dict, draft_vocab: Any = None) -> dict:
     """The drafter's parameters for :func:`jaxspec.causal.decode.generate`: its own tree and
     the target's (frozen, shared, not copied) token embedding and LM head (absent when the
-    target ties them)."""
+    target ties them).
+
+    With ``draft_vocab`` (token ids, int ``(V_d,)``; module docstring) the tree also holds
+    ``vocab`` int32 ``(V_d,)`` and ``vocab_head`` ``(V_d, D)``, the target head's rows for
+    those ids (a copy, in the target's dtype), and the drafter's LM head runs on them only.
+
+    Raises:
+      ValueError: ``draft_vocab`` not a non-empty set of distinct ids of the target's
+        vocabulary (:func:`check_draft_vocab`)."""
     shared = {"embed": target_params["embed"]}
     if "lm_head" in target_params:
         shared["lm_head"] = target_params["lm_head"]
+    if draft_vocab is not None:
+        ids = check_draft_vocab(draft_vocab, target_params["embed"].shape[0])
+        if "lm_head" in target_params:  # (D, V): the columns of the ids
+            head = jnp.take(target_params["lm_head"], jnp.asarray(ids), axis=1).T
+        else:
+            head = jnp.take(target_params["embed"], jnp.asarray(ids), axis=0)
+        shared.update(vocab=jnp.asarray(ids), vocab_head=head)
     return {"draft": own, **shared}
+
+
+def check_draft_vocab(draft_vocab: Any, vocab_size: int) -> np.ndarray:
+    """``draft_vocab`` as a sorted int32 array, checked.
+
+    Raises:
+      ValueError: not a 1-D array of integers, empty, ids repeated, or ids outside
+        ``0 .. vocab_size - 1`` (one line naming the problem)."""
+    ids = np.asarray(draft_vocab)
+    if ids.size == 0:
+        raise ValueError("the draft vocabulary is empty")
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"a draft vocabulary is a 1-D array of token ids, got shape {ids.shape} of {ids.dtype}"
+        )
+    if np.unique(ids).size != ids.size:
+        raise ValueError(f"the draft vocabulary repeats {ids.size - np.unique(ids).size} ids")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(
+            f"draft vocabulary ids {int(ids.min())}..{int(ids.max())} outside the target's "
+            f"vocabulary 0..{vocab_size - 1}"
+        )
+    return np.sort(ids).astype(np.int32)
+
+
+def build_draft_vocab(sequences, size: int, always=()) -> np.ndarray:
+    """The ``size`` most frequent token ids of ``sequences`` (iterables of ids, e.g. the
+    target's answers in a self-distillation file; ties to the lower id), with the ids in
+    ``always`` (e.g. EOS) among them: sorted int32 ``(min(size, distinct ids + always),)``.
+
+    Raises:
+      ValueError: ``size`` smaller than ``len(always)`` or < 1."""
+    from collections import Counter
+
+    always = sorted({int(t) for t in always})
+    if size < max(1, len(always)):
+        raise ValueError(
+            f"draft vocabulary size {size} must be >= 1 and hold the {len(always)} always ids"
+        )
+    counts = Counter()
+    for seq in sequences:
+        counts.update(int(t) for t in seq)
+    for t in always:
+        counts.pop(t, None)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ids = always + [t for t, _ in ranked[: size - len(always)]]
+    return np.sort(np.asarray(ids, np.int32))
+
+
+def load_draft_vocab(path, vocab_size: int) -> np.ndarray:
+    """A draft vocabulary saved with ``numpy.save`` (``.npy``), checked against the target's
+    ``vocab_size`` (:func:`check_draft_vocab`).
+
+    Raises:
+      ValueError: a missing or unreadable file, or a bad vocabulary (one line naming the
+        file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: draft vocabulary file does not exist")
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable .npy draft vocabulary ({e})") from None
+    try:
+        return check_draft_vocab(ids, vocab_size)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 #: the safetensors metadata key that holds the drafter's spec (JSON)
@@ -357,7 +449,8 @@ def block_logits(
     keys / values, which are not repeated per block (:mod:`jaxspec.training.dflash`).
 
     Args:
-      params: :func:`drafter_params` (``draft``, ``embed``, optional ``lm_head``).
+      params: :func:`drafter_params` (``draft``, ``embed``, optional ``lm_head``; with a
+        draft vocabulary ``vocab`` and ``vocab_head``: logits ``-inf`` outside it).
       anchor: int32 ``(R,)`` anchor tokens (one block per row ``r``), or ``(R, A)``.
       positions: int32 ``(R, B)`` the block rows' RoPE positions, or ``(R, A, B)``.
       ctx_k, ctx_v: ``(l, R, K, S, Dh)`` context keys / values (:func:`context_kv`).
@@ -424,6 +517,10 @@ def block_logits(
     x, _ = jax.lax.scan(layer, x, (own["blocks"], ctx_k, ctx_v))
     x = x.reshape(R, A, Bk, s.target_hidden)[:, :, 1 : Bk if rows is None else 1 + rows]
     x = rms_norm(x, own["final_norm"], s.rms_norm_eps)
+    if "vocab" in params:  # the draft vocabulary's rows only (module docstring)
+        sub = (x @ params["vocab_head"].T).astype(jnp.float32)
+        full = jnp.full(sub.shape[:-1] + (s.vocab_size,), -jnp.inf, jnp.float32)
+        return full.at[..., params["vocab"]].set(sub)
     return lm_logits(x, params["embed"], params.get("lm_head"))
 
 
@@ -634,15 +731,18 @@ class Config(DraftedConfig):
       target_params: the target's parameters, whose embedding and LM head the drafter
         shares, when :meth:`drafter_params` is called without them (the decoders pass
         theirs); not compared or hashed.
+      draft_vocab: token ids the drafter's LM head runs on (module docstring;
+        :func:`load_draft_vocab`), or None for the whole vocabulary; not compared or hashed.
 
     Raises:
       ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`), a
         draft length above its block's ``B - 1``; :meth:`drafter_params` without the target's
-        parameters.
+        parameters or with a bad draft vocabulary (:func:`check_draft_vocab`).
     """
 
     drafter_model: Any = dataclasses.field(default=None, compare=False)
     target_params: Any = dataclasses.field(default=None, compare=False)
+    draft_vocab: Any = dataclasses.field(default=None, compare=False)
 
     default_draft_length: ClassVar[int] = 15
     needs: ClassVar[Needs] = Needs()
@@ -663,4 +763,4 @@ class Config(DraftedConfig):
                 "the DFlash drafter shares the target's embedding and LM head: "
                 "pass the target's parameters"
             )
-        return drafter_params(self.drafter_model[1], shared)
+        return drafter_params(self.drafter_model[1], shared, self.draft_vocab)

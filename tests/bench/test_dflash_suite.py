@@ -111,6 +111,35 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
     assert out.is_file() and md.is_file() and out.with_suffix(".png").is_file()
 
 
+def test_suite_draft_vocabulary_rows():
+    """With a draft vocabulary every DFlash row runs again with the drafter's LM head on it
+    (``-v<V_d>``), identical to AR, and the cost table has a row for each head."""
+    model, params = tiny_model(64, seed=0)
+    tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
+    sets = {"humaneval": [BenchPrompt("h/0", [9, 10, 11, 12]), BenchPrompt("h/1", [20, 8])]}
+    vocab = np.arange(0, 64, 2, dtype=np.int32)
+    res = run_dflash_suite(
+        (model, params),
+        [_drafter(model, 3, 1)],
+        tok,
+        prompt_sets=sets,
+        max_new_tokens=10,
+        draft_vocab=vocab,
+        model_name="tiny",
+        cost_reps=1,
+        progress=False,
+    )
+    rows = res["sets"]["humaneval"]["rows"]
+    assert [r["method"] for r in rows] == ["ar", "ngram", "dflash-b3", "dflash-b3-v32"]
+    assert all(r["identical_to_reference"] is True for r in rows)
+    assert res["config"]["draft_vocab"] == 32
+    assert [(c["draft_length"], c["draft_vocab"]) for c in res["drafter_cost"]] == [
+        (2, 64),
+        (2, 32),
+    ]
+    assert "LM head rows" in markdown_report(res)
+
+
 def test_drafter_cost_runs_the_decode_plans(monkeypatch):
     """The cost programs run as the decode loop does: one decode plan for AR (drafter None)
     and one per draft length k with that k's drafter, each for generate's cache size (the
@@ -191,3 +220,24 @@ def test_cli_bad_input(tmp_path, capsys, extra, message):
     rc = benchmark.main(["--suite", "dflash", "--out", str(tmp_path / "r.json"), *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and message in err[-1], err
+
+
+def test_cli_bad_draft_vocabulary(tmp_path, capsys):
+    """``--dflash-draft-vocab``: a missing file and ids outside the drafter's vocabulary are
+    one ``error:`` line, exit 2, before the target loads."""
+    from jaxspec.causal.dflash import save_drafter
+    from scripts import benchmark
+
+    model, _ = tiny_model(64, seed=0)
+    spec, own = _drafter(model, 3, 1)
+    save_drafter(tmp_path / "d.safetensors", spec, own)
+    np.save(tmp_path / "big.npy", np.array([1, 64]))
+    base = ["--suite", "dflash", "--out", str(tmp_path / "r.json")]
+    base += ["--dflash-drafter", str(tmp_path / "d.safetensors")]
+    for vocab, message in (
+        ("nothing.npy", "nothing.npy: draft vocabulary file does not exist"),
+        (str(tmp_path / "big.npy"), "big.npy: draft vocabulary ids 1..64 outside"),
+    ):
+        rc = benchmark.main([*base, "--dflash-draft-vocab", vocab])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and message in err[-1], err

@@ -15,10 +15,13 @@ from jaxspec.causal.dflash import (
     DFlashDrafter,
     DFlashSpec,
     block_logits,
+    build_draft_vocab,
+    check_draft_vocab,
     context_kv,
     default_layer_ids,
     drafter_params,
     init_drafter,
+    load_draft_vocab,
     load_drafter,
     save_drafter,
 )
@@ -74,13 +77,21 @@ def test_hidden_layers_match_a_separate_pass(arch, stacked):
 
 
 def _drafter(
-    model, params, block=4, layers=1, ids=(0, 1), seed=1, sampling=SamplingConfig(), scale=1.0
+    model,
+    params,
+    block=4,
+    layers=1,
+    ids=(0, 1),
+    seed=1,
+    sampling=SamplingConfig(),
+    scale=1.0,
+    vocab=None,
 ):
     spec = DFlashSpec.for_target(model.config, block_size=block, num_layers=layers, layer_ids=ids)
     own = jax.tree_util.tree_map(
         lambda x: x * scale if x.ndim >= 2 else x, init_drafter(spec, seed)
     )
-    return DFlashDrafter(spec, sampling), drafter_params(own, params)
+    return DFlashDrafter(spec, sampling), drafter_params(own, params, vocab)
 
 
 @pytest.mark.parametrize("arch,block,layers", [("llama", 4, 1), ("qwen2", 3, 2)])
@@ -105,6 +116,81 @@ def test_greedy_identical_to_ar(arch, block, layers):
     st = res.stats
     np.testing.assert_array_equal(st.draft_nfe, st.steps)
     np.testing.assert_array_equal(st.drafts_proposed, (block - 1) * st.steps)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_draft_vocabulary_logits_and_greedy_identity(arch):
+    """With a draft vocabulary the drafter's logits equal the whole head's on its ids and are
+    -inf elsewhere (tied and untied LM heads), its drafts stay inside it, and greedy output
+    is still AR's."""
+    model, params = tiny_model(64, arch=arch, seed=0)
+    vocab = np.arange(1, 64, 3)  # 21 of 64 ids
+    spec = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0, 1))
+    own = jax.tree_util.tree_map(lambda x: 8.0 * x if x.ndim >= 2 else x, init_drafter(spec, 1))
+    full, sub = drafter_params(own, params), drafter_params(own, params, vocab)
+    assert ("lm_head" in params) == (arch == "llama")  # untied, tied
+    hidden = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 2, model.config.hidden_size))
+    pos = jnp.tile(jnp.arange(5)[None], (2, 1))
+    ck, cv = context_kv(spec, own, hidden, pos)
+    frame = (jnp.array([3, 4]), jnp.tile(jnp.arange(5, 9)[None], (2, 1)), ck, cv)
+    mask = jnp.ones((2, 5), bool)
+    lf, ls = (np.asarray(block_logits(spec, p, *frame, mask)) for p in (full, sub))
+    np.testing.assert_allclose(ls[..., vocab], lf[..., vocab], rtol=1e-5, atol=1e-5)
+    outside = np.setdiff1d(np.arange(64), vocab)
+    assert np.isneginf(ls[..., outside]).all()
+    ar = generate(model, params, PROMPTS, max_new_tokens=24, eos_ids=(7,), bucket=16)
+    drafter = DFlashDrafter(spec)
+    res = generate(
+        model,
+        params,
+        PROMPTS,
+        max_new_tokens=24,
+        eos_ids=(7,),
+        bucket=16,
+        drafter=drafter,
+        drafter_params=sub,
+    )
+    assert res.tokens == ar.tokens
+    assert res.stats.drafts_proposed.sum() > 0
+    # the registry's entry passes its draft vocabulary through
+    cfg = Config(max_new_tokens=24, draft_length=3, drafter_model=(spec, own), draft_vocab=vocab)
+    assert set(np.asarray(cfg.drafter_params(params)["vocab"]).tolist()) == set(vocab.tolist())
+
+
+def test_draft_vocabulary_build_and_bad_input(tmp_path):
+    """build_draft_vocab keeps the most frequent ids (ties to the lower id) and the always-ids;
+    a bad vocabulary or file gives one-line errors naming the problem."""
+    seqs = [[5, 5, 5, 2, 2, 9], [9, 2, 1, 7]]  # counts: 2 x3, 5 x3, 9 x2, 1 x1, 7 x1
+    np.testing.assert_array_equal(build_draft_vocab(seqs, 3), [2, 5, 9])
+    np.testing.assert_array_equal(build_draft_vocab(seqs, 3, always=(0,)), [0, 2, 5])
+    np.testing.assert_array_equal(build_draft_vocab(seqs, 4, always=(7,)), [2, 5, 7, 9])
+    assert build_draft_vocab(seqs, 3).dtype == np.int32
+    with pytest.raises(ValueError, match="must be >= 1"):
+        build_draft_vocab(seqs, 1, always=(0, 1))
+    for bad, msg in (
+        ([], "empty"),
+        ([1, 1, 2], "repeats 1 ids"),
+        ([3, 64], "outside the target's vocabulary 0..63"),
+        ([[1, 2]], "1-D array of token ids"),
+        ([0.5, 1.0], "1-D array of token ids"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            check_draft_vocab(bad, 64)
+    np.testing.assert_array_equal(check_draft_vocab([9, 1, 4], 64), [1, 4, 9])
+    with pytest.raises(ValueError, match="draft vocabulary file does not exist"):
+        load_draft_vocab(tmp_path / "none.npy", 64)
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    with pytest.raises(ValueError, match="junk.npy: not a readable .npy"):
+        load_draft_vocab(tmp_path / "junk.npy", 64)
+    np.save(tmp_path / "big.npy", np.array([1, 70]))
+    with pytest.raises(ValueError, match="big.npy: draft vocabulary ids 1..70 outside"):
+        load_draft_vocab(tmp_path / "big.npy", 64)
+    np.save(tmp_path / "ok.npy", np.array([8, 3]))
+    np.testing.assert_array_equal(load_draft_vocab(tmp_path / "ok.npy", 64), [3, 8])
+    model, params = tiny_model(64, seed=0)
+    spec = DFlashSpec.for_target(model.config, block_size=4, layer_ids=(0, 1))
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        drafter_params(init_drafter(spec, 0), params, [0, 99])
 
 
 def test_shorter_verify_length_is_identical_to_ar_and_drafts_the_block_prefix():
@@ -257,20 +343,28 @@ def test_sampling_distribution_exact_with_a_shorter_verify_length():
 
 
 @pytest.mark.parametrize(
-    "cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)]
+    "cfg,vocab",
+    [
+        (SamplingConfig(temperature=1.0), None),
+        (SamplingConfig(temperature=0.8, top_k=4, top_p=0.9), None),
+        (SamplingConfig(temperature=1.0), (0, 2, 3, 5)),
+    ],
 )
-def test_sampling_distribution_exact(cfg):
+def test_sampling_distribution_exact(cfg, vocab):
     """10^4 sampled continuations (block 3: two drafts per step; ``k + 2`` new tokens, so a
     bonus token lies inside the budget) follow the enumerated AR joint distribution
     (:func:`jaxspec.testing.distribution.check_distribution`), with drafts both accepted and
-    rejected and full acceptances (bonus tokens) drawn."""
+    rejected and full acceptances (bonus tokens) drawn; also with a draft vocabulary of 4 of
+    the 6 ids (``q`` zero on the other two, which only the residual can emit)."""
     V, N, block = 6, 10_000, 3
     k = block - 1
     model, params = tiny_model(V, seed=7, scale=6.0)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     assert abs(sum(exact.values()) - 1) < 1e-4
-    drafter, dparams = _drafter(model, params, block, ids=(1,), sampling=cfg, scale=30.0)
+    drafter, dparams = _drafter(
+        model, params, block, ids=(1,), sampling=cfg, scale=30.0, vocab=vocab
+    )
     res = generate(
         model,
         params,

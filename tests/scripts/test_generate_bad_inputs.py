@@ -118,6 +118,11 @@ CLI_CASES = [  # (id, argv, words in the one error line)
     ),
     ("asarm-quant", ASARM + ["--quant", "int8"], "--quant int8 applies to Llama / Qwen2-layout"),
     ("infill-on-causal", ["--infill", "x = <mask:3>"], "--infill needs an any-order"),
+    (
+        "draft-vocab-missing",
+        ["--method", "dflash", "--dflash-draft-vocab", "nothing.npy"],
+        "--dflash-draft-vocab nothing.npy: no such file",
+    ),
 ]
 
 
