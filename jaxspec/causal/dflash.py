@@ -33,12 +33,13 @@ which projects them once into the drafter's own per-layer context key / value ca
 stale features that the next proposal masks (context = slots ``[pad, length - 1)``; the anchor
 at slot ``length - 1`` enters as a token), like the target's KV cache rollback.
 
-**Draft vocabulary** (optional; EAGLE-3's reduced draft vocabulary, Li et al. 2025, Sec. 3):
-the drafter's LM head may run on a subset of ``V_d`` token ids only (:func:`drafter_params`'s
-``draft_vocab``, e.g. the target's most frequent answer tokens, :func:`build_draft_vocab`): the
-rows of the target's head for those ids, logits ``-inf`` elsewhere. On the CPU the LM head over
-the whole vocabulary is most of a small drafter's forward. ``q`` is then zero outside the subset
-and the drafts never leave it, so the verifier below stays exact; only acceptance can change.
+**Draft vocabulary** (optional; FR-Spec's frequency-ranked draft vocabulary, Zhao et al.,
+arXiv 2502.14856, ACL 2025): the drafter's LM head may run on a subset of ``V_d`` token ids
+only (:func:`drafter_params`'s ``draft_vocab``, e.g. the target's most frequent answer tokens,
+:func:`build_draft_vocab`): the rows of the target's head for those ids, logits ``-inf``
+elsewhere. On the CPU the LM head over the whole vocabulary is most of a small drafter's
+forward. ``q`` is then zero outside the subset and the drafts never leave it, so the verifier
+below stays exact; only acceptance can change.
 
 **Exactness.** Verification is the shared chain verifier (:func:`jaxspec.core.verify.
 verify_sample`, residual resampling and a bonus token): greedy output equals AR's and sampled
