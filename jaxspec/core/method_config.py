@@ -38,6 +38,8 @@ FLAGS = {
     "cps": "--no-cps",
     "adl": "--no-adl",
     "dllm_drafter": "--draft-model",
+    "drafter_model": "--dflash-drafter",
+    "draft_vocab": "--dflash-draft-vocab",
     "suppress": "--suppress-unk",
 }
 """Command-line spelling of the fields whose flag is not ``--`` + the name with dashes."""

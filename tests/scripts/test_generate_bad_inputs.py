@@ -119,6 +119,16 @@ CLI_CASES = [  # (id, argv, words in the one error line)
     ("asarm-quant", ASARM + ["--quant", "int8"], "--quant int8 applies to Llama / Qwen2-layout"),
     ("infill-on-causal", ["--infill", "x = <mask:3>"], "--infill needs an any-order"),
     (
+        "draft-vocab-other-method",
+        ["--method", "ngram", "--dflash-draft-vocab", str(ROOT / "pyproject.toml")],
+        "--dflash-draft-vocab does not apply to --method ngram; use --method dflash",
+    ),
+    (
+        "dflash-drafter-other-method",
+        ["--method", "ngram", "--dflash-drafter", str(ROOT / "pyproject.toml")],
+        "--dflash-drafter does not apply to --method ngram; use --method dflash",
+    ),
+    (
         "draft-vocab-missing",
         ["--method", "dflash", "--dflash-draft-vocab", "nothing.npy"],
         "--dflash-draft-vocab nothing.npy: no such file",
