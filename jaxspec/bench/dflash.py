@@ -260,7 +260,7 @@ def drafter_cost(
     max_new: int = 128,
     bucket: int = 64,
     draft_vocab=None,
-    reps: int = 5,
+    reps: int = 21,
 ) -> list[dict]:
     """Seconds of one drafter forward against one target verification pass, per draft length
     ``k`` (the block's ``B - 1`` and each of ``draft_lengths`` below it), and of one AR
@@ -350,7 +350,7 @@ def run_dflash_suite(
     model_name: str = "smollm2-135m-instruct",
     prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
     config: Optional[dict] = None,
-    cost_reps: int = 5,
+    cost_reps: int = 21,
     progress: bool = True,
     log: Callable[[str], None] = lambda m: None,
 ) -> dict:
