@@ -16,8 +16,9 @@ share), kept in ``--queries`` (default: the output file's name with ``.queries.j
 earlier file with the same ``--seed`` and ``--chat-fraction`` used; ``--code-root DIR ...``
 draws the train functions from installed packages' sources instead of the stdlib (the held-out
 prompts stay the stdlib's). The answers are appended to ``--out`` (default: the config's
-``data.distill``) as JSON lines (:mod:`jaxspec.training.distill`). Rerunning the same command resumes: prompts already answered
-are skipped. Exit code 2 with one ``error:`` line on a bad config or argument.
+``data.distill``) as JSON lines (:mod:`jaxspec.training.distill`). Rerunning the same command
+resumes: prompts already answered are skipped. Exit code 2 with one ``error:`` line on a bad
+config or argument.
 """
 
 from __future__ import annotations
