@@ -74,7 +74,9 @@ Suite ``space`` (SPACE on a SAR-SFT model, :mod:`jaxspec.bench.space`):
         [--space-batches 1 2 4 8 16] [--quality checkpoints/smollm2-135m-space/quality.json]
 
 Suite ``dflash`` (trained DFlash drafters beside AR / n-gram / SPS / SpecDiff / DiffuSpec,
-:mod:`jaxspec.bench.dflash`; the block sweep is one ``--dflash-drafter`` file per block size):
+:mod:`jaxspec.bench.dflash`; the block sweep is one ``--dflash-drafter`` file per block size;
+two files of one block size are compared in one run, their rows ending in ``@<name>``, the
+file's folder for ``.../NAME/drafter.safetensors``, else its stem):
 
     python -m scripts.benchmark --suite dflash [--model smollm2-135m-instruct] \
         --dflash-drafter FILE [--dflash-drafter FILE ...] [--draft-model NAME] [--limit 5] \
@@ -379,7 +381,7 @@ def _add_suite_dflash_args(ap: argparse.ArgumentParser) -> None:
         default=[],
         metavar="FILE",
         help="a trained DFlash drafter (scripts.train's drafter.safetensors); repeat for the "
-        "block sweep (one file per block size)",
+        "block sweep, or for two drafters of one block size (rows @<folder or stem>)",
     )
     dg.add_argument(
         "--dflash-draft-vocab",
@@ -952,6 +954,14 @@ def main_diffuspec(args, log) -> int:
     return _write(result, args.out, write_results, markdown_report, log)
 
 
+def drafter_name(path) -> str:
+    """A drafter file's short name in the dflash suite's rows: the folder of a
+    ``drafter.safetensors`` (``runs/b4-magpie/drafter.safetensors`` -> ``b4-magpie``), else
+    the file's stem."""
+    p = Path(path)
+    return (p.parent.name or p.stem) if p.stem == "drafter" else p.stem
+
+
 def main_dflash(args, log) -> int:
     """``--suite dflash``."""
     from jaxspec.bench.dflash import PROMPT_SETS, markdown_report, run_dflash_suite, write_results
@@ -972,6 +982,11 @@ def main_dflash(args, log) -> int:
                 f"--dflash-verify-lengths must be >= 1, got {args.dflash_verify_lengths}"
             )
         drafters = [load_drafter(f) for f in args.dflash_drafter]  # one-line ValueErrors
+        names = [drafter_name(f) for f in args.dflash_drafter]
+        if len(set(names)) != len(names):
+            raise BenchError(
+                f"--dflash-drafter files need distinct names (folders or stems): {names}"
+            )
         vocab = None
         if args.dflash_draft_vocab:
             from jaxspec.causal.dflash import load_draft_vocab
@@ -1001,6 +1016,7 @@ def main_dflash(args, log) -> int:
             verify_lengths=args.dflash_verify_lengths,
             draft_vocab=vocab,
             model_name=name,
+            drafter_names=names,
             config={
                 "drafters": list(args.dflash_drafter),
                 "draft_vocab_file": args.dflash_draft_vocab,

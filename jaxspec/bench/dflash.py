@@ -77,23 +77,36 @@ def accept_by_position(hist: Sequence[int]) -> list[Optional[float]]:
     return [_num(reach[i] / reach[i - 1], 4) if reach[i - 1] else None for i in range(1, k + 1)]
 
 
-def _checked_drafters(drafters: Sequence, target_config) -> list:
-    """The drafters in block-size order, each checked against the target.
+def _checked_drafters(drafters: Sequence, target_config, names=None) -> list:
+    """The drafters as ``(spec, own, name, tag)`` in block-size order (a stable sort: drafters
+    of one block size keep their order), each checked against the target. ``tag`` is the
+    row-label suffix ``@<name>`` where several drafters share a block size, else ``""``.
 
     Raises:
-      BenchError: no drafter, two of one block size, one built for another target."""
+      BenchError: no drafter, names not one per drafter or repeated, two of one block size
+        without names, one built for another target."""
     if not drafters:
         raise BenchError("suite dflash needs at least one trained drafter (--dflash-drafter FILE)")
-    drafters = sorted(drafters, key=lambda d: d[0].block_size)
-    blocks = [d[0].block_size for d in drafters]
-    if len(set(blocks)) != len(blocks):
-        raise BenchError(f"one drafter per block size, got block sizes {blocks}")
-    for spec, _ in drafters:
+    if names is not None and (len(names) != len(drafters) or len(set(names)) != len(names)):
+        raise BenchError(
+            f"drafter names must be one distinct name per drafter, got {list(names)} for "
+            f"{len(drafters)} drafters"
+        )
+    named = zip(drafters, names if names is not None else [None] * len(drafters))
+    out = sorted(((d[0], d[1], n) for d, n in named), key=lambda d: d[0].block_size)
+    blocks = [d[0].block_size for d in out]
+    shared = {b for b in blocks if blocks.count(b) > 1}
+    if shared and names is None:
+        raise BenchError(
+            f"drafters of one block size need names to tell their rows apart, got block sizes "
+            f"{blocks}"
+        )
+    for spec, *_ in out:
         try:
             spec.check_target(target_config)
         except ValueError as e:
             raise BenchError(str(e)) from None
-    return drafters
+    return [(s, o, n, f"@{n}" if s.block_size in shared else "") for s, o, n in out]
 
 
 def _peer_systems(model, params, draft_model, draft_length: int, dllm_drafter, common: dict):
@@ -125,7 +138,7 @@ def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts:
         r["prompt_set"] = prompt_set
         if r["method"] in rec:
             hist = np.sum(rec[r["method"]].hists[-n_prompts:], axis=0)
-            r["block_size"], r["draft_length"] = rec[r["method"]].shape
+            r["block_size"], r["draft_length"], r["drafter"] = rec[r["method"]].shape
             r["accept_hist"] = [int(x) for x in hist[1:]]
             r["accept_by_position"] = accept_by_position(hist)
 
@@ -133,13 +146,14 @@ def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts:
 def _dflash_systems(
     model, params, drafters, verify_lengths: Sequence[int], common: dict, draft_vocab=None
 ):
-    """``(system, block size, draft length)`` per DFlash row: each drafter at its whole block
-    (``dflash-b<B>``, ``B - 1`` drafts), then at each shorter draft length of
-    ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first; with ``draft_vocab`` each of
-    those rows again with the drafter's LM head on the draft vocabulary (``-v<V_d>``)."""
+    """``(system, block size, draft length, drafter name)`` per DFlash row: each drafter
+    (:func:`_checked_drafters`) at its whole block (``dflash-b<B>``, ``B - 1`` drafts), then at
+    each shorter draft length of ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first;
+    with ``draft_vocab`` each of those rows again with the drafter's LM head on the draft
+    vocabulary (``-v<V_d>``); ``@<name>`` last where several drafters share the block size."""
     out = []
     vocabs = [None] if draft_vocab is None else [None, draft_vocab]
-    for spec, own in drafters:
+    for spec, own, name, tag in drafters:
         B = spec.block_size
         for k in [k for k in sorted(set(verify_lengths)) if k < B - 1] + [B - 1]:
             for vocab in vocabs:
@@ -152,9 +166,10 @@ def _dflash_systems(
                     options={"drafter_model": (spec, own), "draft_vocab": vocab},
                     label=f"dflash-b{B}"
                     + ("" if k == B - 1 else f"-k{k}")
-                    + ("" if vocab is None else f"-v{len(vocab)}"),
+                    + ("" if vocab is None else f"-v{len(vocab)}")
+                    + tag,
                 )
-                out.append((s, B, k))
+                out.append((s, B, k, name))
     return out
 
 
@@ -350,6 +365,7 @@ def run_dflash_suite(
     model_name: str = "smollm2-135m-instruct",
     prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
     config: Optional[dict] = None,
+    drafter_names: Optional[Sequence[str]] = None,
     cost_reps: int = 21,
     progress: bool = True,
     log: Callable[[str], None] = lambda m: None,
@@ -372,16 +388,20 @@ def run_dflash_suite(
         verify_length`); lengths ``>= B - 1`` are skipped for that drafter.
       draft_vocab: token ids (:func:`jaxspec.causal.dflash.load_draft_vocab`): every DFlash
         row and cost row again with the drafter's LM head on those ids only (``-v<V_d>``).
+      drafter_names: one distinct name per drafter (e.g. its file's folder), recorded in its
+        rows and cost rows (``drafter``); needed when two drafters share a block size, whose
+        rows then end in ``@<name>`` (two drafters compared in one run, on one machine state).
 
     Returns:
       ``{"suite": "dflash", "date", "machine", "model", "config", "sets", "drafter_cost"}``.
 
     Raises:
-      BenchError: no drafter, two drafters of one block size, or a drafter built for another
-        target (:meth:`DFlashSpec.check_target`).
+      BenchError: no drafter, two drafters of one block size without names, names that are
+        not one distinct name per drafter, or a drafter built for another target
+        (:meth:`DFlashSpec.check_target`).
     """
     model, params = target
-    drafters = _checked_drafters(drafters, model.config)
+    drafters = _checked_drafters(drafters, model.config, drafter_names)
     blocks = [d[0].block_size for d in drafters]
     eos = tuple(tok.eos_token_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
@@ -393,11 +413,11 @@ def run_dflash_suite(
         log(f"[dflash] prompt set {name}: {len(prompts)} prompts")
         systems = _peer_systems(model, params, draft_model, draft_length, dllm_drafter, common)
         rec = {}
-        for s, block, k in _dflash_systems(
+        for s, block, k, drafter in _dflash_systems(
             model, params, drafters, verify_lengths, common, draft_vocab
         ):
             s.entry = rec[s.method] = _Recording(s.entry)
-            rec[s.method].shape = (block, k)
+            rec[s.method].shape = (block, k, drafter)
             systems.append(s)
         res = run_ar_suite(systems, prompts, model_name=model_name, progress=progress, log=log)
         _add_dflash_figures(res["rows"], rec, name, len(prompts))
@@ -406,8 +426,8 @@ def run_dflash_suite(
         free_programs(lambda m: log(f"[dflash] {m}"))
     first = next(iter(prompt_sets.values()))[0].ids
     costs = [
-        row
-        for spec, own in drafters
+        {"drafter": name, **row}
+        for spec, own, name, _ in drafters
         for vocab in ([None] if draft_vocab is None else [None, draft_vocab])
         for row in drafter_cost(
             model,
@@ -433,6 +453,7 @@ def run_dflash_suite(
             max_new_tokens=max_new_tokens,
             draft_length=draft_length,
             blocks=blocks,
+            drafter_names=[d[2] for d in drafters],
             verify_lengths=sorted(set(verify_lengths)),
             draft_vocab=None if draft_vocab is None else len(draft_vocab),
             diffusion_drafter_rows=dllm_drafter is not None,
@@ -458,6 +479,7 @@ _SET_COLUMNS = [
     ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
 ]
 _COST_COLUMNS = [
+    ("drafter", "drafter", "{}"),
     ("block_size", "block", "{}"),
     ("draft_length", "k", "{}"),
     ("drafter_params", "drafter params", "{:,}"),
@@ -523,7 +545,10 @@ def plot(result: dict, out: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for name, s in result["sets"].items():
         rs = [r for r in s["rows"] if "block_size" in r]
-        a.plot([r["draft_length"] for r in rs], [r["mat"] for r in rs], "o-", label=name)
+        for d in dict.fromkeys(r.get("drafter") for r in rs):  # one line per drafter
+            mine = [r for r in rs if r.get("drafter") == d]
+            label = name if d is None else f"{name} {d}"
+            a.plot([r["draft_length"] for r in mine], [r["mat"] for r in mine], "o-", label=label)
         for r in rs:
             pos = [i + 1 for i, x in enumerate(r["accept_by_position"]) if x is not None]
             vals = [x for x in r["accept_by_position"] if x is not None]

@@ -79,6 +79,8 @@ __all__ = [
     "check_draft_vocab",
     "load_draft_vocab",
     "init_drafter",
+    "init_from_target",
+    "target_qk_scale",
     "block_logits",
     "block_frame",
     "draw_drafts",
@@ -238,6 +240,93 @@ def init_drafter(spec: DFlashSpec, seed: int = 0, dtype=jnp.float32) -> dict:
         "final_norm": ones(D),
         "blocks": layers,
     }
+
+
+def init_from_target(
+    spec: DFlashSpec,
+    target_params: dict,
+    target_layers: tuple[int, ...],
+    seed: int = 0,
+    qk_scale: tuple[float, float] = (1.0, 1.0),
+) -> dict:
+    """A drafter tree whose layers start as copies of target layers (not DFlash's recipe,
+    which trains the drafter from a random init: an option to try, a warm start).
+
+    Drafter layer ``i`` gets target layer ``target_layers[i]``'s norms and projection
+    matrices (attention and SwiGLU; the target's q / k / v biases, where it has them, are
+    dropped: the drafter has none). The context path is set so that the first copied layer
+    sees what the target's own layer saw: ``fc`` passes the hidden state of layer id
+    ``target_layers[0] - 1`` (its input residual) through and zeroes the other feature
+    layers, ``hidden_norm`` is that layer's ``attn_norm``; so the drafter's first-layer
+    context keys / values are the target's at that layer up to the per-head key norm. The
+    per-head query / key RMSNorms (the drafter has them, a Llama target does not) start at
+    ``qk_scale`` (the typical per-head RMS of the target's queries and keys there, so that the
+    attention logits keep their scale); ``final_norm`` is the target's. The mask embedding
+    is random (normal std 0.02, ``seed``).
+
+    Args:
+      target_params: the target's tree (:mod:`models.llama.modeling`; stacked ``layers``).
+      target_layers: ``spec.num_layers`` target layer ids.
+      qk_scale: ``(q, k)`` start values of ``q_norm`` / ``k_norm``.
+
+    Raises:
+      ValueError: ``target_layers`` of another length than ``spec.num_layers`` or outside the
+        target, layer id ``target_layers[0] - 1`` not among ``spec.layer_ids``, or a target
+        whose layer shapes differ from the drafter's (intermediate size, heads)."""
+    layers = tuple(int(i) for i in target_layers)
+    if len(layers) != spec.num_layers:
+        raise ValueError(
+            f"init_target_layers {layers}: need one target layer per drafter layer "
+            f"({spec.num_layers})"
+        )
+    if not all(0 <= i < spec.target_layers for i in layers):
+        raise ValueError(
+            f"init_target_layers {layers} outside the target's layers 0..{spec.target_layers - 1}"
+        )
+    if layers[0] - 1 not in spec.layer_ids:
+        raise ValueError(
+            f"init_target_layers {layers}: the first copied layer's input, layer id "
+            f"{layers[0] - 1}, must be among the feature layer_ids {spec.layer_ids}"
+        )
+    own = init_drafter(spec, seed)
+    tl = target_params["layers"]
+    idx = jnp.asarray(layers)
+    blocks = dict(own["blocks"])
+    for name in ("attn_norm", "mlp_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+        src = jnp.take(jnp.asarray(tl[name], jnp.float32), idx, axis=0)
+        if src.shape != blocks[name].shape:
+            raise ValueError(
+                f"init_target_layers: the target's {name} is {tuple(src.shape[1:])}, the "
+                f"drafter's {tuple(blocks[name].shape[1:])} (intermediate_size or heads differ)"
+            )
+        blocks[name] = src
+    blocks["q_norm"] = jnp.full_like(blocks["q_norm"], float(qk_scale[0]))
+    blocks["k_norm"] = jnp.full_like(blocks["k_norm"], float(qk_scale[1]))
+    D, j = spec.target_hidden, spec.layer_ids.index(layers[0] - 1)
+    fc = jnp.zeros((len(spec.layer_ids) * D, D), jnp.float32)
+    fc = fc.at[j * D : (j + 1) * D].set(jnp.eye(D, dtype=jnp.float32))
+    return {
+        **own,
+        "fc": fc,
+        "hidden_norm": jnp.asarray(tl["attn_norm"][layers[0]], jnp.float32),
+        "final_norm": jnp.asarray(target_params["final_norm"], jnp.float32),
+        "blocks": blocks,
+    }
+
+
+def target_qk_scale(spec: DFlashSpec, target_params: dict, hidden: jax.Array, layer: int):
+    """The median per-head RMS of target layer ``layer``'s queries and keys on ``hidden``
+    (float ``(B, T, n, D)``, the target's states after ``spec.layer_ids``; the input of
+    ``layer`` is layer id ``layer - 1``), a ``(q, k)`` pair of floats for
+    :func:`init_from_target`."""
+    tl = target_params["layers"]
+    x = hidden[..., spec.layer_ids.index(layer - 1), :].astype(jnp.float32)
+    a = rms_norm(x, jnp.asarray(tl["attn_norm"][layer], jnp.float32), spec.rms_norm_eps)
+    out = []
+    for name, n in (("wq", spec.num_heads), ("wk", spec.num_kv_heads)):
+        h = _heads(a @ jnp.asarray(tl[name][layer], jnp.float32), n, spec.head_dim)
+        out.append(float(jnp.median(jnp.sqrt(jnp.mean(h * h, axis=-1)))))
+    return tuple(out)
 
 
 def drafter_params(own: dict, target_params: dict, draft_vocab: Any = None) -> dict:

@@ -151,7 +151,10 @@ class DFlashSection:
     sequence, ``gamma`` the position decay of DFlash Eq. 4 (None: uniform weights).
     ``answer_cap``: the answer budget the distillation file was written with (an answer this
     long was cut, not ended). ``init_weights``: a drafter file (``save_drafter``) whose
-    weights start the run; its spec must equal this config's. ``feature_cache``: a ``.npy``
+    weights start the run; its spec must equal this config's. ``init_target_layers``: target
+    layer ids (one per drafter layer) whose weights start the drafter's layers instead of a
+    random init (:func:`jaxspec.causal.dflash.init_from_target`; not with ``init_weights``).
+    ``feature_cache``: a ``.npy``
     file of the target's feature-layer states of every row, built once before the first
     step and then read instead of running the target (None: computed on the fly every
     step); ``feature_cache_dtype``: ``float16`` or ``float32``
@@ -165,6 +168,7 @@ class DFlashSection:
     gamma: Optional[float] = 7.0
     answer_cap: int = 192
     init_weights: Optional[str] = None
+    init_target_layers: Optional[tuple] = None
     feature_cache: Optional[str] = None
     feature_cache_dtype: str = "float16"
 
@@ -321,6 +325,11 @@ def config_from_dict(d: dict) -> TrainConfig:
         if cfg.dflash.gamma is not None and not cfg.dflash.gamma > 0:
             raise TrainConfigError(
                 f"dflash.gamma must be > 0 (or null: uniform weights), got {cfg.dflash.gamma}"
+            )
+        if cfg.dflash.init_weights and cfg.dflash.init_target_layers:
+            raise TrainConfigError(
+                "dflash.init_weights and dflash.init_target_layers exclude each other "
+                "(both say where the drafter starts)"
             )
     if cfg.objective.kind == "sar" and (
         int(cfg.objective.sar_k) < 1 or not 0.0 <= float(cfg.objective.p_ar) <= 1.0

@@ -75,7 +75,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxspec.causal.dflash import DFlashSpec, init_drafter, load_drafter, save_drafter
+from jaxspec.causal.dflash import (
+    DFlashSpec,
+    init_drafter,
+    init_from_target,
+    load_drafter,
+    save_drafter,
+    target_qk_scale,
+)
 from jaxspec.training.build import distill_rows, make_optimizer
 from jaxspec.training.config import TrainConfig, TrainConfigError, config_from_dict
 from jaxspec.training.data import DataError
@@ -619,8 +626,10 @@ def evaluate(eval_fn, own, base, val_batches) -> dict:
     }
 
 
-def _start_weights(cfg: TrainConfig, spec: DFlashSpec):
-    """The drafter tree a run starts from: ``dflash.init_weights`` or a fresh init.
+def _start_weights(cfg: TrainConfig, spec: DFlashSpec, target_params=None, features=None):
+    """The drafter tree a run starts from: ``dflash.init_weights``, the target's layers
+    ``dflash.init_target_layers`` (:func:`init_from_target`, the query / key norms set from
+    ``features()``, the target's states after ``layer_ids`` on one batch) or a fresh init.
 
     The start drafter's spec must equal the run's except perhaps its ``block_size``: the
     drafter's weights do not depend on the block size (no position embedding; RoPE is
@@ -628,8 +637,16 @@ def _start_weights(cfg: TrainConfig, spec: DFlashSpec):
     runs that train block 8 or 4 (the block-size sweep).
 
     Raises:
-      TrainConfigError: an unreadable file, or a spec that differs in anything else."""
+      TrainConfigError: an unreadable file, a spec that differs in anything else, or target
+        layers the drafter cannot start from."""
     path = cfg.dflash.init_weights
+    if cfg.dflash.init_target_layers:
+        layers = tuple(cfg.dflash.init_target_layers)
+        try:
+            scale = target_qk_scale(spec, target_params, features(), layers[0])
+            return init_from_target(spec, target_params, layers, cfg.train.seed, scale)
+        except (ValueError, IndexError) as e:
+            raise TrainConfigError(f"dflash.init_target_layers: {e}") from None
     if not path:
         return init_drafter(spec, cfg.train.seed)
     try:
@@ -736,7 +753,11 @@ def train_dflash(
     cache_path = cfg.dflash.feature_cache
     if cache_path:  # every check before the run opens
         cache_meta, train_ds, val_ds = _checked_cache(cfg, spec, fmodel, fparams, train_ds, val_ds)
-    own = jax.tree.map(lambda x: jnp.array(x, jnp.float32), _start_weights(cfg, spec))
+    first = lambda: target_features(  # noqa: E731  (init_target_layers' q / k norm scale)
+        fmodel, fparams, jnp.asarray(train_ds.batch(0, cfg.data.batch_size)[:, 0]), spec.layer_ids
+    )
+    own = _start_weights(cfg, spec, params, first)
+    own = jax.tree.map(lambda x: jnp.array(x, jnp.float32), own)
     jstep, eval_fn, tx, sched = compiled_fns(spec, fmodel, _compile_key(cfg))
     opt_state = tx.init(own)
     bs = cfg.data.batch_size

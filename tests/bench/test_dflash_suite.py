@@ -140,6 +140,54 @@ def test_suite_draft_vocabulary_rows():
     assert "LM head rows" in markdown_report(res)
 
 
+def test_two_drafters_of_one_block_size_in_one_run():
+    """Two named drafters of block 3 beside one of block 5: rows ``dflash-b3@<name>`` (the
+    lone block-5 drafter keeps ``dflash-b5``), each with its name and the figures of a run of
+    that drafter alone (its MAT and acceptance histogram, greedy decoding being
+    deterministic), all identical to AR; one cost row per drafter, named."""
+    model, params = tiny_model(64, seed=0)
+    tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
+    sets = {"humaneval": [BenchPrompt("h/0", [9, 10, 11, 12]), BenchPrompt("h/1", [20, 8])]}
+    kw = dict(prompt_sets=sets, max_new_tokens=12, model_name="tiny", cost_reps=1, progress=False)
+    a, b, c = _drafter(model, 3, 1), _drafter(model, 3, 4), _drafter(model, 5, 2)
+    res = run_dflash_suite((model, params), [a, c, b], tok, drafter_names=["a", "c", "b"], **kw)
+    rows = {r["method"]: r for r in res["sets"]["humaneval"]["rows"]}
+    assert list(rows) == ["ar", "ngram", "dflash-b3@a", "dflash-b3@b", "dflash-b5"]
+    assert all(r["identical_to_reference"] is True for r in rows.values())
+    assert res["config"]["drafter_names"] == ["a", "b", "c"]
+    for name, d in (("a", a), ("b", b)):
+        alone = run_dflash_suite((model, params), [d], tok, **kw)["sets"]["humaneval"]["rows"]
+        want = next(r for r in alone if r["method"] == "dflash-b3")
+        got = rows[f"dflash-b3@{name}"]
+        assert got["drafter"] == name
+        assert (got["mat"], got["accept_hist"]) == (want["mat"], want["accept_hist"]), name
+    assert rows["dflash-b3@a"]["accept_hist"] != rows["dflash-b3@b"]["accept_hist"]
+    assert [(c["drafter"], c["block_size"]) for c in res["drafter_cost"]] == [
+        ("a", 3),
+        ("b", 3),
+        ("c", 5),
+    ]
+
+
+def test_cli_drafter_names(tmp_path, capsys):
+    """``--dflash-drafter`` names: the folder of ``drafter.safetensors``, else the stem; two
+    files of one name are one ``error:`` line, exit 2."""
+    from jaxspec.causal.dflash import save_drafter
+    from scripts import benchmark
+
+    assert benchmark.drafter_name("runs/b4-magpie/drafter.safetensors") == "b4-magpie"
+    assert benchmark.drafter_name("x/b4-flip2.safetensors") == "b4-flip2"
+    model, _ = tiny_model(64, seed=0)
+    spec, own = _drafter(model, 3, 1)
+    for d in ("one", "two"):
+        save_drafter(tmp_path / d / "b3.safetensors", spec, own)
+    files = [str(tmp_path / d / "b3.safetensors") for d in ("one", "two")]
+    argv = ["--suite", "dflash", "--out", str(tmp_path / "r.json")]
+    rc = benchmark.main([*argv, "--dflash-drafter", files[0], "--dflash-drafter", files[1]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "need distinct names" in err[-1] and "'b3', 'b3'" in err[-1], err
+
+
 def test_drafter_cost_runs_the_decode_plans(monkeypatch):
     """The cost programs run as the decode loop does: one decode plan for AR (drafter None)
     and one per draft length k with that k's drafter, each for generate's cache size (the
@@ -188,16 +236,20 @@ def test_drafter_cost_runs_the_decode_plans(monkeypatch):
 
 
 def test_suite_bad_input():
-    """No drafter, two drafters of one block size, a drafter for another target: one-line
-    BenchErrors before anything runs."""
+    """No drafter, two drafters of one block size without names, names repeated or not one
+    per drafter, a drafter for another target: one-line BenchErrors before anything runs."""
     model, params = tiny_model(64, seed=0)
     tok = types.SimpleNamespace(eos_token_ids=[7], pad_token_id=0)
     sets = {"humaneval": [BenchPrompt("p", [9, 10, 11])]}
     kw = dict(prompt_sets=sets, max_new_tokens=4, progress=False)
     with pytest.raises(BenchError, match="at least one trained drafter"):
         run_dflash_suite((model, params), [], tok, **kw)
-    with pytest.raises(BenchError, match="one drafter per block size"):
-        run_dflash_suite((model, params), [_drafter(model, 3, 1), _drafter(model, 3, 2)], tok, **kw)
+    two = [_drafter(model, 3, 1), _drafter(model, 3, 2)]
+    with pytest.raises(BenchError, match="drafters of one block size need names"):
+        run_dflash_suite((model, params), two, tok, **kw)
+    for names in (["a", "a"], ["a"]):
+        with pytest.raises(BenchError, match="one distinct name per drafter"):
+            run_dflash_suite((model, params), two, tok, drafter_names=names, **kw)
     other = tiny_model(48, seed=0)[0]
     with pytest.raises(BenchError, match="vocabulary 48"):
         run_dflash_suite((model, params), [_drafter(other, 3, 1)], tok, **kw)

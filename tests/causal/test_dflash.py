@@ -801,6 +801,66 @@ def test_init_weights_may_come_from_another_block_size(tmp_path):
     assert not np.array_equal(got["fc"], init_drafter(b4, cfg.train.seed)["fc"])
 
 
+def test_init_from_target_starts_as_the_target_layer(tmp_path):
+    """``init_target_layers``: the copied drafter layer's context values equal the target's
+    own values at that layer (its KV cache after a prompt pass) and its context keys equal
+    the target's keys scaled per head to RMS ``qk_scale[1]`` (the drafter's key norm); the
+    layer's matrices and norms are the target's; the training run starts from exactly this
+    tree; bad layer choices are one-line errors."""
+    from jaxspec.causal.dflash import init_from_target, target_qk_scale
+    from jaxspec.training.config import TrainConfigError, config_from_dict
+    from jaxspec.training.dflash_run import _start_weights
+
+    model, params = tiny_model(64, layers=3, seed=2)
+    spec = DFlashSpec.for_target(model.config, block_size=4, num_layers=1, layer_ids=(0, 1))
+    toks = jnp.asarray([[5, 9, 2, 33, 7, 1, 8, 40]])
+    T = toks.shape[1]
+    _, cache, hidden = model.apply(
+        {"params": params},
+        toks,
+        jnp.arange(T)[None],
+        _causal(T),
+        cache=init_cache(model.config, 1, T),
+        cache_index=jnp.zeros((1,), jnp.int32),
+        hidden_layers=spec.layer_ids,
+    )
+    own = init_from_target(spec, params, (2,), qk_scale=(1.7, 1.3))
+    k, v = context_kv(spec, own, hidden, jnp.arange(T)[None])
+    want_v = jnp.swapaxes(cache.v[2], -1, -2)  # (B, K, T, Dh)
+    np.testing.assert_allclose(np.asarray(v[0]), np.asarray(want_v), atol=1e-5)
+    tk = cache.k[2]
+    want_k = 1.3 * tk / jnp.sqrt(jnp.mean(tk * tk, axis=-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(k[0]), np.asarray(want_k), atol=1e-4)
+    for name in ("wq", "wo", "w_down", "mlp_norm"):
+        np.testing.assert_array_equal(own["blocks"][name][0], params["layers"][name][2])
+    np.testing.assert_array_equal(own["final_norm"], params["final_norm"])
+    np.testing.assert_array_equal(
+        own["blocks"]["q_norm"], np.full((1, spec.head_dim), 1.7, np.float32)
+    )
+
+    d = _dflash_cfg(tmp_path / "rows.jsonl").to_dict()
+    cfg = config_from_dict({**d, "dflash": {**d["dflash"], "init_target_layers": [2]}})
+    got = _start_weights(cfg, spec, params, lambda: hidden)
+    scale = target_qk_scale(spec, params, hidden, 2)
+    jax.tree_util.tree_map(
+        np.testing.assert_array_equal, got, init_from_target(spec, params, (2,), 0, scale)
+    )
+    for layers, msg in (
+        ((0,), "layer id -1, must be among"),
+        ((2, 1), "one target layer per drafter layer"),
+        ((3,), "outside the target's layers"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            init_from_target(spec, params, layers)
+        bad = config_from_dict({**d, "dflash": {**d["dflash"], "init_target_layers": list(layers)}})
+        with pytest.raises(TrainConfigError, match="init_target_layers"):
+            _start_weights(bad, spec, params, lambda: hidden)
+    with pytest.raises(TrainConfigError, match="exclude each other"):
+        config_from_dict(
+            {**d, "dflash": {**d["dflash"], "init_target_layers": [2], "init_weights": "x"}}
+        )
+
+
 def test_distill_sequences():
     """A row ended by the target gets its EOS (a label); a cut one (answer at the budget)
     none; a row cut by ``seq_len`` keeps its first ``T`` tokens; one whose prompt leaves no
