@@ -538,29 +538,48 @@ def markdown_report(result: dict) -> str:
 
 
 def plot(result: dict, out: Path) -> Path:
-    """MAT against block size per prompt set (left), acceptance by position (right)."""
+    """MAT against draft length per prompt set and drafter (left; with several drafters of one
+    block size, grouped bars of MAT per set instead), acceptance by position (right; full-head
+    rows only, the ``-v<V_d>`` rows' MAT is in the table). Legends sit below the panels."""
     from jaxspec.core.plotting import pyplot
 
     plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, s in result["sets"].items():
-        rs = [r for r in s["rows"] if "block_size" in r]
-        for d in dict.fromkeys(r.get("drafter") for r in rs):  # one line per drafter
-            mine = [r for r in rs if r.get("drafter") == d]
-            label = name if d is None else f"{name} {d}"
-            a.plot([r["draft_length"] for r in mine], [r["mat"] for r in mine], "o-", label=label)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 5.5))
+    dflash = {n: [r for r in s["rows"] if "block_size" in r] for n, s in result["sets"].items()}
+    names = result.get("config", {}).get("drafter_names") or []
+    blocks = result.get("config", {}).get("blocks") or []
+    if len(set(blocks)) < len(blocks):  # drafters compared at one block size: bars
+        methods = list(dict.fromkeys(r["method"] for rs in dflash.values() for r in rs))
+        width = 0.8 / max(len(methods), 1)
+        for j, m in enumerate(methods):
+            mats = [next((r["mat"] for r in rs if r["method"] == m), 0.0) for rs in dflash.values()]
+            a.bar([i + j * width for i in range(len(dflash))], mats, width, label=m)
+        a.set_xticks([i + 0.4 - width / 2 for i in range(len(dflash))], list(dflash))
+        a.set_ylabel("MAT")
+        a.set_title(f"drafters compared ({', '.join(names)})", fontsize=8)
+    else:
+        for name, rs in dflash.items():
+            for d in dict.fromkeys(r.get("drafter") for r in rs):  # one line per drafter
+                mine = [r for r in rs if r.get("drafter") == d]
+                label = name if d is None else f"{name} {d}"
+                a.plot(
+                    [r["draft_length"] for r in mine], [r["mat"] for r in mine], "o-", label=label
+                )
+        a.set_xlabel("draft length (drafts verified per step)")
+        a.set_ylabel("MAT")
+        a.set_title("block and draft-length sweep")
+    for name, rs in dflash.items():
         for r in rs:
+            if "-v" in r["method"].split("@")[0]:
+                continue
             pos = [i + 1 for i, x in enumerate(r["accept_by_position"]) if x is not None]
             vals = [x for x in r["accept_by_position"] if x is not None]
             b.plot(pos, vals, ".-", label=f"{name} {r['method']}")
-    a.set_xlabel("draft length (drafts verified per step)")
-    a.set_ylabel("MAT")
-    a.legend()
-    a.set_title("block and draft-length sweep")
     b.set_xlabel("draft position in the block")
     b.set_ylabel("acceptance given the drafts before")
-    b.legend(fontsize=7)
     b.set_title("acceptance by position")
+    for ax in (a, b):
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     return save_figure(fig, out, f"DFlash on {result['model']} ({result['machine'].get('cpu')})")
 
 
