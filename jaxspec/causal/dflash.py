@@ -80,6 +80,7 @@ __all__ = [
     "load_draft_vocab",
     "init_drafter",
     "init_from_target",
+    "check_init_layers",
     "target_qk_scale",
     "block_logits",
     "block_frame",
@@ -273,21 +274,7 @@ def init_from_target(
       ValueError: ``target_layers`` of another length than ``spec.num_layers`` or outside the
         target, layer id ``target_layers[0] - 1`` not among ``spec.layer_ids``, or a target
         whose layer shapes differ from the drafter's (intermediate size, heads)."""
-    layers = tuple(int(i) for i in target_layers)
-    if len(layers) != spec.num_layers:
-        raise ValueError(
-            f"init_target_layers {layers}: need one target layer per drafter layer "
-            f"({spec.num_layers})"
-        )
-    if not all(0 <= i < spec.target_layers for i in layers):
-        raise ValueError(
-            f"init_target_layers {layers} outside the target's layers 0..{spec.target_layers - 1}"
-        )
-    if layers[0] - 1 not in spec.layer_ids:
-        raise ValueError(
-            f"init_target_layers {layers}: the first copied layer's input, layer id "
-            f"{layers[0] - 1}, must be among the feature layer_ids {spec.layer_ids}"
-        )
+    layers = check_init_layers(spec, target_layers)
     own = init_drafter(spec, seed)
     tl = target_params["layers"]
     idx = jnp.asarray(layers)
@@ -312,6 +299,30 @@ def init_from_target(
         "final_norm": jnp.asarray(target_params["final_norm"], jnp.float32),
         "blocks": blocks,
     }
+
+
+def check_init_layers(spec: DFlashSpec, target_layers) -> tuple[int, ...]:
+    """``target_layers`` as a tuple of ints, checked for :func:`init_from_target`.
+
+    Raises:
+      ValueError: another length than ``spec.num_layers``, ids outside the target, or layer id
+        ``target_layers[0] - 1`` not among ``spec.layer_ids`` (one line naming it)."""
+    layers = tuple(int(i) for i in target_layers)
+    if len(layers) != spec.num_layers:
+        raise ValueError(
+            f"init_target_layers {layers}: need one target layer per drafter layer "
+            f"({spec.num_layers})"
+        )
+    if not all(0 <= i < spec.target_layers for i in layers):
+        raise ValueError(
+            f"init_target_layers {layers} outside the target's layers 0..{spec.target_layers - 1}"
+        )
+    if layers[0] - 1 not in spec.layer_ids:
+        raise ValueError(
+            f"init_target_layers {layers}: the first copied layer's input, layer id "
+            f"{layers[0] - 1}, must be among the feature layer_ids {spec.layer_ids}"
+        )
+    return layers
 
 
 def target_qk_scale(spec: DFlashSpec, target_params: dict, hidden: jax.Array, layer: int):

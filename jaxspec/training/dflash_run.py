@@ -77,6 +77,7 @@ import optax
 
 from jaxspec.causal.dflash import (
     DFlashSpec,
+    check_init_layers,
     init_drafter,
     init_from_target,
     load_drafter,
@@ -626,10 +627,17 @@ def evaluate(eval_fn, own, base, val_batches) -> dict:
     }
 
 
+def _first_features(cfg: TrainConfig, spec: DFlashSpec, fmodel, fparams, train_ds) -> jax.Array:
+    """The target's states after ``spec.layer_ids`` on the first training batch, float
+    ``(batch, T, n, D)`` (``init_target_layers``' query / key norm scale)."""
+    tokens = jnp.asarray(train_ds.batch(0, cfg.data.batch_size)[:, 0])
+    return target_features(fmodel, fparams, tokens, spec.layer_ids)
+
+
 def _start_weights(cfg: TrainConfig, spec: DFlashSpec, target_params=None, features=None):
-    """The drafter tree a run starts from: ``dflash.init_weights``, the target's layers
-    ``dflash.init_target_layers`` (:func:`init_from_target`, the query / key norms set from
-    ``features()``, the target's states after ``layer_ids`` on one batch) or a fresh init.
+    """The drafter tree (float32) a run starts from: ``dflash.init_weights``, the target's
+    layers ``dflash.init_target_layers`` (:func:`init_from_target`, the query / key norms set
+    from ``features()``, e.g. :func:`_first_features`) or a fresh init.
 
     The start drafter's spec must equal the run's except perhaps its ``block_size``: the
     drafter's weights do not depend on the block size (no position embedding; RoPE is
@@ -639,13 +647,20 @@ def _start_weights(cfg: TrainConfig, spec: DFlashSpec, target_params=None, featu
     Raises:
       TrainConfigError: an unreadable file, a spec that differs in anything else, or target
         layers the drafter cannot start from."""
+    return jax.tree.map(
+        lambda x: jnp.array(x, jnp.float32), _start_tree(cfg, spec, target_params, features)
+    )
+
+
+def _start_tree(cfg: TrainConfig, spec: DFlashSpec, target_params, features):
+    """:func:`_start_weights` before the cast to float32."""
     path = cfg.dflash.init_weights
     if cfg.dflash.init_target_layers:
-        layers = tuple(cfg.dflash.init_target_layers)
         try:
+            layers = check_init_layers(spec, cfg.dflash.init_target_layers)
             scale = target_qk_scale(spec, target_params, features(), layers[0])
             return init_from_target(spec, target_params, layers, cfg.train.seed, scale)
-        except (ValueError, IndexError) as e:
+        except ValueError as e:
             raise TrainConfigError(f"dflash.init_target_layers: {e}") from None
     if not path:
         return init_drafter(spec, cfg.train.seed)
@@ -753,11 +768,8 @@ def train_dflash(
     cache_path = cfg.dflash.feature_cache
     if cache_path:  # every check before the run opens
         cache_meta, train_ds, val_ds = _checked_cache(cfg, spec, fmodel, fparams, train_ds, val_ds)
-    first = lambda: target_features(  # noqa: E731  (init_target_layers' q / k norm scale)
-        fmodel, fparams, jnp.asarray(train_ds.batch(0, cfg.data.batch_size)[:, 0]), spec.layer_ids
-    )
+    first = functools.partial(_first_features, cfg, spec, fmodel, fparams, train_ds)
     own = _start_weights(cfg, spec, params, first)
-    own = jax.tree.map(lambda x: jnp.array(x, jnp.float32), own)
     jstep, eval_fn, tx, sched = compiled_fns(spec, fmodel, _compile_key(cfg))
     opt_state = tx.init(own)
     bs = cfg.data.batch_size

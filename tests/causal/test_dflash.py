@@ -853,7 +853,7 @@ def test_init_from_target_starts_as_the_target_layer(tmp_path):
         with pytest.raises(ValueError, match=msg):
             init_from_target(spec, params, layers)
         bad = config_from_dict({**d, "dflash": {**d["dflash"], "init_target_layers": list(layers)}})
-        with pytest.raises(TrainConfigError, match="init_target_layers"):
+        with pytest.raises(TrainConfigError, match="dflash.init_target_layers: .*" + msg):
             _start_weights(bad, spec, params, lambda: hidden)
     with pytest.raises(TrainConfigError, match="exclude each other"):
         config_from_dict(
