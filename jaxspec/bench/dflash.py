@@ -132,13 +132,15 @@ def _peer_systems(model, params, draft_model, draft_length: int, dllm_drafter, c
 
 def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts: int) -> None:
     """Tag every row with its prompt set; a DFlash row also gets its block size, draft length,
-    acceptance histogram and acceptance by position over the timed runs (the last
-    ``n_prompts`` decodes its recording entry saw)."""
+    drafter name, ``draft_vocab`` (the ids its drafter's LM head runs on: the target's
+    vocabulary size for the full head), acceptance histogram and acceptance by position over the
+    timed runs (the last ``n_prompts`` decodes its recording entry saw)."""
     for r in rows:
         r["prompt_set"] = prompt_set
         if r["method"] in rec:
             hist = np.sum(rec[r["method"]].hists[-n_prompts:], axis=0)
-            r["block_size"], r["draft_length"], r["drafter"] = rec[r["method"]].shape
+            shape = rec[r["method"]].shape
+            r["block_size"], r["draft_length"], r["drafter"], r["draft_vocab"] = shape
             r["accept_hist"] = [int(x) for x in hist[1:]]
             r["accept_by_position"] = accept_by_position(hist)
 
@@ -146,7 +148,8 @@ def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts:
 def _dflash_systems(
     model, params, drafters, verify_lengths: Sequence[int], common: dict, draft_vocab=None
 ):
-    """``(system, block size, draft length, drafter name)`` per DFlash row: each drafter
+    """``(system, block size, draft length, drafter name, LM head rows)`` per DFlash row: each
+    drafter
     (:func:`_checked_drafters`) at its whole block (``dflash-b<B>``, ``B - 1`` drafts), then at
     each shorter draft length of ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first;
     with ``draft_vocab`` each of those rows again with the drafter's LM head on the draft
@@ -169,7 +172,7 @@ def _dflash_systems(
                     + ("" if vocab is None else f"-v{len(vocab)}")
                     + tag,
                 )
-                out.append((s, B, k, name))
+                out.append((s, B, k, name, spec.vocab_size if vocab is None else len(vocab)))
     return out
 
 
@@ -413,11 +416,11 @@ def run_dflash_suite(
         log(f"[dflash] prompt set {name}: {len(prompts)} prompts")
         systems = _peer_systems(model, params, draft_model, draft_length, dllm_drafter, common)
         rec = {}
-        for s, block, k, drafter in _dflash_systems(
+        for s, *shape in _dflash_systems(
             model, params, drafters, verify_lengths, common, draft_vocab
         ):
             s.entry = rec[s.method] = _Recording(s.entry)
-            rec[s.method].shape = (block, k, drafter)
+            rec[s.method].shape = tuple(shape)
             systems.append(s)
         res = run_ar_suite(systems, prompts, model_name=model_name, progress=progress, log=log)
         _add_dflash_figures(res["rows"], rec, name, len(prompts))
@@ -568,9 +571,10 @@ def plot(result: dict, out: Path) -> Path:
         a.set_xlabel("draft length (drafts verified per step)")
         a.set_ylabel("MAT")
         a.set_title("block and draft-length sweep")
+    full_head = max((r.get("draft_vocab") or 0 for rs in dflash.values() for r in rs), default=0)
     for name, rs in dflash.items():
         for r in rs:
-            if "-v" in r["method"].split("@")[0]:
+            if (r.get("draft_vocab") or full_head) < full_head:  # a draft-vocabulary row
                 continue
             pos = [i + 1 for i, x in enumerate(r["accept_by_position"]) if x is not None]
             vals = [x for x in r["accept_by_position"] if x is not None]

@@ -133,6 +133,7 @@ def test_suite_draft_vocabulary_rows():
     assert [r["method"] for r in rows] == ["ar", "ngram", "dflash-b3", "dflash-b3-v32"]
     assert all(r["identical_to_reference"] is True for r in rows)
     assert res["config"]["draft_vocab"] == 32
+    assert [r.get("draft_vocab") for r in rows] == [None, None, 64, 32]
     assert [(c["draft_length"], c["draft_vocab"]) for c in res["drafter_cost"]] == [
         (2, 64),
         (2, 32),
