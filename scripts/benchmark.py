@@ -82,7 +82,7 @@ file's folder for ``.../NAME/drafter.safetensors``, else its stem):
         --dflash-drafter FILE [--dflash-drafter FILE ...] [--draft-model NAME] [--limit 5] \
         [--dflash-sets humaneval mt-bench news] [--draft-length 8] \
         [--dflash-verify-lengths 3 7] [--dflash-dllm-drafter dream-smollm2-135m] \
-        [--dflash-draft-vocab draft-vocab.npy]
+        [--dflash-draft-vocab draft-vocab.npy] [--dflash-ngram-first]
 
 ``--model auto`` (or ``hf-directory``) ``--weights PATH`` reads the model family from the
 checkpoint (``models.registry.weights_family``): a Llama / Qwen2 directory or GGUF file runs the
@@ -389,6 +389,12 @@ def _add_suite_dflash_args(ap: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a draft vocabulary (.npy of token ids, scripts.draft_vocab): every DFlash row "
         "and cost row again with the drafter's LM head on those ids only (-v<size>)",
+    )
+    dg.add_argument(
+        "--dflash-ngram-first",
+        action="store_true",
+        help="every DFlash row again behind the context n-gram lookup (+ngram: rows whose "
+        "last tokens occurred before draft the copy, the drafter drafts the others)",
     )
     dg.add_argument(
         "--dflash-sets",
@@ -1015,6 +1021,7 @@ def main_dflash(args, log) -> int:
             dllm_drafter=dllm,
             verify_lengths=args.dflash_verify_lengths,
             draft_vocab=vocab,
+            ngram_first=args.dflash_ngram_first,
             model_name=name,
             drafter_names=names,
             config={

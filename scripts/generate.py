@@ -215,13 +215,25 @@ def _add_causal_args(cg) -> None:
         "30 (k_max), ssd 3, assd 5)",
     )
     cg.add_argument(
-        "--max-ngram", type=int, default=None, help="ngram: longest suffix matched (default 3)"
+        "--ngram-first",
+        action="store_const",
+        const=True,
+        default=None,
+        help="dflash: rows whose last tokens occurred before in their context draft the "
+        "n-gram copy; the drafter drafts the others (skipped when every row copies); exact "
+        "either way",
+    )
+    cg.add_argument(
+        "--max-ngram",
+        type=int,
+        default=None,
+        help="ngram, dflash --ngram-first: longest suffix matched (default 3)",
     )
     cg.add_argument(
         "--min-ngram",
         type=int,
         default=None,
-        help="ngram: shortest suffix matched, <= --max-ngram (default 2)",
+        help="ngram, dflash --ngram-first: shortest suffix matched, <= --max-ngram (default 2)",
     )
     cg.add_argument(
         "--fallback",

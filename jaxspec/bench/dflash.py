@@ -33,6 +33,7 @@ Every row carries the degeneracy figures of its outputs (distinct share, repeate
 from __future__ import annotations
 
 import datetime
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -133,46 +134,65 @@ def _peer_systems(model, params, draft_model, draft_length: int, dllm_drafter, c
 def _add_dflash_figures(rows: list[dict], rec: dict, prompt_set: str, n_prompts: int) -> None:
     """Tag every row with its prompt set; a DFlash row also gets its block size, draft length,
     drafter name, ``draft_vocab`` (the ids its drafter's LM head runs on: the target's
-    vocabulary size for the full head), acceptance histogram and acceptance by position over the
-    timed runs (the last ``n_prompts`` decodes its recording entry saw)."""
+    vocabulary size for the full head), ``ngram_first``, ``drafter_forwards_per_step`` (below 1
+    where the n-gram lookup drafted every row), acceptance histogram and acceptance by position
+    over the timed runs (the last ``n_prompts`` decodes its recording entry saw)."""
     for r in rows:
         r["prompt_set"] = prompt_set
         if r["method"] in rec:
             hist = np.sum(rec[r["method"]].hists[-n_prompts:], axis=0)
             shape = rec[r["method"]].shape
-            r["block_size"], r["draft_length"], r["drafter"], r["draft_vocab"] = shape
+            r["block_size"], r["draft_length"], r["drafter"], r["draft_vocab"] = shape[:4]
+            r["ngram_first"] = shape[4]
+            nfe, steps = np.sum(rec[r["method"]].forwards[-n_prompts:], axis=0)
+            r["drafter_forwards_per_step"] = round(float(nfe) / max(int(steps), 1), 3)
             r["accept_hist"] = [int(x) for x in hist[1:]]
             r["accept_by_position"] = accept_by_position(hist)
 
 
 def _dflash_systems(
-    model, params, drafters, verify_lengths: Sequence[int], common: dict, draft_vocab=None
+    model,
+    params,
+    drafters,
+    verify_lengths: Sequence[int],
+    common: dict,
+    draft_vocab=None,
+    ngram_first: bool = False,
 ):
-    """``(system, block size, draft length, drafter name, LM head rows)`` per DFlash row: each
-    drafter
+    """``(system, block size, draft length, drafter name, LM head rows, ngram first)`` per
+    DFlash row: each drafter
     (:func:`_checked_drafters`) at its whole block (``dflash-b<B>``, ``B - 1`` drafts), then at
     each shorter draft length of ``verify_lengths`` (``dflash-b<B>-k<k>``), shortest first;
     with ``draft_vocab`` each of those rows again with the drafter's LM head on the draft
-    vocabulary (``-v<V_d>``); ``@<name>`` last where several drafters share the block size."""
+    vocabulary (``-v<V_d>``); with ``ngram_first`` each again behind the n-gram lookup
+    (``+ngram``, :class:`~jaxspec.core.drafters.LookupFirst`); ``@<name>`` last where several
+    drafters share the block size."""
     out = []
     vocabs = [None] if draft_vocab is None else [None, draft_vocab]
+    lookups = [False, True] if ngram_first else [False]
     for spec, own, name, tag in drafters:
         B = spec.block_size
         for k in [k for k in sorted(set(verify_lengths)) if k < B - 1] + [B - 1]:
-            for vocab in vocabs:
+            for vocab, lookup in itertools.product(vocabs, lookups):
                 s = JaxspecSystem(
                     "dflash",
                     model,
                     params,
                     **common,
                     draft_length=k,
-                    options={"drafter_model": (spec, own), "draft_vocab": vocab},
+                    options={
+                        "drafter_model": (spec, own),
+                        "draft_vocab": vocab,
+                        "ngram_first": lookup,
+                    },
                     label=f"dflash-b{B}"
                     + ("" if k == B - 1 else f"-k{k}")
                     + ("" if vocab is None else f"-v{len(vocab)}")
+                    + ("+ngram" if lookup else "")
                     + tag,
                 )
-                out.append((s, B, k, name, spec.vocab_size if vocab is None else len(vocab)))
+                rows = spec.vocab_size if vocab is None else len(vocab)
+                out.append((s, B, k, name, rows, lookup))
     return out
 
 
@@ -198,7 +218,7 @@ class _Recording:
     """A registry entry that keeps the acceptance histogram of every decode it runs."""
 
     def __init__(self, entry):
-        self.entry, self.hists = entry, []
+        self.entry, self.hists, self.forwards = entry, [], []
 
     def configure(self, *a, **kw):
         return self.entry.configure(*a, **kw)
@@ -206,6 +226,7 @@ class _Recording:
     def run(self, *a, **kw):
         res = self.entry.run(*a, **kw)
         self.hists.append(np.asarray(res.stats.accept_hist).sum(axis=0))
+        self.forwards.append((int(np.sum(res.stats.draft_nfe)), int(np.sum(res.stats.steps))))
         return res
 
 
@@ -352,6 +373,27 @@ def drafter_cost(
     return rows
 
 
+def _cost_rows(model, params, drafters, prompt, verify_lengths, max_new, draft_vocab, reps):
+    """:func:`drafter_cost`'s rows of every drafter (with its name), with the full LM head and
+    with ``draft_vocab``."""
+    return [
+        {"drafter": name, **row}
+        for spec, own, name, _ in drafters
+        for vocab in ([None] if draft_vocab is None else [None, draft_vocab])
+        for row in drafter_cost(
+            model,
+            params,
+            spec,
+            own,
+            prompt,
+            draft_lengths=verify_lengths,
+            max_new=max_new,
+            draft_vocab=vocab,
+            reps=reps,
+        )
+    ]
+
+
 def run_dflash_suite(
     target,
     drafters: Sequence,
@@ -365,6 +407,7 @@ def run_dflash_suite(
     dllm_drafter: Optional[dict] = None,
     verify_lengths: Sequence[int] = (),
     draft_vocab=None,
+    ngram_first: bool = False,
     model_name: str = "smollm2-135m-instruct",
     prompt_sets: Optional[dict[str, list[BenchPrompt]]] = None,
     config: Optional[dict] = None,
@@ -391,6 +434,9 @@ def run_dflash_suite(
         verify_length`); lengths ``>= B - 1`` are skipped for that drafter.
       draft_vocab: token ids (:func:`jaxspec.causal.dflash.load_draft_vocab`): every DFlash
         row and cost row again with the drafter's LM head on those ids only (``-v<V_d>``).
+      ngram_first: every DFlash row again behind the context n-gram lookup (``+ngram``:
+        rows whose context has a suffix match draft the copy, the drafter the others;
+        :class:`~jaxspec.core.drafters.LookupFirst`, not in the DFlash paper).
       drafter_names: one distinct name per drafter (e.g. its file's folder), recorded in its
         rows and cost rows (``drafter``); needed when two drafters share a block size, whose
         rows then end in ``@<name>`` (two drafters compared in one run, on one machine state).
@@ -417,7 +463,7 @@ def run_dflash_suite(
         systems = _peer_systems(model, params, draft_model, draft_length, dllm_drafter, common)
         rec = {}
         for s, *shape in _dflash_systems(
-            model, params, drafters, verify_lengths, common, draft_vocab
+            model, params, drafters, verify_lengths, common, draft_vocab, ngram_first
         ):
             s.entry = rec[s.method] = _Recording(s.entry)
             rec[s.method].shape = tuple(shape)
@@ -428,22 +474,9 @@ def run_dflash_suite(
         del systems, rec, res
         free_programs(lambda m: log(f"[dflash] {m}"))
     first = next(iter(prompt_sets.values()))[0].ids
-    costs = [
-        {"drafter": name, **row}
-        for spec, own, name, _ in drafters
-        for vocab in ([None] if draft_vocab is None else [None, draft_vocab])
-        for row in drafter_cost(
-            model,
-            params,
-            spec,
-            own,
-            first,
-            draft_lengths=verify_lengths,
-            max_new=max_new_tokens,
-            draft_vocab=vocab,
-            reps=cost_reps,
-        )
-    ]
+    costs = _cost_rows(
+        model, params, drafters, first, verify_lengths, max_new_tokens, draft_vocab, cost_reps
+    )
     return {
         "suite": "dflash",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -459,6 +492,7 @@ def run_dflash_suite(
             drafter_names=[d[2] for d in drafters],
             verify_lengths=sorted(set(verify_lengths)),
             draft_vocab=None if draft_vocab is None else len(draft_vocab),
+            ngram_first=bool(ngram_first),
             diffusion_drafter_rows=dllm_drafter is not None,
             temperature=0.0,
         ),
@@ -477,6 +511,7 @@ _SET_COLUMNS = [
     ("draft_length", "k", "{}"),
     ("mat", "MAT", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.3f}"),
+    ("drafter_forwards_per_step", "drafter forwards / step", "{:.2f}"),
     ("identical_to_reference", "identical", "{}"),
     ("distinct_token_share", "distinct", "{:.2f}"),
     ("repeated_ngram_rate", "rep. 4-gram", "{:.2f}"),
@@ -533,6 +568,10 @@ def markdown_report(result: dict) -> str:
         "- `-v<V_d>` rows: the drafter's LM head runs on a draft vocabulary of V_d token ids "
         "only (`LM head rows` in the cost table); drafts never leave it, and the decode stays "
         "exact.",
+        "- `+ngram` rows (n-gram lookup first; not in the DFlash paper): a step whose last "
+        "2-3 tokens occurred before in the context drafts the tokens that followed them, "
+        "other steps draft with the drafter; `drafter forwards / step` is the share of steps "
+        "that ran the drafter. Exact either way.",
         "- `identical` compares with AR greedy decoding of the same target (lossless); "
         "`distinct` / `rep. 4-gram` are degeneracy figures of the outputs.",
         "",
@@ -563,7 +602,7 @@ def plot(result: dict, out: Path) -> Path:
     else:
         for name, rs in dflash.items():
             for d in dict.fromkeys(r.get("drafter") for r in rs):  # one line per drafter
-                mine = [r for r in rs if r.get("drafter") == d]
+                mine = [r for r in rs if r.get("drafter") == d and not r.get("ngram_first")]
                 label = name if d is None else f"{name} {d}"
                 a.plot(
                     [r["draft_length"] for r in mine], [r["mat"] for r in mine], "o-", label=label

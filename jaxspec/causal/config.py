@@ -190,4 +190,16 @@ class DraftedConfig(CausalConfig):
             )
 
 
-__all__ = ["CausalConfig", "DraftedConfig", "parse_gate", "tuning_note"]
+def check_ngram_range(max_ngram, min_ngram) -> None:
+    """One-line error unless ``1 <= min_ngram <= max_ngram`` (the suffix lengths a context
+    n-gram lookup tries: :class:`jaxspec.core.drafters.NgramDrafter`)."""
+    check_int("min_ngram", min_ngram, 1)
+    check_int("max_ngram", max_ngram, 1)
+    if min_ngram > max_ngram:
+        raise ValueError(
+            f"--min-ngram {min_ngram} exceeds --max-ngram {max_ngram}; "
+            "need 1 <= --min-ngram <= --max-ngram"
+        )
+
+
+__all__ = ["CausalConfig", "DraftedConfig", "check_ngram_range", "parse_gate", "tuning_note"]

@@ -62,8 +62,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.causal.config import DraftedConfig
-from jaxspec.core.drafters import Draft, DraftContext, Drafter
+from jaxspec.causal.config import DraftedConfig, check_ngram_range
+from jaxspec.core.drafters import Draft, DraftContext, Drafter, LookupFirst
 from jaxspec.core.method_config import Needs
 from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
 from models.llama.modeling import apply_rope, lm_logits, rms_norm, rope_tables
@@ -709,6 +709,7 @@ class DFlashDrafter(Drafter):
     verify_length: Optional[int] = None
 
     name = "dflash"
+    proposal_skippable = True  # propose keeps the state; the features come from the target
 
     def __post_init__(self):
         B = self.spec.block_size
@@ -834,6 +835,11 @@ class Config(DraftedConfig):
         theirs); not compared or hashed.
       draft_vocab: token ids the drafter's LM head runs on (module docstring;
         :func:`load_draft_vocab`), or None for the whole vocabulary; not compared or hashed.
+      ngram_first: rows whose context has a suffix match draft the n-gram copy instead, and
+        the drafter's forward is skipped when every row has one
+        (:class:`~jaxspec.core.drafters.LookupFirst`; not in the DFlash paper). Exact either
+        way.
+      max_ngram, min_ngram: the suffix lengths the lookup tries (``ngram_first`` only).
 
     Raises:
       ValueError: a drafter built for another target (:meth:`DFlashSpec.check_target`), a
@@ -844,16 +850,35 @@ class Config(DraftedConfig):
     drafter_model: Any = dataclasses.field(default=None, compare=False)
     target_params: Any = dataclasses.field(default=None, compare=False)
     draft_vocab: Any = dataclasses.field(default=None, compare=False)
+    ngram_first: bool = False
+    max_ngram: int = 3
+    min_ngram: int = 2
 
     default_draft_length: ClassVar[int] = 15
     needs: ClassVar[Needs] = Needs()
 
-    def drafter(self, target_config) -> DFlashDrafter:
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.ngram_first, bool):
+            raise TypeError(f"--ngram-first must be a bool, got {self.ngram_first!r}")
+        check_ngram_range(self.max_ngram, self.min_ngram)
+
+    def drafter(self, target_config) -> Drafter:
+        """The :class:`DFlashDrafter` for ``target_config`` (behind the n-gram lookup with
+        ``ngram_first``)."""
         if self.drafter_model is None:
             raise ValueError("the dflash method needs a trained drafter (drafter_model)")
         spec = self.drafter_model[0]
         spec.check_target(target_config)
-        return DFlashDrafter(spec, self.sampling, verify_length=self.k)
+        d = DFlashDrafter(spec, self.sampling, verify_length=self.k)
+        if self.ngram_first:
+            return LookupFirst(d, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+        return d
+
+    def describe(self) -> str:
+        if not self.ngram_first:
+            return ""
+        return f"(ngram first, suffix {self.min_ngram}..{self.max_ngram})"
 
     def drafter_params(self, target_params: Any = None) -> Any:
         """The drafter's own weights and the target's embedding / LM head, from

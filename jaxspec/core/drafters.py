@@ -77,6 +77,15 @@ passes on the CPU"), so a draft that is accepted rarely makes decoding slower th
 gate decides from the past only (acceptance so far), so the verifier's output distribution
 is untouched: it is as lossless as the drafter it wraps.
 
+**Lookup first** (:class:`LookupFirst`): wraps a model drafter; a row whose context has a
+suffix match takes the n-gram copy (step 1 above), the others the model's drafts, and the
+model's forward is skipped on steps where every active row has a match. The same hybrid serves
+production engines (Arctic Inference's suffix decoding combined with its model speculator;
+Oliaro et al., "SuffixDecoding", arXiv:2411.04975): copies are cheap and long where the answer
+repeats its context (code), the model drafts where nothing repeats. Which source drafts a
+row depends on its context only, and each row's ``q`` is the distribution its draft was drawn
+from, so the verifier stays exact.
+
 All shapes are static: the context is a fixed-size buffer with per-row valid ranges
 ``[pad, length)``.
 """
@@ -178,6 +187,9 @@ class Drafter(Protocol):
     #: target layers whose hidden states every target pass hands to :meth:`absorb_features`
     #: (DFlash); empty: the loop computes and passes none
     feature_layers: tuple = ()
+    #: ``propose`` returns the state it got and ``update`` does not depend on the proposal,
+    #: so a wrapper may skip a proposal (:class:`LookupFirst`)
+    proposal_skippable: bool = False
 
     def init_state(self, params: Any, ctx: DraftContext) -> Any: ...
 
@@ -551,3 +563,139 @@ class CostGate(Drafter):
             state.beta,
         )
         return state.replace(inner=inner, alpha=alpha, beta=beta)
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupFirst(Drafter):
+    """A model drafter behind a context n-gram lookup (module docstring, "Lookup first").
+
+    Each step, rows whose last ``n`` tokens (``n = max_ngram .. min_ngram``) occurred earlier
+    in their context draft the ``k`` tokens that followed (:class:`NgramDrafter`'s suffix
+    match, point-mass ``q``); the other rows draft with ``drafter`` (its tokens, ``q``, length
+    and ``has_draft``). ``drafter.propose`` runs under ``lax.cond`` only when some active row
+    has no match, so a step where every row copies pays for no model forward (its NFE is 0).
+    Which source drafts a row is a function of the row's context, and each draft comes with the
+    distribution it was drawn from: greedy output equals AR's and sampled output has AR's
+    distribution (Leviathan et al., arXiv:2211.17192, Theorem 3.5, per step).
+
+    Attributes:
+      drafter: the model drafter; its proposals must be skippable
+        (``proposal_skippable``: DFlash) and it drafts inside no target pass.
+      max_ngram, min_ngram: the suffix lengths tried, ``1 <= min_ngram <= max_ngram``.
+
+    The draft length, vocabulary, target feature layers, ``absorb_features`` and the other
+    capabilities are the wrapped drafter's.
+
+    Raises:
+      ValueError: a drafter whose proposals cannot be skipped (a draft model whose cache
+        advances in ``propose``) or that drafts inside the verification pass (draft queries),
+        or a bad n-gram range.
+    """
+
+    drafter: Any
+    max_ngram: int = 3
+    min_ngram: int = 2
+
+    def __post_init__(self):
+        if not self.drafter.proposal_skippable:
+            raise ValueError(
+                f"n-gram lookup first cannot wrap {self.drafter.name}: its proposals change "
+                "its state, so they cannot be skipped"
+            )
+        if self.drafter.query_slots > 0:
+            raise ValueError(
+                f"{self.drafter.name} drafts inside the verification pass (draft queries): "
+                "n-gram lookup first cannot wrap it"
+            )
+        self.lookup  # checks the n-gram range
+
+    @property
+    def lookup(self) -> NgramDrafter:
+        """The suffix-match drafter (no bigram fallback: ``has_draft`` marks a match)."""
+        return NgramDrafter(
+            self.drafter.draft_length,
+            self.drafter.vocab_size,
+            max_ngram=self.max_ngram,
+            min_ngram=self.min_ngram,
+            bigram_fallback=False,
+        )
+
+    @property
+    def name(self) -> str:
+        return f"{self.drafter.name}+ngram"
+
+    @property
+    def draft_length(self) -> int:
+        return self.drafter.draft_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.drafter.vocab_size
+
+    @property
+    def resample(self) -> str:
+        return self.drafter.resample
+
+    @property
+    def context_length(self) -> Optional[int]:
+        return self.drafter.context_length
+
+    @property
+    def position_overshoot(self) -> int:
+        return self.drafter.position_overshoot
+
+    @property
+    def one_token_steps(self) -> bool:
+        return self.drafter.one_token_steps
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        return self.drafter.eos_id
+
+    @property
+    def feature_layers(self) -> tuple:
+        return tuple(self.drafter.feature_layers)
+
+    def absorb_features(self, state, first_slot: jax.Array, hidden: jax.Array):
+        return self.drafter.absorb_features(state, first_slot, hidden)
+
+    def init_state(self, params, ctx: DraftContext):
+        return self.drafter.init_state(params, ctx)
+
+    def update(self, params, state, ctx: DraftContext, n_accepted: jax.Array):
+        return self.drafter.update(params, state, ctx, n_accepted)
+
+    def propose(self, params, state, ctx: DraftContext, key: jax.Array, sample: bool):
+        """The lookup's copy on rows with a suffix match, the wrapped drafter's draft on the
+        others (its forward skipped when every active row matched).
+
+        Returns:
+          ``(Draft, state)``: tokens int32 ``(B, k)``; ``q`` float32 ``(B, k, V)`` (one-hot on
+          copying rows; None when greedy); ``has_draft``, ``length`` per source; ``nfe`` the
+          wrapped drafter's on steps that ran it (every row: the forward is batched), else 0.
+        """
+        copy, _ = self.lookup.propose(None, (), ctx, key, False)  # copies ignore ``sample``
+        hit = copy.has_draft
+        B, k = ctx.buffer.shape[0], self.draft_length
+
+        def model(st):
+            return self.drafter.propose(params, st, ctx, key, sample)
+
+        def skip(st):  # the model draft's structure, never used on an active row
+            z = jnp.zeros((B,), jnp.int32)
+            q = jnp.zeros((B, k, self.vocab_size), jnp.float32) if sample else None
+            tokens = jnp.zeros((B, k), jnp.int32)
+            return Draft(tokens=tokens, q=q, has_draft=z > 0, length=z, nfe=z), st
+
+        own, state = jax.lax.cond(jnp.all(hit | ~ctx.active), skip, model, state)
+        pick = hit[:, None]
+        q = None
+        if sample:
+            q = jnp.where(pick[..., None], jax.nn.one_hot(copy.tokens, self.vocab_size), own.q)
+        return Draft(
+            tokens=jnp.where(pick, copy.tokens, own.tokens),
+            q=q,
+            has_draft=hit | own.has_draft,
+            length=jnp.where(hit, k, own.length),
+            nfe=own.nfe,
+        ), state

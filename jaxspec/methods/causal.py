@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from jaxspec.causal.config import DraftedConfig
+from jaxspec.causal.config import DraftedConfig, check_ngram_range
 from jaxspec.causal.diffuspec import DiffusionDrafter
 from jaxspec.causal.space import SPACE_SAMPLING, SpaceDrafter
 from jaxspec.core.drafters import NgramDrafter
@@ -35,13 +35,7 @@ class NgramConfig(DraftedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_int("min_ngram", self.min_ngram, 1)
-        check_int("max_ngram", self.max_ngram, 1)
-        if self.min_ngram > self.max_ngram:
-            raise ValueError(
-                f"--min-ngram {self.min_ngram} exceeds --max-ngram "
-                f"{self.max_ngram}; need 1 <= --min-ngram <= --max-ngram"
-            )
+        check_ngram_range(self.max_ngram, self.min_ngram)
         check_choice("fallback", self.fallback, FALLBACKS)
 
     def drafter(self, target_config) -> NgramDrafter:

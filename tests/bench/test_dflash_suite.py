@@ -141,6 +141,35 @@ def test_suite_draft_vocabulary_rows():
     assert "LM head rows" in markdown_report(res)
 
 
+def test_suite_ngram_first_rows():
+    """``ngram_first`` adds each DFlash row behind the n-gram lookup (``+ngram``): identical
+    to AR, recorded as such, its drafter run on fewer steps than the plain row where the
+    answer repeats its context, on each at most once per step."""
+    model, params = tiny_model(64, seed=0)
+    tok = types.SimpleNamespace(eos_token_ids=[], pad_token_id=0)
+    sets = {"humaneval": [BenchPrompt("h/0", [3, 9, 4, 9, 4, 9, 4, 17, 2])]}
+    res = run_dflash_suite(
+        (model, params),
+        [_drafter(model, 4, 1)],
+        tok,
+        prompt_sets=sets,
+        max_new_tokens=24,
+        ngram_first=True,
+        model_name="tiny",
+        cost_reps=1,
+        progress=False,
+    )
+    rows = {r["method"]: r for r in res["sets"]["humaneval"]["rows"]}
+    assert list(rows) == ["ar", "ngram", "dflash-b4", "dflash-b4+ngram"]
+    assert all(r["identical_to_reference"] is True for r in rows.values())
+    plain, both = rows["dflash-b4"], rows["dflash-b4+ngram"]
+    assert (plain["ngram_first"], both["ngram_first"]) == (False, True)
+    assert plain["drafter_forwards_per_step"] == 1.0
+    assert 0 < both["drafter_forwards_per_step"] < 1.0
+    assert res["config"]["ngram_first"] is True
+    assert "+ngram" in markdown_report(res)
+
+
 def test_two_drafters_of_one_block_size_in_one_run():
     """Two named drafters of block 3 beside one of block 5: rows ``dflash-b3@<name>`` (the
     lone block-5 drafter keeps ``dflash-b5``), each with its name and the figures of a run of

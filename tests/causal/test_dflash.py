@@ -26,6 +26,7 @@ from jaxspec.causal.dflash import (
     load_drafter,
     save_drafter,
 )
+from jaxspec.core.drafters import DraftContext, LookupFirst, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.testing.distribution import check_distribution, enumerate_chain
 from jaxspec.testing.tiny import tiny_model
@@ -384,6 +385,114 @@ def test_sampling_distribution_exact(cfg, vocab):
     st = res.stats
     assert 0.02 < st.acceptance_rate < 0.95, st.acceptance_rate
     assert st.accept_hist[:, k + 1].sum() > 0
+
+
+@pytest.mark.parametrize("batch", [PROMPTS, PROMPTS[:1]])
+def test_ngram_first_identical_to_ar_and_skips_the_drafter(batch):
+    """With the n-gram lookup first (:class:`LookupFirst`), a padded batch with EOS and one
+    prompt alone without EOS (its answer repeats ``48 4 29 48 24``) decode AR's tokens; on the
+    lone prompt some steps copy and run no drafter forward, others run it."""
+    model, params = tiny_model(64, seed=0)
+    drafter, dparams = _drafter(model, params, 4, scale=8.0)
+    kw = dict(max_new_tokens=24, eos_ids=(7,) if len(batch) > 1 else (), bucket=16)
+    ar = generate(model, params, batch, **kw)
+    res = generate(model, params, batch, **kw, drafter=LookupFirst(drafter), drafter_params=dparams)
+    assert res.tokens == ar.tokens
+    st = res.stats
+    assert (st.draft_nfe <= st.steps).all()
+    if len(batch) == 1:
+        assert 0 < st.draft_nfe[0] < st.steps[0], (st.draft_nfe, st.steps)
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_ngram_first_drafts_per_row(sample):
+    """One proposal on two rows, one whose suffix occurred before and one without: the first
+    row gets the n-gram copy (``q`` one-hot), the second the DFlash drafts and ``q``; with a
+    match on every active row the drafter's forward is skipped (NFE 0)."""
+    cfg = SamplingConfig(temperature=1.0) if sample else SamplingConfig()
+    model, params = tiny_model(64, seed=0)
+    drafter, dparams = _drafter(model, params, 4, scale=8.0, sampling=cfg)
+    S = 32
+    buf = np.zeros((2, S), np.int32)
+    buf[0, :8] = [5, 6, 7, 8, 9, 5, 6, 7]  # suffix "6 7" occurred, followed by 8 9 5
+    buf[1, :8] = [10, 11, 12, 13, 14, 15, 16, 17]
+    length = jnp.array([8, 8], jnp.int32)
+    ctx = DraftContext(
+        buffer=jnp.asarray(buf), length=length, pad=jnp.zeros((2,), jnp.int32), active=None
+    )
+    state = drafter.init_state(dparams, ctx)
+    state = drafter.absorb_features(
+        state,
+        jnp.zeros((2,), jnp.int32),
+        jax.random.normal(jax.random.PRNGKey(3), (2, S, 2, model.config.hidden_size)),
+    )
+    key = jax.random.PRNGKey(0)
+    both = LookupFirst(drafter)
+    ctx = ctx.replace(active=jnp.array([True, True]))
+    got, _ = both.propose(dparams, state, ctx, key, sample)
+    own, _ = drafter.propose(dparams, state, ctx, key, sample)
+    copy, _ = NgramDrafter(3, 64, bigram_fallback=False).propose(None, (), ctx, key, False)
+    np.testing.assert_array_equal(got.tokens[0], [8, 9, 5])
+    np.testing.assert_array_equal(got.tokens[0], copy.tokens[0])
+    np.testing.assert_array_equal(got.tokens[1], own.tokens[1])
+    np.testing.assert_array_equal(got.nfe, [1, 1])
+    if sample:
+        np.testing.assert_array_equal(got.q[0], jax.nn.one_hot(jnp.array([8, 9, 5]), 64))
+        np.testing.assert_allclose(got.q[1], own.q[1])
+    else:
+        assert got.q is None
+    # the second row done: every active row copies, and no drafter forward runs
+    got, _ = both.propose(dparams, state, ctx.replace(active=jnp.array([True, False])), key, sample)
+    np.testing.assert_array_equal(got.nfe, [0, 0])
+    np.testing.assert_array_equal(got.tokens[0], [8, 9, 5])
+
+
+@pytest.mark.parametrize("ngram", [(2, 3), (3, 3)])
+def test_ngram_first_sampling_distribution_exact(ngram):
+    """10^4 sampled continuations with the n-gram lookup first (block 3; suffixes of 2-3 or
+    only 3 tokens) follow the enumerated AR joint distribution, drafts accepted and rejected."""
+    cfg = SamplingConfig(temperature=1.0)
+    V, N, block = 6, 10_000, 3
+    k = block - 1
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    drafter, dparams = _drafter(model, params, block, ids=(1,), sampling=cfg, scale=30.0)
+    res = generate(
+        model,
+        params,
+        [prompt] * N,
+        max_new_tokens=k + 2,
+        sampling=cfg,
+        drafter=LookupFirst(drafter, max_ngram=ngram[1], min_ngram=ngram[0]),
+        drafter_params=dparams,
+        seed=11,
+        bucket=8,
+    )
+    chk = check_distribution(res.tokens, exact)
+    assert chk.passed, chk.why
+    assert 0.02 < res.stats.acceptance_rate < 0.95, res.stats.acceptance_rate
+
+
+def test_ngram_first_bad_input():
+    """One-line errors: a drafter whose proposals cannot be skipped, a bad n-gram range, a
+    non-bool ``ngram_first``; the registry's entry wraps the drafter only when asked."""
+    model, params = tiny_model(64, seed=0)
+    drafter, _ = _drafter(model, params, 4)
+    with pytest.raises(ValueError, match="cannot be skipped"):
+        LookupFirst(NgramDrafter(3, 64))
+    with pytest.raises(ValueError, match="min_ngram"):
+        LookupFirst(drafter, max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="--min-ngram 4 exceeds --max-ngram 3"):
+        Config(drafter_model=(drafter.spec, None), ngram_first=True, min_ngram=4)
+    with pytest.raises(TypeError, match="--ngram-first must be a bool"):
+        Config(drafter_model=(drafter.spec, None), ngram_first="yes")
+    plain = Config(drafter_model=(drafter.spec, None), draft_length=3)
+    both = Config(drafter_model=(drafter.spec, None), draft_length=3, ngram_first=True)
+    assert isinstance(plain.drafter(model.config), DFlashDrafter)
+    wrapped = both.drafter(model.config)
+    assert isinstance(wrapped, LookupFirst) and wrapped.name == "dflash+ngram"
+    assert wrapped.feature_layers == drafter.spec.layer_ids and wrapped.draft_length == 3
 
 
 def test_bad_input():

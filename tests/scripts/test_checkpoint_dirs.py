@@ -160,6 +160,11 @@ GEN_CASES = [  # (directory, method, extra flags); "{dream}" etc. are filled in 
     ),
     ("sar", "space", CAUSAL + ["--mask-groups", "3"]),
     ("qwen2", "dflash", CAUSAL + ["--dflash-drafter", "{dflash}", "--draft-length", "3"]),
+    (
+        "qwen2",
+        "dflash",
+        CAUSAL + ["--dflash-drafter", "{dflash}", "--draft-length", "3", "--ngram-first"],
+    ),
     *[
         (d, m, DLLM + extra)
         for d in ("llada", "dream")
@@ -185,7 +190,12 @@ NOT_LOSSLESS = {"fixed-k", "threshold"}  # --compare reports, identity is not pr
 @pytest.mark.parametrize(
     "name,method,extra",
     GEN_CASES,
-    ids=[f"{d}-{m}" + ("-other-vocab" if "{dream_vocab320}" in x else "") for d, m, x in GEN_CASES],
+    ids=[
+        f"{d}-{m}"
+        + ("-other-vocab" if "{dream_vocab320}" in x else "")
+        + ("-ngram-first" if "--ngram-first" in x else "")
+        for d, m, x in GEN_CASES
+    ],
 )
 def test_generate_every_method_on_every_family(dirs, name, method, extra, capsys):
     """Every method of the family of ``DIR`` runs with ``--model auto --weights DIR``; the

@@ -129,6 +129,16 @@ CLI_CASES = [  # (id, argv, words in the one error line)
         "--dflash-drafter does not apply to --method ngram; use --method dflash",
     ),
     (
+        "ngram-first-other-method",
+        ["--method", "sps", "--ngram-first"],
+        "--ngram-first does not apply to --method sps; use --method dflash",
+    ),
+    (
+        "ngram-first-bad-range",
+        ["--method", "dflash", "--ngram-first", "--min-ngram", "4"],
+        "--min-ngram 4 exceeds --max-ngram 3",
+    ),
+    (
         "draft-vocab-missing",
         ["--method", "dflash", "--dflash-draft-vocab", "nothing.npy"],
         "--dflash-draft-vocab nothing.npy: no such file",
