@@ -581,24 +581,33 @@ def markdown_report(result: dict) -> str:
 
 def plot(result: dict, out: Path) -> Path:
     """MAT against draft length per prompt set and drafter (left; with several drafters of one
-    block size, grouped bars of MAT per set instead), acceptance by position (right; full-head
-    rows only, the ``-v<V_d>`` rows' MAT is in the table). Legends sit below the panels."""
+    block size or with ``+ngram`` rows, grouped bars of MAT per set beside the n-gram row
+    instead), acceptance by position (right; full-head rows only, the ``-v<V_d>`` rows' MAT is
+    in the table). Legends sit below the panels."""
     from jaxspec.core.plotting import pyplot
 
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 5.5))
     dflash = {n: [r for r in s["rows"] if "block_size" in r] for n, s in result["sets"].items()}
-    names = result.get("config", {}).get("drafter_names") or []
-    blocks = result.get("config", {}).get("blocks") or []
-    if len(set(blocks)) < len(blocks):  # drafters compared at one block size: bars
-        methods = list(dict.fromkeys(r["method"] for rs in dflash.values() for r in rs))
+    config = result.get("config", {})
+    names = config.get("drafter_names") or []
+    blocks = config.get("blocks") or []
+    if len(set(blocks)) < len(blocks) or config.get("ngram_first"):
+        # drafters compared at one block size, or with the n-gram lookup first: MAT bars per
+        # set, beside the n-gram peer
+        peer = [r for r in result["sets"][next(iter(dflash))]["rows"] if r["method"] == "ngram"]
+        methods = [r["method"] for r in peer]
+        methods += list(dict.fromkeys(r["method"] for rs in dflash.values() for r in rs))
         width = 0.8 / max(len(methods), 1)
         for j, m in enumerate(methods):
-            mats = [next((r["mat"] for r in rs if r["method"] == m), 0.0) for rs in dflash.values()]
+            mats = [
+                next((r["mat"] for r in s["rows"] if r["method"] == m), 0.0)
+                for s in result["sets"].values()
+            ]
             a.bar([i + j * width for i in range(len(dflash))], mats, width, label=m)
         a.set_xticks([i + 0.4 - width / 2 for i in range(len(dflash))], list(dflash))
         a.set_ylabel("MAT")
-        a.set_title(f"drafters compared ({', '.join(names)})", fontsize=8)
+        a.set_title(f"MAT per prompt set ({', '.join(names)})", fontsize=8)
     else:
         for name, rs in dflash.items():
             for d in dict.fromkeys(r.get("drafter") for r in rs):  # one line per drafter
