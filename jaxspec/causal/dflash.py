@@ -862,6 +862,8 @@ class Config(DraftedConfig):
         if not isinstance(self.ngram_first, bool):
             raise TypeError(f"--ngram-first must be a bool, got {self.ngram_first!r}")
         check_ngram_range(self.max_ngram, self.min_ngram)
+        if not self.ngram_first and (self.max_ngram, self.min_ngram) != (3, 2):
+            raise ValueError("--max-ngram / --min-ngram apply to dflash with --ngram-first only")
 
     def drafter(self, target_config) -> Drafter:
         """The :class:`DFlashDrafter` for ``target_config`` (behind the n-gram lookup with

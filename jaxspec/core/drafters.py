@@ -34,7 +34,9 @@ subclasses it) overrides only what it has; the loops read them as plain attribut
 * ``position_overshoot`` (0): positions past the last emitted token its query rows reach;
 * ``query_slots`` (0): the most draft-query rows it appends to a pass (> 0: draft queries);
 * ``one_token_steps`` (False): its forwards are mostly one-token steps (weight layout);
-* ``eos_id`` (None): the EOS id of its own vocabulary (a drafter of another vocabulary).
+* ``eos_id`` (None): the EOS id of its own vocabulary (a drafter of another vocabulary);
+* ``proposal_skippable`` (False): ``propose`` leaves the state as it was and ``update`` does
+  not depend on the proposal, so a wrapper may skip proposals (:class:`LookupFirst`).
 
 **Draft queries (optional).** A drafter that drafts *inside the target's own forward* (SPACE's
 mask groups, :mod:`jaxspec.causal.space`) sets ``query_slots > 0`` and defines::

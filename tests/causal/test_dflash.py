@@ -485,6 +485,8 @@ def test_ngram_first_bad_input():
         LookupFirst(drafter, max_ngram=2, min_ngram=3)
     with pytest.raises(ValueError, match="--min-ngram 4 exceeds --max-ngram 3"):
         Config(drafter_model=(drafter.spec, None), ngram_first=True, min_ngram=4)
+    with pytest.raises(ValueError, match="apply to dflash with --ngram-first only"):
+        Config(drafter_model=(drafter.spec, None), max_ngram=4)
     with pytest.raises(TypeError, match="--ngram-first must be a bool"):
         Config(drafter_model=(drafter.spec, None), ngram_first="yes")
     plain = Config(drafter_model=(drafter.spec, None), draft_length=3)
