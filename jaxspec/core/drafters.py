@@ -415,6 +415,56 @@ class NgramDrafter(Drafter):
         return jnp.stack(drafts), q, has_draft
 
 
+@dataclasses.dataclass(frozen=True)
+class WrappedDrafter(Drafter):
+    """Base of the drafters that wrap another (:class:`CostGate`, :class:`LookupFirst`): the
+    name, draft length, vocabulary, target feature layers and optional capabilities are the
+    wrapped ``drafter``'s (a subclass that reads target features hands them on in its own
+    ``absorb_features``, which knows its state).
+
+    Attributes:
+      drafter: the wrapped drafter.
+    """
+
+    drafter: Any
+
+    @property
+    def name(self) -> str:
+        return self.drafter.name
+
+    @property
+    def draft_length(self) -> int:
+        return self.drafter.draft_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.drafter.vocab_size
+
+    @property
+    def resample(self) -> str:
+        return self.drafter.resample
+
+    @property
+    def context_length(self) -> Optional[int]:
+        return self.drafter.context_length
+
+    @property
+    def position_overshoot(self) -> int:
+        return self.drafter.position_overshoot
+
+    @property
+    def one_token_steps(self) -> bool:
+        return self.drafter.one_token_steps
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        return self.drafter.eos_id
+
+    @property
+    def feature_layers(self) -> tuple:
+        return tuple(self.drafter.feature_layers)
+
+
 @flax.struct.dataclass
 class GateState:
     """:class:`CostGate`'s state, per row (float32 / int32 / bool ``(B,)``).
@@ -438,7 +488,7 @@ class GateState:
 
 
 @dataclasses.dataclass(frozen=True)
-class CostGate(Drafter):
+class CostGate(WrappedDrafter):
     """A :class:`Drafter` that passes on ``drafter``'s drafts only while they pay for their
     verification (module docstring, "Cost gate").
 
@@ -471,7 +521,6 @@ class CostGate(Drafter):
         target's hidden states (``feature_layers``: the gate would not hand them on).
     """
 
-    drafter: Any
     verify_cost: float
     decay: float = 0.75
 
@@ -490,39 +539,6 @@ class CostGate(Drafter):
                 f"the cost gate cannot wrap {self.drafter.name}, which reads the target's "
                 "hidden states (DFlash): decode with gate='off'"
             )
-
-    @property
-    def name(self) -> str:
-        return self.drafter.name
-
-    @property
-    def draft_length(self) -> int:
-        return self.drafter.draft_length
-
-    @property
-    def vocab_size(self) -> int:
-        return self.drafter.vocab_size
-
-    # the optional capabilities are the wrapped drafter's (draft queries are refused above)
-    @property
-    def resample(self) -> str:
-        return self.drafter.resample
-
-    @property
-    def context_length(self) -> Optional[int]:
-        return self.drafter.context_length
-
-    @property
-    def position_overshoot(self) -> int:
-        return self.drafter.position_overshoot
-
-    @property
-    def one_token_steps(self) -> bool:
-        return self.drafter.one_token_steps
-
-    @property
-    def eos_id(self) -> Optional[int]:
-        return self.drafter.eos_id
 
     def init_state(self, params, ctx: DraftContext) -> GateState:
         B = ctx.length.shape[0]
@@ -568,7 +584,7 @@ class CostGate(Drafter):
 
 
 @dataclasses.dataclass(frozen=True)
-class LookupFirst(Drafter):
+class LookupFirst(WrappedDrafter):
     """A model drafter behind a context n-gram lookup (module docstring, "Lookup first").
 
     Each step, rows whose last ``n`` tokens (``n = max_ngram .. min_ngram``) occurred earlier
@@ -594,7 +610,6 @@ class LookupFirst(Drafter):
         or a bad n-gram range.
     """
 
-    drafter: Any
     max_ngram: int = 3
     min_ngram: int = 2
 
@@ -625,38 +640,6 @@ class LookupFirst(Drafter):
     @property
     def name(self) -> str:
         return f"{self.drafter.name}+ngram"
-
-    @property
-    def draft_length(self) -> int:
-        return self.drafter.draft_length
-
-    @property
-    def vocab_size(self) -> int:
-        return self.drafter.vocab_size
-
-    @property
-    def resample(self) -> str:
-        return self.drafter.resample
-
-    @property
-    def context_length(self) -> Optional[int]:
-        return self.drafter.context_length
-
-    @property
-    def position_overshoot(self) -> int:
-        return self.drafter.position_overshoot
-
-    @property
-    def one_token_steps(self) -> bool:
-        return self.drafter.one_token_steps
-
-    @property
-    def eos_id(self) -> Optional[int]:
-        return self.drafter.eos_id
-
-    @property
-    def feature_layers(self) -> tuple:
-        return tuple(self.drafter.feature_layers)
 
     def absorb_features(self, state, first_slot: jax.Array, hidden: jax.Array):
         return self.drafter.absorb_features(state, first_slot, hidden)
