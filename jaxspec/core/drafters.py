@@ -277,6 +277,28 @@ def context_bigram_argmax(
     return jnp.where(jnp.any(cand), first, cond).astype(jnp.int32)
 
 
+def sample_context_bigram(
+    key: jax.Array, tokens: jax.Array, known: jax.Array, cond: jax.Array
+) -> jax.Array:
+    """One draw from :func:`context_bigram`'s ``c(. | cond)`` (ASSD Eq. 23; Algorithm 2 line 8)
+    without sampling over the vocabulary: a known bigram ``(x_j, x_{j+1})`` with ``x_j = cond``
+    is chosen uniformly among the row's known ones and ``x_{j+1}`` returned; ``cond`` itself
+    when there is none (the point mass). Token ``a`` comes out with probability
+    ``#{j: x_{j+1} = a} / total``, which is ``c(a | cond)``, so the draft and its density
+    ``q = c`` agree. The draw costs ``S`` Gumbel numbers instead of ``V``: with ``V = 49152``
+    the vocabulary-wide draw cost about 1 ms each on a 2-core CPU, ``k`` times per row per step.
+
+    Args:
+      key: PRNG key; tokens: int32 ``(S,)``; known: bool ``(S,)``; cond: int32 ``()``.
+
+    Returns:
+      int32 ``()``.
+    """
+    cand = known[:-1] & known[1:] & (tokens[:-1] == cond)
+    j = jax.random.categorical(key, jnp.where(cand, 0.0, -jnp.inf))
+    return jnp.where(jnp.any(cand), tokens[1:][j], cond).astype(jnp.int32)
+
+
 def context_unigram(tokens: jax.Array, known: jax.Array, vocab_size: int) -> jax.Array:
     """Unigram frequencies of the known tokens of one row, float32 ``(V,)`` (uniform when
     nothing is known): ASSD's draft distribution for a position with no left neighbour."""
@@ -399,7 +421,7 @@ class NgramDrafter(Drafter):
             # bigram fallback (Eq. 23); greedy needs only its argmax, without the (V,) array
             if sample:
                 c, tot = context_bigram(buf, known, cond, V)
-                big_tok = jax.random.categorical(keys[t], jnp.log(c)).astype(jnp.int32)
+                big_tok = sample_context_bigram(keys[t], buf, known, cond)
             else:
                 big_tok = context_bigram_argmax(buf, valid, counts, cond)
             if t == 0 and self.bigram_fallback:

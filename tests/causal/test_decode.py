@@ -157,6 +157,9 @@ def test_sampling_distribution_exact(cfg, k):
         ("ar", None),
         ("ngram", NgramDrafter(k, V, max_ngram=2, min_ngram=1)),
         ("ngram-nofb", NgramDrafter(k, V, max_ngram=3, min_ngram=1, bigram_fallback=False)),
+        # 3-gram suffixes only: past the prompt most steps miss and draw from the bigram
+        # fallback c(. | last token) (with min_ngram 1 a seen last token always matches)
+        ("ngram-bigram", NgramDrafter(k, V, max_ngram=3, min_ngram=3)),
     ):
         res = generate(
             model,
@@ -171,7 +174,7 @@ def test_sampling_distribution_exact(cfg, k):
         results[name] = (check_distribution(res.tokens, exact), res.stats)
     for name, (chk, _) in results.items():
         assert chk.passed, (name, chk.why)
-    for name in ("ngram", "ngram-nofb"):
+    for name in ("ngram", "ngram-nofb", "ngram-bigram"):
         st = results[name][1]
         assert 0.02 < st.acceptance_rate < 0.95, (name, st.acceptance_rate)  # accepted and rejected
         assert st.accept_hist[:, k + 1].sum() > 0, name  # all k accepted: bonus tokens drawn
