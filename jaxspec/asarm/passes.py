@@ -54,7 +54,12 @@ import jax.numpy as jnp
 
 from jaxspec.asarm.config import LoopConfig, State
 from jaxspec.asarm.inputs import UNSEEN, Inputs, Window, density_order, draft_order, known_slots
-from jaxspec.core.drafters import context_bigram, context_unigram
+from jaxspec.core.drafters import (
+    bigram_successors,
+    context_bigram,
+    context_unigram,
+    sample_marked,
+)
 from jaxspec.core.sampling import argmax, sample_from_probs, target_probs
 from models.xlnet.modeling import XLNetCache, XLNetLM, density_masks, init_cache
 
@@ -281,6 +286,30 @@ def bigram_draft_dist(
     return jnp.where(has_cond & (total > 0), d_big, context_unigram(tokens, known, vocab_size))
 
 
+def sample_bigram_draft(
+    key: jax.Array,
+    tokens: jax.Array,
+    known: jax.Array,
+    cond: jax.Array,
+    has_cond: jax.Array,
+    vocab_size: int,
+) -> jax.Array:
+    """One draw from :func:`bigram_draft_dist` (Algorithm 2 line 8) without the dense
+    distribution: a uniformly chosen known successor of ``cond``
+    (:func:`jaxspec.core.drafters.bigram_successors`) when the bigram applies, else a uniformly
+    chosen known token (the unigram frequencies), else a uniform token id (nothing known). The
+    same distribution as ``bigram_draft_dist``, drawn with ``S`` Gumbel numbers
+    (:func:`jaxspec.core.drafters.sample_marked`) instead of ``V``.
+
+    Args: as :func:`bigram_draft_dist`, with ``key`` a PRNG key. Returns int32 ``()``.
+    """
+    succ = bigram_successors(tokens, known, cond)
+    use_bigram = has_cond & jnp.any(succ)
+    k_pos, k_uni = jax.random.split(key)
+    tok, seen = sample_marked(k_pos, tokens, jnp.where(use_bigram, succ, known))
+    return jnp.where(seen, tok, jax.random.randint(k_uni, (), 0, vocab_size)).astype(jnp.int32)
+
+
 def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax.Array) -> Drafts:
     """Algorithm 2: drafts from the Eq. 23 context bigram over the known tokens, slot by slot.
 
@@ -290,16 +319,20 @@ def bigram_drafts(cfg: LoopConfig, inp: Inputs, st: State, win: Window, key: jax
     V = cfg.model.config.vocab_size
     known = known_slots(inp, st.decoded)
     dist = jax.vmap(lambda t, kn, c, h: bigram_draft_dist(t, kn, c, h, V))
+    draw = jax.vmap(lambda kk, t, kn, c, h: sample_bigram_draft(kk, t, kn, c, h, V))
     tokens, qs = [], []
     for i in range(cfg.draft_slots):
         left = win.query_pos[:, i] - 1
         left_known = jnp.take_along_axis(known, jnp.maximum(left, 0)[:, None], 1)[:, 0]
         left_tok = jnp.take_along_axis(st.tokens, jnp.maximum(left, 0)[:, None], 1)[:, 0]
         prev = tokens[-1] if tokens else left_tok
-        c = dist(st.tokens, known, jnp.where(left_known | (i == 0), left_tok, prev), left >= 0)
-        tokens.append(
-            argmax(c) if cfg.sampling.greedy else sample_from_probs(jax.random.fold_in(key, i), c)
-        )
+        cond, has_cond = jnp.where(left_known | (i == 0), left_tok, prev), left >= 0
+        c = dist(st.tokens, known, cond, has_cond)
+        if cfg.sampling.greedy:
+            tokens.append(argmax(c))
+        else:
+            keys = jax.random.split(jax.random.fold_in(key, i), known.shape[0])
+            tokens.append(draw(keys, st.tokens, known, cond, has_cond))
         qs.append(c)
     return Drafts(
         tokens=jnp.stack(tokens, axis=1),
@@ -376,6 +409,7 @@ __all__ = [
     "Drafts",
     "draft_pass",
     "bigram_draft_dist",
+    "sample_bigram_draft",
     "bigram_drafts",
     "ngram_drafts",
     "density_pass",

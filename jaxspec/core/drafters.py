@@ -208,6 +208,19 @@ class Drafter(Protocol):
     def update(self, params: Any, state: Any, ctx: DraftContext, n_accepted: jax.Array) -> Any: ...
 
 
+def bigram_successors(tokens: jax.Array, known: jax.Array, cond: jax.Array) -> jax.Array:
+    """Where ``cond`` was followed by a known token in one row: bool ``(S,)``, True at ``i``
+    when positions ``i - 1`` and ``i`` are known and ``x_{i-1} = cond``. The counts of
+    :func:`context_bigram` are the tokens at these positions, and
+    :func:`sample_context_bigram` draws one of them.
+
+    Args:
+      tokens: int32 ``(S,)``; known: bool ``(S,)``; cond: int32 ``()``.
+    """
+    pair = known[:-1] & known[1:] & (tokens[:-1] == cond)
+    return jnp.concatenate([jnp.zeros((1,), bool), pair])
+
+
 def context_bigram(
     tokens: jax.Array, known: jax.Array, cond: jax.Array, vocab_size: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -231,11 +244,48 @@ def context_bigram(
     ratio, so the count of ``b`` followed by a known token normalises it (the conditional
     bigram frequency the text describes).
     """
-    pair = known[:-1] & known[1:] & (tokens[:-1] == cond)
-    counts = jnp.zeros((vocab_size,), jnp.float32).at[tokens[1:]].add(pair.astype(jnp.float32))
+    succ = bigram_successors(tokens, known, cond)
+    counts = jnp.zeros((vocab_size,), jnp.float32).at[tokens].add(succ.astype(jnp.float32))
     total = jnp.sum(counts)
     dist = jnp.where(total > 0, counts / jnp.maximum(total, 1.0), jax.nn.one_hot(cond, vocab_size))
     return dist, total
+
+
+def sample_marked(key: jax.Array, tokens: jax.Array, marked: jax.Array) -> tuple:
+    """The token at one uniformly chosen marked position of a row: a draw from the empirical
+    distribution of ``tokens[marked]`` (token ``a`` with probability ``#{i marked: x_i = a} /
+    #marked``) at the cost of ``S`` Gumbel numbers, not ``V``. Context n-gram drafts are drawn
+    this way (:func:`sample_context_bigram`, ASSD's Algorithm 2 in
+    :func:`jaxspec.asarm.passes.sample_bigram_draft`): with ``V = 49152`` a vocabulary-wide
+    draw cost about 1 ms on a 2-core CPU, once per draft token per row per step.
+
+    Args:
+      key: PRNG key; tokens: int32 ``(S,)``; marked: bool ``(S,)``.
+
+    Returns:
+      ``(token int32 (), any bool ())``; ``token`` is meaningless when nothing is marked.
+    """
+    j = jax.random.categorical(key, jnp.where(marked, 0.0, -jnp.inf))
+    return tokens[j].astype(jnp.int32), jnp.any(marked)
+
+
+def sample_context_bigram(
+    key: jax.Array, tokens: jax.Array, known: jax.Array, cond: jax.Array
+) -> jax.Array:
+    """One draw from :func:`context_bigram`'s ``c(. | cond)`` (ASSD Eq. 23; Algorithm 2 line 8)
+    without the dense distribution: a uniformly chosen known successor of ``cond``
+    (:func:`bigram_successors`, :func:`sample_marked`), or ``cond`` itself when it has none (the
+    point mass). Token ``a`` comes out with probability ``c(a | cond)``, so the draft and its
+    density ``q = c`` agree.
+
+    Args:
+      key: PRNG key; tokens: int32 ``(S,)``; known: bool ``(S,)``; cond: int32 ``()``.
+
+    Returns:
+      int32 ``()``.
+    """
+    tok, seen = sample_marked(key, tokens, bigram_successors(tokens, known, cond))
+    return jnp.where(seen, tok, cond).astype(jnp.int32)
 
 
 def bigram_pair_counts(tokens: jax.Array, known: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -275,28 +325,6 @@ def context_bigram_argmax(
     best = jnp.max(jnp.where(cand, counts, -1))
     first = jnp.min(jnp.where(cand & (counts == best), succ, jnp.iinfo(jnp.int32).max))
     return jnp.where(jnp.any(cand), first, cond).astype(jnp.int32)
-
-
-def sample_context_bigram(
-    key: jax.Array, tokens: jax.Array, known: jax.Array, cond: jax.Array
-) -> jax.Array:
-    """One draw from :func:`context_bigram`'s ``c(. | cond)`` (ASSD Eq. 23; Algorithm 2 line 8)
-    without sampling over the vocabulary: a known bigram ``(x_j, x_{j+1})`` with ``x_j = cond``
-    is chosen uniformly among the row's known ones and ``x_{j+1}`` returned; ``cond`` itself
-    when there is none (the point mass). Token ``a`` comes out with probability
-    ``#{j: x_{j+1} = a} / total``, which is ``c(a | cond)``, so the draft and its density
-    ``q = c`` agree. The draw costs ``S`` Gumbel numbers instead of ``V``: with ``V = 49152``
-    the vocabulary-wide draw cost about 1 ms each on a 2-core CPU, ``k`` times per row per step.
-
-    Args:
-      key: PRNG key; tokens: int32 ``(S,)``; known: bool ``(S,)``; cond: int32 ``()``.
-
-    Returns:
-      int32 ``()``.
-    """
-    cand = known[:-1] & known[1:] & (tokens[:-1] == cond)
-    j = jax.random.categorical(key, jnp.where(cand, 0.0, -jnp.inf))
-    return jnp.where(jnp.any(cand), tokens[1:][j], cond).astype(jnp.int32)
 
 
 def context_unigram(tokens: jax.Array, known: jax.Array, vocab_size: int) -> jax.Array:

@@ -25,7 +25,7 @@ import pytest
 from jaxspec.asarm.assd import assd_generate
 from jaxspec.asarm.config import METHODS, VARIANTS, AssdVariant
 from jaxspec.asarm.inputs import decoding_order, density_order, draft_order, prepare_batch
-from jaxspec.asarm.passes import bigram_draft_dist, conditionals
+from jaxspec.asarm.passes import bigram_draft_dist, conditionals, sample_bigram_draft
 from jaxspec.core.sampling import SamplingConfig, target_probs
 from jaxspec.testing.distribution import check_distribution
 from jaxspec.testing.mutants import EQUIVALENT, MUTANTS, inject_assd
@@ -151,6 +151,25 @@ def test_bigram_eq23():
     np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)
     c = np.asarray(bigram_draft_dist(t, known, jnp.int32(0), jnp.bool_(False), 6))
     np.testing.assert_allclose(c, [0, 2 / 6, 1 / 6, 0, 3 / 6, 0], atol=1e-6)  # unigram
+
+
+@pytest.mark.parametrize(
+    "cond,has_cond,n_known",
+    [(4, True, 7), (2, True, 7), (0, False, 7), (3, True, 0)],
+    ids=["bigram", "unigram-unknown-successor", "unigram-no-left", "nothing-known"],
+)
+def test_bigram_draws_follow_the_draft_distribution(cond, has_cond, n_known):
+    """The drafts of Algorithm 2 (``sample_bigram_draft``, a draw among known positions) follow
+    ``bigram_draft_dist``, the q the verifier divides by: 10^4 draws, chi-square + TV."""
+    t = jnp.array([4, 1, 4, 2, 0, 4, 1])
+    known = jnp.array([1, 1, 1, 1, 0, 1, 1], bool) & (jnp.arange(7) < n_known)
+    c = np.asarray(bigram_draft_dist(t, known, jnp.int32(cond), jnp.bool_(has_cond), 6))
+    keys = jax.random.split(jax.random.PRNGKey(0), 10_000)
+    draw = jax.vmap(lambda k: sample_bigram_draft(k, t, known, jnp.int32(cond), has_cond, 6))
+    chk = check_distribution(
+        np.asarray(draw(keys)).tolist(), {a: float(p) for a, p in enumerate(c) if p > 0}
+    )
+    assert chk.passed, chk.why
 
 
 # ----------------------------------------------------------------------------- Theorem 1, Lemma 1
