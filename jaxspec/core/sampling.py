@@ -61,17 +61,72 @@ def filter_top_k_top_p(x: jax.Array, top_k: int, top_p: float) -> jax.Array:
     """
     V = x.shape[-1]
     if 0 < top_k < V:
-        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
-        x = jnp.where(x >= kth, x, NEG_INF)
+        x = jnp.where(order_key(x) >= kth_largest_key(x, top_k), x, NEG_INF)
     if top_p < 1.0:
         probs = jax.nn.softmax(x, axis=-1)
-        sorted_p = jnp.sort(probs, axis=-1)[..., ::-1]
-        cum = jnp.cumsum(sorted_p, axis=-1)
-        # number of tokens needed to reach mass top_p (at least 1)
-        n_keep = jnp.sum(cum - sorted_p < top_p, axis=-1, keepdims=True)
-        thresh = jnp.take_along_axis(sorted_p, jnp.maximum(n_keep - 1, 0), axis=-1)
-        x = jnp.where(probs >= thresh, x, NEG_INF)
+        x = jnp.where(order_key(probs) >= nucleus_key(probs, top_p), x, NEG_INF)
     return x
+
+
+# Both thresholds are found by bisection over the 2^32 float32 bit patterns (32 rounds of one
+# compare-and-reduce over V) instead of a sort: XLA:CPU's lax.top_k and jnp.sort over
+# V = 49152 cost 8 and 10 ms per row, 70-84 ms for a 9-row verification pass (a 2-core AMD
+# EPYC; the pass itself costs about 50 ms), against about 2.4 ms for the bisection.
+
+
+def order_key(x: jax.Array) -> jax.Array:
+    """uint32 keys of float32 ``x`` in the same order as the values (``-inf`` lowest, ``+inf``
+    highest; ``-0.0`` just below ``+0.0``), so a value threshold can be searched bit by bit."""
+    b = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    return jnp.where((b >> 31) == 1, ~b, b | jnp.uint32(0x80000000))
+
+
+def _bisect(lo: jax.Array, hi: jax.Array, ok, upper: bool) -> jax.Array:
+    """The largest (``upper``) or smallest key in ``[lo, hi]`` where the monotone predicate
+    ``ok`` holds, given that it holds at ``lo`` (``upper``) or at ``hi``; 32 rounds cover
+    every uint32 range without overflow."""
+
+    def body(_, c):
+        lo, hi = c
+        d = hi - lo
+        if upper:
+            mid = lo + d // 2 + (d & 1)
+            good = ok(mid)
+            return jnp.where(good, mid, lo), jnp.where(good, hi, mid - jnp.uint32(1))
+        mid = lo + d // 2
+        good = ok(mid)
+        return jnp.where(good, lo, mid + jnp.uint32(1)), jnp.where(good, mid, hi)
+
+    lo, hi = jax.lax.fori_loop(0, 32, body, (lo, hi))
+    return lo if upper else hi
+
+
+def kth_largest_key(x: jax.Array, k: int) -> jax.Array:
+    """:func:`order_key` of the ``k``-th largest value of ``x (..., V)`` along the last axis,
+    ties counted (``lax.top_k(x, k)[0][..., -1]``), as uint32 ``(..., 1)``: the largest key
+    ``t`` with ``#{x >= t} >= k``."""
+    key = order_key(x)
+    return _bisect(
+        jnp.min(key, axis=-1, keepdims=True),
+        jnp.max(key, axis=-1, keepdims=True),
+        lambda t: jnp.sum(key >= t, axis=-1, keepdims=True) >= k,
+        upper=True,
+    )
+
+
+def nucleus_key(probs: jax.Array, top_p: float) -> jax.Array:
+    """:func:`order_key` of the top-p threshold of ``probs (..., V)`` (non-negative), uint32
+    ``(..., 1)``: the smallest ``t`` with ``sum(probs[probs > t]) < top_p``. ``probs >= t``
+    is then the smallest set of most likely tokens whose mass reaches ``top_p`` plus every
+    token tied with its last member: the tokens of a descending sort whose preceding mass is
+    below ``top_p``, never empty (the largest value always qualifies)."""
+    key = order_key(probs)
+    return _bisect(
+        jnp.zeros(key.shape[:-1] + (1,), jnp.uint32),
+        jnp.max(key, axis=-1, keepdims=True),
+        lambda t: jnp.sum(jnp.where(key > t, probs, 0.0), axis=-1, keepdims=True) < top_p,
+        upper=False,
+    )
 
 
 def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxspec.core.drafters import DraftContext, NgramDrafter
-from jaxspec.core.sampling import SamplingConfig, process_logits
+from jaxspec.core.sampling import SamplingConfig, filter_top_k_top_p, process_logits
 from jaxspec.core.verify import verify_greedy, verify_sample
 from jaxspec.testing.distribution import check_distribution
 
@@ -119,6 +119,38 @@ def test_top_k_top_p_processing():
     p = np.exp(np.asarray(process_logits(logits, SamplingConfig(2.0))))[0]
     ref = np.sqrt([0.5, 0.2, 0.15, 0.1, 0.05])
     np.testing.assert_allclose(p, ref / ref.sum(), atol=1e-6)
+
+
+def _sorted_filter_reference(x: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """The top-k / top-p rule by a descending sort, row by row (float64 masses): the kept
+    mask. The k-th largest value and every tie with it; then the tokens whose preceding mass
+    in the sort is below ``top_p`` and every tie with the last of them."""
+    keep = np.ones(x.shape, bool)
+    for i, row in enumerate(x):
+        if 0 < top_k < row.size:
+            keep[i] &= row >= np.sort(row)[::-1][top_k - 1]
+        if top_p < 1.0:
+            probs = np.asarray(jax.nn.softmax(jnp.where(keep[i], row, -jnp.inf)), np.float64)
+            desc = np.sort(probs)[::-1]
+            before = np.cumsum(desc) - desc
+            keep[i] &= probs >= desc[np.sum(before < top_p) - 1]
+    return keep
+
+
+@pytest.mark.parametrize("V", [7, 300, 49152])
+def test_top_k_top_p_filter_matches_a_sorted_reference(V):
+    """The bisection thresholds of ``filter_top_k_top_p`` keep exactly the tokens a sort keeps:
+    random logits with ties (values on a grid), ``-inf`` entries and a constant row."""
+    rng = np.random.default_rng(V)
+    rows = rng.normal(size=(12, V)) * rng.choice([0.5, 3.0, 10.0], size=(12, 1))
+    rows[::3] = np.round(rows[::3] * 2) / 2  # ties
+    rows[1, : V // 3] = -np.inf
+    rows[2] = 1.25
+    x = rows.astype(np.float32)
+    for top_k, top_p in [(0, 0.9), (0, 0.5), (1, 1.0), (3, 1.0), (50, 0.95), (V - 1, 0.3)]:
+        got = np.asarray(filter_top_k_top_p(jnp.asarray(x), top_k, top_p)) > -np.inf
+        ref = _sorted_filter_reference(x, top_k, top_p)
+        np.testing.assert_array_equal(got, ref, err_msg=f"top_k={top_k} top_p={top_p}")
 
 
 # ---- n-gram drafter ------------------------------------------------------------------------
