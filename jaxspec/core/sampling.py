@@ -60,18 +60,35 @@ def filter_top_k_top_p(x: jax.Array, top_k: int, top_p: float) -> jax.Array:
     Returns: float32 ``(..., V)``, same shape. ``top_k``/``top_p`` are Python numbers (static).
     """
     V = x.shape[-1]
+    bisect = THRESHOLDS_BY_BISECTION
+    if bisect is None:
+        bisect = jax.default_backend() == "cpu"
     if 0 < top_k < V:
-        x = jnp.where(order_key(x) >= kth_largest_key(x, top_k), x, NEG_INF)
+        if bisect:
+            x = jnp.where(order_key(x) >= kth_largest_key(x, top_k), x, NEG_INF)
+        else:
+            x = jnp.where(x >= jax.lax.top_k(x, top_k)[0][..., -1:], x, NEG_INF)
     if top_p < 1.0:
         probs = jax.nn.softmax(x, axis=-1)
-        x = jnp.where(order_key(probs) >= nucleus_key(probs, top_p), x, NEG_INF)
+        if bisect:
+            x = jnp.where(order_key(probs) >= nucleus_key(probs, top_p), x, NEG_INF)
+        else:
+            sorted_p = jnp.sort(probs, axis=-1)[..., ::-1]
+            cum = jnp.cumsum(sorted_p, axis=-1)
+            # number of tokens needed to reach mass top_p (at least 1)
+            n_keep = jnp.sum(cum - sorted_p < top_p, axis=-1, keepdims=True)
+            thresh = jnp.take_along_axis(sorted_p, jnp.maximum(n_keep - 1, 0), axis=-1)
+            x = jnp.where(probs >= thresh, x, NEG_INF)
     return x
 
 
-# Both thresholds are found by bisection over the 2^32 float32 bit patterns (32 rounds of one
-# compare-and-reduce over V) instead of a sort: XLA:CPU's lax.top_k and jnp.sort over
-# V = 49152 cost 8 and 10 ms per row, 70-84 ms for a 9-row verification pass (a 2-core AMD
-# EPYC; the pass itself costs about 50 ms), against about 2.4 ms for the bisection.
+# How filter_top_k_top_p finds its thresholds: None = by bisection on the CPU and by
+# lax.top_k / jnp.sort elsewhere; True / False force one (tests run both). The bisection
+# searches the 2^32 float32 bit patterns (32 rounds of one compare-and-reduce over V): XLA:CPU's
+# lax.top_k and jnp.sort over V = 49152 cost 8 and 10 ms per row, 70-84 ms for a 9-row
+# verification pass (2-core AMD EPYC; the pass itself about 50 ms), the bisection 2.7-2.9 ms.
+# On a GPU a sort is one fast kernel and the 32 rounds are 32 launches (not measured there).
+THRESHOLDS_BY_BISECTION: "bool | None" = None
 
 
 def order_key(x: jax.Array) -> jax.Array:

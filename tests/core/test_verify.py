@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxspec.core import sampling
 from jaxspec.core.drafters import DraftContext, NgramDrafter
 from jaxspec.core.sampling import SamplingConfig, filter_top_k_top_p, process_logits
 from jaxspec.core.verify import verify_greedy, verify_sample
@@ -137,10 +138,13 @@ def _sorted_filter_reference(x: np.ndarray, top_k: int, top_p: float) -> np.ndar
     return keep
 
 
+@pytest.mark.parametrize("bisection", [True, False], ids=["bisection", "sort"])
 @pytest.mark.parametrize("V", [7, 300, 49152])
-def test_top_k_top_p_filter_matches_a_sorted_reference(V):
-    """The bisection thresholds of ``filter_top_k_top_p`` keep exactly the tokens a sort keeps:
-    random logits with ties (values on a grid), ``-inf`` entries and a constant row."""
+def test_top_k_top_p_filter_matches_a_sorted_reference(V, bisection, monkeypatch):
+    """``filter_top_k_top_p`` keeps exactly the tokens a sort keeps, with its CPU thresholds
+    (bisection) and its accelerator thresholds (``lax.top_k`` / ``jnp.sort``): random logits
+    with ties (values on a grid), ``-inf`` entries and a constant row."""
+    monkeypatch.setattr(sampling, "THRESHOLDS_BY_BISECTION", bisection)
     rng = np.random.default_rng(V)
     rows = rng.normal(size=(12, V)) * rng.choice([0.5, 3.0, 10.0], size=(12, 1))
     rows[::3] = np.round(rows[::3] * 2) / 2  # ties
