@@ -58,6 +58,11 @@ def filter_top_k_top_p(x: jax.Array, top_k: int, top_p: float) -> jax.Array:
         always >= 1 token).
 
     Returns: float32 ``(..., V)``, same shape. ``top_k``/``top_p`` are Python numbers (static).
+
+    The thresholds come from a bisection over float32 bit patterns on the CPU
+    (:func:`kth_largest_key`, :func:`nucleus_key`) and from ``lax.top_k`` / a sort elsewhere
+    (:data:`THRESHOLDS_BY_BISECTION`); both keep the same tokens up to float32 rounding of the
+    masses at the ``top_p`` boundary (the sort sums them in sorted order).
     """
     V = x.shape[-1]
     bisect = THRESHOLDS_BY_BISECTION
