@@ -88,11 +88,13 @@ def filter_top_k_top_p(x: jax.Array, top_k: int, top_p: float) -> jax.Array:
 
 
 # How filter_top_k_top_p finds its thresholds: None = by bisection on the CPU and by
-# lax.top_k / jnp.sort elsewhere; True / False force one (tests run both). The bisection
-# searches the 2^32 float32 bit patterns (32 rounds of one compare-and-reduce over V): XLA:CPU's
-# lax.top_k and jnp.sort over V = 49152 cost 8 and 10 ms per row, 70-84 ms for a 9-row
-# verification pass (2-core AMD EPYC; the pass itself 70-80 ms), the bisection 2.7-2.9 ms.
-# On a GPU a sort is one fast kernel and the 32 rounds are 32 launches (not measured there).
+# lax.top_k / jnp.sort elsewhere; True / False force one (tests run both). It is read when a
+# program is traced: set it before the decoders compile (a compiled program keeps its path).
+# The bisection searches the 2^32 float32 bit patterns (32 rounds of one compare-and-reduce
+# over V). XLA:CPU's lax.top_k and jnp.sort over V = 49152 cost 8 and 10 ms per row, 70-84 ms
+# for a 9-row verification pass (2-core AMD EPYC; the pass itself 70-80 ms), the bisection
+# 2.3-2.5 ms (benchmarks/probes/sampling/filter_micro.py). On a GPU a sort is one fast kernel
+# and the 32 rounds are 32 launches (not measured there).
 THRESHOLDS_BY_BISECTION: "bool | None" = None
 
 
