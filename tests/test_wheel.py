@@ -129,6 +129,8 @@ def test_wheel_installs_and_generates_outside_the_repository(wheel, tiny_llama, 
         "    for f in (p.delta, p.train_config, p.checkpoint):\n"
         "        assert f is None or (R.REPO_ROOT / f).exists(), (n, f)\n"
         "print(len(R.available()))\n"
+        "import models.llama.panels as P\n"
+        "assert P._SOURCE.exists(), P._SOURCE  # the CPU panel kernel's source ships\n"
     )
     r = _run([py, "-c", probe], work, env)
     assert r.returncode == 0, r.stderr[-3000:]

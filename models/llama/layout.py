@@ -15,7 +15,11 @@ The model (:class:`models.llama.modeling.CausalLM`) computes the same function i
 * **stored** (input-major ``(in, out)``) or **output-major** (``(out, in)``, q/k/v fused)
   per-layer matrices: XLA:CPU streams one-token products faster output-major; its few-row
   products (verification passes) are faster in either layout depending on the CPU, so a
-  speculative decode times both once (:func:`pass_seconds`).
+  speculative decode times both once (:func:`pass_seconds`). On the CPU, where the panel
+  kernel builds (:func:`models.llama.panels.panels_active`), the stored layout's per-layer
+  matrices are packed in 16-column **panels** (q/k/v fused) and multiplied by that kernel,
+  whose few-row products cost about a one-row product; reports name that layout ``panels``
+  (:func:`layout_name`).
 
 A :class:`DecodePlan` holds those choices as static knobs (frozen, hashable), computed once by
 :func:`plan` (timed on this machine where a choice is ``"auto"``) or written down explicitly,
@@ -50,6 +54,7 @@ from models.llama.modeling import (
     param_dtype,
     unstack_layers,
 )
+from models.llama.panels import panels_active
 
 LAYER_LOOPS = ("scan", "unrolled")
 WEIGHT_LAYOUTS = ("stored", "output-major")
@@ -137,12 +142,16 @@ class DecodePlan:
     @property
     def settings(self) -> dict:
         """The plan as a report: ``verify_layout`` and ``step_layout`` (``"stacked"`` under the
-        scan loop), ``verify_s`` (``{layout: seconds}``) when timed, ``verify_cost`` when
-        gated."""
+        scan loop; ``"panels"`` for stored weights run by the CPU panel kernel), ``verify_s``
+        (``{layout: seconds}``) when timed, ``verify_cost`` when gated."""
         stacked = self.layer_loop == "scan"
+
+        def shown(layout: str) -> str:  # "stored" is "panels" where the kernel runs them
+            return "stacked" if stacked else layout_name(layout == "output-major")
+
         out: dict = {
-            "verify_layout": "stacked" if stacked else self.verify_layout,
-            "step_layout": "stacked" if stacked else self.step_layout,
+            "verify_layout": shown(self.verify_layout),
+            "step_layout": shown(self.step_layout),
         }
         if self.verify_s:
             out["verify_s"] = dict(self.verify_s)
@@ -277,15 +286,25 @@ def _bodies(tree: Any) -> list:
 
 # ----------------------------------------------------------------------------- per-layer copies
 
-_UNSTACKED: list = []  # [(weakrefs of the stacked leaves, output_major, layers tuple)], newest last
+_UNSTACKED: list = []  # [(weakrefs of the stacked leaves, layout name, layers tuple)], newest last
+
+
+def layout_name(output_major: bool) -> str:
+    """The per-layer layout :func:`decode_layout` makes for ``output_major`` now:
+    ``"output-major"``, ``"panels"`` (stored weights on the CPU with the panel kernel,
+    :func:`models.llama.panels.panels_active`) or ``"stored"``."""
+    if output_major:
+        return "output-major"
+    return "panels" if panels_active() else "stored"
 
 
 def _cached_split(layers: dict, output_major: bool) -> tuple | None:
     """The cached per-layer copy of a stacked ``layers`` dict in that layout, or None."""
     leaves = [layers[k] for k in sorted(layers)]
-    for refs, om, out in _UNSTACKED:
+    name = layout_name(output_major)
+    for refs, layout, out in _UNSTACKED:
         if (
-            om == output_major
+            layout == name
             and len(refs) == len(leaves)
             and all(r() is x for r, x in zip(refs, leaves))
         ):
@@ -304,7 +323,8 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     out = _cached_split(layers, output_major)
     if out is not None:
         return out
-    out = unstack_layers({"layers": layers}, output_major)["layers"]
+    panels = layout_name(output_major) == "panels"
+    out = unstack_layers({"layers": layers}, output_major, panels)["layers"]
     try:
         refs = [weakref.ref(layers[k]) for k in sorted(layers)]
     except TypeError:  # numpy arrays and tracers: no caching
@@ -313,7 +333,7 @@ def _unstacked_layers(layers: dict, output_major: bool) -> tuple:
     _UNSTACKED[:] = [
         e for e in _UNSTACKED if all(r() is not None and not _deleted(r()) for r in e[0])
     ]
-    _UNSTACKED.append((refs, output_major, out))
+    _UNSTACKED.append((refs, layout_name(output_major), out))
     # at most four per-layer copies stay alive: enough for a target in both layouts (AR and
     # speculative loops) plus a draft model, so comparing decoders does not re-split weights
     del _UNSTACKED[:-4]
@@ -444,15 +464,17 @@ def decode_layout_in_place(
             return cached
         n = next(iter(layers.values())).shape[0]
         out: list[dict] = [{} for _ in range(n)]
+        panels = layout_name(output_major) == "panels"
         for name in sorted(layers, key=lambda k: layers[k].nbytes):  # smallest first
             w = layers[name]
-            parts = [layer_entry(name, w, i, output_major) for i in range(n)]
+            parts = [layer_entry(name, w, i, output_major, panels) for i in range(n)]
             jax.block_until_ready([part for _, part in parts])
             for per_layer, (key, part) in zip(out, parts):
                 per_layer[key] = part
             if isinstance(w, jax.Array):
                 w.delete()
-        return tuple(_fused_in_place(lp) for lp in out) if output_major else tuple(out)
+        fused = output_major or panels
+        return tuple(_fused_in_place(lp) for lp in out) if fused else tuple(out)
 
     return _map_bodies(tree, _stacked(split))
 
@@ -508,7 +530,7 @@ def _store_key(model, params, batch: int, rows: int, output_major: bool) -> str:
     digest = hashlib.sha256(repr((repr(model), shapes)).encode()).hexdigest()[:16]
     return (
         f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|"
-        f"{'output-major' if output_major else 'stored'}"
+        f"{layout_name(output_major)}"
     )
 
 
@@ -563,7 +585,7 @@ def pass_seconds(
         jax.tree_util.tree_structure(params),
         int(batch),
         int(rows),
-        bool(output_major),
+        layout_name(output_major),
     )
     if key not in _PASS_SECONDS:
         skey = None if store is None else _store_key(model, params, batch, rows, output_major)
@@ -664,7 +686,7 @@ def plan(
             for name in WEIGHT_LAYOUTS
         }
         verify_layout = min(costs, key=costs.get)
-        timed = tuple(costs.items())
+        timed = tuple((layout_name(n == "output-major"), c) for n, c in costs.items())
     verify_layout = "stored" if verify_layout == "auto" else verify_layout
     step_om = verify_layout == "output-major" or (
         unrolled and not split and not multi_row_steps and not large
@@ -730,6 +752,7 @@ __all__ = [
     "device_memory",
     "env_defaults",
     "is_split",
+    "layout_name",
     "machine_id",
     "machine_layer_loop",
     "pass_seconds",

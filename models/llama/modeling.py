@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from models.config import ModelConfig
+from models.llama.panels import SUFFIX as PANEL_SUFFIX
+from models.llama.panels import pack, packable, panel_product
 
 
 @flax.struct.dataclass
@@ -388,7 +390,7 @@ def _after(lp: dict, h: jax.Array) -> dict:
     return {k: (w + z if w.dtype == jnp.int8 else w) for k, w in lp.items()}
 
 
-def unstack_layers(params, output_major: bool = False):
+def unstack_layers(params, output_major: bool = False, panels: bool = False):
     """The decode layout of a parameter tree: ``params["layers"]`` becomes a tuple of ``L``
     per-layer dicts instead of stacked ``(L, ...)`` arrays; every other entry is shared, not
     copied. :class:`CausalLM` accepts both layouts and computes the same function; with
@@ -413,6 +415,12 @@ def unstack_layers(params, output_major: bool = False):
         (:func:`models.llama.layout.plan`).
         Int8 matrices ``name + "_q"`` (:mod:`models.quant`) become ``name + "_q_t"``; their
         scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
+      panels: (input-major only) pack every float32 projection matrix whose column count is
+        a multiple of 16 into 16-column panels ``name + "_p"`` ``(N / 16, K, 16)``
+        (:func:`models.llama.panels.pack`), q/k/v fused into one ``wqkv_p``: the layout of
+        the CPU panel kernel (:mod:`models.llama.panels`), whose few-row products cost about
+        what a one-row product does. The layout modules pass
+        :func:`models.llama.panels.panels_active`.
 
     Returns:
       A new dict; the per-layer arrays are ``L`` slices (or transposed slices) of the stacked
@@ -422,19 +430,27 @@ def unstack_layers(params, output_major: bool = False):
     if isinstance(layers, (tuple, list)):
         return params
     n = next(iter(layers.values())).shape[0]
+    panels = panels and not output_major
     per_layer = (
-        dict(layer_entry(k, v, i, output_major) for k, v in layers.items()) for i in range(n)
+        dict(layer_entry(k, v, i, output_major, panels) for k, v in layers.items())
+        for i in range(n)
     )
-    return {**params, "layers": tuple(map(fuse_qkv, per_layer) if output_major else per_layer)}
+    fused = output_major or panels
+    return {**params, "layers": tuple(map(fuse_qkv, per_layer) if fused else per_layer)}
 
 
-def layer_entry(name: str, stacked, i: int, output_major: bool = False) -> tuple[str, Any]:
+def layer_entry(
+    name: str, stacked, i: int, output_major: bool = False, panels: bool = False
+) -> tuple[str, Any]:
     """``(name, array)`` of layer ``i``'s entry ``name`` of a stacked ``layers`` dict in the
     per-layer layout of :func:`unstack_layers`: ``stacked[i]``, or for a projection matrix
     (float, or int8 ``_q`` of :mod:`models.quant`) with ``output_major`` its transpose under
-    ``name + "_t"``."""
+    ``name + "_t"``, or with ``panels`` (a float32 matrix with a multiple of 16 columns, on
+    one device) its panels under ``name + "_p"`` (:func:`models.llama.panels.pack`)."""
     if output_major and (name in MATRICES or (name.endswith("_q") and name[:-2] in MATRICES)):
         return name + "_t", stacked[i].T
+    if panels and name in MATRICES and not _sharded(stacked) and packable(stacked[i]):
+        return name + PANEL_SUFFIX, pack(stacked[i])
     return name, stacked[i]
 
 
@@ -450,7 +466,9 @@ def _sharded(x) -> bool:
 def fuse_qkv(lp: dict) -> dict:
     """One layer's output-major dict (:func:`unstack_layers`) with ``wq_t``, ``wk_t`` and
     ``wv_t`` replaced by their row concatenation ``wqkv_t`` ``((H + 2K) * Dh, D)`` (int8:
-    ``wqkv_q_t`` and the concatenated per-row scales ``wqkv_s``); other dicts unchanged, and
+    ``wqkv_q_t`` and the concatenated per-row scales ``wqkv_s``), or one panel-packed dict's
+    ``wq_p`` / ``wk_p`` / ``wv_p`` by ``wqkv_p`` (their panels in a row: the columns of the
+    concatenated matrix, :mod:`models.llama.panels`); other dicts unchanged, and
     so are arrays laid out over several devices (their heads are split over the model axis,
     :mod:`models.sharding`, and a fused matrix would mix them).
 
@@ -458,7 +476,7 @@ def fuse_qkv(lp: dict) -> dict:
     tasks of at least 2^19 multiply-adds, so SmolLM2-135M's ``576 x 576`` and ``192 x 576``
     products run on one thread (about 14 GB/s on a 2-core AMD EPYC) and the fused
     ``960 x 576`` one on two (about 24 GB/s). The model computes the same q, k and v."""
-    for suffix in ("_t", "_q_t"):
+    for suffix in ("_t", "_q_t", PANEL_SUFFIX):
         names = [m + suffix for m in QKV]
         if not all(n in lp for n in names) or any(_sharded(lp[n]) for n in names):
             continue
@@ -477,7 +495,10 @@ def has_projection(lp, name: str) -> bool:
     with scales ``name + "_s"`` (:mod:`models.quant`), or for q/k/v fused (:func:`fuse_qkv`)."""
     names = [name] + ([QKV_FUSED] if name in QKV else [])
     return any(
-        n in lp or n + "_t" in lp or ((n + "_q" in lp or n + "_q_t" in lp) and n + "_s" in lp)
+        n in lp
+        or n + "_t" in lp
+        or n + PANEL_SUFFIX in lp
+        or ((n + "_q" in lp or n + "_q_t" in lp) and n + "_s" in lp)
         for n in names
     )
 
@@ -494,9 +515,14 @@ def proj(x: jax.Array, lp: dict, name: str, blocks: Optional[int] = None) -> jax
     product's operand, converted to the activation dtype, and the scale (in float32) multiplies
     the ``(..., out)`` result, never the matrix. XLA:CPU runs the conversion as its own pass
     (one layer at a time, :func:`_after`); GPU compilers can fuse it into the matmul. The result
-    has ``x``'s dtype."""
+    has ``x``'s dtype.
+
+    Panel-packed float32 ``lp[name + "_p"]`` ``(N / 16, K, 16)`` (:func:`unstack_layers`'s
+    ``panels``) runs the CPU panel kernel (:func:`models.llama.panels.panel_product`)."""
     if name in lp:
         return x @ lp[name]
+    if name + PANEL_SUFFIX in lp:
+        return panel_product(x, lp[name + PANEL_SUFFIX])
     if name + "_t" in lp:
         return output_major_product(x, lp[name + "_t"], blocks)
     if name + "_q" in lp:
@@ -561,7 +587,7 @@ def qkv_proj(
     """``(q (..., q_dim), k (..., kv_dim), v (..., kv_dim))`` of ``x`` ``(..., D)``: one
     product over the fused ``wqkv`` (:func:`fuse_qkv`) split at ``q_dim`` and
     ``q_dim + kv_dim``, else three :func:`proj` products."""
-    if QKV_FUSED + "_t" in lp or QKV_FUSED + "_q_t" in lp:
+    if any(QKV_FUSED + suffix in lp for suffix in ("_t", "_q_t", PANEL_SUFFIX)):
         return tuple(jnp.split(proj(x, lp, QKV_FUSED, blocks), (q_dim, q_dim + kv_dim), axis=-1))
     return proj(x, lp, "wq", blocks), proj(x, lp, "wk", blocks), proj(x, lp, "wv", blocks)
 

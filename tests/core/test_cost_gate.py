@@ -209,12 +209,13 @@ def test_plan_picks_the_faster_layout(monkeypatch):
     assert plan.settings == {
         "verify_layout": "output-major",
         "step_layout": "output-major",
-        "verify_s": {"stored": 0.050, "output-major": 0.040},
+        "verify_s": {layout.layout_name(False): 0.050, "output-major": 0.040},
         "verify_cost": 1.6,
     }
     plan = decode_plan(model, params, ng, gate="off", verify_layout="stored", **kw)
     assert plan.verify_cost is None
-    assert plan.settings == {"verify_layout": "stored", "step_layout": "output-major"}
+    stored = layout.layout_name(False)  # "panels" where the CPU panel kernel runs them
+    assert plan.settings == {"verify_layout": stored, "step_layout": "output-major"}
     # the gate weighs the stored verification pass against an output-major step
     assert (
         decode_plan(model, params, ng, gate="auto", verify_layout="stored", **kw).verify_cost == 2.0
@@ -302,4 +303,5 @@ def test_auto_layout_untimed_for_large_weights(monkeypatch):
     monkeypatch.setattr(layout, "AUTO_LAYOUT_MAX_BYTES", 1000)
     monkeypatch.setattr(layout, "pass_seconds", lambda *a, **k: pytest.fail("timed a large model"))
     plan = decode_plan(model, params, NgramDrafter(3, 64), layer_loop="unrolled")
-    assert plan.settings == {"verify_layout": "stored", "step_layout": "stored"}
+    stored = layout.layout_name(False)
+    assert plan.settings == {"verify_layout": stored, "step_layout": stored}

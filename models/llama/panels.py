@@ -1,0 +1,231 @@
+"""The CPU panel kernel: few-row float32 products at the rate of a one-row product.
+
+On the CPU every speculative decoder's verification pass multiplies ``K + 1`` query rows by
+each weight matrix. XLA:CPU runs one row as a matrix-vector product at memory bandwidth, but
+from two rows on it switches to matrix-matrix kernels that stream these narrow matrices at a
+third to a half of that rate, so a 9-row pass cost 2.1-2.4 one-token steps
+(docs/performance.md, "Verification passes on the CPU"). No XLA flag, layout or blocking
+changed that.
+
+This module packs a float32 matrix ``W`` ``(K, N)`` into 16-column **panels**
+``(N / 16, K, 16)`` (each panel one contiguous stream) and multiplies by it with a small C++
+kernel (``kernels/panel_matmul.cc``, an XLA FFI custom call): every panel is read once and
+multiplied into up to 16 rows held in vector registers, so 1 to 16 rows cost about the same
+(SmolLM2-135M's layer products on a 2-core AMD EPYC: 9 rows 14.3 ms against XLA's 27.4 ms
+input-major and 37.6 ms output-major, one row 13.0 ms against 14.3 ms;
+``benchmarks/probes/panels/panel_micro.py``). Every output element is one chain of fused
+multiply-adds over ``k`` in order, so a row's result does not depend on how many rows share
+the call.
+
+The kernel is built on first use with the system's C++ compiler for this CPU
+(``-O3 -march=native``) into ``$JAXSPEC_CACHE/kernels`` and registered with JAX. Where it
+cannot be (no compiler, not x86-64 Linux, not the CPU backend) or :data:`PANELS` is False,
+:func:`panels_active` is False and the decode layouts keep XLA's products; a model holding
+panel weights then multiplies them with an XLA ``einsum`` (the same sums in another order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: columns per panel (one 64-byte vector of float32)
+PANEL = 16
+#: the per-layer weight key suffix of a panel-packed matrix (``name + "_p"``)
+SUFFIX = "_p"
+#: force the panel layout on (True) or off (False) for the CPU's per-layer input-major
+#: weights; None: on where the kernel builds (x86-64 Linux with a C++ compiler, CPU backend).
+#: Read when the weights are laid out (:func:`panels_active`), so set it before decoding.
+PANELS: Optional[bool] = None
+#: environment switch read once as the default of :data:`PANELS`: ``0`` turns the kernel off
+ENV = "JAXSPEC_PANELS"
+
+_TARGET = "jaxspec_panel_matmul"
+_SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
+_state: dict = {}
+log = logging.getLogger(__name__)
+
+
+class KernelBuildError(RuntimeError):
+    """The panel kernel could not be compiled or loaded (the message has the compiler's)."""
+
+
+def _cache_dir() -> Path:
+    root = Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
+    return root / "kernels"
+
+
+def _cpu_tag() -> str:
+    """The CPU's model name and flags, which ``-march=native`` compiles for."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    return "\n".join(keep)
+
+
+def library_path() -> Path:
+    """Where the kernel for this source, compiler flags, JAX version and CPU is cached."""
+    h = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), jax.__version__.encode()):
+        h.update(part)
+    h.update(_cpu_tag().encode())
+    return _cache_dir() / f"panel_matmul-{h.hexdigest()[:16]}.so"
+
+
+def build(force: bool = False) -> Path:
+    """Compile the kernel (if not cached) and return the shared library's path.
+
+    Raises:
+      KernelBuildError: no C++ compiler (``$CXX``, ``g++``, ``c++``), not x86-64 Linux, or the
+        compiler failed (its output is in the message).
+    """
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise KernelBuildError(
+            f"the panel kernel is built for x86-64 Linux only, not "
+            f"{platform.system()} {platform.machine()}"
+        )
+    out = library_path()
+    if out.exists() and not force:
+        return out
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise KernelBuildError("no C++ compiler found (set $CXX, or install g++)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", tmp]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise KernelBuildError(
+            f"compiling {_SOURCE.name} failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}"
+        )
+    os.replace(tmp, out)  # atomic: concurrent builders leave one whole file
+    return out
+
+
+def _load() -> bool:
+    """Build, load and register the kernel once per process; False (logged) where it cannot."""
+    if "ok" in _state:
+        return _state["ok"]
+    try:
+        lib = ctypes.CDLL(str(build()))
+        jax.ffi.register_ffi_target(
+            _TARGET, jax.ffi.pycapsule(lib.JaxspecPanelMatmul), platform="cpu"
+        )
+        _state["rows"] = int(lib.jaxspec_panel_rows())
+        _state["ok"] = True
+    except (KernelBuildError, OSError) as e:
+        log.info("panel kernel unavailable, XLA products are used: %s", e)
+        _state["ok"] = False
+        _state["error"] = str(e)
+    return _state["ok"]
+
+
+def panels_active(backend: Optional[str] = None) -> bool:
+    """Whether per-layer input-major weights are laid out in panels and run by the kernel:
+    the CPU backend, :data:`PANELS` not False (nor ``$JAXSPEC_PANELS=0`` when it is None), and
+    the kernel built and loaded (:func:`build`; True raises the build error instead of
+    falling back).
+
+    Raises:
+      KernelBuildError: :data:`PANELS` is True and the kernel cannot be built.
+    """
+    if (backend or jax.default_backend()) != "cpu":
+        return False
+    want = PANELS
+    if want is None:
+        if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+            return False
+        return _load()
+    if not want:
+        return False
+    if not _load():
+        raise KernelBuildError(_state.get("error", "the panel kernel did not load"))
+    return True
+
+
+def packable(w) -> bool:
+    """Whether ``w`` can be packed: a float32 matrix ``(K, N)`` with ``N`` a multiple of 16."""
+    return getattr(w, "ndim", 0) == 2 and w.dtype == jnp.float32 and w.shape[1] % PANEL == 0
+
+
+def pack(w):
+    """``W`` ``(K, N)`` -> panels ``(N / 16, K, 16)`` with ``wp[t, k, c] = W[k, 16 t + c]``
+    (the same array type: numpy in, numpy out; JAX in, JAX out).
+
+    Raises:
+      ValueError: not a 2-D matrix whose column count is a multiple of 16.
+    """
+    if getattr(w, "ndim", 0) != 2 or w.shape[1] % PANEL:
+        raise ValueError(
+            f"pack needs a (K, N) matrix with N a multiple of {PANEL}, got shape "
+            f"{tuple(getattr(w, 'shape', ()))}"
+        )
+    k, n = w.shape
+    wp = w.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)
+    return np.ascontiguousarray(wp) if isinstance(wp, np.ndarray) else jnp.array(wp)
+
+
+def unpack(wp):
+    """Panels ``(N / 16, K, 16)`` -> ``W`` ``(K, N)`` (the inverse of :func:`pack`)."""
+    t, k, c = wp.shape
+    return wp.transpose(1, 0, 2).reshape(k, t * c)
+
+
+def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
+    """``x (..., K) @ W`` for ``W`` packed by :func:`pack` -> ``(..., N)``, ``x``'s dtype.
+
+    float32 on the CPU with the kernel loaded: the kernel (one FFI call; rows of any count,
+    up to 16 at a time per panel). Otherwise an ``einsum`` over the panels (same sums,
+    XLA's order).
+
+    Raises:
+      ValueError: ``x``'s last axis is not the panels' ``K``.
+    """
+    t, k, c = wp.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"panel_product: x has {x.shape[-1]} features, the panels {k}")
+    lead = x.shape[:-1]
+    if (
+        x.dtype != jnp.float32
+        or wp.dtype != jnp.float32
+        or jax.default_backend() != "cpu"
+        or not _load()
+    ):
+        return jnp.einsum("...k,tkc->...tc", x, wp.astype(x.dtype)).reshape(lead + (t * c,))
+    rows = int(np.prod(lead)) if lead else 1
+    out = jax.ShapeDtypeStruct((rows, t * c), jnp.float32)
+    call = jax.ffi.ffi_call(_TARGET, out, vmap_method="sequential")
+    return call(x.reshape(rows, k), wp).reshape(lead + (t * c,))
+
+
+__all__ = [
+    "ENV",
+    "KernelBuildError",
+    "PANEL",
+    "PANELS",
+    "SUFFIX",
+    "build",
+    "library_path",
+    "pack",
+    "packable",
+    "panel_product",
+    "panels_active",
+    "unpack",
+]

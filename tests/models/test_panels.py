@@ -1,0 +1,100 @@
+"""The CPU panel kernel (models/llama/panels.py): packing, parity with a float64 reference,
+row independence, and the model computing the same function on panel weights."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.testing.tiny import tiny_model
+from models.llama import layout, panels
+from models.llama.modeling import unstack_layers
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """Skip where the kernel cannot be built (no C++ compiler, not x86-64 Linux)."""
+    try:
+        panels.build()
+    except panels.KernelBuildError as e:
+        pytest.skip(f"panel kernel unavailable: {e}")
+    assert panels._load()
+
+
+def test_pack_round_trip_and_bad_shapes():
+    w = np.arange(5 * 48, dtype=np.float32).reshape(5, 48)
+    wp = panels.pack(w)
+    assert wp.shape == (3, 5, 16) and wp[1, 2, 3] == w[2, 16 + 3]
+    np.testing.assert_array_equal(panels.unpack(wp), w)
+    np.testing.assert_array_equal(np.asarray(panels.pack(jnp.asarray(w))), wp)
+    assert panels.packable(w) and not panels.packable(w[:, :40]) and not panels.packable(w[0])
+    assert not panels.packable(w.astype(np.float16))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        panels.pack(w[:, :40])
+
+
+@pytest.mark.parametrize("K,N", [(7, 16), (64, 48), (576, 960), (1536, 576)])
+@pytest.mark.parametrize("rows", [1, 2, 9, 16, 17, 40])
+def test_kernel_matches_a_float64_product(kernel, K, N, rows):
+    rng = np.random.default_rng(K * 1000 + N + rows)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    y = np.asarray(jax.jit(panels.panel_product)(jnp.asarray(x), jnp.asarray(panels.pack(w))))
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    assert y.shape == (rows, N) and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=0, atol=2e-5 * np.sqrt(K))
+
+
+def test_a_row_does_not_depend_on_the_rows_beside_it(kernel):
+    """Each output is one ordered chain of multiply-adds: row i of a many-row call equals the
+    same row alone, bit for bit (a verification pass's rows compute what one-row steps do)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((23, 576)).astype(np.float32))
+    wp = jnp.asarray(panels.pack(rng.standard_normal((576, 960)).astype(np.float32)))
+    f = jax.jit(panels.panel_product)
+    many = np.asarray(f(x, wp))
+    for i in (0, 5, 15, 16, 22):
+        np.testing.assert_array_equal(np.asarray(f(x[i : i + 1], wp))[0], many[i])
+    batched = np.asarray(f(x[:12].reshape(3, 4, 576), wp))  # leading axes flatten to rows
+    np.testing.assert_array_equal(batched.reshape(12, 960), many[:12])
+    mapped = np.asarray(jax.vmap(f, in_axes=(0, None))(x[:6].reshape(2, 3, 576), wp))
+    np.testing.assert_array_equal(mapped.reshape(6, 960), many[:6])
+
+
+def test_panel_product_errors_and_fallback(kernel):
+    wp = jnp.zeros((2, 8, 16), jnp.float32)
+    with pytest.raises(ValueError, match="x has 9 features, the panels 8"):
+        panels.panel_product(jnp.zeros((1, 9)), wp)
+    # bfloat16 takes XLA's einsum over the panels: the same product
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 32)).astype(np.float32)
+    y = panels.panel_product(jnp.asarray(x, jnp.bfloat16), jnp.asarray(panels.pack(w)))
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float32), x @ w, rtol=0.05, atol=0.1)
+
+
+def test_model_on_panel_weights_computes_the_same_logits(kernel):
+    model, params = tiny_model(64)
+    tokens = jnp.asarray([[3, 7, 1, 9, 4], [2, 2, 8, 5, 0]], jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((5, 5), bool)), (2, 5, 5))
+    stacked = model.apply({"params": params}, tokens, pos, mask)[0]
+    split = unstack_layers(params, panels=True)
+    lp = split["layers"][0]
+    assert "wqkv_p" in lp and "wo_p" in lp and "wq" not in lp
+    on_panels = model.apply({"params": split}, tokens, pos, mask)[0]
+    np.testing.assert_allclose(np.asarray(on_panels), np.asarray(stacked), rtol=1e-5, atol=1e-5)
+
+
+def test_switch_turns_the_layout_off(kernel, monkeypatch):
+    monkeypatch.setattr(panels, "PANELS", False)
+    assert not panels.panels_active() and layout.layout_name(False) == "stored"
+    monkeypatch.setattr(panels, "PANELS", None)
+    monkeypatch.setenv(panels.ENV, "0")
+    assert layout.layout_name(False) == "stored"
+    monkeypatch.delenv(panels.ENV)
+    assert layout.layout_name(False) == "panels" and layout.layout_name(True) == "output-major"
+    assert not panels.panels_active("gpu")
