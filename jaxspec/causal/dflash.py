@@ -66,7 +66,7 @@ from jaxspec.causal.config import DraftedConfig, check_ngram_range
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, LookupFirst
 from jaxspec.core.method_config import Needs
 from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
-from models.llama.modeling import apply_rope, lm_logits, rms_norm, rope_tables
+from models.llama.modeling import HEAD_PANELS, apply_rope, lm_logits, rms_norm, rope_tables
 
 __all__ = [
     "Config",
@@ -622,7 +622,7 @@ def block_logits(
         sub = (x @ params["vocab_head"].T).astype(jnp.float32)
         full = jnp.full(sub.shape[:-1] + (s.vocab_size,), -jnp.inf, jnp.float32)
         return full.at[..., params["vocab"]].set(sub)
-    return lm_logits(x, params["embed"], params.get("lm_head"))
+    return lm_logits(x, params["embed"], params.get("lm_head"), params.get(HEAD_PANELS))
 
 
 def block_frame(ctx: DraftContext, block_size: int):

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from models.config import ModelConfig
-from models.llama.modeling import CausalLM, KVCache, lm_logits
+from models.llama.modeling import HEAD_PANELS, CausalLM, KVCache, lm_logits
 
 HEADS = ("llada", "dream")
 
@@ -182,7 +182,7 @@ class DiffusionLM:
             start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (B,))
             h = jax.vmap(lambda a, s: jax.lax.dynamic_slice_in_dim(a, s, n, 0))(h, start)
             p = variables["params"]
-            return lm_logits(h, p["embed"], p.get("lm_head")), cache
+            return lm_logits(h, p["embed"], p.get("lm_head"), p.get(HEAD_PANELS)), cache
         logits, cache = self.body.apply(
             variables, tokens, positions, attn_mask, cache=cache, cache_index=cache_index
         )

@@ -46,7 +46,9 @@ import jax.numpy as jnp
 import psutil
 
 from models.llama.modeling import (
+    HEAD_PANELS,
     MATRICES,
+    _sharded,
     fuse_qkv,
     has_projection,
     init_cache,
@@ -54,7 +56,7 @@ from models.llama.modeling import (
     param_dtype,
     unstack_layers,
 )
-from models.llama.panels import panels_active
+from models.llama.panels import pack, packable, panels_active
 
 LAYER_LOOPS = ("scan", "unrolled")
 WEIGHT_LAYOUTS = ("stored", "output-major")
@@ -252,17 +254,21 @@ def _is_body(layers) -> bool:
     )
 
 
-def _map_bodies(tree: Any, fn: Callable[[Any], Any]) -> Any:
+def _map_bodies(
+    tree: Any, fn: Callable[[Any], Any], parent: Optional[Callable[[dict], dict]] = None
+) -> Any:
     """``tree`` with ``fn(layers)`` in place of the ``layers`` of every Llama/Qwen2-layout body
     inside it (stacked dict or split tuple; in a params dict, the wrapped
-    ``{"params": ...}``, or any nest of dicts / tuples / lists holding them); everything else
-    is shared, not copied."""
+    ``{"params": ...}``, or any nest of dicts / tuples / lists holding them), and the dict
+    holding them passed through ``parent`` when given; everything else is shared, not
+    copied."""
 
     def walk(x):
         if isinstance(x, Mapping):
             layers = x.get("layers")
             if _is_body(layers):
-                return {**x, "layers": fn(layers)}
+                out = {**x, "layers": fn(layers)}
+                return parent(out) if parent else out
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):
             return type(x)(walk(v) for v in x)
@@ -401,7 +407,39 @@ def decode_layout(tree: Any, layer_loop: str = "auto", output_major: bool = Fals
     """
     if tree_layer_loop(tree, layer_loop, output_major) == "scan":
         return tree
-    return _map_bodies(tree, _stacked(lambda layers: _unstacked_layers(layers, output_major)))
+    heads = _with_head_panels if layout_name(output_major) == "panels" else None
+    return _map_bodies(
+        tree, _stacked(lambda layers: _unstacked_layers(layers, output_major)), heads
+    )
+
+
+_HEADS: list = []  # [(weakref of the head's source array, its panels)], newest last
+
+
+def _with_head_panels(body: dict) -> dict:
+    """``body`` (a params dict whose layers are in panels) with its LM head packed in panels
+    under :data:`models.llama.modeling.HEAD_PANELS` (the tied embedding's transpose or
+    ``lm_head``; cached per source array, at most two alive), when it is a float32 matrix on
+    one device whose vocabulary is a multiple of 16; else unchanged. The head of a verification
+    pass has ``K + 1`` rows too: SmolLM2-135M's 9-row head took 4.5 ms on panels against
+    8.7 ms as XLA's product (2-core AMD EPYC)."""
+    layers = body.get("layers")
+    if not isinstance(layers, tuple) or not any(k.endswith("_p") for k in layers[0]):
+        return body  # the layers are not in panels (e.g. nothing packable)
+    src = body.get("lm_head")
+    src = body.get("embed") if src is None else src
+    if HEAD_PANELS in body or not isinstance(src, jax.Array) or _sharded(src):
+        return body
+    tied = body.get("lm_head") is None
+    if not packable(src.T if tied else src):
+        return body
+    for ref, packed in _HEADS:
+        if ref() is src:
+            return {**body, HEAD_PANELS: packed}
+    packed = pack(src.T if tied else src)
+    _HEADS[:] = [e for e in _HEADS if e[0]() is not None and not _deleted(e[0]())][-1:]
+    _HEADS.append((weakref.ref(src), packed))
+    return {**body, HEAD_PANELS: packed}
 
 
 def _fused_in_place(lp: dict) -> dict:

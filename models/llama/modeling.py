@@ -360,13 +360,15 @@ class CausalLM:
         if last_rows is not None:
             x = x[:, T - last_rows :]
         x = rms_norm(x, final_norm, c.rms_norm_eps)
-        out = x if return_hidden else lm_logits(x, embed, lm_head)
+        out = x if return_hidden else lm_logits(x, embed, lm_head, p.get(HEAD_PANELS))
         if want:  # (n, B, T, D) -> (B, T, n, D)
             return out, new_cache, jnp.moveaxis(hidden, 0, 2)
         return out, new_cache
 
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+#: the params entry of the LM head packed in panels (the CPU panel kernel's decode layout)
+HEAD_PANELS = "head_p"
 QKV = ("wq", "wk", "wv")
 #: the name of the q/k/v matrices fused into one in the output-major decode layout (fuse_qkv)
 QKV_FUSED = "wqkv"
@@ -592,8 +594,18 @@ def qkv_proj(
     return proj(x, lp, "wq", blocks), proj(x, lp, "wk", blocks), proj(x, lp, "wv", blocks)
 
 
-def lm_logits(x: jax.Array, embed: jax.Array, lm_head: Optional[jax.Array]) -> jax.Array:
+def lm_logits(
+    x: jax.Array,
+    embed: jax.Array,
+    lm_head: Optional[jax.Array],
+    head_panels: Optional[jax.Array] = None,
+) -> jax.Array:
     """LM head: final hidden states ``(..., D)`` -> float32 logits ``(..., V)``, with the
-    embedding matrix ``(V, D)`` as the head when ``lm_head`` ``(D, V)`` is None (tied)."""
+    embedding matrix ``(V, D)`` as the head when ``lm_head`` ``(D, V)`` is None (tied).
+    ``head_panels`` ``(V / 16, D, 16)``, the head packed for the CPU panel kernel (a decode
+    layout's :data:`HEAD_PANELS` entry, :func:`models.llama.layout.decode_layout`), is
+    multiplied by that kernel instead."""
+    if head_panels is not None:
+        return panel_product(x, head_panels).astype(jnp.float32)
     head = embed.T if lm_head is None else lm_head
     return (x @ head).astype(jnp.float32)

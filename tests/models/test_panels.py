@@ -98,3 +98,32 @@ def test_switch_turns_the_layout_off(kernel, monkeypatch):
     monkeypatch.delenv(panels.ENV)
     assert layout.layout_name(False) == "panels" and layout.layout_name(True) == "output-major"
     assert not panels.panels_active("gpu")
+
+
+def test_decode_layout_packs_the_head_and_decodes_the_same(kernel):
+    """On the CPU the stored decode layout holds panel layers and the LM head in panels
+    (cached), for an untied (llama) and a tied (qwen2) head, and speculative decoding on it
+    gives AR's greedy tokens."""
+    from jaxspec.causal.decode import decode_plan, generate
+    from jaxspec.core.drafters import NgramDrafter
+    from models.llama.modeling import HEAD_PANELS
+
+    _, tied = tiny_model(64, arch="qwen2")
+    tied_tree = layout.decode_layout(tied, "unrolled")
+    np.testing.assert_array_equal(
+        np.asarray(panels.unpack(tied_tree[HEAD_PANELS])), tied["embed"].T
+    )
+    model, params = tiny_model(64)
+    tree = layout.decode_layout(params, "unrolled")
+    assert "wqkv_p" in tree["layers"][0] and tree[HEAD_PANELS].shape == (4, 32, 16)
+    head = params["lm_head"] if params.get("lm_head") is not None else params["embed"].T
+    np.testing.assert_array_equal(np.asarray(panels.unpack(tree[HEAD_PANELS])), head)
+    assert layout.decode_layout(params, "unrolled")[HEAD_PANELS] is tree[HEAD_PANELS]
+    assert HEAD_PANELS not in layout.decode_layout(params, "unrolled", output_major=True)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
+    ar = generate(model, params, prompts, max_new_tokens=16)
+    drafter = NgramDrafter(4, 64)
+    plan = decode_plan(model, params, drafter, verify_layout="stored", layer_loop="unrolled")
+    ng = generate(model, params, prompts, max_new_tokens=16, drafter=drafter, plan=plan)
+    assert ng.settings["verify_layout"] == "panels"
+    assert ng.tokens == ar.tokens
