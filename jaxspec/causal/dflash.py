@@ -66,7 +66,17 @@ from jaxspec.causal.config import DraftedConfig, check_ngram_range
 from jaxspec.core.drafters import Draft, DraftContext, Drafter, LookupFirst
 from jaxspec.core.method_config import Needs
 from jaxspec.core.sampling import SamplingConfig, argmax, sample_from_probs, target_probs
-from models.llama.modeling import HEAD_PANELS, apply_rope, lm_logits, rms_norm, rope_tables
+from models.llama.layout import head_panels
+from models.llama.modeling import (
+    HEAD_PANELS,
+    apply_rope,
+    layer_entry,
+    lm_logits,
+    proj,
+    rms_norm,
+    rope_tables,
+)
+from models.llama.panels import pack, packable, panel_product, panels_active
 
 __all__ = [
     "Config",
@@ -75,6 +85,7 @@ __all__ = [
     "DFlashState",
     "default_layer_ids",
     "drafter_params",
+    "panel_layout",
     "build_draft_vocab",
     "check_draft_vocab",
     "load_draft_vocab",
@@ -362,7 +373,43 @@ def drafter_params(own: dict, target_params: dict, draft_vocab: Any = None) -> d
         else:
             head = jnp.take(target_params["embed"], jnp.asarray(ids), axis=0)
         shared.update(vocab=jnp.asarray(ids), vocab_head=head)
-    return {"draft": own, **shared}
+    out = {"draft": own, **shared}
+    return panel_layout(out, target_params) if panels_active() else out
+
+
+#: the entries of a drafter layer that project the target's features into keys / values
+_KV_ENTRIES = ("wk", "wk_p", "wv", "wv_p", "k_norm")
+
+
+def panel_layout(params: dict, target_params: Optional[dict] = None) -> dict:
+    """:func:`drafter_params`'s tree for decoding on the CPU panel kernel
+    (:mod:`models.llama.panels`; :func:`drafter_params` applies it where the kernel is active):
+    the drafter's layers split into a tuple of per-layer dicts (the forward unrolls them) whose
+    float32 projection matrices are packed in panels (``name + "_p"``), ``fc`` as ``fc_p``, the
+    draft vocabulary's head as ``vocab_head_p`` and the target's head as ``head_p`` (cached
+    with the target's own, :func:`models.llama.layout.head_panels`). A drafter forward has
+    ``B`` block rows and a verification pass feeds it ``k + 1`` feature rows: few-row products,
+    which the kernel runs at about the cost of one row. The drafter computes the same function
+    (float32 sums in another order); training keeps the stacked tree."""
+    own = params["draft"]
+    blocks = own["blocks"]
+    if isinstance(blocks, tuple):
+        return params  # already laid out
+    n = blocks["wq"].shape[0]
+    layers = tuple(
+        dict(layer_entry(name, w, i, panels=True) for name, w in blocks.items()) for i in range(n)
+    )
+    draft = {**own, "blocks": layers}
+    if packable(own["fc"]):
+        draft = {k: v for k, v in draft.items() if k != "fc"} | {"fc_p": pack(own["fc"])}
+    out = {**params, "draft": draft}
+    if "vocab_head" in params and packable(params["vocab_head"].T):
+        out["vocab_head_p"] = pack(params["vocab_head"].T)
+    elif "vocab" not in params:
+        head = head_panels(params if target_params is None else target_params)
+        if head is not None:
+            out[HEAD_PANELS] = head
+    return out
 
 
 def check_draft_vocab(draft_vocab: Any, vocab_size: int) -> np.ndarray:
@@ -518,18 +565,22 @@ def context_kv(spec: DFlashSpec, own: dict, hidden: jax.Array, positions: jax.Ar
       ``(k, v)``, each ``(l, B, K, T, Dh)`` (RoPE applied to ``k``).
     """
     B, T = hidden.shape[:2]
-    c = hidden.reshape(B, T, -1) @ own["fc"]
+    c = proj(hidden.reshape(B, T, -1), own, "fc")
     c = rms_norm(c, own["hidden_norm"], spec.rms_norm_eps)
     cos, sin = rope_tables(positions, spec.head_dim, spec.rope_theta)
     K, Dh = spec.num_kv_heads, spec.head_dim
 
     def one(lp):
-        k = rms_norm(_heads(c @ lp["wk"], K, Dh), lp["k_norm"], spec.rms_norm_eps)
+        k = rms_norm(_heads(proj(c, lp, "wk"), K, Dh), lp["k_norm"], spec.rms_norm_eps)
         k = apply_rope(k, cos, sin)
-        v = _heads(c @ lp["wv"], K, Dh)
+        v = _heads(proj(c, lp, "wv"), K, Dh)
         return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
-    return jax.lax.map(one, {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")})
+    blocks = own["blocks"]
+    if isinstance(blocks, tuple):  # per-layer (panel_layout): unrolled
+        ks, vs = zip(*map(one, blocks))
+        return jnp.stack(ks), jnp.stack(vs)
+    return jax.lax.map(one, {n: blocks[n] for n in ("wk", "wv", "k_norm")})
 
 
 def block_logits(
@@ -597,10 +648,10 @@ def block_logits(
     def layer(x, lp_kv):
         lp, kc, vc = lp_kv  # kc, vc: (R, K, S, Dh)
         a = rms_norm(x, lp["attn_norm"], s.rms_norm_eps)
-        q = rms_norm(_heads(a @ lp["wq"], H, Dh), lp["q_norm"], s.rms_norm_eps)
-        k = rms_norm(_heads(a @ lp["wk"], K, Dh), lp["k_norm"], s.rms_norm_eps)
+        q = rms_norm(_heads(proj(a, lp, "wq"), H, Dh), lp["q_norm"], s.rms_norm_eps)
+        k = rms_norm(_heads(proj(a, lp, "wk"), K, Dh), lp["k_norm"], s.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        v = _heads(a @ lp["wv"], K, Dh)
+        v = _heads(proj(a, lp, "wv"), K, Dh)
         q = q.reshape(R, A, Bk, K, G, Dh) / math.sqrt(Dh)
         kb, vb = k.reshape(R, A, Bk, K, Dh), v.reshape(R, A, Bk, K, Dh)
         sc = jnp.einsum("rabkgd,rksd->rakgbs", q, kc).astype(jnp.float32) + ctx_bias
@@ -610,16 +661,23 @@ def block_logits(
         o = jnp.einsum("rakgbs,rksd->rabkgd", w[..., :S], vc) + jnp.einsum(
             "rakgbc,rackd->rabkgd", w[..., S:], vb
         )
-        x = x + o.reshape(R, A * Bk, H * Dh) @ lp["wo"]
+        x = x + proj(o.reshape(R, A * Bk, H * Dh), lp, "wo")
         m = rms_norm(x, lp["mlp_norm"], s.rms_norm_eps)
-        x = x + (jax.nn.silu(m @ lp["w_gate"]) * (m @ lp["w_up"])) @ lp["w_down"]
+        x = x + proj(jax.nn.silu(proj(m, lp, "w_gate")) * proj(m, lp, "w_up"), lp, "w_down")
         return x, None
 
-    x, _ = jax.lax.scan(layer, x, (own["blocks"], ctx_k, ctx_v))
+    if isinstance(own["blocks"], tuple):  # per-layer (panel_layout): unrolled
+        for i, lp in enumerate(own["blocks"]):
+            x, _ = layer(x, (lp, ctx_k[i], ctx_v[i]))
+    else:
+        x, _ = jax.lax.scan(layer, x, (own["blocks"], ctx_k, ctx_v))
     x = x.reshape(R, A, Bk, s.target_hidden)[:, :, 1 : Bk if rows is None else 1 + rows]
     x = rms_norm(x, own["final_norm"], s.rms_norm_eps)
     if "vocab" in params:  # the draft vocabulary's rows only (module docstring)
-        sub = (x @ params["vocab_head"].T).astype(jnp.float32)
+        if "vocab_head_p" in params:
+            sub = panel_product(x, params["vocab_head_p"]).astype(jnp.float32)
+        else:
+            sub = (x @ params["vocab_head"].T).astype(jnp.float32)
         full = jnp.full(sub.shape[:-1] + (s.vocab_size,), -jnp.inf, jnp.float32)
         return full.at[..., params["vocab"]].set(sub)
     return lm_logits(x, params["embed"], params.get("lm_head"), params.get(HEAD_PANELS))
@@ -744,13 +802,15 @@ class DFlashDrafter(Drafter):
         """An empty context cache of ``S`` slots (the prompt pass fills it)."""
         s, own = self.spec, params["draft"]
         B, S = ctx.buffer.shape
-        z = jnp.zeros((s.num_layers, B, s.num_kv_heads, S, s.head_dim), own["fc"].dtype)
-        proj = {
-            "fc": own["fc"],
-            "hidden_norm": own["hidden_norm"],
-            "blocks": {n: own["blocks"][n] for n in ("wk", "wv", "k_norm")},
-        }
-        return DFlashState(ctx_k=z, ctx_v=z, pad=ctx.pad, proj=proj)
+        z = jnp.zeros((s.num_layers, B, s.num_kv_heads, S, s.head_dim), own["hidden_norm"].dtype)
+        blocks = own["blocks"]
+        if isinstance(blocks, tuple):  # per-layer panels (panel_layout)
+            blocks = tuple({n: lp[n] for n in _KV_ENTRIES if n in lp} for lp in blocks)
+        else:
+            blocks = {n: blocks[n] for n in ("wk", "wv", "k_norm")}
+        fc = {n: own[n] for n in ("fc", "fc_p") if n in own}
+        features = {**fc, "hidden_norm": own["hidden_norm"], "blocks": blocks}
+        return DFlashState(ctx_k=z, ctx_v=z, pad=ctx.pad, proj=features)
 
     def absorb_features(
         self, state: DFlashState, first_slot: jax.Array, hidden: jax.Array

@@ -426,20 +426,27 @@ def _with_head_panels(body: dict) -> dict:
     layers = body.get("layers")
     if not isinstance(layers, tuple) or not any(k.endswith("_p") for k in layers[0]):
         return body  # the layers are not in panels (e.g. nothing packable)
-    src = body.get("lm_head")
-    src = body.get("embed") if src is None else src
-    if HEAD_PANELS in body or not isinstance(src, jax.Array) or _sharded(src):
-        return body
-    tied = body.get("lm_head") is None
-    if not packable(src.T if tied else src):
-        return body
+    packed = None if HEAD_PANELS in body else head_panels(body)
+    return body if packed is None else {**body, HEAD_PANELS: packed}
+
+
+def head_panels(params: Mapping) -> Optional[jax.Array]:
+    """The LM head of ``params`` (``lm_head`` ``(D, V)``, or the tied ``embed`` ``(V, D)``
+    transposed) packed in panels (:func:`models.llama.panels.pack`), cached per source array
+    (at most two alive); None when it is not a float32 JAX array on one device with a
+    multiple of 16 ids."""
+    src = params.get("lm_head")
+    tied = src is None
+    src = params.get("embed") if tied else src
+    if not isinstance(src, jax.Array) or _sharded(src) or not packable(src.T if tied else src):
+        return None
     for ref, packed in _HEADS:
         if ref() is src:
-            return {**body, HEAD_PANELS: packed}
+            return packed
     packed = pack(src.T if tied else src)
     _HEADS[:] = [e for e in _HEADS if e[0]() is not None and not _deleted(e[0]())][-1:]
     _HEADS.append((weakref.ref(src), packed))
-    return {**body, HEAD_PANELS: packed}
+    return packed
 
 
 def _fused_in_place(lp: dict) -> dict:
@@ -789,6 +796,7 @@ __all__ = [
     "decode_layout_in_place",
     "device_memory",
     "env_defaults",
+    "head_panels",
     "is_split",
     "layout_name",
     "machine_id",
