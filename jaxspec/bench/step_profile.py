@@ -66,7 +66,7 @@ from jaxspec.causal.decode import generate
 from jaxspec.core.drafters import CostGate, NgramDrafter
 from jaxspec.core.sampling import argmax
 from models.llama import modeling as M
-from models.llama.layout import decode_layout
+from models.llama.layout import decode_layout, layout_name
 
 
 def _products(config):
@@ -115,7 +115,7 @@ def cases(config=SMOLLM2, S: int = 384, seed: int = 0) -> tuple[dict, dict]:
     total = _weight_bytes(params)
     return {
         "step, stacked + lax.scan": (step, (params, cache, tokens), total),
-        "step, per-layer input-major": (step, (im, cache, tokens), total),
+        f"step, per-layer {layout_name(False)}": (step, (im, cache, tokens), total),
         "step, per-layer output-major (CPU AR layout)": (step, (om, cache, tokens), total),
         "products only, output-major": (_products(config), (om, x), total),
         "LM head only": (head, (params["embed"], x), head_bytes),
@@ -149,10 +149,12 @@ def _numpy_rows(params, hidden: int = 576) -> dict:
 def verify_rows(config, params, tokens, S: int = 384) -> dict:
     """Rows for forwards of ``T`` query rows, each ``T`` in ``tokens``: what a speculative
     decoder's verification pass of ``T - 1`` drafts costs against the one-token step. Per
-    ``T``: the cached step and the products alone, in the per-layer input-major (stored) and
+    ``T``: the cached step and the products alone, in the per-layer stored layout (input-major,
+    or panels where the CPU panel kernel runs it: :func:`models.llama.layout.layout_name`) and
     output-major layouts (:func:`models.llama.layout.plan` picks between them), and
     numpy's products over the same matrices (per matrix, ``T`` columns)."""
     im, om = _layouts(params)
+    stored = layout_name(False)  # "panels" where the CPU panel kernel runs the stored layout
     cache = M.init_cache(config, 1, S)
     mats = _numpy_mats(params)
     nbytes = _weight_bytes(params)
@@ -162,9 +164,9 @@ def verify_rows(config, params, tokens, S: int = 384) -> dict:
         toks, x = jnp.full((1, T), 5, jnp.int32), jnp.ones((T, config.hidden_size), jnp.float32)
         cols = {n: np.ones((n, T), np.float32) for n in {m.shape[1] for m in mats}}
         out |= {
-            f"{T} rows: step, input-major": (step, (im, cache, toks), nbytes),
+            f"{T} rows: step, {stored}": (step, (im, cache, toks), nbytes),
             f"{T} rows: step, output-major": (step, (om, cache, toks), nbytes),
-            f"{T} rows: products only, input-major": (prods, (im, x), nbytes),
+            f"{T} rows: products only, {stored}": (prods, (im, x), nbytes),
             f"{T} rows: products only, output-major": (prods, (om, x), nbytes),
             f"{T} rows: numpy, per matrix": (
                 lambda cols=cols: [m @ cols[m.shape[1]] for m in mats],
