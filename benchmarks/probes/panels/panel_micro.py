@@ -1,5 +1,5 @@
 """The CPU panel kernel against XLA's products, jitted, fastest and median ms of ``--reps``
-calls on this machine:
+calls interleaved round-robin (:func:`jaxspec.bench.quant_matmul.measure`) on this machine:
 
     python benchmarks/probes/panels/panel_micro.py [--reps 15] [--rows 1 2 4 9 16 64]
 
@@ -15,26 +15,16 @@ layout) and the panel kernel on panels (:mod:`models.llama.panels`); then the ti
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.bench.quant_matmul import measure
 from models.llama import panels
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
 LAYERS = 30
-
-
-def timed(f, *args, reps: int) -> tuple[float, float]:
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t)
-    return 1e3 * min(ts), 1e3 * float(np.median(ts))
 
 
 def arms():
@@ -58,7 +48,7 @@ def main(argv=None) -> int:
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?"
     )
-    print(f"{cpu}, jax {jax.__version__}, fastest / median ms of {args.reps} calls\n")
+    print(f"{cpu}, jax {jax.__version__}, fastest / median ms of {args.reps} interleaved calls\n")
     rng = np.random.default_rng(0)
     names = [a[0] for a in arms()]
     totals = {r: dict.fromkeys(names, 0.0) for r in args.rows}
@@ -70,13 +60,12 @@ def main(argv=None) -> int:
         gb = count * k * n * 4 / 1e9
         for rows in args.rows:
             x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32))
-            cells, ref = [], None
-            for name, f, lay in arms():
-                laid = [jnp.asarray(lay(w)) for w in ws]
-                fast, med = timed(f, x, laid, reps=args.reps)
-                y = np.asarray(f(x, laid)[-1])
-                ref = y if ref is None else ref
-                np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+            named = {name: (f, (x, [jnp.asarray(lay(w)) for w in ws])) for name, f, lay in arms()}
+            ref = np.asarray(named[names[0]][0](*named[names[0]][1])[-1])
+            for f, a in named.values():
+                np.testing.assert_allclose(np.asarray(f(*a)[-1]), ref, rtol=1e-4, atol=1e-4)
+            cells = []
+            for name, (med, fast) in measure(named, args.reps).items():
                 cells.append(f"{fast:.2f} / {med:.2f} ({gb / fast * 1e3:.0f} GB/s)")
                 if n != 49152:
                     totals[rows][name] += fast
