@@ -127,3 +127,25 @@ def test_decode_layout_packs_the_head_and_decodes_the_same(kernel):
     ng = generate(model, params, prompts, max_new_tokens=16, drafter=drafter, plan=plan)
     assert ng.settings["verify_layout"] == "panels"
     assert ng.tokens == ar.tokens
+
+
+def test_batched_steps_run_on_panels_and_decode_the_same(kernel, monkeypatch):
+    """At batch >= 2 the AR loop and a speculative loop's one-token steps have several rows:
+    the plan puts them on panels, and the tokens equal those of XLA's products."""
+    from jaxspec.causal.decode import decode_plan, generate
+    from jaxspec.core.drafters import NgramDrafter
+
+    model, params = tiny_model(64)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3], [9, 8, 7, 6]]
+    drafter = NgramDrafter(3, 64)
+    kw = dict(batch=3, layer_loop="unrolled")
+    ar_plan = decode_plan(model, params, **kw)
+    ng_plan = decode_plan(model, params, drafter, verify_layout="stored", **kw)  # not timed
+    assert ar_plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
+    assert ng_plan.settings["step_layout"] == "panels"
+    assert decode_plan(model, params, batch=1, layer_loop="unrolled").step_layout == "output-major"
+    ar = generate(model, params, prompts, max_new_tokens=12, plan=ar_plan)
+    ng = generate(model, params, prompts, max_new_tokens=12, drafter=drafter, plan=ng_plan)
+    monkeypatch.setattr(panels, "PANELS", False)
+    xla = generate(model, params, prompts, max_new_tokens=12)
+    assert ar.tokens == xla.tokens == ng.tokens
