@@ -11,8 +11,8 @@ This module packs a float32 matrix ``W`` ``(K, N)`` into 16-column **panels**
 ``(N / 16, K, 16)`` (each panel one contiguous stream) and multiplies by it with a small C++
 kernel (``kernels/panel_matmul.cc``, an XLA FFI custom call): every panel is read once and
 multiplied into up to 16 rows held in vector registers, so 1 to 16 rows cost about the same
-(SmolLM2-135M's layer products on a 2-core AMD EPYC: 9 rows 14.3 ms against XLA's 27.4 ms
-input-major and 37.6 ms output-major, one row 13.0 ms against 14.3 ms;
+(SmolLM2-135M's layer products on a 2-core AMD EPYC: 9 rows 15.5 ms against XLA's 26.8 ms
+input-major and 36.3 ms output-major, one row 13.7 ms against 14.9 / 15.1 ms;
 ``benchmarks/probes/panels/panel_micro.py``). Every output element is one chain of fused
 multiply-adds over ``k`` in order, so a row's result does not depend on how many rows share
 the call.
