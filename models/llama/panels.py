@@ -128,7 +128,6 @@ def _load() -> bool:
         jax.ffi.register_ffi_target(
             _TARGET, jax.ffi.pycapsule(lib.JaxspecPanelMatmul), platform="cpu"
         )
-        _state["rows"] = int(lib.jaxspec_panel_rows())
         _state["ok"] = True
     except (KernelBuildError, OSError) as e:
         log.info("panel kernel unavailable, XLA products are used: %s", e)

@@ -3,6 +3,8 @@
 
     python benchmarks/probes/sampling/filter_micro.py [--reps 20]
 
+(timed by :func:`jaxspec.bench.quant_matmul.measure`)
+
 * ``filter_top_k_top_p`` on ``(1, T, 49152)`` logits (T = 1 and 9: a one-token step and a
   9-row verification pass) with ``lax.top_k`` / a sort (``THRESHOLDS_BY_BISECTION = False``,
   the accelerator path) and with the CPU's bisection, for top-k 50, top-p 0.9 and both;
@@ -16,13 +18,13 @@ Each row is traced after setting its arm, so the two arms are separate programs.
 from __future__ import annotations
 
 import argparse
-import time
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.bench.quant_matmul import measure
 from jaxspec.core import drafters, sampling
 from jaxspec.core.drafters import DraftContext, NgramDrafter
 
@@ -30,13 +32,9 @@ V = 49152
 
 
 def median_ms(f, *args, reps: int) -> float:
+    """Median ms of ``f(*args)``; the first call (inside the caller's arm) traces it."""
     jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t)
-    return 1e3 * float(np.median(ts))
+    return measure({"f": (f, args)}, reps)["f"][0]
 
 
 def filter_rows(reps: int) -> list[str]:
