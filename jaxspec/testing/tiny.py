@@ -4,11 +4,14 @@ XLNet AS-ARM (:func:`tiny_xlnet`), plus a character tokenizer stand-in."""
 
 from __future__ import annotations
 
+import gguf
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from models.config import ModelConfig
 from models.diffusion.modeling import DiffusionConfig, DiffusionLM
-from models.llama.modeling import CausalLM, init_params
+from models.llama.modeling import MATRICES, CausalLM, init_params
 from models.xlnet.modeling import XLNetConfig, XLNetLM
 from models.xlnet.modeling import init_params as init_xlnet_params
 
@@ -46,6 +49,27 @@ def tiny_model(
         lambda path, x: x * scale if x.ndim >= 2 else x, params
     )
     return CausalLM(cfg), params
+
+
+def q4_exact(w) -> np.ndarray:
+    """A float32 matrix ``w`` ``(K, N)`` rounded to GGUF Q4_1 along ``K`` (blocks of 32 inputs
+    per output, ``gguf.quants``) and dequantized: the values a Q4_1 GGUF file's tensor loads
+    as, which :func:`models.llama.panels.pack_q4` packs exactly. ``K`` a multiple of 32."""
+    q = gguf.quants.quantize(np.ascontiguousarray(np.asarray(w, np.float32).T), _Q4_1)
+    return np.ascontiguousarray(gguf.quants.dequantize(q, _Q4_1).T)
+
+
+_Q4_1 = gguf.GGMLQuantizationType.Q4_1
+
+
+def q4_exact_params(params: dict) -> dict:
+    """``params`` of :func:`tiny_model` with every stacked projection matrix ``(L, K, N)``
+    made Q4_1-exact (:func:`q4_exact`), as loaded from a Q4_1 GGUF file."""
+    layers = {
+        k: jnp.asarray(np.stack([q4_exact(w) for w in np.asarray(v)])) if k in MATRICES else v
+        for k, v in params["layers"].items()
+    }
+    return {**params, "layers": layers}
 
 
 class CharTok:

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import psutil
 
+from models.llama import panels as panel_kernel
 from models.llama.modeling import (
     HEAD_PANELS,
     MATRICES,
@@ -56,7 +57,7 @@ from models.llama.modeling import (
     param_dtype,
     unstack_layers,
 )
-from models.llama.panels import pack, packable, panels_active
+from models.llama.panels import is_q4, pack, pack_q4, packable, panels_active
 
 LAYER_LOOPS = ("scan", "unrolled")
 WEIGHT_LAYOUTS = ("stored", "output-major")
@@ -302,6 +303,36 @@ def layout_name(output_major: bool) -> str:
     if output_major:
         return "output-major"
     return "panels" if panels_active() else "stored"
+
+
+_Q4: list = []  # [(weakref of a body's first projection matrix, whether it is Q4_1-exact)]
+
+
+def q4_panels(tree: Any) -> bool:
+    """Whether the panels of the first Llama/Qwen2 body in ``tree`` are (or, packed, would
+    be) Q4_1 panels (:func:`models.llama.panels.pack_q4`): its layer 0's first projection
+    matrix is exactly a dequantized GGUF Q4_1 tensor (checked once per array). On Q4_1
+    panels a one-row product reads 0.75 bytes a weight instead of 4, so one-token steps run
+    on panels at batch 1 too (:func:`plan`); False off the panel kernel."""
+    if not panels_active() or not panel_kernel.Q4:
+        return False
+    bodies = _bodies(tree)
+    if not bodies:
+        return False
+    body = bodies[0]
+    if not isinstance(body, Mapping):  # split: look at what it holds
+        return any(k.endswith("_p") and is_q4(w) for k, w in body[0].items())
+    name = next((m for m in MATRICES if m in body), None)
+    w = None if name is None else body[name]
+    if not isinstance(w, jax.Array) or isinstance(w, jax.core.Tracer) or _sharded(w):
+        return False
+    for ref, exact in _Q4:
+        if ref() is w:
+            return exact
+    exact = pack_q4(w[0]) is not None
+    _Q4[:] = [e for e in _Q4 if e[0]() is not None][-3:]
+    _Q4.append((weakref.ref(w), exact))
+    return exact
 
 
 def _cached_split(layers: dict, output_major: bool) -> tuple | None:
@@ -575,10 +606,10 @@ def _store_key(model, params, batch: int, rows: int, output_major: bool) -> str:
         for k, v in jax.tree_util.tree_leaves_with_path(params)
     )
     digest = hashlib.sha256(repr((repr(model), shapes)).encode()).hexdigest()[:16]
-    return (
-        f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|"
-        f"{layout_name(output_major)}"
-    )
+    name = layout_name(output_major)
+    if name == "panels" and q4_panels(params):
+        name = "panels-q4"
+    return f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|{name}"
 
 
 def _read_store(store) -> dict:
@@ -633,6 +664,7 @@ def pass_seconds(
         int(batch),
         int(rows),
         layout_name(output_major),
+        not output_major and q4_panels(params),
     )
     if key not in _PASS_SECONDS:
         skey = None if store is None else _store_key(model, params, batch, rows, output_major)
@@ -678,15 +710,16 @@ def plan(
     * Autoregressive decoding (``verify_rows == 1``): every pass on output-major weights;
       at ``batch >= 2`` on the CPU panel kernel (:func:`layout_name`), on panels, whose
       few-row products are faster (a 2-row step 27.0 against 58.0 ms for SmolLM2-135M on a
-      2-core AMD EPYC); a tree split in place keeps its layout.
+      2-core AMD EPYC), and at batch 1 too where the panels are Q4_1 (:func:`q4_panels`); a
+      tree split in place keeps its layout.
     * Speculative decoding (``verify_rows = k + 1``): ``verify_layout`` ``"auto"`` times one
       ``verify_rows``-row pass in both layouts (:func:`pass_seconds`) and keeps the faster;
       weights over :data:`AUTO_LAYOUT_MAX_BYTES` verify on ``"stored"`` untimed; a tree split
       in place verifies on its own layout. One-token steps run output-major (the AR loop's
       layout) unless the tree is split in place, its weights exceed
       :data:`AUTO_LAYOUT_MAX_BYTES`, every pass has several rows (``multi_row_steps``: a
-      drafter with draft queries), or the batch has 2+ rows on the panel kernel, in which case
-      they share the verification layout.
+      drafter with draft queries), or the batch has 2+ rows on the panel kernel (or 1 row on
+      Q4_1 panels), in which case they share the verification layout.
     * ``gate``: ``"off"``; a float, the price of a verification pass in one-token steps
       (>= 1); or ``"auto"``: the ratio of the two passes' :func:`pass_seconds` on the CPU's
       unrolled loop (rounded to 0.01, at least 1), off elsewhere (on GPU/TPU a
@@ -709,8 +742,9 @@ def plan(
         draft_loop=tree_layer_loop(draft_params, "auto", draft_output_major),
         draft_layout="output-major" if draft_output_major else "stored",
     )
-    # with the panel kernel a step of batch >= 2 rows is a few-row product: panels
-    panel_steps = batch >= 2 and layout_name(False) == "panels"
+    # with the panel kernel a step of batch >= 2 rows is a few-row product: panels; on Q4_1
+    # panels a one-row product is too (5.3 against 15.0 ms for SmolLM2-135M's layers)
+    panel_steps = layout_name(False) == "panels" and (batch >= 2 or q4_panels(params))
     if verify_rows <= 1:
         split = split_layout(params)
         name = split or ("stored" if panel_steps else "output-major")
@@ -814,6 +848,7 @@ __all__ = [
     "plan_draft_tree",
     "plan_model",
     "plan_trees",
+    "q4_panels",
     "resolve_layer_loop",
     "split_bytes",
     "split_layout",

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from models.config import ModelConfig
 from models.llama.panels import SUFFIX as PANEL_SUFFIX
-from models.llama.panels import pack, packable, panel_product
+from models.llama.panels import as_float_panels, is_q4, pack_exact, packable, panel_product
 
 
 @flax.struct.dataclass
@@ -418,8 +418,10 @@ def unstack_layers(params, output_major: bool = False, panels: bool = False):
         Int8 matrices ``name + "_q"`` (:mod:`models.quant`) become ``name + "_q_t"``; their
         scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
       panels: (input-major only) pack every float32 projection matrix whose column count is
-        a multiple of 16 into 16-column panels ``name + "_p"`` ``(N / 16, K, 16)``
-        (:func:`models.llama.panels.pack`), q/k/v fused into one ``wqkv_p``: the layout of
+        a multiple of 16 into 16-column panels ``name + "_p"``: float32 ``(N / 16, K, 16)``,
+        or uint8 Q4_1 panels ``(N / 16, K / 32, 384)`` where the matrix is exactly a
+        dequantized GGUF Q4_1 tensor (:func:`models.llama.panels.pack_exact`; the same products
+        bit for bit from 0.75 bytes a weight), q/k/v fused into one ``wqkv_p``: the layout of
         the CPU panel kernel (:mod:`models.llama.panels`), whose few-row products cost about
         what a one-row product does. The layout modules pass
         :func:`models.llama.panels.panels_active`.
@@ -448,11 +450,12 @@ def layer_entry(
     per-layer layout of :func:`unstack_layers`: ``stacked[i]``, or for a projection matrix
     (float, or int8 ``_q`` of :mod:`models.quant`) with ``output_major`` its transpose under
     ``name + "_t"``, or with ``panels`` (a float32 matrix with a multiple of 16 columns, on
-    one device) its panels under ``name + "_p"`` (:func:`models.llama.panels.pack`)."""
+    one device) its panels under ``name + "_p"``: Q4_1 panels where the matrix is exactly a
+    dequantized Q4_1 tensor, else float32 ones (:func:`models.llama.panels.pack_exact`)."""
     if output_major and (name in MATRICES or (name.endswith("_q") and name[:-2] in MATRICES)):
         return name + "_t", stacked[i].T
     if panels and name in MATRICES and not _sharded(stacked) and packable(stacked[i]):
-        return name + PANEL_SUFFIX, pack(stacked[i])
+        return name + PANEL_SUFFIX, pack_exact(stacked[i])
     return name, stacked[i]
 
 
@@ -484,7 +487,10 @@ def fuse_qkv(lp: dict) -> dict:
             continue
         scales = [m + "_s" for m in QKV] if suffix == "_q_t" else []
         out = {k: v for k, v in lp.items() if k not in names and k not in scales}
-        out[QKV_FUSED + suffix] = jnp.concatenate([lp[n] for n in names], axis=0)
+        parts = [lp[n] for n in names]
+        if suffix == PANEL_SUFFIX and len({is_q4(w) for w in parts}) > 1:
+            parts = [as_float_panels(w) for w in parts]  # one kind of panels per product
+        out[QKV_FUSED + suffix] = jnp.concatenate(parts, axis=0)
         if scales:
             out[QKV_FUSED + "_s"] = jnp.concatenate([lp[n] for n in scales], axis=0)
         return out

@@ -51,8 +51,16 @@ SUFFIX = "_p"
 PANELS: Optional[bool] = None
 #: environment switch read once as the default of :data:`PANELS`: ``0`` turns the kernel off
 ENV = "JAXSPEC_PANELS"
+#: pack Q4_1-exact matrices in Q4_1 panels (:func:`pack_exact`); False keeps float32 panels
+#: (the same products bit for bit, 5.3x the bytes). Its default: ``$JAXSPEC_PANELS_Q4`` not 0.
+Q4: bool = os.environ.get("JAXSPEC_PANELS_Q4", "1").strip().lower() not in ("0", "false", "off")
 
 _TARGET = "jaxspec_panel_matmul"
+_TARGET_Q4 = "jaxspec_panel_matmul_q4"
+#: rows of ``W`` per Q4_1 scale block (GGUF's block size along the input axis)
+Q4_BLOCK = 32
+#: bytes of one Q4_1 panel block: 16 float32 ``d``, 16 float32 ``m``, 16 x 16 code bytes
+Q4_BYTES = 2 * 4 * PANEL + Q4_BLOCK // 2 * PANEL
 _SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
 _state: dict = {}
@@ -128,6 +136,9 @@ def _load() -> bool:
         jax.ffi.register_ffi_target(
             _TARGET, jax.ffi.pycapsule(lib.JaxspecPanelMatmul), platform="cpu"
         )
+        jax.ffi.register_ffi_target(
+            _TARGET_Q4, jax.ffi.pycapsule(lib.JaxspecPanelMatmulQ4), platform="cpu"
+        )
         _state["ok"] = True
     except (KernelBuildError, OSError) as e:
         log.info("panel kernel unavailable, XLA products are used: %s", e)
@@ -187,6 +198,117 @@ def unpack(wp):
     return wp.transpose(1, 0, 2).reshape(k, t * c)
 
 
+def pack_q4(w) -> Optional[np.ndarray]:
+    """Q4_1 panels of a float32 matrix ``W`` ``(K, N)`` that is exactly a dequantized GGUF
+    Q4_1 tensor, or None where it is not.
+
+    Q4_1 (ggml) stores each block of 32 consecutive inputs of one output as float16 ``d`` and
+    ``m`` and 4-bit codes ``q``; dequantized (``gguf.quants.dequantize``, as
+    :func:`models.llama.params.load_gguf` does) a weight is ``float32(d * q) + m``. This
+    function finds, for every block, ``m`` = the block's minimum and ``d`` among the float16
+    values next to ``(max - m) / 15``, and keeps them only if ``d * q + m`` rebuilds every
+    weight of the block **bit for bit**; one block that does not gives None (the caller keeps
+    the float32 panels). So the kernel multiplies exactly the float32 matrix, from 0.75 bytes
+    a weight: ``uint8`` ``(N / 16, K / 32, 384)``, per panel ``t`` and block ``b`` the 16
+    columns' ``d`` and ``m`` as float32, then 16 pairs of rows as 16 bytes (row ``2 i`` in
+    the low nibble, ``2 i + 1`` in the high one).
+
+    Args:
+      w: float32 ``(K, N)`` (numpy or JAX, host-readable), ``K`` a multiple of 32 and ``N``
+        of 16; anything else gives None.
+    """
+    if getattr(w, "ndim", 0) != 2 or w.dtype != np.float32:
+        return None
+    k, n = w.shape
+    if k % Q4_BLOCK or n % PANEL or k == 0 or n == 0:
+        return None
+    v = np.asarray(w).reshape(k // Q4_BLOCK, Q4_BLOCK, n)
+    m = v.min(axis=1, keepdims=True)
+    if not np.array_equal(
+        m.astype(np.float16).astype(np.float32).view(np.uint32), m.view(np.uint32)
+    ):
+        return None
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        d0 = ((v.max(axis=1, keepdims=True) - m) / np.float32(15)).astype(np.float16)
+        best_q = np.zeros(v.shape, np.uint8)
+        best_d = np.zeros(m.shape, np.float32)
+        done = np.zeros(m.shape, bool)
+        for step in (0, 1, -1):
+            d = _f16_neighbour(d0, step).astype(np.float32)
+            q = np.where(d > 0, np.rint((v - m) / np.where(d > 0, d, 1)), 0)
+            q = np.clip(q, 0, 15).astype(np.float32)
+            ok = ((d * q + m).view(np.uint32) == v.view(np.uint32)).all(axis=1, keepdims=True)
+            new = ok & ~done
+            best_q = np.where(new, q.astype(np.uint8), best_q)
+            best_d = np.where(new, d, best_d)
+            done |= ok
+    if not done.all():
+        return None
+    b, t = k // Q4_BLOCK, n // PANEL
+    q = best_q.reshape(b, Q4_BLOCK // 2, 2, t, PANEL)
+    codes = (q[:, :, 0] | (q[:, :, 1] << 4)).transpose(2, 0, 1, 3).reshape(t, b, -1)
+
+    def scales(a):  # (b, 1, n) float32 -> (t, b, 64) bytes
+        return a.reshape(b, t, PANEL).transpose(1, 0, 2).copy().view(np.uint8)
+
+    return np.ascontiguousarray(np.concatenate([scales(best_d), scales(m), codes], axis=-1))
+
+
+def pack_exact(w):
+    """The most compact panels that hold ``w`` ``(K, N)`` exactly: Q4_1 panels
+    (:func:`pack_q4`) where ``w`` is a concrete Q4_1-exact matrix (a GGUF Q4_1 tensor
+    dequantized, e.g. every projection of the SmolLM2-135M file), else float32 panels
+    (:func:`pack`; always where :data:`Q4` is False). Either gives the same products bit for
+    bit (:func:`panel_product`).
+    numpy in, numpy out; JAX in, JAX out (traced arrays get float32 panels).
+
+    Raises:
+      ValueError: as :func:`pack`.
+    """
+    if Q4 and not isinstance(w, jax.core.Tracer):
+        wq = pack_q4(w)
+        if wq is not None:
+            return wq if isinstance(w, np.ndarray) else jnp.asarray(wq)
+    return pack(w)
+
+
+def is_q4(wp) -> bool:
+    """Whether panels ``wp`` are Q4_1 panels (:func:`pack_q4`) rather than float32 ones."""
+    return wp.dtype == np.uint8
+
+
+def as_float_panels(wp):
+    """float32 panels ``(N / 16, K, 16)`` of the matrix panels ``wp`` of either kind hold."""
+    return pack(unpack_q4(wp)) if is_q4(wp) else wp
+
+
+def _f16_neighbour(h: np.ndarray, step: int) -> np.ndarray:
+    """The float16 values ``step`` ulps above (``step`` > 0) or below ``h`` (>= 0 values)."""
+    if step == 0:
+        return h
+    bits = h.view(np.uint16).astype(np.int32) + step
+    return np.clip(bits, 0, 0x7BFF).astype(np.uint16).view(np.float16)
+
+
+def unpack_q4(wq):
+    """Q4_1 panels ``(N / 16, K / 32, 384)`` (:func:`pack_q4`) -> float32 ``W`` ``(K, N)``,
+    the matrix they hold bit for bit (numpy in, numpy out; JAX in, JAX out)."""
+    t, b, _ = wq.shape
+    xp = np if isinstance(wq, np.ndarray) else jnp
+    if xp is np:
+        d = wq[..., : 4 * PANEL].copy().view(np.float32)  # (t, b, 16)
+        m = wq[..., 4 * PANEL : 8 * PANEL].copy().view(np.float32)
+    else:
+        d = jax.lax.bitcast_convert_type(wq[..., : 4 * PANEL].reshape(t, b, PANEL, 4), jnp.float32)
+        m = jax.lax.bitcast_convert_type(
+            wq[..., 4 * PANEL : 8 * PANEL].reshape(t, b, PANEL, 4), jnp.float32
+        )
+    codes = wq[..., 8 * PANEL :].reshape(t, b, Q4_BLOCK // 2, PANEL)
+    q = xp.stack([codes & 15, codes >> 4], axis=3).astype(xp.float32)  # (t, b, 16, 2, 16)
+    w = d[:, :, None, None, :] * q + m[:, :, None, None, :]
+    return w.transpose(1, 2, 3, 0, 4).reshape(b * Q4_BLOCK, t * PANEL)
+
+
 def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
     """``x (..., K) @ W`` for ``W`` packed by :func:`pack` -> ``(..., N)``, ``x``'s dtype.
 
@@ -197,6 +319,8 @@ def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
     Raises:
       ValueError: ``x``'s last axis is not the panels' ``K``.
     """
+    if is_q4(wp):
+        return _q4_product(x, wp)
     t, k, c = wp.shape
     if x.shape[-1] != k:
         raise ValueError(f"panel_product: x has {x.shape[-1]} features, the panels {k}")
@@ -214,17 +338,41 @@ def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
     return call(x.reshape(rows, k), wp).reshape(lead + (t * c,))
 
 
+def _q4_product(x: jax.Array, wq: jax.Array) -> jax.Array:
+    """``x (..., K) @ W`` for Q4_1 panels (:func:`pack_q4`): the kernel where it is loaded
+    (float32 ``x``), else an XLA product with the rebuilt matrix (:func:`unpack_q4`)."""
+    t, b, _ = wq.shape
+    k, n = b * Q4_BLOCK, t * PANEL
+    if x.shape[-1] != k:
+        raise ValueError(f"panel_product: x has {x.shape[-1]} features, the Q4_1 panels {k}")
+    lead = x.shape[:-1]
+    if x.dtype != jnp.float32 or jax.default_backend() != "cpu" or not _load():
+        return (x @ unpack_q4(wq).astype(x.dtype)).reshape(lead + (n,))
+    rows = int(np.prod(lead)) if lead else 1
+    out = jax.ShapeDtypeStruct((rows, n), jnp.float32)
+    call = jax.ffi.ffi_call(_TARGET_Q4, out, vmap_method="sequential")
+    return call(x.reshape(rows, k), wq).reshape(lead + (n,))
+
+
 __all__ = [
     "ENV",
     "KernelBuildError",
     "PANEL",
     "PANELS",
+    "Q4",
     "SUFFIX",
     "build",
     "library_path",
+    "Q4_BLOCK",
+    "Q4_BYTES",
+    "as_float_panels",
+    "is_q4",
     "pack",
+    "pack_exact",
+    "pack_q4",
     "packable",
     "panel_product",
     "panels_active",
     "unpack",
+    "unpack_q4",
 ]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.testing.tiny import tiny_model
+from jaxspec.testing.tiny import q4_exact, q4_exact_params, tiny_model
 from models.llama import layout, panels
 from models.llama.modeling import unstack_layers
 
@@ -149,3 +149,104 @@ def test_batched_steps_run_on_panels_and_decode_the_same(kernel, monkeypatch):
     monkeypatch.setattr(panels, "PANELS", False)
     xla = generate(model, params, prompts, max_new_tokens=12)
     assert ar.tokens == xla.tokens == ng.tokens
+
+
+# --------------------------------------------------------------------------- Q4_1 panels
+
+
+def test_q4_pack_round_trip_and_what_it_refuses():
+    """A dequantized Q4_1 matrix packs into 0.75 bytes a weight and unpacks bit for bit
+    (numpy and JAX); a matrix that is not exactly Q4_1 is refused (None), never rounded."""
+    rng = np.random.default_rng(3)
+    w = q4_exact(rng.standard_normal((64, 48)).astype(np.float32))
+    wq = panels.pack_q4(w)
+    assert wq.dtype == np.uint8 and wq.shape == (3, 2, panels.Q4_BYTES)
+    assert panels.is_q4(wq) and not panels.is_q4(panels.pack(w))
+    np.testing.assert_array_equal(panels.unpack_q4(wq).view(np.uint32), w.view(np.uint32))
+    back = np.asarray(panels.unpack_q4(jnp.asarray(wq)))
+    np.testing.assert_array_equal(back.view(np.uint32), w.view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(panels.pack_exact(jnp.asarray(w))), wq)
+    nudged = w.copy()
+    nudged[37, 5] = np.nextafter(nudged[37, 5], np.float32(np.inf))
+    assert panels.pack_q4(nudged) is None  # one weight off the grid: the whole matrix
+    assert panels.pack_q4(rng.standard_normal((64, 48)).astype(np.float32)) is None
+    assert panels.pack_q4(w[:40]) is None and panels.pack_q4(w[:, :40]) is None
+    assert panels.pack_q4(w.astype(np.float16)) is None
+    assert panels.pack_exact(nudged).dtype == np.float32  # falls back to float32 panels
+    constant = np.full((32, 16), 0.25, np.float32)  # d = 0 blocks
+    np.testing.assert_array_equal(panels.unpack_q4(panels.pack_q4(constant)), constant)
+
+
+@pytest.mark.parametrize("K,N", [(32, 16), (576, 960), (1536, 576)])
+@pytest.mark.parametrize("rows", [1, 2, 9, 16, 17, 40])
+def test_q4_kernel_equals_the_float_panels_bit_for_bit(kernel, K, N, rows):
+    """The Q4_1 kernel rebuilds every weight exactly and sums in the float32 kernel's order:
+    the same bits, for any row count (more than 16 rows take several passes over a panel)."""
+    rng = np.random.default_rng(K + N + rows)
+    w = q4_exact((rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32))
+    x = jnp.asarray(rng.standard_normal((rows, K)).astype(np.float32))
+    f = jax.jit(panels.panel_product)
+    want = np.asarray(f(x, jnp.asarray(panels.pack(w))))
+    got = np.asarray(f(x, jnp.asarray(panels.pack_q4(w))))
+    assert got.shape == (rows, N)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match=f"x has {K + 1} features, the Q4_1 panels {K}"):
+        panels.panel_product(jnp.zeros((1, K + 1)), jnp.asarray(panels.pack_q4(w)))
+    fallback = panels.panel_product(x.astype(jnp.bfloat16), jnp.asarray(panels.pack_q4(w)))
+    np.testing.assert_allclose(
+        np.asarray(fallback, np.float32), want, rtol=0.05, atol=0.05 * np.abs(want).max()
+    )
+
+
+def test_mixed_qkv_panels_fuse_as_float(kernel):
+    """q/k/v of which only some are Q4_1-exact fuse into one float32 product."""
+    from models.llama.modeling import fuse_qkv
+
+    rng = np.random.default_rng(5)
+    ws = {n: rng.standard_normal((32, 16 * c)).astype(np.float32) for n, c in [("wq", 2)]}
+    ws["wk"] = q4_exact(rng.standard_normal((32, 16)).astype(np.float32))
+    ws["wv"] = q4_exact(rng.standard_normal((32, 16)).astype(np.float32))
+    lp = {n + "_p": jnp.asarray(panels.pack_exact(w)) for n, w in ws.items()}
+    assert [panels.is_q4(lp[n + "_p"]) for n in ws] == [False, True, True]
+    fused = fuse_qkv(lp)["wqkv_p"]
+    assert fused.dtype == jnp.float32
+    full = np.concatenate([ws["wq"], ws["wk"], ws["wv"]], axis=1)
+    np.testing.assert_array_equal(np.asarray(panels.unpack(fused)), full)
+
+
+def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch):
+    """A model whose matrices are Q4_1-exact (as loaded from a Q4_1 GGUF) is laid out in
+    Q4_1 panels: its logits equal those on float32 panels bit for bit; the plan runs its
+    one-token steps on panels at batch 1 too; AR and n-gram decode XLA's greedy tokens."""
+    from jaxspec.causal.decode import decode_plan, generate
+    from jaxspec.core.drafters import NgramDrafter
+
+    model, params = tiny_model(64)
+    params = q4_exact_params(params)
+    assert layout.q4_panels(params)
+    assert not layout.q4_panels(tiny_model(64)[1])  # random float32: not Q4_1
+    tree = unstack_layers(params, panels=True)
+    lp = tree["layers"][0]
+    assert all(panels.is_q4(lp[k]) for k in ("wqkv_p", "wo_p", "w_up_p", "w_down_p"))
+    tokens = jnp.asarray([[3, 7, 1, 9, 4], [2, 2, 8, 5, 0]], jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((5, 5), bool)), (2, 5, 5))
+    on_q4 = np.asarray(model.apply({"params": tree}, tokens, pos, mask)[0])
+    monkeypatch.setattr(panels, "Q4", False)
+    assert not layout.q4_panels(params)
+    as_float = unstack_layers(params, panels=True)
+    assert as_float["layers"][0]["wqkv_p"].dtype == jnp.float32
+    on_float = np.asarray(model.apply({"params": as_float}, tokens, pos, mask)[0])
+    np.testing.assert_array_equal(on_q4.view(np.uint32), on_float.view(np.uint32))
+    monkeypatch.setattr(panels, "Q4", True)
+    plan = decode_plan(model, params, batch=1, layer_loop="unrolled")
+    assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
+    ar = generate(model, params, prompts, max_new_tokens=12, plan=plan)
+    drafter = NgramDrafter(3, 64)
+    ng_plan = decode_plan(model, params, drafter, verify_layout="stored", layer_loop="unrolled")
+    assert ng_plan.step_layout == "stored"
+    ng = generate(model, params, prompts, max_new_tokens=12, drafter=drafter, plan=ng_plan)
+    monkeypatch.setattr(panels, "PANELS", False)
+    xla = generate(model, params, prompts, max_new_tokens=12)
+    assert ar.tokens == ng.tokens == xla.tokens

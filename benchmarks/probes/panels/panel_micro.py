@@ -8,8 +8,12 @@ For each of SmolLM2-135M's four layer-product shapes (q/k/v fused ``576 x 960``,
 ``1536 x 576``), a chain of 30 products (one per layer, 30 different matrices, so the weights
 stream from memory as in a decode step) at each row count, in three layouts: XLA on input-major
 ``(in, out)`` weights (``x @ w``), XLA on output-major ``(out, in)`` weights (the AR loop's
-layout) and the panel kernel on panels (:mod:`models.llama.panels`); then the tied LM head
-``576 x 49152``. Rates are weight bytes over the fastest call.
+layout), the panel kernel on float32 panels (:mod:`models.llama.panels`) and on Q4_1 panels
+(:func:`models.llama.panels.pack_q4`, 0.75 bytes a weight); then the tied LM head ``576 x
+49152``. The weights are random matrices quantized to GGUF Q4_1 and dequantized (as the
+SmolLM2-135M file's are), so every arm multiplies the same float32 matrix; the Q4_1 arm's
+results are checked bit for bit against the float32 panels'. Rates are float32 weight bytes
+over the fastest call.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench.quant_matmul import measure
+from jaxspec.testing.tiny import q4_exact
 from models.llama import panels
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
@@ -35,6 +40,7 @@ def arms():
         ("XLA input-major", stored, lambda w: w),
         ("XLA output-major", out_major, lambda w: w.T),
         ("panel kernel", on_panels, panels.pack),
+        ("Q4_1 panels", on_panels, panels.pack_q4),
     )
 
 
@@ -56,7 +62,7 @@ def main(argv=None) -> int:
     print("|---|---|" + "---|" * len(names))
     for k, n in SHAPES + [(576, 49152)]:
         count = 1 if n == 49152 else LAYERS
-        ws = [rng.standard_normal((k, n), dtype=np.float32) * 0.05 for _ in range(count)]
+        ws = [q4_exact(rng.standard_normal((k, n), dtype=np.float32) * 0.05) for _ in range(count)]
         gb = count * k * n * 4 / 1e9
         for rows in args.rows:
             x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32))
@@ -64,6 +70,8 @@ def main(argv=None) -> int:
             ref = np.asarray(named[names[0]][0](*named[names[0]][1])[-1])
             for f, a in named.values():
                 np.testing.assert_allclose(np.asarray(f(*a)[-1]), ref, rtol=1e-4, atol=1e-4)
+            f32, q4 = (np.asarray(named[a][0](*named[a][1])[-1]) for a in names[2:4])
+            assert np.array_equal(f32.view(np.uint32), q4.view(np.uint32)), "Q4_1 != float32"
             cells = []
             for name, (med, fast) in measure(named, args.reps).items():
                 cells.append(f"{fast:.2f} / {med:.2f} ({gb / fast * 1e3:.0f} GB/s)")

@@ -12,6 +12,15 @@
 // number of rows, the row's place among them, or the thread that runs its panel: a row's
 // result is bit-for-bit the same in a one-row step and in a many-row pass.
 //
+// Q4_1 panels (JaxspecPanelMatmulQ4): the same product for a matrix whose every 32-row block of
+// a column is exactly d * q + m with float16 d, m and 4-bit q (a GGUF Q4_1 tensor dequantized to
+// float32; models/llama/panels.py pack_q4 checks it bit for bit). A panel is K / 32 blocks of
+// 384 bytes: d (16 float32), m (16 float32), then 16 pairs of rows as 16 bytes each (row 2 i in
+// the low nibbles, row 2 i + 1 in the high ones). The kernel rebuilds each weight as
+// fma(q, d, m), which equals float32(d * q) + m because d * q is exact in float32, so it
+// multiplies exactly the float32 matrix, in the same chain order: its results are bit-for-bit
+// those of the float32 panels, from 0.75 bytes a weight instead of 4.
+//
 // Threads: the panels are shared out through an atomic counter between the calling thread and
 // tasks scheduled on XLA's intra-op thread pool (xla::ffi::ThreadPool). The caller works
 // through the panels too and then waits only for panels other threads already took, so a task
@@ -69,39 +78,142 @@ inline void panel_rows(const float* __restrict xt, int64_t K, const float* __res
   for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
 }
 
-using PanelFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
+constexpr int64_t kQ4Block = 32;                       // rows of W per scale block
+constexpr int64_t kQ4Bytes = 2 * 64 + kQ4Block / 2 * 16;  // d, m, then the codes: 384 bytes
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+#if defined(__AVX512F__)
+constexpr int kRowsQ4 = 16;
+#else
+constexpr int kRowsQ4 = 4;  // AVX2: the rebuilt weights and scales take registers too
+#endif
+
+// 16 bytes -> 16 int32 lanes (one vpmovzxbd; GCC's generic conversion goes byte by byte).
+inline i16 widen16(const uint8_t* p) {
+  i16 q;
+#if defined(__AVX512F__)
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  std::memcpy(&q, &v, sizeof(q));
+#elif defined(__AVX2__)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  std::memcpy(&q, &lo, 32);
+  std::memcpy(reinterpret_cast<char*>(&q) + 32, &hi, 32);
+#else
+  for (int i = 0; i < 16; ++i) q[i] = p[i];
+#endif
+  return q;
+}
+
+// M rows times one Q4_1 panel (K / 32 blocks of kQ4Bytes) -> y rows; the same chains as
+// panel_rows over the float32 weights fma(q, d, m).
+template <int M>
+inline void q4_panel_rows(const float* __restrict xt, int64_t K, const uint8_t* __restrict panel,
+                          float* __restrict y, int64_t ldy) {
+  v16 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = v16{};
+  for (int64_t b = 0; b < K / kQ4Block; ++b) {
+    const uint8_t* blk = panel + b * kQ4Bytes;
+    const v16 d = load16(reinterpret_cast<const float*>(blk));
+    const v16 mn = load16(reinterpret_cast<const float*>(blk + 64));
+    const uint8_t* codes = blk + 128;
+    const float* xb = xt + b * kQ4Block * M;
+    for (int64_t i = 0; i < kQ4Block / 2; ++i) {
+      const i16 q = widen16(codes + i * 16);
+      const v16 w0 = __builtin_convertvector(q & 15, v16) * d + mn;
+      const v16 w1 = __builtin_convertvector(q >> 4, v16) * d + mn;
+      const float* x0 = xb + 2 * i * M;
+      for (int m = 0; m < M; ++m) acc[m] += x0[m] * w0;
+      for (int m = 0; m < M; ++m) acc[m] += x0[M + m] * w1;
+    }
+  }
+  for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
+}
+
+template <typename W>
+using PanelFn = void (*)(const float*, int64_t, const W*, float*, int64_t);
 
 template <int... Ms>
-constexpr std::array<PanelFn, sizeof...(Ms)> table(std::integer_sequence<int, Ms...>) {
+constexpr std::array<PanelFn<float>, sizeof...(Ms)> table(std::integer_sequence<int, Ms...>) {
   return {&panel_rows<Ms + 1>...};
 }
 
-const auto kByRows = table(std::make_integer_sequence<int, kRows>{});
+template <int... Ms>
+constexpr std::array<PanelFn<uint8_t>, sizeof...(Ms)> table_q4(std::integer_sequence<int, Ms...>) {
+  return {&q4_panel_rows<Ms + 1>...};
+}
 
+const auto kByRows = table(std::make_integer_sequence<int, kRows>{});
+const auto kByRowsQ4 = table_q4(std::make_integer_sequence<int, kRowsQ4>{});
+
+// How the two weight formats are read: rows per call, the kernels, a panel's size in W's.
+struct F32Panels {
+  using W = float;
+  static constexpr int rows = kRows;
+  static const PanelFn<float>* fns() { return kByRows.data(); }
+  static int64_t panel_size(int64_t K) { return K * kPanel; }
+};
+
+struct Q4Panels {
+  using W = uint8_t;
+  static constexpr int rows = kRowsQ4;
+  static const PanelFn<uint8_t>* fns() { return kByRowsQ4.data(); }
+  static int64_t panel_size(int64_t K) { return K / kQ4Block * kQ4Bytes; }
+};
+
+template <typename F>
 struct Job {
   const float* xt;  // the row chunks, each k-major
-  const float* wp;
+  const typename F::W* wp;
   float* y;
   int64_t R, K, N, panels;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 };
 
-void run_panel(const Job& j, int64_t t) {
-  const float* panel = j.wp + t * j.K * kPanel;
-  for (int64_t r0 = 0; r0 < j.R; r0 += kRows) {
-    const int64_t m = std::min<int64_t>(kRows, j.R - r0);
-    kByRows[m - 1](j.xt + r0 * j.K, j.K, panel, j.y + r0 * j.N + t * kPanel, j.N);
+template <typename F>
+void run_panel(const Job<F>& j, int64_t t) {
+  const typename F::W* panel = j.wp + t * F::panel_size(j.K);
+  for (int64_t r0 = 0; r0 < j.R; r0 += F::rows) {
+    const int64_t m = std::min<int64_t>(F::rows, j.R - r0);
+    F::fns()[m - 1](j.xt + r0 * j.K, j.K, panel, j.y + r0 * j.N + t * kPanel, j.N);
   }
 }
 
-void work(Job& j) {
+template <typename F>
+void work(Job<F>& j) {
   for (;;) {
     const int64_t t = j.next.fetch_add(1, std::memory_order_relaxed);
     if (t >= j.panels) return;
     run_panel(j, t);
     j.done.fetch_add(1, std::memory_order_release);
   }
+}
+
+// y (R, N) = x (R, K) @ W for N / 16 panels of F's format at wp.
+template <typename F>
+void product(ffi::ThreadPool& pool, const float* xs, const typename F::W* wp, float* y,
+             int64_t R, int64_t K, int64_t panels) {
+  // x transposed per chunk of F::rows rows: chunk c holds rows c*rows.. as xt[k * m + i]
+  std::vector<float> xt(static_cast<size_t>(R * K));
+  for (int64_t r0 = 0; r0 < R; r0 += F::rows) {
+    const int64_t m = std::min<int64_t>(F::rows, R - r0);
+    float* dst = xt.data() + r0 * K;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t k = 0; k < K; ++k) dst[k * m + i] = xs[(r0 + i) * K + k];
+  }
+  auto job = std::make_shared<Job<F>>();
+  job->xt = xt.data();
+  job->wp = wp;
+  job->y = y;
+  job->R = R;
+  job->K = K;
+  job->N = panels * kPanel;
+  job->panels = panels;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), panels) - 1;
+  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { work(*job); });
+  work(*job);
+  while (job->done.load(std::memory_order_acquire) < panels) PAUSE();
 }
 
 ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wp,
@@ -112,28 +224,21 @@ ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
     return ffi::Error::InvalidArgument(
         "panel_matmul: expects x (R, K) and panels (N / 16, K, 16) with the same K");
   }
-  const int64_t R = xd[0], K = xd[1], panels = wd[0], N = panels * kPanel;
-  // x transposed per chunk of kRows rows: chunk c holds rows c*kRows.. as xt[k * m + i]
-  std::vector<float> xt(static_cast<size_t>(R * K));
-  const float* xs = x.typed_data();
-  for (int64_t r0 = 0; r0 < R; r0 += kRows) {
-    const int64_t m = std::min<int64_t>(kRows, R - r0);
-    float* dst = xt.data() + r0 * K;
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t k = 0; k < K; ++k) dst[k * m + i] = xs[(r0 + i) * K + k];
+  product<F32Panels>(pool, x.typed_data(), wp.typed_data(), y->typed_data(), xd[0], xd[1],
+                     wd[0]);
+  return ffi::Error::Success();
+}
+
+ffi::Error PanelMatmulQ4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> wq,
+                         ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = wq.dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || wd[2] != kQ4Bytes || wd[1] * kQ4Block != xd[1]) {
+    return ffi::Error::InvalidArgument(
+        "panel_matmul_q4: expects x (R, K) and Q4_1 panels (N / 16, K / 32, 384)");
   }
-  auto job = std::make_shared<Job>();
-  job->xt = xt.data();
-  job->wp = wp.typed_data();
-  job->y = y->typed_data();
-  job->R = R;
-  job->K = K;
-  job->N = N;
-  job->panels = panels;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), panels) - 1;
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { work(*job); });
-  work(*job);
-  while (job->done.load(std::memory_order_acquire) < panels) PAUSE();
+  product<Q4Panels>(pool, x.typed_data(), wq.typed_data(), y->typed_data(), xd[0], xd[1],
+                    wd[0]);
   return ffi::Error::Success();
 }
 
@@ -144,4 +249,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmul, PanelMatmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmulQ4, PanelMatmulQ4,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
