@@ -76,7 +76,7 @@ from models.llama.modeling import (
     rms_norm,
     rope_tables,
 )
-from models.llama.panels import pack, packable, panel_product, panels_active
+from models.llama.panels import pack, pack_exact, packable, panel_product, panels_active
 
 __all__ = [
     "Config",
@@ -386,7 +386,9 @@ def panel_layout(params: dict, target_params: Optional[dict] = None) -> dict:
     (:mod:`models.llama.panels`; :func:`drafter_params` applies it where the kernel is active):
     the drafter's layers split into a tuple of per-layer dicts (the forward unrolls them) whose
     float32 projection matrices are packed in panels (``name + "_p"``), ``fc`` as ``fc_p``, the
-    draft vocabulary's head as ``vocab_head_p`` and the target's head as ``head_p`` (cached
+    draft vocabulary's head as ``vocab_head_p`` (rows of the target's embedding: Q8_0 panels
+    where that is a Q8_0 tensor, :func:`models.llama.panels.pack_exact`) and the target's
+    head as ``head_p`` (cached
     with the target's own, :func:`models.llama.layout.head_panels`). A drafter forward has
     ``B`` block rows and a verification pass feeds it ``k + 1`` feature rows: few-row products,
     which the kernel runs at about the cost of one row. The drafter computes the same function
@@ -404,7 +406,7 @@ def panel_layout(params: dict, target_params: Optional[dict] = None) -> dict:
         draft = {k: v for k, v in draft.items() if k != "fc"} | {"fc_p": pack(own["fc"])}
     out = {**params, "draft": draft}
     if "vocab_head" in params and packable(params["vocab_head"].T):
-        out["vocab_head_p"] = pack(params["vocab_head"].T)
+        out["vocab_head_p"] = pack_exact(params["vocab_head"].T)
     elif "vocab" not in params:
         head = head_panels(params if target_params is None else target_params)
         if head is not None:

@@ -55,11 +55,18 @@ def q4_exact(w) -> np.ndarray:
     """A float32 matrix ``w`` ``(K, N)`` rounded to GGUF Q4_1 along ``K`` (blocks of 32 inputs
     per output, ``gguf.quants``) and dequantized: the values a Q4_1 GGUF file's tensor loads
     as, which :func:`models.llama.panels.pack_q4` packs exactly. ``K`` a multiple of 32."""
-    q = gguf.quants.quantize(np.ascontiguousarray(np.asarray(w, np.float32).T), _Q4_1)
-    return np.ascontiguousarray(gguf.quants.dequantize(q, _Q4_1).T)
+    return _round_trip(w, gguf.GGMLQuantizationType.Q4_1)
 
 
-_Q4_1 = gguf.GGMLQuantizationType.Q4_1
+def q8_exact(w) -> np.ndarray:
+    """:func:`q4_exact` for GGUF Q8_0 (the SmolLM2 file's token embedding, the tied head):
+    what :func:`models.llama.panels.pack_q8` packs exactly."""
+    return _round_trip(w, gguf.GGMLQuantizationType.Q8_0)
+
+
+def _round_trip(w, kind) -> np.ndarray:
+    q = gguf.quants.quantize(np.ascontiguousarray(np.asarray(w, np.float32).T), kind)
+    return np.ascontiguousarray(gguf.quants.dequantize(q, kind).T)
 
 
 def q4_exact_params(params: dict) -> dict:

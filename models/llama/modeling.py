@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from models.config import ModelConfig
 from models.llama.panels import SUFFIX as PANEL_SUFFIX
-from models.llama.panels import as_float_panels, is_q4, pack_exact, packable, panel_product
+from models.llama.panels import as_float_panels, pack_exact, packable, panel_product
 
 
 @flax.struct.dataclass
@@ -488,7 +488,7 @@ def fuse_qkv(lp: dict) -> dict:
         scales = [m + "_s" for m in QKV] if suffix == "_q_t" else []
         out = {k: v for k, v in lp.items() if k not in names and k not in scales}
         parts = [lp[n] for n in names]
-        if suffix == PANEL_SUFFIX and len({is_q4(w) for w in parts}) > 1:
+        if suffix == PANEL_SUFFIX and len({w.dtype for w in parts}) > 1:
             parts = [as_float_panels(w) for w in parts]  # one kind of panels per product
         out[QKV_FUSED + suffix] = jnp.concatenate(parts, axis=0)
         if scales:

@@ -57,10 +57,14 @@ Q4: bool = os.environ.get("JAXSPEC_PANELS_Q4", "1").strip().lower() not in ("0",
 
 _TARGET = "jaxspec_panel_matmul"
 _TARGET_Q4 = "jaxspec_panel_matmul_q4"
+_TARGET_Q8 = "jaxspec_panel_matmul_q8"
 #: rows of ``W`` per Q4_1 scale block (GGUF's block size along the input axis)
 Q4_BLOCK = 32
 #: bytes of one Q4_1 panel block: 16 float32 ``d``, 16 float32 ``m``, 16 x 16 code bytes
 Q4_BYTES = 2 * 4 * PANEL + Q4_BLOCK // 2 * PANEL
+#: bytes of one Q8_0 panel block (blocks of :data:`Q4_BLOCK` rows): 16 float32 ``d``, 32 x 16
+#: int8 codes
+Q8_BYTES = 4 * PANEL + Q4_BLOCK * PANEL
 _SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
 _state: dict = {}
@@ -138,6 +142,9 @@ def _load() -> bool:
         )
         jax.ffi.register_ffi_target(
             _TARGET_Q4, jax.ffi.pycapsule(lib.JaxspecPanelMatmulQ4), platform="cpu"
+        )
+        jax.ffi.register_ffi_target(
+            _TARGET_Q8, jax.ffi.pycapsule(lib.JaxspecPanelMatmulQ8), platform="cpu"
         )
         _state["ok"] = True
     except (KernelBuildError, OSError) as e:
@@ -257,7 +264,8 @@ def pack_q4(w) -> Optional[np.ndarray]:
 def pack_exact(w):
     """The most compact panels that hold ``w`` ``(K, N)`` exactly: Q4_1 panels
     (:func:`pack_q4`) where ``w`` is a concrete Q4_1-exact matrix (a GGUF Q4_1 tensor
-    dequantized, e.g. every projection of the SmolLM2-135M file), else float32 panels
+    dequantized, e.g. every projection of the SmolLM2-135M file), else Q8_0 panels
+    (:func:`pack_q8`; e.g. that file's token embedding, the tied LM head), else float32 panels
     (:func:`pack`; always where :data:`Q4` is False). Either gives the same products bit for
     bit (:func:`panel_product`).
     numpy in, numpy out; JAX in, JAX out (traced arrays get float32 panels).
@@ -267,19 +275,85 @@ def pack_exact(w):
     """
     if Q4 and not isinstance(w, jax.core.Tracer):
         wq = pack_q4(w)
+        wq = pack_q8(w) if wq is None else wq
         if wq is not None:
             return wq if isinstance(w, np.ndarray) else jnp.asarray(wq)
     return pack(w)
 
 
 def is_q4(wp) -> bool:
-    """Whether panels ``wp`` are Q4_1 panels (:func:`pack_q4`) rather than float32 ones."""
+    """Whether panels ``wp`` are Q4_1 panels (:func:`pack_q4`, uint8)."""
     return wp.dtype == np.uint8
 
 
+def is_q8(wp) -> bool:
+    """Whether panels ``wp`` are Q8_0 panels (:func:`pack_q8`, int8)."""
+    return wp.dtype == np.int8
+
+
 def as_float_panels(wp):
-    """float32 panels ``(N / 16, K, 16)`` of the matrix panels ``wp`` of either kind hold."""
-    return pack(unpack_q4(wp)) if is_q4(wp) else wp
+    """float32 panels ``(N / 16, K, 16)`` of the matrix that panels ``wp`` of any kind hold."""
+    if is_q4(wp):
+        return pack(unpack_q4(wp))
+    return pack(unpack_q8(wp)) if is_q8(wp) else wp
+
+
+def pack_q8(w) -> Optional[np.ndarray]:
+    """Q8_0 panels of a float32 matrix ``W`` ``(K, N)`` that is exactly a dequantized GGUF
+    Q8_0 tensor, or None where it is not.
+
+    Q8_0 (ggml) stores each block of 32 consecutive inputs of one output as a float16 ``d``
+    and int8 codes ``q``; dequantized a weight is ``d * q`` (exact in float32). ``d`` is found
+    among the float16 values next to the block's ``max |w| / 127`` and kept only if it
+    rebuilds every weight bit for bit; else None. Layout: ``int8`` ``(N / 16, K / 32, 576)``,
+    per panel ``t`` and block ``b`` the 16 columns' ``d`` as float32 bytes, then 32 rows of
+    16 codes (1.125 bytes a weight).
+
+    Args:
+      w: float32 ``(K, N)``, ``K`` a multiple of 32 and ``N`` of 16; anything else gives None.
+    """
+    if getattr(w, "ndim", 0) != 2 or w.dtype != np.float32:
+        return None
+    k, n = w.shape
+    if k % Q4_BLOCK or n % PANEL or k == 0 or n == 0:
+        return None
+    v = np.asarray(w).reshape(k // Q4_BLOCK, Q4_BLOCK, n)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        d0 = (np.abs(v).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float16)
+        best_q = np.zeros(v.shape, np.int8)
+        best_d = np.zeros(d0.shape, np.float32)
+        done = np.zeros(d0.shape, bool)
+        for step in (0, 1, -1):
+            d = _f16_neighbour(d0, step).astype(np.float32)
+            q = np.where(d > 0, np.rint(v / np.where(d > 0, d, 1)), 0)
+            q = np.clip(q, -128, 127).astype(np.float32)
+            ok = ((d * q).view(np.uint32) == v.view(np.uint32)).all(axis=1, keepdims=True)
+            new = ok & ~done
+            best_q = np.where(new, q.astype(np.int8), best_q)
+            best_d = np.where(new, d, best_d)
+            done |= ok
+            if done.all():
+                break
+    if not done.all():
+        return None
+    b, t = k // Q4_BLOCK, n // PANEL
+    codes = best_q.reshape(b, Q4_BLOCK, t, PANEL).transpose(2, 0, 1, 3).reshape(t, b, -1)
+    scales = best_d.reshape(b, t, PANEL).transpose(1, 0, 2).copy().view(np.int8)
+    return np.ascontiguousarray(np.concatenate([scales, codes], axis=-1))
+
+
+def unpack_q8(wq):
+    """Q8_0 panels ``(N / 16, K / 32, 576)`` (:func:`pack_q8`) -> float32 ``W`` ``(K, N)``,
+    bit for bit (numpy in, numpy out; JAX in, JAX out)."""
+    t, b, _ = wq.shape
+    if isinstance(wq, np.ndarray):
+        d, xp = wq[..., : 4 * PANEL].copy().view(np.float32), np
+    else:
+        d = jax.lax.bitcast_convert_type(wq[..., : 4 * PANEL].reshape(t, b, PANEL, 4), jnp.float32)
+        xp = jnp
+    q = wq[..., 4 * PANEL :].reshape(t, b, Q4_BLOCK, PANEL).astype(xp.float32)
+    w = q * d[:, :, None, :]
+    return w.transpose(1, 2, 0, 3).reshape(b * Q4_BLOCK, t * PANEL)
 
 
 def _f16_neighbour(h: np.ndarray, step: int) -> np.ndarray:
@@ -319,8 +393,8 @@ def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
     Raises:
       ValueError: ``x``'s last axis is not the panels' ``K``.
     """
-    if is_q4(wp):
-        return _q4_product(x, wp)
+    if is_q4(wp) or is_q8(wp):
+        return _quant_product(x, wp)
     t, k, c = wp.shape
     if x.shape[-1] != k:
         raise ValueError(f"panel_product: x has {x.shape[-1]} features, the panels {k}")
@@ -338,19 +412,22 @@ def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
     return call(x.reshape(rows, k), wp).reshape(lead + (t * c,))
 
 
-def _q4_product(x: jax.Array, wq: jax.Array) -> jax.Array:
-    """``x (..., K) @ W`` for Q4_1 panels (:func:`pack_q4`): the kernel where it is loaded
-    (float32 ``x``), else an XLA product with the rebuilt matrix (:func:`unpack_q4`)."""
+def _quant_product(x: jax.Array, wq: jax.Array) -> jax.Array:
+    """``x (..., K) @ W`` for Q4_1 or Q8_0 panels (:func:`pack_q4`, :func:`pack_q8`): the
+    kernel where it is loaded (float32 ``x``), else an XLA product with the rebuilt matrix."""
     t, b, _ = wq.shape
     k, n = b * Q4_BLOCK, t * PANEL
+    kind, target, unpacked = (
+        ("Q4_1", _TARGET_Q4, unpack_q4) if is_q4(wq) else ("Q8_0", _TARGET_Q8, unpack_q8)
+    )
     if x.shape[-1] != k:
-        raise ValueError(f"panel_product: x has {x.shape[-1]} features, the Q4_1 panels {k}")
+        raise ValueError(f"panel_product: x has {x.shape[-1]} features, the {kind} panels {k}")
     lead = x.shape[:-1]
     if x.dtype != jnp.float32 or jax.default_backend() != "cpu" or not _load():
-        return (x @ unpack_q4(wq).astype(x.dtype)).reshape(lead + (n,))
+        return (x @ unpacked(wq).astype(x.dtype)).reshape(lead + (n,))
     rows = int(np.prod(lead)) if lead else 1
     out = jax.ShapeDtypeStruct((rows, n), jnp.float32)
-    call = jax.ffi.ffi_call(_TARGET_Q4, out, vmap_method="sequential")
+    call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
     return call(x.reshape(rows, k), wq).reshape(lead + (n,))
 
 
@@ -365,14 +442,18 @@ __all__ = [
     "library_path",
     "Q4_BLOCK",
     "Q4_BYTES",
+    "Q8_BYTES",
     "as_float_panels",
     "is_q4",
+    "is_q8",
     "pack",
     "pack_exact",
     "pack_q4",
+    "pack_q8",
     "packable",
     "panel_product",
     "panels_active",
     "unpack",
     "unpack_q4",
+    "unpack_q8",
 ]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.testing.tiny import q4_exact, q4_exact_params, tiny_model
+from jaxspec.testing.tiny import q4_exact, q4_exact_params, q8_exact, tiny_model
 from models.llama import layout, panels
 from models.llama.modeling import unstack_layers
 
@@ -250,3 +250,47 @@ def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch)
     monkeypatch.setattr(panels, "PANELS", False)
     xla = generate(model, params, prompts, max_new_tokens=12)
     assert ar.tokens == ng.tokens == xla.tokens
+
+
+def test_q8_panels_hold_a_q8_matrix_and_multiply_it_bit_for_bit(kernel):
+    """Q8_0 (the SmolLM2 file's token embedding): packed at 1.125 bytes a weight, unpacked
+    bit for bit, multiplied to the float32 panels' bits; non-Q8_0 matrices refused."""
+    rng = np.random.default_rng(7)
+    w = q8_exact(rng.standard_normal((96, 64)).astype(np.float32))
+    assert panels.pack_q4(w) is None
+    wq = panels.pack_q8(w)
+    assert wq.dtype == np.int8 and wq.shape == (4, 3, panels.Q8_BYTES) and panels.is_q8(wq)
+    np.testing.assert_array_equal(panels.unpack_q8(wq).view(np.uint32), w.view(np.uint32))
+    back = np.asarray(panels.unpack_q8(jnp.asarray(wq)))
+    np.testing.assert_array_equal(back.view(np.uint32), w.view(np.uint32))
+    assert panels.pack_exact(w).dtype == np.int8
+    np.testing.assert_array_equal(panels.unpack(panels.as_float_panels(wq)), w)
+    assert panels.pack_q8(rng.standard_normal((96, 64)).astype(np.float32)) is None
+    f = jax.jit(panels.panel_product)
+    for rows in (1, 9, 17):
+        x = jnp.asarray(rng.standard_normal((rows, 96)).astype(np.float32))
+        want = np.asarray(f(x, jnp.asarray(panels.pack(w))))
+        got = np.asarray(f(x, jnp.asarray(wq)))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="the Q8_0 panels 96"):
+        panels.panel_product(jnp.zeros((1, 95)), jnp.asarray(wq))
+
+
+def test_a_q8_embedding_gives_a_q8_head(kernel):
+    """A tied embedding that is exactly Q8_0 (as in the SmolLM2 file) is packed as the
+    decode layout's head in Q8_0 panels; logits equal those on a float32 head bit for bit."""
+    from models.llama.modeling import HEAD_PANELS
+
+    model, params = tiny_model(64, arch="qwen2")
+    params = {**q4_exact_params(params), "embed": jnp.asarray(q8_exact(params["embed"].T).T)}
+    tree = layout.decode_layout(params, "unrolled")
+    assert panels.is_q8(tree[HEAD_PANELS])
+    np.testing.assert_array_equal(
+        np.asarray(panels.unpack_q8(tree[HEAD_PANELS])), np.asarray(params["embed"]).T
+    )
+    tokens = jnp.asarray([[3, 7, 1, 9]], jnp.int32)
+    pos, mask = jnp.arange(4)[None], jnp.tril(jnp.ones((4, 4), bool))[None]
+    on_q = np.asarray(model.apply({"params": tree}, tokens, pos, mask)[0])
+    float_head = {**tree, HEAD_PANELS: panels.as_float_panels(tree[HEAD_PANELS])}
+    on_f = np.asarray(model.apply({"params": float_head}, tokens, pos, mask)[0])
+    np.testing.assert_array_equal(on_q.view(np.uint32), on_f.view(np.uint32))

@@ -21,6 +21,12 @@
 // multiplies exactly the float32 matrix, in the same chain order: its results are bit-for-bit
 // those of the float32 panels, from 0.75 bytes a weight instead of 4.
 //
+// Q8_0 panels (JaxspecPanelMatmulQ8): likewise for a matrix whose every 32-row block of a
+// column is d * q with float16 d and int8 q (a GGUF Q8_0 tensor, e.g. SmolLM2's tied token
+// embedding, the LM head). A panel is K / 32 blocks of 576 bytes: d (16 float32), then 32 rows
+// of 16 int8 codes. d * q is exact in float32, so the products are again those of the float32
+// panels bit for bit, from 1.125 bytes a weight.
+//
 // Threads: the panels are shared out through an atomic counter between the calling thread and
 // tasks scheduled on XLA's intra-op thread pool (xla::ffi::ThreadPool). The caller works
 // through the panels too and then waits only for panels other threads already took, so a task
@@ -130,6 +136,46 @@ inline void q4_panel_rows(const float* __restrict xt, int64_t K, const uint8_t* 
   for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
 }
 
+constexpr int64_t kQ8Bytes = 64 + kQ4Block * 16;  // d, then the codes: 576 bytes
+
+// 16 signed bytes -> 16 int32 lanes (vpmovsxbd).
+inline i16 widen16s(const int8_t* p) {
+  i16 q;
+#if defined(__AVX512F__)
+  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  std::memcpy(&q, &v, sizeof(q));
+#elif defined(__AVX2__)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i lo = _mm256_cvtepi8_epi32(b), hi = _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8));
+  std::memcpy(&q, &lo, 32);
+  std::memcpy(reinterpret_cast<char*>(&q) + 32, &hi, 32);
+#else
+  for (int i = 0; i < 16; ++i) q[i] = p[i];
+#endif
+  return q;
+}
+
+// M rows times one Q8_0 panel (K / 32 blocks of kQ8Bytes) -> y rows; the same chains as
+// panel_rows over the float32 weights q * d.
+template <int M>
+inline void q8_panel_rows(const float* __restrict xt, int64_t K, const int8_t* __restrict panel,
+                          float* __restrict y, int64_t ldy) {
+  v16 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = v16{};
+  for (int64_t b = 0; b < K / kQ4Block; ++b) {
+    const int8_t* blk = panel + b * kQ8Bytes;
+    const v16 d = load16(reinterpret_cast<const float*>(blk));
+    const int8_t* codes = blk + 64;
+    const float* xb = xt + b * kQ4Block * M;
+    for (int64_t k = 0; k < kQ4Block; ++k) {
+      const v16 w = __builtin_convertvector(widen16s(codes + k * 16), v16) * d;
+      const float* x0 = xb + k * M;
+      for (int m = 0; m < M; ++m) acc[m] += x0[m] * w;
+    }
+  }
+  for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
+}
+
 template <typename W>
 using PanelFn = void (*)(const float*, int64_t, const W*, float*, int64_t);
 
@@ -143,8 +189,14 @@ constexpr std::array<PanelFn<uint8_t>, sizeof...(Ms)> table_q4(std::integer_sequ
   return {&q4_panel_rows<Ms + 1>...};
 }
 
+template <int... Ms>
+constexpr std::array<PanelFn<int8_t>, sizeof...(Ms)> table_q8(std::integer_sequence<int, Ms...>) {
+  return {&q8_panel_rows<Ms + 1>...};
+}
+
 const auto kByRows = table(std::make_integer_sequence<int, kRows>{});
 const auto kByRowsQ4 = table_q4(std::make_integer_sequence<int, kRowsQ4>{});
+const auto kByRowsQ8 = table_q8(std::make_integer_sequence<int, kRowsQ4>{});
 
 // How the two weight formats are read: rows per call, the kernels, a panel's size in W's.
 struct F32Panels {
@@ -159,6 +211,13 @@ struct Q4Panels {
   static constexpr int rows = kRowsQ4;
   static const PanelFn<uint8_t>* fns() { return kByRowsQ4.data(); }
   static int64_t panel_size(int64_t K) { return K / kQ4Block * kQ4Bytes; }
+};
+
+struct Q8Panels {
+  using W = int8_t;
+  static constexpr int rows = kRowsQ4;
+  static const PanelFn<int8_t>* fns() { return kByRowsQ8.data(); }
+  static int64_t panel_size(int64_t K) { return K / kQ4Block * kQ8Bytes; }
 };
 
 template <typename F>
@@ -242,6 +301,19 @@ ffi::Error PanelMatmulQ4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   return ffi::Error::Success();
 }
 
+ffi::Error PanelMatmulQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> wq,
+                         ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = wq.dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || wd[2] != kQ8Bytes || wd[1] * kQ4Block != xd[1]) {
+    return ffi::Error::InvalidArgument(
+        "panel_matmul_q8: expects x (R, K) and Q8_0 panels (N / 16, K / 32, 576)");
+  }
+  product<Q8Panels>(pool, x.typed_data(), wq.typed_data(), y->typed_data(), xd[0], xd[1],
+                    wd[0]);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmul, PanelMatmul,
@@ -256,4 +328,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmulQ4, PanelMatmulQ4,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmulQ8, PanelMatmulQ8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
