@@ -9,10 +9,11 @@ For each of SmolLM2-135M's four layer-product shapes (q/k/v fused ``576 x 960``,
 stream from memory as in a decode step) at each row count, in three layouts: XLA on input-major
 ``(in, out)`` weights (``x @ w``), XLA on output-major ``(out, in)`` weights (the AR loop's
 layout), the panel kernel on float32 panels (:mod:`models.llama.panels`) and on Q4_1 panels
-(:func:`models.llama.panels.pack_q4`, 0.75 bytes a weight); then the tied LM head ``576 x
-49152``. The weights are random matrices quantized to GGUF Q4_1 and dequantized (as the
-SmolLM2-135M file's are), so every arm multiplies the same float32 matrix; the Q4_1 arm's
-results are checked bit for bit against the float32 panels'. Rates are float32 weight bytes
+(:func:`models.llama.panels.pack_exact`: 0.75 bytes a weight); then the tied LM head ``576 x
+49152`` (Q8_0 panels, 1.125 bytes a weight). The weights are random matrices quantized to GGUF
+Q4_1 (the head: Q8_0) and dequantized, as the SmolLM2-135M file's are, so every arm multiplies
+the same float32 matrix; the quantized arm's results are checked bit for bit against the
+float32 panels'. Rates are float32 weight bytes
 over the fastest call.
 """
 
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench.quant_matmul import measure
-from jaxspec.testing.tiny import q4_exact
+from jaxspec.testing.tiny import q4_exact, q8_exact
 from models.llama import panels
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
@@ -40,7 +41,7 @@ def arms():
         ("XLA input-major", stored, lambda w: w),
         ("XLA output-major", out_major, lambda w: w.T),
         ("panel kernel", on_panels, panels.pack),
-        ("Q4_1 panels", on_panels, panels.pack_q4),
+        ("Q4_1 / Q8_0 panels", on_panels, panels.pack_exact),
     )
 
 
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
     print("|---|---|" + "---|" * len(names))
     for k, n in SHAPES + [(576, 49152)]:
         count = 1 if n == 49152 else LAYERS
-        ws = [q4_exact(rng.standard_normal((k, n), dtype=np.float32) * 0.05) for _ in range(count)]
+        exact = q8_exact if n == 49152 else q4_exact  # as in the SmolLM2 file
+        ws = [exact(rng.standard_normal((k, n), dtype=np.float32) * 0.05) for _ in range(count)]
         gb = count * k * n * 4 / 1e9
         for rows in args.rows:
             x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32))
