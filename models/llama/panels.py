@@ -51,8 +51,9 @@ SUFFIX = "_p"
 PANELS: Optional[bool] = None
 #: environment switch read once as the default of :data:`PANELS`: ``0`` turns the kernel off
 ENV = "JAXSPEC_PANELS"
-#: pack Q4_1-exact matrices in Q4_1 panels (:func:`pack_exact`); False keeps float32 panels
-#: (the same products bit for bit, 5.3x the bytes). Its default: ``$JAXSPEC_PANELS_Q4`` not 0.
+#: pack Q4_1-exact (Q8_0-exact) matrices in Q4_1 (Q8_0) panels (:func:`pack_exact`); False
+#: keeps float32 panels (the same products bit for bit, 5.3x (3.6x) the bytes). Its default:
+#: ``$JAXSPEC_PANELS_Q4`` not 0.
 Q4: bool = os.environ.get("JAXSPEC_PANELS_Q4", "1").strip().lower() not in ("0", "false", "off")
 
 _TARGET = "jaxspec_panel_matmul"
@@ -224,41 +225,24 @@ def pack_q4(w) -> Optional[np.ndarray]:
       w: float32 ``(K, N)`` (numpy or JAX, host-readable), ``K`` a multiple of 32 and ``N``
         of 16; anything else gives None.
     """
-    if getattr(w, "ndim", 0) != 2 or w.dtype != np.float32:
+    v = _blocks(w)
+    if v is None:
         return None
-    k, n = w.shape
-    if k % Q4_BLOCK or n % PANEL or k == 0 or n == 0:
-        return None
-    v = np.asarray(w).reshape(k // Q4_BLOCK, Q4_BLOCK, n)
     m = v.min(axis=1, keepdims=True)
     if not np.array_equal(
         m.astype(np.float16).astype(np.float32).view(np.uint32), m.view(np.uint32)
     ):
         return None
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        d0 = ((v.max(axis=1, keepdims=True) - m) / np.float32(15)).astype(np.float16)
-        best_q = np.zeros(v.shape, np.uint8)
-        best_d = np.zeros(m.shape, np.float32)
-        done = np.zeros(m.shape, bool)
-        for step in (0, 1, -1):
-            d = _f16_neighbour(d0, step).astype(np.float32)
-            q = np.where(d > 0, np.rint((v - m) / np.where(d > 0, d, 1)), 0)
-            q = np.clip(q, 0, 15).astype(np.float32)
-            ok = ((d * q + m).view(np.uint32) == v.view(np.uint32)).all(axis=1, keepdims=True)
-            new = ok & ~done
-            best_q = np.where(new, q.astype(np.uint8), best_q)
-            best_d = np.where(new, d, best_d)
-            done |= ok
-    if not done.all():
+    with np.errstate(over="ignore", invalid="ignore"):
+        fit = _fit_blocks(v, (v.max(axis=1, keepdims=True) - m) / np.float32(15), m, 0, 15)
+    if fit is None:
         return None
-    b, t = k // Q4_BLOCK, n // PANEL
-    q = best_q.reshape(b, Q4_BLOCK // 2, 2, t, PANEL)
+    best_q, best_d = fit
+    b, t = v.shape[0], v.shape[2] // PANEL
+    q = best_q.reshape(b, Q4_BLOCK // 2, 2, t, PANEL).astype(np.uint8)
     codes = (q[:, :, 0] | (q[:, :, 1] << 4)).transpose(2, 0, 1, 3).reshape(t, b, -1)
-
-    def scales(a):  # (b, 1, n) float32 -> (t, b, 64) bytes
-        return a.reshape(b, t, PANEL).transpose(1, 0, 2).copy().view(np.uint8)
-
-    return np.ascontiguousarray(np.concatenate([scales(best_d), scales(m), codes], axis=-1))
+    parts = [_scale_bytes(best_d), _scale_bytes(m), codes]
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 
 def pack_exact(w):
@@ -312,48 +296,79 @@ def pack_q8(w) -> Optional[np.ndarray]:
     Args:
       w: float32 ``(K, N)``, ``K`` a multiple of 32 and ``N`` of 16; anything else gives None.
     """
-    if getattr(w, "ndim", 0) != 2 or w.dtype != np.float32:
+    v = _blocks(w)
+    if v is None:
         return None
-    k, n = w.shape
-    if k % Q4_BLOCK or n % PANEL or k == 0 or n == 0:
+    fit = _fit_blocks(v, np.abs(v).max(axis=1, keepdims=True) / np.float32(127), None, -128, 127)
+    if fit is None:
         return None
-    v = np.asarray(w).reshape(k // Q4_BLOCK, Q4_BLOCK, n)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        d0 = (np.abs(v).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float16)
-        best_q = np.zeros(v.shape, np.int8)
-        best_d = np.zeros(d0.shape, np.float32)
-        done = np.zeros(d0.shape, bool)
-        for step in (0, 1, -1):
-            d = _f16_neighbour(d0, step).astype(np.float32)
-            q = np.where(d > 0, np.rint(v / np.where(d > 0, d, 1)), 0)
-            q = np.clip(q, -128, 127).astype(np.float32)
-            ok = ((d * q).view(np.uint32) == v.view(np.uint32)).all(axis=1, keepdims=True)
-            new = ok & ~done
-            best_q = np.where(new, q.astype(np.int8), best_q)
-            best_d = np.where(new, d, best_d)
-            done |= ok
-            if done.all():
-                break
-    if not done.all():
-        return None
-    b, t = k // Q4_BLOCK, n // PANEL
-    codes = best_q.reshape(b, Q4_BLOCK, t, PANEL).transpose(2, 0, 1, 3).reshape(t, b, -1)
-    scales = best_d.reshape(b, t, PANEL).transpose(1, 0, 2).copy().view(np.int8)
-    return np.ascontiguousarray(np.concatenate([scales, codes], axis=-1))
+    best_q, best_d = fit
+    b, t = v.shape[0], v.shape[2] // PANEL
+    codes = best_q.astype(np.int8).reshape(b, Q4_BLOCK, t, PANEL).transpose(2, 0, 1, 3)
+    parts = [_scale_bytes(best_d).view(np.int8), codes.reshape(t, b, -1)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 
 def unpack_q8(wq):
     """Q8_0 panels ``(N / 16, K / 32, 576)`` (:func:`pack_q8`) -> float32 ``W`` ``(K, N)``,
     bit for bit (numpy in, numpy out; JAX in, JAX out)."""
     t, b, _ = wq.shape
-    if isinstance(wq, np.ndarray):
-        d, xp = wq[..., : 4 * PANEL].copy().view(np.float32), np
-    else:
-        d = jax.lax.bitcast_convert_type(wq[..., : 4 * PANEL].reshape(t, b, PANEL, 4), jnp.float32)
-        xp = jnp
+    d, xp = _read_scales(wq, 0), (np if isinstance(wq, np.ndarray) else jnp)
     q = wq[..., 4 * PANEL :].reshape(t, b, Q4_BLOCK, PANEL).astype(xp.float32)
     w = q * d[:, :, None, :]
     return w.transpose(1, 2, 0, 3).reshape(b * Q4_BLOCK, t * PANEL)
+
+
+def _blocks(w) -> Optional[np.ndarray]:
+    """A float32 ``(K, N)`` matrix as blocks ``(K / 32, 32, N)`` of 32 inputs (GGUF's quant
+    blocks), or None when it is not one, or ``K`` is not a multiple of 32 or ``N`` of 16."""
+    if getattr(w, "ndim", 0) != 2 or w.dtype != np.float32:
+        return None
+    k, n = w.shape
+    if k % Q4_BLOCK or n % PANEL or k == 0 or n == 0:
+        return None
+    return np.asarray(w).reshape(k // Q4_BLOCK, Q4_BLOCK, n)
+
+
+def _scale_bytes(a: np.ndarray) -> np.ndarray:
+    """Per-block float32 scales ``(B, 1, N)`` -> their bytes per panel ``(N / 16, B, 64)``."""
+    b, _, n = a.shape
+    return a.reshape(b, n // PANEL, PANEL).transpose(1, 0, 2).copy().view(np.uint8)
+
+
+def _read_scales(wq, start: int):
+    """The float32 scales stored at byte ``start`` of every panel block: ``(T, B, 16)``."""
+    raw = wq[..., start : start + 4 * PANEL]
+    if isinstance(wq, np.ndarray):
+        return raw.copy().view(np.float32)
+    t, b, _ = wq.shape
+    return jax.lax.bitcast_convert_type(raw.reshape(t, b, PANEL, 4), jnp.float32)
+
+
+def _fit_blocks(v: np.ndarray, scale: np.ndarray, offset, lo: int, hi: int):
+    """Per block of ``v`` ``(B, 32, N)``: integer codes ``q`` in ``[lo, hi]`` and a float16
+    ``d`` among the three float16 values nearest ``scale`` ``(B, 1, N)`` with ``d * q (+
+    offset)`` equal to the block bit for bit, as float32 ``(q (B, 32, N), d (B, 1, N))``;
+    None when a block has none."""
+    d0 = scale.astype(np.float16)
+    best_q = np.zeros(v.shape, np.float32)
+    best_d = np.zeros(d0.shape, np.float32)
+    done = np.zeros(d0.shape, bool)
+    for step in (0, 1, -1):
+        d = _f16_neighbour(d0, step).astype(np.float32)
+        centred = v if offset is None else v - offset
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(d > 0, np.rint(centred / np.where(d > 0, d, 1)), 0)
+        q = np.clip(q, lo, hi).astype(np.float32)
+        rebuilt = d * q if offset is None else d * q + offset
+        ok = (rebuilt.view(np.uint32) == v.view(np.uint32)).all(axis=1, keepdims=True)
+        new = ok & ~done
+        best_q = np.where(new, q, best_q)
+        best_d = np.where(new, d, best_d)
+        done |= ok
+        if done.all():
+            return best_q, best_d
+    return None
 
 
 def _f16_neighbour(h: np.ndarray, step: int) -> np.ndarray:
@@ -369,14 +384,7 @@ def unpack_q4(wq):
     the matrix they hold bit for bit (numpy in, numpy out; JAX in, JAX out)."""
     t, b, _ = wq.shape
     xp = np if isinstance(wq, np.ndarray) else jnp
-    if xp is np:
-        d = wq[..., : 4 * PANEL].copy().view(np.float32)  # (t, b, 16)
-        m = wq[..., 4 * PANEL : 8 * PANEL].copy().view(np.float32)
-    else:
-        d = jax.lax.bitcast_convert_type(wq[..., : 4 * PANEL].reshape(t, b, PANEL, 4), jnp.float32)
-        m = jax.lax.bitcast_convert_type(
-            wq[..., 4 * PANEL : 8 * PANEL].reshape(t, b, PANEL, 4), jnp.float32
-        )
+    d, m = _read_scales(wq, 0), _read_scales(wq, 4 * PANEL)  # (t, b, 16)
     codes = wq[..., 8 * PANEL :].reshape(t, b, Q4_BLOCK // 2, PANEL)
     q = xp.stack([codes & 15, codes >> 4], axis=3).astype(xp.float32)  # (t, b, 16, 2, 16)
     w = d[:, :, None, None, :] * q + m[:, :, None, None, :]
