@@ -67,7 +67,13 @@ Q4_BYTES = 2 * 4 * PANEL + Q4_BLOCK // 2 * PANEL
 #: int8 codes
 Q8_BYTES = 4 * PANEL + Q4_BLOCK * PANEL
 _SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
+_FLAGS = ("-O3", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
+
+
+def _flags(arch: str) -> tuple:
+    return ("-O3", f"-march={arch}") + _FLAGS[1:]
+
+
 _state: dict = {}
 log = logging.getLogger(__name__)
 
@@ -91,17 +97,22 @@ def _cpu_tag() -> str:
     return "\n".join(keep)
 
 
-def library_path() -> Path:
-    """Where the kernel for this source, compiler flags, JAX version and CPU is cached."""
+def library_path(arch: str = "native") -> Path:
+    """Where the kernel for this source, compiler flags (``-march=arch``), JAX version and CPU
+    is cached."""
     h = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), jax.__version__.encode()):
+    for part in (_SOURCE.read_bytes(), " ".join(_flags(arch)).encode(), jax.__version__.encode()):
         h.update(part)
     h.update(_cpu_tag().encode())
-    return _cache_dir() / f"panel_matmul-{h.hexdigest()[:16]}.so"
+    suffix = "" if arch == "native" else f"-{arch}"
+    return _cache_dir() / f"panel_matmul-{h.hexdigest()[:16]}{suffix}.so"
 
 
-def build(force: bool = False) -> Path:
+def build(force: bool = False, arch: str = "native") -> Path:
     """Compile the kernel (if not cached) and return the shared library's path.
+
+    ``arch`` is ``g++``'s ``-march``: ``native`` (what the decoders load) or another target,
+    e.g. ``haswell`` to build and test the AVX2 code path on an AVX-512 machine.
 
     Raises:
       KernelBuildError: no C++ compiler (``$CXX``, ``g++``, ``c++``), not x86-64 Linux, or the
@@ -112,7 +123,7 @@ def build(force: bool = False) -> Path:
             f"the panel kernel is built for x86-64 Linux only, not "
             f"{platform.system()} {platform.machine()}"
         )
-    out = library_path()
+    out = library_path(arch)
     if out.exists() and not force:
         return out
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
@@ -121,7 +132,7 @@ def build(force: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", tmp]
+    cmd = [cxx, *_flags(arch), "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", tmp]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -94,15 +95,21 @@ constexpr int kRowsQ4 = 16;
 constexpr int kRowsQ4 = 4;  // AVX2: the rebuilt weights and scales take registers too
 #endif
 
-// 16 bytes -> 16 int32 lanes (one vpmovzxbd; GCC's generic conversion goes byte by byte).
-inline i16 widen16(const uint8_t* p) {
+// 16 bytes (uint8: zero-extended, int8: sign-extended) -> 16 int32 lanes, one vpmovzxbd /
+// vpmovsxbd (GCC's generic conversion goes byte by byte).
+template <typename B>
+inline i16 widen16(const B* p) {
+  constexpr bool kSigned = std::is_signed<B>::value;
   i16 q;
 #if defined(__AVX512F__)
-  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m512i v = kSigned ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
   std::memcpy(&q, &v, sizeof(q));
 #elif defined(__AVX2__)
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  const __m128i b2 = _mm_srli_si128(b, 8);
+  const __m256i lo = kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  const __m256i hi = kSigned ? _mm256_cvtepi8_epi32(b2) : _mm256_cvtepu8_epi32(b2);
   std::memcpy(&q, &lo, 32);
   std::memcpy(reinterpret_cast<char*>(&q) + 32, &hi, 32);
 #else
@@ -138,23 +145,6 @@ inline void q4_panel_rows(const float* __restrict xt, int64_t K, const uint8_t* 
 
 constexpr int64_t kQ8Bytes = 64 + kQ4Block * 16;  // d, then the codes: 576 bytes
 
-// 16 signed bytes -> 16 int32 lanes (vpmovsxbd).
-inline i16 widen16s(const int8_t* p) {
-  i16 q;
-#if defined(__AVX512F__)
-  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  std::memcpy(&q, &v, sizeof(q));
-#elif defined(__AVX2__)
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i lo = _mm256_cvtepi8_epi32(b), hi = _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8));
-  std::memcpy(&q, &lo, 32);
-  std::memcpy(reinterpret_cast<char*>(&q) + 32, &hi, 32);
-#else
-  for (int i = 0; i < 16; ++i) q[i] = p[i];
-#endif
-  return q;
-}
-
 // M rows times one Q8_0 panel (K / 32 blocks of kQ8Bytes) -> y rows; the same chains as
 // panel_rows over the float32 weights q * d.
 template <int M>
@@ -168,7 +158,7 @@ inline void q8_panel_rows(const float* __restrict xt, int64_t K, const int8_t* _
     const int8_t* codes = blk + 64;
     const float* xb = xt + b * kQ4Block * M;
     for (int64_t k = 0; k < kQ4Block; ++k) {
-      const v16 w = __builtin_convertvector(widen16s(codes + k * 16), v16) * d;
+      const v16 w = __builtin_convertvector(widen16(codes + k * 16), v16) * d;
       const float* x0 = xb + k * M;
       for (int m = 0; m < M; ++m) acc[m] += x0[m] * w;
     }
