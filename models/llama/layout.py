@@ -466,7 +466,7 @@ def _with_head_panels(body: dict) -> dict:
 def head_panels(params: Mapping) -> Optional[jax.Array]:
     """The LM head of ``params`` (``lm_head`` ``(D, V)``, or the tied ``embed`` ``(V, D)``
     transposed) packed in panels (:func:`models.llama.panels.pack_exact`: Q8_0 panels for a
-    GGUF Q8_0 embedding, e.g. SmolLM2-135M's, 1.7 against 4.1 ms a one-row head on a 2-core
+    GGUF Q8_0 embedding, e.g. SmolLM2-135M's: 2.1 against 4.0 ms a one-row head on a 2-core
     AMD EPYC; else float32 ones), cached per source array
     (at most two alive); None when it is not a float32 JAX array on one device with a
     multiple of 16 ids."""
@@ -745,7 +745,8 @@ def plan(
         draft_layout="output-major" if draft_output_major else "stored",
     )
     # with the panel kernel a step of batch >= 2 rows is a few-row product: panels; on Q4_1
-    # panels a one-row product is too (5.3 against 15.0 ms for SmolLM2-135M's layers)
+    # panels a one-row product is faster too (a step's layer products of SmolLM2-135M 5.2
+    # against 16.2 ms output-major, 2-core AMD EPYC)
     panel_steps = layout_name(False) == "panels" and (batch >= 2 or q4_panels(params))
     if verify_rows <= 1:
         split = split_layout(params)

@@ -419,9 +419,10 @@ def unstack_layers(params, output_major: bool = False, panels: bool = False):
         scales ``name + "_s"`` ``(out,)`` are the same in both layouts.
       panels: (input-major only) pack every float32 projection matrix whose column count is
         a multiple of 16 into 16-column panels ``name + "_p"``: float32 ``(N / 16, K, 16)``,
-        or uint8 Q4_1 panels ``(N / 16, K / 32, 384)`` where the matrix is exactly a
-        dequantized GGUF Q4_1 tensor (:func:`models.llama.panels.pack_exact`; the same products
-        bit for bit from 0.75 bytes a weight), q/k/v fused into one ``wqkv_p``: the layout of
+        or uint8 Q4_1 panels ``(N / 16, K / 32, 384)`` (int8 Q8_0 panels ``(N / 16, K / 32,
+        576)``) where the matrix is exactly a dequantized GGUF Q4_1 (Q8_0) tensor
+        (:func:`models.llama.panels.pack_exact`; the same products bit for bit from 0.75
+        (1.125) bytes a weight), q/k/v fused into one ``wqkv_p``: the layout of
         the CPU panel kernel (:mod:`models.llama.panels`), whose few-row products cost about
         what a one-row product does. The layout modules pass
         :func:`models.llama.panels.panels_active`.
@@ -450,8 +451,9 @@ def layer_entry(
     per-layer layout of :func:`unstack_layers`: ``stacked[i]``, or for a projection matrix
     (float, or int8 ``_q`` of :mod:`models.quant`) with ``output_major`` its transpose under
     ``name + "_t"``, or with ``panels`` (a float32 matrix with a multiple of 16 columns, on
-    one device) its panels under ``name + "_p"``: Q4_1 panels where the matrix is exactly a
-    dequantized Q4_1 tensor, else float32 ones (:func:`models.llama.panels.pack_exact`)."""
+    one device) its panels under ``name + "_p"``: Q4_1 (Q8_0) panels where the matrix is
+    exactly a dequantized Q4_1 (Q8_0) tensor, else float32 ones
+    (:func:`models.llama.panels.pack_exact`)."""
     if output_major and (name in MATRICES or (name.endswith("_q") and name[:-2] in MATRICES)):
         return name + "_t", stacked[i].T
     if panels and name in MATRICES and not _sharded(stacked) and packable(stacked[i]):

@@ -17,6 +17,13 @@ input-major and 36.3 ms output-major, one row 13.7 ms against 14.9 / 15.1 ms;
 multiply-adds over ``k`` in order, so a row's result does not depend on how many rows share
 the call.
 
+A float32 matrix that is exactly a dequantized GGUF Q4_1 or Q8_0 tensor (every projection
+and the tied head of the default SmolLM2-135M file) is packed as its own 4-bit / 8-bit codes
+with float32 block scales instead (:func:`pack_q4`, :func:`pack_q8`, :func:`pack_exact`), which
+the kernel rebuilds exactly in registers: the same products bit for bit from 0.75 / 1.125 bytes
+a weight (a one-row layer product 5.2 against 14.9 ms on float32 panels;
+docs/performance.md, "the GGUF file's own 4-bit weights").
+
 The kernel is built on first use with the system's C++ compiler for this CPU
 (``-O3 -march=native``) into ``$JAXSPEC_CACHE/kernels`` and registered with JAX. Where it
 cannot be (no compiler, not x86-64 Linux, not the CPU backend) or :data:`PANELS` is False,
@@ -298,11 +305,11 @@ def pack_q8(w) -> Optional[np.ndarray]:
     Q8_0 tensor, or None where it is not.
 
     Q8_0 (ggml) stores each block of 32 consecutive inputs of one output as a float16 ``d``
-    and int8 codes ``q``; dequantized a weight is ``d * q`` (exact in float32). ``d`` is found
-    among the float16 values next to the block's ``max |w| / 127`` and kept only if it
-    rebuilds every weight bit for bit; else None. Layout: ``int8`` ``(N / 16, K / 32, 576)``,
-    per panel ``t`` and block ``b`` the 16 columns' ``d`` as float32 bytes, then 32 rows of
-    16 codes (1.125 bytes a weight).
+    and int8 codes ``q``; dequantized a weight is ``d * q`` (exact in float32), and the
+    block's largest ``|w|`` is ``127 d``. ``d`` is that ``max |w| / 127`` (which must be a
+    float16 value) and is kept only if it rebuilds every weight bit for bit; else None.
+    Layout: ``int8`` ``(N / 16, K / 32, 576)``, per panel ``t`` and block ``b`` the 16
+    columns' ``d`` as float32 bytes, then 32 rows of 16 codes (1.125 bytes a weight).
 
     Args:
       w: float32 ``(K, N)``, ``K`` a multiple of 32 and ``N`` of 16; anything else gives None.
@@ -310,7 +317,12 @@ def pack_q8(w) -> Optional[np.ndarray]:
     v = _blocks(w)
     if v is None:
         return None
-    fit = _fit_blocks(v, np.abs(v).max(axis=1, keepdims=True) / np.float32(127), None, -128, 127)
+    amax = np.abs(v).max(axis=1, keepdims=True)
+    # a Q8_0 block's largest weight is d * 127: where amax / 127 is no float16, it is no block
+    d0 = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    if not np.array_equal((d0 * np.float32(127)).view(np.uint32), amax.view(np.uint32)):
+        return None
+    fit = _fit_blocks(v, amax / np.float32(127), None, -128, 127)
     if fit is None:
         return None
     best_q, best_d = fit
