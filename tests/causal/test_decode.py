@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.causal.decode import DecodeInputError, generate
+from jaxspec.causal.decode import DecodeInputError, decode_plan, generate
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.testing.distribution import check_distribution, enumerate_chain
-from jaxspec.testing.tiny import tiny_model
+from jaxspec.testing.tiny import q4_exact_params, tiny_model
 from models.llama.layout import layout_name
 
 
@@ -179,6 +179,41 @@ def test_sampling_distribution_exact(cfg, k):
         st = results[name][1]
         assert 0.02 < st.acceptance_rate < 0.95, (name, st.acceptance_rate)  # accepted and rejected
         assert st.accept_hist[:, k + 1].sum() > 0, name  # all k accepted: bonus tokens drawn
+
+
+def test_sampling_distribution_exact_on_q4_panels():
+    """A model whose matrices are exactly Q4_1 (as loaded from a Q4_1 GGUF file) decodes on
+    the CPU kernel's Q4_1 panels (steps and verification passes): AR and n-gram sampling
+    still match the float32 model's enumerated joint distribution."""
+    from models.llama import layout, panels
+
+    if not panels.panels_active():
+        pytest.skip("the panel kernel is not active here")
+    V, k, N = 6, 3, 10_000
+    model, params = tiny_model(V, seed=7, scale=6.0)
+    params = q4_exact_params(params)
+    assert layout.q4_panels(params)
+    assert panels.is_q4(layout.decode_layout(params, "unrolled")["layers"][0]["wqkv_p"])
+    prompt, cfg = [1, 2, 3, 1, 2, 3, 1, 2], SamplingConfig(temperature=1.0)
+    exact = _exact_joint(model, params, prompt, k + 2, cfg)
+    for drafter in (None, NgramDrafter(k, V, max_ngram=2, min_ngram=1)):
+        plan = decode_plan(
+            model, params, drafter, batch=N, verify_layout="stored", layer_loop="unrolled"
+        )
+        assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
+        res = generate(
+            model,
+            params,
+            [prompt] * N,
+            max_new_tokens=k + 2,
+            sampling=cfg,
+            drafter=drafter,
+            seed=11,
+            bucket=8,
+            plan=plan,
+        )
+        chk = check_distribution(res.tokens, exact)
+        assert chk.passed, (drafter, chk.why)
 
 
 @pytest.mark.parametrize("layout", ["output-major", "stored"])
