@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -169,46 +170,60 @@ inline void q8_panel_rows(const float* __restrict xt, int64_t K, const int8_t* _
 template <typename W>
 using PanelFn = void (*)(const float*, int64_t, const W*, float*, int64_t);
 
-template <int... Ms>
-constexpr std::array<PanelFn<float>, sizeof...(Ms)> table(std::integer_sequence<int, Ms...>) {
-  return {&panel_rows<Ms + 1>...};
+// The kernels of one weight format by row count: table<F>()[m - 1] runs m rows.
+template <typename F, int... Ms>
+constexpr std::array<PanelFn<typename F::W>, sizeof...(Ms)> table(
+    std::integer_sequence<int, Ms...>) {
+  return {&F::template rows_fn<Ms + 1>...};
 }
 
-template <int... Ms>
-constexpr std::array<PanelFn<uint8_t>, sizeof...(Ms)> table_q4(std::integer_sequence<int, Ms...>) {
-  return {&q4_panel_rows<Ms + 1>...};
-}
-
-template <int... Ms>
-constexpr std::array<PanelFn<int8_t>, sizeof...(Ms)> table_q8(std::integer_sequence<int, Ms...>) {
-  return {&q8_panel_rows<Ms + 1>...};
-}
-
-const auto kByRows = table(std::make_integer_sequence<int, kRows>{});
-const auto kByRowsQ4 = table_q4(std::make_integer_sequence<int, kRowsQ4>{});
-const auto kByRowsQ8 = table_q8(std::make_integer_sequence<int, kRowsQ4>{});
-
-// How the two weight formats are read: rows per call, the kernels, a panel's size in W's.
+// How the three weight formats are read: the buffer dtype, rows per pass over a panel, the
+// kernel, a panel's size in W's, and the K its buffer's dimensions hold (-1: a wrong shape).
 struct F32Panels {
   using W = float;
+  static constexpr ffi::DataType kType = ffi::F32;
   static constexpr int rows = kRows;
-  static const PanelFn<float>* fns() { return kByRows.data(); }
+  static constexpr const char* kExpects = "float32 panels (N / 16, K, 16)";
+  template <int M>
+  static void rows_fn(const float* xt, int64_t K, const W* p, float* y, int64_t ldy) {
+    panel_rows<M>(xt, K, p, y, ldy);
+  }
   static int64_t panel_size(int64_t K) { return K * kPanel; }
+  static int64_t k_of(ffi::Span<const int64_t> wd) { return wd[2] == kPanel ? wd[1] : -1; }
 };
 
 struct Q4Panels {
   using W = uint8_t;
+  static constexpr ffi::DataType kType = ffi::U8;
   static constexpr int rows = kRowsQ4;
-  static const PanelFn<uint8_t>* fns() { return kByRowsQ4.data(); }
+  static constexpr const char* kExpects = "Q4_1 panels (N / 16, K / 32, 384)";
+  template <int M>
+  static void rows_fn(const float* xt, int64_t K, const W* p, float* y, int64_t ldy) {
+    q4_panel_rows<M>(xt, K, p, y, ldy);
+  }
   static int64_t panel_size(int64_t K) { return K / kQ4Block * kQ4Bytes; }
+  static int64_t k_of(ffi::Span<const int64_t> wd) {
+    return wd[2] == kQ4Bytes ? wd[1] * kQ4Block : -1;
+  }
 };
 
 struct Q8Panels {
   using W = int8_t;
+  static constexpr ffi::DataType kType = ffi::S8;
   static constexpr int rows = kRowsQ4;
-  static const PanelFn<int8_t>* fns() { return kByRowsQ8.data(); }
+  static constexpr const char* kExpects = "Q8_0 panels (N / 16, K / 32, 576)";
+  template <int M>
+  static void rows_fn(const float* xt, int64_t K, const W* p, float* y, int64_t ldy) {
+    q8_panel_rows<M>(xt, K, p, y, ldy);
+  }
   static int64_t panel_size(int64_t K) { return K / kQ4Block * kQ8Bytes; }
+  static int64_t k_of(ffi::Span<const int64_t> wd) {
+    return wd[2] == kQ8Bytes ? wd[1] * kQ4Block : -1;
+  }
 };
+
+template <typename F>
+const auto kTable = table<F>(std::make_integer_sequence<int, F::rows>{});
 
 template <typename F>
 struct Job {
@@ -225,7 +240,7 @@ void run_panel(const Job<F>& j, int64_t t) {
   const typename F::W* panel = j.wp + t * F::panel_size(j.K);
   for (int64_t r0 = 0; r0 < j.R; r0 += F::rows) {
     const int64_t m = std::min<int64_t>(F::rows, j.R - r0);
-    F::fns()[m - 1](j.xt + r0 * j.K, j.K, panel, j.y + r0 * j.N + t * kPanel, j.N);
+    kTable<F>[m - 1](j.xt + r0 * j.K, j.K, panel, j.y + r0 * j.N + t * kPanel, j.N);
   }
 }
 
@@ -265,64 +280,30 @@ void product(ffi::ThreadPool& pool, const float* xs, const typename F::W* wp, fl
   while (job->done.load(std::memory_order_acquire) < panels) PAUSE();
 }
 
-ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wp,
-                       ffi::ResultBuffer<ffi::F32> y) {
+// y (R, N) = x (R, K) @ W for W in panels of format F, after checking the shapes.
+template <typename F>
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<F::kType> wp,
+                  ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions();
   const auto wd = wp.dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || wd[2] != kPanel || wd[1] != xd[1]) {
-    return ffi::Error::InvalidArgument(
-        "panel_matmul: expects x (R, K) and panels (N / 16, K, 16) with the same K");
+  if (xd.size() != 2 || wd.size() != 3 || F::k_of(wd) != xd[1]) {
+    return ffi::Error::InvalidArgument(std::string("panel_matmul: expects x (R, K) and ") +
+                                       F::kExpects + " with the same K");
   }
-  product<F32Panels>(pool, x.typed_data(), wp.typed_data(), y->typed_data(), xd[0], xd[1],
-                     wd[0]);
-  return ffi::Error::Success();
-}
-
-ffi::Error PanelMatmulQ4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> wq,
-                         ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions();
-  const auto wd = wq.dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || wd[2] != kQ4Bytes || wd[1] * kQ4Block != xd[1]) {
-    return ffi::Error::InvalidArgument(
-        "panel_matmul_q4: expects x (R, K) and Q4_1 panels (N / 16, K / 32, 384)");
-  }
-  product<Q4Panels>(pool, x.typed_data(), wq.typed_data(), y->typed_data(), xd[0], xd[1],
-                    wd[0]);
-  return ffi::Error::Success();
-}
-
-ffi::Error PanelMatmulQ8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> wq,
-                         ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions();
-  const auto wd = wq.dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || wd[2] != kQ8Bytes || wd[1] * kQ4Block != xd[1]) {
-    return ffi::Error::InvalidArgument(
-        "panel_matmul_q8: expects x (R, K) and Q8_0 panels (N / 16, K / 32, 576)");
-  }
-  product<Q8Panels>(pool, x.typed_data(), wq.typed_data(), y->typed_data(), xd[0], xd[1],
-                    wd[0]);
+  product<F>(pool, x.typed_data(), wp.typed_data(), y->typed_data(), xd[0], xd[1], wd[0]);
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmul, PanelMatmul,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+#define JAXSPEC_PANEL_HANDLER(name, format)                                    \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Matmul<format>,                          \
+                                ffi::Ffi::Bind()                               \
+                                    .Ctx<ffi::ThreadPool>()                    \
+                                    .Arg<ffi::Buffer<ffi::F32>>()              \
+                                    .Arg<ffi::Buffer<format::kType>>()         \
+                                    .Ret<ffi::Buffer<ffi::F32>>())
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmulQ4, PanelMatmulQ4,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecPanelMatmulQ8, PanelMatmulQ8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmul, F32Panels);
+JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmulQ4, Q4Panels);
+JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmulQ8, Q8Panels);
