@@ -23,7 +23,9 @@ compilation happens there and is reported as ``compile_s``); then, for each prom
 every system decodes it (the order rotates from prompt to prompt), so slow drift or noise of
 the machine hits all systems alike. Per-prompt throughput is ``new tokens / wall-clock
 seconds`` of that call; rows quote the median over prompts, and ``speedup_vs_baseline`` is
-the median over prompts of ``baseline seconds / system seconds``. With the bandwidth ceiling
+the median over prompts of the baseline's seconds per token over the system's
+(:func:`per_token_speedup`: ``baseline seconds / system seconds`` when the tokens are the same,
+and no credit for stopping earlier when they are not). With the bandwidth ceiling
 (``num_params``), each AR system also decodes every prompt with a one-token budget right after
 its full run: the time to the first token (``ttft_s``), and ``decode_tokens_per_s``, the rate of
 the decode steps alone, which is what the ceiling bounds.
@@ -200,6 +202,19 @@ def _interleaved_runs(
     return outs, ttft, compile_s
 
 
+def per_token_speedup(ref, out) -> float:
+    """Speedup of one decode ``out`` over the baseline's decode ``ref`` of the same prompt
+    (:class:`jaxspec.bench.records.RunOutput` each): the ratio of their seconds per generated
+    token, ``(ref.seconds / len(ref.tokens)) / (out.seconds / len(out.tokens))``. For a
+    lossless system (the same tokens) this is ``ref.seconds / out.seconds``; a system that
+    stops earlier (another dtype's EOS, say) earns nothing from writing less. 0.0 when
+    ``out`` generated nothing."""
+    if not out.tokens:
+        return 0.0
+    per_ref = ref.seconds / max(len(ref.tokens), 1)
+    return per_ref / max(out.seconds / len(out.tokens), 1e-12)
+
+
 def _suite_row(
     s,
     outs: dict,
@@ -215,7 +230,7 @@ def _suite_row(
     new = sum(len(r.tokens) for r in o)
     nfe = sum(r.target_nfe for r in o)
     tps = [len(r.tokens) / max(r.seconds, 1e-9) for r in o]
-    ratio = [b.seconds / max(r.seconds, 1e-9) for b, r in zip(ref, o)]
+    ratio = [per_token_speedup(b, r) for b, r in zip(ref, o)]
     proposed, accepted = sum(r.proposed for r in o), sum(r.accepted for r in o)
     drafts = s.method != "ar"
     return {

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from jaxspec.bench.ar_suite import run_ar_suite, write_results
+from jaxspec.bench.ar_suite import per_token_speedup, run_ar_suite, write_results
 from jaxspec.bench.machine import matvec_bandwidth, n_params, streamed_params
-from jaxspec.bench.records import BenchError, BenchPrompt, cut_output
+from jaxspec.bench.records import BenchError, BenchPrompt, RunOutput, cut_output
 from jaxspec.bench.systems import (
     DEFAULT_SYSTEMS,
     SYSTEMS,
@@ -593,3 +593,16 @@ def test_map_headroom_turns_the_compiler_abort_into_a_clear_error(monkeypatch):
     res = run_ar_suite(systems, prompts, model_name="tiny", progress=False)
     assert res["rows"][0]["identical_to_reference"] is True
     machine.check_map_headroom("x", maps=lambda: None)  # no reader (not Linux): no check
+
+
+def test_speedup_is_per_token_so_a_shorter_output_earns_nothing():
+    """The device run of 2026-11-29 put a bf16 transformers peer that stopped at token 54 of
+    jaxspec's 103 at "1.61x" (the ratio of call seconds); per token it was 0.84x."""
+    ref = RunOutput(tokens=list(range(103)), seconds=103 / 343.9, target_nfe=103)
+    short = RunOutput(tokens=list(range(54)), seconds=54 / 289.6 + 0.0, target_nfe=54)
+    assert per_token_speedup(ref, short) == pytest.approx(289.6 / 343.9)
+    assert ref.seconds / short.seconds > 1.5  # what the old column showed
+    # same tokens: the plain ratio of seconds, as before
+    same = RunOutput(tokens=list(range(103)), seconds=ref.seconds / 2, target_nfe=52)
+    assert per_token_speedup(ref, same) == pytest.approx(2.0)
+    assert per_token_speedup(ref, RunOutput(tokens=[], seconds=0.1, target_nfe=1)) == 0.0
