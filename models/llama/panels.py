@@ -53,10 +53,14 @@ PANEL = 16
 #: the per-layer weight key suffix of a panel-packed matrix (``name + "_p"``)
 SUFFIX = "_p"
 #: force the panel layout on (True) or off (False) for the CPU's per-layer input-major
-#: weights; None: on where the kernel builds (x86-64 Linux with a C++ compiler, CPU backend).
-#: Read when the weights are laid out (:func:`panels_active`), so set it before decoding.
+#: weights; None: :data:`ENV` decides (by default on where the CPU has AVX-512 and the kernel
+#: builds: x86-64 Linux with a C++ compiler, CPU backend). Read when the weights are laid out
+#: (:func:`panels_active`), so set it before decoding.
 PANELS: Optional[bool] = None
-#: environment switch read once as the default of :data:`PANELS`: ``0`` turns the kernel off
+#: environment switch read as the default of :data:`PANELS`: ``0`` turns the kernel off, ``1``
+#: on wherever it builds, unset (or ``auto``) on where the CPU has AVX-512 (:func:`avx512`).
+#: On a 2-core AVX2-only AMD EPYC the kernel's products were slower than XLA's (docs/
+#: performance.md, "AVX2-only CPUs").
 ENV = "JAXSPEC_PANELS"
 #: pack Q4_1-exact (Q8_0-exact) matrices in Q4_1 (Q8_0) panels (:func:`pack_exact`); False
 #: keeps float32 panels (the same products bit for bit, 5.3x (3.6x) the bytes). Its default:
@@ -102,6 +106,13 @@ def _cpu_tag() -> str:
         return platform.processor()
     keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
     return "\n".join(keep)
+
+
+def avx512() -> bool:
+    """Whether this CPU has AVX-512F (``/proc/cpuinfo`` flags; False where it cannot be read):
+    where the kernel keeps 16 rows of 16 floats in registers and beats XLA's products (the
+    default of :func:`panels_active`)."""
+    return "avx512f" in _cpu_tag().split()
 
 
 def library_path(arch: str = "native") -> Path:
@@ -175,9 +186,9 @@ def _load() -> bool:
 
 def panels_active(backend: Optional[str] = None) -> bool:
     """Whether per-layer input-major weights are laid out in panels and run by the kernel:
-    the CPU backend, :data:`PANELS` not False (nor ``$JAXSPEC_PANELS=0`` when it is None), and
-    the kernel built and loaded (:func:`build`; True raises the build error instead of
-    falling back).
+    the CPU backend, :data:`PANELS` True, or None with ``$JAXSPEC_PANELS`` ``1`` (or unset /
+    ``auto`` on a CPU with AVX-512, :func:`avx512`), and the kernel built and loaded
+    (:func:`build`; True raises the build error instead of falling back).
 
     Raises:
       KernelBuildError: :data:`PANELS` is True and the kernel cannot be built.
@@ -186,7 +197,8 @@ def panels_active(backend: Optional[str] = None) -> bool:
         return False
     want = PANELS
     if want is None:
-        if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        env = os.environ.get(ENV, "auto").strip().lower()
+        if env in ("0", "false", "off", "no") or (env in ("auto", "") and not avx512()):
             return False
         return _load()
     if not want:

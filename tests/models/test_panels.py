@@ -15,12 +15,17 @@ from models.llama.modeling import unstack_layers
 
 @pytest.fixture(scope="module")
 def kernel():
-    """Skip where the kernel cannot be built (no C++ compiler, not x86-64 Linux)."""
+    """Skip where the kernel cannot be built (no C++ compiler, not x86-64 Linux); the tests
+    that use it run with the kernel on (:data:`panels.PANELS` True), also on a CPU without
+    AVX-512, where it is off by default."""
     try:
         panels.build()
     except panels.KernelBuildError as e:
         pytest.skip(f"panel kernel unavailable: {e}")
     assert panels._load()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(panels, "PANELS", True)
+        yield
 
 
 def test_pack_round_trip_and_bad_shapes():
@@ -95,9 +100,15 @@ def test_switch_turns_the_layout_off(kernel, monkeypatch):
     monkeypatch.setattr(panels, "PANELS", None)
     monkeypatch.setenv(panels.ENV, "0")
     assert layout.layout_name(False) == "stored"
-    monkeypatch.delenv(panels.ENV)
+    monkeypatch.setenv(panels.ENV, "1")  # on wherever the kernel builds
     assert layout.layout_name(False) == "panels" and layout.layout_name(True) == "output-major"
     assert not panels.panels_active("gpu")
+    # unset (auto): on only where the CPU has AVX-512, read from /proc/cpuinfo's flags
+    monkeypatch.delenv(panels.ENV)
+    for flags, on in (("fpu sse avx2 fma", False), ("fpu avx2 avx512f avx512bw", True)):
+        monkeypatch.setattr(panels, "_cpu_tag", lambda f=flags: f"model name : X\nflags : {f}")
+        assert panels.avx512() is on and panels.panels_active() is on
+        assert layout.layout_name(False) == ("panels" if on else "stored")
 
 
 def test_decode_layout_packs_the_head_and_decodes_the_same(kernel):
