@@ -142,7 +142,10 @@ def test_float16_cache_loss_within_tolerance(tmp_path, tiny):
     feats = np.load(tmp_path / "f16.npy", mmap_mode="r")
     ref = _features(_cfg(path), tiny)
     assert feats.dtype == np.float16
-    np.testing.assert_allclose(feats.astype(np.float32), ref, rtol=2.0**-11, atol=1e-6)
+    # float16 rounding (rtol 2^-11) on top of the float32 round-off between the cache's
+    # row-by-row forwards and the batched reference (atol 1e-5, as the float32 test allows):
+    # with XLA's products (no AVX-512: no panel kernel) a feature of 2.8e-4 differed by 1.8e-6
+    np.testing.assert_allclose(feats.astype(np.float32), ref, rtol=2.0**-11, atol=1e-5)
     (ft, fe), (ct, ce) = _rows(tmp_path / "fly"), _rows(tmp_path / "c")
     np.testing.assert_allclose([r["loss"] for r in ct], [r["loss"] for r in ft], rtol=1e-4)
     np.testing.assert_allclose([r["val_loss"] for r in ce], [r["val_loss"] for r in fe], rtol=1e-4)
