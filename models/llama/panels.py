@@ -34,6 +34,7 @@ panel weights then multiplies them with an XLA ``einsum`` (the same sums in anot
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -98,6 +99,7 @@ def _cache_dir() -> Path:
     return root / "kernels"
 
 
+@functools.cache  # read by every panels_active() call; the CPU does not change
 def _cpu_tag() -> str:
     """The CPU's model name and flags, which ``-march=native`` compiles for."""
     try:

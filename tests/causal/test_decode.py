@@ -136,6 +136,23 @@ def _exact_joint(model, params, prompt, n_new, cfg, eos=()):
     return enumerate_chain(next_logprobs, n_new, eos_ids=eos)
 
 
+def _sample(model, params, prompt, n_new, cfg, drafter, n, exact, **kw):
+    """``(check, result)``: ``n`` sampled continuations of ``prompt`` (seed 11, bucket 8; ``kw``
+    to :func:`generate`, e.g. ``plan``) checked against the enumerated joint ``exact``."""
+    res = generate(
+        model,
+        params,
+        [prompt] * n,
+        max_new_tokens=n_new,
+        sampling=cfg,
+        drafter=drafter,
+        seed=11,
+        bucket=8,
+        **kw,
+    )
+    return check_distribution(res.tokens, exact), res
+
+
 @pytest.mark.parametrize(
     "cfg,k",
     [
@@ -162,17 +179,8 @@ def test_sampling_distribution_exact(cfg, k):
         # fallback c(. | last token) (with min_ngram 1 a seen last token always matches)
         ("ngram-bigram", NgramDrafter(k, V, max_ngram=3, min_ngram=3)),
     ):
-        res = generate(
-            model,
-            params,
-            [prompt] * N,
-            max_new_tokens=n_new,
-            sampling=cfg,
-            drafter=drafter,
-            seed=11,
-            bucket=8,
-        )
-        results[name] = (check_distribution(res.tokens, exact), res.stats)
+        chk, res = _sample(model, params, prompt, n_new, cfg, drafter, N, exact)
+        results[name] = (chk, res.stats)
     for name, (chk, _) in results.items():
         assert chk.passed, (name, chk.why)
     for name in ("ngram", "ngram-nofb", "ngram-bigram"):
@@ -205,18 +213,7 @@ def test_sampling_distribution_exact_on_q4_panels(monkeypatch):
             model, params, drafter, batch=N, verify_layout="stored", layer_loop="unrolled"
         )
         assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
-        res = generate(
-            model,
-            params,
-            [prompt] * N,
-            max_new_tokens=k + 2,
-            sampling=cfg,
-            drafter=drafter,
-            seed=11,
-            bucket=8,
-            plan=plan,
-        )
-        chk = check_distribution(res.tokens, exact)
+        chk, _ = _sample(model, params, prompt, k + 2, cfg, drafter, N, exact, plan=plan)
         assert chk.passed, (drafter, chk.why)
 
 
@@ -236,20 +233,10 @@ def test_sampling_distribution_exact_with_output_major_verification(monkeypatch,
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     drafter = NgramDrafter(k, V, max_ngram=2, min_ngram=1)
-    res = generate(
-        model,
-        params,
-        [prompt] * N,
-        max_new_tokens=k + 2,
-        sampling=cfg,
-        drafter=drafter,
-        seed=11,
-        bucket=8,
-        plan=decode_plan(model, params, drafter, verify_layout=layout),
-    )
+    plan = decode_plan(model, params, drafter, verify_layout=layout)
+    chk, res = _sample(model, params, prompt, k + 2, cfg, drafter, N, exact, plan=plan)
     shown = layout_name(layout == "output-major")  # stored: "panels" with the CPU kernel
     assert (res.settings["verify_layout"], res.settings["step_layout"]) == (shown, "output-major")
-    chk = check_distribution(res.tokens, exact)
     assert chk.passed, chk.why
     assert 0.02 < res.stats.acceptance_rate < 0.95
 
