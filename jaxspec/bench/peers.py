@@ -54,6 +54,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -1065,6 +1066,40 @@ _PEER_COLUMNS = [
 ]
 
 
+def ar_before_peers(ar, prompts: Sequence, *, log: Callable[[str], None] = print) -> dict:
+    """Time ``jaxspec/ar`` (``ar``, a :class:`jaxspec.bench.systems.JaxspecSystem`) on every
+    prompt before any transformers peer is loaded: one untimed warm-up decode, then one timed
+    decode per prompt. Its suite row is timed later, interleaved with the peers; the H200 run
+    of 2026-11-29 had that row at 344 tok/s where the ``methods-causal`` page, in a process
+    that had not loaded torch, had 977 tok/s on the same prompt, while on the CPU both paths
+    time the same. The two figures side by side say whether loading and running the torch
+    peers in the process slows jaxspec down.
+
+    Returns ``{"tokens_per_s": median over prompts, "per_prompt": [...], "torch_loaded":
+    whether torch was imported before this ran, "note": one line for the page}``."""
+    import sys
+
+    torch_loaded = "torch" in sys.modules
+    ar.run(prompts[0].ids)
+    rates = []
+    for p in prompts:
+        o = ar.run(p.ids)
+        rates.append(len(o.tokens) / o.seconds if o.seconds > 0 else float("nan"))
+    med = statistics.median(rates)
+    log(f"[peers] jaxspec/ar before the peers: {med:.1f} tok/s")
+    when = "after torch was imported" if torch_loaded else "before torch was imported"
+    return {
+        "tokens_per_s": med,
+        "per_prompt": rates,
+        "torch_loaded": torch_loaded,
+        "note": (
+            f"`jaxspec/ar` timed alone before the transformers peers were loaded ({when}): "
+            f"{med:.1f} tok/s (median over {len(rates)} prompt(s)); its row below is timed "
+            "interleaved with the peers."
+        ),
+    }
+
+
 def _jaxspec_systems(v, common: dict, draft) -> list:
     """``jaxspec/ar``, ``jaxspec/ngram`` (:data:`NGRAM_K`) and ``jaxspec/sps`` (:data:`SPS_K`,
     the truncated ``draft``) on the causal vehicle ``v``."""
@@ -1188,6 +1223,8 @@ def run_peers_suite(
     draft = truncated_draft(v, settings.sps_draft_layers)
     systems = _jaxspec_systems(v, common, draft)
     notes = _draft_notes(draft)
+    alone = ar_before_peers(systems[0], bench_prompts, log=log)
+    notes.append(alone["note"])
     hf_systems, hf_notes, skipped = _transformers_systems(
         v, draft, common, bench_prompts, compile, compile_options, log
     )
@@ -1223,5 +1260,6 @@ def run_peers_suite(
         "columns": _PEER_COLUMNS,
         "notes": notes,
         "bandwidth": result.get("bandwidth"),
+        "ar_before_peers": {k: x for k, x in alone.items() if k != "note"},
         "title": "Peers on the same device, weights, prompts and budget (greedy, batch 1)",
     }

@@ -407,6 +407,9 @@ def test_peers_on_a_tiny_hf_model(tmp_path):
     assert all(r.get("skipped") or r["identical_to_reference"] is True for r in llada), llada
     dream = rows[peers.DREAM_PEER]  # the official decoder when third_party/Fast-dLLM is here
     assert dream.get("skipped") or dream["identical_to_reference"] is True, dream
+    alone = res["ar_before_peers"]  # jaxspec AR timed before the torch peers were loaded
+    assert alone["tokens_per_s"] > 0 and len(alone["per_prompt"]) == 1
+    assert any(n.startswith("`jaxspec/ar` timed alone") for n in res["notes"]), res["notes"]
 
 
 def test_projection_cost_model_uses_the_papers_mat():

@@ -111,6 +111,10 @@ def test_suite_rows_on_a_tiny_target(tmp_path):
     assert out.is_file() and md.is_file() and out.with_suffix(".png").is_file()
 
 
+# The three row-naming tests below each run the suite again (30-40 s on 2 cores) and are make
+# test-all's; the exactness of the draft vocabulary, the n-gram lookup first and several
+# drafters is make test's, in tests/causal/test_dflash.py.
+@pytest.mark.slow
 def test_suite_draft_vocabulary_rows():
     """With a draft vocabulary every DFlash row runs again with the drafter's LM head on it
     (``-v<V_d>``), identical to AR, and the cost table has a row for each head."""
@@ -141,6 +145,7 @@ def test_suite_draft_vocabulary_rows():
     assert "LM head rows" in markdown_report(res)
 
 
+@pytest.mark.slow
 def test_suite_ngram_first_rows():
     """``ngram_first`` adds each DFlash row behind the n-gram lookup (``+ngram``): identical
     to AR, recorded as such, its drafter run on fewer steps than the plain row where the
@@ -170,6 +175,7 @@ def test_suite_ngram_first_rows():
     assert "+ngram" in markdown_report(res)
 
 
+@pytest.mark.slow
 def test_two_drafters_of_one_block_size_in_one_run():
     """Two named drafters of block 3 beside one of block 5: rows ``dflash-b3@<name>`` (the
     lone block-5 drafter keeps ``dflash-b5``), each with its name and the figures of a run of

@@ -27,7 +27,8 @@ def _verifications(stats, k):
     return stats.drafts_proposed // k  # every verification sends k drafts (n-gram: fixed k)
 
 
-@pytest.mark.parametrize("cost", [1.0, 2.0, 3.5])
+# cost 3.5 takes the same branches as 2.0 (make test-all runs it)
+@pytest.mark.parametrize("cost", [1.0, 2.0, pytest.param(3.5, marks=pytest.mark.slow)])
 def test_gated_greedy_equals_ar_and_switches(cost):
     """Greedy output is AR's token for token at every gate cost. Cost 1 never withholds a
     draft (the ungated run's stats exactly); cost 2 and 3.5 withhold some (fewer
