@@ -102,7 +102,12 @@ def main(argv=None) -> int:
     from jaxspec.core.batching import DecodeInputError
     from jaxspec.training.config import TrainConfigError, load_config
     from jaxspec.training.data import DataError
-    from jaxspec.training.distill import distill_prompts, prose_prompts, self_distill
+    from jaxspec.training.distill import (
+        distill_prompts,
+        gz_out_message,
+        prose_prompts,
+        self_distill,
+    )
     from jaxspec.training.magpie import magpie_prompts
     from models.llama.params import WeightFileError
     from models.registry import PresetError, load_model
@@ -131,10 +136,18 @@ def main(argv=None) -> int:
         out = args.out or cfg.data.distill
         if not out:
             raise TrainConfigError(f"{args.config} has no data.distill: pass --out FILE")
+        if args.source != "magpie" and not cfg.data.holdout:
+            raise TrainConfigError(
+                f"{args.config} has no data.holdout: the {args.source} prompts are split into "
+                "train and held-out by those stdlib modules; use a SAR config such as "
+                "configs/train/smollm2-135m-space-distill.yaml"
+            )
         if cfg.model.init != "preset" or not cfg.model.preset:
             raise TrainConfigError("self-distillation needs model.init: preset (the base model)")
         if Path(out).is_dir():
             raise ValueError(f"--out {out} is a directory; name a JSON-lines file")
+        if Path(out).suffix == ".gz":
+            raise ValueError(gz_out_message(out))
         setup_compile_cache(args)
         model, params, tok, _ = load_model(cfg.model.preset, log=log)
         if args.source == "prose":

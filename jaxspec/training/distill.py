@@ -325,6 +325,14 @@ def clean_rows(
     return kept, stats
 
 
+def gz_out_message(out) -> str:
+    """The one-line error for a distillation output named ``*.gz``."""
+    return (
+        f"{out}: self-distillation appends one JSON line per answer (so a rerun resumes) and "
+        "cannot write gzip; name a .jsonl file and gzip it afterwards"
+    )
+
+
 def self_distill(
     model,
     params,
@@ -358,7 +366,8 @@ def self_distill(
 
     Raises:
       DecodeInputError: a prompt longer than the model's context minus the budget.
-      DataError: ``out`` holds answers to other prompts.
+      DataError: ``out`` holds answers to other prompts, or names a ``.gz`` file (rows are
+        appended one at a time so that a rerun resumes: write ``.jsonl``, gzip it after).
     """
     from tqdm.auto import tqdm
 
@@ -366,6 +375,8 @@ def self_distill(
     from jaxspec.core.sampling import SamplingConfig
 
     out = Path(out)
+    if out.suffix == ".gz":
+        raise DataError(gz_out_message(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
     for r in read_distill(out):

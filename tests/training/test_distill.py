@@ -212,6 +212,17 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     )
     assert main(["--config", str(cfg)]) == 2
     assert "no data.distill" in capsys.readouterr().err
+    # a DFlash config reads a distill file but splits no stdlib modules: named before any load
+    out = str(tmp_path / "d.jsonl.gz")
+    assert main(["--config", "configs/train/dflash-smollm2-135m-gpu.yaml", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "has no data.holdout" in err and "smollm2-135m-space-distill.yaml" in err
+    assert len(err.strip().splitlines()) == 1
+    # rows are appended one at a time: a .gz output is refused before the model loads
+    cfg_path = "configs/train/smollm2-135m-space-distill.yaml"
+    assert main(["--config", cfg_path, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write gzip" in err and len(err.strip().splitlines()) == 1
 
 
 def test_distill_datasets_mix_the_answers_into_the_windows(tmp_path):
