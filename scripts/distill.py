@@ -103,8 +103,8 @@ def main(argv=None) -> int:
     from jaxspec.training.config import TrainConfigError, load_config
     from jaxspec.training.data import DataError
     from jaxspec.training.distill import (
+        check_distill_out,
         distill_prompts,
-        gz_out_message,
         prose_prompts,
         self_distill,
     )
@@ -146,8 +146,7 @@ def main(argv=None) -> int:
             raise TrainConfigError("self-distillation needs model.init: preset (the base model)")
         if Path(out).is_dir():
             raise ValueError(f"--out {out} is a directory; name a JSON-lines file")
-        if Path(out).suffix == ".gz":
-            raise ValueError(gz_out_message(out))
+        check_distill_out(out)
         setup_compile_cache(args)
         model, params, tok, _ = load_model(cfg.model.preset, log=log)
         if args.source == "prose":

@@ -54,7 +54,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -102,8 +102,6 @@ def load_fastdllm(family: str, root: Optional[str] = None):
             f"official Fast-dLLM code not found at {path} (put a checkout "
             f"at {FASTDLLM_DEFAULT} or set {FASTDLLM_ENV})"
         )
-    import sys
-
     sys.path.insert(0, str(path.parent))
     try:
         spec = importlib.util.spec_from_file_location(f"fastdllm_{family}", path)
@@ -217,8 +215,6 @@ def load_fastdllm_dream(root: Optional[str] = None):
     block = load_fastdllm("dream", root)
     pkg_dir = fastdllm_root(root) / "dream" / "model"
     name = "fastdllm_dream_model"
-    import sys
-
     try:
         _register_default_rope()
         if name not in sys.modules:
@@ -1068,24 +1064,22 @@ _PEER_COLUMNS = [
 
 def ar_before_peers(ar, prompts: Sequence, *, log: Callable[[str], None] = print) -> dict:
     """Time ``jaxspec/ar`` (``ar``, a :class:`jaxspec.bench.systems.JaxspecSystem`) on every
-    prompt before any transformers peer is loaded: one untimed warm-up decode, then one timed
-    decode per prompt. Its suite row is timed later, interleaved with the peers; the H200 run
-    of 2026-11-29 had that row at 344 tok/s where the ``methods-causal`` page, in a process
-    that had not loaded torch, had 977 tok/s on the same prompt, while on the CPU both paths
-    time the same. The two figures side by side say whether loading and running the torch
-    peers in the process slows jaxspec down.
+    prompt before any transformers peer is loaded, by the ``ar`` suite's own protocol
+    (:func:`jaxspec.bench.ar_suite.run_ar_suite`: one untimed warm-up, then each prompt). Its
+    suite row is timed later, interleaved with the peers; the H200 run of 2026-11-29 had that
+    row at 344 tok/s where the ``methods-causal`` page, in a process that had not loaded
+    torch, had 977 tok/s on the same prompt, while on the CPU both paths time the same. The
+    two figures side by side say whether loading and running the torch peers in the process
+    slows jaxspec down.
 
     Returns ``{"tokens_per_s": median over prompts, "per_prompt": [...], "torch_loaded":
     whether torch was imported before this ran, "note": one line for the page}``."""
-    import sys
+    from jaxspec.bench.ar_suite import run_ar_suite
 
     torch_loaded = "torch" in sys.modules
-    ar.run(prompts[0].ids)
-    rates = []
-    for p in prompts:
-        o = ar.run(p.ids)
-        rates.append(len(o.tokens) / o.seconds if o.seconds > 0 else float("nan"))
-    med = statistics.median(rates)
+    res = run_ar_suite([ar], prompts, model_name="causal", progress=False, log=log)
+    med = res["rows"][0]["median_tokens_per_s"]
+    rates = [p["systems"][ar.name]["tokens_per_s"] for p in res["per_prompt"]]
     log(f"[peers] jaxspec/ar before the peers: {med:.1f} tok/s")
     when = "after torch was imported" if torch_loaded else "before torch was imported"
     return {

@@ -325,12 +325,20 @@ def clean_rows(
     return kept, stats
 
 
-def gz_out_message(out) -> str:
-    """The one-line error for a distillation output named ``*.gz``."""
-    return (
-        f"{out}: self-distillation appends one JSON line per answer (so a rerun resumes) and "
-        "cannot write gzip; name a .jsonl file and gzip it afterwards"
-    )
+def check_distill_out(out) -> Path:
+    """``out`` as a path a distillation run can append to.
+
+    Raises:
+      DataError: ``out`` names a ``.gz`` file: rows are appended one JSON line at a time, so
+        that a rerun resumes, and gzip cannot be appended to that way.
+    """
+    out = Path(out)
+    if out.suffix == ".gz":
+        raise DataError(
+            f"{out}: self-distillation appends one JSON line per answer (so a rerun resumes) "
+            "and cannot write gzip; name a .jsonl file and gzip it afterwards"
+        )
+    return out
 
 
 def self_distill(
@@ -374,9 +382,7 @@ def self_distill(
     from jaxspec.causal.decode import generate
     from jaxspec.core.sampling import SamplingConfig
 
-    out = Path(out)
-    if out.suffix == ".gz":
-        raise DataError(gz_out_message(out))
+    out = check_distill_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
     for r in read_distill(out):
