@@ -54,14 +54,14 @@ PANEL = 16
 #: the per-layer weight key suffix of a panel-packed matrix (``name + "_p"``)
 SUFFIX = "_p"
 #: force the panel layout on (True) or off (False) for the CPU's per-layer input-major
-#: weights; None: :data:`ENV` decides (by default on where the CPU has AVX-512 and the kernel
-#: builds: x86-64 Linux with a C++ compiler, CPU backend). Read when the weights are laid out
-#: (:func:`panels_active`), so set it before decoding.
+#: weights; None: :data:`ENV` decides (by default on where the CPU has AVX-512 or AVX2 with
+#: FMA and the kernel builds: x86-64 Linux with a C++ compiler, CPU backend). Read when the
+#: weights are laid out (:func:`panels_active`), so set it before decoding.
 PANELS: Optional[bool] = None
 #: environment switch read as the default of :data:`PANELS`: ``0`` turns the kernel off, ``1``
-#: on wherever it builds, unset (or ``auto``) on where the CPU has AVX-512 (:func:`avx512`).
-#: On a 2-core AVX2-only AMD EPYC the kernel's products were slower than XLA's (docs/
-#: performance.md, "AVX2-only CPUs").
+#: on wherever it builds, unset (or ``auto``) on where the CPU has AVX-512, or AVX2 and FMA
+#: (:func:`vector_isa`). On an x86-64 CPU without AVX2 the kernel's generic code is slower than
+#: XLA's products (docs/performance.md, "AVX2-only CPUs").
 ENV = "JAXSPEC_PANELS"
 #: pack Q4_1-exact (Q8_0-exact) matrices in Q4_1 (Q8_0) panels (:func:`pack_exact`); False
 #: keeps float32 panels (the same products bit for bit, 5.3x (3.6x) the bytes). Its default:
@@ -110,11 +110,15 @@ def _cpu_tag() -> str:
     return "\n".join(keep)
 
 
-def avx512() -> bool:
-    """Whether this CPU has AVX-512F (``/proc/cpuinfo`` flags; False where it cannot be read):
-    where the kernel keeps 16 rows of 16 floats in registers and beats XLA's products (the
-    default of :func:`panels_active`)."""
-    return "avx512f" in _cpu_tag().split()
+def vector_isa() -> Optional[str]:
+    """``"avx512"`` where this CPU has AVX-512F, ``"avx2"`` where it has AVX2 and FMA, else None
+    (``/proc/cpuinfo`` flags; None where they cannot be read): the CPUs where the kernel keeps
+    its accumulators in vector registers (16 rows of one zmm, or 12 rows of one ymm per half
+    panel) and beats XLA's products, so the default of :func:`panels_active`."""
+    flags = set(_cpu_tag().split())
+    if "avx512f" in flags:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else None
 
 
 def library_path(arch: str = "native") -> Path:
@@ -189,8 +193,8 @@ def _load() -> bool:
 def panels_active(backend: Optional[str] = None) -> bool:
     """Whether per-layer input-major weights are laid out in panels and run by the kernel:
     the CPU backend, :data:`PANELS` True, or None with ``$JAXSPEC_PANELS`` ``1`` (or unset /
-    ``auto`` on a CPU with AVX-512, :func:`avx512`), and the kernel built and loaded
-    (:func:`build`; True raises the build error instead of falling back).
+    ``auto`` on a CPU with AVX-512 or AVX2 + FMA, :func:`vector_isa`), and the kernel built and
+    loaded (:func:`build`; True raises the build error instead of falling back).
 
     Raises:
       KernelBuildError: :data:`PANELS` is True and the kernel cannot be built.
@@ -200,7 +204,7 @@ def panels_active(backend: Optional[str] = None) -> bool:
     want = PANELS
     if want is None:
         env = os.environ.get(ENV, "auto").strip().lower()
-        if env in ("0", "false", "off", "no") or (env in ("auto", "") and not avx512()):
+        if env in ("0", "false", "off", "no") or (env in ("auto", "") and vector_isa() is None):
             return False
         return _load()
     if not want:

@@ -103,11 +103,17 @@ def test_switch_turns_the_layout_off(kernel, monkeypatch):
     monkeypatch.setenv(panels.ENV, "1")  # on wherever the kernel builds
     assert layout.layout_name(False) == "panels" and layout.layout_name(True) == "output-major"
     assert not panels.panels_active("gpu")
-    # unset (auto): on only where the CPU has AVX-512, read from /proc/cpuinfo's flags
+    # unset (auto): on where the CPU has AVX-512, or AVX2 and FMA (/proc/cpuinfo's flags)
     monkeypatch.delenv(panels.ENV)
-    for flags, on in (("fpu sse avx2 fma", False), ("fpu avx2 avx512f avx512bw", True)):
+    for flags, isa in (
+        ("fpu sse sse4_2 avx", None),
+        ("fpu sse avx2", None),
+        ("fpu sse avx2 fma", "avx2"),
+        ("fpu avx2 fma avx512f avx512bw", "avx512"),
+    ):
         monkeypatch.setattr(panels, "_cpu_tag", lambda f=flags: f"model name : X\nflags : {f}")
-        assert panels.avx512() is on and panels.panels_active() is on
+        on = isa is not None
+        assert panels.vector_isa() == isa and panels.panels_active() is on
         assert layout.layout_name(False) == ("panels" if on else "stored")
 
 

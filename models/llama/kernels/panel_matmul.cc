@@ -56,65 +56,87 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kPanel = 16;
-typedef float v16 __attribute__((vector_size(64)));
 
+// A panel row of 16 floats is one native vector on AVX-512 and two on AVX2 (kParts). The
+// accumulators are arrays of native vectors: GCC keeps a 64-byte generic vector that the CPU
+// lacks in memory and shuffles it through the stack on every multiply-add (about 4x slower on an
+// AVX2 CPU). Each lane still runs its own chain, so the products are the same bits on either.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+constexpr int kParts = kPanel / kLanes;
+typedef float vf __attribute__((vector_size(kLanes * 4)));
+typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
+
+// Rows per pass over a panel, and how many vector accumulators fit in registers beside the
+// weights: with more than kAcc of them (M rows x kParts), a pass runs the panel's parts one after
+// the other (the part of a panel a pass reads again stays in cache).
 #if defined(__AVX512F__)
 constexpr int kRows = 16;  // 16 accumulators of one zmm register each
+constexpr int kRowsQ4 = 16;
+constexpr int kAcc = 16;
+constexpr int kAccQ4 = 16;
 #else
-constexpr int kRows = 6;  // AVX2: a 16-float vector is two ymm registers
+constexpr int kRows = 12;   // AVX2: 12 ymm accumulators, the panel row and the broadcast input
+constexpr int kRowsQ4 = 10;  // and the scales and rebuilt weights
+constexpr int kAcc = 12;
+constexpr int kAccQ4 = 10;
 #endif
 
-inline v16 load16(const float* p) {
-  v16 v;
+// Parts of a panel row run together in one pass for M rows.
+template <int M, int Acc>
+constexpr int kGroup = M * kParts <= Acc ? kParts : 1;
+
+inline vf loadv(const float* p) {
+  vf v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void storev(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
 // M rows (xt: k-major, xt[k * M + m]) times one panel (K x 16) -> y rows, columns 16 t ...
 template <int M>
 inline void panel_rows(const float* __restrict xt, int64_t K, const float* __restrict panel,
                        float* __restrict y, int64_t ldy) {
-  v16 acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = v16{};
-  for (int64_t k = 0; k < K; ++k) {
-    const v16 w = load16(panel + k * kPanel);
-    const float* xk = xt + k * M;
-    for (int m = 0; m < M; ++m) acc[m] += xk[m] * w;
+  constexpr int G = kGroup<M, kAcc>;
+  for (int p0 = 0; p0 < kParts; p0 += G) {
+    vf acc[M][G];
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) acc[m][g] = vf{};
+    for (int64_t k = 0; k < K; ++k) {
+      vf w[G];
+      for (int g = 0; g < G; ++g) w[g] = loadv(panel + k * kPanel + (p0 + g) * kLanes);
+      const float* xk = xt + k * M;
+      for (int m = 0; m < M; ++m)
+        for (int g = 0; g < G; ++g) acc[m][g] += xk[m] * w[g];
+    }
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) storev(y + m * ldy + (p0 + g) * kLanes, acc[m][g]);
   }
-  for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
 }
 
 constexpr int64_t kQ4Block = 32;                       // rows of W per scale block
 constexpr int64_t kQ4Bytes = 2 * 64 + kQ4Block / 2 * 16;  // d, m, then the codes: 384 bytes
-typedef int32_t i16 __attribute__((vector_size(64)));
 
-#if defined(__AVX512F__)
-constexpr int kRowsQ4 = 16;
-#else
-constexpr int kRowsQ4 = 4;  // AVX2: the rebuilt weights and scales take registers too
-#endif
-
-// 16 bytes (uint8: zero-extended, int8: sign-extended) -> 16 int32 lanes, one vpmovzxbd /
-// vpmovsxbd (GCC's generic conversion goes byte by byte).
+// kLanes bytes (uint8: zero-extended, int8: sign-extended) -> kLanes int32 lanes, one
+// vpmovzxbd / vpmovsxbd (GCC's generic conversion goes byte by byte).
 template <typename B>
-inline i16 widen16(const B* p) {
+inline vi widen(const B* p) {
   constexpr bool kSigned = std::is_signed<B>::value;
-  i16 q;
+  vi q;
 #if defined(__AVX512F__)
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m512i v = kSigned ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
   std::memcpy(&q, &v, sizeof(q));
 #elif defined(__AVX2__)
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i b2 = _mm_srli_si128(b, 8);
-  const __m256i lo = kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
-  const __m256i hi = kSigned ? _mm256_cvtepi8_epi32(b2) : _mm256_cvtepu8_epi32(b2);
-  std::memcpy(&q, &lo, 32);
-  std::memcpy(reinterpret_cast<char*>(&q) + 32, &hi, 32);
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256i v = kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  std::memcpy(&q, &v, sizeof(q));
 #else
-  for (int i = 0; i < 16; ++i) q[i] = p[i];
+  for (int i = 0; i < kLanes; ++i) q[i] = p[i];
 #endif
   return q;
 }
@@ -124,24 +146,33 @@ inline i16 widen16(const B* p) {
 template <int M>
 inline void q4_panel_rows(const float* __restrict xt, int64_t K, const uint8_t* __restrict panel,
                           float* __restrict y, int64_t ldy) {
-  v16 acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = v16{};
-  for (int64_t b = 0; b < K / kQ4Block; ++b) {
-    const uint8_t* blk = panel + b * kQ4Bytes;
-    const v16 d = load16(reinterpret_cast<const float*>(blk));
-    const v16 mn = load16(reinterpret_cast<const float*>(blk + 64));
-    const uint8_t* codes = blk + 128;
-    const float* xb = xt + b * kQ4Block * M;
-    for (int64_t i = 0; i < kQ4Block / 2; ++i) {
-      const i16 q = widen16(codes + i * 16);
-      const v16 w0 = __builtin_convertvector(q & 15, v16) * d + mn;
-      const v16 w1 = __builtin_convertvector(q >> 4, v16) * d + mn;
-      const float* x0 = xb + 2 * i * M;
-      for (int m = 0; m < M; ++m) acc[m] += x0[m] * w0;
-      for (int m = 0; m < M; ++m) acc[m] += x0[M + m] * w1;
+  constexpr int G = kGroup<M, kAccQ4>;
+  for (int p0 = 0; p0 < kParts; p0 += G) {
+    vf acc[M][G];
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) acc[m][g] = vf{};
+    for (int64_t b = 0; b < K / kQ4Block; ++b) {
+      const uint8_t* blk = panel + b * kQ4Bytes;
+      const float* scales = reinterpret_cast<const float*>(blk);
+      const uint8_t* codes = blk + 128;
+      const float* xb = xt + b * kQ4Block * M;
+      for (int64_t i = 0; i < kQ4Block / 2; ++i) {
+        const float* x0 = xb + 2 * i * M;
+        for (int g = 0; g < G; ++g) {
+          const int64_t c = (p0 + g) * kLanes;
+          const vf d = loadv(scales + c);
+          const vf mn = loadv(scales + kPanel + c);
+          const vi q = widen(codes + i * 16 + c);
+          const vf w0 = __builtin_convertvector(q & 15, vf) * d + mn;
+          const vf w1 = __builtin_convertvector(q >> 4, vf) * d + mn;
+          for (int m = 0; m < M; ++m) acc[m][g] += x0[m] * w0;
+          for (int m = 0; m < M; ++m) acc[m][g] += x0[M + m] * w1;
+        }
+      }
     }
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) storev(y + m * ldy + (p0 + g) * kLanes, acc[m][g]);
   }
-  for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
 }
 
 constexpr int64_t kQ8Bytes = 64 + kQ4Block * 16;  // d, then the codes: 576 bytes
@@ -151,20 +182,28 @@ constexpr int64_t kQ8Bytes = 64 + kQ4Block * 16;  // d, then the codes: 576 byte
 template <int M>
 inline void q8_panel_rows(const float* __restrict xt, int64_t K, const int8_t* __restrict panel,
                           float* __restrict y, int64_t ldy) {
-  v16 acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = v16{};
-  for (int64_t b = 0; b < K / kQ4Block; ++b) {
-    const int8_t* blk = panel + b * kQ8Bytes;
-    const v16 d = load16(reinterpret_cast<const float*>(blk));
-    const int8_t* codes = blk + 64;
-    const float* xb = xt + b * kQ4Block * M;
-    for (int64_t k = 0; k < kQ4Block; ++k) {
-      const v16 w = __builtin_convertvector(widen16(codes + k * 16), v16) * d;
-      const float* x0 = xb + k * M;
-      for (int m = 0; m < M; ++m) acc[m] += x0[m] * w;
+  constexpr int G = kGroup<M, kAcc>;
+  for (int p0 = 0; p0 < kParts; p0 += G) {
+    vf acc[M][G];
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) acc[m][g] = vf{};
+    for (int64_t b = 0; b < K / kQ4Block; ++b) {
+      const int8_t* blk = panel + b * kQ8Bytes;
+      const float* scales = reinterpret_cast<const float*>(blk);
+      const int8_t* codes = blk + 64;
+      const float* xb = xt + b * kQ4Block * M;
+      for (int64_t k = 0; k < kQ4Block; ++k) {
+        const float* x0 = xb + k * M;
+        for (int g = 0; g < G; ++g) {
+          const int64_t c = (p0 + g) * kLanes;
+          const vf w = __builtin_convertvector(widen(codes + k * 16 + c), vf) * loadv(scales + c);
+          for (int m = 0; m < M; ++m) acc[m][g] += x0[m] * w;
+        }
+      }
     }
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) storev(y + m * ldy + (p0 + g) * kLanes, acc[m][g]);
   }
-  for (int m = 0; m < M; ++m) store16(y + m * ldy, acc[m]);
 }
 
 template <typename W>
@@ -210,7 +249,7 @@ struct Q4Panels {
 struct Q8Panels {
   using W = int8_t;
   static constexpr ffi::DataType kType = ffi::S8;
-  static constexpr int rows = kRowsQ4;
+  static constexpr int rows = kRows;
   static constexpr const char* kExpects = "Q8_0 panels (N / 16, K / 32, 576)";
   template <int M>
   static void rows_fn(const float* xt, int64_t K, const W* p, float* y, int64_t ldy) {
