@@ -48,7 +48,8 @@ class _CacheLines(logging.Handler):
 
 
 def _on_duration(event: str, duration: float, **kw) -> None:
-    if "compile" in event or "trac" in event or "lower" in event:
+    # tracing, lowering and the backend compile (not the cache's "compile time saved")
+    if event.startswith("/jax/core/compile/"):
         _records.append(
             {"test": _current["test"], "event": event, "fun": kw.get("fun_name", ""), "s": duration}
         )
@@ -64,6 +65,7 @@ def pytest_configure(config):
         log = logging.getLogger(name)
         log.setLevel(logging.DEBUG)
         log.addHandler(_CacheLines(level=logging.DEBUG))
+        log.propagate = False  # keep the DEBUG lines out of pytest's captured logs
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -81,9 +83,18 @@ def pytest_sessionfinish(session, exitstatus):
             f.write(json.dumps(r) + "\n")
 
 
+def _cache_name(fun: str) -> str:
+    """``jit(name)`` (the compile events) -> ``jit_name`` (the cache's log lines)."""
+    return fun.replace("jit(", "jit_", 1).removesuffix(")") if fun.startswith("jit(") else fun
+
+
 def summarise(folder: str | os.PathLike, top: int = 40) -> str:
     """The report: compile seconds (misses) per test file, per test and per program name."""
-    rows = [json.loads(line) for p in Path(folder).glob("*.jsonl") for line in open(p)]
+    rows = [
+        json.loads(line)
+        for p in sorted(Path(folder).glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     backend = [r for r in rows if r["event"].endswith("backend_compile_duration")]
     misses = {(r["test"], r["fun"]) for r in rows if r["event"] == "miss"}
     by_test: dict = defaultdict(float)
@@ -91,7 +102,7 @@ def summarise(folder: str | os.PathLike, top: int = 40) -> str:
     by_fun: dict = defaultdict(lambda: [0, 0.0])
     other: dict = defaultdict(float)
     for r in rows:
-        if "backend_compile" not in r["event"] and r["event"] not in ("hit", "miss", "avals"):
+        if r["event"].startswith("/jax/core/compile/") and "backend_compile" not in r["event"]:
             other[r["test"].split("::")[0]] += r["s"]
     for r in backend:
         by_test[r["test"]] += r["s"]
@@ -114,9 +125,21 @@ def summarise(folder: str | os.PathLike, top: int = 40) -> str:
     lines += ["", "| test | backend compile s |", "|---|---|"]
     for k, v in sorted(by_test.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"| {k} | {v:.1f} |")
-    lines += ["", "| program | compiles | s |", "|---|---|---|"]
+    keys: dict = defaultdict(set)  # persistent-cache keys (distinct programs) by name
+    shapes: dict = defaultdict(set)  # argument shapes by name
+    for r in rows:
+        if r["event"] == "miss":
+            keys[r["fun"]].add(r["key"])
+        elif r["event"] == "avals":
+            shapes[_cache_name(r["fun"])].add(r["avals"])
+    lines += [
+        "",
+        "| program | compiles | s | distinct programs | distinct argument shapes |",
+        "|---|---|---|---|---|",
+    ]
     for k, (n, s) in sorted(by_fun.items(), key=lambda kv: -kv[1][1])[:top]:
-        lines.append(f"| {k} | {n} | {s:.1f} |")
+        name = _cache_name(k)
+        lines.append(f"| {k} | {n} | {s:.1f} | {len(keys[name])} | {len(shapes[name])} |")
     return "\n".join(lines)
 
 

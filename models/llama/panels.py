@@ -10,7 +10,8 @@ changed that.
 This module packs a float32 matrix ``W`` ``(K, N)`` into 16-column **panels**
 ``(N / 16, K, 16)`` (each panel one contiguous stream) and multiplies by it with a small C++
 kernel (``kernels/panel_matmul.cc``, an XLA FFI custom call): every panel is read once and
-multiplied into up to 16 rows held in vector registers, so 1 to 16 rows cost about the same
+multiplied into up to 16 rows (AVX2: 12 float32 or 10 Q4_1 rows) held in vector registers, so
+1 to 16 rows cost about the same
 (SmolLM2-135M's layer products on a 2-core AMD EPYC: 9 rows 15.5 ms against XLA's 26.8 ms
 input-major and 36.3 ms output-major, one row 13.7 ms against 14.9 / 15.1 ms;
 ``benchmarks/probes/panels/panel_micro.py``). Every output element is one chain of fused
@@ -60,8 +61,8 @@ SUFFIX = "_p"
 PANELS: Optional[bool] = None
 #: environment switch read as the default of :data:`PANELS`: ``0`` turns the kernel off, ``1``
 #: on wherever it builds, unset (or ``auto``) on where the CPU has AVX-512, or AVX2 and FMA
-#: (:func:`vector_isa`). On an x86-64 CPU without AVX2 the kernel's generic code is slower than
-#: XLA's products (docs/performance.md, "AVX2-only CPUs").
+#: (:func:`vector_isa`). Without AVX2 the kernel's generic code is presumably slower than XLA's
+#: products (not measured); without FMA its products are not the other builds' bits.
 ENV = "JAXSPEC_PANELS"
 #: pack Q4_1-exact (Q8_0-exact) matrices in Q4_1 (Q8_0) panels (:func:`pack_exact`); False
 #: keeps float32 panels (the same products bit for bit, 5.3x (3.6x) the bytes). Its default:

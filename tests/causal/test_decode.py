@@ -193,7 +193,7 @@ def test_sampling_distribution_exact_on_q4_panels(monkeypatch):
     """A model whose matrices are exactly Q4_1 (as loaded from a Q4_1 GGUF file) decodes on
     the CPU kernel's Q4_1 panels (steps and verification passes): AR and n-gram sampling
     still match the float32 model's enumerated joint distribution. The kernel is switched on
-    (it is off by default on a CPU without AVX-512)."""
+    (it is off by default on a CPU without AVX-512 or AVX2 + FMA)."""
     from models.llama import layout, panels
 
     monkeypatch.setattr(panels, "PANELS", True)

@@ -1011,7 +1011,7 @@ def test_panel_layout_computes_the_same_drafts(monkeypatch):
         panels.build()
     except panels.KernelBuildError as e:
         pytest.skip(f"panel kernel unavailable: {e}")
-    monkeypatch.setattr(panels, "PANELS", True)  # off by default without AVX-512
+    monkeypatch.setattr(panels, "PANELS", True)  # off by default without AVX-512 or AVX2 + FMA
     model, params = tiny_model(64, seed=0)
     spec = DFlashSpec.for_target(model.config, block_size=4, num_layers=2)
     own = init_drafter(spec, 1)

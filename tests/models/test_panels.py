@@ -17,7 +17,7 @@ from models.llama.modeling import unstack_layers
 def kernel():
     """Skip where the kernel cannot be built (no C++ compiler, not x86-64 Linux); the tests
     that use it run with the kernel on (:data:`panels.PANELS` True), also on a CPU without
-    AVX-512, where it is off by default."""
+    AVX2 + FMA, where it is off by default."""
     try:
         panels.build()
     except panels.KernelBuildError as e:
@@ -314,9 +314,10 @@ def test_a_q8_embedding_gives_a_q8_head(kernel):
 
 
 def test_the_avx2_build_computes_the_same_bits(kernel):
-    """The kernel built for AVX2 (``-march=haswell``: 6 float32 / 4 quantized rows a pass,
-    two ymm halves a vector) gives the native build's products bit for bit, for float32, Q4_1
-    and Q8_0 panels (on an AVX2 machine the native build is that code path)."""
+    """The kernel built for AVX2 (``-march=haswell``: 12 float32 / Q8_0 and 10 Q4_1 rows a
+    pass, a panel row as two ymm halves, one half a pass past 6 / 5 rows) gives the native
+    build's products bit for bit, for float32, Q4_1 and Q8_0 panels (on an AVX2 machine the
+    native build is that code path)."""
     import ctypes
     import pathlib
 

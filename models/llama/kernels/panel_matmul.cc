@@ -2,9 +2,10 @@
 // wp (N / 16, K, 16): wp[t, k, c] = W[k, 16 t + c] (models/llama/panels.py).
 //
 // An XLA FFI custom call for the CPU (jaxspec's "panels" weight layout, docs/performance.md
-// "Verification passes on the CPU: the panel kernel"). Each panel is read once from memory,
-// as one contiguous K x 64-byte stream, and multiplied into up to ROWS input rows held in
-// vector registers, so a few-row product (a speculative decoder's K + 1 verification rows)
+// "Verification passes on the CPU: the panel kernel"). Each panel is read from memory as one
+// contiguous K x 64-byte stream and multiplied into up to ROWS input rows held in vector
+// registers (on AVX2, past 6 rows (5 for Q4_1), one half of the panel per pass: the second
+// half's read hits the cache), so a few-row product (a speculative decoder's K + 1 verification rows)
 // streams the weights once, like a one-row matrix-vector product. XLA:CPU's own small-row
 // matrix-matrix kernels stream the same products at a third to a half of that rate.
 //
