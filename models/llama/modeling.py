@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from models.config import ModelConfig
+from models.llama import attention
 from models.llama.panels import SUFFIX as PANEL_SUFFIX
 from models.llama.panels import as_float_panels, pack_exact, packable, panel_product
 
@@ -304,7 +305,6 @@ class CausalLM:
                 f"hidden_layers {bad} outside the model's layers 0..{c.num_layers - 1}"
             )
         H, K, Dh = c.num_heads, c.num_kv_heads, c.head_dim
-        G = H // K
         x = jnp.take(embed, tokens, axis=0)
         cos, sin = rope_tables(positions, Dh, c.rope_theta)
         bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :, :]  # (B,1,1,T,S)
@@ -323,14 +323,16 @@ class CausalLM:
             if kc_all is not None:
                 kc_all = _write_cache(kc_all, k, li, cache_index)
                 vc_all = _write_cache(vc_all, v, li, cache_index, slot_minor=True)
-                keys = jax.lax.dynamic_index_in_dim(kc_all, li, 0, keepdims=False)
-                vals = jax.lax.dynamic_index_in_dim(vc_all, li, 0, keepdims=False)
-            else:  # no cache: the T new keys and values, laid out like a cache's
-                keys, vals = jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1))
-            qg = q.reshape(B, T, K, G, Dh)
-            s = jnp.einsum("btkgd,bksd->bkgts", qg, keys) * scale + bias
-            w = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(vals.dtype)
-            o = jnp.einsum("bkgts,bkds->btkgd", w, vals).reshape(B, T, H * Dh)
+            if kc_all is not None and attention.kernel_applies(q, lp):  # CPU panel layout
+                seen = jnp.broadcast_to(mask, (B, T, kc_all.shape[3]))
+                o = attention.cached_attention(q, kc_all, vc_all, li, seen, scale)
+            else:
+                if kc_all is not None:
+                    keys = jax.lax.dynamic_index_in_dim(kc_all, li, 0, keepdims=False)
+                    vals = jax.lax.dynamic_index_in_dim(vc_all, li, 0, keepdims=False)
+                else:  # no cache: the T new keys and values, laid out like a cache's
+                    keys, vals = jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1))
+                o = attention.xla_attention(q, keys, vals, bias, scale)
             h = h + proj(o, lp, "wo", rb)
             m = rms_norm(h, lp["mlp_norm"], c.rms_norm_eps)
             g = jax.nn.silu(proj(m, lp, "w_gate", rb)) * proj(m, lp, "w_up", rb)

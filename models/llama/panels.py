@@ -72,6 +72,8 @@ Q4: bool = os.environ.get("JAXSPEC_PANELS_Q4", "1").strip().lower() not in ("0",
 _TARGET = "jaxspec_panel_matmul"
 _TARGET_Q4 = "jaxspec_panel_matmul_q4"
 _TARGET_Q8 = "jaxspec_panel_matmul_q8"
+#: the FFI target of the cached attention (``kernels/cached_attention.cc``)
+ATTENTION_TARGET = "jaxspec_cached_attention"
 #: rows of ``W`` per Q4_1 scale block (GGUF's block size along the input axis)
 Q4_BLOCK = 32
 #: bytes of one Q4_1 panel block: 16 float32 ``d``, 16 float32 ``m``, 16 x 16 code bytes
@@ -80,6 +82,9 @@ Q4_BYTES = 2 * 4 * PANEL + Q4_BLOCK // 2 * PANEL
 #: int8 codes
 Q8_BYTES = 4 * PANEL + Q4_BLOCK * PANEL
 _SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
+#: the library's sources: the panel products and the cached attention
+#: (:mod:`models.llama.attention`), built into one shared library
+_SOURCES = (_SOURCE, _SOURCE.with_name("cached_attention.cc"))
 _FLAGS = ("-O3", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
 
 
@@ -126,8 +131,9 @@ def library_path(arch: str = "native") -> Path:
     """Where the kernel for this source, compiler flags (``-march=arch``), JAX version and CPU
     is cached."""
     h = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_flags(arch)).encode(), jax.__version__.encode()):
+    for part in (*(f.read_bytes() for f in _SOURCES), " ".join(_flags(arch)).encode()):
         h.update(part)
+    h.update(jax.__version__.encode())
     h.update(_cpu_tag().encode())
     suffix = "" if arch == "native" else f"-{arch}"
     return _cache_dir() / f"panel_matmul-{h.hexdigest()[:16]}{suffix}.so"
@@ -157,12 +163,13 @@ def build(force: bool = False, arch: str = "native") -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *_flags(arch), "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", tmp]
+    cmd = [cxx, *_flags(arch), "-I", jax.ffi.include_dir(), *map(str, _SOURCES), "-o", tmp]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)
         raise KernelBuildError(
-            f"compiling {_SOURCE.name} failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}"
+            f"compiling {' and '.join(f.name for f in _SOURCES)} failed ({' '.join(cmd)}):\n"
+            f"{proc.stderr[-2000:]}"
         )
     os.replace(tmp, out)  # atomic: concurrent builders leave one whole file
     return out
@@ -182,6 +189,9 @@ def _load() -> bool:
         )
         jax.ffi.register_ffi_target(
             _TARGET_Q8, jax.ffi.pycapsule(lib.JaxspecPanelMatmulQ8), platform="cpu"
+        )
+        jax.ffi.register_ffi_target(
+            ATTENTION_TARGET, jax.ffi.pycapsule(lib.JaxspecCachedAttention), platform="cpu"
         )
         _state["ok"] = True
     except (KernelBuildError, OSError) as e:
