@@ -78,7 +78,8 @@ inline void reduce8(const vf* a, float* out) {
   __m256 h[8];
   for (int i = 0; i < 8; ++i) {
     const __m512 z = reinterpret_cast<const __m512&>(a[i]);
-    h[i] = _mm256_add_ps(_mm512_castps512_ps256(z), _mm512_extractf32x8_ps(z, 1));
+    const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
+    h[i] = _mm256_add_ps(_mm512_castps512_ps256(z), upper);  // AVX-512F only (no DQ needed)
   }
 #elif defined(__AVX__)
   const __m256* h = reinterpret_cast<const __m256*>(a);
