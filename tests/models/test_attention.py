@@ -14,21 +14,6 @@ from models.llama import attention, panels
 from models.llama.modeling import init_cache, unstack_layers
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """Skip where the CPU kernels cannot be built; run with the panel layout and the
-    attention kernel on."""
-    try:
-        panels.build()
-    except panels.KernelBuildError as e:
-        pytest.skip(f"CPU kernels unavailable: {e}")
-    assert panels._load()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(panels, "PANELS", True)
-        mp.setattr(attention, "KERNEL", True)
-        yield
-
-
 def _case(seed, L, B, K, S, Dh, H, T, p=0.6):
     rng = np.random.default_rng(seed)
     kc = rng.standard_normal((L, B, K, S, Dh)).astype(np.float32)

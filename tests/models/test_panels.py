@@ -13,21 +13,6 @@ from models.llama import layout, panels
 from models.llama.modeling import unstack_layers
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """Skip where the kernel cannot be built (no C++ compiler, not x86-64 Linux); the tests
-    that use it run with the kernel on (:data:`panels.PANELS` True), also on a CPU without
-    AVX2 + FMA, where it is off by default."""
-    try:
-        panels.build()
-    except panels.KernelBuildError as e:
-        pytest.skip(f"panel kernel unavailable: {e}")
-    assert panels._load()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(panels, "PANELS", True)
-        yield
-
-
 def test_pack_round_trip_and_bad_shapes():
     w = np.arange(5 * 48, dtype=np.float32).reshape(5, 48)
     wp = panels.pack(w)
