@@ -4,10 +4,11 @@ On the CPU, XLA runs a layer's attention over the cache as a dozen small ops (tw
 a copy of the layer's slice of each cache, the softmax's passes) whose dispatch costs more than
 their arithmetic at one to a few dozen query rows: 3.7 ms of a 15 ms one-token step of
 SmolLM2-135M and about 11 ms of a 36 ms 9-row verification pass on a 2-core AMD EPYC (a
-``jax.profiler`` trace; docs/performance.md, "Attention in one call"). Where the decode layout
-runs on the CPU panel kernel (:mod:`models.llama.panels`), the attention runs in one XLA FFI
-call of ``kernels/cached_attention.cc`` per layer instead, which reads the layer's keys and
-values in place in the stacked cache.
+``jax.profiler`` trace; docs/performance.md, "a cached pass's attention in one call"). In the
+CPU's unrolled decode layouts (per-layer weights: the panel kernel's, :mod:`models.llama.panels`,
+output-major or stored) the attention runs in one XLA FFI call of ``kernels/cached_attention.cc``
+per layer instead (built into the panel kernel's library), which reads the layer's keys and
+values in place in the stacked cache. The scan loop (stacked weights) keeps XLA's attention.
 
 The kernel's result for a query row depends only on that row's query and the cache slots its
 mask lets it see: not on how many rows share the pass, the cache's size or the thread. So a
@@ -15,8 +16,7 @@ verification pass's row equals the one-token step at the same place bit for bit,
 products do (the kernel's docstring says how). It computes the same function as
 :func:`xla_attention` in another rounding order.
 
-``$JAXSPEC_CPU_ATTENTION=0`` (or :data:`KERNEL` False) keeps XLA's attention on the panel
-layout too.
+``$JAXSPEC_CPU_ATTENTION=0`` (or :data:`KERNEL` False) keeps XLA's attention everywhere.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 from models.llama import panels
 
 #: environment switch of the kernel: ``0`` keeps XLA's attention; anything else (or unset) runs
-#: the kernel wherever the layer's weights are in panels (:func:`kernel_applies`)
+#: the kernel in the CPU's unrolled decode layouts (:func:`kernel_applies`)
 ENV = "JAXSPEC_CPU_ATTENTION"
 #: force the kernel on (True) or off (False) on the panel layout; None: :data:`ENV` decides
 KERNEL: Optional[bool] = None
@@ -69,13 +69,14 @@ def kernel_enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def kernel_applies(q: jax.Array, lp: dict) -> bool:
-    """Whether the layer whose weights are ``lp`` runs :func:`cached_attention`: its weights are
-    in panels (the CPU panel layout, :func:`models.llama.modeling.unstack_layers`), ``q`` is
-    float32 on the CPU backend, the kernel loaded and :func:`kernel_enabled`."""
+def kernel_applies(q: jax.Array, per_layer: bool) -> bool:
+    """Whether a cached pass's layer runs :func:`cached_attention`: the layer loop is unrolled
+    over per-layer weights (the CPU decode layouts, :func:`models.llama.modeling.unstack_layers`:
+    panels, output-major or stored; not the scan loop's stacked weights), ``q`` is float32 on
+    the CPU backend, the kernel loaded and :func:`kernel_enabled`."""
     return (
-        q.dtype == jnp.float32
-        and any(k.endswith(panels.SUFFIX) for k in lp)
+        per_layer
+        and q.dtype == jnp.float32
         and jax.default_backend() == "cpu"
         and kernel_enabled()
         and panels._load()

@@ -323,7 +323,7 @@ class CausalLM:
             if kc_all is not None:
                 kc_all = _write_cache(kc_all, k, li, cache_index)
                 vc_all = _write_cache(vc_all, v, li, cache_index, slot_minor=True)
-            if kc_all is not None and attention.kernel_applies(q, lp):  # CPU panel layout
+            if kc_all is not None and attention.kernel_applies(q, per_layer):  # CPU, unrolled
                 seen = jnp.broadcast_to(mask, (B, T, kc_all.shape[3]))
                 o = attention.cached_attention(q, kc_all, vc_all, li, seen, scale)
             else:

@@ -114,14 +114,16 @@ def test_bad_shapes_are_named(kernel):
         attention.cached_attention(q.astype(np.float16), kc, vc, jnp.int32(0), mask, 0.3)
 
 
-def test_model_runs_it_on_panels_only_and_computes_the_same_function(kernel, monkeypatch):
-    """On the panel layout the model's cached passes run the kernel (XLA's attention
-    elsewhere); logits match XLA's attention on the same weights, and a multi-row pass's rows
-    equal one-row passes at the same places bit for bit."""
+def test_model_runs_it_unrolled_and_computes_the_same_function(kernel, monkeypatch):
+    """The model's cached passes run the kernel in the unrolled decode layouts (panels and
+    output-major; XLA's attention in the scan loop and with the switch off); logits match XLA's
+    attention on the same weights, and a multi-row pass's rows equal one-row passes at the same
+    places bit for bit."""
     model, params = tiny_model(64)
     tree = unstack_layers(params, panels=True)
-    assert attention.kernel_applies(jnp.zeros((1,), jnp.float32), tree["layers"][0])
-    assert not attention.kernel_applies(jnp.zeros((1,), jnp.float32), params["layers"])
+    f32 = jnp.zeros((1,), jnp.float32)
+    assert attention.kernel_applies(f32, True) and not attention.kernel_applies(f32, False)
+    assert not attention.kernel_applies(f32.astype(jnp.bfloat16), True)
     B, S, T = 2, 24, 6
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (B, T)), jnp.int32)
     slots = jnp.broadcast_to(jnp.arange(T), (B, T))
@@ -133,16 +135,16 @@ def test_model_runs_it_on_panels_only_and_computes_the_same_function(kernel, mon
 
     cache = init_cache(model.config, B, S)
     zero = jnp.zeros((B,), jnp.int32)
-    hlo = (
-        jax.jit(
-            lambda t, c: model.apply({"params": t}, tokens, slots, mask, cache=c, cache_index=zero)[
-                0
-            ]
-        )
-        .lower(tree, cache)
-        .as_text()
-    )
-    assert panels.ATTENTION_TARGET in hlo
+
+    def hlo(t):
+        def f(t, c):
+            return model.apply({"params": t}, tokens, slots, mask, cache=c, cache_index=zero)[0]
+
+        return jax.jit(f).lower(t, cache).as_text()
+
+    assert panels.ATTENTION_TARGET in hlo(tree)
+    assert panels.ATTENTION_TARGET in hlo(unstack_layers(params, output_major=True))
+    assert panels.ATTENTION_TARGET not in hlo(params)  # stacked: the scan loop
     kern, kcache = run(tree, tokens, slots, mask, cache, zero)
     monkeypatch.setattr(attention, "KERNEL", False)
     xla, _ = jax.jit(
