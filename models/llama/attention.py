@@ -33,7 +33,8 @@ from models.llama import panels
 #: environment switch of the kernel: ``0`` keeps XLA's attention; anything else (or unset) runs
 #: the kernel in the CPU's unrolled decode layouts (:func:`kernel_applies`)
 ENV = "JAXSPEC_CPU_ATTENTION"
-#: force the kernel on (True) or off (False) on the panel layout; None: :data:`ENV` decides
+#: force the kernel on (True) or off (False) in the unrolled CPU layouts; None: :data:`ENV`
+#: decides
 KERNEL: Optional[bool] = None
 
 

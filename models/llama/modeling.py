@@ -310,6 +310,9 @@ class CausalLM:
         bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :, :]  # (B,1,1,T,S)
         scale = Dh**-0.5
         rb = self.row_blocks
+        # the mask as the CPU attention kernel reads it, once per pass; None: XLA's attention
+        kernel = cache is not None and attention.kernel_applies(x, per_layer)
+        seen = jnp.broadcast_to(mask, (B, T, cache.size)).astype(bool) if kernel else None
 
         def block(carry, lp):
             h, kc_all, vc_all, li = carry
@@ -323,8 +326,7 @@ class CausalLM:
             if kc_all is not None:
                 kc_all = _write_cache(kc_all, k, li, cache_index)
                 vc_all = _write_cache(vc_all, v, li, cache_index, slot_minor=True)
-            if kc_all is not None and attention.kernel_applies(q, per_layer):  # CPU, unrolled
-                seen = jnp.broadcast_to(mask, (B, T, kc_all.shape[3]))
+            if seen is not None:  # the CPU kernel (unrolled layouts)
                 o = attention.cached_attention(q, kc_all, vc_all, li, seen, scale)
             else:
                 if kc_all is not None:

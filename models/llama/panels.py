@@ -81,6 +81,13 @@ Q4_BYTES = 2 * 4 * PANEL + Q4_BLOCK // 2 * PANEL
 #: bytes of one Q8_0 panel block (blocks of :data:`Q4_BLOCK` rows): 16 float32 ``d``, 32 x 16
 #: int8 codes
 Q8_BYTES = 4 * PANEL + Q4_BLOCK * PANEL
+#: the library's FFI targets and their handler symbols
+_SYMBOLS = {
+    _TARGET: "JaxspecPanelMatmul",
+    _TARGET_Q4: "JaxspecPanelMatmulQ4",
+    _TARGET_Q8: "JaxspecPanelMatmulQ8",
+    ATTENTION_TARGET: "JaxspecCachedAttention",
+}
 _SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
 #: the library's sources: the panel products and the cached attention
 #: (:mod:`models.llama.attention`), built into one shared library
@@ -128,8 +135,8 @@ def vector_isa() -> Optional[str]:
 
 
 def library_path(arch: str = "native") -> Path:
-    """Where the kernel for this source, compiler flags (``-march=arch``), JAX version and CPU
-    is cached."""
+    """Where the kernels' library for these sources, compiler flags (``-march=arch``), JAX
+    version and CPU is cached."""
     h = hashlib.sha256()
     for part in (*(f.read_bytes() for f in _SOURCES), " ".join(_flags(arch)).encode()):
         h.update(part)
@@ -181,18 +188,10 @@ def _load() -> bool:
         return _state["ok"]
     try:
         lib = ctypes.CDLL(str(build()))
-        jax.ffi.register_ffi_target(
-            _TARGET, jax.ffi.pycapsule(lib.JaxspecPanelMatmul), platform="cpu"
-        )
-        jax.ffi.register_ffi_target(
-            _TARGET_Q4, jax.ffi.pycapsule(lib.JaxspecPanelMatmulQ4), platform="cpu"
-        )
-        jax.ffi.register_ffi_target(
-            _TARGET_Q8, jax.ffi.pycapsule(lib.JaxspecPanelMatmulQ8), platform="cpu"
-        )
-        jax.ffi.register_ffi_target(
-            ATTENTION_TARGET, jax.ffi.pycapsule(lib.JaxspecCachedAttention), platform="cpu"
-        )
+        for target, symbol in _SYMBOLS.items():
+            jax.ffi.register_ffi_target(
+                target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu"
+            )
         _state["ok"] = True
     except (KernelBuildError, OSError) as e:
         log.info("panel kernel unavailable, XLA products are used: %s", e)
