@@ -69,6 +69,51 @@ def _round_trip(w, kind) -> np.ndarray:
     return np.ascontiguousarray(gguf.quants.dequantize(q, kind).T)
 
 
+def gguf_exact(w, kind: str) -> np.ndarray:
+    """:func:`q4_exact` for any GGUF block format ``gguf.quants`` quantizes (``"Q4_0"``,
+    ``"Q4_1"``, ``"Q5_0"``, ``"Q8_0"``, ...): ``w`` ``(K, N)`` rounded along ``K`` and
+    dequantized.
+
+    Raises:
+      ValueError: a format name ``gguf`` does not know.
+    """
+    return _round_trip(w, _gguf_type(kind))
+
+
+def kquant_matrix(K: int, N: int, kind: str, seed: int = 0) -> np.ndarray:
+    """A random float32 ``(K, N)`` matrix that is exactly a dequantized GGUF k-quant tensor
+    (``"Q4_K"`` or ``"Q6_K"``, blocks of 256 inputs per output) as a Q4_K_M file's projections
+    load (:func:`models.llama.params.load_gguf`). ``gguf.quants`` cannot quantize these
+    formats, so the blocks are random bytes (codes, 6-bit / int8 sub-block scales) with
+    float16 super-block scales near ``1 / (40 sqrt(K))``, dequantized by ``gguf.quants``.
+
+    Raises:
+      ValueError: another ``kind``, or ``K`` not a multiple of 256.
+    """
+    if kind not in ("Q4_K", "Q6_K") or K % 256:
+        raise ValueError(f"kquant_matrix: Q4_K or Q6_K with K a multiple of 256, got {kind}, {K}")
+    qtype = _gguf_type(kind)
+    rng = np.random.default_rng(seed)
+    n_blocks = N * K // 256
+    raw = rng.integers(0, 256, (n_blocks, gguf.GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
+    scale = (rng.uniform(0.5, 1.5, (n_blocks, 1)) / (40 * np.sqrt(K))).astype(np.float16)
+    if kind == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales / mins, 128 bytes of codes
+        raw[:, 0:2] = scale.view(np.uint8)
+        raw[:, 2:4] = (scale / 2).astype(np.float16).view(np.uint8)
+    else:  # 128 + 64 bytes of codes, 16 int8 scales, d
+        raw[:, 192:208] = rng.integers(-64, 64, (n_blocks, 16)).astype(np.int8).view(np.uint8)
+        raw[:, 208:210] = (scale / 16).astype(np.float16).view(np.uint8)
+    w = gguf.quants.dequantize(raw.reshape(N, -1), qtype)
+    return np.ascontiguousarray(np.asarray(w, np.float32).T)
+
+
+def _gguf_type(kind: str):
+    try:
+        return gguf.GGMLQuantizationType[kind]
+    except KeyError:
+        raise ValueError(f"unknown GGUF block format {kind!r}") from None
+
+
 def q4_exact_params(params: dict) -> dict:
     """``params`` of :func:`tiny_model` with every stacked projection matrix ``(L, K, N)``
     made Q4_1-exact (:func:`q4_exact`), as loaded from a Q4_1 GGUF file."""

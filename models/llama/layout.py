@@ -57,7 +57,16 @@ from models.llama.modeling import (
     param_dtype,
     unstack_layers,
 )
-from models.llama.panels import is_q4, pack_exact, pack_q4, packable, panels_active
+from models.llama.panels import (
+    Q8_16_BLOCK,
+    is_q4,
+    is_q8,
+    pack_exact,
+    pack_q4,
+    pack_q8,
+    packable,
+    panels_active,
+)
 
 LAYER_LOOPS = ("scan", "unrolled")
 WEIGHT_LAYOUTS = ("stored", "output-major")
@@ -305,15 +314,16 @@ def layout_name(output_major: bool) -> str:
     return "panels" if panels_active() else "stored"
 
 
-_Q4: list = []  # [(weakref of a body's first projection matrix, whether it is Q4_1-exact)]
+_QUANT: list = []  # [(weakref of a body's first projection matrix, whether it packs quantized)]
 
 
-def q4_panels(tree: Any) -> bool:
+def quantized_panels(tree: Any) -> bool:
     """Whether the panels of the first Llama/Qwen2 body in ``tree`` are (or, packed, would
-    be) Q4_1 panels (:func:`models.llama.panels.pack_q4`): its layer 0's first projection
-    matrix is exactly a dequantized GGUF Q4_1 tensor (checked once per array). On Q4_1
-    panels a one-row product reads 0.75 bytes a weight instead of 4, so one-token steps run
-    on panels at batch 1 too (:func:`plan`); False off the panel kernel."""
+    be) quantized panels (:func:`models.llama.panels.pack_exact`: Q4_1 panels of a GGUF Q4_1
+    or Q4_K tensor, Q8 panels of a Q8_0, Q5_0, Q4_0 or Q6_K one): its layer 0's first
+    projection matrix is exactly such a dequantized tensor (checked once per array). On
+    quantized panels a one-row product reads 0.75-1.25 bytes a weight instead of 4, so
+    one-token steps run on panels at batch 1 too (:func:`plan`); False off the panel kernel."""
     if not panels_active() or not panel_kernel.Q4:
         return False
     bodies = _bodies(tree)
@@ -321,17 +331,21 @@ def q4_panels(tree: Any) -> bool:
         return False
     body = bodies[0]
     if not isinstance(body, Mapping):  # split: look at what it holds
-        return any(k.endswith("_p") and is_q4(w) for k, w in body[0].items())
+        return any(k.endswith("_p") and (is_q4(w) or is_q8(w)) for k, w in body[0].items())
     name = next((m for m in MATRICES if m in body), None)
     w = None if name is None else body[name]
     if not isinstance(w, jax.Array) or isinstance(w, jax.core.Tracer) or _sharded(w):
         return False
-    for ref, exact in _Q4:
+    for ref, exact in _QUANT:
         if ref() is w:
             return exact
-    exact = pack_q4(w[0]) is not None
-    _Q4[:] = [e for e in _Q4 if e[0]() is not None][-3:]
-    _Q4.append((weakref.ref(w), exact))
+    first = w[0]
+    exact = any(
+        packed is not None
+        for packed in (pack_q4(first), pack_q8(first), pack_q8(first, Q8_16_BLOCK))
+    )
+    _QUANT[:] = [e for e in _QUANT if e[0]() is not None][-3:]
+    _QUANT.append((weakref.ref(w), exact))
     return exact
 
 
@@ -609,8 +623,8 @@ def _store_key(model, params, batch: int, rows: int, output_major: bool) -> str:
     )
     digest = hashlib.sha256(repr((repr(model), shapes)).encode()).hexdigest()[:16]
     name = layout_name(output_major)
-    if name == "panels" and q4_panels(params):
-        name = "panels-q4"
+    if name == "panels" and quantized_panels(params):
+        name = "panels-quant"
     return f"{machine_id()}|{digest}|{param_dtype(params)}|b{int(batch)}|r{int(rows)}|{name}"
 
 
@@ -666,7 +680,7 @@ def pass_seconds(
         int(batch),
         int(rows),
         layout_name(output_major),
-        not output_major and q4_panels(params),
+        not output_major and quantized_panels(params),
     )
     if key not in _PASS_SECONDS:
         skey = None if store is None else _store_key(model, params, batch, rows, output_major)
@@ -712,7 +726,7 @@ def plan(
     * Autoregressive decoding (``verify_rows == 1``): every pass on output-major weights;
       at ``batch >= 2`` on the CPU panel kernel (:func:`layout_name`), on panels, whose
       few-row products are faster (a 2-row step 27.0 against 58.0 ms for SmolLM2-135M on a
-      2-core AMD EPYC), and at batch 1 too where the panels are Q4_1 (:func:`q4_panels`); a
+      2-core AMD EPYC), and at batch 1 too where the panels are Q4_1 (:func:`quantized_panels`); a
       tree split in place keeps its layout.
     * Speculative decoding (``verify_rows = k + 1``): ``verify_layout`` ``"auto"`` times one
       ``verify_rows``-row pass in both layouts (:func:`pass_seconds`) and keeps the faster;
@@ -721,7 +735,7 @@ def plan(
       layout) unless the tree is split in place, its weights exceed
       :data:`AUTO_LAYOUT_MAX_BYTES`, every pass has several rows (``multi_row_steps``: a
       drafter with draft queries), or the batch has 2+ rows on the panel kernel (or 1 row on
-      Q4_1 panels), in which case they share the verification layout.
+      quantized panels), in which case they share the verification layout.
     * ``gate``: ``"off"``; a float, the price of a verification pass in one-token steps
       (>= 1); or ``"auto"``: the ratio of the two passes' :func:`pass_seconds` on the CPU's
       unrolled loop (rounded to 0.01, at least 1), off elsewhere (on GPU/TPU a
@@ -747,7 +761,7 @@ def plan(
     # with the panel kernel a step of batch >= 2 rows is a few-row product: panels; on Q4_1
     # panels a one-row product is faster too (a step's layer products of SmolLM2-135M 5.2
     # against 16.2 ms output-major, 2-core AMD EPYC)
-    panel_steps = layout_name(False) == "panels" and (batch >= 2 or q4_panels(params))
+    panel_steps = layout_name(False) == "panels" and (batch >= 2 or quantized_panels(params))
     if verify_rows <= 1:
         split = split_layout(params)
         name = split or ("stored" if panel_steps else "output-major")
@@ -851,7 +865,7 @@ __all__ = [
     "plan_draft_tree",
     "plan_model",
     "plan_trees",
-    "q4_panels",
+    "quantized_panels",
     "resolve_layer_loop",
     "split_bytes",
     "split_layout",

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from models.config import ModelConfig
 from models.llama import attention
 from models.llama.panels import SUFFIX as PANEL_SUFFIX
-from models.llama.panels import as_float_panels, pack_exact, packable, panel_product
+from models.llama.panels import pack_exact, packable, panel_product
 
 
 @flax.struct.dataclass
@@ -479,7 +479,9 @@ def fuse_qkv(lp: dict) -> dict:
     ``wv_t`` replaced by their row concatenation ``wqkv_t`` ``((H + 2K) * Dh, D)`` (int8:
     ``wqkv_q_t`` and the concatenated per-row scales ``wqkv_s``), or one panel-packed dict's
     ``wq_p`` / ``wk_p`` / ``wv_p`` by ``wqkv_p`` (their panels in a row: the columns of the
-    concatenated matrix, :mod:`models.llama.panels`); other dicts unchanged, and
+    concatenated matrix, :mod:`models.llama.panels`, where all three are panels of one kind and
+    shape: Q4_1 / Q8 panels of different kinds stay three products, each reading its compact
+    codes); other dicts unchanged, and
     so are arrays laid out over several devices (their heads are split over the model axis,
     :mod:`models.sharding`, and a fused matrix would mix them).
 
@@ -494,8 +496,8 @@ def fuse_qkv(lp: dict) -> dict:
         scales = [m + "_s" for m in QKV] if suffix == "_q_t" else []
         out = {k: v for k, v in lp.items() if k not in names and k not in scales}
         parts = [lp[n] for n in names]
-        if suffix == PANEL_SUFFIX and len({w.dtype for w in parts}) > 1:
-            parts = [as_float_panels(w) for w in parts]  # one kind of panels per product
+        if suffix == PANEL_SUFFIX and len({(w.dtype, w.shape[1:]) for w in parts}) > 1:
+            return lp  # panels of several kinds (e.g. Q4_K q/k, Q6_K v): three compact products
         out[QKV_FUSED + suffix] = jnp.concatenate(parts, axis=0)
         if scales:
             out[QKV_FUSED + "_s"] = jnp.concatenate([lp[n] for n in scales], axis=0)

@@ -18,12 +18,15 @@ input-major and 36.3 ms output-major, one row 13.7 ms against 14.9 / 15.1 ms;
 multiply-adds over ``k`` in order, so a row's result does not depend on how many rows share
 the call.
 
-A float32 matrix that is exactly a dequantized GGUF Q4_1 or Q8_0 tensor (every projection
-and the tied head of the default SmolLM2-135M file) is packed as its own 4-bit / 8-bit codes
-with float32 block scales instead (:func:`pack_q4`, :func:`pack_q8`, :func:`pack_exact`), which
-the kernel rebuilds exactly in registers: the same products bit for bit from 0.75 / 1.125 bytes
-a weight (a one-row layer product 5.2 against 14.9 ms on float32 panels;
-docs/performance.md, "the GGUF file's own 4-bit weights").
+A float32 matrix that is exactly a dequantized GGUF block-quantized tensor is packed as its
+own 4-bit / 8-bit codes with float32 block scales instead (:func:`pack_exact`), which the kernel
+rebuilds exactly in registers: the same products bit for bit from 0.75-1.25 bytes a weight.
+Q4_1, Q4_K and Q4_0 tensors go to Q4_1 panels (:func:`pack_q4`; every projection of the
+default SmolLM2-135M file, most of Qwen2.5-Coder-1.5B's Q4_K_M), Q8_0 and Q5_0 to Q8 panels
+with a scale per 32 inputs, Q6_K to Q8 panels with one per 16 (:func:`pack_q8`; SmolLM2's
+tied head, most of Qwen2.5-Coder-0.5B's Q4_K_M). The blocks are found from the float32 values
+alone and every weight checked. A one-row layer product of SmolLM2-135M: 5.2 against 14.9 ms
+on float32 panels (docs/performance.md, "the GGUF file's own 4-bit weights").
 
 The kernel is built on first use with the system's C++ compiler for this CPU
 (``-O3 -march=native``) into ``$JAXSPEC_CACHE/kernels`` and registered with JAX. Where it
@@ -72,6 +75,7 @@ Q4: bool = os.environ.get("JAXSPEC_PANELS_Q4", "1").strip().lower() not in ("0",
 _TARGET = "jaxspec_panel_matmul"
 _TARGET_Q4 = "jaxspec_panel_matmul_q4"
 _TARGET_Q8 = "jaxspec_panel_matmul_q8"
+_TARGET_Q8_16 = "jaxspec_panel_matmul_q8_16"
 #: the FFI target of the cached attention (``kernels/cached_attention.cc``)
 ATTENTION_TARGET = "jaxspec_cached_attention"
 #: rows of ``W`` per Q4_1 scale block (GGUF's block size along the input axis)
@@ -81,11 +85,16 @@ Q4_BYTES = 2 * 4 * PANEL + Q4_BLOCK // 2 * PANEL
 #: bytes of one Q8_0 panel block (blocks of :data:`Q4_BLOCK` rows): 16 float32 ``d``, 32 x 16
 #: int8 codes
 Q8_BYTES = 4 * PANEL + Q4_BLOCK * PANEL
+#: rows of ``W`` per scale block of the 16-row Q8 panels (a GGUF Q6_K tensor's sub-blocks)
+Q8_16_BLOCK = 16
+#: bytes of one 16-row Q8 panel block: 16 float32 ``d``, 16 x 16 int8 codes
+Q8_16_BYTES = 4 * PANEL + Q8_16_BLOCK * PANEL
 #: the library's FFI targets and their handler symbols
 _SYMBOLS = {
     _TARGET: "JaxspecPanelMatmul",
     _TARGET_Q4: "JaxspecPanelMatmulQ4",
     _TARGET_Q8: "JaxspecPanelMatmulQ8",
+    _TARGET_Q8_16: "JaxspecPanelMatmulQ816",
     ATTENTION_TARGET: "JaxspecCachedAttention",
 }
 _SOURCE = Path(__file__).with_name("kernels") / "panel_matmul.cc"
@@ -253,19 +262,27 @@ def unpack(wp):
 
 
 def pack_q4(w) -> Optional[np.ndarray]:
-    """Q4_1 panels of a float32 matrix ``W`` ``(K, N)`` that is exactly a dequantized GGUF
-    Q4_1 tensor, or None where it is not.
+    """Q4_1 panels of a float32 matrix ``W`` ``(K, N)`` whose every block of 32 consecutive
+    inputs of one output is exactly ``float32(d * q) + m`` with 4-bit codes ``q`` and float32
+    ``d``, ``m`` (``d * q`` exact), or None where it is not.
 
-    Q4_1 (ggml) stores each block of 32 consecutive inputs of one output as float16 ``d`` and
-    ``m`` and 4-bit codes ``q``; dequantized (``gguf.quants.dequantize``, as
-    :func:`models.llama.params.load_gguf` does) a weight is ``float32(d * q) + m``. This
-    function finds, for every block, ``m`` = the block's minimum and ``d`` among the float16
-    values next to ``(max - m) / 15``, and keeps them only if ``d * q + m`` rebuilds every
-    weight of the block **bit for bit**; one block that does not gives None (the caller keeps
-    the float32 panels). So the kernel multiplies exactly the float32 matrix, from 0.75 bytes
-    a weight: ``uint8`` ``(N / 16, K / 32, 384)``, per panel ``t`` and block ``b`` the 16
-    columns' ``d`` and ``m`` as float32, then 16 pairs of rows as 16 bytes (row ``2 i`` in
-    the low nibble, ``2 i + 1`` in the high one).
+    Two GGUF block formats dequantize (``gguf.quants.dequantize``, as
+    :func:`models.llama.params.load_gguf` does) to such matrices:
+
+    * **Q4_1** stores float16 ``d`` and ``m`` per block. :func:`_fit_q4_1` takes ``m`` = the
+      block's minimum and ``d`` among the float16 values next to ``(max - m) / 15``.
+    * **Q4_K** (256-input super-blocks of eight 32-input sub-blocks) stores per sub-block
+      ``d = d_s * sc`` and ``m = -dmin_s * mn`` (float16 super-block scales, 6-bit ``sc``,
+      ``mn``): both exact in float32, and ``d * q - dmin_s * mn`` is rounded once.
+      :func:`_fit_affine` finds them from the values (``d`` = the block's span over 15 or
+      fewer code steps, the codes counted from the block's minimum).
+
+    A fit is kept only if ``d * q + m`` rebuilds every weight of the block **bit for bit**; one
+    block that does not gives None (the caller keeps the float32 panels). So the kernel
+    multiplies exactly the float32 matrix, from 0.75 bytes a weight: ``uint8`` ``(N / 16, K /
+    32, 384)``, per panel ``t`` and block ``b`` the 16 columns' ``d`` and ``m`` as float32,
+    then 16 pairs of rows as 16 bytes (row ``2 i`` in the low nibble, ``2 i + 1`` in the high
+    one).
 
     Args:
       w: float32 ``(K, N)`` (numpy or JAX, host-readable), ``K`` a multiple of 32 and ``N``
@@ -274,16 +291,11 @@ def pack_q4(w) -> Optional[np.ndarray]:
     v = _blocks(w)
     if v is None:
         return None
-    m = v.min(axis=1, keepdims=True)
-    if not np.array_equal(
-        m.astype(np.float16).astype(np.float32).view(np.uint32), m.view(np.uint32)
-    ):
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):
-        fit = _fit_blocks(v, (v.max(axis=1, keepdims=True) - m) / np.float32(15), m, 0, 15)
+    fit = _fit_q4_1(v)
+    fit = _fit_affine(v) if fit is None else fit
     if fit is None:
         return None
-    best_q, best_d = fit
+    best_q, best_d, m = fit
     b, t = v.shape[0], v.shape[2] // PANEL
     q = best_q.reshape(b, Q4_BLOCK // 2, 2, t, PANEL).astype(np.uint8)
     codes = (q[:, :, 0] | (q[:, :, 1] << 4)).transpose(2, 0, 1, 3).reshape(t, b, -1)
@@ -291,13 +303,118 @@ def pack_q4(w) -> Optional[np.ndarray]:
     return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 
+def _fit_q4_1(v: np.ndarray):
+    """GGUF Q4_1 blocks: ``(q, d, m)`` per block of ``v`` ``(B, 32, N)`` with float16 ``m`` =
+    the block's minimum and float16 ``d`` (:func:`_fit_blocks`), as float32 ``(B, 32, N)``,
+    ``(B, 1, N)``, ``(B, 1, N)``; None when a block has none."""
+    m = v.min(axis=1, keepdims=True)
+    if not np.array_equal(
+        m.astype(np.float16).astype(np.float32).view(np.uint32), m.view(np.uint32)
+    ):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        fit = _fit_blocks(v, (v.max(axis=1, keepdims=True) - m) / np.float32(15), m, 0, 15)
+    return None if fit is None else (fit[0], fit[1], m)
+
+
+#: blocks :func:`_fit_affine` and :func:`_fit_scale` try first: a matrix some of whose first
+#: blocks do not fit is turned down before the whole matrix is searched
+_SAMPLE_BLOCKS = 512
+#: the code ranges :func:`_fit_scale` tries, commonest first: a block's largest ``|w|`` is
+#: ``d * k``; Q8_0 127, Q5_0 16, Q4_0 8, Q6_K mostly 32 or 31 (its scale search), then the rest
+_SCALE_STEPS = (127, 16, 8, 32, 31)
+_SCALE_STEPS += tuple(k for k in range(126, 0, -1) if k not in _SCALE_STEPS)
+
+
+def _block_rows(v: np.ndarray) -> np.ndarray:
+    """Blocks ``(B, n, N)`` -> one row per block and column ``(B * N, n)``."""
+    return np.ascontiguousarray(v.transpose(0, 2, 1)).reshape(-1, v.shape[1])
+
+
+def _fit_rows(v: np.ndarray, codes_of):
+    """Run ``codes_of`` (rows ``(R, n)`` -> per-row fit arrays or None) on a sample of the
+    blocks of ``v`` ``(B, n, N)``, then, if every sampled block fits, on all of them; returns
+    the fit arrays back in block layout (``(B, n, N)`` codes, ``(B, 1, N)`` per-block values)."""
+    rows = _block_rows(v)
+    if codes_of(rows[:_SAMPLE_BLOCKS]) is None:
+        return None
+    fit = codes_of(rows)
+    if fit is None:
+        return None
+    b, n, cols = v.shape
+    return tuple(a.reshape(b, cols, a.shape[-1]).transpose(0, 2, 1) for a in fit)
+
+
+def _fit_affine(v: np.ndarray):
+    """``(q, d, m)`` per block of ``v`` ``(B, 32, N)`` with ``v = float32(d * q) + m``, codes
+    ``q`` in ``[0, 15]``, float32 ``d`` with ``d * q`` exact and ``m`` = the block's minimum
+    (GGUF Q4_K sub-blocks: :func:`pack_q4`); None when a block has none."""
+
+    def codes_of(x):
+        lo = x.min(axis=1, keepdims=True)
+        span = x.max(axis=1, keepdims=True) - lo
+        q, d = np.zeros(x.shape, np.float32), np.zeros(lo.shape, np.float32)
+        todo = np.arange(x.shape[0])
+        for steps in range(15, 0, -1):
+            xs, low, s = x[todo], lo[todo], span[todo] / np.float32(steps)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                c = np.where(s > 0, np.rint((xs - low) / np.where(s > 0, s, 1)), 0)
+            c = np.clip(c, 0, 15).astype(np.float32)
+            p = s * c  # exact, so the kernel's fma(q, d, m) and d * q + m agree
+            exact = p.astype(np.float64) == s.astype(np.float64) * c.astype(np.float64)
+            ok = (exact & _same_weights(p + low, xs)).all(axis=1)
+            q[todo[ok]], d[todo[ok]] = c[ok], s[ok]
+            todo = todo[~ok]
+            if todo.size == 0:
+                return q, d, lo
+        return None
+
+    return _fit_rows(v, codes_of)
+
+
+def _same_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: float32 ``a`` and ``b`` are the same weight bit for bit, but for the sign
+    of a zero. A packed block rebuilds ``-0.0`` (e.g. ``d * 0`` of a GGUF Q5_0 / Q6_K block
+    with ``d < 0``) as ``+0.0``, which no product sees: every output element is a chain of
+    fused multiply-adds from ``+0``, and ``acc + (+-0)`` is ``acc`` for ``acc != 0`` and ``+0``
+    for ``acc = +0``, so the chain never holds ``-0`` and its bits do not change."""
+    zero = np.float32(0)
+    return (a + zero).view(np.uint32) == (b + zero).view(np.uint32)
+
+
+def _fit_scale(v: np.ndarray):
+    """``(q, d)`` per block of ``v`` ``(B, n, N)`` with ``v = float32(d * q)``, int8 codes and
+    float32 ``d`` = the block's largest ``|w|`` over one of :data:`_SCALE_STEPS` (GGUF Q8_0,
+    Q5_0 and Q4_0 blocks of 32, Q6_K sub-blocks of 16: :func:`pack_q8`); None when a block
+    has none."""
+
+    def codes_of(x):
+        amax = np.abs(x).max(axis=1, keepdims=True)
+        q, d = np.zeros(x.shape, np.float32), np.zeros(amax.shape, np.float32)
+        todo = np.arange(x.shape[0])
+        for steps in _SCALE_STEPS:
+            xs, s = x[todo], amax[todo] / np.float32(steps)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                c = np.where(s > 0, np.rint(xs / np.where(s > 0, s, 1)), 0)
+            c = c.astype(np.float32) + np.float32(0)  # the int8 code: no -0
+            ok = ((np.abs(c) <= 127) & _same_weights(s * c, xs)).all(axis=1)
+            q[todo[ok]], d[todo[ok]] = c[ok], s[ok]
+            todo = todo[~ok]
+            if todo.size == 0:
+                return q, d
+        return None
+
+    return _fit_rows(v, codes_of)
+
+
 def pack_exact(w):
     """The most compact panels that hold ``w`` ``(K, N)`` exactly: Q4_1 panels
-    (:func:`pack_q4`) where ``w`` is a concrete Q4_1-exact matrix (a GGUF Q4_1 tensor
-    dequantized, e.g. every projection of the SmolLM2-135M file), else Q8_0 panels
-    (:func:`pack_q8`; e.g. that file's token embedding, the tied LM head), else float32 panels
-    (:func:`pack`; always where :data:`Q4` is False). Either gives the same products bit for
-    bit (:func:`panel_product`).
+    (:func:`pack_q4`) where ``w`` is a concrete dequantized GGUF Q4_1 or Q4_K tensor (every
+    projection of the SmolLM2-135M file, most of Qwen2.5-Coder-1.5B's), else Q8 panels with a
+    scale per 32 inputs (:func:`pack_q8`: Q8_0, Q5_0, Q4_0; e.g. SmolLM2's tied LM head, most
+    of Qwen2.5-Coder-0.5B's projections), else per 16 inputs (``pack_q8(w, 16)``: Q6_K), else
+    float32 panels (:func:`pack`; always where :data:`Q4` is False). Each gives the same
+    products bit for bit (:func:`panel_product`).
     numpy in, numpy out; JAX in, JAX out (traced arrays get float32 panels).
 
     Raises:
@@ -306,6 +423,7 @@ def pack_exact(w):
     if Q4 and not isinstance(w, jax.core.Tracer):
         wq = pack_q4(w)
         wq = pack_q8(w) if wq is None else wq
+        wq = pack_q8(w, Q8_16_BLOCK) if wq is None else wq
         if wq is not None:
             return wq if isinstance(w, np.ndarray) else jnp.asarray(wq)
     return pack(w)
@@ -317,8 +435,13 @@ def is_q4(wp) -> bool:
 
 
 def is_q8(wp) -> bool:
-    """Whether panels ``wp`` are Q8_0 panels (:func:`pack_q8`, int8)."""
+    """Whether panels ``wp`` are Q8 panels (:func:`pack_q8`, int8; either block size)."""
     return wp.dtype == np.int8
+
+
+def q8_block(wq) -> int:
+    """Inputs per scale block of Q8 panels ``wq`` (:func:`pack_q8`): 32 or 16."""
+    return (wq.shape[-1] - 4 * PANEL) // PANEL
 
 
 def as_float_panels(wp):
@@ -328,57 +451,77 @@ def as_float_panels(wp):
     return pack(unpack_q8(wp)) if is_q8(wp) else wp
 
 
-def pack_q8(w) -> Optional[np.ndarray]:
-    """Q8_0 panels of a float32 matrix ``W`` ``(K, N)`` that is exactly a dequantized GGUF
-    Q8_0 tensor, or None where it is not.
+def pack_q8(w, block: int = Q4_BLOCK) -> Optional[np.ndarray]:
+    """Q8 panels of a float32 matrix ``W`` ``(K, N)`` whose every block of ``block``
+    consecutive inputs of one output is exactly ``float32(d * q)`` with int8 codes ``q`` and a
+    float32 ``d``, or None where it is not.
 
-    Q8_0 (ggml) stores each block of 32 consecutive inputs of one output as a float16 ``d``
-    and int8 codes ``q``; dequantized a weight is ``d * q`` (exact in float32), and the
-    block's largest ``|w|`` is ``127 d``. ``d`` is that ``max |w| / 127`` (which must be a
-    float16 value) and is kept only if it rebuilds every weight bit for bit; else None.
-    Layout: ``int8`` ``(N / 16, K / 32, 576)``, per panel ``t`` and block ``b`` the 16
-    columns' ``d`` as float32 bytes, then 32 rows of 16 codes (1.125 bytes a weight).
+    * ``block`` 32: GGUF **Q8_0** (float16 ``d``, int8 ``q``; the block's largest ``|w|`` is
+      ``127 d``: :func:`_fit_blocks` searches float16 ``d``), and, found by
+      :func:`_fit_scale`, **Q5_0** and **Q4_0** (float16 ``d``, ``q - 16`` or ``q - 8``).
+    * ``block`` 16: GGUF **Q6_K** sub-blocks (``d = d_s * sc``, float16 ``d_s``, int8 ``sc``,
+      6-bit codes ``q - 32``: ``d * q`` exact in float32).
+
+    A fit is kept only if it rebuilds every weight bit for bit. Layout: ``int8`` ``(N / 16, K
+    / block, 64 + 16 block)``, per panel ``t`` and block ``b`` the 16 columns' ``d`` as
+    float32 bytes, then ``block`` rows of 16 codes (1.125 / 1.25 bytes a weight).
 
     Args:
-      w: float32 ``(K, N)``, ``K`` a multiple of 32 and ``N`` of 16; anything else gives None.
+      w: float32 ``(K, N)``, ``K`` a multiple of ``block`` and ``N`` of 16; anything else
+        gives None.
+      block: 32 or 16.
+
+    Raises:
+      ValueError: another ``block``.
     """
-    v = _blocks(w)
+    if block not in (Q4_BLOCK, Q8_16_BLOCK):
+        raise ValueError(f"pack_q8: block must be {Q4_BLOCK} or {Q8_16_BLOCK}, got {block}")
+    v = _blocks(w, block)
     if v is None:
         return None
+    fit = _fit_q8_0(v) if block == Q4_BLOCK else None
+    fit = _fit_scale(v) if fit is None else fit
+    if fit is None:
+        return None
+    best_q, best_d = fit
+    b, t = v.shape[0], v.shape[2] // PANEL
+    codes = best_q.astype(np.int8).reshape(b, block, t, PANEL).transpose(2, 0, 1, 3)
+    parts = [_scale_bytes(best_d).view(np.int8), codes.reshape(t, b, -1)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1))
+
+
+def _fit_q8_0(v: np.ndarray):
+    """GGUF Q8_0 blocks: ``(q, d)`` per block of ``v`` ``(B, 32, N)`` with float16 ``d`` =
+    the block's largest ``|w|`` over 127; None when a block has none."""
     amax = np.abs(v).max(axis=1, keepdims=True)
     # a Q8_0 block's largest weight is d * 127: where amax / 127 is no float16, it is no block
     d0 = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
     if not np.array_equal((d0 * np.float32(127)).view(np.uint32), amax.view(np.uint32)):
         return None
-    fit = _fit_blocks(v, amax / np.float32(127), None, -128, 127)
-    if fit is None:
-        return None
-    best_q, best_d = fit
-    b, t = v.shape[0], v.shape[2] // PANEL
-    codes = best_q.astype(np.int8).reshape(b, Q4_BLOCK, t, PANEL).transpose(2, 0, 1, 3)
-    parts = [_scale_bytes(best_d).view(np.int8), codes.reshape(t, b, -1)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=-1))
+    return _fit_blocks(v, amax / np.float32(127), None, -128, 127)
 
 
 def unpack_q8(wq):
-    """Q8_0 panels ``(N / 16, K / 32, 576)`` (:func:`pack_q8`) -> float32 ``W`` ``(K, N)``,
-    bit for bit (numpy in, numpy out; JAX in, JAX out)."""
+    """Q8 panels ``(N / 16, K / block, 64 + 16 block)`` (:func:`pack_q8`) -> float32 ``W``
+    ``(K, N)``, bit for bit (numpy in, numpy out; JAX in, JAX out)."""
     t, b, _ = wq.shape
+    block = q8_block(wq)
     d, xp = _read_scales(wq, 0), (np if isinstance(wq, np.ndarray) else jnp)
-    q = wq[..., 4 * PANEL :].reshape(t, b, Q4_BLOCK, PANEL).astype(xp.float32)
+    q = wq[..., 4 * PANEL :].reshape(t, b, block, PANEL).astype(xp.float32)
     w = q * d[:, :, None, :]
-    return w.transpose(1, 2, 0, 3).reshape(b * Q4_BLOCK, t * PANEL)
+    return w.transpose(1, 2, 0, 3).reshape(b * block, t * PANEL)
 
 
-def _blocks(w) -> Optional[np.ndarray]:
-    """A float32 ``(K, N)`` matrix as blocks ``(K / 32, 32, N)`` of 32 inputs (GGUF's quant
-    blocks), or None when it is not one, or ``K`` is not a multiple of 32 or ``N`` of 16."""
+def _blocks(w, block: int = Q4_BLOCK) -> Optional[np.ndarray]:
+    """A float32 ``(K, N)`` matrix as blocks ``(K / block, block, N)`` of consecutive inputs
+    (GGUF's quant blocks), or None when it is not one, or ``K`` is not a multiple of ``block``
+    or ``N`` of 16."""
     if getattr(w, "ndim", 0) != 2 or w.dtype != np.float32:
         return None
     k, n = w.shape
-    if k % Q4_BLOCK or n % PANEL or k == 0 or n == 0:
+    if k % block or n % PANEL or k == 0 or n == 0:
         return None
-    return np.asarray(w).reshape(k // Q4_BLOCK, Q4_BLOCK, n)
+    return np.asarray(w).reshape(k // block, block, n)
 
 
 def _scale_bytes(a: np.ndarray) -> np.ndarray:
@@ -472,13 +615,17 @@ def panel_product(x: jax.Array, wp: jax.Array) -> jax.Array:
 
 
 def _quant_product(x: jax.Array, wq: jax.Array) -> jax.Array:
-    """``x (..., K) @ W`` for Q4_1 or Q8_0 panels (:func:`pack_q4`, :func:`pack_q8`): the
+    """``x (..., K) @ W`` for Q4_1 or Q8 panels (:func:`pack_q4`, :func:`pack_q8`): the
     kernel where it is loaded (float32 ``x``), else an XLA product with the rebuilt matrix."""
     t, b, _ = wq.shape
     k, n = b * Q4_BLOCK, t * PANEL
-    kind, target, unpacked = (
-        ("Q4_1", _TARGET_Q4, unpack_q4) if is_q4(wq) else ("Q8_0", _TARGET_Q8, unpack_q8)
-    )
+    if is_q4(wq):
+        kind, target, unpacked = "Q4_1", _TARGET_Q4, unpack_q4
+    else:
+        k = b * q8_block(wq)
+        kind = "Q8_0" if q8_block(wq) == Q4_BLOCK else f"Q8 ({q8_block(wq)}-input block)"
+        unpacked = unpack_q8
+        target = _TARGET_Q8 if q8_block(wq) == Q4_BLOCK else _TARGET_Q8_16
     if x.shape[-1] != k:
         raise ValueError(f"panel_product: x has {x.shape[-1]} features, the {kind} panels {k}")
     lead = x.shape[:-1]
@@ -502,6 +649,8 @@ __all__ = [
     "Q4_BLOCK",
     "Q4_BYTES",
     "Q8_BYTES",
+    "Q8_16_BLOCK",
+    "Q8_16_BYTES",
     "as_float_panels",
     "is_q4",
     "is_q8",
@@ -509,6 +658,7 @@ __all__ = [
     "pack_exact",
     "pack_q4",
     "pack_q8",
+    "q8_block",
     "packable",
     "panel_product",
     "panels_active",

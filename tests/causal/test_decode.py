@@ -204,7 +204,7 @@ def test_sampling_distribution_exact_on_q4_panels(monkeypatch):
     V, k, N = 6, 3, 10_000
     model, params = tiny_model(V, seed=7, scale=6.0)
     params = q4_exact_params(params)
-    assert layout.q4_panels(params)
+    assert layout.quantized_panels(params)
     assert panels.is_q4(layout.decode_layout(params, "unrolled")["layers"][0]["wqkv_p"])
     prompt, cfg = [1, 2, 3, 1, 2, 3, 1, 2], SamplingConfig(temperature=1.0)
     exact = _exact_joint(model, params, prompt, k + 2, cfg)

@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.testing.tiny import q4_exact, q4_exact_params, q8_exact, tiny_model
+from jaxspec.testing.tiny import (
+    gguf_exact,
+    kquant_matrix,
+    q4_exact,
+    q4_exact_params,
+    q8_exact,
+    tiny_model,
+)
 from models.llama import layout, panels
 from models.llama.modeling import unstack_layers
 
@@ -200,8 +207,9 @@ def test_q4_kernel_equals_the_float_panels_bit_for_bit(kernel, K, N, rows):
     )
 
 
-def test_mixed_qkv_panels_fuse_as_float(kernel):
-    """q/k/v of which only some are Q4_1-exact fuse into one float32 product."""
+def test_mixed_qkv_panels_stay_three_products(kernel):
+    """q/k/v panels of several kinds (float32 q, Q4_1 k/v here; Q4_K q/k and Q6_K v in a
+    Q4_K_M file) are not fused: each keeps its own compact panels; one kind fuses."""
     from models.llama.modeling import fuse_qkv
 
     rng = np.random.default_rng(5)
@@ -210,10 +218,12 @@ def test_mixed_qkv_panels_fuse_as_float(kernel):
     ws["wv"] = q4_exact(rng.standard_normal((32, 16)).astype(np.float32))
     lp = {n + "_p": jnp.asarray(panels.pack_exact(w)) for n, w in ws.items()}
     assert [panels.is_q4(lp[n + "_p"]) for n in ws] == [False, True, True]
-    fused = fuse_qkv(lp)["wqkv_p"]
-    assert fused.dtype == jnp.float32
-    full = np.concatenate([ws["wq"], ws["wk"], ws["wv"]], axis=1)
-    np.testing.assert_array_equal(np.asarray(panels.unpack(fused)), full)
+    assert fuse_qkv(lp) is lp
+    same = {**lp, "wq_p": jnp.asarray(panels.pack_exact(q4_exact(ws["wq"])))}
+    fused = fuse_qkv(same)["wqkv_p"]
+    assert panels.is_q4(fused) and fused.shape[0] == 4
+    full = np.concatenate([q4_exact(ws["wq"]), ws["wk"], ws["wv"]], axis=1)
+    np.testing.assert_array_equal(np.asarray(panels.unpack_q4(fused)), full)
 
 
 def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch):
@@ -225,8 +235,8 @@ def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch)
 
     model, params = tiny_model(64)
     params = q4_exact_params(params)
-    assert layout.q4_panels(params)
-    assert not layout.q4_panels(tiny_model(64)[1])  # random float32: not Q4_1
+    assert layout.quantized_panels(params)
+    assert not layout.quantized_panels(tiny_model(64)[1])  # random float32: not Q4_1
     tree = unstack_layers(params, panels=True)
     lp = tree["layers"][0]
     assert all(panels.is_q4(lp[k]) for k in ("wqkv_p", "wo_p", "w_up_p", "w_down_p"))
@@ -235,7 +245,7 @@ def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch)
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((5, 5), bool)), (2, 5, 5))
     on_q4 = np.asarray(model.apply({"params": tree}, tokens, pos, mask)[0])
     monkeypatch.setattr(panels, "Q4", False)
-    assert not layout.q4_panels(params)
+    assert not layout.quantized_panels(params)
     as_float = unstack_layers(params, panels=True)
     assert as_float["layers"][0]["wqkv_p"].dtype == jnp.float32
     on_float = np.asarray(model.apply({"params": as_float}, tokens, pos, mask)[0])
@@ -296,6 +306,111 @@ def test_a_q8_embedding_gives_a_q8_head(kernel):
     float_head = {**tree, HEAD_PANELS: panels.as_float_panels(tree[HEAD_PANELS])}
     on_f = np.asarray(model.apply({"params": float_head}, tokens, pos, mask)[0])
     np.testing.assert_array_equal(on_q.view(np.uint32), on_f.view(np.uint32))
+
+
+def _zero_signed(a) -> np.ndarray:
+    """float32 bits with -0.0 read as +0.0 (a packed block rebuilds -0 as +0: no product
+    sees the difference, :func:`models.llama.panels._same_weights`)."""
+    return (np.asarray(a, np.float32) + np.float32(0)).view(np.uint32)
+
+
+def _unpack_any(wq):
+    return panels.unpack_q4(wq) if panels.is_q4(wq) else panels.unpack_q8(wq)
+
+
+@pytest.mark.parametrize(
+    "kind,packed_as",
+    [("Q4_K", "Q4_1"), ("Q6_K", "Q8/16"), ("Q5_0", "Q8/32"), ("Q4_0", "Q4_1")],
+)
+def test_other_gguf_block_formats_pack_exactly_and_multiply_bit_for_bit(kernel, kind, packed_as):
+    """The blocks of a Q4_K_M file's Q4_K and Q6_K tensors and of Q5_0 / Q4_0 ones (made by
+    ``gguf.quants``, k-quants from random blocks) are found from the float32 values alone:
+    Q4_K and Q4_0 as Q4_1 panels (float32 d, m), Q5_0 as Q8 panels with a scale per 32
+    inputs, Q6_K per 16. The panels rebuild every weight bit for bit (but for the sign of
+    zero: Q5_0 / Q6_K blocks with d < 0 hold -0.0) and the kernel's products at 1, 9 and 17
+    rows equal the float32 panels' bit for bit, with the -0.0 weights in those. One weight
+    off the grid: float32 panels."""
+    rng = np.random.default_rng(11)
+    if kind.endswith("_K"):
+        w = kquant_matrix(512, 48, kind, seed=3)
+    else:
+        w = gguf_exact((rng.standard_normal((512, 48)) / 20).astype(np.float32), kind)
+    wq = panels.pack_exact(w)
+    got_kind = "Q4_1" if panels.is_q4(wq) else f"Q8/{panels.q8_block(wq)}"
+    assert got_kind == packed_as
+    if kind in ("Q6_K", "Q5_0"):
+        assert np.signbit(w[w == 0]).any()  # the -0.0 weights the claim is about
+    np.testing.assert_array_equal(_zero_signed(_unpack_any(wq)), _zero_signed(w))
+    np.testing.assert_array_equal(_zero_signed(_unpack_any(jnp.asarray(wq))), _zero_signed(w))
+    np.testing.assert_array_equal(panels.unpack(panels.as_float_panels(wq)), _unpack_any(wq))
+    f = jax.jit(panels.panel_product)
+    for rows in (1, 9, 17):
+        x = jnp.asarray(rng.standard_normal((rows, 512)).astype(np.float32))
+        want = np.asarray(f(x, jnp.asarray(panels.pack(w))))
+        got = np.asarray(f(x, jnp.asarray(wq)))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        one = np.asarray(f(x[:1], jnp.asarray(wq)))
+        np.testing.assert_array_equal(one.view(np.uint32), got[:1].view(np.uint32))
+    nudged = w.copy()
+    nudged[300, 17] = np.nextafter(nudged[300, 17], np.float32(np.inf))
+    assert panels.pack_exact(nudged).dtype == np.float32
+
+
+def test_q8_16_panels_errors():
+    """The 16-input Q8 panels: their layout, the named error of a wrong ``x``, the block sizes
+    :func:`pack_q8` knows, and a matrix whose K is no multiple of 16."""
+    w = kquant_matrix(256, 32, "Q6_K")
+    wq = panels.pack_q8(w, panels.Q8_16_BLOCK)
+    assert wq.dtype == np.int8 and wq.shape == (2, 16, panels.Q8_16_BYTES)
+    assert panels.pack_q8(w) is None  # its 16-input blocks do not share a scale per 32
+    with pytest.raises(ValueError, match="block must be 32 or 16, got 24"):
+        panels.pack_q8(w, 24)
+    assert panels.pack_q8(w[:248], panels.Q8_16_BLOCK) is None
+    with pytest.raises(ValueError, match=r"the Q8 \(16-input block\) panels 256"):
+        panels.panel_product(jnp.zeros((1, 255)), jnp.asarray(wq))
+
+
+def test_a_q5_0_model_decodes_on_quantized_panels(kernel, monkeypatch):
+    """A model loaded from a file like Qwen2.5-Coder-0.5B's Q4_K_M (Q5_0 q/k/up/gate, Q8_0
+    head; here also Q4_0 v and Q8_0 o): quantized panels, q/k/v of two kinds left unfused;
+    logits equal the float32 panels' bit for bit; one-token steps on panels at batch 1;
+    greedy AR and n-gram give XLA's tokens."""
+    from jaxspec.causal.decode import decode_plan, generate
+    from jaxspec.core.drafters import NgramDrafter
+
+    model, params = tiny_model(64, arch="qwen2")
+    kinds = {"wq": "Q5_0", "wk": "Q5_0", "wv": "Q4_0", "wo": "Q8_0", "w_gate": "Q5_0"}
+    kinds.update(w_up="Q5_0", w_down="Q4_1")
+    layers = {
+        k: jnp.asarray(np.stack([gguf_exact(w, kinds[k]) for w in np.asarray(v)]))
+        if k in kinds
+        else v
+        for k, v in params["layers"].items()
+    }
+    params = {**params, "layers": layers, "embed": jnp.asarray(q8_exact(params["embed"].T).T)}
+    assert layout.quantized_panels(params)
+    tree = unstack_layers(params, panels=True)
+    lp = tree["layers"][0]
+    assert "wqkv_p" not in lp and panels.is_q8(lp["wq_p"]) and panels.is_q4(lp["wv_p"])
+    assert panels.is_q8(lp["wo_p"]) and panels.is_q8(lp["w_up_p"])
+    tokens = jnp.asarray([[3, 7, 1, 9, 4]], jnp.int32)
+    pos, mask = jnp.arange(5)[None], jnp.tril(jnp.ones((5, 5), bool))[None]
+    on_q = np.asarray(model.apply({"params": tree}, tokens, pos, mask)[0])
+    monkeypatch.setattr(panels, "Q4", False)
+    as_float = unstack_layers(params, panels=True)
+    assert as_float["layers"][0]["wqkv_p"].dtype == jnp.float32
+    on_f = np.asarray(model.apply({"params": as_float}, tokens, pos, mask)[0])
+    np.testing.assert_array_equal(on_q.view(np.uint32), on_f.view(np.uint32))
+    monkeypatch.setattr(panels, "Q4", True)
+    plan = decode_plan(model, params, batch=1, layer_loop="unrolled")
+    assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
+    ar = generate(model, params, prompts, max_new_tokens=12, plan=plan)
+    drafter = NgramDrafter(3, 64)
+    ng = generate(model, params, prompts, max_new_tokens=12, drafter=drafter)
+    monkeypatch.setattr(panels, "PANELS", False)
+    xla = generate(model, params, prompts, max_new_tokens=12)
+    assert ar.tokens == ng.tokens == xla.tokens
 
 
 def test_the_avx2_build_computes_the_same_bits(kernel):

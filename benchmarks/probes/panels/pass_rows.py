@@ -46,7 +46,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             jax.block_until_ready(step(tree, *a, model=model))
             secs[r].append(time.perf_counter() - t0)
-    kind = "Q4_1 / Q8_0" if layout.q4_panels(params) else "float32"
+    kind = "Q4_1 / Q8_0" if layout.quantized_panels(params) else "float32"
     print(f"JAXSPEC_PANELS_Q4={os.environ.get('JAXSPEC_PANELS_Q4', '1')} ({kind} panels): ", end="")
     print(
         " | ".join(

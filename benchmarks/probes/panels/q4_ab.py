@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         raise SystemExit("the panel kernel is not active here (JAXSPEC_PANELS=0, no g++, no CPU)")
     model, params, tok, _ = load_model("smollm2-135m-instruct", log=lambda m: None)
     prompts = suite_prompts(tok, ["humaneval"], args.limit)["humaneval"]
-    if not layout.q4_panels(params):
+    if not layout.quantized_panels(params):
         raise SystemExit("the model's matrices are not Q4_1-exact")
     # arm q4: a tree split ahead in Q4_1 / Q8_0 panels (decoders run a split tree as it is)
     q4 = unstack_layers(params, panels=True)

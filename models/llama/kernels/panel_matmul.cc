@@ -22,11 +22,18 @@
 // multiplies exactly the float32 matrix, in the same chain order: its results are bit-for-bit
 // those of the float32 panels, from 0.75 bytes a weight instead of 4.
 //
-// Q8_0 panels (JaxspecPanelMatmulQ8): likewise for a matrix whose every 32-row block of a
-// column is d * q with float16 d and int8 q (a GGUF Q8_0 tensor, e.g. SmolLM2's tied token
-// embedding, the LM head). A panel is K / 32 blocks of 576 bytes: d (16 float32), then 32 rows
-// of 16 int8 codes. d * q is exact in float32, so the products are again those of the float32
-// panels bit for bit, from 1.125 bytes a weight.
+// The same Q4_1 panels hold GGUF Q4_K and Q4_0 tensors: a Q4_K sub-block of 32 rows is
+// float32(d * q) + m with float32 d = d_s * sc and m = -dmin_s * mn, d * q exact (pack_q4 finds
+// d and m from the values and checks them bit for bit).
+//
+// Q8 panels (JaxspecPanelMatmulQ8, JaxspecPanelMatmulQ816): likewise for a matrix whose every
+// Block-row block of a column is float32(d * q) with float32 d and int8 q: Block 32 for GGUF
+// Q8_0 (e.g. SmolLM2's tied token embedding, the LM head), Q5_0 and Q4_0 tensors, Block 16 for
+// the sub-blocks of Q6_K ones. A panel is K / Block blocks of 64 + 16 Block bytes: d (16
+// float32), then Block rows of 16 int8 codes. The kernel rebuilds each weight as q * d, the
+// same float32 product, so the products are again those of the float32 panels bit for bit
+// (a weight -0.0 comes back +0.0, which no chain from +0 can see), from 1.125 / 1.25 bytes a
+// weight.
 //
 // Threads: the panels are shared out through an atomic counter between the calling thread and
 // tasks scheduled on XLA's intra-op thread pool (xla::ffi::ThreadPool). The caller works
@@ -176,11 +183,14 @@ inline void q4_panel_rows(const float* __restrict xt, int64_t K, const uint8_t* 
   }
 }
 
-constexpr int64_t kQ8Bytes = 64 + kQ4Block * 16;  // d, then the codes: 576 bytes
+// Bytes of one Q8 panel block of Block rows: d (16 float32), then Block rows of 16 int8 codes
+// (576 for Q8_0's 32 rows, 320 for the 16-row blocks of a Q6_K tensor).
+template <int64_t Block>
+constexpr int64_t kQ8Bytes = 64 + Block * 16;
 
-// M rows times one Q8_0 panel (K / 32 blocks of kQ8Bytes) -> y rows; the same chains as
+// M rows times one Q8 panel (K / Block blocks of kQ8Bytes<Block>) -> y rows; the same chains as
 // panel_rows over the float32 weights q * d.
-template <int M>
+template <int M, int64_t Block>
 inline void q8_panel_rows(const float* __restrict xt, int64_t K, const int8_t* __restrict panel,
                           float* __restrict y, int64_t ldy) {
   constexpr int G = kGroup<M, kAcc>;
@@ -188,12 +198,12 @@ inline void q8_panel_rows(const float* __restrict xt, int64_t K, const int8_t* _
     vf acc[M][G];
     for (int m = 0; m < M; ++m)
       for (int g = 0; g < G; ++g) acc[m][g] = vf{};
-    for (int64_t b = 0; b < K / kQ4Block; ++b) {
-      const int8_t* blk = panel + b * kQ8Bytes;
+    for (int64_t b = 0; b < K / Block; ++b) {
+      const int8_t* blk = panel + b * kQ8Bytes<Block>;
       const float* scales = reinterpret_cast<const float*>(blk);
       const int8_t* codes = blk + 64;
-      const float* xb = xt + b * kQ4Block * M;
-      for (int64_t k = 0; k < kQ4Block; ++k) {
+      const float* xb = xt + b * Block * M;
+      for (int64_t k = 0; k < Block; ++k) {
         const float* x0 = xb + k * M;
         for (int g = 0; g < G; ++g) {
           const int64_t c = (p0 + g) * kLanes;
@@ -247,20 +257,25 @@ struct Q4Panels {
   }
 };
 
+// Q8_0 panels (Block 32) and the 16-row-block Q8 panels of Q6_K tensors (Block 16).
+template <int64_t Block>
 struct Q8Panels {
   using W = int8_t;
   static constexpr ffi::DataType kType = ffi::S8;
   static constexpr int rows = kRows;
-  static constexpr const char* kExpects = "Q8_0 panels (N / 16, K / 32, 576)";
+  static constexpr const char* kExpects =
+      Block == 32 ? "Q8_0 panels (N / 16, K / 32, 576)" : "Q8 panels (N / 16, K / 16, 320)";
   template <int M>
   static void rows_fn(const float* xt, int64_t K, const W* p, float* y, int64_t ldy) {
-    q8_panel_rows<M>(xt, K, p, y, ldy);
+    q8_panel_rows<M, Block>(xt, K, p, y, ldy);
   }
-  static int64_t panel_size(int64_t K) { return K / kQ4Block * kQ8Bytes; }
+  static int64_t panel_size(int64_t K) { return K / Block * kQ8Bytes<Block>; }
   static int64_t k_of(ffi::Span<const int64_t> wd) {
-    return wd[2] == kQ8Bytes ? wd[1] * kQ4Block : -1;
+    return wd[2] == kQ8Bytes<Block> ? wd[1] * Block : -1;
   }
 };
+using Q8_0Panels = Q8Panels<32>;
+using Q8_16Panels = Q8Panels<16>;
 
 template <typename F>
 const auto kTable = table<F>(std::make_integer_sequence<int, F::rows>{});
@@ -346,4 +361,5 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<F::
 
 JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmul, F32Panels);
 JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmulQ4, Q4Panels);
-JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmulQ8, Q8Panels);
+JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmulQ8, Q8_0Panels);
+JAXSPEC_PANEL_HANDLER(JaxspecPanelMatmulQ816, Q8_16Panels);
