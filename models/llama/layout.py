@@ -741,7 +741,8 @@ def plan(
       unrolled loop (rounded to 0.01, at least 1), off elsewhere (on GPU/TPU a
       ``k + 1``-row pass costs about one step).
     * The draft model (``draft_params``): ``"auto"`` layer loop by its own size, output-major
-      when ``draft_output_major``.
+      when ``draft_output_major``, unless its weights pack in quantized panels
+      (:func:`quantized_panels`): then on panels, whose one-row products read the GGUF codes.
     * ``store``: a JSON file of timings kept across processes (:func:`pass_seconds`), so the
       plan, and with it the compiled programs, stay the same on this machine from run to run.
 
@@ -754,14 +755,17 @@ def plan(
             f"unknown gate {gate!r}; choose auto, off or a pass cost >= 1 (one-token steps)"
         )
     _check("verify layout", verify_layout, ("auto",) + WEIGHT_LAYOUTS)
-    draft = dict(
-        draft_loop=tree_layer_loop(draft_params, "auto", draft_output_major),
-        draft_layout="output-major" if draft_output_major else "stored",
-    )
     # with the panel kernel a step of batch >= 2 rows is a few-row product: panels; on Q4_1
     # panels a one-row product is faster too (a step's layer products of SmolLM2-135M 5.2
-    # against 16.2 ms output-major, 2-core AMD EPYC)
-    panel_steps = layout_name(False) == "panels" and (batch >= 2 or quantized_panels(params))
+    # against 16.2 ms output-major, 2-core AMD EPYC); so is a draft model's one-token step
+    # on quantized panels (Qwen2.5-Coder-0.5B: 32.5 ms a pass against about 60 output-major)
+    panels_here = layout_name(False) == "panels"
+    panel_steps = panels_here and (batch >= 2 or quantized_panels(params))
+    draft_om = draft_output_major and not (panels_here and quantized_panels(draft_params))
+    draft = dict(
+        draft_loop=tree_layer_loop(draft_params, "auto", draft_om),
+        draft_layout="output-major" if draft_om else "stored",
+    )
     if verify_rows <= 1:
         split = split_layout(params)
         name = split or ("stored" if panel_steps else "output-major")

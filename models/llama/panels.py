@@ -320,10 +320,14 @@ def _fit_q4_1(v: np.ndarray):
 #: blocks :func:`_fit_affine` and :func:`_fit_scale` try first: a matrix some of whose first
 #: blocks do not fit is turned down before the whole matrix is searched
 _SAMPLE_BLOCKS = 512
+#: blocks fitted at a time (a few MB of temporaries per step)
+_CHUNK_BLOCKS = 1 << 16
 #: the code ranges :func:`_fit_scale` tries, commonest first: a block's largest ``|w|`` is
 #: ``d * k``; Q8_0 127, Q5_0 16, Q4_0 8, Q6_K mostly 32 or 31 (its scale search), then the rest
 _SCALE_STEPS = (127, 16, 8, 32, 31)
 _SCALE_STEPS += tuple(k for k in range(126, 0, -1) if k not in _SCALE_STEPS)
+#: the same for blocks of 16 (Q6_K sub-blocks) first
+_SCALE_STEPS_16 = (32, 31) + tuple(k for k in _SCALE_STEPS if k not in (32, 31))
 
 
 def _block_rows(v: np.ndarray) -> np.ndarray:
@@ -338,9 +342,13 @@ def _fit_rows(v: np.ndarray, codes_of):
     rows = _block_rows(v)
     if codes_of(rows[:_SAMPLE_BLOCKS]) is None:
         return None
-    fit = codes_of(rows)
-    if fit is None:
-        return None
+    parts = []
+    for start in range(0, rows.shape[0], _CHUNK_BLOCKS):  # bounded temporaries (a 233M head)
+        part = codes_of(rows[start : start + _CHUNK_BLOCKS])
+        if part is None:
+            return None
+        parts.append(part)
+    fit = tuple(np.concatenate(arrays) for arrays in zip(*parts))
     b, n, cols = v.shape
     return tuple(a.reshape(b, cols, a.shape[-1]).transpose(0, 2, 1) for a in fit)
 
@@ -392,7 +400,7 @@ def _fit_scale(v: np.ndarray):
         amax = np.abs(x).max(axis=1, keepdims=True)
         q, d = np.zeros(x.shape, np.float32), np.zeros(amax.shape, np.float32)
         todo = np.arange(x.shape[0])
-        for steps in _SCALE_STEPS:
+        for steps in _SCALE_STEPS if x.shape[1] == Q4_BLOCK else _SCALE_STEPS_16:
             xs, s = x[todo], amax[todo] / np.float32(steps)
             with np.errstate(divide="ignore", invalid="ignore"):
                 c = np.where(s > 0, np.rint(xs / np.where(s > 0, s, 1)), 0)
