@@ -266,6 +266,19 @@ def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch)
     assert ar.tokens == ng.tokens == xla.tokens
 
 
+def _assert_products_of_float_panels(w, wq, rng):
+    """The kernel's products over panels ``wq`` of ``w`` equal the float32 panels' bit for
+    bit at 1, 9 and 17 rows, and a row alone equals the same row among 9 or 17."""
+    f = jax.jit(panels.panel_product)
+    for rows in (1, 9, 17):
+        x = jnp.asarray(rng.standard_normal((rows, w.shape[0])).astype(np.float32))
+        want = np.asarray(f(x, jnp.asarray(panels.pack(w))))
+        got = np.asarray(f(x, jnp.asarray(wq)))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        one = np.asarray(f(x[:1], jnp.asarray(wq)))
+        np.testing.assert_array_equal(one.view(np.uint32), got[:1].view(np.uint32))
+
+
 def test_q8_panels_hold_a_q8_matrix_and_multiply_it_bit_for_bit(kernel):
     """Q8_0 (the SmolLM2 file's token embedding): packed at 1.125 bytes a weight, unpacked
     bit for bit, multiplied to the float32 panels' bits; non-Q8_0 matrices refused."""
@@ -280,12 +293,7 @@ def test_q8_panels_hold_a_q8_matrix_and_multiply_it_bit_for_bit(kernel):
     assert panels.pack_exact(w).dtype == np.int8
     np.testing.assert_array_equal(panels.unpack(panels.as_float_panels(wq)), w)
     assert panels.pack_q8(rng.standard_normal((96, 64)).astype(np.float32)) is None
-    f = jax.jit(panels.panel_product)
-    for rows in (1, 9, 17):
-        x = jnp.asarray(rng.standard_normal((rows, 96)).astype(np.float32))
-        want = np.asarray(f(x, jnp.asarray(panels.pack(w))))
-        got = np.asarray(f(x, jnp.asarray(wq)))
-        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    _assert_products_of_float_panels(w, wq, rng)
     with pytest.raises(ValueError, match="the Q8_0 panels 96"):
         panels.panel_product(jnp.zeros((1, 95)), jnp.asarray(wq))
 
@@ -345,14 +353,7 @@ def test_other_gguf_block_formats_pack_exactly_and_multiply_bit_for_bit(kernel, 
     np.testing.assert_array_equal(_zero_signed(_unpack_any(wq)), _zero_signed(w))
     np.testing.assert_array_equal(_zero_signed(_unpack_any(jnp.asarray(wq))), _zero_signed(w))
     np.testing.assert_array_equal(panels.unpack(panels.as_float_panels(wq)), _unpack_any(wq))
-    f = jax.jit(panels.panel_product)
-    for rows in (1, 9, 17):
-        x = jnp.asarray(rng.standard_normal((rows, 512)).astype(np.float32))
-        want = np.asarray(f(x, jnp.asarray(panels.pack(w))))
-        got = np.asarray(f(x, jnp.asarray(wq)))
-        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-        one = np.asarray(f(x[:1], jnp.asarray(wq)))
-        np.testing.assert_array_equal(one.view(np.uint32), got[:1].view(np.uint32))
+    _assert_products_of_float_panels(w, wq, rng)
     nudged = w.copy()
     nudged[300, 17] = np.nextafter(nudged[300, 17], np.float32(np.inf))
     assert panels.pack_exact(nudged).dtype == np.float32
