@@ -320,8 +320,8 @@ def _fit_q4_1(v: np.ndarray):
 #: blocks :func:`_fit_affine` and :func:`_fit_scale` try first: a matrix some of whose first
 #: blocks do not fit is turned down before the whole matrix is searched
 _SAMPLE_BLOCKS = 512
-#: blocks fitted at a time (a few MB of temporaries per step)
-_CHUNK_BLOCKS = 1 << 16
+#: blocks fitted at a time (about 1 MB of temporaries per step)
+_CHUNK_BLOCKS = 1 << 13
 #: the code ranges :func:`_fit_scale` tries, commonest first: a block's largest ``|w|`` is
 #: ``d * k``; Q8_0 127, Q5_0 16, Q4_0 8, Q6_K mostly 32 or 31 (its scale search), then the rest
 _SCALE_STEPS = (127, 16, 8, 32, 31)
@@ -356,21 +356,26 @@ def _fit_rows(v: np.ndarray, codes_of):
 def _fit_affine(v: np.ndarray):
     """``(q, d, m)`` per block of ``v`` ``(B, 32, N)`` with ``v = float32(d * q) + m``, codes
     ``q`` in ``[0, 15]``, float32 ``d`` with ``d * q`` exact and ``m`` = the block's minimum
-    (GGUF Q4_K sub-blocks: :func:`pack_q4`); None when a block has none."""
+    (GGUF Q4_K sub-blocks: :func:`pack_q4`); None when a block has none. ``d * q`` is exact
+    for every 4-bit ``q`` where ``d``'s low 4 significand bits are 0 (at most 20 significant
+    bits; a Q4_K ``d = d_s * sc`` has at most 17), so only such ``d`` are taken: the kernel's
+    ``fma(q, d, m)`` and a build without FMA then both give ``float32(d * q) + m``."""
 
     def codes_of(x):
         lo = x.min(axis=1, keepdims=True)
         span = x.max(axis=1, keepdims=True) - lo
+        centred = x - lo  # the codes times d, rounded as the weights were
         q, d = np.zeros(x.shape, np.float32), np.zeros(lo.shape, np.float32)
         todo = np.arange(x.shape[0])
         for steps in range(15, 0, -1):
-            xs, low, s = x[todo], lo[todo], span[todo] / np.float32(steps)
+            every = todo.size == x.shape[0]  # the first pass reads the arrays in place
+            xs, cen = (x, centred) if every else (x[todo], centred[todo])
+            low, s = (lo, span) if every else (lo[todo], span[todo])
+            s = s / np.float32(steps)
             with np.errstate(divide="ignore", invalid="ignore"):
-                c = np.where(s > 0, np.rint((xs - low) / np.where(s > 0, s, 1)), 0)
-            c = np.clip(c, 0, 15).astype(np.float32)
-            p = s * c  # exact, so the kernel's fma(q, d, m) and d * q + m agree
-            exact = p.astype(np.float64) == s.astype(np.float64) * c.astype(np.float64)
-            ok = (exact & _same_weights(p + low, xs)).all(axis=1)
+                c = np.clip(np.rint(cen / np.where(s > 0, s, 1)), 0, 15).astype(np.float32)
+            short = (s.view(np.uint32) & 0xF) == 0  # d * q exact for every 4-bit q
+            ok = (short & _same_weights(s * c + low, xs)).all(axis=1)
             q[todo[ok]], d[todo[ok]] = c[ok], s[ok]
             todo = todo[~ok]
             if todo.size == 0:
