@@ -266,7 +266,7 @@ def pack_q4(w) -> Optional[np.ndarray]:
     inputs of one output is exactly ``float32(d * q) + m`` with 4-bit codes ``q`` and float32
     ``d``, ``m`` (``d * q`` exact), or None where it is not.
 
-    Two GGUF block formats dequantize (``gguf.quants.dequantize``, as
+    Three GGUF block formats dequantize (``gguf.quants.dequantize``, as
     :func:`models.llama.params.load_gguf` does) to such matrices:
 
     * **Q4_1** stores float16 ``d`` and ``m`` per block. :func:`_fit_q4_1` takes ``m`` = the
@@ -276,6 +276,7 @@ def pack_q4(w) -> Optional[np.ndarray]:
       ``mn``): both exact in float32, and ``d * q - dmin_s * mn`` is rounded once.
       :func:`_fit_affine` finds them from the values (``d`` = the block's span over 15 or
       fewer code steps, the codes counted from the block's minimum).
+    * **Q4_0** (``d * (q - 8)``, float16 ``d``): the same search, ``m`` = the minimum.
 
     A fit is kept only if ``d * q + m`` rebuilds every weight of the block **bit for bit**; one
     block that does not gives None (the caller keeps the float32 panels). So the kernel
