@@ -28,7 +28,7 @@
 //
 // Q8 panels (JaxspecPanelMatmulQ8, JaxspecPanelMatmulQ816): likewise for a matrix whose every
 // Block-row block of a column is float32(d * q) with float32 d and int8 q: Block 32 for GGUF
-// Q8_0 (e.g. SmolLM2's tied token embedding, the LM head), Q5_0 and Q4_0 tensors, Block 16 for
+// Q8_0 (e.g. SmolLM2's tied token embedding, the LM head) and Q5_0 tensors, Block 16 for
 // the sub-blocks of Q6_K ones. A panel is K / Block blocks of 64 + 16 Block bytes: d (16
 // float32), then Block rows of 16 int8 codes. The kernel rebuilds each weight as q * d, the
 // same float32 product, so the products are again those of the float32 panels bit for bit
