@@ -228,12 +228,30 @@ def test_mixed_qkv_panels_stay_three_products(kernel):
     np.testing.assert_array_equal(np.asarray(panels.unpack_q4(fused)), full)
 
 
+def _assert_decodes_as_xla_on_panels(model, params, monkeypatch):
+    """With quantized panels on, the plan runs one-token steps on panels at batch 1 (n-gram
+    verifies on the stored layout), and greedy AR and n-gram give XLA's tokens."""
+    from jaxspec.causal.decode import decode_plan, generate
+    from jaxspec.core.drafters import NgramDrafter
+
+    monkeypatch.setattr(panels, "Q4", True)
+    plan = decode_plan(model, params, batch=1, layer_loop="unrolled")
+    assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
+    ar = generate(model, params, prompts, max_new_tokens=12, plan=plan)
+    drafter = NgramDrafter(3, 64)
+    ng_plan = decode_plan(model, params, drafter, verify_layout="stored", layer_loop="unrolled")
+    assert ng_plan.step_layout == "stored"
+    ng = generate(model, params, prompts, max_new_tokens=12, drafter=drafter, plan=ng_plan)
+    monkeypatch.setattr(panels, "PANELS", False)
+    xla = generate(model, params, prompts, max_new_tokens=12)
+    assert ar.tokens == ng.tokens == xla.tokens
+
+
 def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch):
     """A model whose matrices are Q4_1-exact (as loaded from a Q4_1 GGUF) is laid out in
     Q4_1 panels: its logits equal those on float32 panels bit for bit; the plan runs its
     one-token steps on panels at batch 1 too; AR and n-gram decode XLA's greedy tokens."""
-    from jaxspec.causal.decode import decode_plan, generate
-    from jaxspec.core.drafters import NgramDrafter
 
     model, params = tiny_model(64)
     params = q4_exact_params(params)
@@ -252,18 +270,7 @@ def test_q4_model_decodes_bit_identical_and_steps_on_panels(kernel, monkeypatch)
     assert as_float["layers"][0]["wqkv_p"].dtype == jnp.float32
     on_float = np.asarray(model.apply({"params": as_float}, tokens, pos, mask)[0])
     np.testing.assert_array_equal(on_q4.view(np.uint32), on_float.view(np.uint32))
-    monkeypatch.setattr(panels, "Q4", True)
-    plan = decode_plan(model, params, batch=1, layer_loop="unrolled")
-    assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
-    ar = generate(model, params, prompts, max_new_tokens=12, plan=plan)
-    drafter = NgramDrafter(3, 64)
-    ng_plan = decode_plan(model, params, drafter, verify_layout="stored", layer_loop="unrolled")
-    assert ng_plan.step_layout == "stored"
-    ng = generate(model, params, prompts, max_new_tokens=12, drafter=drafter, plan=ng_plan)
-    monkeypatch.setattr(panels, "PANELS", False)
-    xla = generate(model, params, prompts, max_new_tokens=12)
-    assert ar.tokens == ng.tokens == xla.tokens
+    _assert_decodes_as_xla_on_panels(model, params, monkeypatch)
 
 
 def _assert_products_of_float_panels(w, wq, rng):
@@ -378,8 +385,6 @@ def test_a_q5_0_model_decodes_on_quantized_panels(kernel, monkeypatch):
     head; here also Q4_0 v and Q8_0 o): quantized panels, q/k/v of two kinds left unfused;
     logits equal the float32 panels' bit for bit; one-token steps on panels at batch 1;
     greedy AR and n-gram give XLA's tokens."""
-    from jaxspec.causal.decode import decode_plan, generate
-    from jaxspec.core.drafters import NgramDrafter
 
     model, params = tiny_model(64, arch="qwen2")
     kinds = {"wq": "Q5_0", "wk": "Q5_0", "wv": "Q4_0", "wo": "Q8_0", "w_gate": "Q5_0"}
@@ -409,16 +414,7 @@ def test_a_q5_0_model_decodes_on_quantized_panels(kernel, monkeypatch):
     hlo = jax.jit(model.apply).lower({"params": tree}, tokens, pos, mask).compile().as_text()
     assert "jaxspec_panel_matmul_q8" in hlo
     assert not re.search(r"= s8\[\d+,\d+,\d+\]\S* (add|fusion|copy)\(", hlo)
-    monkeypatch.setattr(panels, "Q4", True)
-    plan = decode_plan(model, params, batch=1, layer_loop="unrolled")
-    assert plan.settings == {"verify_layout": "panels", "step_layout": "panels"}
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
-    ar = generate(model, params, prompts, max_new_tokens=12, plan=plan)
-    drafter = NgramDrafter(3, 64)
-    ng = generate(model, params, prompts, max_new_tokens=12, drafter=drafter)
-    monkeypatch.setattr(panels, "PANELS", False)
-    xla = generate(model, params, prompts, max_new_tokens=12)
-    assert ar.tokens == ng.tokens == xla.tokens
+    _assert_decodes_as_xla_on_panels(model, params, monkeypatch)
 
 
 def test_the_avx2_build_computes_the_same_bits(kernel):
