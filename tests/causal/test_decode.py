@@ -14,8 +14,9 @@ from jaxspec.causal.decode import DecodeInputError, decode_plan, generate
 from jaxspec.core.drafters import NgramDrafter
 from jaxspec.core.sampling import SamplingConfig, process_logits
 from jaxspec.testing.distribution import check_distribution, enumerate_chain
-from jaxspec.testing.tiny import q4_exact_params, tiny_model
+from jaxspec.testing.tiny import gguf_exact, q4_exact_params, tiny_model
 from models.llama.layout import layout_name
+from models.llama.modeling import MATRICES
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -189,11 +190,13 @@ def test_sampling_distribution_exact(cfg, k):
         assert st.accept_hist[:, k + 1].sum() > 0, name  # all k accepted: bonus tokens drawn
 
 
-def test_sampling_distribution_exact_on_q4_panels(monkeypatch):
-    """A model whose matrices are exactly Q4_1 (as loaded from a Q4_1 GGUF file) decodes on
-    the CPU kernel's Q4_1 panels (steps and verification passes): AR and n-gram sampling
-    still match the float32 model's enumerated joint distribution. The kernel is switched on
-    (it is off by default on a CPU without AVX-512 or AVX2 + FMA)."""
+@pytest.mark.parametrize("formats", ["Q4_1", "Q5_0/Q4_0/Q8_0"])
+def test_sampling_distribution_exact_on_q4_panels(monkeypatch, formats):
+    """A model whose matrices are exactly Q4_1 (as loaded from a Q4_1 GGUF file), or a mix of
+    Q5_0 / Q4_0 / Q8_0 as in Qwen2.5-Coder's Q4_K_M files (Q8 panels, q/k/v of two kinds left
+    unfused), decodes on the CPU kernel's quantized panels (steps and verification passes):
+    AR and n-gram sampling still match the float32 model's enumerated joint distribution. The
+    kernel is switched on (it is off by default on a CPU without AVX-512 or AVX2 + FMA)."""
     from models.llama import layout, panels
 
     monkeypatch.setattr(panels, "PANELS", True)
@@ -203,9 +206,23 @@ def test_sampling_distribution_exact_on_q4_panels(monkeypatch):
         pytest.skip(f"the panel kernel cannot be built here: {e}")
     V, k, N = 6, 3, 10_000
     model, params = tiny_model(V, seed=7, scale=6.0)
-    params = q4_exact_params(params)
+    if formats == "Q4_1":
+        params = q4_exact_params(params)
+    else:
+        kinds = dict(wq="Q5_0", wk="Q5_0", wv="Q4_0", wo="Q8_0", w_gate="Q5_0", w_up="Q5_0")
+        layers = {
+            n: jnp.asarray(np.stack([gguf_exact(w, kinds.get(n, "Q4_0")) for w in np.asarray(v)]))
+            if n in MATRICES
+            else v
+            for n, v in params["layers"].items()
+        }
+        params = {**params, "layers": layers}
     assert layout.quantized_panels(params)
-    assert panels.is_q4(layout.decode_layout(params, "unrolled")["layers"][0]["wqkv_p"])
+    lp = layout.decode_layout(params, "unrolled")["layers"][0]
+    if formats == "Q4_1":
+        assert panels.is_q4(lp["wqkv_p"])
+    else:
+        assert "wqkv_p" not in lp and panels.is_q8(lp["wq_p"]) and panels.is_q4(lp["wv_p"])
     prompt, cfg = [1, 2, 3, 1, 2, 3, 1, 2], SamplingConfig(temperature=1.0)
     exact = _exact_joint(model, params, prompt, k + 2, cfg)
     for drafter in (None, NgramDrafter(k, V, max_ngram=2, min_ngram=1)):
