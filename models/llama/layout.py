@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import psutil
 
 from models.llama import panels as panel_kernel
@@ -57,16 +58,7 @@ from models.llama.modeling import (
     param_dtype,
     unstack_layers,
 )
-from models.llama.panels import (
-    Q8_16_BLOCK,
-    is_q4,
-    is_q8,
-    pack_exact,
-    pack_q4,
-    pack_q8,
-    packable,
-    panels_active,
-)
+from models.llama.panels import is_q4, is_q8, pack_exact, packable, panels_active
 
 LAYER_LOOPS = ("scan", "unrolled")
 WEIGHT_LAYOUTS = ("stored", "output-major")
@@ -339,11 +331,7 @@ def quantized_panels(tree: Any) -> bool:
     for ref, exact in _QUANT:
         if ref() is w:
             return exact
-    first = w[0]
-    exact = any(
-        packed is not None
-        for packed in (pack_q4(first), pack_q8(first), pack_q8(first, Q8_16_BLOCK))
-    )
+    exact = pack_exact(np.asarray(w[0])).dtype != np.float32  # the packing itself decides
     _QUANT[:] = [e for e in _QUANT if e[0]() is not None][-3:]
     _QUANT.append((weakref.ref(w), exact))
     return exact
@@ -726,8 +714,8 @@ def plan(
     * Autoregressive decoding (``verify_rows == 1``): every pass on output-major weights;
       at ``batch >= 2`` on the CPU panel kernel (:func:`layout_name`), on panels, whose
       few-row products are faster (a 2-row step 27.0 against 58.0 ms for SmolLM2-135M on a
-      2-core AMD EPYC), and at batch 1 too where the panels are Q4_1 (:func:`quantized_panels`); a
-      tree split in place keeps its layout.
+      2-core AMD EPYC), and at batch 1 too where the panels are quantized
+      (:func:`quantized_panels`); a tree split in place keeps its layout.
     * Speculative decoding (``verify_rows = k + 1``): ``verify_layout`` ``"auto"`` times one
       ``verify_rows``-row pass in both layouts (:func:`pass_seconds`) and keeps the faster;
       weights over :data:`AUTO_LAYOUT_MAX_BYTES` verify on ``"stored"`` untimed; a tree split
