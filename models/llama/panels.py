@@ -325,8 +325,9 @@ _SAMPLE_BLOCKS = 512
 _CHUNK_BLOCKS = 1 << 13
 #: the code ranges :func:`_fit_scale` tries, commonest first: a block's largest ``|w|`` is
 #: ``d * k``; Q8_0 127, Q5_0 16, Q4_0 8, Q6_K mostly 32 or 31 (its scale search), then the rest
+#: (128: a block whose largest weight has the code -128)
 _SCALE_STEPS = (127, 16, 8, 32, 31)
-_SCALE_STEPS += tuple(k for k in range(126, 0, -1) if k not in _SCALE_STEPS)
+_SCALE_STEPS += tuple(k for k in range(128, 0, -1) if k not in _SCALE_STEPS)
 #: the same for blocks of 16 (Q6_K sub-blocks) first
 _SCALE_STEPS_16 = (32, 31) + tuple(k for k in _SCALE_STEPS if k not in (32, 31))
 
@@ -411,7 +412,7 @@ def _fit_scale(v: np.ndarray):
             with np.errstate(divide="ignore", invalid="ignore"):
                 c = np.where(s > 0, np.rint(xs / np.where(s > 0, s, 1)), 0)
             c = c.astype(np.float32) + np.float32(0)  # the int8 code: no -0
-            ok = ((np.abs(c) <= 127) & _same_weights(s * c, xs)).all(axis=1)
+            ok = ((c >= -128) & (c <= 127) & _same_weights(s * c, xs)).all(axis=1)
             q[todo[ok]], d[todo[ok]] = c[ok], s[ok]
             todo = todo[~ok]
             if todo.size == 0:
@@ -471,8 +472,8 @@ def pack_q8(w, block: int = Q4_BLOCK) -> Optional[np.ndarray]:
     float32 ``d``, or None where it is not.
 
     * ``block`` 32: GGUF **Q8_0** (float16 ``d``, int8 ``q``; the block's largest ``|w|`` is
-      ``127 d``: :func:`_fit_blocks` searches float16 ``d``), and, found by
-      :func:`_fit_scale`, **Q5_0** and **Q4_0** (float16 ``d``, ``q - 16`` or ``q - 8``).
+      ``127 d``), **Q5_0** and **Q4_0** (float16 ``d``, ``q - 16`` or ``q - 8``); all found
+      by :func:`_fit_scale`.
     * ``block`` 16: GGUF **Q6_K** sub-blocks (``d = d_s * sc``, float16 ``d_s``, int8 ``sc``,
       6-bit codes ``q - 32``: ``d * q`` exact in float32).
 
@@ -493,8 +494,7 @@ def pack_q8(w, block: int = Q4_BLOCK) -> Optional[np.ndarray]:
     v = _blocks(w, block)
     if v is None:
         return None
-    fit = _fit_q8_0(v) if block == Q4_BLOCK else None
-    fit = _fit_scale(v) if fit is None else fit
+    fit = _fit_scale(v)
     if fit is None:
         return None
     best_q, best_d = fit
@@ -502,17 +502,6 @@ def pack_q8(w, block: int = Q4_BLOCK) -> Optional[np.ndarray]:
     codes = best_q.astype(np.int8).reshape(b, block, t, PANEL).transpose(2, 0, 1, 3)
     parts = [_scale_bytes(best_d).view(np.int8), codes.reshape(t, b, -1)]
     return np.ascontiguousarray(np.concatenate(parts, axis=-1))
-
-
-def _fit_q8_0(v: np.ndarray):
-    """GGUF Q8_0 blocks: ``(q, d)`` per block of ``v`` ``(B, 32, N)`` with float16 ``d`` =
-    the block's largest ``|w|`` over 127; None when a block has none."""
-    amax = np.abs(v).max(axis=1, keepdims=True)
-    # a Q8_0 block's largest weight is d * 127: where amax / 127 is no float16, it is no block
-    d0 = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
-    if not np.array_equal((d0 * np.float32(127)).view(np.uint32), amax.view(np.uint32)):
-        return None
-    return _fit_blocks(v, amax / np.float32(127), None, -128, 127)
 
 
 def unpack_q8(wq):

@@ -300,6 +300,12 @@ def test_q8_panels_hold_a_q8_matrix_and_multiply_it_bit_for_bit(kernel):
     assert panels.pack_exact(w).dtype == np.int8
     np.testing.assert_array_equal(panels.unpack(panels.as_float_panels(wq)), w)
     assert panels.pack_q8(rng.standard_normal((96, 64)).astype(np.float32)) is None
+    # a block whose largest |w| has the code -128 (d * 128): the full int8 range
+    codes = rng.integers(-127, 128, (96, 64)).astype(np.float32)
+    codes[::32][:, ::3] = -128
+    d = np.repeat(rng.uniform(1e-3, 1e-2, (3, 64)).astype(np.float16), 32, axis=0)
+    full = d.astype(np.float32) * codes
+    np.testing.assert_array_equal(panels.unpack_q8(panels.pack_q8(full)), full)
     _assert_products_of_float_panels(w, wq, rng)
     with pytest.raises(ValueError, match="the Q8_0 panels 96"):
         panels.panel_product(jnp.zeros((1, 95)), jnp.asarray(wq))
