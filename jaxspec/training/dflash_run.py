@@ -725,6 +725,13 @@ def _no_step_result(cfg: TrainConfig, start: int, own, wall_s: float) -> dict:
     }
 
 
+def _eos_id(tok, config) -> int:
+    """The EOS id the rows end with: the tokenizer's first, else the target config's, else 0."""
+    if tok is not None and tok.eos_token_ids:
+        return tok.eos_token_ids[0]
+    return config.eos_token_ids[0] if config.eos_token_ids else 0
+
+
 def train_dflash(
     cfg: TrainConfig,
     out_dir,
@@ -750,18 +757,13 @@ def train_dflash(
       TrainConfigError: ``out_dir`` holds checkpoints and ``resume`` is False; bad config
         or data (:func:`build_target`, :func:`build_rows`); a feature cache of another run
         or a bad ``feature_cache`` / ``feature_cache_dtype`` (:func:`check_feature_cache`)."""
-    from jaxspec.training.loop import _compile_key, _drive, _open_run, _Run
+    from jaxspec.training.loop import _compile_key, _drive, _open_out_dir, _open_run, _Run
 
-    out = Path(out_dir).resolve()
-    ckdir = out / "checkpoints"
-    if ckdir.exists() and any(ckdir.iterdir()) and not resume:
-        raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    out = _open_out_dir(out_dir, resume)
     target, params, tok, spec = build_target(cfg, log, model_and_params)
-    eos = tok.eos_token_ids[0] if tok is not None and tok.eos_token_ids else None
-    if eos is None:
-        eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else 0
-    train_ds, val_ds = datasets if datasets is not None else build_rows(cfg, eos, log)[:2]
+    if datasets is None:
+        datasets = build_rows(cfg, _eos_id(tok, target.config), log)[:2]
+    train_ds, val_ds = datasets
     fmodel, fparams = truncated_target(target, params, spec.layer_ids)
     shared = {k: params[k] for k in ("embed", "lm_head") if k in params}
     base = {"target": fparams, "shared": shared}
@@ -787,16 +789,9 @@ def train_dflash(
         t0 = time.perf_counter()
         rows = [train_ds.tokens] + ([val_ds.tokens] if val_ds is not None else [])
         complete = build_feature_cache(
-            cache_path,
-            cache_meta,
-            fmodel,
-            fparams,
-            np.concatenate(rows),
-            bs,
-            progress=progress,
-            max_seconds=max_seconds,
-            log=log,
-        )
+            cache_path, cache_meta, fmodel, fparams, np.concatenate(rows), bs,
+            progress=progress, max_seconds=max_seconds, log=log,
+        )  # fmt: skip
         if max_seconds is not None:
             max_seconds = max(0.0, max_seconds - (time.perf_counter() - t0))
         if not complete:  # the budget went to the cache: no step this time
@@ -818,7 +813,7 @@ def train_dflash(
         mngr=mngr,
         evaluate=evaluate,
     )
-    own, opt_state, losses, step_times, done, wall = _drive(
+    result = _drive(
         run,
         own,
         opt_state,
@@ -829,15 +824,8 @@ def train_dflash(
         max_seconds=max_seconds,
         log=log,
     )
-    step = max(done, start)
-    meta = _drafter_meta(cfg, step, run.tokens_per_step)
-    return {
-        "step": step,
-        "stopped_early": done < end,
-        "trainable": own,
-        "losses": losses,
-        "wall_s": wall,
-        "step_times": step_times,
-        "tokens_per_step": run.tokens_per_step,
-        "drafter_bytes": save_drafter(out / "drafter.safetensors", spec, own, meta=meta),
-    }
+    meta = _drafter_meta(cfg, result["step"], run.tokens_per_step)
+    result["drafter_bytes"] = save_drafter(
+        out / "drafter.safetensors", spec, result["trainable"], meta=meta
+    )
+    return result

@@ -450,8 +450,9 @@ def _open_run(cfg: TrainConfig, out: Path, state, opt_state, *, resume: bool, lo
 def _drive(run, state, opt_state, start: int, end: int, *, out: Path, progress, max_seconds, log):
     """Steps ``start .. end`` of ``run`` (:func:`_run_steps`) with a progress bar, appending
     to ``out/metrics.jsonl`` and stopping after the step that passes ``max_seconds``; then
-    the checkpoints are flushed and ``out/loss.png`` drawn. Returns ``(state, opt_state,
-    losses, step_times, last step done, wall seconds)``."""
+    the checkpoints are flushed and ``out/loss.png`` drawn. Returns the run's result: ``step``
+    (steps done), ``stopped_early``, ``trainable`` (the final ``state``), ``losses`` (``{step:
+    loss}`` of the logged steps), ``wall_s``, ``step_times`` and ``tokens_per_step``."""
     from tqdm.auto import tqdm
 
     cfg, mpath = run.cfg, out / "metrics.jsonl"
@@ -478,7 +479,28 @@ def _drive(run, state, opt_state, start: int, end: int, *, out: Path, progress, 
             f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
             f"(--resume continues)"
         )
-    return state, opt_state, losses, step_times, done, wall
+    return {
+        "step": max(done, start),
+        "stopped_early": done < end,
+        "trainable": state,
+        "losses": losses,
+        "wall_s": wall,
+        "step_times": step_times,
+        "tokens_per_step": run.tokens_per_step,
+    }
+
+
+def _open_out_dir(out_dir, resume: bool) -> Path:
+    """``out_dir`` resolved and created.
+
+    Raises:
+      TrainConfigError: it already holds checkpoints and ``resume`` is False."""
+    out = Path(out_dir).resolve()
+    ckdir = out / "checkpoints"
+    if ckdir.exists() and any(ckdir.iterdir()) and not resume:
+        raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def train(
@@ -531,11 +553,7 @@ def train(
         raise TrainConfigError(
             "objective.kind = dflash trains through jaxspec.training.dflash_run.train_dflash"
         )
-    out = Path(out_dir).resolve()
-    ckdir = out / "checkpoints"
-    if ckdir.exists() and any(ckdir.iterdir()) and not resume:
-        raise TrainConfigError(f"{out} already holds checkpoints: pass --resume or another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    out = _open_out_dir(out_dir, resume)
     model, params, train_ds, val_ds, vocab = _model_and_data(
         cfg, out, datasets, model_and_params, log
     )
@@ -559,7 +577,7 @@ def train(
         val_batches=val_batches,
         mngr=mngr,
     )
-    trainable, opt_state, losses, step_times, done, wall = _drive(
+    result = _drive(
         run,
         trainable,
         opt_state,
@@ -570,15 +588,6 @@ def train(
         max_seconds=max_seconds,
         log=log,
     )
-    result = {
-        "step": max(done, start),
-        "stopped_early": done < end,
-        "trainable": trainable,
-        "losses": losses,
-        "wall_s": wall,
-        "step_times": step_times,
-        "tokens_per_step": run.tokens_per_step,
-    }
     _export(cfg, out, result, model.config, vocab)
     return result
 
