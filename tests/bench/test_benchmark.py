@@ -366,6 +366,33 @@ def test_dllm_suite_on_tiny_model(tmp_path):
     assert "| stepwise | dual |" in md.read_text()
 
 
+def test_interleaved_runs_warm_every_key_up_first_and_time_only_the_later_runs():
+    """Each key runs once on the first prompt before anything is timed; that run is
+    discarded (its compile seconds kept), and the timed runs rotate the key order."""
+    import types
+
+    from jaxspec.bench.dllm import run_interleaved
+
+    calls = []
+
+    def run(key):
+        def f(ids):
+            calls.append((key, tuple(ids)))
+            first = sum(k == key for k, _ in calls) == 1
+            return types.SimpleNamespace(compile_s=2.0 if first else 0.0, run_s=1.0, ids=ids)
+
+        return f
+
+    prompts = [BenchPrompt("a", [1, 2]), BenchPrompt("b", [3])]
+    outs, compile_s = run_interleaved({"x": run("x"), "y": run("y")}, prompts, 8, False, "t")
+    assert calls[:2] == [("x", (1, 2)), ("y", (1, 2))]  # the warm-ups
+    assert calls[2:] == [("x", (1, 2)), ("y", (1, 2)), ("y", (3,)), ("x", (3,))]
+    assert [r.ids for r in outs["x"]] == [[1, 2], [3]] and compile_s == {"x": 2.0, "y": 2.0}
+    calls.clear()
+    outs, _ = run_interleaved({"x": run("x")}, prompts, 8, False, "t", warmup=False)
+    assert len(calls) == 2 and len(outs["x"]) == 2
+
+
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_dllm_forward_costs_in_bfloat16(cache):
     """The lone forwards behind ``loop overhead`` run in the model's own dtype: with bfloat16
