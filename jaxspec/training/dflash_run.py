@@ -711,20 +711,6 @@ def _drafter_meta(cfg: TrainConfig, step: int, tokens_per_step: int) -> dict:
     }
 
 
-def _no_step_result(cfg: TrainConfig, start: int, own, wall_s: float) -> dict:
-    """:func:`train_dflash`'s result when the time budget ran out while the feature cache was
-    built: no step, no drafter export."""
-    return {
-        "step": start,
-        "stopped_early": True,
-        "trainable": own,
-        "losses": {},
-        "wall_s": wall_s,
-        "step_times": [],
-        "tokens_per_step": cfg.optim.grad_accum * cfg.data.batch_size * cfg.data.seq_len,
-    }
-
-
 def _eos_id(tok, config) -> int:
     """The EOS id the rows end with: the tokenizer's first, else the target config's, else 0."""
     if tok is not None and tok.eos_token_ids:
@@ -757,7 +743,7 @@ def train_dflash(
       TrainConfigError: ``out_dir`` holds checkpoints and ``resume`` is False; bad config
         or data (:func:`build_target`, :func:`build_rows`); a feature cache of another run
         or a bad ``feature_cache`` / ``feature_cache_dtype`` (:func:`check_feature_cache`)."""
-    from jaxspec.training.loop import _compile_key, _drive, _open_out_dir, _open_run, _Run
+    from jaxspec.training.loop import _compile_key, _drive, _open_out_dir, _open_run, _result, _Run
 
     out = _open_out_dir(out_dir, resume)
     target, params, tok, spec = build_target(cfg, log, model_and_params)
@@ -789,14 +775,22 @@ def train_dflash(
         t0 = time.perf_counter()
         rows = [train_ds.tokens] + ([val_ds.tokens] if val_ds is not None else [])
         complete = build_feature_cache(
-            cache_path, cache_meta, fmodel, fparams, np.concatenate(rows), bs,
-            progress=progress, max_seconds=max_seconds, log=log,
-        )  # fmt: skip
+            cache_path,
+            cache_meta,
+            fmodel,
+            fparams,
+            np.concatenate(rows),
+            bs,
+            progress=progress,
+            max_seconds=max_seconds,
+            log=log,
+        )
         if max_seconds is not None:
             max_seconds = max(0.0, max_seconds - (time.perf_counter() - t0))
         if not complete:  # the budget went to the cache: no step this time
             mngr.close()
-            return _no_step_result(cfg, start, own, time.perf_counter() - t0)
+            # the budget ran out while the feature cache was built: no step, no export
+            return _result(cfg, start, True, own, {}, time.perf_counter() - t0, [])
         cache = FeatureCache(cache_path)
         base = {"target": {}, "shared": shared}  # the target is not run any more
         del fparams, params

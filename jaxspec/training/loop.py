@@ -318,7 +318,24 @@ class _Run:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.cfg.optim.grad_accum * self.cfg.data.batch_size * self.cfg.data.seq_len
+        return _tokens_per_step(self.cfg)
+
+
+def _tokens_per_step(cfg: TrainConfig) -> int:
+    return cfg.optim.grad_accum * cfg.data.batch_size * cfg.data.seq_len
+
+
+def _result(cfg: TrainConfig, step: int, stopped_early: bool, state, losses, wall_s, step_times):
+    """A training run's result dict (:func:`train`, :func:`_drive`)."""
+    return {
+        "step": step,
+        "stopped_early": stopped_early,
+        "trainable": state,
+        "losses": losses,
+        "wall_s": wall_s,
+        "step_times": step_times,
+        "tokens_per_step": _tokens_per_step(cfg),
+    }
 
 
 def _save(mngr, step: int, trainable, opt_state) -> None:
@@ -479,15 +496,7 @@ def _drive(run, state, opt_state, start: int, end: int, *, out: Path, progress, 
             f"[train] time budget of {max_seconds} s spent: stopped at step {done} of {end} "
             f"(--resume continues)"
         )
-    return {
-        "step": max(done, start),
-        "stopped_early": done < end,
-        "trainable": state,
-        "losses": losses,
-        "wall_s": wall,
-        "step_times": step_times,
-        "tokens_per_step": run.tokens_per_step,
-    }
+    return _result(cfg, max(done, start), done < end, state, losses, wall, step_times)
 
 
 def _open_out_dir(out_dir, resume: bool) -> Path:
