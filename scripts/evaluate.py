@@ -458,6 +458,7 @@ def sar_main(args, cfg_path: Path) -> int:
     config); HumanEval pass@1 of greedy raw-prompt completions (``--humaneval`` problems,
     ``--gen-length`` tokens, the project's sandbox) for both. Writes ``--out`` (default
     ``checkpoints/<gate>/quality.json``)."""
+    from jaxspec.bench.machine import cpu_model
     from jaxspec.eval import quality as Q
     from jaxspec.eval.datasets import humaneval_problems
     from jaxspec.training.config import load_config
@@ -483,7 +484,7 @@ def sar_main(args, cfg_path: Path) -> int:
     t0 = time.perf_counter()
     out = {
         "gate": args.gate,
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_model(),
         "heldout_windows": len(rows),
         "window_tokens": len(rows[0]),
         "heldout_ar_loss_sar": Q.heldout_ar_loss(sar, sar_params, rows, args.batch),
@@ -702,6 +703,7 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
     verdict, writes ``--out``. Exit 0 (the verdict is in the output), 2 on bad input."""
     import jax
 
+    from jaxspec.bench.machine import cpu_model
     from jaxspec.eval.dllm_gate import run_eos_gate
 
     rule = "v2" if args.gate_rule == "auto" else args.gate_rule
@@ -730,7 +732,7 @@ def eos_gate(args, *, name, model, params, tok, holdout, info: dict, causal, bas
         **info,
         "python": platform.python_version(),
         "jax": jax.__version__,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "holdout": holdout,
         **res,
     }
